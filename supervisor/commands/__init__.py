@@ -1,0 +1,1 @@
+"""One module per `vsup` command: `register(subparsers)` and a `run(args)` it sets as `func`."""

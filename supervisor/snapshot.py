@@ -1,0 +1,215 @@
+"""The status snapshot: the one contract between the daemon and every client.
+
+`vsup status --json` (schema 1), the control API, the dashboard and `vsup probe --json` all
+speak these dataclasses. Unknown values are `None` (JSON `null`), never a made-up number.
+Keys may be added within schema 1; none is removed or renamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+SCHEMA = 1
+
+STATES = ("stopped", "starting", "ready", "unhealthy", "backoff", "stopping", "failed")
+
+EXIT_REASONS = (
+    "oom",
+    "kv_cache_too_small",
+    "port_in_use",
+    "bad_args",
+    "model_not_found",
+    "engine_dead",
+    "killed",
+    "startup_timeout",
+    "unhealthy",
+    "stopped",
+    "unknown",
+)
+
+# Where a per-instance HBM figure came from.
+HBM_SOURCES = ("process", "device", "unavailable")
+# Where the attention backend name came from.
+BACKEND_SOURCES = ("log", "flag", "default")
+
+
+@dataclass(frozen=True)
+class LastExit:
+    code: int | None  # exit status, when the process exited by itself
+    signal: str | None  # e.g. "SIGKILL", when a signal ended it
+    reason: str  # one of EXIT_REASONS
+    at: str  # ISO 8601 UTC
+    log_excerpt: str | None  # the decisive log line(s)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Live advice the daemon derived from telemetry (DESIGN.md, "Live advice")."""
+
+    kind: str  # kv_exhausted | hbm_over_plan | foreign_process | crash_loop | ...
+    severity: str  # info | warning | critical
+    message: str
+    instance: str | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    name: str
+    state: str
+    pid: int | None
+    port: int | None
+    gpus: tuple[int, ...]
+    model: str | None
+    restarts: int
+    uptime_s: float | None
+    hbm_bytes: int | None
+    hbm_source: str
+    kv_cache_usage: float | None  # 0..1
+    kv_capacity_tokens: int | None
+    preemptions_total: float | None
+    preemptions_per_min: float | None
+    requests_running: float | None
+    requests_waiting: float | None
+    generation_tokens_per_s: float | None
+    backend: str | None
+    backend_source: str | None
+    last_exit: LastExit | None
+    # Additions beyond the DESIGN.md minimum (schema 1 allows added keys).
+    prompt_tokens_per_s: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    planned_hbm_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    state_since_s: float | None = None  # seconds in the current state
+    run: int | None = None  # how many times this instance was spawned by this supervisor
+    host: str | None = None
+    backoff_remaining_s: float | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state == "ready"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    hbm_bytes: int | None
+    instance: str | None  # the instance owning this pid, or None for a foreign process
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    index: int
+    name: str | None
+    hbm_total_bytes: int | None
+    hbm_used_bytes: int | None
+    util_pct: float | None
+    temp_c: float | None
+    power_w: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    hostname: str
+    gpu_vendor: str  # nvidia | amd | none
+    gpu_count: int
+    cpu_count: int | None = None
+
+
+@dataclass(frozen=True)
+class SupervisorInfo:
+    pid: int
+    version: str
+    uptime_s: float
+    layout: str | None = None
+    home: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    supervisor: SupervisorInfo
+    node: NodeInfo
+    gpus: tuple[GpuStatus, ...]
+    instances: tuple[InstanceStatus, ...]
+    advice: tuple[Advice, ...] = ()
+    schema: int = SCHEMA
+
+    @property
+    def ready_count(self) -> int:
+        return sum(1 for i in self.instances if i.is_ready)
+
+    def instance(self, name: str) -> InstanceStatus | None:
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `status --json` document (schema 1): `schema` first, tuples as lists."""
+        doc = asdict(self)
+        return {"schema": doc.pop("schema"), **doc}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "StatusSnapshot":
+        """Rebuild a snapshot from `to_json()` output; unknown keys are ignored."""
+        if doc.get("schema") != SCHEMA:
+            raise ValueError(f"unsupported status schema {doc.get('schema')!r} (expected {SCHEMA})")
+        return cls(
+            supervisor=_build(SupervisorInfo, doc["supervisor"]),
+            node=_build(NodeInfo, doc["node"]),
+            gpus=tuple(
+                _build(
+                    GpuStatus,
+                    g,
+                    processes=tuple(_build(GpuProcess, p) for p in g.get("processes", ())),
+                )
+                for g in doc.get("gpus", ())
+            ),
+            instances=tuple(
+                _build(
+                    InstanceStatus,
+                    i,
+                    gpus=tuple(i.get("gpus") or ()),
+                    last_exit=_build(LastExit, i["last_exit"]) if i.get("last_exit") else None,
+                )
+                for i in doc.get("instances", ())
+            ),
+            advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
+        )
+
+
+def _build(cls: type, data: dict[str, Any], **override: Any) -> Any:
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    kwargs.update(override)
+    return cls(**kwargs)
+
+
+def empty_instance(name: str, **values: Any) -> InstanceStatus:
+    """An instance with every telemetry value unknown; `values` fill in what is known."""
+    base: dict[str, Any] = dict(
+        name=name,
+        state="stopped",
+        pid=None,
+        port=None,
+        gpus=(),
+        model=None,
+        restarts=0,
+        uptime_s=None,
+        hbm_bytes=None,
+        hbm_source="unavailable",
+        kv_cache_usage=None,
+        kv_capacity_tokens=None,
+        preemptions_total=None,
+        preemptions_per_min=None,
+        requests_running=None,
+        requests_waiting=None,
+        generation_tokens_per_s=None,
+        backend=None,
+        backend_source=None,
+        last_exit=None,
+    )
+    base.update(values)
+    return InstanceStatus(**base)

@@ -1,0 +1,60 @@
+"""Fixtures shared by every test directory."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The generated tiny Llama (random weights, float32, head_dim 64) that vLLM CPU serves."""
+    from supervisor.demo.tinymodel import generate
+
+    return generate(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture
+def vsup_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated VSUP_HOME. Kept short: unix socket paths are limited to 107 bytes."""
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="vsup-", dir="/tmp"))
+    monkeypatch.setenv("VSUP_HOME", str(home))
+    yield home
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def vllm_command() -> list[str]:
+    """How the CPU build of vLLM is launched here (its `vllm` console script is broken)."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> dict[str, str]:
+    """Environment every test vLLM gets: offline, a small explicit KV cache."""
+    return {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,107 @@
+"""A bounded loopback load for the demo: enough requests that KV %, throughput and preemptions
+move on the dashboard, never more than `--concurrency` in flight per server, only to 127.0.0.1,
+and never longer than `--duration-s`.
+
+Long generations (`ignore_eos`, a few hundred tokens) with more requests than a small KV cache
+holds are what make vLLM preempt (VLLM-FACTS.md, "Real preemptions on demand").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+
+import httpx
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PROMPTS = (
+    "The supervisor restarts every server that",
+    "one two three four five six seven eight",
+    "Operators read the dashboard at night and",
+    "the quick brown fox jumps over the lazy dog",
+)
+
+
+async def _wait_ready(client: httpx.AsyncClient, base: str, deadline: float) -> str | None:
+    """Wait for /health 200 and return the served model id, or None at the deadline."""
+    while time.monotonic() < deadline:
+        try:
+            if (await client.get(f"{base}/health", timeout=2)).status_code == 200:
+                models = (await client.get(f"{base}/v1/models", timeout=5)).json()
+                return models["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            pass
+        await asyncio.sleep(1.0)
+    return None
+
+
+async def _worker(client: httpx.AsyncClient, base: str, model: str, args: argparse.Namespace,
+                  deadline: float, rng: random.Random) -> int:
+    done = 0
+    while time.monotonic() < deadline:
+        body = {
+            "model": model,
+            "prompt": rng.choice(PROMPTS),
+            "max_tokens": rng.randint(args.min_tokens, args.max_tokens),
+            "ignore_eos": True,
+            "temperature": 1.0,
+        }
+        try:
+            await client.post(f"{base}/v1/completions", json=body, timeout=120)
+            done += 1
+        except httpx.HTTPError:
+            # The server is restarting or gone: wait for it rather than spin.
+            if await _wait_ready(client, base, min(deadline, time.monotonic() + 60)) is None:
+                await asyncio.sleep(1.0)
+        if args.pause_s:
+            await asyncio.sleep(rng.uniform(0, args.pause_s))
+    return done
+
+
+async def run(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.duration_s
+    limits = httpx.Limits(max_connections=args.concurrency * len(args.ports))
+    async with httpx.AsyncClient(limits=limits) as client:
+        tasks = []
+        for port in args.ports:
+            base = f"http://{args.host}:{port}"
+            model = await _wait_ready(client, base, min(deadline, time.monotonic() + args.ready_timeout_s))
+            if model is None:
+                print(f"load: {base} never became ready; skipping it", file=sys.stderr)
+                continue
+            for i in range(args.concurrency):
+                rng = random.Random(port * 1000 + i)
+                tasks.append(_worker(client, base, model, args, deadline, rng))
+        counts = await asyncio.gather(*tasks)
+    print(f"load: {sum(counts)} requests completed", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("ports", type=int, nargs="+")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--concurrency", type=int, default=6, help="requests in flight per server (max 32)")
+    p.add_argument("--duration-s", type=float, default=1800.0, help="stop after this long (max 4 h)")
+    p.add_argument("--min-tokens", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=350)
+    p.add_argument("--pause-s", type=float, default=2.0, help="random pause after each request")
+    p.add_argument("--ready-timeout-s", type=float, default=300.0)
+    args = p.parse_args(argv)
+    if args.host not in LOOPBACK:
+        p.error(f"--host {args.host!r}: the demo load only targets loopback (127.0.0.1)")
+    if not 1 <= args.concurrency <= 32:
+        p.error("--concurrency must be between 1 and 32")
+    if not 0 < args.duration_s <= 4 * 3600:
+        p.error("--duration-s must be in (0, 14400]")
+    try:
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

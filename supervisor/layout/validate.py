@@ -852,3 +852,29 @@ def validate_file(
 
 def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
     return any(d.is_error for d in diagnostics)
+
+
+def validate_instance(
+    layout: Layout,
+    table: Mapping[str, Any],
+    *,
+    replace_name: str | None = None,
+    node_gpus: int | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+) -> list[Diagnostic]:
+    """What validation says about `table` once put into `layout` (the dashboard's add/edit
+    form): diagnostics of that instance, and those of others that name it (a port it takes)."""
+    candidate = layout.with_instance(table, replace_name)
+    name = table.get("name")
+    if isinstance(name, str):
+        label = name
+    else:
+        target = replace_name if replace_name is not None else name
+        names = [t.get("name") for t in layout.instances]
+        index = names.index(target) if target in names else len(candidate.instances) - 1
+        label = f"#{index + 1}"
+    return [
+        d
+        for d in validate(candidate, node_gpus=node_gpus, profile_dirs=profile_dirs)
+        if d.instance == label or label in d.others or f"'{label}'" in d.message
+    ]

@@ -310,3 +310,18 @@ def test_validate_never_raises_on_garbage_profiles_or_paths(tmp_path):
     layout = loads_layout(text, tmp_path / "l.toml")
     diagnostics = validate(layout, node_gpus=1, profile_dirs=[CONFIGS])
     assert any("unknown profile" in d.message for d in diagnostics)
+
+
+def test_validate_instance_reports_what_the_form_must_fix(tmp_path):
+    layout = loads_layout(BASE, tmp_path / "l.toml")
+    new = {"name": "g2", "gpus": [0], "port": 8000, "gpu_memory_utilization": 0.5}
+    from supervisor.layout.validate import validate_instance
+
+    found = validate_instance(layout, new, node_gpus=8, profile_dirs=[CONFIGS])
+    keys = sorted({d.key for d in found if d.is_error})
+    assert keys == ["gpu_memory_utilization", "port"]
+    assert all(d.file is None or d.file == str(tmp_path / "l.toml") for d in found)
+    ok = validate_instance(layout, {**new, "gpus": [2], "port": 8002}, node_gpus=8, profile_dirs=[CONFIGS])
+    assert ok == []
+    edited = validate_instance(layout, {"name": "g0", "gpus": [1], "port": 8001}, replace_name="g0", node_gpus=8, profile_dirs=[CONFIGS])
+    assert any("also used by instance 'g0'" in d.message for d in edited)

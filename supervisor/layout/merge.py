@@ -129,11 +129,15 @@ def _layer_tables(layout: Layout, profiles: ProfileCache) -> list[tuple[Origin, 
             continue
         layers.append(
             (
-                Origin(f"profile '{name}'", str(profile.path), ("defaults",), SourceMap(profile.source)),
+                Origin(
+                    f"profile '{name}'", str(profile.path), ("defaults",), SourceMap(profile.source)
+                ),
                 profile.defaults,
             )
         )
-    layers.append((Origin("[defaults]", layout.file, ("defaults",), layout.source_map), layout.defaults))
+    layers.append(
+        (Origin("[defaults]", layout.file, ("defaults",), layout.source_map), layout.defaults)
+    )
     return layers
 
 
@@ -154,7 +158,11 @@ def _merge_into(
             for sub, sub_value in value.items():
                 if key == "env" and not _env_value_ok(sub_value):
                     continue
-                if key == "restart" and sub in _RESTART_TYPES and not _RESTART_TYPES[sub](sub_value):
+                if (
+                    key == "restart"
+                    and sub in _RESTART_TYPES
+                    and not _RESTART_TYPES[sub](sub_value)
+                ):
                     continue
                 if key == "args":
                     # `max_model_len` replaces an earlier `max-model-len`: one flag, one value.

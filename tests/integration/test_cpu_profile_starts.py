@@ -56,7 +56,9 @@ async def test_cpu_demo_instance_serves_with_its_block_override(tiny_model, tmp_
             models = (await client.get("/v1/models")).json()["data"]
             assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny-llama", 512)]
             metrics = (await client.get("/metrics")).text
-        info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info{"))
+        info = next(
+            line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info{")
+        )
         assert 'num_gpu_blocks="6"' in info and 'block_size="128"' in info
     finally:
         if proc.returncode is None:

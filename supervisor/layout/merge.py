@@ -110,16 +110,6 @@ class MergedInstance:
     def gpus(self) -> list[int] | None:
         return self.values.get("gpus")
 
-    @property
-    def tensor_parallel_size(self) -> int | None:
-        """The TP size: `tensor-parallel-size` (or `-tp`) when set, else the GPU count."""
-        for key in ("tensor-parallel-size", "tp"):
-            v = self.arg(key)
-            if v is not None:
-                return v if is_int(v) else None
-        gpus = self.gpus
-        return max(1, len(gpus)) if gpus is not None else None
-
 
 def _layer_tables(layout: Layout, profiles: ProfileCache) -> list[tuple[Origin, dict[str, Any]]]:
     layers: list[tuple[Origin, dict[str, Any]]] = [(BUILTIN, builtin_defaults())]

@@ -236,7 +236,7 @@ class Layout:
             if not isinstance(table, dict):
                 continue
             model = table.get("model")
-            if isinstance(model, str) and model.startswith(("./", "../")) or model in (".", ".."):
+            if isinstance(model, str) and (model.startswith(("./", "../")) or model in (".", "..")):
                 absolute = resolve_model_path(model, self.base_dir)
                 rel = os.path.relpath(absolute, new_base)
                 table["model"] = rel if rel.startswith("../") or rel == ".." else f"./{rel}"

@@ -47,7 +47,13 @@ DTYPE_BYTES: dict[str, float] = {
     "awq": 0.53,
     "gptq": 0.53,
     "mxfp4": 0.53,
+    "fp4": 0.53,
     "nvfp4": 0.5625,
+    # what a model's name may say (quantized_by_name)
+    "w8a16": 1,
+    "8bit": 1,
+    "4bit": 0.53,
+    "bnb": 0.53,
 }
 
 # safetensors dtype names -> bytes per element (for the dominant checkpoint dtype).
@@ -286,23 +292,12 @@ class ModelInfo:
 
     @property
     def quantization(self) -> str | None:
-        """The checkpoint's quantization (config's quant_method, with its bit width)."""
+        """The checkpoint's quantization as a DTYPE_BYTES name (fp8, int8, int4, awq, gptq,
+        mxfp4, nvfp4), else the config's raw method; None for an unquantized checkpoint."""
         qc = (self.config or {}).get("quantization_config") or self.arch.get("quantization_config")
         if not isinstance(qc, Mapping):
             return None
-        method = str(qc.get("quant_method") or qc.get("quant_algo") or "quantized").lower()
-        bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
-        if method in ("compressed-tensors", "compressed_tensors"):
-            bits = _compressed_tensors_bits(qc)
-            if bits == 8:
-                fmt = json.dumps(qc).lower()
-                return "fp8" if '"float"' in fmt or "fp8" in fmt else "int8"
-            return "int4" if bits == 4 else "compressed-tensors"
-        if method in ("bitsandbytes",):
-            return "int4" if qc.get("load_in_4bit") else "int8"
-        if method in ("awq", "gptq", "gptq_marlin", "awq_marlin") and bits == 8:
-            return "int8"
-        return method
+        return canonical_quantization(qc)
 
     @property
     def is_prequantized(self) -> bool:
@@ -411,6 +406,35 @@ class ModelInfo:
         # KV heads are split across TP ranks; with fewer heads than ranks each rank keeps one.
         per_rank = max(1, kv_heads // max(1, tp))
         return int(layers * per_rank * head_dim * 2 * width)
+
+
+def canonical_quantization(qc: Mapping[str, Any]) -> str:
+    """A `quantization_config` as one of DTYPE_BYTES's names where the format is known:
+    `fbgemm_fp8` -> fp8, gptq with 8 bits -> int8, compressed-tensors 4-bit -> int4, ..."""
+    method = str(qc.get("quant_method") or "").lower()
+    algo = str(qc.get("quant_algo") or "").lower()  # modelopt: FP8, NVFP4, W4A8_AWQ
+    bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
+    if method in ("compressed-tensors", "compressed_tensors"):
+        bits = _compressed_tensors_bits(qc)
+        if bits == 8:
+            fmt = json.dumps(qc).lower()
+            return "fp8" if '"float"' in fmt or "fp8" in fmt else "int8"
+        return "int4" if bits == 4 else "compressed-tensors"
+    if method == "bitsandbytes":
+        return "int4" if qc.get("load_in_4bit") else "int8"
+    for name in ("nvfp4", "mxfp4"):
+        if name in method or name in algo:
+            return name
+    if "fp8" in method or "fp8" in algo:
+        return "fp8"  # fp8, fbgemm_fp8, ptpc_fp8, modelopt FP8
+    if bits == 8:
+        return "int8"
+    for name in ("awq", "gptq"):
+        if name in method or name in algo:
+            return name
+    if bits == 4:
+        return "int4"
+    return method or algo or "quantized"
 
 
 def _compressed_tensors_bits(qc: Mapping[str, Any]) -> int | None:

@@ -209,3 +209,39 @@ def test_hub_id_found_in_the_hf_cache(tmp_path, monkeypatch):
     info = model_info("org/name")
     assert info.local_dir == snap and info.params == 8_030_261_248
     assert model_info("org/other").config is None
+
+
+@pytest.mark.parametrize(
+    ("qc", "name"),
+    [
+        ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "fbgemm_fp8"}, "fp8"),  # meta-llama/Llama-3.1-405B-Instruct-FP8
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+        ({"quant_method": "mxfp4"}, "mxfp4"),
+        ({"quant_method": "awq", "bits": 4}, "awq"),
+        ({"quant_method": "gptq", "bits": 8}, "int8"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}},
+            },
+            "fp8",
+        ),
+        ({"quant_method": "something-new"}, "something-new"),
+    ],
+)
+def test_quantization_configs_map_to_a_known_width(qc, name):
+    from supervisor.layout.modelinfo import canonical_quantization
+
+    assert canonical_quantization(qc) == name
+
+
+def test_fbgemm_fp8_405b_weighs_one_byte_per_parameter(tmp_path):
+    cfg = {**LLAMA_405B, "quantization_config": {"quant_method": "fbgemm_fp8"}}
+    info = model_info(str(model_dir(tmp_path, cfg)), read_weights=False)
+    weights, source = info.weight_bytes()
+    embed = 2 * 128256 * 16384  # embeddings and LM head stay 16-bit
+    assert weights == info.params - embed + 2 * embed and "fp8" in source
+    assert weights / 4 < 0.9 * 192 * 2**30  # a quarter fits one MI300X: the 2 x TP4 example

@@ -89,7 +89,7 @@ def test_idle_payload_from_cpu_vllm_032() -> None:
     assert m.kv_capacity_tokens == 1048576  # kv_cache_size_tokens; also 8192 blocks x 128
     assert m.cache_config["block_size"] == "128"
     assert m.cache_config["gpu_memory_utilization"] == "0.92"
-    assert m.engines == ("0",) and m.model_names == ("/tmp/vt/tiny",)
+    assert m.engines == ("0",) and m.model_names == ("/models/tiny-llama",)
     assert m.process_start_time_s == pytest.approx(1.79599062741e09)
     assert m.legacy_names == () and m.vllm_seen and m.found and m.bad_lines == 0
     assert m.prefix_cache_hit_rate == 0.0

@@ -28,9 +28,9 @@ def make_client() -> httpx.AsyncClient:
 
 
 async def check(client: httpx.AsyncClient, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
-    """One health check; never raises for network trouble."""
+    """One health check; never raises (a failed check is an answer, not an error)."""
     try:
         resp = await client.get(url, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # httpx errors, but also InvalidURL and OSError from a bad host
         return Health(False, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
     return Health(resp.status_code == 200, resp.status_code)

@@ -76,6 +76,22 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def my_zombies() -> list[int]:
+    """Children of this test process that exited and were never reaped."""
+    me = str(os.getpid()).encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and fields[1] == me:
+                out.append(int(entry))
+    return out
+
+
 class Events:
     """The engine's events, each stamped with time.monotonic() on arrival."""
 

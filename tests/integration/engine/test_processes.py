@@ -15,7 +15,7 @@ import pytest
 
 from supervisor.engine import AdoptRecord, Engine
 from supervisor.layout.spec import RestartPolicy
-from tests.integration.engine.conftest import group_members, pid_alive
+from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,6 +94,7 @@ async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, fak
     assert inst.state == "ready" and inst.pid != first and inst.run == 2
     assert inst.restarts == 1 and inst.last_exit.reason == "killed"
     assert inst.previous_log_path == inst.log_path(1)
+    assert my_zombies() == []
     # the sweep came before the second spawn
     spawns = events.stamped("spawn", "a")
     sweep_t = events.stamped("sweep", "a")[0][0]
@@ -188,6 +189,7 @@ async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(
     assert inst.last_exit.code == 3 and inst.last_exit.reason == "unknown"
     failed, = events.of("failed", "a")
     assert failed["failures"] == 4
+    assert my_zombies() == []
     assert sorted(p.name for p in inst.log_path().parent.iterdir()) == [
         f"run-000{i}.log" for i in range(1, 5)
     ]

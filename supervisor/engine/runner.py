@@ -95,9 +95,15 @@ class Runner:
             raise
         if not isinstance(result, Launched):
             self._release()
-            if result.reason != "port_in_use":
-                lc.run = run  # the refusal is written in that run's log
-            self._exited(None, ExitStatus(None, None), Classified(result.reason, result.excerpt))
+            logged = result.reason != "port_in_use"  # the refusal is written in that run's log
+            if logged:
+                lc.run = run
+            self._exited(
+                run if logged else None,
+                None,
+                ExitStatus(None, None),
+                Classified(result.reason, result.excerpt),
+            )
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
@@ -120,7 +126,8 @@ class Runner:
         ready yet (co-tenants must not start beside it)."""
         proc.exited.add_done_callback(lambda _f: self.inst._kick.set())
         h = await health.check(self.e._client(), self.inst.spec.health_url, self.e.health_timeout_s)
-        if h.ok:
+        if h.status is not None:
+            # it answers, so it is past start-up; the health loop judges the answers from now
             self.lc.became_ready()
         elif proc.alive:
             await self._acquire("start", proc)
@@ -183,7 +190,7 @@ class Runner:
             cause=cause,
         )
         inst.process = None
-        self._exited(proc, status, classified)
+        self._exited(proc.run, proc.pid, status, classified)
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
@@ -230,7 +237,7 @@ class Runner:
                 lc.finish_stop()
 
     def _exited(
-        self, proc: RunningProcess | None, status: ExitStatus, classified: Classified
+        self, run: int | None, pid: int | None, status: ExitStatus, classified: Classified
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -244,8 +251,8 @@ class Runner:
         e._emit(
             inst,
             "exit",
-            run=proc.run if proc else None,
-            pid=proc.pid if proc else None,
+            run=run,
+            pid=pid,
             code=last.code,
             signal=last.signal,
             reason=last.reason,
@@ -271,6 +278,13 @@ class Runner:
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst
         inst._want = False
+        if proc.alive:
+            # no runner will see it end: clear the pid then
+            def gone(_f: asyncio.Future) -> None:
+                if inst.process is proc:
+                    inst.process = None
+
+            proc.exited.add_done_callback(gone)
         self.e._emit(
             inst,
             "stop_incomplete",

@@ -439,3 +439,27 @@ async def test_restart_and_start_after_failed(engine, fake_spec, events):
         "starting", "ready", "stopping", "starting", "ready"
     ]
     assert inst.last_exit.reason == "stopped"
+
+
+async def test_deterministic_failure_spawns_the_configured_number_of_times(
+    engine, fake_spec, events
+):
+    line = (
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/models/fake'. Use `repo_type` argument if needed."
+    )
+    eng = engine(deterministic_spawns=2)
+    await eng.apply([fake_spec("a", "--say", line, "--exit-after", "0.2")])
+    assert await eng.settle("a", timeout=20) == "failed"
+    inst = eng.instances["a"]
+    assert inst.last_exit.reason == "model_not_found" and inst.last_exit.log_excerpt == line
+    assert len(events.of("spawn", "a")) == 2 and inst.run == 2  # max_failures is 5
+
+
+async def test_a_growing_run_log_is_capped_while_it_runs(engine, fake_spec, events):
+    eng = engine(log_max_bytes=2000)
+    await eng.apply([fake_spec("a", "--say", "x" * 3000)], wait=True)
+    older = eng.instances["a"].log_path().with_name("run-0001.log.1")
+    await until(older.exists)
+    assert "x" * 3000 in older.read_text()
+    assert eng.instances["a"].log_path().read_text().startswith("[vsup] log passed 2000 bytes")

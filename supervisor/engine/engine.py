@@ -78,7 +78,9 @@ class ApplyPlan:
     update: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, list[str]]:
-        return {k: list(getattr(self, k)) for k in ("start", "restart", "stop", "unchanged", "update")}
+        return {
+            k: list(getattr(self, k)) for k in ("start", "restart", "stop", "unchanged", "update")
+        }
 
     @property
     def empty(self) -> bool:
@@ -114,7 +116,7 @@ class AdoptRecord:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "AdoptRecord":
+    def from_json(cls, doc: Mapping[str, Any]) -> AdoptRecord:
         return cls(
             pid=int(doc["pid"]),
             create_time=float(doc["create_time"]),
@@ -130,7 +132,7 @@ class Instance:
     """One supervised instance as the daemon sees it. Read its attributes; change it only
     through the Engine."""
 
-    def __init__(self, spec: InstanceSpec, engine: "Engine") -> None:
+    def __init__(self, spec: InstanceSpec, engine: Engine) -> None:
         self.spec = spec
         self._lc = Lifecycle(
             spec,
@@ -573,7 +575,11 @@ class Engine:
             self._scheduler.release(inst.name)
         if ended.signalled:
             self._emit(
-                inst, "sweep", run=proc.run, pids=list(ended.signalled), kill=ended.kill_sent,
+                inst,
+                "sweep",
+                run=proc.run,
+                pids=list(ended.signalled),
+                kill=ended.kill_sent,
                 waited_s=round(ended.waited_s, 3),
             )
 

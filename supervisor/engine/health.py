@@ -27,10 +27,12 @@ def make_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_keepalive_connections=64))
 
 
-async def check(client: httpx.AsyncClient, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
+async def check(
+    client: httpx.AsyncClient, url: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Health:
     """One health check; never raises (a failed check is an answer, not an error)."""
     try:
         resp = await client.get(url, timeout=timeout_s)
-    except Exception as exc:  # httpx errors, but also InvalidURL and OSError from a bad host
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
         return Health(False, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
     return Health(resp.status_code == 200, resp.status_code)

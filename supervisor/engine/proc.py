@@ -163,7 +163,7 @@ class ExitStatus:
     signum: int | None
 
     @classmethod
-    def from_returncode(cls, rc: int) -> "ExitStatus":
+    def from_returncode(cls, rc: int) -> ExitStatus:
         return cls(None, -rc) if rc < 0 else cls(rc, None)
 
 
@@ -211,8 +211,10 @@ class RunningProcess:
             self._pidfd = None
         if self.popen is None:
             info = read_stat(self.pid)
-            if info is None or info.state == "Z" or not same_process(
-                info.create_time, self.create_time
+            if (
+                info is None
+                or info.state == "Z"
+                or not same_process(info.create_time, self.create_time)
             ):
                 self.close()
                 raise ProcessLookupError(self.pid)
@@ -241,8 +243,10 @@ class RunningProcess:
                     break
             else:
                 info = read_stat(self.pid)
-                if info is None or info.state == "Z" or not same_process(
-                    info.create_time, self.create_time
+                if (
+                    info is None
+                    or info.state == "Z"
+                    or not same_process(info.create_time, self.create_time)
                 ):
                     break
             await asyncio.sleep(FALLBACK_POLL_S)

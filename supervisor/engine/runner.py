@@ -36,7 +36,7 @@ _DOING = {"start": "starting", "stop": "stopping"}
 
 
 class Runner:
-    def __init__(self, engine: "Engine", inst: "Instance") -> None:
+    def __init__(self, engine: Engine, inst: Instance) -> None:
         self.e = engine
         self.inst = inst
         self.lc = inst._lc
@@ -361,9 +361,10 @@ class Runner:
                 ):
                     sched.withdraw(inst.name)
                     return False
-                inst.waiting_for = ", ".join(
-                    f"{name} {_DOING[m]}" for name, m in sched.blockers(inst.name)
-                ) or None
+                inst.waiting_for = (
+                    ", ".join(f"{name} {_DOING[m]}" for name, m in sched.blockers(inst.name))
+                    or None
+                )
                 kicked = asyncio.ensure_future(inst._kick.wait())
                 try:
                     await asyncio.wait({granted, kicked}, return_when=asyncio.FIRST_COMPLETED)

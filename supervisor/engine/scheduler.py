@@ -36,11 +36,7 @@ class _Hold:
 
 
 def _conflict(a: _Hold, b: _Hold) -> bool:
-    return (
-        a.name != b.name
-        and bool(a.devices & b.devices)
-        and ("start" in (a.mode, b.mode))
-    )
+    return a.name != b.name and bool(a.devices & b.devices) and ("start" in (a.mode, b.mode))
 
 
 class DeviceScheduler:

@@ -33,9 +33,7 @@ ENGINE_DEAD = (
 
 
 def hello(role: str) -> None:
-    print(
-        f"fakevllm {role} pid={os.getpid()} pgid={os.getpgid(0)} prefix={sys.prefix}", flush=True
-    )
+    print(f"fakevllm {role} pid={os.getpid()} pgid={os.getpgid(0)} prefix={sys.prefix}", flush=True)
 
 
 def child(role: str) -> int:
@@ -77,7 +75,7 @@ def main() -> int:
     status = {"code": 200}
 
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             code = status["code"] if self.path == "/health" else 404
             self.send_response(code)
             self.send_header("Content-Length", "0")

@@ -83,9 +83,9 @@ async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, fak
     assert os.getpgid(core) == first
 
     os.kill(first, signal.SIGKILL)
-    exit_, = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
+    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
     assert (exit_["reason"], exit_["signal"], exit_["pid"]) == ("killed", "SIGKILL", first)
-    sweep, = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
     assert core in sweep["pids"]
     assert not pid_alive(core) and group_members(first) == []
 
@@ -120,8 +120,10 @@ async def test_exit_is_seen_within_100ms_p99(engine, fake_spec, events):
         assert eng.instances["a"].state != "ready"
     latencies.sort()
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
-    print(f"SIGKILL -> exit event: median {latencies[len(latencies)//2]*1000:.1f} ms, "
-          f"p99 {p99*1000:.1f} ms, max {latencies[-1]*1000:.1f} ms over {len(latencies)}")
+    print(
+        f"SIGKILL -> exit event: median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms over {len(latencies)}"
+    )
     assert p99 <= 0.100
 
 
@@ -133,7 +135,7 @@ async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, 
     t0 = time.monotonic()
     await eng.stop("a")
     took = time.monotonic() - t0
-    stop_ev, = events.of("stop", "a")
+    (stop_ev,) = events.of("stop", "a")
     assert stop_ev["term"] and stop_ev["kill"]
     assert 1.0 <= took < 5.0
     inst = eng.instances["a"]
@@ -148,11 +150,16 @@ async def test_plain_stop_needs_only_sigterm(engine, fake_spec, events):
     await eng.wait("a", ("ready",), timeout=20)
     pid = eng.instances["a"].pid
     await eng.stop("a")
-    stop_ev, = events.of("stop", "a")
+    (stop_ev,) = events.of("stop", "a")
     assert stop_ev["term"] and not stop_ev["kill"]
     assert eng.instances["a"].last_exit.signal == "SIGTERM"
     assert group_members(pid) == []
-    assert [e["to"] for e in events.of("state", "a")] == ["starting", "ready", "stopping", "stopped"]
+    assert [e["to"] for e in events.of("state", "a")] == [
+        "starting",
+        "ready",
+        "stopping",
+        "stopped",
+    ]
 
 
 async def test_descendant_that_left_the_group_is_swept(engine, fake_spec, events):
@@ -165,18 +172,19 @@ async def test_descendant_that_left_the_group_is_swept(engine, fake_spec, events
     await until(lambda: escaped in eng.instances["a"].descendants)
     # the server dies first, so the escaped child is re-parented: only tracking finds it
     os.kill(eng.instances["a"].pid, signal.SIGKILL)
-    sweep, = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
     assert escaped in sweep["pids"] and not pid_alive(escaped)
     await eng.stop("a")
 
 
-async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(
-    engine, fake_spec, events
-):
+async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine, fake_spec, events):
     eng = engine()
     spec = fake_spec(
         "a",
-        "--exit-after", "0", "--exit-code", "3",
+        "--exit-after",
+        "0",
+        "--exit-code",
+        "3",
         restart=RestartPolicy(backoff_s=0.05, backoff_max_s=0.1, stable_s=600, max_failures=4),
     )
     await eng.apply([spec])
@@ -187,7 +195,7 @@ async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(
     assert len(events.of("spawn", "a")) == 4 == inst.run
     assert [e["delay_s"] for e in events.of("restart_scheduled", "a")] == [0, 0.05, 0.1]
     assert inst.last_exit.code == 3 and inst.last_exit.reason == "unknown"
-    failed, = events.of("failed", "a")
+    (failed,) = events.of("failed", "a")
     assert failed["failures"] == 4
     assert my_zombies() == []
     assert sorted(p.name for p in inst.log_path().parent.iterdir()) == [
@@ -226,8 +234,12 @@ async def test_missing_command_fails_fast_as_bad_args(engine, fake_spec, events)
 async def test_startup_timeout_kills_the_group(engine, fake_spec, events):
     eng = engine()
     spec = fake_spec(
-        "a", "--ready-after", "60", "--engine-child",
-        start_timeout_s=0.5, restart=RestartPolicy(policy="never"),
+        "a",
+        "--ready-after",
+        "60",
+        "--engine-child",
+        start_timeout_s=0.5,
+        restart=RestartPolicy(policy="never"),
     )
     await eng.apply([spec])
     assert await eng.wait("a", ("failed",), timeout=10) == "failed"
@@ -246,15 +258,19 @@ async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(
     await until(lambda: pid_of_role(eng, "a", "core") is not None)
     server = eng.instances["a"].pid
     os.kill(pid_of_role(eng, "a", "core"), signal.SIGKILL)
-    unhealthy, = await events.wait(lambda e: e["kind"] == "unhealthy", timeout=10)
+    (unhealthy,) = await events.wait(lambda e: e["kind"] == "unhealthy", timeout=10)
     assert unhealthy["status"] == 503
-    exit_, = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
+    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
     assert exit_["reason"] == "engine_dead" and "EngineDeadError" in exit_["log_excerpt"]
     assert exit_["signal"] == "SIGTERM"  # vsup ended it: it would have lingered for 60 s
     await events.wait(lambda e: e["kind"] == "ready", count=2, timeout=20)
     assert eng.instances["a"].pid != server
     assert [e["to"] for e in events.of("state", "a")][:5] == [
-        "starting", "ready", "unhealthy", "backoff", "starting"
+        "starting",
+        "ready",
+        "unhealthy",
+        "backoff",
+        "starting",
     ]
 
 
@@ -270,7 +286,9 @@ async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
     ]
     await eng.apply(specs, wait=True)
     assert {i.state for i in eng.instances.values()} == {"ready"}
-    t = {(e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")}
+    t = {
+        (e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")
+    }
     assert t["spawn", "cpu2"] > t["ready", "cpu1"]  # co-tenants: one after the other
     assert t["spawn", "g1"] < t["ready", "g0"]  # different devices: in parallel
     assert t["spawn", "g0"] < t["ready", "cpu1"]
@@ -279,8 +297,9 @@ async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
 async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, fake_spec, events):
     eng = engine()
     await eng.apply([fake_spec("a")], wait=True)
-    await eng.apply([fake_spec("a", port=eng.instances["a"].spec.port),
-                     fake_spec("b", "--ready-after", "1.0")])
+    await eng.apply(
+        [fake_spec("a", port=eng.instances["a"].spec.port), fake_spec("b", "--ready-after", "1.0")]
+    )
     await events.wait(lambda e: e["kind"] == "spawn" and e["instance"] == "b", timeout=10)
     stopping = asyncio.create_task(eng.stop("a"))
     await until(lambda: eng.instances["a"].waiting_for is not None)
@@ -293,12 +312,17 @@ async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, fake_spec, e
 
 async def test_multi_gpu_instance_waits_for_all_its_devices(engine, fake_spec, events):
     eng = engine()
-    await eng.apply([
-        fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
-        fake_spec("tp01", gpus=(0, 1)),
-        fake_spec("g1", gpus=(1,)),
-    ], wait=True)
-    t = {(e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")}
+    await eng.apply(
+        [
+            fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+            fake_spec("tp01", gpus=(0, 1)),
+            fake_spec("g1", gpus=(1,)),
+        ],
+        wait=True,
+    )
+    t = {
+        (e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")
+    }
     assert t["spawn", "tp01"] > t["ready", "g0"]
     # g1 came after tp01 in the layout: first come, first served
     assert t["spawn", "g1"] > t["ready", "tp01"]
@@ -317,9 +341,9 @@ async def test_gpu_memory_release_is_awaited_after_a_stop(engine, fake_spec, eve
     pid, core = eng.instances["g"].pid, pid_of_role(eng, "g", "core")
     await until(lambda: core in eng.instances["g"].descendants)
     await eng.stop("g")
-    (pids, gpus), = calls
+    ((pids, gpus),) = calls
     assert gpus == (3,) and {pid, core} <= pids
-    rel, = events.of("gpu_release", "g")
+    (rel,) = events.of("gpu_release", "g")
     assert rel["released"] is True
     assert events.stamped("gpu_release", "g")[0][0] < events.stamped("stop", "g")[0][0]
 
@@ -346,13 +370,11 @@ async def test_drain_waits_for_running_requests(engine, fake_spec, events):
     eng = engine(requests_running=requests_running)
     await eng.apply([fake_spec("a")], wait=True)
     await eng.stop("a", drain=True)
-    drain, = events.of("drain", "a")
+    (drain,) = events.of("drain", "a")
     assert drain["drained"] is True and drain["waited_s"] >= 0.9
 
 
-async def test_apply_restarts_changed_updates_policy_and_removes_missing(
-    engine, fake_spec, events
-):
+async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine, fake_spec, events):
     eng = engine()
     a, b, c = fake_spec("a"), fake_spec("b"), fake_spec("c", gpus=(0,))
     await eng.apply([a, b, c], wait=True)
@@ -363,7 +385,11 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(
     d = fake_spec("d", gpus=(0,))
     plan = eng.diff([a2, b2, d])
     assert plan.to_json() == {
-        "start": ["d"], "restart": ["a"], "stop": ["c"], "unchanged": [], "update": ["b"]
+        "start": ["d"],
+        "restart": ["a"],
+        "stop": ["c"],
+        "unchanged": [],
+        "update": ["b"],
     }
     await eng.apply([a2, b2, d], wait=True)
     assert "c" not in eng.instances
@@ -374,9 +400,7 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(
     assert eng.diff([a2, b2, d]).empty
 
 
-async def test_detach_then_adopt_then_the_adopted_exit_is_seen(
-    engine, fake_spec, events, tmp_path
-):
+async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, fake_spec, events, tmp_path):
     first = engine()
     spec = fake_spec("a", "--engine-child")
     await first.apply([spec], wait=True)
@@ -416,7 +440,7 @@ async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, 
         assert eng.adopt(spec, record) is None
         inst = eng.instances["a"]
         assert inst.state == "stopped" and inst.run == 3
-        adopt, = events.of("adopt", "a")
+        (adopt,) = events.of("adopt", "a")
         assert adopt["adopted"] is False and "another process" in adopt["why"]
         await asyncio.sleep(0)  # let the sweep of the stale record run
         await asyncio.gather(*eng._background)
@@ -436,7 +460,11 @@ async def test_restart_and_start_after_failed(engine, fake_spec, events):
     inst = eng.instances["a"]
     assert inst.state == "ready" and inst.pid != pid and inst.restarts == 0
     assert [e["to"] for e in events.of("state", "a")] == [
-        "starting", "ready", "stopping", "starting", "ready"
+        "starting",
+        "ready",
+        "stopping",
+        "starting",
+        "ready",
     ]
     assert inst.last_exit.reason == "stopped"
 

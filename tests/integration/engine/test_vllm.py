@@ -97,7 +97,11 @@ async def test_too_few_kv_blocks_is_kv_cache_too_small(
     events = Events()
     engine = Engine(SystemClock(), tmp_path / "logs", events)
     spec = vllm_spec(
-        "kv", tiny_model, vllm_command, vllm_env, token,
+        "kv",
+        tiny_model,
+        vllm_command,
+        vllm_env,
+        token,
         args={"num-gpu-blocks-override": 4, "max-model-len": 512},
         restart=RestartPolicy(policy="never"),
     )
@@ -124,8 +128,9 @@ async def test_port_held_by_a_test_socket_is_port_in_use_without_spawning(
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        spec = vllm_spec("p", tiny_model, vllm_command, vllm_env, token,
-                         port=holder.getsockname()[1])
+        spec = vllm_spec(
+            "p", tiny_model, vllm_command, vllm_env, token, port=holder.getsockname()[1]
+        )
         try:
             await engine.apply([spec])
             assert await engine.wait("p", ("failed",), timeout=30) == "failed"
@@ -135,7 +140,9 @@ async def test_port_held_by_a_test_socket_is_port_in_use_without_spawning(
     inst = engine.instances["p"]
     assert inst.last_exit.reason == "port_in_use" and inst.run == 0
     assert events.of("spawn") == [] and len(events.of("exit")) == 1
-    assert not Path(tmp_path / "logs" / "p").exists() or not any((tmp_path / "logs" / "p").iterdir())
+    assert not Path(tmp_path / "logs" / "p").exists() or not any(
+        (tmp_path / "logs" / "p").iterdir()
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -143,9 +150,7 @@ async def pair(tiny_model, vllm_command, vllm_env, module_token, tmp_path_factor
     """Two CPU instances (co-tenants of the device `cpu`), applied together."""
     events = Events()
     engine = Engine(SystemClock(), tmp_path_factory.mktemp("logs"), events, chores_interval_s=1.0)
-    specs = [
-        vllm_spec(n, tiny_model, vllm_command, vllm_env, module_token) for n in ("v1", "v2")
-    ]
+    specs = [vllm_spec(n, tiny_model, vllm_command, vllm_env, module_token) for n in ("v1", "v2")]
     try:
         await engine.apply(specs, wait=True)
         yield engine, events
@@ -186,7 +191,9 @@ async def test_two_co_tenants_start_one_after_the_other_and_serve(pair):
     engine, events = pair
     assert {i.state for i in engine.instances.values()} == {"ready"}
     t = {(e["kind"], e.get("instance")): ts for ts, e in events.items}
-    assert t["spawn", "v2"] > t["ready", "v1"], "the second co-tenant spawned before the first was ready"
+    assert t["spawn", "v2"] > t["ready", "v1"], (
+        "the second co-tenant spawned before the first was ready"
+    )
     for inst in engine.instances.values():
         assert isinstance(await complete(inst), str)
         assert os.getpgid(inst.pid) == inst.pid
@@ -204,14 +211,20 @@ async def test_sigkill_of_an_api_server_leaves_none_of_its_group_and_it_comes_ba
     tree, _ = await engine_core_pids(inst)
     t0 = time.monotonic()
     os.kill(server, signal.SIGKILL)
-    exit_, = await events.wait(lambda e: e["kind"] == "exit" and e["instance"] == "v1", timeout=30)
+    (exit_,) = await events.wait(
+        lambda e: e["kind"] == "exit" and e["instance"] == "v1", timeout=30
+    )
     seen = events.stamped("exit", "v1")[0][0] - t0
     assert (exit_["reason"], exit_["signal"], exit_["pid"]) == ("killed", "SIGKILL", server)
     # vLLM left EngineCore and its worker alive (VLLM-FACTS): the sweep ended them
-    sweep, = await events.wait(lambda e: e["kind"] == "sweep" and e["instance"] == "v1", timeout=60)
+    (sweep,) = await events.wait(
+        lambda e: e["kind"] == "sweep" and e["instance"] == "v1", timeout=60
+    )
     assert set(tree) <= set(sweep["pids"])
     assert group_members(server) == [] and not any(pid_alive(p) for p in tree)
-    await events.wait(lambda e: e["kind"] == "ready" and e["instance"] == "v1", count=2, timeout=300)
+    await events.wait(
+        lambda e: e["kind"] == "ready" and e["instance"] == "v1", count=2, timeout=300
+    )
     assert inst.state == "ready" and inst.pid != server and inst.restarts == 1
     assert inst.last_exit.reason == "killed"
     assert isinstance(await complete(inst), str)
@@ -225,12 +238,16 @@ async def test_engine_death_is_classified_engine_dead_and_restarted(pair):
     server = inst.pid
     _, cores = await engine_core_pids(inst)
     os.kill(cores[0], signal.SIGKILL)
-    exit_, = await events.wait(lambda e: e["kind"] == "exit" and e["instance"] == "v2", timeout=60)
+    (exit_,) = await events.wait(
+        lambda e: e["kind"] == "exit" and e["instance"] == "v2", timeout=60
+    )
     assert exit_["reason"] == "engine_dead"
     assert "EngineDeadError" in exit_["log_excerpt"] or "EngineCore" in exit_["log_excerpt"]
     unhealthy = events.of("unhealthy", "v2")
     assert not unhealthy or unhealthy[0]["status"] == 503
-    await events.wait(lambda e: e["kind"] == "ready" and e["instance"] == "v2", count=2, timeout=300)
+    await events.wait(
+        lambda e: e["kind"] == "ready" and e["instance"] == "v2", count=2, timeout=300
+    )
     assert inst.pid != server and group_members(server) == []
 
 

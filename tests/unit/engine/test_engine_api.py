@@ -9,8 +9,13 @@ from supervisor.layout.spec import InstanceSpec
 
 def spec(name, **kw):
     base = dict(
-        name=name, model="/m", command=("vllm", "serve"), host="127.0.0.1", port=8000,
-        gpus=(), gpu_memory_utilization=None,
+        name=name,
+        model="/m",
+        command=("vllm", "serve"),
+        host="127.0.0.1",
+        port=8000,
+        gpus=(),
+        gpu_memory_utilization=None,
     )
     base.update(kw)
     return InstanceSpec(**base)
@@ -29,7 +34,11 @@ def test_diff_of_an_empty_engine_starts_everything_in_layout_order(tmp_path):
     plan = engine.diff([spec("b"), spec("a", port=8001)])
     assert plan == ApplyPlan(start=("b", "a"))
     assert plan.to_json() == {
-        "start": ["b", "a"], "restart": [], "stop": [], "unchanged": [], "update": []
+        "start": ["b", "a"],
+        "restart": [],
+        "stop": [],
+        "unchanged": [],
+        "update": [],
     }
 
 

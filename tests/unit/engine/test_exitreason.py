@@ -54,7 +54,9 @@ def test_a_foreign_sigterm_is_killed_not_engine_dead():
 
 
 def test_operator_stop_wins_over_any_log_line():
-    assert classify(0, None, log("engine_dead_core_killed.log"), cause="stopped").reason == "stopped"
+    assert (
+        classify(0, None, log("engine_dead_core_killed.log"), cause="stopped").reason == "stopped"
+    )
 
 
 def test_log_root_cause_wins_over_the_cause_vsup_saw():

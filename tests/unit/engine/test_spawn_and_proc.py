@@ -9,8 +9,14 @@ from supervisor.layout.spec import InstanceSpec
 
 def spec(**kw):
     base = dict(
-        name="a", model="/m", command=("python", "-m", "x"), host="127.0.0.1", port=1,
-        gpus=(2, 3), gpu_memory_utilization=0.4, env={"HIP_VISIBLE_DEVICES": "0", "X": "1"},
+        name="a",
+        model="/m",
+        command=("python", "-m", "x"),
+        host="127.0.0.1",
+        port=1,
+        gpus=(2, 3),
+        gpu_memory_utilization=0.4,
+        env={"HIP_VISIBLE_DEVICES": "0", "X": "1"},
         api_key_env="MY_KEY",
     )
     base.update(kw)

@@ -110,7 +110,8 @@ class Lifecycle:
         if self._restart_pending:
             self.restarts += 1
             self._restart_pending = False
-        if self.state != "starting":
+        # a stop asked for while the spawn was under way stays a stop
+        if self.state not in ("starting", "stopping"):
             self._enter("starting")
 
     def became_ready(self) -> bool:

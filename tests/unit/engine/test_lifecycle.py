@@ -202,3 +202,11 @@ def test_adopted_process_keeps_its_age(lc, clock):
     lc.spawned(7, started_ago_s=120)
     assert lc.state == "starting" and lc.run == 7
     assert clock.monotonic() - lc.spawned_at == 120
+
+
+def test_a_stop_asked_for_during_the_spawn_stays_a_stop(lc, changes):
+    lc.request_start()
+    lc.begin_stop()
+    lc.spawned(1)
+    assert lc.state == "stopping" and lc.run == 1
+    assert changes == [("stopped", "starting"), ("starting", "stopping")]

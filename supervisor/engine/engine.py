@@ -488,6 +488,29 @@ class Engine:
         self._ensure_runner(inst)
         return inst
 
+    def restore(
+        self,
+        spec: InstanceSpec,
+        state: str = "stopped",
+        run: int = 0,
+        restarts: int = 0,
+        last_exit: LastExit | None = None,
+    ) -> Instance:
+        """Register an instance without a process as a state file remembers it (`stopped` or
+        `failed`), keeping its run number, restarts and last exit; nothing starts."""
+        if spec.name in self._instances:
+            raise ValueError(f"instance {spec.name!r} exists already")
+        if state not in ("stopped", "failed"):
+            raise ValueError(f"an instance without a process is stopped or failed, not {state!r}")
+        inst = self._instances[spec.name] = Instance(spec, self)
+        lc = inst._lc
+        lc.run = run
+        lc.restarts = restarts
+        lc.last_exit = last_exit
+        if state == "failed":
+            lc.fail()
+        return inst
+
     async def wait(
         self, name: str, states: Iterable[str] = ("ready",), timeout: float | None = None
     ) -> str:

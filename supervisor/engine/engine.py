@@ -29,7 +29,13 @@ from supervisor.clock import Clock, iso_utc
 from supervisor.engine import health, stop
 from supervisor.engine.exitreason import classify
 from supervisor.engine.lifecycle import RUNNING, Lifecycle
-from supervisor.engine.proc import RunningProcess, read_stat, same_process
+from supervisor.engine.proc import (
+    ProcInfo,
+    RunningProcess,
+    process_table,
+    read_stat,
+    same_process,
+)
 from supervisor.engine.runlog import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RunLogs
 from supervisor.engine.runner import Runner
 from supervisor.engine.scheduler import DeviceScheduler
@@ -315,6 +321,9 @@ class Engine:
         self._background: set[asyncio.Task] = set()
         self._detached = False
         self._closed = False
+        self._table: dict[int, ProcInfo] | None = None
+        self._table_at = 0.0
+        self._table_scan: asyncio.Future | None = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -634,6 +643,23 @@ class Engine:
             self.on_event(event)
         except Exception:
             log.exception("on_event failed for %s", event)
+
+    async def _process_table(self) -> dict[int, ProcInfo]:
+        """The node's process table, scanned at most once per half chores interval for all
+        runners together (one scan reads every /proc entry: ~20 ms per 1000 processes)."""
+        loop = asyncio.get_running_loop()
+        if self._table is not None and loop.time() - self._table_at < self.chores_interval_s / 2:
+            return self._table
+        if self._table_scan is None:
+            self._table_scan = asyncio.ensure_future(asyncio.to_thread(process_table))
+        scan = self._table_scan
+        try:
+            table = await asyncio.shield(scan)
+        finally:
+            if self._table_scan is scan and scan.done():
+                self._table_scan = None
+        self._table, self._table_at = table, loop.time()
+        return table
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:

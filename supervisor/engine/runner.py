@@ -333,9 +333,10 @@ class Runner:
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
         and keep the run log under its cap."""
-        members = await asyncio.to_thread(proc.tree)
-        proc.remember(members)
-        await asyncio.to_thread(self.inst._logs.cap, proc.run)
+        table = await self.e._process_table()
+        proc.remember(proc.tree(table))
+        if self.inst._logs.over_cap(proc.run):
+            await asyncio.to_thread(self.inst._logs.cap, proc.run)
 
     # -- device turns -------------------------------------------------------------------------
 

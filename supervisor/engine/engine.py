@@ -367,6 +367,7 @@ class Engine:
         plan = self.diff(specs)
         new = _by_name(specs)
         self._emit(None, "action", action="apply", plan=plan.to_json())
+        removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
         removals: dict[str, asyncio.Task] = {
             name: self._spawn_task(self._remove(name)) for name in plan.stop
         }
@@ -384,11 +385,7 @@ class Engine:
             else:
                 inst._set_spec(new[name])
             devices = set(new[name].devices)
-            blocking = [
-                task
-                for gone, task in removals.items()
-                if devices & set(self._instances[gone].spec.devices)
-            ]
+            blocking = [task for gone, task in removals.items() if devices & removed_devices[gone]]
             if blocking:
                 waits.append(self._spawn_task(self._start_after(name, blocking)))
             else:

@@ -31,6 +31,7 @@ def snapshot() -> StatusSnapshot:
         instances=(
             empty_instance("g0", state="ready", pid=10, port=8000, gpus=(0,), model="m",
                            restarts=2, hbm_bytes=60 * GiB, hbm_source="process",
+                           planned_hbm_bytes=63 * GiB,
                            kv_cache_usage=0.42, preemptions_total=7.0, requests_running=3.0,
                            requests_waiting=0.0, generation_tokens_per_s=812.5,
                            backend="FLASH_ATTN", backend_source="log"),
@@ -113,3 +114,27 @@ async def test_listener_serves_the_latest_snapshot(port):
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as http:
             await http.get(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_grafana_dashboard_uses_only_series_the_exporter_serves():
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parents[3] / "configs" / "grafana-vsup.json").read_text())
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend(t["expr"] for t in p.get("targets", ()))
+            walk(p.get("panels", ()))
+
+    walk(dash["panels"])
+    exprs.append(dash["templating"]["list"][1]["definition"])
+    used = {m for e in exprs for m in re.findall(r"vsup_[a-z_]+", e)}
+    served = {
+        s.name
+        for fam in text_string_to_metric_families(render(snapshot()).decode())
+        for s in fam.samples
+    }
+    assert used and used <= served, used - served

@@ -1,8 +1,9 @@
 """The vsup daemon: one per VSUP_HOME, owner of every instance process.
 
-It hosts the engine (state machines, processes) and telemetry (scraper, GPU probe), polls each
-instance at 1 Hz, builds a `StatusSnapshot` each poll with live advice and history, keeps the
-state file and journal, and serves the control API on `$VSUP_HOME/vsup.sock`.
+It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
+watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
+advice and history, keeps the state file and journal, and serves the control API on
+`$VSUP_HOME/vsup.sock`.
 
 Lifetime rules:
 - One daemon per VSUP_HOME: `fcntl.flock` on `$VSUP_HOME/daemon.lock`, held for its life.
@@ -24,20 +25,21 @@ import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from supervisor import __version__, paths
-from supervisor.clock import Clock, SystemClock, iso_utc
+from supervisor.clock import Clock, SystemClock
 from supervisor.control.advice import CRASH_WINDOW_S, AdviceInputs, compute_advice, problem
 from supervisor.control.api import LogFile, build_app
 from supervisor.control.errors import Conflict, ControlError, UnknownInstances
-from supervisor.control.export import MetricsListener
+from supervisor.control.export import MetricsListener, parse_listen
 from supervisor.control.history import History
 from supervisor.control.journal import Journal, replay
+from supervisor.control.monitor import Monitor, Target
 from supervisor.control.server import ServedApp, bind_unix_socket
 from supervisor.control.state import (
     DaemonState,
@@ -46,15 +48,16 @@ from supervisor.control.state import (
     spec_from_dict,
     spec_to_dict,
 )
+from supervisor.engine import AdoptRecord, Engine, UnknownInstance
 from supervisor.layout.spec import InstanceSpec
 from supervisor.snapshot import (
     Advice,
-    GpuStatus,
     InstanceStatus,
     LastExit,
     NodeInfo,
     StatusSnapshot,
     SupervisorInfo,
+    empty_instance,
 )
 
 log = logging.getLogger("vsup.daemon")
@@ -67,7 +70,8 @@ LOCK_RETRY_S = 2.0
 # by at least the time between the two processes' starts.
 CREATE_TIME_TOLERANCE_S = 0.05
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
-ACTIVE_STATES = ("starting", "ready", "unhealthy", "stopping")
+# Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
+FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
 
 
 # --------------------------------------------------------------------------- lock and process
@@ -131,39 +135,14 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
 
 def recorded_live_instances(home: Path) -> list[str]:
     """Instances the state file says are running and whose process is alive."""
-    result = StateFile(paths.state_path(home)).load()
-    if result.state is None:
+    result = StateFile(paths.state_path(home)).load_quietly()
+    if result is None:
         return []
     return [
         name
-        for name, rec in result.state.instances.items()
+        for name, rec in result.instances.items()
         if rec.pid and process_matches(rec.pid, rec.create_time)
     ]
-
-
-# --------------------------------------------------------------------------- telemetry view
-
-
-@dataclass
-class InstanceTelemetry:
-    """The latest telemetry of one instance (None = unknown)."""
-
-    kv_cache_usage: float | None = None
-    kv_capacity_tokens: int | None = None
-    preemptions_total: float | None = None
-    preemptions_per_min: float | None = None
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    generation_tokens_per_s: float | None = None
-    prompt_tokens_per_s: float | None = None
-    prefix_cache_hit_rate: float | None = None
-    cache_config: dict[str, str] | None = None
-    backend: str | None = None
-    backend_source: str | None = None
-    hbm_bytes: int | None = None
-    hbm_source: str = "unavailable"
-    scraped_at: float | None = None  # monotonic
-    error: str | None = None
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -179,6 +158,7 @@ class Daemon:
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         gpu_probe: Any = None,
+        engine_options: dict[str, Any] | None = None,
     ) -> None:
         self.home = Path(home)
         self.clock = clock or SystemClock()
@@ -186,69 +166,75 @@ class Daemon:
         self.started_mono = self.clock.monotonic()
         self.state_file = StateFile(paths.state_path(self.home))
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
-        self.history = History()
+        self.trends = History()
         self.logs_dir = paths.logs_dir(self.home)
+        self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
-        self.layout_obj: Any = None
         self.metrics_listen: str | None = None
         self.problems: list[Advice] = []
-        self.telemetry: dict[str, InstanceTelemetry] = {}
-        self.gpus: tuple[GpuStatus, ...] = ()
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
+        self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
         self._snapshot: StatusSnapshot | None = None
         self._stopping = asyncio.Event()
-        self._stop_instances = False
         self._shutting_down = False
         self._state_dirty = asyncio.Event()
         self._apply_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
-        self._gpu_probe = gpu_probe
-        self.engine = self._make_engine()
+        self.engine = Engine(
+            self.clock,
+            self.logs_dir,
+            on_event=self._on_event,
+            gpu_release_check=self.monitor.gpu_released,
+            requests_running=self._requests_running,
+            **(engine_options or {}),
+        )
 
-    # ----------------------------------------------------------------- wiring to the engine
+    # ----------------------------------------------------------------- engine events
 
-    def _make_engine(self):
-        from supervisor.engine import Engine
-
-        return Engine(clock=self.clock, logs_dir=self.logs_dir, on_event=self._on_event)
-
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: dict[str, Any]) -> None:
         """Engine events: journal them, keep the state file current, count failures."""
-        doc = _event_dict(event)
+        doc = dict(event)
         kind = doc.pop("kind", "event")
         name = doc.pop("instance", None)
         doc.pop("t", None)
-        if kind == "spawn" and name in self.engine.instances and "create_time" not in doc:
-            doc["create_time"] = _create_time(doc.get("pid"))
+        inst = self.engine.instances.get(name) if name else None
+        if kind == "spawn" and inst is not None:
+            # What journal replay needs to adopt this process if the state file is lost.
+            doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
         if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
             self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
-        if kind in ("spawn", "exit") and name:
-            tel = self.telemetry.get(name)
-            if tel is not None:
-                # A new process: no figure of the old one may pass for it.
-                self.telemetry[name] = InstanceTelemetry(
-                    backend=None, hbm_source=tel.hbm_source
-                )
         self.journal.append(kind, name, **doc)
-        self._state_dirty.set()
+        if kind not in ("action",):
+            self._state_dirty.set()
+
+    def _requests_running(self, name: str) -> float | None:
+        metrics = self.monitor.get(name).metrics
+        return metrics.requests_running if metrics is not None else None
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def serve(self, sock: socket.socket | None = None) -> None:
+    async def serve(self, sock: socket.socket | None = None, handle_signals: bool = True) -> None:
         """Run until asked to stop: restore, serve the API, poll, then shut down."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
         if sock is None:
             sock = bind_unix_socket(paths.socket_path(self.home))
-        self.journal.append("daemon_start", pid=os.getpid(), version=__version__)
+        self.journal.append("daemon_start", None, pid=os.getpid(), version=__version__)
+        await self.monitor.open()
+        self.node = NodeInfo(
+            hostname=self.node.hostname,
+            gpu_vendor=self.monitor.vendor,
+            gpu_count=self.monitor.gpu_count,
+            cpu_count=self.node.cpu_count,
+        )
         await self.restore()
         api = ServedApp(build_app(self), sock, name="control API")
         await api.start()
@@ -261,18 +247,18 @@ class Daemon:
             await api.stop()
             await self.metrics.stop()
             poller.cancel()
-            if self._stop_instances:
-                pass  # the shutdown task already stopped every instance
-            with contextlib.suppress(Exception):
-                await self.engine.shutdown(stop_instances=False)
             writer.cancel()
             for t in (poller, writer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-            await asyncio.to_thread(self._write_state)
-            self.journal.append(
-                "daemon_stop", pid=os.getpid(), instances_left_running=self._running_names()
-            )
+            # Write the state before the engine lets go of its processes: the next daemon
+            # adopts from it.
+            self._write_state()
+            with contextlib.suppress(Exception):
+                await self.engine.shutdown(stop_instances=False)
+            await self.monitor.close()
+            left = [n for n, i in self.engine.instances.items() if i.pid]
+            self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
             self.journal.close()
             with contextlib.suppress(OSError):
                 paths.socket_path(self.home).unlink()
@@ -302,88 +288,92 @@ class Daemon:
         if result.problem:
             self._report_problem("state_file", result.problem)
         state = result.state or DaemonState()
-        # The journal may know of spawns and exits after the state file (or its backup) was
-        # written: a daemon killed between an event and the next state write.
-        after = 0
-        if result.state is not None and result.state.written_at is not None:
-            after = self._journal_seq_at(result.state.written_at)
-        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
-            rec = state.instances.get(name)
-            if rec is None:
-                if rep.spec is None:
-                    continue
-                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
-            if rep.running and rep.pid:
-                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
-                rec.port = rep.port or rec.port
-                rec.run = max(rec.run, rep.run)
-                rec.state = "starting" if rec.state in ("stopped", "backoff") else rec.state
-            elif not rep.running and rep.last_exit is not None:
-                rec.pid = None
-                rec.last_exit = rep.last_exit
-                if rec.state in ACTIVE_STATES:
-                    rec.state = "backoff"
-            rec.restarts = max(rec.restarts, rep.restarts)
+        self._replay_journal(state)
         self.layout_path = state.layout_path
         self.layout_toml = state.layout_toml
         self.layout_name = state.layout_name
         if state.layout_toml:
-            try:
-                self.layout_obj, _specs, diags = _parse_layout(
-                    state.layout_toml, state.layout_path, self.node.gpu_count
-                )
-                self.metrics_listen = _metrics_listen(self.layout_obj, state.layout_toml)
-            except Exception as exc:  # the layout was valid when applied; report, go on
-                self._report_problem("layout", f"the running layout no longer parses: {exc}")
+            self.metrics_listen = _metrics_listen(state.layout_toml)
         for name, rec in state.instances.items():
             try:
                 spec = spec_from_dict(rec.spec)
             except ValueError as exc:
                 self._report_problem("state_file", f"instance {name}: {exc}")
                 continue
-            alive = rec.pid is not None and process_matches(rec.pid, rec.create_time)
-            if alive:
-                self.engine.adopt(spec, _adopt_record(rec))
-                self.journal.append(
-                    "adopt", name, pid=rec.pid, pgid=rec.pgid, create_time=rec.create_time,
-                    port=rec.port, run=rec.run, restarts=rec.restarts,
+            if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
+                record = AdoptRecord(
+                    pid=rec.pid,
+                    create_time=rec.create_time,
+                    pgid=rec.pgid,
+                    port=rec.port or spec.port,
+                    run=rec.run,
+                    restarts=rec.restarts,
+                    descendants={int(p): t for p, t in rec.descendants.items()},
                 )
-                log.info("re-adopted %s (pid %s)", name, rec.pid)
-            elif rec.pid is not None and rec.state in ACTIVE_STATES + ("backoff",):
-                why = "gone" if not psutil.pid_exists(rec.pid) else "reused by another process"
-                self.journal.append(
-                    "vanished", name, pid=rec.pid, reason="unknown", code=None, signal=None,
-                    at=iso_utc(self.clock.wall()),
-                    log_excerpt=f"pid {rec.pid} {why} while no daemon watched it",
-                )
-                self._adopt_vanished(spec, rec)
-                log.warning("%s: pid %s %s; applying its restart policy", name, rec.pid, why)
-            else:
-                self._register_idle(spec, rec)
+                inst = self.engine.adopt(spec, record)
+                if inst is not None:
+                    log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
+                    continue
+                # It died while no daemon watched: an exit like any other.
+                gone = self.engine.instances[name]
+                reason = gone.last_exit.reason if gone.last_exit else "unknown"
+                self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
+                log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
+                if spec.restart.policy != "never" and reason not in FAIL_FAST:
+                    await self.engine.start(name)
+                continue
+            self._register_idle(spec, rec)
         if self.metrics_listen:
             await self._start_metrics()
         self._state_dirty.set()
 
-    def _journal_seq_at(self, wall: float) -> int:
-        """The last journal seq written at or before wall time `wall`."""
-        stamp = iso_utc(wall)
-        last = 0
-        for ev in self.journal.iter_file():
-            if str(ev.get("t", "")) <= stamp and isinstance(ev.get("seq"), int):
-                last = ev["seq"]
-        return last
-
-    def _adopt_vanished(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
-        self.engine.adopt(spec, _adopt_record(rec, vanished=True))
+    def _replay_journal(self, state: DaemonState) -> None:
+        """Bring `state` up to date with journal events written after it (a daemon killed
+        between an event and the next state write, or a state file restored from its backup)."""
+        after = state.journal_seq - 1 if state.journal_seq else 0
+        if state.written_at is None and state.instances:
+            after = 0
+        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
+            rec = state.instances.get(name)
+            if rec is None:
+                if rep.spec is None:
+                    continue
+                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
+            if rep.spec is not None:
+                rec.spec = rep.spec
+            if rep.running and rep.pid:
+                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
+                rec.port = rep.port or rec.port
+                rec.run = max(rec.run, rep.run)
+                rec.descendants = {}
+                rec.state = "starting"
+            elif not rep.running and rep.last_exit is not None:
+                rec.pid = rec.pgid = rec.create_time = None
+                rec.last_exit = rep.last_exit
+                rec.state = "stopped"
+            rec.restarts = max(rec.restarts, rep.restarts)
 
     def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
-        self.engine.adopt(spec, _adopt_record(rec, idle=True))
+        """An instance with no process (stopped or failed): known again, not started, with
+        its run number, restarts and last exit as they were."""
+        # The engine has no public call for an idle instance (adopt() wants a process), so
+        # this builds one the way Engine.apply does, without its start.
+        from supervisor.engine.engine import Instance
+
+        inst = Instance(spec, self.engine)
+        self.engine._instances[spec.name] = inst
+        lc = inst._lc
+        lc.run = rec.run
+        lc.restarts = rec.restarts
+        lc.last_exit = _last_exit(rec.last_exit)
+        if rec.state == "failed":
+            lc.fail()
 
     def _report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
         log.warning("%s", message)
-        print(f"vsup daemon: {message}", file=sys.stderr, flush=True)
         self.journal.append("problem", None, problem=kind, message=message)
+        self.problems = [p for p in self.problems if p.message != message]
         self.problems.append(problem(kind, message))
 
     # ----------------------------------------------------------------- state file
@@ -392,20 +382,20 @@ class Daemon:
         """The state file's content, from the engine's instances."""
         instances = {}
         for name, inst in self.engine.instances.items():
-            view = _inst_view(inst)
+            rec = inst.adopt_record()
             instances[name] = InstanceRecord(
                 name=name,
                 spec=spec_to_dict(inst.spec),
-                state=view["state"],
-                pid=view["pid"],
-                create_time=view["create_time"],
-                pgid=view["pgid"],
+                state=inst.state,
+                pid=rec.pid if rec else None,
+                create_time=rec.create_time if rec else None,
+                pgid=rec.pgid if rec else None,
                 port=inst.spec.port,
-                run=view["run"],
-                restarts=view["restarts"],
-                last_exit=view["last_exit"],
-                started_at=view["started_at"],
-                ready_since=view["ready_since"],
+                run=inst.run,
+                restarts=inst.restarts,
+                last_exit=asdict(inst.last_exit) if inst.last_exit else None,
+                descendants={str(p): t for p, t in rec.descendants.items()} if rec else {},
+                adopted=bool(getattr(inst, "adopted", False)),
             )
         return DaemonState(
             layout_path=self.layout_path,
@@ -413,6 +403,7 @@ class Daemon:
             layout_name=self.layout_name,
             instances=instances,
             daemon_pid=os.getpid(),
+            journal_seq=self.journal.next_seq,
         )
 
     def _write_state(self, doc: DaemonState | None = None) -> None:
@@ -448,75 +439,80 @@ class Daemon:
                 delay = 0
             await asyncio.sleep(delay)
 
+    def _targets(self) -> list[Target]:
+        out = []
+        for name, inst in self.engine.instances.items():
+            out.append(
+                Target(
+                    name=name,
+                    base_url=inst.spec.base_url,
+                    run=inst.run,
+                    pid=inst.pid,
+                    pgid=inst.pgid,
+                    gpus=tuple(inst.spec.gpus),
+                    live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
+                    log_path=inst.log_path() if inst.run else None,
+                    attention_flag=inst.spec.arg("attention-backend"),
+                )
+            )
+        return out
+
     async def poll_once(self) -> StatusSnapshot:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
-        await self._poll_telemetry()
+        await self.monitor.poll(self._targets())
+        self.poll_count += 1
         snap = self.build_snapshot()
         now = self.clock.wall()
         for inst in snap.instances:
-            self.history.record(now, inst)
-        self.history.forget({i.name for i in snap.instances})
+            self.trends.record(now, inst)
+        self.trends.forget({i.name for i in snap.instances})
         return snap
-
-    async def _poll_telemetry(self) -> None:
-        """Scrape each running instance (concurrently, each with its own timeout)."""
-        # Filled in by the telemetry integration.
-        return None
 
     # ----------------------------------------------------------------- snapshot
 
     def build_snapshot(self) -> StatusSnapshot:
         """The current snapshot: the engine's states now, telemetry as of the last poll."""
         now_m = self.clock.monotonic()
-        gpu_total = {g.index: g.hbm_total_bytes for g in self.gpus}
+        gpus = self.monitor.gpus
+        gpu_total = {g.index: g.hbm_total_bytes for g in gpus}
         instances = []
         for name, inst in self.engine.instances.items():
             spec = inst.spec
-            view = _inst_view(inst)
-            tel = self.telemetry.get(name) or InstanceTelemetry()
-            live = view["state"] in ("ready", "unhealthy")
+            base = inst.status_fields()
+            tel = self.monitor.get(name)
+            m = tel.metrics
+            live = inst.state in ("ready", "unhealthy") and m is not None
             planned = None
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
                 if all(t is not None for t in totals):
                     planned = int(spec.gpu_memory_utilization * sum(totals))
             instances.append(
-                InstanceStatus(
-                    name=name,
-                    state=view["state"],
-                    pid=view["pid"],
-                    port=spec.port,
-                    gpus=tuple(spec.gpus),
-                    model=spec.model,
-                    restarts=view["restarts"],
-                    uptime_s=view["uptime_s"],
-                    hbm_bytes=tel.hbm_bytes if view["pid"] else None,
-                    hbm_source=tel.hbm_source,
-                    kv_cache_usage=tel.kv_cache_usage if live else None,
-                    kv_capacity_tokens=tel.kv_capacity_tokens if live else None,
-                    preemptions_total=tel.preemptions_total if live else None,
-                    preemptions_per_min=tel.preemptions_per_min if live else None,
-                    requests_running=tel.requests_running if live else None,
-                    requests_waiting=tel.requests_waiting if live else None,
-                    generation_tokens_per_s=tel.generation_tokens_per_s if live else None,
-                    backend=tel.backend,
-                    backend_source=tel.backend_source,
-                    last_exit=_last_exit(view["last_exit"]),
-                    prompt_tokens_per_s=tel.prompt_tokens_per_s if live else None,
-                    prefix_cache_hit_rate=tel.prefix_cache_hit_rate if live else None,
-                    planned_hbm_bytes=planned,
-                    gpu_memory_utilization=spec.gpu_memory_utilization,
-                    state_since_s=view["state_since_s"],
-                    run=view["run"],
-                    host=spec.host,
-                    backoff_remaining_s=view["backoff_remaining_s"],
+                empty_instance(
+                    **{
+                        **base,
+                        "hbm_bytes": tel.hbm_bytes if inst.pid else None,
+                        "hbm_source": tel.hbm_source,
+                        "kv_cache_usage": m.kv_cache_usage if live else None,
+                        "kv_capacity_tokens": m.kv_capacity_tokens if live else None,
+                        "preemptions_total": m.preemptions_total if live else None,
+                        "preemptions_per_min": tel.preemptions_per_min if live else None,
+                        "requests_running": m.requests_running if live else None,
+                        "requests_waiting": m.requests_waiting if live else None,
+                        "generation_tokens_per_s": tel.generation_tokens_per_s if live else None,
+                        "prompt_tokens_per_s": tel.prompt_tokens_per_s if live else None,
+                        "prefix_cache_hit_rate": tel.prefix_cache_hit_rate if live else None,
+                        "backend": tel.backend,
+                        "backend_source": tel.backend_source,
+                        "planned_hbm_bytes": planned,
+                    }
                 )
             )
         window_start = now_m - CRASH_WINDOW_S
+        wall = self.clock.wall()
         inputs = AdviceInputs(
             preemptions_rising={
-                i.name: self.history.preemptions_rising(i.name, self.clock.wall())
-                for i in instances
+                i.name: self.trends.preemptions_rising(i.name, wall) for i in instances
             },
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
@@ -532,9 +528,9 @@ class Daemon:
                 home=str(self.home),
             ),
             node=self.node,
-            gpus=self.gpus,
+            gpus=gpus,
             instances=tuple(instances),
-            advice=compute_advice(instances, self.gpus, inputs),
+            advice=compute_advice(instances, gpus, inputs),
         )
         self._snapshot = snap
         return snap
@@ -556,45 +552,33 @@ class Daemon:
     async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]:
         if self._shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
-        try:
-            layout_obj, specs, diags = _parse_layout(toml, path, self.node.gpu_count)
-        except Exception as exc:
-            return _refused([{"severity": "error", "message": str(exc), "text": str(exc)}])
-        errors = [_diag_json(d) for d in diags if _is_error(d)]
-        warnings = [_diag_json(d) for d in diags if not _is_error(d)]
-        listen = _metrics_listen(layout_obj, toml)
-        if listen:
-            from supervisor.control.export import parse_listen
-
-            try:
-                parse_listen(listen)
-            except ValueError as exc:
-                errors.append({"severity": "error", "message": str(exc), "text": str(exc),
-                               "key": "layout.metrics_listen"})
+        layout_obj, specs, diags = await asyncio.to_thread(
+            parse_layout, toml, path, self.node.gpu_count
+        )
+        errors = [d.to_json() for d in diags if d.is_error]
+        warnings = [d.to_json() for d in diags if not d.is_error]
         if errors:
             return _refused(errors, warnings)
-        plan = _plan_json(self.engine.diff(specs))
+        plan = self.engine.diff(specs).to_json()
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-        self.layout_obj, self.layout_toml, self.layout_path = layout_obj, toml, path
-        self.layout_name = _layout_name(layout_obj, toml, path)
+        self.layout_toml, self.layout_path = toml, path
+        self.layout_name = layout_obj.name
         self.journal.append("action", None, action="apply", layout=self.layout_name, path=path,
                             plan=plan)
         self._state_dirty.set()
-        self.metrics_listen = listen
-        if listen:
+        self.metrics_listen = _metrics_listen(toml)
+        if self.metrics_listen:
             if not await self._start_metrics():
                 warnings.append({"severity": "warning", "message": self.problems[-1].message,
                                  "text": self.problems[-1].message})
         else:
             await self.metrics.stop()
-        self._spawn(self._apply(specs), "apply")
-        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
-
-    async def _apply(self, specs: list[InstanceSpec]) -> None:
         async with self._apply_lock:
-            await self.engine.apply(specs)
-            self._state_dirty.set()
+            # Returns once every start is under way (stops of removed instances continue).
+            plan = (await self.engine.apply(specs)).to_json()
+        self._state_dirty.set()
+        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
     async def _start_metrics(self) -> bool:
         try:
@@ -612,7 +596,7 @@ class Daemon:
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
         if self._shutting_down:
             raise Conflict("the daemon is shutting down (vsup down)")
-        self.journal.append("action", None, action=action, names=names)
+        self.journal.append("action", None, action=action, names=names, by="operator")
 
         async def one(name: str) -> None:
             if action == "start":
@@ -647,13 +631,12 @@ class Daemon:
 
     def log_file(self, name: str, previous: bool) -> LogFile:
         inst = self._instance(name)
-        view = _inst_view(inst)
-        run = view["run"]
         if previous:
-            path = _call_or_attr(inst, "previous_log_path")
-            run = run - 1 if run else None
+            path = inst.previous_log_path
+            run = inst.run - 1 if path is not None else None
         else:
-            path = inst.log_path(run) if run else None
+            run = inst.run or None
+            path = inst.log_path() if run else None
         if path is not None and not Path(path).exists():
             path = None
         return LogFile(run=run, path=Path(path) if path else None)
@@ -663,26 +646,24 @@ class Daemon:
         spec = inst.spec
         env = spec.child_env({})
         if spec.api_key_env:
-            env["VLLM_API_KEY"] = (
-                f"*** (from ${spec.api_key_env}"
-                + (")" if os.environ.get(spec.api_key_env) else ", which is not set)")
-            )
-        masked = {k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
-                  for k, v in env.items()}
-        tel = self.telemetry.get(name)
+            where = "" if os.environ.get(spec.api_key_env) else ", which is not set"
+            env["VLLM_API_KEY"] = f"*** (from ${spec.api_key_env}{where})"
+        masked = {
+            k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
+            for k, v in env.items()
+        }
+        metrics = self.monitor.get(name).metrics
+        cache = metrics.cache_config if metrics is not None else None
         return {
             "argv": spec.argv(),
             "env": masked,
-            "cache_config": dict(tel.cache_config) if tel and tel.cache_config else None,
+            "cache_config": dict(cache) if cache else None,
             "spec": spec_to_dict(spec),
         }
 
     def history(self, name: str) -> dict[str, Any]:
         self._instance(name)
-        return self.history_series(name)
-
-    def history_series(self, name: str) -> dict[str, Any]:
-        doc = self.history.series(name)
+        doc = self.trends.series(name)
         doc.pop("preemptions_total", None)
         return doc
 
@@ -693,16 +674,19 @@ class Daemon:
     async def save(self, path: str) -> dict[str, Any]:
         if not self.layout_toml:
             raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
-        layout_obj, _specs, diags = _parse_layout(self.layout_toml, self.layout_path,
-                                                  self.node.gpu_count)
-        errors = [_diag_json(d) for d in diags if _is_error(d)]
-        if errors:
-            raise ControlError(
-                "the running layout does not validate on this node; nothing was written",
-                status=422, body={"errors": errors},
-            )
+        from supervisor.layout import LayoutError, loads_layout, save_layout
+
+        layout_obj = loads_layout(self.layout_toml, self.layout_path)
         try:
-            await asyncio.to_thread(_save_layout, layout_obj, self.layout_toml, Path(path))
+            await asyncio.to_thread(
+                save_layout, layout_obj, Path(path), node_gpus=self.node.gpu_count or None
+            )
+        except LayoutError as exc:
+            raise ControlError(
+                f"the running layout does not validate; nothing was written to {path}",
+                status=422,
+                body={"errors": [d.to_json() for d in exc.diagnostics if d.is_error]},
+            ) from None
         except OSError as exc:
             raise ControlError(f"cannot write {path}: {exc.strerror or exc}", status=400) from None
         self.journal.append("action", None, action="save", path=path)
@@ -712,9 +696,10 @@ class Daemon:
         if self._shutting_down:
             return {"stopping": [], "already": True}
         self._shutting_down = True
-        names = self._running_names() if stop_instances else []
+        names = [n for n, i in self.engine.instances.items() if i.state != "stopped"]
+        if not stop_instances:
+            names = []
         self.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
-        self._stop_instances = stop_instances
         self._spawn(self._shutdown(stop_instances), "shutdown")
         return {"stopping": names}
 
@@ -722,125 +707,70 @@ class Daemon:
         try:
             if stop_instances:
                 async with self._apply_lock:
-                    await self.engine.shutdown(stop_instances=True)
+                    await asyncio.gather(
+                        *(self.engine.stop(n) for n in list(self.engine.instances)),
+                        return_exceptions=True,
+                    )
                 self._state_dirty.set()
         finally:
             self._stopping.set()
 
-    def _running_names(self) -> list[str]:
-        return [n for n, i in self.engine.instances.items() if _inst_view(i)["pid"]]
+
+# --------------------------------------------------------------------------- helpers
 
 
-# --------------------------------------------------------------------------- adapters
+def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
+    """(layout, specs, diagnostics) of a layout text; specs is [] when it has errors."""
+    from supervisor.layout import LayoutError, loads_layout, validate
 
-
-def _event_dict(event: Any) -> dict[str, Any]:
-    if isinstance(event, dict):
-        return dict(event)
-    from dataclasses import asdict, is_dataclass
-
-    if is_dataclass(event):
-        doc = asdict(event)
-        extra = doc.pop("data", None) or doc.pop("fields", None)
-        if isinstance(extra, dict):
-            doc.update(extra)
-        return doc
-    return dict(vars(event))
-
-
-def _create_time(pid: Any) -> float | None:
-    try:
-        return psutil.Process(int(pid)).create_time()
-    except (psutil.Error, TypeError, ValueError):
-        return None
-
-
-def _call_or_attr(obj: Any, name: str) -> Any:
-    value = getattr(obj, name, None)
-    return value() if callable(value) else value
-
-
-def _inst_view(inst: Any) -> dict[str, Any]:
-    """What the daemon reads from an engine instance, in one place."""
-    raise NotImplementedError("engine integration pending")
-
-
-def _adopt_record(rec: InstanceRecord, vanished: bool = False, idle: bool = False) -> Any:
-    raise NotImplementedError("engine integration pending")
-
-
-def _last_exit(value: Any) -> LastExit | None:
-    if value is None:
-        return None
-    if isinstance(value, LastExit):
-        return value
-    if isinstance(value, dict):
-        return LastExit(
-            code=value.get("code"),
-            signal=value.get("signal"),
-            reason=value.get("reason") or "unknown",
-            at=value.get("at") or "",
-            log_excerpt=value.get("log_excerpt"),
-        )
-    return LastExit(
-        code=getattr(value, "code", None),
-        signal=getattr(value, "signal", None),
-        reason=getattr(value, "reason", "unknown"),
-        at=getattr(value, "at", ""),
-        log_excerpt=getattr(value, "log_excerpt", None),
-    )
-
-
-def _parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
-    """(layout object, specs, diagnostics) of a layout text."""
-    raise NotImplementedError("layout integration pending")
-
-
-def _save_layout(layout_obj: Any, toml: str, path: Path) -> None:
-    raise NotImplementedError("layout integration pending")
-
-
-def _metrics_listen(layout_obj: Any, toml: str) -> str | None:
-    value = getattr(layout_obj, "metrics_listen", None)
-    if value is None:
-        import tomllib
-
+    layout_obj = loads_layout(toml, path)
+    diags = list(validate(layout_obj, node_gpus=node_gpus or None))
+    listen = layout_obj.header.get("metrics_listen")
+    if listen is not None and not any(d.is_error for d in diags):
         try:
-            value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
-        except tomllib.TOMLDecodeError:
-            return None
+            parse_listen(str(listen))
+        except ValueError as exc:
+            from supervisor.layout.diagnostics import Diagnostic
+
+            diags.insert(0, Diagnostic("error", str(exc), file=path, table="[layout]",
+                                       key="metrics_listen"))
+    if any(d.is_error for d in diags):
+        return layout_obj, [], diags
+    try:
+        specs = layout_obj.resolve()
+    except LayoutError as exc:
+        return layout_obj, [], list(exc.diagnostics)
+    return layout_obj, specs, diags
+
+
+def layout_diagnostics(path: Path | str) -> list:
+    """Validation of a layout file on this node (what `vsup up` checks before applying)."""
+    from supervisor.layout.validate import validate_file
+
+    _layout, diags = validate_file(str(path))
+    return list(diags)
+
+
+def _metrics_listen(toml: str) -> str | None:
+    import tomllib
+
+    try:
+        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
+    except tomllib.TOMLDecodeError:
+        return None
     return str(value) if value else None
 
 
-def _layout_name(layout_obj: Any, toml: str, path: str | None) -> str | None:
-    name = getattr(layout_obj, "name", None)
-    if name:
-        return str(name)
-    return Path(path).stem if path else None
-
-
-def _is_error(diag: Any) -> bool:
-    if isinstance(diag, dict):
-        return diag.get("severity") == "error"
-    return bool(getattr(diag, "is_error", False))
-
-
-def _diag_json(diag: Any) -> dict[str, Any]:
-    if isinstance(diag, dict):
-        return diag
-    to_json = getattr(diag, "to_json", None)
-    if callable(to_json):
-        return to_json()
-    return {"severity": "error" if _is_error(diag) else "warning", "message": str(diag),
-            "text": str(diag)}
-
-
-def _plan_json(plan: Any) -> dict[str, list[str]]:
-    out = {}
-    for key in ("start", "restart", "stop", "unchanged"):
-        items = getattr(plan, key, None) if not isinstance(plan, dict) else plan.get(key)
-        out[key] = [i if isinstance(i, str) else getattr(i, "name", str(i)) for i in items or ()]
-    return out
+def _last_exit(value: Any) -> LastExit | None:
+    if not isinstance(value, dict):
+        return None
+    return LastExit(
+        code=value.get("code"),
+        signal=value.get("signal"),
+        reason=value.get("reason") or "unknown",
+        at=value.get("at") or "",
+        log_excerpt=value.get("log_excerpt"),
+    )
 
 
 def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:
@@ -872,12 +802,7 @@ def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         sock = bind_unix_socket(paths.socket_path(home))
-        asyncio.run(_main(home, sock, poll_interval))
+        asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
     finally:
         os.close(lock_fd)
     return 0
-
-
-async def _main(home: Path, sock: socket.socket, poll_interval: float) -> None:
-    daemon = Daemon(home, poll_interval=poll_interval)
-    await daemon.serve(sock)

@@ -37,8 +37,8 @@ class InstanceRecord:
     run: int = 0
     restarts: int = 0
     last_exit: dict[str, Any] | None = None
-    started_at: float | None = None  # wall time of the spawn (or adoption) of this run
-    ready_since: float | None = None  # wall time it became ready, None when not ready
+    descendants: dict[str, float] = field(default_factory=dict)  # pid -> create_time
+    adopted: bool = False  # this run was taken over from an earlier daemon
 
     @property
     def has_process(self) -> bool:
@@ -55,12 +55,14 @@ class DaemonState:
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
     written_at: float | None = None
     daemon_pid: int | None = None
+    journal_seq: int = 0  # the journal's next seq when this was written (replay starts there)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "written_at": self.written_at,
             "daemon_pid": self.daemon_pid,
+            "journal_seq": self.journal_seq,
             "layout": {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name},
             "instances": {name: asdict(rec) for name, rec in self.instances.items()},
         }
@@ -88,6 +90,7 @@ class DaemonState:
             instances=instances,
             written_at=_opt(doc.get("written_at"), (int, float), "written_at"),
             daemon_pid=_opt(doc.get("daemon_pid"), int, "daemon_pid"),
+            journal_seq=_opt(doc.get("journal_seq", 0), int, "journal_seq") or 0,
         )
 
 
@@ -111,6 +114,11 @@ def _record(name: str, rec: Any) -> InstanceRecord:
     last_exit = rec.get("last_exit")
     if last_exit is not None and not isinstance(last_exit, dict):
         raise ValueError(f"{where}.last_exit is not an object")
+    descendants = rec.get("descendants") or {}
+    if not isinstance(descendants, dict) or not all(
+        isinstance(v, (int, float)) for v in descendants.values()
+    ):
+        raise ValueError(f"{where}.descendants is not an object of start times")
     return InstanceRecord(
         name=name,
         spec=spec,
@@ -122,8 +130,8 @@ def _record(name: str, rec: Any) -> InstanceRecord:
         run=_opt(rec.get("run", 0), int, f"{where}.run") or 0,
         restarts=_opt(rec.get("restarts", 0), int, f"{where}.restarts") or 0,
         last_exit=last_exit,
-        started_at=_opt(rec.get("started_at"), (int, float), f"{where}.started_at"),
-        ready_since=_opt(rec.get("ready_since"), (int, float), f"{where}.ready_since"),
+        descendants={str(k): float(v) for k, v in descendants.items()},
+        adopted=bool(rec.get("adopted", False)),
     )
 
 
@@ -193,6 +201,15 @@ class StateFile:
                 problem += "; using the backup"
             return LoadResult(state, "backup", problem, moved)
         return LoadResult(None, "none", problem, moved)
+
+    def load_quietly(self) -> DaemonState | None:
+        """The state (or its backup) for a quick look by a client; changes nothing on disk."""
+        for path in (self.path, self.backup):
+            try:
+                return self._read(path)
+            except (OSError, ValueError):
+                continue
+        return None
 
     def save(self, state: DaemonState) -> None:
         """Write `state` atomically; the file it replaces becomes the backup."""

@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from conftest import free_port  # noqa: E402  (tests/conftest.py, on sys.path via pytest)
+from tests.conftest import free_port  # noqa: E402
 
 
 def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
@@ -185,7 +185,7 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         seen = wait_for(cpu0_exit_seen, 30, "the daemon to see cpu0 die", interval=0.1)
         detection_s = time.monotonic() - t_kill
         print(f"\nexit of an adopted instance seen and acted on after {detection_s:.2f} s")
-        assert seen["last_exit"]["signal"] == "SIGKILL"
+        assert seen["last_exit"]["reason"]  # a non-child's status is unknown; its log says why
         assert seen["restarts"] == restarts["cpu0"] + 1
         # `vsup down`: every instance stopped, the daemon gone, no process left.
         doc = status(home)

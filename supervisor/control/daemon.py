@@ -72,6 +72,18 @@ CREATE_TIME_TOLERANCE_S = 0.05
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 # Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
 FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
+# How long a restarted daemon waits for adopted instances' first health check before serving.
+ADOPT_SETTLE_S = 5.0
+# Engine events also written to daemon.log (all of them are in the journal), with these keys.
+LOGGED_EVENTS = {
+    "spawn": ("run", "pid"),
+    "ready": ("run", "pid", "startup_s"),
+    "exit": ("run", "pid", "code", "signal", "reason"),
+    "adopt": ("adopted", "pid", "run", "why"),
+    "failed": ("reason", "failures"),
+    "stop_incomplete": ("message",),
+    "error": ("message",),
+}
 
 
 # --------------------------------------------------------------------------- lock and process
@@ -87,13 +99,31 @@ def acquire_lock(home: Path, retry_s: float = LOCK_RETRY_S) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or _is_daemon(_read_pid(fd)):
                 os.close(fd)
                 return None
             time.sleep(0.05)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_daemon(pid: int | None) -> bool:
+    """Whether `pid` is a live vsup daemon (the lock's holder, not a client probing it)."""
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return cmd[-3:] == ["-m", "supervisor", "daemon"] or "daemon" in cmd[-1:]
 
 
 def daemon_lock_holder(home: Path) -> int | None:
@@ -108,10 +138,8 @@ def daemon_lock_holder(home: Path) -> int | None:
             # Shared and non-blocking: a starting daemon that meets it retries (LOCK_RETRY_S).
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                return int(os.pread(fd, 32, 0).split()[0])
-            except (ValueError, IndexError):
-                return -1  # held, by a daemon that has not written its pid yet
+            pid = _read_pid(fd)
+            return pid if pid is not None else -1  # -1: held, no pid written yet
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -210,6 +238,9 @@ class Daemon:
         if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
             self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
         self.journal.append(kind, name, **doc)
+        if kind in LOGGED_EVENTS:
+            details = " ".join(f"{k}={doc[k]}" for k in LOGGED_EVENTS[kind] if doc.get(k) is not None)
+            log.info("%s %s %s", name or "-", kind, details)
         if kind not in ("action",):
             self._state_dirty.set()
 
@@ -323,9 +354,23 @@ class Daemon:
                     await self.engine.start(name)
                 continue
             self._register_idle(spec, rec)
+        await self._settle_adopted()
         if self.metrics_listen:
             await self._start_metrics()
         self._state_dirty.set()
+
+    async def _settle_adopted(self) -> None:
+        """Give adopted instances one health check before the API answers, so that the first
+        status after a daemon restart says `ready` for servers that are (bounded wait)."""
+        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
+        if not adopted:
+            return
+        settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(self.engine.wait(n, settled) for n in adopted)),
+                ADOPT_SETTLE_S,
+            )
 
     def _replay_journal(self, state: DaemonState) -> None:
         """Bring `state` up to date with journal events written after it (a daemon killed
@@ -411,6 +456,11 @@ class Daemon:
             self.state_file.save(doc or self.state_document())
         except OSError as exc:
             log.error("cannot write %s: %s", self.state_file.path, exc)
+
+    async def flush_state(self) -> None:
+        """Write the state file now (it is otherwise written shortly after each change)."""
+        doc = self.state_document()
+        await asyncio.to_thread(self._write_state, doc)
 
     async def _state_writer(self) -> None:
         """Write the state file whenever something changed, at most 10 times a second."""
@@ -789,6 +839,9 @@ def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # One line per /health check would bury what matters in daemon.log.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from supervisor.control.client import check_socket_path
 
     check_socket_path(paths.socket_path(home))

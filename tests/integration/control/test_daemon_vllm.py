@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -90,11 +91,17 @@ def daemons_of(home: Path) -> list[psutil.Process]:
 
 
 def completion(port: int) -> httpx.Response:
+    base = f"http://127.0.0.1:{port}"
+    model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
     return httpx.post(
-        f"http://127.0.0.1:{port}/v1/completions",
-        json={"model": None, "prompt": "the quick brown fox", "max_tokens": 5},
+        f"{base}/v1/completions",
+        json={"model": model, "prompt": "the quick brown fox", "max_tokens": 5},
         timeout=60,
     )
+
+
+def journal(home: Path) -> list[dict]:
+    return [json.loads(x) for x in (home / "journal.jsonl").read_text().splitlines() if x.strip()]
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.2):
@@ -169,24 +176,29 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         # cpu1 vanished: it is treated as exited and restarted by its policy.
         assert insts["cpu1"]["pid"] != pids["cpu1"]
         assert insts["cpu1"]["state"] in ("starting", "backoff", "ready")
-        events = [json.loads(line) for line in (home / "journal.jsonl").read_text().splitlines()]
-        kinds = [(e["kind"], e.get("instance")) for e in events]
-        assert ("adopt", "cpu0") in kinds and ("vanished", "cpu1") in kinds
+        adopts = {e["instance"]: e["adopted"] for e in journal(home) if e["kind"] == "adopt"}
+        assert adopts == {"cpu0": True, "cpu1": False}
 
-        # An adopted instance (not the daemon's child) dying is seen and restarted.
-        t_kill = time.monotonic()
+        # An adopted instance (not the daemon's child) dying is seen at once and restarted.
+        t_kill = time.time()
         os.kill(pids["cpu0"], signal.SIGKILL)
 
-        def cpu0_exit_seen():
-            d = status(home)
-            i = {x["name"]: x for x in d["instances"]}["cpu0"]
-            return i if i["last_exit"] and i["pid"] != pids["cpu0"] else None
+        def exit_event():
+            return [e for e in journal(home) if e["kind"] == "exit" and e["instance"] == "cpu0"]
 
-        seen = wait_for(cpu0_exit_seen, 30, "the daemon to see cpu0 die", interval=0.1)
-        detection_s = time.monotonic() - t_kill
-        print(f"\nexit of an adopted instance seen and acted on after {detection_s:.2f} s")
-        assert seen["last_exit"]["reason"]  # a non-child's status is unknown; its log says why
-        assert seen["restarts"] == restarts["cpu0"] + 1
+        seen = wait_for(exit_event, 30, "the daemon to see cpu0 die", interval=0.05)[-1]
+        t_seen = datetime.fromisoformat(seen["t"].replace("Z", "+00:00")).timestamp()
+        print(f"\nexit of an adopted instance detected {t_seen - t_kill:.3f} s after SIGKILL")
+        assert t_seen - t_kill < 2.0
+        assert seen["reason"]  # a non-child's status is unknown; its log says why
+
+        def cpu0_back():
+            i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
+            return i if i["state"] == "ready" and i["pid"] != pids["cpu0"] else None
+
+        back = wait_for(cpu0_back, 240, "cpu0 to be restarted and ready", interval=1.0)
+        assert back["restarts"] == restarts["cpu0"] + 1
+
         # `vsup down`: every instance stopped, the daemon gone, no process left.
         doc = status(home)
         for inst in doc["instances"]:

@@ -242,7 +242,7 @@ async def test_corrupt_state_file_is_reported_and_survived(daemons, vsup_home):
     assert any(e["kind"] == "problem" and e["problem"] == "state_file" for e in events)
     assert list(vsup_home.glob("state.json.corrupt-*"))
     # The daemon writes a good state file again.
-    await daemon2.poll_once()
+    await daemon2.flush_state()
     assert StateFile(state).load().problem is None
 
 

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         # A daemon that is not answering but holds the lock is still starting: connect waits.
         with client_for_cli() as client:
+            daemon_pid = client.ping()["pid"]
             answer = client.shutdown(stop_instances=True)
             stopping = answer.get("stopping", [])
             progress = Progress()
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 30
         while daemon_lock_holder(home) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+        _wait_gone(daemon_pid, deadline)
         leftover = recorded_live_instances(home)
         if leftover:
             print(f"vsup down: still running: {', '.join(leftover)}", file=sys.stderr)
@@ -74,3 +76,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     return run_command(body, args)
+
+
+def _wait_gone(pid: int, deadline: float) -> None:
+    """Wait (until `deadline`, monotonic) for process `pid` to end; a zombie counts as ended."""
+    import psutil
+
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)

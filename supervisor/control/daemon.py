@@ -853,9 +853,8 @@ def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     # An SSH hang-up must never stop the daemon (it is in its own session; this is belt
     # and braces for `vsup daemon` run by hand in a terminal).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        sock = bind_unix_socket(paths.socket_path(home))
-        asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
-    finally:
-        os.close(lock_fd)
+    # The lock fd stays open until the process ends: whoever sees the lock free knows that
+    # this daemon is gone, not merely finishing up.
+    sock = bind_unix_socket(paths.socket_path(home))
+    asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
     return 0

@@ -67,7 +67,7 @@ def _up(args: argparse.Namespace) -> int:
                 print_diagnostics([w])
         code = 0
         if args.wait:
-            names = plan["start"] + plan["restart"] + plan["unchanged"]
+            names = [n for k in ("start", "restart", "update", "unchanged") for n in plan.get(k, ())]
             code = wait_and_report(client, names, args.timeout)
     if args.detach:
         return code
@@ -87,7 +87,7 @@ def validate_locally(path) -> tuple[list, list]:
 def print_plan(plan: dict) -> None:
     """Say what applying will do, before it is done."""
     words = (("start", "start"), ("restart", "restart (changed)"), ("stop", "stop (removed)"),
-             ("unchanged", "unchanged"))
+             ("update", "update without restart"), ("unchanged", "unchanged"))
     if not any(plan.get(k) for k, _ in words):
         print("the layout has no instances")
         return

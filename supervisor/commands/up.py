@@ -111,4 +111,4 @@ def open_dashboard() -> int:
             file=sys.stderr,
         )
         return 0
-    return int(tui.run(argparse.Namespace(readonly=False)) or 0)
+    return int(tui.run(argparse.Namespace(readonly=False, refresh=1.0)) or 0)

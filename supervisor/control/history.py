@@ -63,9 +63,16 @@ class History:
 
     def preemptions_rising(self, name: str, now: float, within_s: float = 120.0) -> bool:
         """Whether the preemption counter went up in the last `within_s` seconds."""
-        pts = [p for p in self._points.get(name, ()) if p.t >= now - within_s]
-        totals = [p.preemptions_total for p in pts if p.preemptions_total is not None]
-        if len(totals) < 2:
-            return False
-        # A restart resets the counter; only increases count.
-        return any(b > a for a, b in zip(totals, totals[1:]))
+        # Newest first, stopping at the window's start: this runs for every instance on every
+        # status request, and a buffer holds up to 10 minutes of points.
+        later = None
+        for p in reversed(self._points.get(name, ())):
+            if p.t < now - within_s:
+                break
+            if p.preemptions_total is None:
+                continue
+            # A restart resets the counter; only increases count.
+            if later is not None and later > p.preemptions_total:
+                return True
+            later = p.preemptions_total
+        return False

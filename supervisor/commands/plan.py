@@ -22,17 +22,74 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="hub id (org/name) or a local model directory")
     p.add_argument("--gpus", required=True, help="'all' or GPU indices: 0,1,2 or 0-7")
-    p.add_argument("--per-gpu", type=int, default=1, metavar="N", help="instances per GPU (or per TP group); default 1")
-    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size; groups of N consecutive GPUs")
-    p.add_argument("--port-base", type=int, default=8000, metavar="P", help="first port; instances count up from it")
-    p.add_argument("--profile", nargs="+", metavar="NAME", help="profiles to list in the layout (default: the GPU's platform profile)")
-    p.add_argument("--gpu", type=str.upper, choices=GPU_CHOICES, help="size for this GPU instead of this node's")
-    p.add_argument("--gpu-mem-gib", type=float, metavar="G", help="memory of one GPU in GiB (overrides --gpu and the probe)")
-    p.add_argument("--params", type=float, metavar="B", help="parameters in billions, for a model without local files")
-    p.add_argument("--dtype", metavar="D", help="weight dtype or quantization: bfloat16, float16, float32, fp8, int8, int4, awq, gptq")
-    p.add_argument("--max-model-len", type=int, metavar="L", help="context length every instance must hold (default: the model's)")
-    p.add_argument("--kv-cache-dtype", metavar="D", help="e.g. fp8: halves the KV bytes per token (written into args)")
-    p.add_argument("--utilization", type=float, default=0.90, metavar="U", help="share of each GPU for all its instances (default 0.90, at most 0.95)")
+    p.add_argument(
+        "--per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="instances per GPU (or per TP group); default 1",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel size; groups of N consecutive GPUs",
+    )
+    p.add_argument(
+        "--port-base",
+        type=int,
+        default=8000,
+        metavar="P",
+        help="first port; instances count up from it",
+    )
+    p.add_argument(
+        "--profile",
+        nargs="+",
+        metavar="NAME",
+        help="profiles to list in the layout (default: the GPU's platform profile)",
+    )
+    p.add_argument(
+        "--gpu",
+        type=str.upper,
+        choices=GPU_CHOICES,
+        help="size for this GPU instead of this node's",
+    )
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        metavar="G",
+        help="memory of one GPU in GiB (overrides --gpu and the probe)",
+    )
+    p.add_argument(
+        "--params",
+        type=float,
+        metavar="B",
+        help="parameters in billions, for a model without local files",
+    )
+    p.add_argument(
+        "--dtype",
+        metavar="D",
+        help="weight dtype or quantization: bfloat16, float16, float32, fp8, int8, int4, awq, gptq",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="L",
+        help="context length every instance must hold (default: the model's)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        metavar="D",
+        help="e.g. fp8: halves the KV bytes per token (written into args)",
+    )
+    p.add_argument(
+        "--utilization",
+        type=float,
+        default=0.90,
+        metavar="U",
+        help="share of each GPU for all its instances (default 0.90, at most 0.95)",
+    )
     p.add_argument("--name", help="the layout's name (default: from the model and shape)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the layout here (default: stdout)")
     p.set_defaults(func=run)

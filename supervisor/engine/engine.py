@@ -29,7 +29,13 @@ from supervisor.clock import Clock, iso_utc
 from supervisor.engine import health, stop
 from supervisor.engine.exitreason import classify
 from supervisor.engine.lifecycle import RUNNING, Lifecycle
-from supervisor.engine.proc import RunningProcess, read_stat, same_process
+from supervisor.engine.proc import (
+    ProcInfo,
+    RunningProcess,
+    process_table,
+    read_stat,
+    same_process,
+)
 from supervisor.engine.runlog import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RunLogs
 from supervisor.engine.runner import Runner
 from supervisor.engine.scheduler import DeviceScheduler
@@ -315,6 +321,9 @@ class Engine:
         self._background: set[asyncio.Task] = set()
         self._detached = False
         self._closed = False
+        self._table: dict[int, ProcInfo] | None = None
+        self._table_at = 0.0
+        self._table_scan: asyncio.Future | None = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -358,6 +367,7 @@ class Engine:
         plan = self.diff(specs)
         new = _by_name(specs)
         self._emit(None, "action", action="apply", plan=plan.to_json())
+        removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
         removals: dict[str, asyncio.Task] = {
             name: self._spawn_task(self._remove(name)) for name in plan.stop
         }
@@ -375,11 +385,7 @@ class Engine:
             else:
                 inst._set_spec(new[name])
             devices = set(new[name].devices)
-            blocking = [
-                task
-                for gone, task in removals.items()
-                if devices & set(self._instances[gone].spec.devices)
-            ]
+            blocking = [task for gone, task in removals.items() if devices & removed_devices[gone]]
             if blocking:
                 waits.append(self._spawn_task(self._start_after(name, blocking)))
             else:
@@ -486,6 +492,29 @@ class Engine:
         lc.restarts = record.restarts
         self._emit(inst, "adopt", adopted=True, pid=record.pid, pgid=record.pgid, run=record.run)
         self._ensure_runner(inst)
+        return inst
+
+    def restore(
+        self,
+        spec: InstanceSpec,
+        state: str = "stopped",
+        run: int = 0,
+        restarts: int = 0,
+        last_exit: LastExit | None = None,
+    ) -> Instance:
+        """Register an instance without a process as a state file remembers it (`stopped` or
+        `failed`), keeping its run number, restarts and last exit; nothing starts."""
+        if spec.name in self._instances:
+            raise ValueError(f"instance {spec.name!r} exists already")
+        if state not in ("stopped", "failed"):
+            raise ValueError(f"an instance without a process is stopped or failed, not {state!r}")
+        inst = self._instances[spec.name] = Instance(spec, self)
+        lc = inst._lc
+        lc.run = run
+        lc.restarts = restarts
+        lc.last_exit = last_exit
+        if state == "failed":
+            lc.fail()
         return inst
 
     async def wait(
@@ -611,6 +640,23 @@ class Engine:
             self.on_event(event)
         except Exception:
             log.exception("on_event failed for %s", event)
+
+    async def _process_table(self) -> dict[int, ProcInfo]:
+        """The node's process table, scanned at most once per half chores interval for all
+        runners together (one scan reads every /proc entry: ~20 ms per 1000 processes)."""
+        loop = asyncio.get_running_loop()
+        if self._table is not None and loop.time() - self._table_at < self.chores_interval_s / 2:
+            return self._table
+        if self._table_scan is None:
+            self._table_scan = asyncio.ensure_future(asyncio.to_thread(process_table))
+        scan = self._table_scan
+        try:
+            table = await asyncio.shield(scan)
+        finally:
+            if self._table_scan is scan and scan.done():
+                self._table_scan = None
+        self._table, self._table_at = table, loop.time()
+        return table
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:

@@ -266,9 +266,10 @@ class RunningProcess:
             self._poller.cancel()
             self._poller = None
 
-    def tree(self) -> dict[int, ProcInfo]:
-        """The live tree now (blocking: call from a thread; it reads a copy of `tracked`)."""
-        return live_tree(self.pgid, dict(self.tracked), self.create_time)
+    def tree(self, table: Mapping[int, ProcInfo] | None = None) -> dict[int, ProcInfo]:
+        """The live tree in `table`, or now (blocking then: call from a thread; it reads a
+        copy of `tracked`)."""
+        return live_tree(self.pgid, dict(self.tracked), self.create_time, table)
 
     def remember(self, members: Mapping[int, ProcInfo]) -> None:
         """Add a scan's members to `tracked` (on the loop: `tracked` has one writer)."""

@@ -69,6 +69,13 @@ class RunLogs:
         f.write(header.rstrip("\n").encode() + b"\n")
         return f
 
+    def over_cap(self, run: int) -> bool:
+        """Whether run `run`'s live file passed `max_bytes` (one stat: cheap on the loop)."""
+        try:
+            return self.path(run).stat().st_size > self.max_bytes
+        except FileNotFoundError:
+            return False
+
     def cap(self, run: int) -> bool:
         """Keep run `run`'s live file under `max_bytes` (see the module doc); True if cut."""
         path = self.path(run)

@@ -7,8 +7,10 @@ sweep the tree, wait for the GPU memory, then restart, back off or finish. A per
 (Engine.start/stop/restart) only set the instance's wishes and wake the runner.
 
 Exit detection is immediate: the pidfd callback resolves `process.exited`, which wakes the
-runner; the state changes before anything else is awaited (tests/integration/engine measures
-SIGKILL -> exit event).
+runner; the state changes before anything else is awaited. Measured here (2 cores): SIGKILL ->
+`exit` event 4 ms median, 8 ms p99 for a small process (tests/integration/engine); for a real
+vLLM API server 48-110 ms, almost all of it the kernel tearing down a 2 GiB process before its
+pidfd turns readable (the engine's own part: about 1.3 ms).
 """
 
 from __future__ import annotations
@@ -333,9 +335,10 @@ class Runner:
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
         and keep the run log under its cap."""
-        members = await asyncio.to_thread(proc.tree)
-        proc.remember(members)
-        await asyncio.to_thread(self.inst._logs.cap, proc.run)
+        table = await self.e._process_table()
+        proc.remember(proc.tree(table))
+        if self.inst._logs.over_cap(proc.run):
+            await asyncio.to_thread(self.inst._logs.cap, proc.run)
 
     # -- device turns -------------------------------------------------------------------------
 

@@ -110,16 +110,6 @@ class MergedInstance:
     def gpus(self) -> list[int] | None:
         return self.values.get("gpus")
 
-    @property
-    def tensor_parallel_size(self) -> int | None:
-        """The TP size: `tensor-parallel-size` (or `-tp`) when set, else the GPU count."""
-        for key in ("tensor-parallel-size", "tp"):
-            v = self.arg(key)
-            if v is not None:
-                return v if is_int(v) else None
-        gpus = self.gpus
-        return max(1, len(gpus)) if gpus is not None else None
-
 
 def _layer_tables(layout: Layout, profiles: ProfileCache) -> list[tuple[Origin, dict[str, Any]]]:
     layers: list[tuple[Origin, dict[str, Any]]] = [(BUILTIN, builtin_defaults())]
@@ -129,11 +119,15 @@ def _layer_tables(layout: Layout, profiles: ProfileCache) -> list[tuple[Origin, 
             continue
         layers.append(
             (
-                Origin(f"profile '{name}'", str(profile.path), ("defaults",), SourceMap(profile.source)),
+                Origin(
+                    f"profile '{name}'", str(profile.path), ("defaults",), SourceMap(profile.source)
+                ),
                 profile.defaults,
             )
         )
-    layers.append((Origin("[defaults]", layout.file, ("defaults",), layout.source_map), layout.defaults))
+    layers.append(
+        (Origin("[defaults]", layout.file, ("defaults",), layout.source_map), layout.defaults)
+    )
     return layers
 
 
@@ -154,7 +148,11 @@ def _merge_into(
             for sub, sub_value in value.items():
                 if key == "env" and not _env_value_ok(sub_value):
                     continue
-                if key == "restart" and sub in _RESTART_TYPES and not _RESTART_TYPES[sub](sub_value):
+                if (
+                    key == "restart"
+                    and sub in _RESTART_TYPES
+                    and not _RESTART_TYPES[sub](sub_value)
+                ):
                     continue
                 if key == "args":
                     # `max_model_len` replaces an earlier `max-model-len`: one flag, one value.

@@ -15,6 +15,7 @@ Comments are not kept: tomllib does not report them and tomli-w cannot write the
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import tempfile
@@ -156,7 +157,7 @@ class Layout:
         defaults: Mapping[str, Any] | None = None,
         header: Mapping[str, Any] | None = None,
         path: Path | str | None = None,
-    ) -> "Layout":
+    ) -> Layout:
         """Build a layout from plain tables (what the dashboard's form and `vsup plan` produce)."""
         doc: dict[str, Any] = {}
         if header:
@@ -170,11 +171,11 @@ class Layout:
         """A deep copy of the document, safe to change."""
         return copy.deepcopy(self.document)
 
-    def _edited(self, doc: dict[str, Any]) -> "Layout":
+    def _edited(self, doc: dict[str, Any]) -> Layout:
         # The source text no longer describes the document: line numbers would mislead.
         return Layout(document=doc, path=self.path, source=None, load_errors=())
 
-    def with_instance(self, table: Mapping[str, Any], replace_name: str | None = None) -> "Layout":
+    def with_instance(self, table: Mapping[str, Any], replace_name: str | None = None) -> Layout:
         """A new layout with `table` in place of the instance named `replace_name` (or of the
         instance with the table's own name), or appended when there is none."""
         doc = self.to_document()
@@ -191,7 +192,7 @@ class Layout:
         doc["instance"] = entries
         return self._edited(doc)
 
-    def without_instance(self, name: str) -> "Layout":
+    def without_instance(self, name: str) -> Layout:
         """A new layout without the instance `name`; KeyError when there is none."""
         doc = self.to_document()
         raw = doc.get("instance")
@@ -202,13 +203,13 @@ class Layout:
         doc["instance"] = kept
         return self._edited(doc)
 
-    def with_defaults(self, table: Mapping[str, Any]) -> "Layout":
+    def with_defaults(self, table: Mapping[str, Any]) -> Layout:
         """A new layout whose `[defaults]` table is `table`."""
         doc = self.to_document()
         doc["defaults"] = copy.deepcopy(dict(table))
         return self._edited(_reorder(doc))
 
-    def with_header(self, **values: Any) -> "Layout":
+    def with_header(self, **values: Any) -> Layout:
         """A new layout with `[layout]` keys set (`None` removes a key)."""
         doc = self.to_document()
         header = _table(doc.get("layout"))
@@ -220,7 +221,7 @@ class Layout:
         doc["layout"] = header
         return self._edited(_reorder(doc))
 
-    def relocated(self, path: Path | str) -> "Layout":
+    def relocated(self, path: Path | str) -> Layout:
         """The same layout meant to live at `path`: relative local model paths are rewritten so
         they still name the same directories from the new place."""
         path = Path(path)
@@ -235,7 +236,7 @@ class Layout:
             if not isinstance(table, dict):
                 continue
             model = table.get("model")
-            if isinstance(model, str) and model.startswith(("./", "../")) or model in (".", ".."):
+            if isinstance(model, str) and (model.startswith(("./", "../")) or model in (".", "..")):
                 absolute = resolve_model_path(model, self.base_dir)
                 rel = os.path.relpath(absolute, new_base)
                 table["model"] = rel if rel.startswith("../") or rel == ".." else f"./{rel}"
@@ -279,7 +280,9 @@ def loads_layout(text: str, path: Path | str | None = None) -> Layout:
     except tomllib.TOMLDecodeError as exc:
         return Layout(path=path, source=text, load_errors=(toml_error_diagnostic(exc, file),))
     except (RecursionError, ValueError, TypeError) as exc:
-        diag = Diagnostic(ERROR, f"cannot parse the layout ({type(exc).__name__}: {exc})", file=file)
+        diag = Diagnostic(
+            ERROR, f"cannot parse the layout ({type(exc).__name__}: {exc})", file=file
+        )
         return Layout(path=path, source=text, load_errors=(diag,))
     return Layout(document=doc, path=path, source=text)
 
@@ -353,7 +356,13 @@ def save_layout(
     # A writer bug must never replace a good file with one that reads back differently.
     if loads_layout(text) != target:
         raise LayoutError(
-            [Diagnostic(ERROR, "internal error: the TOML written does not read back the same", file=str(path))]
+            [
+                Diagnostic(
+                    ERROR,
+                    "internal error: the TOML written does not read back the same",
+                    file=str(path),
+                )
+            ]
         )
     write_atomic(path, text)
     return path
@@ -402,7 +411,7 @@ def ordered(value: Any) -> Any:
         return ("table", [(k, ordered(v)) for k, v in value.items()])
     if isinstance(value, list):
         return ("array", [ordered(v) for v in value])
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and math.isnan(value):
         return ("nan",)
     return value
 
@@ -440,7 +449,9 @@ def _is_aot(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
 
 
-def _emit_table(table: Mapping[str, Any], path: tuple[str, ...], out: list[str], top: bool = False) -> None:
+def _emit_table(
+    table: Mapping[str, Any], path: tuple[str, ...], out: list[str], top: bool = False
+) -> None:
     """Write a table's keys in order. Keys are written inline until the trailing run of keys
     whose values are tables (or arrays of tables): those may become `[sub]` / `[[sub]]`
     sections without changing the order a reader sees - at the top level always, deeper only

@@ -47,20 +47,42 @@ DTYPE_BYTES: dict[str, float] = {
     "awq": 0.53,
     "gptq": 0.53,
     "mxfp4": 0.53,
+    "fp4": 0.53,
     "nvfp4": 0.5625,
+    # what a model's name may say (quantized_by_name)
+    "w8a16": 1,
+    "8bit": 1,
+    "4bit": 0.53,
+    "bnb": 0.53,
 }
 
 # safetensors dtype names -> bytes per element (for the dominant checkpoint dtype).
 _ST_DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-    "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
 _ST_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
 
 _QUANT_NAME_RE = re.compile(
-    r"(?:^|[-_.])(fp8|fp4|mxfp4|nvfp4|awq|gptq|int4|int8|w4a16|w8a8|w8a16|bnb|4bit|8bit|gguf)(?:$|[-_.])",
+    r"(?:^|[-_.])"
+    r"(fp8|fp4|mxfp4|nvfp4|awq|gptq|int4|int8|w4a16|w8a8|w8a16|bnb|4bit|8bit|gguf)"
+    r"(?:$|[-_.])",
     re.IGNORECASE,
 )
 
@@ -91,7 +113,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         data = fh.read(size)
     header = json.loads(data)
     if not isinstance(header, dict):
-        raise ValueError(f"{path}: safetensors header is not a JSON object")
+        raise ValueError(f"{path}: safetensors header is not a JSON object")  # noqa: TRY004
     return header
 
 
@@ -270,23 +292,12 @@ class ModelInfo:
 
     @property
     def quantization(self) -> str | None:
-        """The checkpoint's quantization (config's quant_method, with its bit width)."""
+        """The checkpoint's quantization as a DTYPE_BYTES name (fp8, int8, int4, awq, gptq,
+        mxfp4, nvfp4), else the config's raw method; None for an unquantized checkpoint."""
         qc = (self.config or {}).get("quantization_config") or self.arch.get("quantization_config")
         if not isinstance(qc, Mapping):
             return None
-        method = str(qc.get("quant_method") or qc.get("quant_algo") or "quantized").lower()
-        bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
-        if method in ("compressed-tensors", "compressed_tensors"):
-            bits = _compressed_tensors_bits(qc)
-            if bits == 8:
-                fmt = json.dumps(qc).lower()
-                return "fp8" if '"float"' in fmt or "fp8" in fmt else "int8"
-            return "int4" if bits == 4 else "compressed-tensors"
-        if method in ("bitsandbytes",):
-            return "int4" if qc.get("load_in_4bit") else "int8"
-        if method in ("awq", "gptq", "gptq_marlin", "awq_marlin") and bits == 8:
-            return "int8"
-        return method
+        return canonical_quantization(qc)
 
     @property
     def is_prequantized(self) -> bool:
@@ -328,7 +339,9 @@ class ModelInfo:
         tied = bool(a.get("tie_word_embeddings", (self.config or {}).get("tie_word_embeddings")))
         return h * vocab * (1 if tied else 2)
 
-    def weight_bytes(self, dtype: str | None = None, quantization: str | None = None) -> tuple[int | None, str]:
+    def weight_bytes(
+        self, dtype: str | None = None, quantization: str | None = None
+    ) -> tuple[int | None, str]:
         """Bytes the weights take on the GPUs (all TP ranks together) and how that was found.
 
         `dtype` is vLLM's --dtype (None or "auto": the checkpoint's); `quantization` is vLLM's
@@ -339,33 +352,48 @@ class ModelInfo:
         if self.safetensors and not on_the_fly:
             st = self.safetensors
             if dtype and not self.is_prequantized and dtype_bytes(dtype):
-                return int(st.params * dtype_bytes(dtype)), f"safetensors headers ({st.files} files), as {dtype}"
+                return int(
+                    st.params * dtype_bytes(dtype)
+                ), f"safetensors headers ({st.files} files), as {dtype}"
             return st.bytes, f"safetensors headers ({st.files} files)"
         params = self.params
         if not params:
             return None, "unknown"
-        quant = on_the_fly or self.quantization or (quantized_by_name(self.model) if not dtype else None)
+        quant = (
+            on_the_fly
+            or self.quantization
+            or (quantized_by_name(self.model) if not dtype else None)
+        )
         per_param = dtype_bytes(quant) or dtype_bytes(dtype) or dtype_bytes(self.torch_dtype)
         if per_param is None:
-            return None, f"unknown (no dtype: give --dtype; {self.params_source} gives the parameters)"
+            return (
+                None,
+                f"unknown (no dtype: give --dtype; {self.params_source} gives the parameters)",
+            )
         source = f"{params / 1e9:.2f}B params ({self.params_source}) x {per_param:g} bytes"
         if quant and per_param < 2:
             # Embeddings and the LM head stay in 16 bits in quantized checkpoints.
             embed = min(self.embedding_params(), int(params))
-            return int((params - embed) * per_param + embed * 2), source + f" ({quant}; embeddings 16-bit)"
+            return int(
+                (params - embed) * per_param + embed * 2
+            ), source + f" ({quant}; embeddings 16-bit)"
         return int(params * per_param), source
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str | None = None, tp: int = 1, dtype: str | None = None) -> int | None:
+    def kv_bytes_per_token(
+        self, kv_cache_dtype: str | None = None, tp: int = 1, dtype: str | None = None
+    ) -> int | None:
         """KV-cache bytes one token takes on one GPU of a TP-`tp` instance (None when unknown)."""
         layers = self.num_layers
         if not layers:
             return None
         kv_dt = (kv_cache_dtype or "auto").lower()
         if kv_dt == "auto":
-            width = dtype_bytes(dtype if dtype not in (None, "auto") else None) or dtype_bytes(self.torch_dtype)
+            width = dtype_bytes(dtype if dtype not in (None, "auto") else None) or dtype_bytes(
+                self.torch_dtype
+            )
             if width is None or width < 2:
                 width = 2  # quantized checkpoints compute (and cache) in 16 bits
-        elif kv_dt.startswith("fp8") or kv_dt.startswith("int8"):
+        elif kv_dt.startswith(("fp8", "int8")):
             width = 1
         else:
             width = dtype_bytes(kv_dt) or 2
@@ -378,6 +406,35 @@ class ModelInfo:
         # KV heads are split across TP ranks; with fewer heads than ranks each rank keeps one.
         per_rank = max(1, kv_heads // max(1, tp))
         return int(layers * per_rank * head_dim * 2 * width)
+
+
+def canonical_quantization(qc: Mapping[str, Any]) -> str:
+    """A `quantization_config` as one of DTYPE_BYTES's names where the format is known:
+    `fbgemm_fp8` -> fp8, gptq with 8 bits -> int8, compressed-tensors 4-bit -> int4, ..."""
+    method = str(qc.get("quant_method") or "").lower()
+    algo = str(qc.get("quant_algo") or "").lower()  # modelopt: FP8, NVFP4, W4A8_AWQ
+    bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
+    if method in ("compressed-tensors", "compressed_tensors"):
+        bits = _compressed_tensors_bits(qc)
+        if bits == 8:
+            fmt = json.dumps(qc).lower()
+            return "fp8" if '"float"' in fmt or "fp8" in fmt else "int8"
+        return "int4" if bits == 4 else "compressed-tensors"
+    if method == "bitsandbytes":
+        return "int4" if qc.get("load_in_4bit") else "int8"
+    for name in ("nvfp4", "mxfp4"):
+        if name in method or name in algo:
+            return name
+    if "fp8" in method or "fp8" in algo:
+        return "fp8"  # fp8, fbgemm_fp8, ptpc_fp8, modelopt FP8
+    if bits == 8:
+        return "int8"
+    for name in ("awq", "gptq"):
+        if name in method or name in algo:
+            return name
+    if bits == 4:
+        return "int4"
+    return method or algo or "quantized"
 
 
 def _compressed_tensors_bits(qc: Mapping[str, Any]) -> int | None:
@@ -407,7 +464,11 @@ def estimate_params(cfg: Mapping[str, Any]) -> int | None:
         nope = _num(cfg, "qk_nope_head_dim") or hd
         rope = _num(cfg, "qk_rope_head_dim") or 0
         v_hd = _num(cfg, "v_head_dim") or hd
-        q = (h * q_lora + q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
+        q = (
+            (h * q_lora + q_lora + q_lora * heads * (nope + rope))
+            if q_lora
+            else h * heads * (nope + rope)
+        )
         kv_proj = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_hd)
         attn = q + kv_proj + heads * v_hd * h
     else:

@@ -2,8 +2,10 @@
 
 A small, guarded probe of its own (NVML, then amdsmi) so the layout package needs nothing from
 telemetry. `set_probe()` lets the daemon point it at the telemetry GPU probe instead, and tests
-at a fake. Indices are the driver's physical order (what `gpus = [...]` in a layout means:
-vsup sets CUDA_VISIBLE_DEVICES from them, with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+at a fake. Every driver call catches any exception: a failing driver means no GPU information,
+never a crash of `validate` or `plan`. Indices are the driver's physical order (what
+`gpus = [...]` in a layout means: vsup sets CUDA_VISIBLE_DEVICES from them, with
+CUDA_DEVICE_ORDER=PCI_BUS_ID).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _probe_nvml() -> list[NodeGpu]:
         return []
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without NVIDIA
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound/DriverNotLoaded without NVIDIA
         return []
     try:
         out = []
@@ -73,11 +75,11 @@ def _probe_nvml() -> list[NodeGpu]:
                 name = name.decode(errors="replace")
             try:
                 total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 total = None
             out.append(NodeGpu(i, name, total, "nvidia"))
         return out
-    except Exception:
+    except Exception:  # noqa: BLE001
         return []
     finally:
         with contextlib.suppress(Exception):
@@ -89,11 +91,11 @@ def _probe_amdsmi() -> list[NodeGpu]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             import amdsmi
-        except Exception:
+        except Exception:  # noqa: BLE001
             return []
     try:
         amdsmi.amdsmi_init()
-    except Exception:
+    except Exception:  # noqa: BLE001
         return []
     try:
         found = []
@@ -113,7 +115,7 @@ def _probe_amdsmi() -> list[NodeGpu]:
                 )
             found.append(NodeGpu(index, name, total, "amd"))
         return sorted(found, key=lambda g: g.index)
-    except Exception:
+    except Exception:  # noqa: BLE001
         return []
     finally:
         with contextlib.suppress(Exception):
@@ -141,7 +143,7 @@ def node_gpus() -> list[NodeGpu]:
     if _cached is None:
         try:
             _cached = list(_probe())
-        except Exception:
+        except Exception:  # noqa: BLE001
             _cached = []
     return list(_cached)
 

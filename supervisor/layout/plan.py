@@ -117,7 +117,8 @@ def parse_gpus(spec: str, node_count: int | None) -> list[int]:
     if spec == "all":
         if not node_count:
             raise PlanError(
-                "--gpus all: no GPU found on this node; list the GPUs instead, e.g. --gpus 0,1,2,3,4,5,6,7"
+                "--gpus all: no GPU found on this node; list the GPUs instead, e.g. --gpus "
+                "0,1,2,3,4,5,6,7"
             )
         return list(range(node_count))
     out: list[int] = []
@@ -152,7 +153,9 @@ def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
     if req.gpu:
         kind = gpu_kind(req.gpu)
         if kind is None:
-            raise PlanError(f"--gpu {req.gpu!r}: unknown; use one of {', '.join(KNOWN_GPUS)} or --gpu-mem-gib G")
+            raise PlanError(
+                f"--gpu {req.gpu!r}: unknown; use one of {', '.join(KNOWN_GPUS)} or --gpu-mem-gib G"
+            )
         return KNOWN_GPUS[kind][1], f"{kind} (--gpu)", kind
     found = node_gpus()
     sizes = [g.memory_bytes for g in found if g.memory_bytes]
@@ -184,12 +187,18 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         raise PlanError("--gpus: GPU indices start at 0")
     if len(req.gpus) % req.tp:
         raise PlanError(
-            f"--tp {req.tp} does not divide the {len(req.gpus)} GPUs given: use a multiple of {req.tp} GPUs"
+            f"--tp {req.tp} does not divide the {len(req.gpus)} GPUs given: use a multiple of "
+            f"{req.tp} GPUs"
         )
     if not 0 < req.utilization <= MAX_GPU_UTILIZATION_SUM:
-        raise PlanError(f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]")
+        raise PlanError(
+            f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]"
+        )
     if req.dtype and dtype_bytes(req.dtype) is None:
-        raise PlanError(f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, awq or gptq")
+        raise PlanError(
+            f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
+            "awq or gptq"
+        )
     if is_local_model(req.model):
         from supervisor.layout.model import resolve_model_path
 
@@ -209,13 +218,21 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     if req.max_model_len:
         max_len, max_len_source = req.max_model_len, "--max-model-len"
     elif info.max_position_embeddings:
-        max_len, max_len_source = info.max_position_embeddings, "the model's max_position_embeddings"
+        max_len, max_len_source = (
+            info.max_position_embeddings,
+            "the model's max_position_embeddings",
+        )
     else:
-        max_len, max_len_source = FALLBACK_MAX_MODEL_LEN, "default (no config: pass --max-model-len)"
+        max_len, max_len_source = (
+            FALLBACK_MAX_MODEL_LEN,
+            "default (no config: pass --max-model-len)",
+        )
     per_token = info.kv_bytes_per_token(req.kv_cache_dtype, req.tp)
     if per_token is None:
         kv_source = "unknown without the model's config.json"
-        notes.append("KV tokens are unknown: the model's config.json is needed for the KV bytes per token")
+        notes.append(
+            "KV tokens are unknown: the model's config.json is needed for the KV bytes per token"
+        )
     elif info.is_mla:
         rope = info.arch.get("qk_rope_head_dim") or 0
         kv_source = (
@@ -236,7 +253,9 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     groups = [list(req.gpus[i : i + req.tp]) for i in range(0, len(req.gpus), req.tp)]
     share = split_utilization(req.utilization, req.per_gpu)
     if share <= 0:
-        raise PlanError(f"--per-gpu {req.per_gpu} leaves each instance no memory: use fewer per GPU")
+        raise PlanError(
+            f"--per-gpu {req.per_gpu} leaves each instance no memory: use fewer per GPU"
+        )
     tables: list[dict[str, Any]] = []
     budgets: list[InstanceBudget] = []
     problems: list[str] = []
@@ -246,25 +265,38 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         for j in range(req.per_gpu):
             name = base + _suffix(j, req.per_gpu)
             if not 1 <= port <= 65535:
-                raise PlanError(f"--port-base {req.port_base}: instance {name} would get port {port}; lower --port-base")
-            tables.append({"name": name, "gpus": list(group), "port": port, "gpu_memory_utilization": share})
+                raise PlanError(
+                    f"--port-base {req.port_base}: instance {name} would get port {port}; lower "
+                    "--port-base"
+                )
+            tables.append(
+                {"name": name, "gpus": list(group), "port": port, "gpu_memory_utilization": share}
+            )
             budget = int(share * gpu_mem)
             w = weights // req.tp
             over = overhead_bytes(req.tp)
             kv = budget - w - over
             tokens = max(0, int(kv // per_token)) if per_token else None
             conc = tokens / max_len if tokens is not None else None
-            budgets.append(InstanceBudget(name, tuple(group), port, req.tp, share, budget, w, over, kv, tokens, conc))
+            budgets.append(
+                InstanceBudget(
+                    name, tuple(group), port, req.tp, share, budget, w, over, kv, tokens, conc
+                )
+            )
             if kv <= 0:
                 problems.append(
-                    f"{name}: {share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB cannot hold "
-                    f"{w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: use fewer instances per "
+                    f"{name}: {share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB "
+                    "cannot hold "
+                    f"{w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: use fewer "
+                    "instances per "
                     "GPU (--per-gpu), a larger --tp, or a quantized model"
                 )
             elif tokens is not None and tokens < max_len:
                 problems.append(
-                    f"{name}: its KV cache holds {tokens} tokens, less than one request of max-model-len "
-                    f"{max_len}: lower --max-model-len (to {tokens} or less), use fewer instances per GPU, "
+                    f"{name}: its KV cache holds {tokens} tokens, less than one request of "
+                    "max-model-len "
+                    f"{max_len}: lower --max-model-len (to {tokens} or less), use fewer instances "
+                    "per GPU, "
                     "a larger --tp, or --kv-cache-dtype fp8"
                 )
             port += 1
@@ -281,7 +313,9 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     if profiles:
         header["profiles"] = profiles
     defaults = {"model": req.model, "args": args}
-    layout = Layout.from_tables(tables, defaults=defaults, header=header, path=base_dir / "plan.toml")
+    layout = Layout.from_tables(
+        tables, defaults=defaults, header=header, path=base_dir / "plan.toml"
+    )
     if out_path is not None:
         layout = layout.relocated(out_path)
     return Plan(
@@ -323,17 +357,33 @@ def render_budget(plan: Plan) -> str:
     lines.append(f"weights    {_gib(plan.weight_bytes)} GiB ({plan.weight_source})")
     if plan.kv_bytes_per_token:
         lines.append(
-            f"KV cache   {plan.kv_bytes_per_token / 1024:.1f} KiB per token per GPU ({plan.kv_source})"
+            f"KV cache   {plan.kv_bytes_per_token / 1024:.1f} KiB per token per GPU "
+            f"({plan.kv_source})"
         )
     else:
         lines.append(f"KV cache   bytes per token {plan.kv_source}")
-    lines.append(f"GPU        {plan.gpu_memory_bytes / GIB:.1f} GiB each ({plan.gpu_memory_source})")
+    lines.append(
+        f"GPU        {plan.gpu_memory_bytes / GIB:.1f} GiB each ({plan.gpu_memory_source})"
+    )
     lines.append(f"max len    {plan.max_model_len} tokens ({plan.max_model_len_source})")
     lines.append(
-        f"overhead   {OVERHEAD_BYTES / GIB:.1f} GiB per instance per GPU (+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
+        f"overhead   {OVERHEAD_BYTES / GIB:.1f} GiB per instance per GPU "
+        f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
     )
     lines.append("")
-    head = ("GPU", "instance", "port", "TP", "util", "budget GiB", "weights GiB", "overhead GiB", "KV GiB", "KV tokens", f"max conc @{plan.max_model_len}")
+    head = (
+        "GPU",
+        "instance",
+        "port",
+        "TP",
+        "util",
+        "budget GiB",
+        "weights GiB",
+        "overhead GiB",
+        "KV GiB",
+        "KV tokens",
+        f"max conc @{plan.max_model_len}",
+    )
     rows = []
     by_gpu: dict[int, list[InstanceBudget]] = {}
     for b in plan.budgets:
@@ -362,7 +412,9 @@ def render_budget(plan: Plan) -> str:
     left = {1}
     for r in (head, *rows):
         lines.append(
-            "  ".join(c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
+            "  ".join(
+                c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
+            ).rstrip()
         )
     for n in plan.notes:
         lines.append(f"note: {n}")

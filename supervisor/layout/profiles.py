@@ -52,7 +52,9 @@ class Profile:
         return SourceMap(self.source).line(path)
 
 
-def search_dirs(layout_path: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
+def search_dirs(
+    layout_path: Path | None = None, env: Mapping[str, str] | None = None
+) -> list[Path]:
     """The directories profiles are looked up in, in order (see the module docstring)."""
     env = os.environ if env is None else env
     dirs: list[Path] = []
@@ -119,7 +121,9 @@ def read_profile(name: str, path: Path) -> Profile:
     except tomllib.TOMLDecodeError as exc:
         from supervisor.layout.model import toml_error_diagnostic
 
-        return Profile(name, path, source=text, load_errors=(toml_error_diagnostic(exc, str(path)),))
+        return Profile(
+            name, path, source=text, load_errors=(toml_error_diagnostic(exc, str(path)),)
+        )
     except (RecursionError, ValueError) as exc:
         return Profile(
             name,

@@ -9,6 +9,7 @@ would reach vLLM's command line or the restart policy, and lenient where TOML wr
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -32,7 +33,8 @@ def is_int(v: Any) -> bool:
 
 
 def is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and v == v  # not NaN
+    """An int or float, not a bool and not NaN."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
 def toml_type(v: Any) -> str:
@@ -76,7 +78,10 @@ def _at_least_one(v: Any) -> str | None:
 def _utilization(v: Any) -> str | None:
     if 0 < v <= 1:
         return None
-    return f"must be in (0, 1], a fraction of the GPU's memory (it is {v}); e.g. 0.9, or 0.45 for two instances on one GPU"
+    return (
+        f"must be in (0, 1], a fraction of the GPU's memory (it is {v}); "
+        "e.g. 0.9, or 0.45 for two instances on one GPU"
+    )
 
 
 def _port(v: Any) -> str | None:
@@ -122,8 +127,13 @@ def _api_key_env(v: Any) -> str | None:
 
 
 def _metrics_listen(v: Any) -> str | None:
-    return None if parse_listen(v) else (
-        f"{v!r} is not HOST:PORT: write e.g. \"127.0.0.1:9400\" (the Prometheus exporter's address)"
+    return (
+        None
+        if parse_listen(v)
+        else (
+            f'{v!r} is not HOST:PORT: write e.g. "127.0.0.1:9400" (the Prometheus exporter\'s '
+            "address)"
+        )
     )
 
 
@@ -145,8 +155,15 @@ RESTART_KEYS: dict[str, Key] = {
         Key("policy", "str", "always | on-failure | never", _policy),
         Key("backoff_s", "number", "first delay after the immediate restart", _not_negative),
         Key("backoff_max_s", "number", "the longest delay between restarts", _not_negative),
-        Key("stable_s", "number", "seconds of readiness that reset the failure count", _not_negative),
-        Key("max_failures", "int", "consecutive failures before the instance is failed", _at_least_one),
+        Key(
+            "stable_s", "number", "seconds of readiness that reset the failure count", _not_negative
+        ),
+        Key(
+            "max_failures",
+            "int",
+            "consecutive failures before the instance is failed",
+            _at_least_one,
+        ),
     )
 }
 
@@ -156,7 +173,9 @@ LAYOUT_KEYS: dict[str, Key] = {
         Key("name", "str", "the layout's name, shown in the dashboard"),
         Key("description", "str", "free text shown beside the name"),
         Key("profiles", "profiles", "profile names, merged in order"),
-        Key("metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen),
+        Key(
+            "metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen
+        ),
     )
 }
 

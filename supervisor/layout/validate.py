@@ -95,16 +95,32 @@ class Where:
     table: str | None = None
     key_prefix: str = ""
 
-    def diag(self, severity: str, message: str, key: str | None = None, sub: tuple = ()) -> Diagnostic:
+    def diag(
+        self, severity: str, message: str, key: str | None = None, sub: tuple = ()
+    ) -> Diagnostic:
         line = self.smap.line(self.path + sub) if self.smap else None
-        shown = f"{self.key_prefix}{key}" if key is not None else (self.key_prefix.rstrip(".") or None)
+        shown = (
+            f"{self.key_prefix}{key}" if key is not None else (self.key_prefix.rstrip(".") or None)
+        )
         return Diagnostic(
-            severity, message, file=self.file, line=line, instance=self.instance,
-            key=shown, table=None if self.instance else self.table,
+            severity,
+            message,
+            file=self.file,
+            line=line,
+            instance=self.instance,
+            key=shown,
+            table=None if self.instance else self.table,
         )
 
-    def sub(self, key: str) -> "Where":
-        return Where(self.file, self.smap, self.path + (key,), self.instance, self.table, f"{self.key_prefix}{key}.")
+    def sub(self, key: str) -> Where:
+        return Where(
+            self.file,
+            self.smap,
+            self.path + (key,),
+            self.instance,
+            self.table,
+            f"{self.key_prefix}{key}.",
+        )
 
 
 def _origin_diag(severity: str, message: str, m: MergedInstance, *key: str) -> Diagnostic:
@@ -113,7 +129,9 @@ def _origin_diag(severity: str, message: str, m: MergedInstance, *key: str) -> D
     origin: Origin = m.origin(*key)
     if origin.label == "built-in":
         origin = m.instance_origin  # vsup's own default: point at the instance using it
-    suffix = "" if origin.is_instance or origin.label == "[defaults]" else f" (set in {origin.label})"
+    suffix = (
+        "" if origin.is_instance or origin.label == "[defaults]" else f" (set in {origin.label})"
+    )
     return Diagnostic(
         severity,
         message + suffix,
@@ -176,7 +194,8 @@ def _check_restart(table: Mapping[str, Any], where: Where, out: list[Diagnostic]
         out.append(
             where.diag(
                 ERROR,
-                f"backoff_max_s ({hi}) is below backoff_s ({lo}): raise backoff_max_s or lower backoff_s",
+                f"backoff_max_s ({hi}) is below backoff_s ({lo}): raise backoff_max_s or lower "
+                "backoff_s",
                 "backoff_max_s",
                 ("backoff_max_s",),
             )
@@ -245,7 +264,11 @@ def _check_args(args: Mapping[str, Any], where: Where) -> list[Diagnostic]:
             )
         elif flags and flag not in flags and not (flag.startswith("no-") and flag[3:] in flags):
             close = suggest(flag, sorted(flags))
-            hint = f"; did you mean '{close}'?" if close else "; check the spelling (vLLM exits with bad_args on an unknown flag)"
+            hint = (
+                f"; did you mean '{close}'?"
+                if close
+                else "; check the spelling (vLLM exits with bad_args on an unknown flag)"
+            )
             out.append(where.diag(WARNING, f"vLLM 0.32 has no flag --{flag}{hint}", key, sub))
     return out
 
@@ -268,7 +291,12 @@ def _check_env(env: Mapping[str, Any], where: Where) -> list[Diagnostic]:
             out.append(where.diag(ERROR, f"{key!r} is not an environment variable name", key, sub))
         if isinstance(value, bool):
             out.append(
-                where.diag(ERROR, f'write the value as a string ("1" or "0"), not {str(value).lower()}', key, sub)
+                where.diag(
+                    ERROR,
+                    f'write the value as a string ("1" or "0"), not {str(value).lower()}',
+                    key,
+                    sub,
+                )
             )
         elif not (isinstance(value, str) or is_number(value)):
             out.append(where.diag(ERROR, f"must be a string, not {toml_type(value)}", key, sub))
@@ -310,7 +338,8 @@ def _check_profiles(layout: Layout, cache: ProfileCache) -> list[Diagnostic]:
             out.append(
                 where.diag(
                     ERROR,
-                    f"unknown profile '{name}': {hint} (looked in {dirs}; add directories with $VSUP_PROFILE_PATH)",
+                    f"unknown profile '{name}': {hint} (looked in {dirs}; add directories with "
+                    "$VSUP_PROFILE_PATH)",
                     "profiles",
                 )
             )
@@ -318,21 +347,29 @@ def _check_profiles(layout: Layout, cache: ProfileCache) -> list[Diagnostic]:
         if profile.load_errors:
             out += profile.load_errors
             continue
-        out += check_profile_document(profile.document, str(profile.path), SourceMap(profile.source), name)
+        out += check_profile_document(
+            profile.document, str(profile.path), SourceMap(profile.source), name
+        )
     return out
 
 
-def check_profile_document(doc: Mapping[str, Any], file: str, smap: SourceMap, name: str) -> list[Diagnostic]:
+def check_profile_document(
+    doc: Mapping[str, Any], file: str, smap: SourceMap, name: str
+) -> list[Diagnostic]:
     """The keys of one profile file: `[profile]` (description) and a `[defaults]` table."""
     out: list[Diagnostic] = []
     top = Where(file, smap, (), table=f"profile '{name}'")
     for key, value in doc.items():
         if key not in PROFILE_TOP_KEYS:
             close = suggest(key, PROFILE_TOP_KEYS)
-            hint = f"did you mean '{close}'?" if close else "a profile holds [profile] and [defaults]"
+            hint = (
+                f"did you mean '{close}'?" if close else "a profile holds [profile] and [defaults]"
+            )
             out.append(top.diag(ERROR, f"unknown key: {hint}", key, (key,)))
         elif not isinstance(value, Mapping):
-            out.append(top.diag(ERROR, f"must be a table ([{key}]), not {toml_type(value)}", key, (key,)))
+            out.append(
+                top.diag(ERROR, f"must be a table ([{key}]), not {toml_type(value)}", key, (key,))
+            )
     if isinstance(doc.get("profile"), Mapping):
         w = Where(file, smap, ("profile",), table=f"profile '{name}' [profile]")
         out += check_table(doc["profile"], PROFILE_HEADER_KEYS, w, "profile-header")
@@ -352,7 +389,7 @@ def check_structure(
     doc = layout.document
     file, smap = layout.file, layout.source_map
     top = Where(file, smap, ())
-    for key, value in doc.items():
+    for key in doc:
         if key not in TOP_KEYS:
             if key == "instances":
                 hint = "write each instance as an [[instance]] table"
@@ -364,39 +401,78 @@ def check_structure(
                 hint = "put it in an [[instance]] table"
             else:
                 close = suggest(key, TOP_KEYS)
-                hint = f"did you mean '{close}'?" if close else "a layout holds [layout], [defaults] and [[instance]] tables"
+                hint = (
+                    f"did you mean '{close}'?"
+                    if close
+                    else "a layout holds [layout], [defaults] and [[instance]] tables"
+                )
             out.append(top.diag(ERROR, f"unknown key: {hint}", key, (key,)))
     if "layout" in doc and not isinstance(doc["layout"], Mapping):
-        out.append(top.diag(ERROR, f"must be the [layout] table, not {toml_type(doc['layout'])}", "layout", ("layout",)))
+        out.append(
+            top.diag(
+                ERROR,
+                f"must be the [layout] table, not {toml_type(doc['layout'])}",
+                "layout",
+                ("layout",),
+            )
+        )
     if "defaults" in doc and not isinstance(doc["defaults"], Mapping):
-        out.append(top.diag(ERROR, f"must be the [defaults] table, not {toml_type(doc['defaults'])}", "defaults", ("defaults",)))
+        out.append(
+            top.diag(
+                ERROR,
+                f"must be the [defaults] table, not {toml_type(doc['defaults'])}",
+                "defaults",
+                ("defaults",),
+            )
+        )
     raw_instances = doc.get("instance")
     if raw_instances is not None:
         if isinstance(raw_instances, Mapping):
             out.append(
-                top.diag(ERROR, "write [[instance]] (double brackets) for each instance, not [instance]", "instance", ("instance",))
+                top.diag(
+                    ERROR,
+                    "write [[instance]] (double brackets) for each instance, not [instance]",
+                    "instance",
+                    ("instance",),
+                )
             )
-        elif not isinstance(raw_instances, list) or not all(isinstance(t, Mapping) for t in raw_instances):
-            out.append(top.diag(ERROR, "instances must be [[instance]] tables", "instance", ("instance",)))
+        elif not isinstance(raw_instances, list) or not all(
+            isinstance(t, Mapping) for t in raw_instances
+        ):
+            out.append(
+                top.diag(ERROR, "instances must be [[instance]] tables", "instance", ("instance",))
+            )
     if isinstance(doc.get("layout"), Mapping):
-        out += check_table(doc["layout"], LAYOUT_KEYS, Where(file, smap, ("layout",), table="[layout]"), "layout")
+        out += check_table(
+            doc["layout"], LAYOUT_KEYS, Where(file, smap, ("layout",), table="[layout]"), "layout"
+        )
     out += _check_profiles(layout, cache)
     if isinstance(doc.get("defaults"), Mapping):
-        out += check_table(doc["defaults"], DEFAULTS_KEYS, Where(file, smap, ("defaults",), table="[defaults]"), "defaults")
+        out += check_table(
+            doc["defaults"],
+            DEFAULTS_KEYS,
+            Where(file, smap, ("defaults",), table="[defaults]"),
+            "defaults",
+        )
     if merged is None:
         merged = merge_instances(layout, cache)
     names: dict[str, MergedInstance] = {}
     for m in merged:
         where = Where(file, smap, ("instance", m.index), instance=m.label)
         out += check_table(m.table, INSTANCE_KEYS, where, "instance")
-        for required, example in (("name", 'name = "gpu0"'), ("gpus", "gpus = [0] (or [] for a CPU instance)"), ("port", "port = 8000")):
+        for required, example in (
+            ("name", 'name = "gpu0"'),
+            ("gpus", "gpus = [0] (or [] for a CPU instance)"),
+            ("port", "port = 8000"),
+        ):
             if required not in m.table:
                 out.append(where.diag(ERROR, f"missing: add {example}", required))
         if "model" not in m.values and "model" not in m.table:
             out.append(
                 where.diag(
                     ERROR,
-                    'no model: set model = "org/name" (or a local directory) in [defaults] or in this instance',
+                    'no model: set model = "org/name" (or a local directory) in [defaults] or in '
+                    "this instance",
                     "model",
                 )
             )
@@ -407,7 +483,13 @@ def check_structure(
                 first_line = smap.line(("instance", first.index))
                 at = f" (line {first_line})" if first_line else ""
                 out.append(
-                    where.diag(ERROR, f"duplicate name '{name}': the instance #{first.index + 1}{at} has it too; rename one", "name", ("name",))
+                    where.diag(
+                        ERROR,
+                        f"duplicate name '{name}': the instance #{first.index + 1}{at} has it "
+                        "too; rename one",
+                        "name",
+                        ("name",),
+                    )
                 )
             else:
                 names[name] = m
@@ -513,7 +595,8 @@ def _port_rules(layout: Layout, merged: Sequence[MergedInstance]) -> list[Diagno
             out.append(
                 _origin_diag(
                     ERROR,
-                    f"port {port} is also used by instance '{other.label}': give each instance its own port",
+                    f"port {port} is also used by instance '{other.label}': give each instance "
+                    "its own port",
                     m,
                     "port",
                 )
@@ -524,14 +607,20 @@ def _port_rules(layout: Layout, merged: Sequence[MergedInstance]) -> list[Diagno
             out.append(
                 _origin_diag(
                     ERROR,
-                    f"port {port} is also the metrics exporter's ([layout] metrics_listen): change one",
+                    f"port {port} is also the metrics exporter's ([layout] metrics_listen): "
+                    "change one",
                     m,
                     "port",
                 )
             )
         if port < 1024:
             out.append(
-                _origin_diag(WARNING, f"port {port} is privileged: vLLM needs root to bind it; use 1024 or above", m, "port")
+                _origin_diag(
+                    WARNING,
+                    f"port {port} is privileged: vLLM needs root to bind it; use 1024 or above",
+                    m,
+                    "port",
+                )
             )
     return out
 
@@ -550,13 +639,18 @@ def _gpu_rules(
             any_gpu = True
         for g in gpus:
             if g < 0:
-                out.append(_origin_diag(ERROR, f"GPU index {g} is negative: GPUs are numbered from 0", m, "gpus"))
+                out.append(
+                    _origin_diag(
+                        ERROR, f"GPU index {g} is negative: GPUs are numbered from 0", m, "gpus"
+                    )
+                )
             elif node_gpus is not None and g >= node_gpus:
                 source = "this node has" if probed else "--node-gpus says the node has"
                 out.append(
                     _origin_diag(
                         ERROR,
-                        f"GPU {g} does not exist: {source} {node_gpus} GPU{'s' if node_gpus != 1 else ''} "
+                        f"GPU {g} does not exist: {source} {node_gpus} "
+                        f"GPU{'s' if node_gpus != 1 else ''} "
                         f"(0-{node_gpus - 1}); use an index in that range",
                         m,
                         "gpus",
@@ -564,7 +658,11 @@ def _gpu_rules(
                 )
         dupes = sorted({g for g in gpus if gpus.count(g) > 1})
         if dupes:
-            out.append(_origin_diag(ERROR, f"GPU {dupes[0]} is listed twice: list each GPU once", m, "gpus"))
+            out.append(
+                _origin_diag(
+                    ERROR, f"GPU {dupes[0]} is listed twice: list each GPU once", m, "gpus"
+                )
+            )
         util = m.values.get("gpu_memory_utilization")
         if gpus:
             explicit = util is not None
@@ -596,7 +694,8 @@ def _gpu_rules(
         total = sum(s for _, s, _ in tenants)
         if total > MAX_GPU_UTILIZATION_SUM + 1e-9:
             parts = ", ".join(
-                f"'{m.label}' {s:g}" + ("" if explicit else " (vLLM's default)") for m, s, explicit in tenants
+                f"'{m.label}' {s:g}" + ("" if explicit else " (vLLM's default)")
+                for m, s, explicit in tenants
             )
             for m, _, explicit in tenants:
                 out.append(
@@ -604,7 +703,8 @@ def _gpu_rules(
                         ERROR,
                         f"GPU {g} is over-committed: gpu_memory_utilization adds up to {total:.2f} "
                         f"({parts}); keep the sum at or below {MAX_GPU_UTILIZATION_SUM} "
-                        f"(e.g. {math.floor(MAX_GPU_UTILIZATION_SUM * 100 / len(tenants)) / 100:g} each) or move an instance",
+                        f"(e.g. {math.floor(MAX_GPU_UTILIZATION_SUM * 100 / len(tenants)) / 100:g} "
+                        "each) or move an instance",
                         m,
                         "gpu_memory_utilization" if explicit else "gpus",
                     )
@@ -612,7 +712,9 @@ def _gpu_rules(
     return out
 
 
-def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memory_bytes: int | None) -> list[Diagnostic]:
+def _instance_rules(
+    layout: Layout, m: MergedInstance, models: _Models, gpu_memory_bytes: int | None
+) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     v = m.values
     gpus = m.gpus
@@ -620,13 +722,27 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
     info: ModelInfo | None = None
     if isinstance(model, str):
         if not model.strip():
-            out.append(_origin_diag(ERROR, 'model is empty: set model = "org/name" or a local directory', m, "model"))
+            out.append(
+                _origin_diag(
+                    ERROR, 'model is empty: set model = "org/name" or a local directory', m, "model"
+                )
+            )
         elif is_local_model(model):
             path = Path(resolve_model_path(model, layout.base_dir))
             if not path.exists():
-                rel = " (relative paths start from the layout's directory)" if model.startswith(".") else ""
+                rel = (
+                    " (relative paths start from the layout's directory)"
+                    if model.startswith(".")
+                    else ""
+                )
                 out.append(
-                    _origin_diag(ERROR, f"local model path {path} does not exist{rel}: fix the path or download the model there", m, "model")
+                    _origin_diag(
+                        ERROR,
+                        f"local model path {path} does not exist{rel}: fix the path or download "
+                        "the model there",
+                        m,
+                        "model",
+                    )
                 )
             else:
                 info = models.get(model)
@@ -635,12 +751,18 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
     command = v.get("command")
     if isinstance(command, list) and command and command[0]:
         program = command[0]
-        if program not in ("python", "python3") and shutil.which(program) is None and not Path(program).is_file():
+        if (
+            program not in ("python", "python3")
+            and shutil.which(program) is None
+            and not Path(program).is_file()
+        ):
             out.append(
                 _origin_diag(
                     WARNING,
-                    f"command '{program}' is not found on this node (fine if this layout is for another node); "
-                    'install vLLM or set command (e.g. ["python", "-m", "vllm.entrypoints.openai.api_server"])',
+                    f"command '{program}' is not found on this node (fine if this layout is for "
+                    "another node); "
+                    'install vLLM or set command (e.g. ["python", "-m", '
+                    '"vllm.entrypoints.openai.api_server"])',
                     m,
                     "command",
                 )
@@ -652,9 +774,25 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
     tp = _int_arg(tp_raw) if tp_raw is not None else None
     pp = _int_arg(pp_raw) if pp_raw is not None else 1
     if tp_raw is not None and (tp is None or tp < 1):
-        out.append(_origin_diag(ERROR, f"tensor-parallel-size must be a positive integer, not {tp_raw!r}", m, "args", tp_key))
+        out.append(
+            _origin_diag(
+                ERROR,
+                f"tensor-parallel-size must be a positive integer, not {tp_raw!r}",
+                m,
+                "args",
+                tp_key,
+            )
+        )
     if pp_raw is not None and (pp is None or pp < 1):
-        out.append(_origin_diag(ERROR, f"pipeline-parallel-size must be a positive integer, not {pp_raw!r}", m, "args", m.arg_key("pipeline-parallel-size") or ""))
+        out.append(
+            _origin_diag(
+                ERROR,
+                f"pipeline-parallel-size must be a positive integer, not {pp_raw!r}",
+                m,
+                "args",
+                m.arg_key("pipeline-parallel-size") or "",
+            )
+        )
         pp = None
     if gpus and tp is not None and pp is not None and tp * pp != len(gpus):
         what = f"tensor-parallel-size {tp}" + (f" x pipeline-parallel-size {pp}" if pp != 1 else "")
@@ -671,9 +809,21 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
     effective_tp = tp if tp is not None else (max(1, len(gpus)) if gpus else 1)
     env = m.env
     for var, message in (
-        ("HIP_VISIBLE_DEVICES", "vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and HIP_VISIBLE_DEVICES renumbers the GPUs a second time; vsup removes it: delete it from env"),
-        ("CUDA_VISIBLE_DEVICES", "vsup sets CUDA_VISIBLE_DEVICES from gpus: delete it from env and list the GPUs in gpus"),
-        ("VLLM_ATTENTION_BACKEND", "recent vLLM ignores VLLM_ATTENTION_BACKEND: use args = { attention-backend = \"...\" }"),
+        (
+            "HIP_VISIBLE_DEVICES",
+            (
+                "vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and HIP_VISIBLE_DEVICES renumbers the "
+                "GPUs a second time; vsup removes it: delete it from env"
+            ),
+        ),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            "vsup sets CUDA_VISIBLE_DEVICES from gpus: delete it from env and list the GPUs there",
+        ),
+        (
+            "VLLM_ATTENTION_BACKEND",
+            'recent vLLM ignores VLLM_ATTENTION_BACKEND: use args = { attention-backend = "..." }',
+        ),
     ):
         if var in env:
             out.append(_origin_diag(WARNING, message, m, "env", var))
@@ -681,7 +831,8 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
         out.append(
             _origin_diag(
                 WARNING,
-                "NCCL_MIN_NCHANNELS only helps multi-GPU (TP>1) instances; on a TP1 instance it does nothing: remove it",
+                "NCCL_MIN_NCHANNELS only helps multi-GPU (TP>1) instances; on a TP1 instance it "
+                "does nothing: remove it",
                 m,
                 "env",
                 "NCCL_MIN_NCHANNELS",
@@ -693,8 +844,10 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
             out.append(
                 _origin_diag(
                     WARNING,
-                    f"the model has about {params / 1e9:.1f}B parameters ({info.params_source}): up to 30B, "
-                    f"{effective_tp} TP1 replicas (one per GPU) usually serve more than one TP{effective_tp} instance",
+                    f"the model has about {params / 1e9:.1f}B parameters ({info.params_source}): "
+                    "up to 30B, "
+                    f"{effective_tp} TP1 replicas (one per GPU) usually serve more than one "
+                    f"TP{effective_tp} instance",
                     m,
                     "gpus",
                 )
@@ -710,8 +863,10 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
             out.append(
                 _origin_diag(
                     ERROR,
-                    f"{model} uses MLA (its config has kv_lora_rank) and VLLM_ROCM_USE_AITER=1 selects the "
-                    "AITER MLA backend, which needs --block-size 1 (vLLM refuses to start otherwise): "
+                    f"{model} uses MLA (its config has kv_lora_rank) and VLLM_ROCM_USE_AITER=1 "
+                    "selects the "
+                    "AITER MLA backend, which needs --block-size 1 (vLLM refuses to start "
+                    "otherwise): "
                     "add block-size = 1 to args",
                     m,
                     "args",
@@ -721,14 +876,18 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
     # on-the-fly quantization
     quant = m.arg("quantization")
     if isinstance(quant, str) and quant and isinstance(model, str):
-        prequantized = (info is not None and info.quantization is not None) or quantized_by_name(model) is not None
+        prequantized = (info is not None and info.quantization is not None) or quantized_by_name(
+            model
+        ) is not None
         timeout = v.get("start_timeout_s")
         if not prequantized and is_number(timeout) and timeout < QUANTIZE_START_TIMEOUT_S:
             out.append(
                 _origin_diag(
                     WARNING,
-                    f"quantization = '{quant}' quantizes {model} while it loads, which adds minutes to "
-                    f"start-up: raise start_timeout_s (now {timeout:g}) to {QUANTIZE_START_TIMEOUT_S} or "
+                    f"quantization = '{quant}' quantizes {model} while it loads, which adds "
+                    "minutes to "
+                    f"start-up: raise start_timeout_s (now {timeout:g}) to "
+                    f"{QUANTIZE_START_TIMEOUT_S} or "
                     "more, or serve a pre-quantized checkpoint",
                     m,
                     "args",
@@ -737,12 +896,17 @@ def _instance_rules(layout: Layout, m: MergedInstance, models: _Models, gpu_memo
             )
     # scheduler limits vLLM enforces at start-up
     seqs = _int_arg(m.arg("max-num-seqs")) if m.arg("max-num-seqs") is not None else None
-    batched = _int_arg(m.arg("max-num-batched-tokens")) if m.arg("max-num-batched-tokens") is not None else None
+    batched = (
+        _int_arg(m.arg("max-num-batched-tokens"))
+        if m.arg("max-num-batched-tokens") is not None
+        else None
+    )
     if seqs is not None and batched is not None and batched < seqs:
         out.append(
             _origin_diag(
                 ERROR,
-                f"max-num-batched-tokens ({batched}) is below max-num-seqs ({seqs}); vLLM refuses to start: "
+                f"max-num-batched-tokens ({batched}) is below max-num-seqs ({seqs}); vLLM refuses "
+                "to start: "
                 "raise max-num-batched-tokens or lower max-num-seqs",
                 m,
                 "args",
@@ -783,25 +947,41 @@ def _kv_rules(
         blocks = _int_arg(blocks_raw)
         # vLLM keeps one block aside (the null block): usable = (blocks - 1) x block size.
         capacity = max(0, (blocks - 1) * block_size)  # type: ignore[operator]
-        how = f"num-gpu-blocks-override {blocks} x block size {block_size}, less vLLM's reserved block"
+        how = (
+            f"num-gpu-blocks-override {blocks} x block size {block_size}, "
+            "less vLLM's reserved block"
+        )
         exact = True
     elif info is not None:
         kv_dtype = m.arg("kv-cache-dtype")
         dtype = m.arg("dtype")
-        per_token = info.kv_bytes_per_token(str(kv_dtype) if kv_dtype else None, tp, str(dtype) if dtype else None)
+        per_token = info.kv_bytes_per_token(
+            str(kv_dtype) if kv_dtype else None, tp, str(dtype) if dtype else None
+        )
         if per_token:
             if gpus == []:
                 space = m.env.get("VLLM_CPU_KVCACHE_SPACE")
-                gib = float(space) if is_number(space) or (isinstance(space, str) and _is_float(space)) else None
+                gib = (
+                    float(space)
+                    if is_number(space) or (isinstance(space, str) and _is_float(space))
+                    else None
+                )
                 if gib:
                     capacity = int(gib * 1024**3 // per_token)
                     how = f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
             elif gpus and gpu_memory_bytes:
                 util = m.values.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-                weights, _ = info.weight_bytes(str(dtype) if dtype else None, str(m.arg("quantization") or "") or None)
+                weights, _ = info.weight_bytes(
+                    str(dtype) if dtype else None, str(m.arg("quantization") or "") or None
+                )
                 if weights is not None:
-                    capacity = estimate_kv_tokens(gpu_memory_bytes, float(util), weights, tp, per_token)
-                    how = f"estimate: {float(util):g} of {gpu_memory_bytes / 1024**3:.0f} GiB, less weights and overhead"
+                    capacity = estimate_kv_tokens(
+                        gpu_memory_bytes, float(util), weights, tp, per_token
+                    )
+                    how = (
+                        f"estimate: {float(util):g} of {gpu_memory_bytes / 1024**3:.0f} GiB, "
+                        "less weights and overhead"
+                    )
     if capacity is None:
         return out
     if capacity < max_len:
@@ -810,7 +990,8 @@ def _kv_rules(
         out.append(
             _origin_diag(
                 severity,
-                f"the KV cache holds {capacity} tokens ({how}) but max-model-len is {max_len}: {verb}; "
+                f"the KV cache holds {capacity} tokens ({how}) but max-model-len is {max_len}: "
+                f"{verb}; "
                 "lower max-model-len or give the instance more KV cache",
                 m,
                 "args",
@@ -821,8 +1002,10 @@ def _kv_rules(
         out.append(
             _origin_diag(
                 WARNING,
-                f"max-num-seqs {seqs} x max-model-len {max_len} = {seqs * max_len} tokens, beyond the KV "
-                f"cache's {capacity} ({how}): full-length requests will be preempted; lower max-num-seqs "
+                f"max-num-seqs {seqs} x max-model-len {max_len} = {seqs * max_len} tokens, beyond "
+                "the KV "
+                f"cache's {capacity} ({how}): full-length requests will be preempted; lower "
+                "max-num-seqs "
                 f"to {max(1, capacity // max_len)} or max-model-len, or give it more KV cache",
                 m,
                 "args",
@@ -852,3 +1035,29 @@ def validate_file(
 
 def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
     return any(d.is_error for d in diagnostics)
+
+
+def validate_instance(
+    layout: Layout,
+    table: Mapping[str, Any],
+    *,
+    replace_name: str | None = None,
+    node_gpus: int | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+) -> list[Diagnostic]:
+    """What validation says about `table` once put into `layout` (the dashboard's add/edit
+    form): diagnostics of that instance, and those of others that name it (a port it takes)."""
+    candidate = layout.with_instance(table, replace_name)
+    name = table.get("name")
+    if isinstance(name, str):
+        label = name
+    else:
+        target = replace_name if replace_name is not None else name
+        names = [t.get("name") for t in layout.instances]
+        index = names.index(target) if target in names else len(candidate.instances) - 1
+        label = f"#{index + 1}"
+    return [
+        d
+        for d in validate(candidate, node_gpus=node_gpus, profile_dirs=profile_dirs)
+        if d.instance == label or label in d.others or f"'{label}'" in d.message
+    ]

@@ -142,9 +142,11 @@ class Scraper:
         targets: Mapping[str, str],
         on_result: Callable[[str, ScrapeResult], Awaitable[None] | None] | None = None,
     ) -> dict[str, ScrapeResult]:
-        """Scrape every `name -> base_url` concurrently. `on_result(name, result)` is called
-        as each one completes, so results of fast servers are used before slow ones time out.
-        Returns every result once all are done (at most one timeout after the call)."""
+        """Scrape every `name -> base_url` concurrently. `on_result(name, result)` (plain or
+        async) is called as each one completes, so results of fast servers are used before slow
+        ones time out. Returns every result once all are done (at most one timeout after the
+        call). The scrapes never raise; an exception from `on_result` is the caller's bug and
+        cancels the rest (it propagates in an ExceptionGroup)."""
         return await self._all(targets, self.scrape, on_result)
 
     async def health_all(

@@ -24,7 +24,10 @@ from supervisor.layout.spec import InstanceSpec
         ({"cudagraph-capture-sizes": [1, 2, 4]}, ["--cudagraph-capture-sizes", "1", "2", "4"]),
         ({"served-model-name": ["a", "b"]}, ["--served-model-name", "a", "b"]),
         ({"empty": []}, []),
-        ({"compilation-config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}, ["--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}']),
+        (
+            {"compilation-config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}},
+            ["--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}'],
+        ),
         ({"x": [{"a": 1}, [1, 2], True]}, ["--x", '{"a":1}', "[1,2]", "true"]),
         ({"b": 1, "a": 2}, ["--b", "1", "--a", "2"]),
     ],
@@ -44,15 +47,35 @@ def test_flag_name():
 
 
 def _spec(**kw) -> InstanceSpec:
-    base = dict(name="a", model="/m", command=("vllm", "serve"), host="0.0.0.0", port=8000, gpus=(0, 1), gpu_memory_utilization=0.45)
+    base = {
+        "name": "a",
+        "model": "/m",
+        "command": ("vllm", "serve"),
+        "host": "0.0.0.0",
+        "port": 8000,
+        "gpus": (0, 1),
+        "gpu_memory_utilization": 0.45,
+    }
     base.update(kw)
     return InstanceSpec(**base)
 
 
 def test_argv_sets_model_host_port_utilization_and_tp():
     assert _spec(args={"max-model-len": 4096}).argv() == [
-        "vllm", "serve", "--model", "/m", "--host", "0.0.0.0", "--port", "8000",
-        "--gpu-memory-utilization", "0.45", "--max-model-len", "4096", "--tensor-parallel-size", "2",
+        "vllm",
+        "serve",
+        "--model",
+        "/m",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--gpu-memory-utilization",
+        "0.45",
+        "--max-model-len",
+        "4096",
+        "--tensor-parallel-size",
+        "2",
     ]
     assert "--tensor-parallel-size" not in _spec(gpus=(0,)).argv()
     cpu = _spec(gpus=(), gpu_memory_utilization=0.5).argv()

@@ -69,3 +69,16 @@ async def test_stopping_a_never_started_instance_changes_nothing(tmp_path):
     await engine.stop("a")
     assert engine.instances["a"].state == "stopped"
     await engine.shutdown(stop_instances=False)
+
+
+async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_path):
+    from supervisor.snapshot import LastExit
+
+    engine = Engine(FakeClock(), tmp_path)
+    last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")
+    inst = engine.restore(spec("a"), "failed", run=7, restarts=3, last_exit=last)
+    assert (inst.state, inst.run, inst.restarts, inst.last_exit) == ("failed", 7, 3, last)
+    assert not inst.supervised and inst.log_path() == tmp_path / "a" / "run-0007.log"
+    assert engine.diff([spec("a")]).start == ("a",)
+    with pytest.raises(ValueError):
+        engine.restore(spec("b"), "ready")

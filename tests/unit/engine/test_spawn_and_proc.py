@@ -84,3 +84,43 @@ def test_a_group_id_whose_leader_pid_was_reused_is_not_ours():
 def test_a_known_pid_reused_by_another_process_is_not_ours():
     t = table((103, 1, 103, "S", 500.0))
     assert live_tree(None, {103: 53.0}, 50.0, t) == {}
+
+
+async def test_exit_is_seen_without_pidfd_too(monkeypatch):
+    """Kernels before 5.3 have no pidfd_open: the watcher polls instead."""
+    import errno
+    import signal
+    import subprocess
+
+    from supervisor.engine import proc as procmod
+
+    def no_pidfd(pid):
+        raise OSError(errno.ENOSYS, "pidfd_open")
+
+    monkeypatch.setattr(procmod.os, "pidfd_open", no_pidfd)
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    info = read_stat(child.pid)
+    watched = procmod.RunningProcess(child.pid, child.pid, info.create_time, 1, child)
+    exited = watched.watch()
+    assert watched._poller is not None
+    os.kill(child.pid, signal.SIGKILL)
+    status = await exited
+    assert (status.code, status.signum) == (None, signal.SIGKILL)
+    assert child.returncode == -signal.SIGKILL  # reaped: no zombie left
+
+
+async def test_adopting_a_pid_that_now_names_another_process_is_refused():
+    import subprocess
+
+    import pytest
+
+    from supervisor.engine.proc import RunningProcess
+
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        impostor = RunningProcess(child.pid, child.pid, create_time=1.0, run=1)
+        with pytest.raises(ProcessLookupError):
+            impostor.watch()
+    finally:
+        child.kill()
+        child.wait()

@@ -17,7 +17,7 @@ LAYOUTS = REPO / "layouts"
 def no_gpu_probe(monkeypatch: pytest.MonkeyPatch):
     """Tests never read this machine's GPUs: the probe finds none unless a test sets one."""
     monkeypatch.delenv("VSUP_PROFILE_PATH", raising=False)
-    node.set_probe(lambda: [])
+    node.set_probe(list)
     yield
     node.set_probe(None)
 

@@ -23,7 +23,13 @@ PROFILES = sorted((REPO / "configs").glob("*.toml"))
 def test_there_are_examples_and_profiles():
     assert len(GPU_EXAMPLES) >= 3
     assert {p.stem for p in PROFILES} >= {
-        "rocm-mi300x", "rocm-mi355x", "nvidia-h200", "cpu", "latency", "streaming", "throughput",
+        "rocm-mi300x",
+        "rocm-mi355x",
+        "nvidia-h200",
+        "cpu",
+        "latency",
+        "streaming",
+        "throughput",
     }
     assert builtin_configs_dir() == REPO / "configs"
 
@@ -34,7 +40,9 @@ def test_gpu_example_validates_on_an_8_gpu_node(path):
     diagnostics = validate(layout, node_gpus=8)
     assert not [d for d in diagnostics if d.is_error], [d.format() for d in diagnostics]
     # Only the "vllm is not installed here" warning is acceptable for a GPU layout on this machine.
-    assert all("not found on this node" in d.message for d in diagnostics), [d.format() for d in diagnostics]
+    assert all("not found on this node" in d.message for d in diagnostics), [
+        d.format() for d in diagnostics
+    ]
     assert main(["validate", str(path), "--node-gpus", "8"]) == 0
     specs = layout.resolve()
     assert all(s.gpus for s in specs)
@@ -83,7 +91,9 @@ def test_cpu_demo_without_the_model_says_how_to_get_it(tmp_path):
     (e,) = [d for d in validate(load_layout(copy / "cpu-demo.toml"), node_gpus=0) if d.is_error]
     lines = (copy / "cpu-demo.toml").read_text().splitlines()
     assert e.key == "model" and "does not exist" in e.message
-    assert lines[e.line - 1].startswith("model = ") and e.instance == "cpu0" and e.others == ("cpu1",)
+    assert (
+        lines[e.line - 1].startswith("model = ") and e.instance == "cpu0" and e.others == ("cpu1",)
+    )
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
@@ -91,7 +101,10 @@ def test_profile_is_clean(path):
     profile = read_profile(path.stem, path)
     assert not profile.load_errors
     assert profile.description, "every profile says what it is for"
-    assert check_profile_document(profile.document, str(path), SourceMap(profile.source), path.stem) == []
+    assert (
+        check_profile_document(profile.document, str(path), SourceMap(profile.source), path.stem)
+        == []
+    )
     assert tomllib.loads(path.read_text())["defaults"]
 
 

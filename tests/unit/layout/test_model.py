@@ -68,8 +68,22 @@ documents = st.dictionaries(st.one_of(keys, bare_keys), values, max_size=6)
 
 # Layout-shaped documents: known sections and keys with values of any type.
 known_keys = st.sampled_from(
-    ["model", "command", "host", "args", "env", "restart", "gpus", "port", "name",
-     "gpu_memory_utilization", "start_timeout_s", "api_key_env", "profiles", "metrics_listen"]
+    [
+        "model",
+        "command",
+        "host",
+        "args",
+        "env",
+        "restart",
+        "gpus",
+        "port",
+        "name",
+        "gpu_memory_utilization",
+        "start_timeout_s",
+        "api_key_env",
+        "profiles",
+        "metrics_listen",
+    ]
 )
 tables = st.dictionaries(st.one_of(known_keys, bare_keys), values, max_size=6)
 layout_documents = st.fixed_dictionaries(
@@ -82,7 +96,7 @@ layout_documents = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_any_document_survives_save_and_load_unchanged(doc):
     text = dumps_document(doc)
@@ -93,7 +107,7 @@ def test_any_document_survives_save_and_load_unchanged(doc):
     assert second == first
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(layout_documents)
 def test_layout_load_save_load_is_identity(doc):
     first = loads_layout(dumps_document(doc))
@@ -295,7 +309,9 @@ def test_merge_order_builtin_profiles_defaults_instance(tmp_path):
         'args = { max-num-seqs = 1, dtype = "float32", enforce-eager = true }\n'
         'env = { A = "1", B = "1" }\nrestart = { policy = "always", backoff_s = 1 }',
     )
-    _profile(profiles, "two", 'start_timeout_s = 200\nargs = { max-num-seqs = 2 }\nenv = { B = "2" }')
+    _profile(
+        profiles, "two", 'start_timeout_s = 200\nargs = { max-num-seqs = 2 }\nenv = { B = "2" }'
+    )
     text = """\
 [layout]
 profiles = ["one", "two"]
@@ -325,16 +341,36 @@ start_timeout_s = 5
     assert a.host == "10.0.0.1" and b.host == "127.0.0.1"
     assert a.start_timeout_s == 200 and b.start_timeout_s == 5
     assert a.command == ("vllm", "serve")  # built-in
-    assert dict(a.args) == {"dtype": "float32", "max_num_seqs": 3, "block-size": 16, "max-model-len": 512}
+    assert dict(a.args) == {
+        "dtype": "float32",
+        "max_num_seqs": 3,
+        "block-size": 16,
+        "max-model-len": 512,
+    }
     assert "enforce-eager" in b.args  # only instance a switched it off
     assert dict(a.env) == {"A": "1", "B": "2", "C": "3"}
     assert a.restart == RestartPolicy(policy="always", backoff_s=7, max_failures=9)
     assert b.restart.backoff_s == 1
     assert a.profiles == ("one", "two")
     assert a.argv() == [
-        "vllm", "serve", "--model", "org/m", "--host", "10.0.0.1", "--port", "8000",
-        "--dtype", "float32", "--max-num-seqs", "3", "--block-size", "16", "--max-model-len", "512",
-        "--tensor-parallel-size", "2",
+        "vllm",
+        "serve",
+        "--model",
+        "org/m",
+        "--host",
+        "10.0.0.1",
+        "--port",
+        "8000",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "3",
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "512",
+        "--tensor-parallel-size",
+        "2",
     ]
     assert "--enforce-eager" not in a.argv() and "--enforce-eager" in b.argv()
 
@@ -359,26 +395,49 @@ def test_resolve_raises_with_every_blocking_error():
 
 
 def test_equality_ignores_source_but_not_order():
-    a = loads_layout('x = 1\ny = 2\n')
-    assert a == loads_layout('x = 1\n\n\ny = 2 # c\n')
-    assert a != loads_layout('y = 2\nx = 1\n')
+    a = loads_layout("x = 1\ny = 2\n")
+    assert a == loads_layout("x = 1\n\n\ny = 2 # c\n")
+    assert a != loads_layout("y = 2\nx = 1\n")
 
 
 def test_dates_and_times_round_trip():
-    doc = {"t": {"d": date(2024, 1, 2), "dt": datetime(2024, 1, 2, 3, 4, 5, 600), "tm": time(1, 2, 3)}}
+    doc = {
+        "t": {"d": date(2024, 1, 2), "dt": datetime(2024, 1, 2, 3, 4, 5, 600), "tm": time(1, 2, 3)}
+    }
     assert ordered(loads_layout(dumps_document(doc)).document) == ordered(doc)
 
 
 # Values a layout's keys are likely to be given, right or wrong.
 plausible = st.one_of(
     values,
-    st.sampled_from([0, 1, 8000, -1, 0.45, 1.5, "", "org/m", "./m", "~/m", "/", "vllm", "on-failure", "8k"]),
+    st.sampled_from(
+        [0, 1, 8000, -1, 0.45, 1.5, "", "org/m", "./m", "~/m", "/", "vllm", "on-failure", "8k"]
+    ),
     st.lists(st.integers(min_value=-2, max_value=9), max_size=4),
     st.dictionaries(
-        st.sampled_from(["max-model-len", "tensor-parallel-size", "block-size", "api-key", "port",
-                         "num-gpu-blocks-override", "max-num-seqs", "quantization", "policy", "backoff_s",
-                         "VLLM_ROCM_USE_AITER", "NCCL_MIN_NCHANNELS", "HIP_VISIBLE_DEVICES"]),
-        st.one_of(st.integers(min_value=-5, max_value=10_000), st.text(max_size=5), st.booleans(), st.floats()),
+        st.sampled_from(
+            [
+                "max-model-len",
+                "tensor-parallel-size",
+                "block-size",
+                "api-key",
+                "port",
+                "num-gpu-blocks-override",
+                "max-num-seqs",
+                "quantization",
+                "policy",
+                "backoff_s",
+                "VLLM_ROCM_USE_AITER",
+                "NCCL_MIN_NCHANNELS",
+                "HIP_VISIBLE_DEVICES",
+            ]
+        ),
+        st.one_of(
+            st.integers(min_value=-5, max_value=10_000),
+            st.text(max_size=5),
+            st.booleans(),
+            st.floats(),
+        ),
         max_size=4,
     ),
 )
@@ -421,25 +480,50 @@ well_typed_instances = st.lists(
             "port": st.integers(min_value=-1, max_value=70000),
         },
         optional={
-            "model": st.sampled_from(["org/m", "meta-llama/Llama-3.1-8B-Instruct", "./missing", ""]),
+            "model": st.sampled_from(
+                ["org/m", "meta-llama/Llama-3.1-8B-Instruct", "./missing", ""]
+            ),
             "gpu_memory_utilization": st.floats(min_value=-0.5, max_value=1.5),
             "args": st.dictionaries(
-                st.sampled_from(["max-model-len", "tensor-parallel-size", "tp", "block-size", "max-num-seqs",
-                                 "max-num-batched-tokens", "num-gpu-blocks-override", "quantization",
-                                 "enforce-eager", "compilation-config", "pipeline-parallel-size"]),
-                st.one_of(st.integers(min_value=-2, max_value=5000), st.booleans(),
-                          st.sampled_from(["fp8", "8k", "auto", "x"]), st.just({"mode": 3})),
+                st.sampled_from(
+                    [
+                        "max-model-len",
+                        "tensor-parallel-size",
+                        "tp",
+                        "block-size",
+                        "max-num-seqs",
+                        "max-num-batched-tokens",
+                        "num-gpu-blocks-override",
+                        "quantization",
+                        "enforce-eager",
+                        "compilation-config",
+                        "pipeline-parallel-size",
+                    ]
+                ),
+                st.one_of(
+                    st.integers(min_value=-2, max_value=5000),
+                    st.booleans(),
+                    st.sampled_from(["fp8", "8k", "auto", "x"]),
+                    st.just({"mode": 3}),
+                ),
                 max_size=4,
             ),
             "env": st.dictionaries(
-                st.sampled_from(["VLLM_ROCM_USE_AITER", "NCCL_MIN_NCHANNELS", "VLLM_CPU_KVCACHE_SPACE", "A"]),
-                st.one_of(st.sampled_from(["1", "0", "x", "2.5"]), st.integers(min_value=0, max_value=4)),
+                st.sampled_from(
+                    ["VLLM_ROCM_USE_AITER", "NCCL_MIN_NCHANNELS", "VLLM_CPU_KVCACHE_SPACE", "A"]
+                ),
+                st.one_of(
+                    st.sampled_from(["1", "0", "x", "2.5"]), st.integers(min_value=0, max_value=4)
+                ),
                 max_size=3,
             ),
             "restart": st.fixed_dictionaries(
-                {}, optional={"policy": st.sampled_from(["always", "never", "on-failure"]),
-                              "backoff_s": st.floats(min_value=0, max_value=100),
-                              "max_failures": st.integers(min_value=1, max_value=9)}
+                {},
+                optional={
+                    "policy": st.sampled_from(["always", "never", "on-failure"]),
+                    "backoff_s": st.floats(min_value=0, max_value=100),
+                    "max_failures": st.integers(min_value=1, max_value=9),
+                },
             ),
         },
     ),
@@ -448,11 +532,17 @@ well_typed_instances = st.lists(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(well_typed_instances, st.sampled_from(["org/m", "./missing"]), st.one_of(st.none(), st.integers(min_value=1, max_value=8)))
+@given(
+    well_typed_instances,
+    st.sampled_from(["org/m", "./missing"]),
+    st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
+)
 def test_a_layout_without_errors_always_resolves(instances, model, node_gpus):
     from supervisor.layout.validate import validate
 
-    layout = Layout.from_tables(instances, defaults={"model": model, "command": ["python"]}, path="/tmp/none/l.toml")
+    layout = Layout.from_tables(
+        instances, defaults={"model": model, "command": ["python"]}, path="/tmp/none/l.toml"
+    )
     diagnostics = validate(layout, node_gpus=node_gpus, profile_dirs=[])
     if any(d.is_error for d in diagnostics):
         return

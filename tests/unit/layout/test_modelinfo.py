@@ -20,26 +20,53 @@ from supervisor.layout.modelinfo import (
 )
 
 LLAMA_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-    "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
 LLAMA_405B = {
-    **LLAMA_8B, "hidden_size": 16384, "intermediate_size": 53248, "num_attention_heads": 128,
+    **LLAMA_8B,
+    "hidden_size": 16384,
+    "intermediate_size": 53248,
+    "num_attention_heads": 128,
     "num_hidden_layers": 126,
 }
 DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-    "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
-    "num_hidden_layers": 61, "vocab_size": 129280, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 256,
-    "n_shared_experts": 1, "first_k_dense_replace": 3, "torch_dtype": "bfloat16",
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_hidden_layers": 61,
+    "vocab_size": 129280,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "torch_dtype": "bfloat16",
 }
 MIXTRAL = {
-    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-    "vocab_size": 32000, "num_local_experts": 8, "torch_dtype": "bfloat16",
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 32000,
+    "num_local_experts": 8,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -83,11 +110,24 @@ def test_weight_bytes_from_config_is_quantization_aware(tmp_path):
     embed = 2 * 128256 * 4096
     fly = bf16.weight_bytes(quantization="fp8")[0]
     assert fly == (8_030_261_248 - embed) * 1 + embed * 2
-    fp8 = model_info(str(model_dir(tmp_path, {**LLAMA_8B, "quantization_config": {"quant_method": "fp8"}}, "b")))
+    fp8 = model_info(
+        str(model_dir(tmp_path, {**LLAMA_8B, "quantization_config": {"quant_method": "fp8"}}, "b"))
+    )
     assert fp8.quantization == "fp8" and fp8.weight_bytes()[0] == fly
-    awq = model_info(str(model_dir(tmp_path, {**LLAMA_8B, "quantization_config": {"quant_method": "awq", "bits": 4}}, "c")))
+    awq = model_info(
+        str(
+            model_dir(
+                tmp_path,
+                {**LLAMA_8B, "quantization_config": {"quant_method": "awq", "bits": 4}},
+                "c",
+            )
+        )
+    )
     assert awq.weight_bytes()[0] == int((8_030_261_248 - embed) * 0.53 + embed * 2)
-    ct = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}
+    ct = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
+    }
     w4 = model_info(str(model_dir(tmp_path, {**LLAMA_8B, "quantization_config": ct}, "e")))
     assert w4.quantization == "int4"
 
@@ -100,7 +140,15 @@ def test_safetensors_bytes_come_from_headers_only(tmp_path):
     save_file(a, str(d / "model-00001-of-00002.safetensors"))
     save_file(b, str(d / "model-00002-of-00002.safetensors"))
     (d / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"w1": "model-00001-of-00002.safetensors", "w2": "model-00001-of-00002.safetensors", "w3": "model-00002-of-00002.safetensors"}})
+        json.dumps(
+            {
+                "weight_map": {
+                    "w1": "model-00001-of-00002.safetensors",
+                    "w2": "model-00001-of-00002.safetensors",
+                    "w3": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
     )
     # Cut the tensor data off: only the headers are needed.
     for f in d.glob("*.safetensors"):
@@ -161,3 +209,39 @@ def test_hub_id_found_in_the_hf_cache(tmp_path, monkeypatch):
     info = model_info("org/name")
     assert info.local_dir == snap and info.params == 8_030_261_248
     assert model_info("org/other").config is None
+
+
+@pytest.mark.parametrize(
+    ("qc", "name"),
+    [
+        ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "fbgemm_fp8"}, "fp8"),  # meta-llama/Llama-3.1-405B-Instruct-FP8
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+        ({"quant_method": "mxfp4"}, "mxfp4"),
+        ({"quant_method": "awq", "bits": 4}, "awq"),
+        ({"quant_method": "gptq", "bits": 8}, "int8"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}},
+            },
+            "fp8",
+        ),
+        ({"quant_method": "something-new"}, "something-new"),
+    ],
+)
+def test_quantization_configs_map_to_a_known_width(qc, name):
+    from supervisor.layout.modelinfo import canonical_quantization
+
+    assert canonical_quantization(qc) == name
+
+
+def test_fbgemm_fp8_405b_weighs_one_byte_per_parameter(tmp_path):
+    cfg = {**LLAMA_405B, "quantization_config": {"quant_method": "fbgemm_fp8"}}
+    info = model_info(str(model_dir(tmp_path, cfg)), read_weights=False)
+    weights, source = info.weight_bytes()
+    embed = 2 * 128256 * 16384  # embeddings and LM head stay 16-bit
+    assert weights == info.params - embed + 2 * embed and "fp8" in source
+    assert weights / 4 < 0.9 * 192 * 2**30  # a quarter fits one MI300X: the 2 x TP4 example

@@ -59,10 +59,19 @@ def fake_amdsmi(hip_ids: list[int | str]) -> types.ModuleType:
     m.amdsmi_get_processor_handles = lambda: [f"h{i}" for i in range(len(hip_ids))]
 
     def enumeration(h):
-        return {"drm_render": 128, "drm_card": 0, "hsa_id": 1, "hip_id": hip_ids[int(h[1:])], "hip_uuid": "GPU-x"}
+        return {
+            "drm_render": 128,
+            "drm_card": 0,
+            "hsa_id": 1,
+            "hip_id": hip_ids[int(h[1:])],
+            "hip_uuid": "GPU-x",
+        }
 
     m.amdsmi_get_gpu_enumeration_info = enumeration
-    m.amdsmi_get_gpu_asic_info = lambda h: {"market_name": "AMD Instinct MI300X", "vendor_id": "0x1002"}
+    m.amdsmi_get_gpu_asic_info = lambda h: {
+        "market_name": "AMD Instinct MI300X",
+        "vendor_id": "0x1002",
+    }
 
     def total(h, kind):
         assert kind is AmdSmiMemoryType.VRAM
@@ -88,7 +97,11 @@ def test_amdsmi_when_nvml_is_missing_ordered_by_hip_id(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init=True))
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([1, 0, "N/A"]))
     gpus = node._default_probe()
-    assert [(g.index, g.memory_bytes) for g in gpus] == [(0, 192 * 2**30 + 1), (1, 192 * 2**30), (2, 192 * 2**30 + 2)]
+    assert [(g.index, g.memory_bytes) for g in gpus] == [
+        (0, 192 * 2**30 + 1),
+        (1, 192 * 2**30),
+        (2, 192 * 2**30 + 2),
+    ]
     assert node.gpu_kind(gpus[0].name) == "MI300X"
 
 
@@ -112,7 +125,7 @@ def test_probe_is_cached_and_replaceable():
     node.set_probe(probe)
     assert node.node_gpu_count() == 1 and node.node_gpu_count() == 1
     assert calls == [1]
-    node.set_probe(lambda: [])
+    node.set_probe(list)
     assert node.node_gpu_count() is None
 
 

@@ -25,9 +25,15 @@ from supervisor.layout.validate import validate
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"
 LLAMA_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-    "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
 
@@ -43,7 +49,13 @@ def llama8b(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("gpus", range(1, 9))
 @pytest.mark.parametrize("per_gpu", range(1, 5))
 def test_plan_validates_for_1_to_8_gpus_and_1_to_4_per_gpu(llama8b, gpus, per_gpu):
-    req = PlanRequest(model=str(llama8b), gpus=list(range(gpus)), per_gpu=per_gpu, gpu="MI300X", max_model_len=8192)
+    req = PlanRequest(
+        model=str(llama8b),
+        gpus=list(range(gpus)),
+        per_gpu=per_gpu,
+        gpu="MI300X",
+        max_model_len=8192,
+    )
     plan = make_plan(req)
     assert plan.ok, plan.problems
     layout = plan.layout
@@ -62,7 +74,16 @@ def test_plan_validates_for_1_to_8_gpus_and_1_to_4_per_gpu(llama8b, gpus, per_gp
 
 @pytest.mark.parametrize(("tp", "per_gpu"), [(2, 1), (4, 1), (8, 1), (2, 2), (4, 3)])
 def test_tp_groups_validate(llama8b, tp, per_gpu):
-    plan = make_plan(PlanRequest(model=str(llama8b), gpus=list(range(8)), tp=tp, per_gpu=per_gpu, gpu="H200", max_model_len=8192))
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b),
+            gpus=list(range(8)),
+            tp=tp,
+            per_gpu=per_gpu,
+            gpu="H200",
+            max_model_len=8192,
+        )
+    )
     assert plan.ok
     groups = {tuple(t["gpus"]) for t in plan.layout.instances}
     assert groups == {tuple(range(i, i + tp)) for i in range(0, 8, tp)}
@@ -75,7 +96,9 @@ def test_tp_groups_validate(llama8b, tp, per_gpu):
 
 
 def test_budget_figures(llama8b):
-    plan = make_plan(PlanRequest(model=str(llama8b), gpus=[0], per_gpu=2, gpu="MI300X", max_model_len=8192))
+    plan = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0], per_gpu=2, gpu="MI300X", max_model_len=8192)
+    )
     assert plan.kv_bytes_per_token == 131072
     assert plan.weight_bytes == 8_030_261_248 * 2
     b = plan.budgets[0]
@@ -93,21 +116,40 @@ def test_utilization_split():
 
 
 def test_refuses_an_instance_that_cannot_hold_one_full_request(llama8b):
-    plan = make_plan(PlanRequest(model=str(llama8b), gpus=[0], per_gpu=4, gpu="H100", max_model_len=131072))
+    plan = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0], per_gpu=4, gpu="H100", max_model_len=131072)
+    )
     assert not plan.ok
     assert "less than one request of max-model-len 131072" in plan.problems[0]
     assert "lower --max-model-len" in plan.problems[0]
 
 
 def test_refuses_weights_that_do_not_fit(tmp_path):
-    plan = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B-Instruct", gpus=[0], gpu="MI300X", params=405e9, dtype="bfloat16"))
+    plan = make_plan(
+        PlanRequest(
+            model="meta-llama/Llama-3.1-405B-Instruct",
+            gpus=[0],
+            gpu="MI300X",
+            params=405e9,
+            dtype="bfloat16",
+        )
+    )
     assert not plan.ok and "cannot hold" in plan.problems[0] and "--tp" in plan.problems[0]
 
 
 def test_hub_id_without_files_needs_params_and_dtype():
     with pytest.raises(PlanError, match="--params"):
         make_plan(PlanRequest(model="org/unknown-model", gpus=[0], gpu="MI300X"))
-    plan = make_plan(PlanRequest(model="org/unknown-model", gpus=[0, 1], gpu="MI300X", params=8e9, dtype="fp8", max_model_len=4096))
+    plan = make_plan(
+        PlanRequest(
+            model="org/unknown-model",
+            gpus=[0, 1],
+            gpu="MI300X",
+            params=8e9,
+            dtype="fp8",
+            max_model_len=4096,
+        )
+    )
     assert plan.ok and plan.weight_bytes == 8e9 and plan.kv_bytes_per_token is None
     assert any("config.json is needed" in n for n in plan.notes)
     assert not [d for d in validate(plan.layout, node_gpus=8, profile_dirs=[CONFIGS]) if d.is_error]
@@ -134,15 +176,41 @@ def test_no_memory_source_or_gpus_is_an_error(llama8b):
 
 
 def test_explicit_memory_and_profiles(llama8b):
-    plan = make_plan(PlanRequest(model=str(llama8b), gpus=[0], gpu_memory_bytes=64 * GIB, profiles=["rocm-mi300x", "latency"], max_model_len=4096))
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b),
+            gpus=[0],
+            gpu_memory_bytes=64 * GIB,
+            profiles=["rocm-mi300x", "latency"],
+            max_model_len=4096,
+        )
+    )
     assert plan.gpu_memory_bytes == 64 * GIB and plan.layout.profiles == ["rocm-mi300x", "latency"]
     assert KNOWN_GPUS["MI355X"][1] == 288 * GIB
 
 
 def test_cli_writes_a_valid_layout_and_prints_the_budget(llama8b, tmp_path, capsys):
     out = tmp_path / "plans" / "p.toml"
-    rc = main(["plan", "--model", str(llama8b), "--gpus", "0-3", "--per-gpu", "2", "--gpu", "mi355x",
-               "--max-model-len", "8192", "--profile", "rocm-mi355x", "throughput", "-o", str(out)])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(llama8b),
+            "--gpus",
+            "0-3",
+            "--per-gpu",
+            "2",
+            "--gpu",
+            "mi355x",
+            "--max-model-len",
+            "8192",
+            "--profile",
+            "rocm-mi355x",
+            "throughput",
+            "-o",
+            str(out),
+        ]
+    )
     stdout, stderr = capsys.readouterr()
     assert rc == 0, stderr
     assert "GPU" in stdout and "gpu3b" in stdout and f"wrote {out}" in stdout
@@ -152,13 +220,42 @@ def test_cli_writes_a_valid_layout_and_prints_the_budget(llama8b, tmp_path, caps
 
 
 def test_cli_without_output_prints_toml_on_stdout(llama8b, capsys):
-    assert main(["plan", "--model", str(llama8b), "--gpus", "0", "--gpu", "H200", "--max-model-len", "2048"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(llama8b),
+                "--gpus",
+                "0",
+                "--gpu",
+                "H200",
+                "--max-model-len",
+                "2048",
+            ]
+        )
+        == 0
+    )
     stdout, stderr = capsys.readouterr()
     assert stdout.startswith("[layout]") and "KV cache" in stderr
 
 
 def test_cli_refusal_exits_2(llama8b, capsys):
-    rc = main(["plan", "--model", str(llama8b), "--gpus", "0", "--per-gpu", "4", "--gpu", "H100", "--max-model-len", "131072"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(llama8b),
+            "--gpus",
+            "0",
+            "--per-gpu",
+            "4",
+            "--gpu",
+            "H100",
+            "--max-model-len",
+            "131072",
+        ]
+    )
     assert rc == 2
     assert "refused" in capsys.readouterr().err
     assert main(["plan", "--model", "org/x", "--gpus", "0", "--gpu", "H100"]) == 2
@@ -168,6 +265,23 @@ def test_cli_refusal_exits_2(llama8b, capsys):
 def test_relative_model_path_is_rewritten_for_the_output(llama8b, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(llama8b.parent)
     out = tmp_path / "elsewhere" / "p.toml"
-    assert main(["plan", "--model", "./llama-8b", "--gpus", "0", "--gpu", "H200", "--max-model-len", "2048", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "./llama-8b",
+                "--gpus",
+                "0",
+                "--gpu",
+                "H200",
+                "--max-model-len",
+                "2048",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     spec = load_layout(out).resolve(profile_dirs=[CONFIGS])[0]
     assert spec.model == str(llama8b)

@@ -88,7 +88,8 @@ def test_every_backend_line_format_names_the_backend(line: str, name: str) -> No
         P + "[mxfp4.py:1] Using 'FLASHINFER_CUTLASS' Mxfp4 MoE backend.",
         P + "[layer.py:1] Using FlashInfer fused KDA decode backend.",
         P + "[utils.py:347] Using LBHNC KV cache layout.",
-        P + "[cpu.py:317] Reset SSM cache type to float32 for accelerated GDN mamba backend 'none'.",
+        P + "[cpu.py:317] Reset SSM cache type to float32 for accelerated GDN mamba backend "
+            "'none'.",
         P + "[flash_attn.py:1118] Using FlashAttention version 3",
         P + "[parallel_state.py:1906] world_size=1 rank=0 backend=gloo",
         P + "[eagle.py:1] Using the target model's FLASH_ATTN attention backend for the drafter.",

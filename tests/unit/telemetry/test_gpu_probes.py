@@ -201,7 +201,8 @@ def test_amdsmi_older_gpus_report_average_socket_power() -> None:
 
 def test_amdsmi_process_list_refused_means_unknown() -> None:
     w = real_amdsmi().amdsmi_wrapper
-    gpu = AmdGpu(processes=[(1, GiB)], fail={"amdsmi_get_gpu_process_list": w.AMDSMI_STATUS_NO_PERM})
+    gpu = AmdGpu(processes=[(1, GiB)],
+                 fail={"amdsmi_get_gpu_process_list": w.AMDSMI_STATUS_NO_PERM})
     (g,) = AmdSmiProbe(FakeAmdSmi([gpu]).module).snapshot()
     assert g.processes == () and not g.per_process_supported
 

@@ -253,3 +253,11 @@ def test_any_mix_of_real_and_tricky_lines_matches_the_reference(lines: list[str]
     except ValueError:
         return  # a mix prometheus_client refuses as a whole (e.g. clashing TYPE lines)
     assert view(parse_metrics(text)) == pytest.approx(expected, nan_ok=True)
+
+
+def test_the_benchmark_prints_its_figures_on_its_last_line(capsys) -> None:
+    from benchmarks.metrics_parse import main
+
+    assert main(["--iterations", "20"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"parse_ms=[\d.]+ baseline_ms=[\d.]+ ratio=[\d.]+", last)

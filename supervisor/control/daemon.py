@@ -228,6 +228,8 @@ class Daemon:
         doc = dict(event)
         kind = doc.pop("kind", "event")
         name = doc.pop("instance", None)
+        if kind == "action" and name is None and doc.get("action") == "apply":
+            return  # journaled by apply() itself, with the layout's name and path
         doc.pop("t", None)
         inst = self.engine.instances.get(name) if name else None
         if kind == "spawn" and inst is not None:

@@ -133,6 +133,20 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     assert sv.returncode == 0 and saved.exists()
     assert vsup(home, "validate", str(saved)).returncode == 0
 
+    # A changed layout: what restarts and what stops is said before it is done.
+    changed = tmp_path / "changed.toml"
+    before = {i["name"]: i for i in json.loads(vsup(home, "status", "--json").stdout)["instances"]}
+    ports = {name: i["port"] for name, i in before.items()}
+    changed.write_text(fake_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
+    up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30")
+    assert up2.returncode == 0, up2.stderr
+    assert up2.stdout.index("restart (changed): a") < up2.stdout.index("a: ready")
+    assert "stop (removed): b" in up2.stdout
+    doc = json.loads(vsup(home, "status", "--json").stdout)
+    assert [i["name"] for i in doc["instances"]] == ["a"]
+    assert not alive(before["b"]["pid"]) and doc["instances"][0]["pid"] != before["a"]["pid"]
+    pids = {"a": doc["instances"][0]["pid"]}
+
     # An SSH hang-up does not reach the daemon; SIGTERM stops it but not the instances.
     daemon = daemons_of(home)[0]
     os.killpg(os.getpgid(daemon.pid), signal.SIGHUP)

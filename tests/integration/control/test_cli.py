@@ -185,7 +185,8 @@ def test_invalid_layout_exits_2_with_every_error_and_starts_nothing(cli_home, tm
 
 def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     layout = tmp_path / "crash.toml"
-    text = fake_layout({"a": free_port()}, args='args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }')
+    never_ready = 'args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }'
+    text = fake_layout({"a": free_port()}, args=never_ready)
     layout.write_text(text.replace("max_failures = 3", "max_failures = 2"))
     res = vsup(cli_home, "up", str(layout), "--detach", "--wait", "--timeout", "60")
     assert res.returncode == 1

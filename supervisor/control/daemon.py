@@ -527,6 +527,7 @@ class Daemon:
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 "planned_hbm_bytes": planned,
+                "waiting_for": inst.waiting_for,
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone

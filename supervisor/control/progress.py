@@ -58,7 +58,9 @@ def describe_waiting(instances: Iterable[dict[str, Any]]) -> str:
         if i["state"] == "ready":
             continue
         since = fmt_duration(i.get("state_since_s"))
-        if i["state"] == "starting":
+        if i["state"] == "starting" and i.get("waiting_for"):
+            parts.append(f"{i['name']} waits ({i['waiting_for']})")
+        elif i["state"] == "starting":
             parts.append(f"{i['name']} loading {since}")
         elif i["state"] == "backoff":
             why = (i.get("last_exit") or {}).get("reason")

@@ -64,8 +64,9 @@ def test_waiting_line_names_what_is_loading_and_for_how_long():
         {"name": "a", "state": "ready"},
         {"name": "b", "state": "starting", "state_since_s": 12.3},
         {"name": "c", "state": "backoff", "backoff_remaining_s": 8, "last_exit": {"reason": "oom"}},
+        {"name": "d", "state": "starting", "state_since_s": 12.3, "waiting_for": "b starting"},
     ])
-    assert line == "ready 1/3 · b loading 12s · c backoff 8s (oom)"
+    assert line == "ready 1/4 · b loading 12s · c backoff 8s (oom) · d waits (b starting)"
     assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "-"
 
 

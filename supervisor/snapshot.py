@@ -86,6 +86,7 @@ class InstanceStatus:
     host: str | None = None
     backoff_remaining_s: float | None = None
     backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend` (AITER MHA)
+    waiting_for: str | None = None  # a start waiting for its turn on a device, e.g. "a starting"
 
     @property
     def is_ready(self) -> bool:

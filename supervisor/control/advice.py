@@ -7,11 +7,12 @@ tested with plain data. The daemon runs them each poll and puts the result in th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from supervisor.snapshot import Advice, GpuStatus, InstanceStatus
 
 KV_FULL = 0.95
+KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
 # HBM above the planned share by more than this fraction (and this many bytes) is reported:
 # allocator slack and the CUDA context make small excesses normal.
 HBM_OVER_FRACTION = 0.05
@@ -27,6 +28,7 @@ class AdviceInputs:
 
     recent_failures: Mapping[str, int]  # instance -> failed exits in the crash window
     problems: tuple[Advice, ...] = ()  # the daemon's own (e.g. a corrupt state file)
+    kv_peak: Mapping[str, float | None] = field(default_factory=dict)  # max KV usage, last minute
 
 
 def compute_advice(
@@ -36,7 +38,7 @@ def compute_advice(
     out: list[Advice] = list(inputs.problems)
     instances = list(instances)
     for inst in instances:
-        out += kv_too_small(inst)
+        out += kv_too_small(inst, inputs.kv_peak.get(inst.name))
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
     for gpu in gpus:
@@ -45,25 +47,33 @@ def compute_advice(
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
 
 
-def kv_too_small(inst: InstanceStatus) -> list[Advice]:
-    """KV cache >= 95% full while preemptions rise (the preemption counter grew within the
-    last minute: its per-minute rate is above zero): the cache is too small for the load."""
-    if inst.kv_cache_usage is None or inst.kv_cache_usage < KV_FULL:
-        return []
+def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Advice]:
+    """Preemptions rising (the counter grew within the last minute): the KV cache is too small
+    for the load.
+
+    DESIGN.md asks for KV >= 95% as well. vLLM V1 preempts only when it cannot allocate a KV
+    block, so a rising counter already proves the cache ran full; a 1 Hz sample of the gauge
+    mostly misses that moment (measured on the CPU build: 13 preemptions while the gauge never
+    read above 0.8), and with few blocks the gauge cannot even reach 95%. So the rise alone
+    triggers the advice, and the KV figure only sets how loud it is: critical when the cache
+    read >= 95% now or at its peak in the last minute, a warning otherwise."""
     rate = inst.preemptions_per_min
     if rate is None or rate <= 0:
         return []
-    rate_txt = f", {rate:.0f} preemptions/min" if rate else ""
+    usage = [v for v in (inst.kv_cache_usage, kv_peak) if v is not None]
+    peak = max(usage) if usage else None
+    kv_txt = f"KV cache peaked at {peak:.0%} in the last minute" if peak is not None else (
+        "KV cache usage unknown")
     return [
         Advice(
             kind="kv_exhausted",
-            severity="warning",
+            severity="critical" if peak is not None and peak >= KV_FULL else "warning",
             instance=inst.name,
             message=(
-                f"{inst.name}: KV cache {inst.kv_cache_usage:.0%} full and preempting{rate_txt}: "
-                "the KV cache is too small for this load. Run fewer instances per GPU, raise "
-                "gpu_memory_utilization, use an fp8 KV cache (args kv-cache-dtype = \"fp8\") "
-                "or lower max-num-seqs."
+                f"{inst.name}: preempting ({rate:.0f}/min; {kv_txt}): the KV cache is too "
+                "small for this load and throughput suffers. Run fewer instances per GPU, "
+                "raise gpu_memory_utilization, use an fp8 KV cache (args kv-cache-dtype = "
+                "\"fp8\") or lower max-num-seqs."
             ),
         )
     ]

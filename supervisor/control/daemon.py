@@ -33,7 +33,13 @@ import psutil
 
 from supervisor import __version__, paths
 from supervisor.clock import Clock, SystemClock
-from supervisor.control.advice import CRASH_WINDOW_S, AdviceInputs, compute_advice, problem
+from supervisor.control.advice import (
+    CRASH_WINDOW_S,
+    KV_PEAK_WINDOW_S,
+    AdviceInputs,
+    compute_advice,
+    problem,
+)
 from supervisor.control.api import LogFile, build_app
 from supervisor.control.errors import Conflict, ControlError, UnknownInstances
 from supervisor.control.export import MetricsListener, parse_listen
@@ -538,6 +544,7 @@ class Daemon:
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
             problems=tuple(self.problems),
+            kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
         )
         snap = StatusSnapshot(
             supervisor=SupervisorInfo(

@@ -125,6 +125,11 @@ class Monitor:
         tel = self._tel.get(name)
         return tel.cache_config if tel is not None else None
 
+    def kv_peak(self, name: str, window_s: float) -> float | None:
+        """The highest KV-cache usage scraped from `name` in the last `window_s` seconds."""
+        tel = self._tel.get(name)
+        return tel.history.kv_peak(window_s) if tel is not None else None
+
     def history_json(self, name: str) -> dict[str, list]:
         tel = self._tel.get(name)
         if tel is None:

@@ -200,6 +200,15 @@ class History:
     def points(self) -> tuple[HistoryPoint, ...]:
         return tuple(self._points)
 
+    def kv_peak(self, window_s: float) -> float | None:
+        """The highest KV-cache usage seen in the last `window_s` seconds, or None."""
+        if not self._points:
+            return None
+        since = self._points[-1].t - window_s
+        seen = [p.kv_cache_usage for p in reversed(self._points) if p.t >= since]
+        known = [v for v in seen if v is not None]
+        return max(known) if known else None
+
     def __len__(self) -> int:
         return len(self._points)
 

@@ -17,6 +17,7 @@ def test_full_kv_cache_with_rising_preemptions_says_the_cache_is_too_small():
     inst = empty_instance("g0", state="ready", kv_cache_usage=0.97, preemptions_per_min=12.0)
     advice = compute_advice([inst], [], NONE)
     assert kinds(advice) == [("kv_exhausted", "g0", None)]
+    assert advice[0].severity == "critical"
     text = advice[0].message
     for remedy in ("fewer instances per GPU", "gpu_memory_utilization", "fp8", "max-num-seqs"):
         assert remedy in text
@@ -27,9 +28,19 @@ def test_full_kv_cache_without_preemptions_is_fine():
     assert compute_advice([inst], [], NONE) == ()
 
 
-def test_preemptions_below_the_kv_threshold_are_not_this_advice():
-    inst = empty_instance("g0", state="ready", kv_cache_usage=0.80, preemptions_per_min=30.0)
-    assert compute_advice([inst], [], NONE) == ()
+def test_preemptions_while_the_sampled_gauge_reads_below_95_still_warn():
+    # vLLM preempts only when no KV block is free; the 1 Hz gauge misses that moment.
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.40, preemptions_per_min=30.0)
+    advice = compute_advice([inst], [], AdviceInputs(recent_failures={}, kv_peak={"g0": 0.8}))
+    assert kinds(advice) == [("kv_exhausted", "g0", None)]
+    assert advice[0].severity == "warning"
+    assert "peaked at 80%" in advice[0].message
+
+
+def test_a_kv_peak_at_95_within_the_minute_makes_preemption_advice_critical():
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.50, preemptions_per_min=3.0)
+    advice = compute_advice([inst], [], AdviceInputs(recent_failures={}, kv_peak={"g0": 0.96}))
+    assert [a.severity for a in advice] == ["critical"]
 
 
 def test_unknown_preemption_rate_is_not_a_rise():
@@ -85,7 +96,7 @@ def test_repeated_failures_in_the_window_are_a_crash_loop():
 
 def test_critical_advice_comes_first_and_problems_are_kept():
     failed = empty_instance("a", state="failed")
-    kv = empty_instance("b", kv_cache_usage=1.0, preemptions_per_min=5.0)
+    kv = empty_instance("b", kv_cache_usage=0.5, preemptions_per_min=5.0)  # a warning
     inputs = AdviceInputs({}, problems=(problem("state_file", "state file unreadable"),))
     advice = compute_advice([kv, failed], [], inputs)
     assert [a.kind for a in advice] == ["crash_loop", "state_file", "kv_exhausted"]

@@ -185,3 +185,16 @@ def test_history_keeps_unknowns_as_none() -> None:
     h.append(1.0, None, 2.0, None)
     assert h.to_json() == {"t": [1.0], "kv_cache_usage": [None],
                            "generation_tokens_per_s": [2.0], "preemptions_per_min": [None]}
+
+
+def test_history_kv_peak_is_the_maximum_within_the_window_and_skips_gaps():
+    from supervisor.telemetry.rates import History
+
+    h = History(span_s=600)
+    assert h.kv_peak(60) is None
+    h.append(100.0, 0.9, None, None)
+    h.append(150.0, None, None, None)
+    h.append(170.0, 0.3, None, None)
+    h.append(200.0, 0.5, None, None)
+    assert h.kv_peak(60) == 0.5  # the 0.9 at t=100 is older than a minute before t=200
+    assert h.kv_peak(120) == 0.9

@@ -1,0 +1,101 @@
+"""The instances table, updated by diff: only changed cells are touched, rows come and go
+by key, the order changes only when the sort says so, and the cursor stays on its instance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from supervisor.snapshot import InstanceStatus
+from supervisor.tui import rows
+from supervisor.tui.rows import Cell, Column, Row
+
+
+class InstanceTable(DataTable):
+    """One row per instance; row keys are instance names."""
+
+    DEFAULT_CSS = """
+    InstanceTable { height: 1fr; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        self.columns_shown: tuple[Column, ...] = ()
+        self._rows: dict[str, Row] = {}
+        self._order: list[str] = []
+        # id of each row's name cell -> row key: DataTable.sort's key function sees only cells
+        self._name_cells: dict[int, tuple[str, Text]] = {}
+        self.updates = 0  # cells touched since mount (tests and benchmarks read it)
+
+    def set_columns(self, columns: Sequence[Column]) -> None:
+        """Switch the column set (narrow/wide, GPU/CPU node): the table starts over."""
+        columns = tuple(columns)
+        if columns == self.columns_shown:
+            return
+        self.clear(columns=True)
+        self._rows.clear()
+        self._order.clear()
+        self._name_cells.clear()
+        self.columns_shown = columns
+        for col in columns:
+            label = Text(col.label, justify="right" if col.right else "left")
+            self.add_column(label, width=col.width, key=col.key)
+
+    def _text(self, col: Column, cell: Cell) -> Text:
+        return Text(cell[0], style=cell[1], justify="right" if col.right else "left",
+                    no_wrap=True, overflow="ellipsis")
+
+    @property
+    def order(self) -> list[str]:
+        return list(self._order)
+
+    @property
+    def selected_name(self) -> str | None:
+        if not self._order or self.cursor_row < 0 or self.cursor_row >= len(self._order):
+            return None
+        return self._order[self.cursor_row]
+
+    def show(self, instances: Sequence[InstanceStatus], order: Sequence[str], keep: str | None) -> bool:
+        """Make the table show `instances` in `order` (names; rows not in it are removed).
+        `keep` is the instance the cursor stays on. Returns whether anything changed."""
+        by_name = {i.name: i for i in instances}
+        new_rows = {name: rows.row_cells(by_name[name], self.columns_shown) for name in order}
+        diff = rows.diff_rows(self._rows, self._order, new_rows, order)
+        if diff.empty:
+            return False
+        columns = self.columns_shown
+        for name in diff.removed:
+            self.remove_row(name)
+        if diff.removed:
+            self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] in new_rows}
+        for name, index, cell in diff.changed:
+            col = columns[index]
+            text = self._text(col, cell)
+            if index == 0:
+                self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] != name}
+                self._name_cells[id(text)] = (name, text)
+            self.update_cell(name, col.key, text)
+            self.updates += 1
+        for name, row in diff.added:
+            cells = [self._text(c, cell) for c, cell in zip(columns, row)]
+            self._name_cells[id(cells[0])] = (name, cells[0])
+            self.add_row(*cells, key=name)
+            self.updates += len(row)
+        self._rows = new_rows
+        if diff.order is not None:
+            position = {name: i for i, name in enumerate(order)}
+            self.sort("name", key=lambda cell: position[self._name_cells[id(cell)][0]])
+        self._order = list(order)
+        if diff.removed or diff.added or diff.order is not None:
+            self._keep_cursor(keep)
+        return True
+
+    def _keep_cursor(self, name: str | None) -> None:
+        if name is None or name not in self._rows:
+            return
+        index = self._order.index(name)
+        if index != self.cursor_row:
+            self.move_cursor(row=index, animate=False, scroll=False)
+

@@ -16,6 +16,7 @@ from typing import Any
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.markup import escape
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -432,7 +433,7 @@ class DashboardApp(App[None]):
                 title = key.description
                 if key.selection and inst is not None:
                     title = f"{key.description} {inst.name}"
-                yield SystemCommand(title, f"{key.help} [{self.key_display(key.id)}]",
+                yield SystemCommand(title, escape(f"{key.help} · key {self.key_display(key.id)}"),
                                     functools.partial(self.run_action, key.action, screen))
             for sort, (label, _, _) in rows.SORTS.items():
                 yield SystemCommand(f"Sort by {label}", "Order the instances table",

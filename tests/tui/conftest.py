@@ -64,8 +64,10 @@ def app_factory() -> Callable[..., DashboardApp]:
     return make_app
 
 
-async def settle(pilot, until: Callable[[], bool] | None = None, rounds: int = 50) -> None:
-    """Let workers and messages run: until `until()` holds, checked after each idle turn."""
+async def settle(pilot, until: Callable[[], bool] | None = None, rounds: int = 50,
+                 delay: float | None = None) -> None:
+    """Let workers and messages run: until `until()` holds, checked after each idle turn.
+    `delay` is only for Textual's own debounce timers (the command palette's search)."""
     if until is None:
         for _ in range(3):
             await pilot.pause()
@@ -73,5 +75,5 @@ async def settle(pilot, until: Callable[[], bool] | None = None, rounds: int = 5
     for _ in range(rounds):
         if until():
             return
-        await pilot.pause()
+        await pilot.pause(delay)
     raise AssertionError("the dashboard did not reach the expected state")

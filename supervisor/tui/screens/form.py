@@ -68,6 +68,9 @@ class InstanceFormScreen(ModalScreen["Verdict | None"]):
                 yield Button("Cancel", id="cancel")
                 yield Button("Validate and apply", id="submit", variant="primary")
 
+    def on_mount(self) -> None:
+        self.query_one(f"#field-{FIELDS[0][0]}", Input).focus()
+
     def values(self) -> dict[str, str]:
         return {key: self.query_one(f"#field-{key}", Input).value for key, _, _ in FIELDS}
 

@@ -35,9 +35,9 @@ class LogScreen(Screen[None]):
         self.previous = previous
         self.follow = not previous
         self.poll_s = poll_s
-        self.offset: int | None = None
-        self.run: object = None
-        self.path: str | None = None
+        self.log_offset: int | None = None
+        self.log_run: object = None
+        self.log_path: str | None = None
         self.reads = 0
 
     def compose(self) -> ComposeResult:
@@ -48,7 +48,7 @@ class LogScreen(Screen[None]):
     def _title(self) -> str:
         which = "previous run" if self.previous else "this run"
         follow = " · following" if self.follow else (" · paused (f follows)" if not self.previous else "")
-        where = f" · {self.path}" if self.path else ""
+        where = f" · {self.log_path}" if self.log_path else ""
         return f"log of {self.instance} · {which}{follow}{where}"
 
     def on_mount(self) -> None:
@@ -62,19 +62,19 @@ class LogScreen(Screen[None]):
 
     @work(exclusive=True, group="log-screen", exit_on_error=False)
     async def _read(self) -> None:
-        if self.offset is None:
+        if self.log_offset is None:
             doc = await self.client.logs(self.instance, previous=self.previous, tail=FIRST_READ)
         else:
-            doc = await self.client.logs(self.instance, previous=self.previous, offset=self.offset)
+            doc = await self.client.logs(self.instance, previous=self.previous, offset=self.log_offset)
         self.reads += 1
         log = self.query_one(Log)
-        if self.offset is not None and doc.get("run") != self.run:
+        if self.log_offset is not None and doc.get("run") != self.log_run:
             # the instance restarted: its new run is a new file, read from its start
             log.write_line(f"──── new run {doc.get('run')} ────")
             doc = await self.client.logs(self.instance, previous=self.previous, offset=0)
-        self.run = doc.get("run")
-        self.path = doc.get("path")
-        self.offset = doc.get("offset")
+        self.log_run = doc.get("run")
+        self.log_path = doc.get("path")
+        self.log_offset = doc.get("offset")
         text = doc.get("text") or ""
         if text:
             log.write(text)

@@ -66,6 +66,14 @@ _CONFIRM = {
 _UNSET: Any = object()
 
 
+def _unreachable(error: BaseException | None) -> bool:
+    """A failure to reach the daemon (socket gone, refused, dropped), not a refusal."""
+    if isinstance(error, (ConnectionError, FileNotFoundError)):
+        return True
+    return any(c.__name__ in ("DaemonUnavailable", "TransportError")
+               for c in type(error).__mro__)
+
+
 class DashboardApp(App[None]):
     """`DashboardApp(client)`; `readonly` disables every key that changes something."""
 
@@ -122,6 +130,11 @@ class DashboardApp(App[None]):
         if self.user_keymap:
             self.set_keymap(self.user_keymap)
 
+    async def on_unmount(self) -> None:
+        close = getattr(self.client, "aclose", None)
+        if close is not None:
+            await close()
+
     def start_polling(self) -> None:
         """Called once the dashboard's widgets exist: the refresh timer starts."""
         self.set_interval(self.refresh_s, self.tick)
@@ -147,10 +160,12 @@ class DashboardApp(App[None]):
             return
         if self._status_worker is None or self._status_worker.is_finished:
             self._status_worker = self._fetch_status()
+        if self.daemon_error is not None:
+            return  # only the status call retries until the daemon answers again
         if self.selected and (self._log_worker is None or self._log_worker.is_finished):
             self._log_worker = self._fetch_log(self.selected)
 
-    @work(group="status", exit_on_error=False)
+    @work(name="status", group="status", exit_on_error=False)
     async def _fetch_status(self) -> None:
         answer = await self.client.status()
         self.post_message(SnapshotArrived(as_snapshot(answer)))
@@ -189,9 +204,9 @@ class DashboardApp(App[None]):
         text = str(error) or type(error).__name__
         if worker.group == "status":
             self.post_message(DaemonUnreachable(text))
-        elif self.daemon_error is None:
-            # While the daemon is gone the banner already says so; one failure is enough.
-            self.notify(text, title=worker.name or "error", severity="error", timeout=8)
+        elif not _unreachable(error) and self.daemon_error is None:
+            # An unreachable daemon is the banner's to report (the status worker sees it too).
+            self.notify(text, title=f"{worker.name} failed", severity="error", timeout=8)
 
     # -- selection and its panes ----------------------------------------------------------------
 
@@ -229,7 +244,7 @@ class DashboardApp(App[None]):
             self._config_key = key
             self._fetch_config(inst.name)
 
-    @work(group="log", exclusive=True, exit_on_error=False)
+    @work(name="log tail", group="log", exclusive=True, exit_on_error=False)
     async def _fetch_log(self, name: str) -> None:
         pos = self._log_pos
         if pos is None or pos[0] != name:
@@ -249,7 +264,7 @@ class DashboardApp(App[None]):
             return
         self.dashboard.query_one(DetailTabs).log_write(message.text, message.reset)
 
-    @work(group="config", exclusive=True, exit_on_error=False)
+    @work(name="config", group="config", exclusive=True, exit_on_error=False)
     async def _fetch_config(self, name: str) -> None:
         self.post_message(ConfigArrived(name, await self.client.config(name)))
 
@@ -257,7 +272,7 @@ class DashboardApp(App[None]):
         if message.name == self.selected:
             self.dashboard.query_one(DetailTabs).show_config(message.config)
 
-    @work(group="history", exit_on_error=False)
+    @work(name="history", group="history", exit_on_error=False)
     async def _fetch_history(self, name: str) -> None:
         self.post_message(HistoryArrived(name, await self.client.history(name)))
 
@@ -286,7 +301,7 @@ class DashboardApp(App[None]):
         else:
             self._send_action(verb, inst.name)
 
-    @work(group="action", exit_on_error=False)
+    @work(name="action", group="action", exit_on_error=False)
     async def _send_action(self, verb: str, name: str) -> None:
         self.notify(f"{verb}: {name}…", timeout=3)
         answer = await self.client.action(verb, [name])
@@ -342,7 +357,7 @@ class DashboardApp(App[None]):
             n += 1
         return {"name": f"instance{n}", "port": str(max(ports) + 1 if ports else 8000)}
 
-    @work(group="layout-edit", exclusive=True, exit_on_error=False)
+    @work(name="layout edit", group="layout-edit", exclusive=True, exit_on_error=False)
     async def edit_instance(self, name: str | None) -> None:
         """Add (`name` None) or edit an instance through the form, then apply the layout."""
         doc = await self.client.layout()
@@ -362,7 +377,7 @@ class DashboardApp(App[None]):
             return
         await self._apply(verdict, path)
 
-    @work(group="layout-edit", exclusive=True, exit_on_error=False)
+    @work(name="layout edit", group="layout-edit", exclusive=True, exit_on_error=False)
     async def remove_instance(self, name: str | None) -> None:
         """Remove `name` from the running layout (it is stopped), after validation and a yes."""
         if name is None:
@@ -409,7 +424,7 @@ class DashboardApp(App[None]):
         self.notify(note, title="layout applied; save (w) to keep it", timeout=6)
         self.tick()
 
-    @work(group="layout-save", exclusive=True, exit_on_error=False)
+    @work(name="save", group="layout-save", exclusive=True, exit_on_error=False)
     async def save_layout(self) -> None:
         """Ask for a file and save the running layout there through the daemon."""
         doc = await self.client.layout()

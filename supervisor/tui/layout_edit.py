@@ -131,6 +131,9 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
     if args:
         table["args"] = args
     env = _parse_inline("env", values.get("env", ""))
+    for key, value in env.items():
+        if isinstance(value, (dict, list)):
+            raise FieldError("env", f"{key} must be a string, e.g. {key} = \"1\"")
     if env:
         table["env"] = {k: str(v) for k, v in env.items()}
     return table

@@ -21,7 +21,7 @@ class ConfirmScreen(ModalScreen[bool]):
     }
     ConfirmScreen #question { text-style: bold; }
     ConfirmScreen #details { margin-top: 1; color: $text-muted; height: auto; }
-    ConfirmScreen Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
+    ConfirmScreen Horizontal { height: 1; margin-top: 1; align-horizontal: right; }
     ConfirmScreen Button { margin-left: 2; }
     """
 
@@ -42,8 +42,8 @@ class ConfirmScreen(ModalScreen[bool]):
             if self.details:
                 yield Static(self.details, id="details")
             with Horizontal():
-                yield Button("No (n)", id="no")
-                yield Button(f"{self.yes} (y)", id="yes", variant="error")
+                yield Button("No (n)", id="no", compact=True)
+                yield Button(f"{self.yes} (y)", id="yes", variant="error", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

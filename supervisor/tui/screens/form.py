@@ -33,12 +33,12 @@ class InstanceFormScreen(ModalScreen["Verdict | None"]):
         border: thick $primary; background: $surface; padding: 0 1;
     }
     InstanceFormScreen VerticalScroll { height: auto; max-height: 1fr; }
-    InstanceFormScreen .row { height: auto; }
-    InstanceFormScreen .row Label { width: 18; padding: 1 1 0 0; text-align: right; }
+    InstanceFormScreen .row { height: 1; margin-top: 1; }
+    InstanceFormScreen .row Label { width: 18; padding: 0 1 0 0; text-align: right; }
     InstanceFormScreen .row Input { width: 1fr; }
     InstanceFormScreen #status { height: auto; max-height: 12; margin: 1 0 0 0; }
     InstanceFormScreen #status.-error { color: $error; }
-    InstanceFormScreen #buttons { height: auto; align-horizontal: right; }
+    InstanceFormScreen #buttons { height: 1; margin: 1 0; align-horizontal: right; }
     InstanceFormScreen Button { margin-left: 2; }
     """
 
@@ -62,11 +62,11 @@ class InstanceFormScreen(ModalScreen["Verdict | None"]):
                     with Horizontal(classes="row"):
                         yield Label(label, id=f"label-{key}")
                         yield Input(self.initial.get(key, ""), placeholder=placeholder,
-                                    id=f"field-{key}")
+                                    id=f"field-{key}", compact=True)
             yield Static("Enter or ctrl+s validates and applies; Escape cancels.", id="status")
             with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel")
-                yield Button("Validate and apply", id="submit", variant="primary")
+                yield Button("Cancel", id="cancel", compact=True)
+                yield Button("Validate and apply", id="submit", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         self.query_one(f"#field-{FIELDS[0][0]}", Input).focus()

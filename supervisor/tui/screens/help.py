@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -41,7 +42,7 @@ def help_table(keys: Mapping[str, str], readonly: bool) -> Table:
     table.add_row("", "")
     table.add_row(Text("columns", "bold underline"), "")
     table.add_row("KV / KV TOK", "KV-cache use and its capacity in tokens")
-    table.add_row("PREEMPT PRE/M", "preemptions since start, and per minute (KV cache too small)")
+    table.add_row("PREEMPT, PRE/M", "preemptions since start and per minute (KV cache too small)")
     table.add_row("RUN/WAIT", "requests running / waiting")
     table.add_row("BACKEND", "attention backend from the startup log; ~flag / ~default: inferred")
     return table
@@ -65,7 +66,8 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as box:
-            box.border_title = "vsup dashboard · keys (remap in ~/.config/vsup/tui.toml [keymap])"
+            box.border_title = escape(
+                "vsup dashboard · keys (remap: ~/.config/vsup/tui.toml [keymap] or VSUP_KEYMAP)")
             yield Static(help_table(self.keys, self.readonly))
 
     def action_close(self) -> None:

@@ -27,7 +27,8 @@ class SaveScreen(ModalScreen["str | None"]):
     }
     SaveScreen #status { height: auto; margin-top: 1; }
     SaveScreen #status.-error { color: $error; }
-    SaveScreen Horizontal { height: auto; align-horizontal: right; }
+    SaveScreen #path { margin-top: 1; }
+    SaveScreen Horizontal { height: 1; margin: 1 0; align-horizontal: right; }
     SaveScreen Button { margin-left: 2; }
     """
 
@@ -41,11 +42,11 @@ class SaveScreen(ModalScreen["str | None"]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Save the running layout"
-            yield Input(self.initial, placeholder="layout.toml", id="path")
+            yield Input(self.initial, placeholder="layout.toml", id="path", compact=True)
             yield Static("Enter writes the file (temp file + rename); Escape cancels.", id="status")
             with Horizontal():
-                yield Button("Cancel", id="cancel")
-                yield Button("Save", id="save", variant="primary")
+                yield Button("Cancel", id="cancel", compact=True)
+                yield Button("Save", id="save", variant="primary", compact=True)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -1,0 +1,35 @@
+"""Fixtures for the layout tests: isolated profile lookup and no GPU probing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.layout import node
+
+REPO = Path(__file__).resolve().parents[3]
+CONFIGS = REPO / "configs"
+LAYOUTS = REPO / "layouts"
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_probe(monkeypatch: pytest.MonkeyPatch):
+    """Tests never read this machine's GPUs: the probe finds none unless a test sets one."""
+    monkeypatch.delenv("VSUP_PROFILE_PATH", raising=False)
+    node.set_probe(list)
+    yield
+    node.set_probe(None)
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    """Write a layout text into tmp_path and return its path."""
+
+    def _write(text: str, name: str = "layout.toml") -> Path:
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        return p
+
+    return _write

@@ -1,0 +1,287 @@
+"""`vsup plan`: layouts that validate for 1-8 GPUs x 1-4 per GPU, TP groups, budgets, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.layout import node
+from supervisor.layout.model import load_layout
+from supervisor.layout.node import GIB, KNOWN_GPUS, NodeGpu
+from supervisor.layout.plan import (
+    PlanError,
+    PlanRequest,
+    make_plan,
+    overhead_bytes,
+    parse_gpus,
+    render_budget,
+    split_utilization,
+)
+from supervisor.layout.validate import validate
+
+REPO = Path(__file__).resolve().parents[3]
+CONFIGS = REPO / "configs"
+LLAMA_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(scope="module")
+def llama8b(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("models") / "llama-8b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA_8B))
+    return d
+
+
+@pytest.mark.parametrize("gpus", range(1, 9))
+@pytest.mark.parametrize("per_gpu", range(1, 5))
+def test_plan_validates_for_1_to_8_gpus_and_1_to_4_per_gpu(llama8b, gpus, per_gpu):
+    req = PlanRequest(
+        model=str(llama8b),
+        gpus=list(range(gpus)),
+        per_gpu=per_gpu,
+        gpu="MI300X",
+        max_model_len=8192,
+    )
+    plan = make_plan(req)
+    assert plan.ok, plan.problems
+    layout = plan.layout
+    assert len(layout.instances) == gpus * per_gpu
+    diagnostics = validate(layout, node_gpus=8, profile_dirs=[CONFIGS])
+    assert not [d for d in diagnostics if d.is_error], [d.format() for d in diagnostics]
+    for g in range(gpus):
+        on_gpu = [t for t in layout.instances if g in t["gpus"]]
+        assert len(on_gpu) == per_gpu
+        assert sum(t["gpu_memory_utilization"] for t in on_gpu) <= 0.95
+    ports = [t["port"] for t in layout.instances]
+    assert ports == list(range(8000, 8000 + gpus * per_gpu))
+    specs = layout.resolve(profile_dirs=[CONFIGS])
+    assert all(s.argv()[:2] == ["vllm", "serve"] for s in specs)
+
+
+@pytest.mark.parametrize(("tp", "per_gpu"), [(2, 1), (4, 1), (8, 1), (2, 2), (4, 3)])
+def test_tp_groups_validate(llama8b, tp, per_gpu):
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b),
+            gpus=list(range(8)),
+            tp=tp,
+            per_gpu=per_gpu,
+            gpu="H200",
+            max_model_len=8192,
+        )
+    )
+    assert plan.ok
+    groups = {tuple(t["gpus"]) for t in plan.layout.instances}
+    assert groups == {tuple(range(i, i + tp)) for i in range(0, 8, tp)}
+    diagnostics = validate(plan.layout, node_gpus=8, profile_dirs=[CONFIGS])
+    assert not [d for d in diagnostics if d.is_error]
+    # An 8B model on TP>1 earns the tuning guide's warning.
+    assert any("TP1 replicas" in d.message for d in diagnostics)
+    spec = plan.layout.resolve(profile_dirs=[CONFIGS])[0]
+    assert spec.argv()[spec.argv().index("--tensor-parallel-size") + 1] == str(tp)
+
+
+def test_budget_figures(llama8b):
+    plan = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0], per_gpu=2, gpu="MI300X", max_model_len=8192)
+    )
+    assert plan.kv_bytes_per_token == 131072
+    assert plan.weight_bytes == 8_030_261_248 * 2
+    b = plan.budgets[0]
+    assert b.utilization == 0.45
+    assert b.budget_bytes == int(0.45 * 192 * GIB)
+    assert b.kv_bytes == b.budget_bytes - plan.weight_bytes - overhead_bytes(1)
+    assert b.kv_tokens == b.kv_bytes // 131072
+    assert b.max_concurrency == pytest.approx(b.kv_tokens / 8192)
+    text = render_budget(plan)
+    assert "128.0 KiB per token" in text and "(GPU 0 total)" in text and f"{b.kv_tokens:,}" in text
+
+
+def test_utilization_split():
+    assert [split_utilization(0.90, n) for n in (1, 2, 3, 4)] == [0.90, 0.45, 0.30, 0.22]
+
+
+def test_refuses_an_instance_that_cannot_hold_one_full_request(llama8b):
+    plan = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0], per_gpu=4, gpu="H100", max_model_len=131072)
+    )
+    assert not plan.ok
+    assert "less than one request of max-model-len 131072" in plan.problems[0]
+    assert "lower --max-model-len" in plan.problems[0]
+
+
+def test_refuses_weights_that_do_not_fit(tmp_path):
+    plan = make_plan(
+        PlanRequest(
+            model="meta-llama/Llama-3.1-405B-Instruct",
+            gpus=[0],
+            gpu="MI300X",
+            params=405e9,
+            dtype="bfloat16",
+        )
+    )
+    assert not plan.ok and "cannot hold" in plan.problems[0] and "--tp" in plan.problems[0]
+
+
+def test_hub_id_without_files_needs_params_and_dtype():
+    with pytest.raises(PlanError, match="--params"):
+        make_plan(PlanRequest(model="org/unknown-model", gpus=[0], gpu="MI300X"))
+    plan = make_plan(
+        PlanRequest(
+            model="org/unknown-model",
+            gpus=[0, 1],
+            gpu="MI300X",
+            params=8e9,
+            dtype="fp8",
+            max_model_len=4096,
+        )
+    )
+    assert plan.ok and plan.weight_bytes == 8e9 and plan.kv_bytes_per_token is None
+    assert any("config.json is needed" in n for n in plan.notes)
+    assert not [d for d in validate(plan.layout, node_gpus=8, profile_dirs=[CONFIGS]) if d.is_error]
+
+
+def test_gpu_memory_from_the_node_and_all_gpus(llama8b):
+    node.set_probe(lambda: [NodeGpu(i, "NVIDIA H200", 150 * GIB, "nvidia") for i in range(8)])
+    plan = make_plan(PlanRequest(model=str(llama8b), gpus=parse_gpus("all", 8), max_model_len=8192))
+    assert plan.gpu_memory_bytes == 150 * GIB and "this node" in plan.gpu_memory_source
+    assert plan.layout.profiles == ["nvidia-h200"]
+    assert len(plan.layout.instances) == 8
+
+
+def test_no_memory_source_or_gpus_is_an_error(llama8b):
+    with pytest.raises(PlanError, match="--gpu-mem-gib"):
+        make_plan(PlanRequest(model=str(llama8b), gpus=[0]))
+    with pytest.raises(PlanError, match="no GPU found"):
+        parse_gpus("all", None)
+    assert parse_gpus("0,2-4", None) == [0, 2, 3, 4]
+    with pytest.raises(PlanError):
+        parse_gpus("0,0", None)
+    with pytest.raises(PlanError, match="does not divide"):
+        make_plan(PlanRequest(model=str(llama8b), gpus=[0, 1, 2], tp=2, gpu="H200"))
+
+
+def test_explicit_memory_and_profiles(llama8b):
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b),
+            gpus=[0],
+            gpu_memory_bytes=64 * GIB,
+            profiles=["rocm-mi300x", "latency"],
+            max_model_len=4096,
+        )
+    )
+    assert plan.gpu_memory_bytes == 64 * GIB and plan.layout.profiles == ["rocm-mi300x", "latency"]
+    assert KNOWN_GPUS["MI355X"][1] == 288 * GIB
+
+
+def test_cli_writes_a_valid_layout_and_prints_the_budget(llama8b, tmp_path, capsys):
+    out = tmp_path / "plans" / "p.toml"
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(llama8b),
+            "--gpus",
+            "0-3",
+            "--per-gpu",
+            "2",
+            "--gpu",
+            "mi355x",
+            "--max-model-len",
+            "8192",
+            "--profile",
+            "rocm-mi355x",
+            "throughput",
+            "-o",
+            str(out),
+        ]
+    )
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    assert "GPU" in stdout and "gpu3b" in stdout and f"wrote {out}" in stdout
+    layout = load_layout(out)
+    assert layout.profiles == ["rocm-mi355x", "throughput"] and len(layout.instances) == 8
+    assert main(["validate", str(out), "--node-gpus", "4"]) == 0
+
+
+def test_cli_without_output_prints_toml_on_stdout(llama8b, capsys):
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(llama8b),
+                "--gpus",
+                "0",
+                "--gpu",
+                "H200",
+                "--max-model-len",
+                "2048",
+            ]
+        )
+        == 0
+    )
+    stdout, stderr = capsys.readouterr()
+    assert stdout.startswith("[layout]") and "KV cache" in stderr
+
+
+def test_cli_refusal_exits_2(llama8b, capsys):
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(llama8b),
+            "--gpus",
+            "0",
+            "--per-gpu",
+            "4",
+            "--gpu",
+            "H100",
+            "--max-model-len",
+            "131072",
+        ]
+    )
+    assert rc == 2
+    assert "refused" in capsys.readouterr().err
+    assert main(["plan", "--model", "org/x", "--gpus", "0", "--gpu", "H100"]) == 2
+    assert "--params" in capsys.readouterr().err
+
+
+def test_relative_model_path_is_rewritten_for_the_output(llama8b, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(llama8b.parent)
+    out = tmp_path / "elsewhere" / "p.toml"
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "./llama-8b",
+                "--gpus",
+                "0",
+                "--gpu",
+                "H200",
+                "--max-model-len",
+                "2048",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    spec = load_layout(out).resolve(profile_dirs=[CONFIGS])[0]
+    assert spec.model == str(llama8b)

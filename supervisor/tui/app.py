@@ -40,10 +40,9 @@ from supervisor.tui.screens.help import HelpScreen
 from supervisor.tui.screens.logs import LogScreen
 from supervisor.tui.screens.save import SaveScreen
 from supervisor.tui.validation import (
-    Validator,
     Verdict,
+    check_instance,
     check_layout,
-    default_validator,
     error_messages,
     plan_text,
 )
@@ -62,9 +61,6 @@ _CONFIRM = {
               "vsup waits until no request is running on port {port} (up to the drain timeout), "
               "then stops it. Stop routing traffic to it first."),
 }
-
-_UNSET: Any = object()
-
 
 def _unreachable(error: BaseException | None) -> bool:
     """A failure to reach the daemon (socket gone, refused, dropped), not a refusal."""
@@ -88,7 +84,7 @@ class DashboardApp(App[None]):
         keymap: Mapping[str, str] | None = None,
         clock: Clock | None = None,
         refresh_s: float = 1.0,
-        validator: Validator | None = _UNSET,
+        local_checks: bool = True,
         node_gpus: int | None = None,
     ) -> None:
         super().__init__()
@@ -97,7 +93,8 @@ class DashboardApp(App[None]):
         self.user_keymap = dict(keymap or {})
         self.clock = clock or SystemClock()
         self.refresh_s = refresh_s
-        self.validator = default_validator() if validator is _UNSET else validator
+        # False leaves validation to the daemon's dry run alone (tests of its refusals)
+        self.local_checks = local_checks
         self.node_gpus = node_gpus
         self.snapshot: StatusSnapshot | None = None
         self.selected: str | None = None
@@ -339,10 +336,10 @@ class DashboardApp(App[None]):
             table = layout_edit.parse_form(values)
         except layout_edit.FieldError as exc:
             return Verdict(toml_text, errors=[str(exc)])
-        existing = layout_edit.instance_table(toml_text, replace) if replace else None
-        new_toml = layout_edit.with_instance(
-            toml_text, layout_edit.merged_table(existing, table), replace)
-        return await check_layout(self.client, new_toml, path, self.validator, self._node_gpus())
+        existing = layout_edit.instance_table(toml_text, replace, path) if replace else None
+        return await check_instance(self.client, toml_text, path,
+                                    layout_edit.merged_table(existing, table), replace,
+                                    self._node_gpus(), self.local_checks)
 
     def _node_gpus(self) -> int | None:
         if self.node_gpus is not None:
@@ -366,7 +363,7 @@ class DashboardApp(App[None]):
             values, title = self._suggested(), "Add an instance"
         else:
             try:
-                values = layout_edit.form_values(layout_edit.instance_table(toml_text, name))
+                values = layout_edit.form_values(layout_edit.instance_table(toml_text, name, path))
             except KeyError:
                 self.notify(f"{name} is not in the running layout {path}", severity="error")
                 return
@@ -385,11 +382,12 @@ class DashboardApp(App[None]):
         doc = await self.client.layout()
         toml_text, path = doc.get("toml") or "", doc.get("path") or "layout.toml"
         try:
-            new_toml = layout_edit.without_instance(toml_text, name)
+            new_toml = layout_edit.without_instance(toml_text, name, path)
         except KeyError:
             self.notify(f"{name} is not in the running layout {path}", severity="error")
             return
-        verdict = await check_layout(self.client, new_toml, path, self.validator, self._node_gpus())
+        verdict = await check_layout(self.client, new_toml, path, self._node_gpus(),
+                                     self.local_checks)
         if not verdict.ok:
             self.notify("\n".join(verdict.errors), title=f"{name} not removed", severity="error")
             return

@@ -3,7 +3,8 @@
 The form edits an `[[instance]]` table as written (not the resolved spec), so keys it leaves
 blank keep inheriting from `[defaults]` and profiles, and keys it does not show (restart,
 command, env overrides...) are kept. Field values are checked for type here; whether the
-layout is valid is decided by the layout's own validation (`validation.py`).
+layout is valid is decided by the layout's own validation (`validation.py`). The text is
+read and written by the layout model (`supervisor.layout.model`), in its canonical form.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import tomli_w
+
+from supervisor.layout.model import Layout, dumps_layout, loads_layout
 
 # The form's fields, in order: (key, label, placeholder).
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -38,16 +41,21 @@ class FieldError(ValueError):
         self.field = field
 
 
-def load(toml_text: str) -> dict[str, Any]:
-    return tomllib.loads(toml_text) if toml_text.strip() else {}
+def parse(toml_text: str, path: str | None = None) -> Layout:
+    """The running layout's text as a Layout; a text that does not parse is an error here
+    (the daemon only runs layouts that do)."""
+    layout = loads_layout(toml_text, path)
+    if layout.load_errors:
+        raise ValueError("; ".join(d.format() for d in layout.load_errors))
+    return layout
 
 
-def instance_table(toml_text: str, name: str) -> dict[str, Any]:
+def instance_table(toml_text: str, name: str, path: str | None = None) -> dict[str, Any]:
     """The `[[instance]]` table named `name`, as written in the layout."""
-    for table in load(toml_text).get("instance", []):
-        if table.get("name") == name:
-            return dict(table)
-    raise KeyError(name)
+    table = parse(toml_text, path).instance(name)
+    if table is None:
+        raise KeyError(name)
+    return dict(table)
 
 
 def _inline(value: Any) -> str:
@@ -147,28 +155,15 @@ def merged_table(existing: Mapping[str, Any] | None, form_table: Mapping[str, An
     return {**ordered, **merged}
 
 
-def with_instance(toml_text: str, table: Mapping[str, Any], replace: str | None = None) -> str:
+def with_instance(toml_text: str, table: Mapping[str, Any], replace: str | None = None,
+                  path: str | None = None) -> str:
     """The layout with `table` added, or replacing the instance named `replace`."""
-    doc = load(toml_text)
-    instances = list(doc.get("instance", []))
-    if replace is None:
-        instances.append(dict(table))
-    else:
-        for index, old in enumerate(instances):
-            if old.get("name") == replace:
-                instances[index] = dict(table)
-                break
-        else:
-            raise KeyError(replace)
-    doc["instance"] = instances
-    return tomli_w.dumps(doc)
+    layout = parse(toml_text, path)
+    if replace is not None and layout.instance(replace) is None:
+        raise KeyError(replace)
+    return dumps_layout(layout.with_instance(table, replace))
 
 
-def without_instance(toml_text: str, name: str) -> str:
+def without_instance(toml_text: str, name: str, path: str | None = None) -> str:
     """The layout with the instance `name` removed."""
-    doc = load(toml_text)
-    instances = [t for t in doc.get("instance", []) if t.get("name") != name]
-    if len(instances) == len(doc.get("instance", [])):
-        raise KeyError(name)
-    doc["instance"] = instances
-    return tomli_w.dumps(doc)
+    return dumps_layout(parse(toml_text, path).without_instance(name))

@@ -142,6 +142,18 @@ class MemoryClient:
         return {"path": str(target)}
 
 
+def layout_validation(node_gpus: int | None) -> Callable[[str, str], tuple[list[str], list[str]]]:
+    """The daemon's check of a layout it is asked to apply or save: the layout package's
+    rules (the same as `vsup validate`), against a node with `node_gpus` GPUs."""
+    from supervisor.tui.validation import layout_rules
+
+    def check(toml_text: str, path: str) -> tuple[list[str], list[str]]:
+        verdict = layout_rules(toml_text, path, node_gpus)
+        return verdict.errors, verdict.warnings
+
+    return check
+
+
 def _instances(toml_text: str) -> Mapping[str, dict[str, Any]]:
     if not toml_text.strip():
         return {}

@@ -148,7 +148,7 @@ def big_node(n: int = 64, tick: int = 0) -> StatusSnapshot:
 
 def layout_for(snapshot: StatusSnapshot, name: str = "sample") -> str:
     """A layout TOML whose instances are the snapshot's (what a daemon running it reports)."""
-    import tomli_w
+    from supervisor.layout.model import Layout, dumps_layout
 
     instances = []
     for inst in snapshot.instances:
@@ -158,10 +158,6 @@ def layout_for(snapshot: StatusSnapshot, name: str = "sample") -> str:
         if inst.gpu_memory_utilization is not None:
             table["gpu_memory_utilization"] = inst.gpu_memory_utilization
         instances.append(table)
-    doc = {
-        "layout": {"name": name},
-        "defaults": {"model": MODEL, "command": ["vllm", "serve"],
-                     "args": {"max-model-len": 8192, "max-num-seqs": 256}},
-        "instance": instances,
-    }
-    return tomli_w.dumps(doc)
+    defaults = {"model": MODEL, "command": ["vllm", "serve"],
+                "args": {"max-model-len": 8192, "max-num-seqs": 256}}
+    return dumps_layout(Layout.from_tables(instances, defaults, {"name": name}))

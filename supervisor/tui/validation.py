@@ -1,22 +1,22 @@
 """Checking a layout the dashboard is about to apply: the same rules as `vsup validate`.
 
 Two checks, both off the event loop: the layout package's validation (in a thread: it reads
-profiles and model paths), then the daemon's dry run (`apply(dry_run=True)`), which validates
-again against this node and says what would start, restart and stop. A layout with an error
-is never applied or saved.
+profiles and model files), then the daemon's dry run (`apply(dry_run=True)`), which validates
+again on the daemon's side and says what would start, restart and stop. A layout with an
+error is never applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.layout.diagnostics import Diagnostic
+from supervisor.layout.validate import validate, validate_instance
+from supervisor.tui import layout_edit
 from supervisor.tui.client import DashboardClient, answer_errors
-
-# (toml_text, path, node_gpus) -> (errors, warnings), each message naming file, instance, key
-Validator = Callable[[str, str, "int | None"], tuple[list[str], list[str]]]
 
 
 @dataclass
@@ -39,49 +39,70 @@ def error_messages(exc: BaseException) -> list[str]:
     return [str(exc) or type(exc).__name__]
 
 
-def default_validator() -> Validator | None:
-    """The layout package's validation, when this checkout has it."""
-    try:
-        from supervisor.layout import validate as _validate  # noqa: F401
-    except ModuleNotFoundError:
-        return None
-    return _layout_validator
+def _split(diagnostics: list[Diagnostic]) -> tuple[list[str], list[str]]:
+    return ([d.format() for d in diagnostics if d.is_error],
+            [d.format() for d in diagnostics if not d.is_error])
 
 
-def _layout_validator(toml_text: str, path: str, node_gpus: int | None) -> tuple[list[str], list[str]]:
-    from supervisor.layout.validate import validate_text
+def instance_rules(toml_text: str, path: str, table: Mapping[str, Any], replace: str | None,
+                   node_gpus: int | None) -> Verdict:
+    """The layout with `table` added (or replacing `replace`) and what validation says about
+    that instance. Blocking (reads files): run it in a thread."""
+    layout = layout_edit.parse(toml_text, path)
+    name = table.get("name")
+    if name != replace and layout.instance(name) is not None:
+        return Verdict(toml_text, errors=[
+            f"{path}: instance '{name}': key 'name': another instance already has this name; "
+            "choose another name"])
+    new_toml = layout_edit.with_instance(toml_text, table, replace, path)
+    errors, warnings = _split(validate_instance(layout, table, replace_name=replace,
+                                                node_gpus=node_gpus))
+    return Verdict(new_toml, errors, warnings)
 
-    diagnostics = validate_text(toml_text, path=path, node_gpus=node_gpus)
-    errors = [d.format() for d in diagnostics if d.is_error]
-    warnings = [d.format() for d in diagnostics if not d.is_error]
-    return errors, warnings
+
+def layout_rules(toml_text: str, path: str, node_gpus: int | None) -> Verdict:
+    """What validation says about a whole layout text. Blocking: run it in a thread."""
+    errors, warnings = _split(validate(layout_edit.parse(toml_text, path), node_gpus=node_gpus))
+    return Verdict(toml_text, errors, warnings)
 
 
-async def check_layout(
-    client: DashboardClient,
-    toml_text: str,
-    path: str,
-    validator: Validator | None,
-    node_gpus: int | None,
-) -> Verdict:
-    """Validate `toml_text` locally, then ask the daemon for a dry run; never applies."""
-    verdict = Verdict(toml_text)
-    if validator is not None:
-        errors, warnings = await asyncio.to_thread(validator, toml_text, path, node_gpus)
-        verdict.errors += errors
-        verdict.warnings += warnings
+async def dry_run(client: DashboardClient, verdict: Verdict, path: str) -> Verdict:
+    """Ask the daemon what applying `verdict.toml` would do; its refusals become errors."""
     if verdict.errors:
         return verdict
     try:
-        answer = await client.apply(toml_text, path, dry_run=True)
+        answer = await client.apply(verdict.toml, path, dry_run=True)
     except Exception as exc:  # a refusal (4xx) carries the daemon's validation errors
         verdict.errors += error_messages(exc)
         return verdict
     verdict.errors += answer_errors(answer)
-    verdict.warnings += [w for w in map(str, answer.get("warnings") or ())
-                         if w not in verdict.warnings]
+    seen = set(verdict.warnings)
+    verdict.warnings += [w for w in answer_errors({"errors": answer.get("warnings")})
+                         if w not in seen]
     verdict.plan = dict(answer.get("plan") or {})
     return verdict
+
+
+async def check_instance(client: DashboardClient, toml_text: str, path: str,
+                         table: Mapping[str, Any], replace: str | None, node_gpus: int | None,
+                         local: bool = True) -> Verdict:
+    """A form's instance: local rules in a thread, then the daemon's dry run."""
+    if local:
+        verdict = await asyncio.to_thread(instance_rules, toml_text, path, table, replace,
+                                          node_gpus)
+    else:
+        verdict = Verdict(layout_edit.with_instance(toml_text, table, replace, path))
+    return await dry_run(client, verdict, path)
+
+
+async def check_layout(client: DashboardClient, toml_text: str, path: str,
+                       node_gpus: int | None, local: bool = True) -> Verdict:
+    """A whole layout (after a removal): local rules in a thread, then the daemon's dry run."""
+    if local:
+        verdict = await asyncio.to_thread(layout_rules, toml_text, path, node_gpus)
+    else:
+        verdict = Verdict(toml_text)
+    return await dry_run(client, verdict, path)
 
 
 def plan_text(plan: dict[str, list[str]]) -> str:

@@ -12,7 +12,7 @@ from supervisor.clock import FakeClock
 from supervisor.snapshot import StatusSnapshot
 from supervisor.tui import samples
 from supervisor.tui.app import DashboardApp
-from supervisor.tui.memory import MemoryClient
+from supervisor.tui.memory import MemoryClient, layout_validation
 
 LOG_LINES = [
     "INFO 05-11 09:00:01 [api_server.py:1800] vLLM API server version 0.32.0",
@@ -42,15 +42,16 @@ def make_client(snapshot: StatusSnapshot | None = None, **kw) -> MemoryClient:
                   {i.name: f"previous run of {i.name}\ntorch.OutOfMemoryError: CUDA out of memory\n"
                    for i in snap.instances})
     kw.setdefault("configs", {i.name: config_doc(i.name, i.port) for i in snap.instances})
+    kw.setdefault("validate", layout_validation(snap.node.gpu_count))
     return MemoryClient(snapshot=snap, **kw)
 
 
 def make_app(client: MemoryClient, **kw) -> DashboardApp:
-    """The dashboard as an operator gets it, but with a frozen clock, no config discovery
-    (an explicit keymap) and a timer slow enough that tests call `tick()` themselves."""
+    """The dashboard as an operator gets it (the layout package validates its forms), but
+    with a frozen clock, no config discovery (an explicit keymap) and a timer slow enough
+    that tests call `tick()` themselves."""
     kw.setdefault("clock", FakeClock())
     kw.setdefault("refresh_s", 3600.0)
-    kw.setdefault("validator", None)
     return DashboardApp(client, **kw)
 
 

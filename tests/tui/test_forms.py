@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
 from textual.widgets import Input
 
 from supervisor.tui.screens.confirm import ConfirmScreen
@@ -15,8 +16,8 @@ from supervisor.tui.screens.form import InstanceFormScreen
 from supervisor.tui.screens.save import SaveScreen
 from tests.tui.conftest import make_app, make_client, settle
 
-REFUSAL = ("/srv/layouts/sample.toml: instance 'gpu9': port 8001 is also used by 'gpu1'; "
-           "give one of them another port")
+# What a daemon that checks more than the layout rules can answer (the node it runs on).
+REFUSAL = "instance 'gpu9': the daemon cannot start CPU instances beside GPU ones on this node"
 
 
 async def _ready(pilot, app):
@@ -44,7 +45,7 @@ async def test_add_validates_with_a_dry_run_then_applies_the_new_layout(client):
         await _ready(pilot, app)
         form = await _open_form(pilot, app, "a")
         assert form.values()["port"] == "8009"  # next to the highest port in use
-        _fill(form, name="gpu7b", gpus="7", gpu_memory_utilization="0.3",
+        _fill(form, name="gpu7b", gpus="7", gpu_memory_utilization="0.05",
               args="max-model-len = 4096, enforce-eager = true")
         await pilot.press("ctrl+s")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
@@ -53,7 +54,7 @@ async def test_add_validates_with_a_dry_run_then_applies_the_new_layout(client):
         assert dry["toml"] == real["toml"] and real["path"] == "/srv/layouts/sample.toml"
         added = _instances(real["toml"])["gpu7b"]
         assert added == {"name": "gpu7b", "gpus": [7], "port": 8009,
-                         "gpu_memory_utilization": 0.3,
+                         "gpu_memory_utilization": 0.05,
                          "args": {"max-model-len": 4096, "enforce-eager": True}}
         assert isinstance(app.screen, Dashboard)
         assert any("start: gpu7b" in n.message for n in app._notifications)
@@ -83,20 +84,42 @@ async def test_add_with_args_that_are_not_toml_is_refused_in_the_form(client):
         assert client.calls_to("apply") == []
 
 
-async def test_add_refused_by_the_daemons_validation_shows_its_message_and_applies_nothing():
+@pytest.mark.parametrize("fields,message", [
+    ({"name": "gpu7b", "gpus": "7", "gpu_memory_utilization": "0.3"},
+     "GPU 7 is over-committed: gpu_memory_utilization adds up to 1.20"),
+    ({"name": "gpu9", "port": "8001", "gpus": "7", "gpu_memory_utilization": "0.05"},
+     "port 8001 is also used by instance 'gpu1'"),
+    ({"name": "gpu9", "gpus": "8", "gpu_memory_utilization": "0.5"},
+     "GPU 8"),
+    ({"name": "gpu1"}, "another instance already has this name"),
+])
+async def test_add_that_breaks_a_layout_rule_is_refused_with_the_rules_message(
+        client, fields, message):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        form = await _open_form(pilot, app, "a")
+        _fill(form, **fields)
+        await pilot.press("ctrl+s")
+        await settle(pilot, lambda: "fix this first" in form.status_text)
+        assert message in form.status_text
+        assert "/srv/layouts/sample.toml" in form.status_text  # names the file to fix
+        assert app.screen is form and client.calls_to("apply") == []
+
+
+async def test_add_refused_by_the_daemons_dry_run_shows_its_message_and_applies_nothing():
     client = make_client(validate=lambda toml, path: ([REFUSAL], []))
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await _ready(pilot, app)
         form = await _open_form(pilot, app, "a")
-        _fill(form, name="gpu9", port="8001")
+        _fill(form, name="gpu9", gpus="")
         await pilot.press("ctrl+s")
-        await settle(pilot, lambda: "also used" in form.status_text)
+        await settle(pilot, lambda: "cannot start" in form.status_text)
         assert REFUSAL in form.status_text
         assert [c["dry_run"] for c in client.calls_to("apply")] == [True]
-        # fixing the field and submitting again is possible without reopening
+        # the operator can fix and submit again without reopening the form
         client.validate = None
-        _fill(form, port="8020")
         await pilot.press("ctrl+s")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 3)
         assert client.calls_to("apply")[-1]["dry_run"] is False
@@ -195,7 +218,12 @@ async def test_save_writes_the_running_layout_through_the_daemon(client, tmp_pat
 
 
 async def test_save_refused_by_the_daemon_says_why_and_writes_nothing(tmp_path):
-    client = make_client(validate=lambda toml, path: (["port 8001 is used twice"], []))
+    client = make_client()
+    doc = tomllib.loads(client.layout_toml)
+    doc["instance"][2]["port"] = doc["instance"][1]["port"]  # a running layout gone bad
+    import tomli_w
+
+    client.layout_toml = tomli_w.dumps(doc)
     app = make_app(client)
     target = tmp_path / "saved.toml"
     async with app.run_test(size=(160, 45)) as pilot:
@@ -206,6 +234,6 @@ async def test_save_refused_by_the_daemon_says_why_and_writes_nothing(tmp_path):
         await pilot.press("enter")
         status = app.screen.query_one("#status")
         await settle(pilot, lambda: "not saved" in str(status.content))
-        assert "port 8001 is used twice" in str(status.content)
+        assert "port 8001 is also used by instance 'gpu1'" in str(status.content)
         assert isinstance(app.screen, SaveScreen)
     assert not target.exists()

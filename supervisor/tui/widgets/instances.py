@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.style import Style
 from rich.text import Text
+from textual.cache import LRUCache
 from textual.widgets import DataTable
 
 from supervisor.snapshot import InstanceStatus
@@ -27,6 +29,7 @@ class InstanceTable(DataTable):
         self._order: list[str] = []
         # id of each row's name cell -> row key: DataTable.sort's key function sees only cells
         self._name_cells: dict[int, tuple[str, Text]] = {}
+        self._cell_lines: LRUCache[tuple, tuple[object, list]] = LRUCache(8192)
         self.updates = 0  # cells touched since mount (tests and benchmarks read it)
 
     def set_columns(self, columns: Sequence[Column]) -> None:
@@ -42,6 +45,25 @@ class InstanceTable(DataTable):
         for col in columns:
             label = Text(col.label, justify="right" if col.right else "left")
             self.add_column(label, width=col.width, key=col.key)
+
+    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
+                     cursor: bool = False, hover: bool = False):
+        # DataTable keys its cell cache on a table-wide update counter, so one update_cell
+        # re-renders every visible cell. update_cell here always stores a new Text, so a cell
+        # whose object is unchanged renders as before: cache by the cell object instead.
+        if row_index < 0 or column_index < 0:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        cell = self._data[row_key][column_key]
+        key = (row_key, column_key, base_style, width, cursor, hover, self._show_hover_cursor,
+               self._pseudo_class_state)
+        cached = self._cell_lines.get(key)
+        if cached is not None and cached[0] is cell:
+            return cached[1]
+        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        self._cell_lines[key] = (cell, lines)
+        return lines
 
     def _text(self, col: Column, cell: Cell) -> Text:
         return Text(cell[0], style=cell[1], justify="right" if col.right else "left",

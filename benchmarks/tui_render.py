@@ -55,7 +55,7 @@ def count_display(app: DashboardApp) -> asyncio.Event:
 
 async def measure(instances: int, rounds: int, size: tuple[int, int]) -> dict[str, list[float]]:
     client = MemoryClient(snapshot=samples.big_node(instances, tick=0))
-    app = DashboardApp(client, clock=FakeClock(), refresh_s=3600.0, validator=None)
+    app = DashboardApp(client, clock=FakeClock(), refresh_s=3600.0)
     out: dict[str, list[float]] = {"refresh_ms": [], "handler_ms": [], "latency_ms": []}
     async with app.run_test(size=size) as pilot:
         while app.renders < 1:

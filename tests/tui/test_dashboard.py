@@ -258,3 +258,28 @@ async def test_worker_failures_other_than_status_are_notified(client):
         await settle(pilot, lambda: any("config route failed for gpu1" in n.message
                                         for n in app._notifications))
         assert isinstance(app.screen, Dashboard)
+
+
+async def test_a_changed_cell_repaints_its_row_only(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot, lambda: app.renders == 1)
+        table = app.screen.query_one(InstanceTable)
+        await settle(pilot)
+        repaints = []
+        original = table.refresh
+
+        def spy(*regions, **kwargs):
+            if not table._row_refresh_only:  # DataTable.update_cell's own call is held back
+                repaints.append((regions, kwargs))
+            return original(*regions, **kwargs)
+
+        table.refresh = spy
+        client.snapshot = _replace(client.snapshot, "gpu4", kv_cache_usage=0.11)
+        app.tick()
+        await settle(pilot, lambda: app.renders == 2)
+        assert repaints, "the changed row was not repainted"
+        assert all(regions for regions, _ in repaints), "a whole-table repaint for one cell"
+        row_y = table.order.index("gpu4") + table.header_height - int(table.scroll_y)
+        assert {r.y for regions, _ in repaints for r in regions} == {row_y}
+        assert table.get_cell("gpu4", "kv").plain == "11%"

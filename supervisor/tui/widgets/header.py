@@ -56,7 +56,7 @@ class NodeHeader(Static):
         text = header_text(snapshot, readonly, narrow)
         if self._shown is None or text.plain != self._shown.plain or text.spans != self._shown.spans:
             self._shown = text
-            self.update(text)
+            self.update(text, layout=False)  # one line, always: no relayout of the screen
 
 
 class Banner(Static):

@@ -22,6 +22,8 @@ class InstanceTable(DataTable):
     InstanceTable { height: 1fr; }
     """
 
+    _row_refresh_only = False  # set while update_cell runs (DataTable refreshes in __init__)
+
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.columns_shown: tuple[Column, ...] = ()
@@ -30,6 +32,7 @@ class InstanceTable(DataTable):
         # id of each row's name cell -> row key: DataTable.sort's key function sees only cells
         self._name_cells: dict[int, tuple[str, Text]] = {}
         self._cell_lines: LRUCache[tuple, tuple[object, list]] = LRUCache(8192)
+        self._row_of: dict[str, tuple[InstanceStatus, Row]] = {}  # rows of unchanged instances
         self.updates = 0  # cells touched since mount (tests and benchmarks read it)
 
     def set_columns(self, columns: Sequence[Column]) -> None:
@@ -41,21 +44,41 @@ class InstanceTable(DataTable):
         self._rows.clear()
         self._order.clear()
         self._name_cells.clear()
+        self._row_of.clear()
         self.columns_shown = columns
         for col in columns:
             label = Text(col.label, justify="right" if col.right else "left")
             self.add_column(label, width=col.width, key=col.key)
+
+    def update_cell(self, row_key, column_key, value, *, update_width: bool = False) -> None:
+        """DataTable.update_cell, repainting only that cell's row: DataTable repaints the
+        whole table for any cell, so a refresh where a few values moved cost every row."""
+        self._row_refresh_only = True
+        try:
+            super().update_cell(row_key, column_key, value, update_width=update_width)
+        finally:
+            self._row_refresh_only = False
+        self.refresh_row(self.get_row_index(row_key))
+
+    def refresh(self, *regions, **kwargs):
+        if self._row_refresh_only and not regions and not kwargs:
+            return self  # update_cell's whole-table repaint; the row is refreshed instead
+        return super().refresh(*regions, **kwargs)
 
     def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
                      cursor: bool = False, hover: bool = False):
         # DataTable keys its cell cache on a table-wide update counter, so one update_cell
         # re-renders every visible cell. update_cell here always stores a new Text, so a cell
         # whose object is unchanged renders as before: cache by the cell object instead.
-        if row_index < 0 or column_index < 0:
+        if column_index < 0:
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        row_key = self._row_locations.get_key(row_index)
         column_key = self._column_locations.get_key(column_index)
-        cell = self._data[row_key][column_key]
+        if row_index < 0:
+            row_key = None  # the header: its cells are the column labels
+            cell = self.columns[column_key].label
+        else:
+            row_key = self._row_locations.get_key(row_index)
+            cell = self._data[row_key][column_key]
         key = (row_key, column_key, base_style, width, cursor, hover, self._show_hover_cursor,
                self._pseudo_class_state)
         cached = self._cell_lines.get(key)
@@ -83,7 +106,7 @@ class InstanceTable(DataTable):
         """Make the table show `instances` in `order` (names; rows not in it are removed).
         `keep` is the instance the cursor stays on. Returns whether anything changed."""
         by_name = {i.name: i for i in instances}
-        new_rows = {name: rows.row_cells(by_name[name], self.columns_shown) for name in order}
+        new_rows = {name: self._cells_of(by_name[name]) for name in order}
         diff = rows.diff_rows(self._rows, self._order, new_rows, order)
         if diff.empty:
             return False
@@ -92,14 +115,21 @@ class InstanceTable(DataTable):
             self.remove_row(name)
         if diff.removed:
             self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] in new_rows}
-        for name, index, cell in diff.changed:
-            col = columns[index]
-            text = self._text(col, cell)
-            if index == 0:
-                self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] != name}
-                self._name_cells[id(text)] = (name, text)
-            self.update_cell(name, col.key, text)
-            self.updates += 1
+        touched: set[str] = set()
+        self._row_refresh_only = True
+        try:
+            for name, index, cell in diff.changed:
+                col = columns[index]
+                text = self._text(col, cell)
+                if index == 0:
+                    self._name_cells = {k: v for k, v in self._name_cells.items()
+                                        if v[0] != name}
+                    self._name_cells[id(text)] = (name, text)
+                super().update_cell(name, col.key, text)
+                touched.add(name)
+                self.updates += 1
+        finally:
+            self._row_refresh_only = False
         for name, row in diff.added:
             cells = [self._text(c, cell) for c, cell in zip(columns, row)]
             self._name_cells[id(cells[0])] = (name, cells[0])
@@ -111,8 +141,25 @@ class InstanceTable(DataTable):
             self.sort("name", key=lambda cell: position[self._name_cells[id(cell)][0]])
         self._order = list(order)
         if diff.removed or diff.added or diff.order is not None:
+            self.refresh()
             self._keep_cursor(keep)
+        else:
+            # repaint only the rows whose cells changed, and of those only the visible ones
+            top = int(self.scroll_y)
+            bottom = top + self.size.height
+            for name in touched:
+                index = self.get_row_index(name)
+                if top <= index <= bottom:
+                    self.refresh_row(index)
         return True
+
+    def _cells_of(self, inst: InstanceStatus) -> Row:
+        known = self._row_of.get(inst.name)
+        if known is not None and known[0] == inst:
+            return known[1]
+        row = rows.row_cells(inst, self.columns_shown)
+        self._row_of[inst.name] = (inst, row)
+        return row
 
     def _keep_cursor(self, name: str | None) -> None:
         if name is None or name not in self._rows:

@@ -85,6 +85,7 @@ class InstanceStatus:
     run: int | None = None  # how many times this instance was spawned by this supervisor
     host: str | None = None
     backoff_remaining_s: float | None = None
+    backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend` (AITER MHA)
 
     @property
     def is_ready(self) -> bool:

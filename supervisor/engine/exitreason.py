@@ -1,0 +1,205 @@
+"""Why an instance ended: its exit status plus the tail of its run log -> one exit reason.
+
+The reasons (snapshot.EXIT_REASONS) and what decides each, first match wins:
+- `stopped`: the operator stopped it (whatever the log says).
+- a decisive log line, in this order of precedence (a root cause outranks what follows it):
+  - `port_in_use`: `OSError: [Errno 98] Address already in use` (vLLM binding its port), or
+    uvicorn's `error while attempting to bind on address`. torch.distributed's EADDRINUSE for
+    its own rendezvous port is deliberately not matched: that port is random, a retry helps.
+  - `bad_args`: argparse's `prog: error: ...` (`unrecognized arguments`, `argument --x: ...`).
+  - `model_not_found`: huggingface_hub's `Repo id must be in the form` (a local path that does
+    not exist), `LocalEntryNotFoundError` (offline, not cached), `RepositoryNotFoundError`,
+    `GatedRepoError`, vLLM 0.32's `Invalid repository ID or local directory specified` (a
+    directory without config.json), transformers' `does not appear to have a file named
+    config.json` / `is not a local folder and is not a valid model identifier`, and
+    `No such file or directory` on a line naming the model.
+  - `kv_cache_too_small`: `To serve at least one request with the model's max seq len`, the
+    older `... is larger than the maximum number of tokens that can be stored in KV cache`, and
+    `No available memory for the cache blocks`. The last one is here, not under `oom`: nothing
+    failed to allocate; the weights left no room for a KV cache within
+    `gpu_memory_utilization`, and the fix is the same configuration change as for the others.
+  - `oom`: an allocation really failed: `CUDA out of memory`, `HIP out of memory`,
+    `torch.OutOfMemoryError`, `CUDA error: out of memory`, `hipErrorOutOfMemory`,
+    `DefaultCPUAllocator: can't allocate memory`.
+  - `engine_dead`: `EngineDeadError`, `EngineCore encountered an issue`, `Engine core
+    initialization failed` (the excerpt then adds the root-cause exception above it). Not after
+    `[shutdown] API server: shutdown triggered`: vLLM 0.32 logs `EngineDeadError` on every
+    SIGTERM shutdown too (tests/fixtures/vllm-0.32-cpu/startup.log ends with one).
+- `startup_timeout`, `unhealthy`, `engine_dead`: vsup ended the process for that cause
+  (`engine_dead` when /health answered 503).
+- `killed`: a signal that vsup did not send ended it (SIGKILL from a person or the kernel's
+  OOM killer, SIGSEGV, ...); the signal's name is in `last_exit.signal`. Also a SIGTERM or
+  SIGINT that vsup did not send: vLLM catches those, logs `[shutdown] API server: shutdown
+  triggered` and exits 0, so the log line is the only trace (the signal stays null).
+- `bad_args`: exit code 2 (argparse's) with no decisive line.
+- `unknown`: anything else; the excerpt is the last exception line, if any.
+
+Lines logged by vLLM at INFO, WARNING or DEBUG level never decide: every vLLM start warns
+about `OSError: [Errno 24] Too many open files` (a ulimit hint), for instance.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+EXCERPT_MAX = 500
+
+# vLLM's log prefix: "(APIServer pid=7267) INFO 11-29 22:17:16 [file.py:12] message".
+_QUIET_LEVEL = re.compile(r"^(?:\([\w:\-]+ pid=\d+\) )?(?:INFO|WARNING|DEBUG) \d\d-\d\d ")
+
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "port_in_use",
+        re.compile(
+            r"\[Errno 98\][^\n]*address already in use"
+            r"|error while attempting to bind on address[^\n]*address already in use",
+            re.IGNORECASE,
+        ),
+    ),
+    ("bad_args", re.compile(r"^[\w./\- ]{1,60}: error: ")),
+    (
+        "model_not_found",
+        re.compile(
+            r"Repo id must be in the form"
+            r"|LocalEntryNotFoundError"
+            r"|RepositoryNotFoundError"
+            r"|GatedRepoError"
+            r"|Invalid repository ID or local directory specified"
+            r"|does not appear to have a file named config\.json"
+            r"|is not a local folder and is not a valid model identifier"
+        ),
+    ),
+    (
+        "kv_cache_too_small",
+        re.compile(
+            r"To serve at least one request with the model's max seq len"
+            r"|is larger than the maximum number of tokens that can be stored in KV cache"
+            r"|No available memory for the cache blocks"
+        ),
+    ),
+    (
+        "oom",
+        re.compile(
+            r"(?:CUDA|HIP) out of memory"
+            r"|OutOfMemoryError"
+            r"|CUDA error: out of memory"
+            r"|hipErrorOutOfMemory"
+            r"|DefaultCPUAllocator: can't allocate memory"
+        ),
+    ),
+    (
+        "engine_dead",
+        re.compile(
+            r"EngineDeadError|EngineCore encountered an issue|Engine core initialization failed"
+        ),
+    ),
+)
+
+# A Python exception line, as the last line of a traceback prints it.
+_EXCEPTION = re.compile(
+    r"^(?:\([\w:\-]+ pid=\d+\) ERROR [^\]]*\] )?(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*"
+    r"(?:Error|Exception|Exit|Interrupt|Exited)\b(?::|$)"
+)
+_WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed")
+# vLLM's SIGTERM/SIGINT handler (vllm/entrypoints/launchers/launcher.py).
+_SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
+
+# Causes for which vsup itself ended the process.
+CAUSES = ("stopped", "startup_timeout", "unhealthy", "engine_dead")
+
+
+@dataclass(frozen=True)
+class Classified:
+    reason: str
+    excerpt: str | None
+
+
+def signal_name(signum: int | None) -> str | None:
+    """`9` -> `"SIGKILL"`; None stays None."""
+    if signum is None:
+        return None
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def classify(
+    code: int | None,
+    signum: int | None,
+    log_tail: str,
+    *,
+    model: str | None = None,
+    cause: str | None = None,
+) -> Classified:
+    """The exit reason and the decisive log line(s).
+
+    `code` is the exit status when the process exited by itself, `signum` the signal that ended
+    it (both None when unknown, e.g. for an adopted process); `cause` is why vsup ended it, if
+    it did (one of CAUSES).
+    """
+    if cause is not None and cause not in CAUSES:
+        raise ValueError(f"unknown cause {cause!r}")
+    if cause == "stopped":
+        return Classified("stopped", None)
+    lines = [line.rstrip() for line in log_tail.splitlines()]
+    shutdown_at = next((i for i, line in enumerate(lines) if _SHUTDOWN.search(line)), None)
+    found = _decisive(lines, model, shutdown_at)
+    if found is not None:
+        return found
+    if cause is not None:
+        return Classified(cause, _last_exception(lines))
+    if signum is not None:
+        return Classified("killed", None)
+    if shutdown_at is not None:
+        return Classified("killed", _clip(lines[shutdown_at].strip()))
+    if code == 2:
+        return Classified("bad_args", _last_exception(lines))
+    return Classified("unknown", _last_exception(lines))
+
+
+def _decisive(lines: list[str], model: str | None, shutdown_at: int | None) -> Classified | None:
+    missing_model = _missing_model_rule(model)
+    for reason, rule in _RULES:
+        last = len(lines) if reason != "engine_dead" or shutdown_at is None else shutdown_at
+        for i in range(last - 1, -1, -1):
+            line = lines[i]
+            if not line or _QUIET_LEVEL.match(line):
+                continue
+            if rule.search(line) or (
+                reason == "model_not_found" and missing_model and missing_model.search(line)
+            ):
+                excerpt = _clip(line.strip())
+                if reason == "engine_dead" and _WRAPPERS.search(line):
+                    root = _root_cause(lines, i)
+                    if root:
+                        excerpt = _clip(root) + "\n" + excerpt
+                return Classified(reason, excerpt)
+    return None
+
+
+def _missing_model_rule(model: str | None) -> re.Pattern[str] | None:
+    if not model:
+        return None
+    return re.compile(r"No such file or directory[^\n]*" + re.escape(model))
+
+
+def _root_cause(lines: list[str], before: int) -> str | None:
+    for j in range(before - 1, -1, -1):
+        line = lines[j]
+        if _EXCEPTION.match(line) and not _WRAPPERS.search(line):
+            return line.strip()
+    return None
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        if _EXCEPTION.match(line):
+            return _clip(line.strip())
+    return None
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= EXCERPT_MAX else text[: EXCERPT_MAX - 3] + "..."

@@ -1,0 +1,281 @@
+"""Processes of one instance: the API server vsup spawned or adopted, and its whole tree.
+
+Exit detection is immediate and needs no SIGCHLD handler: a pidfd (`os.pidfd_open`) turns
+readable when the process ends, for children and non-children alike, and the event loop
+watches it with `add_reader`. A child is then reaped with `Popen.poll()` (waitpid WNOHANG), so
+the exit status is known and no zombie stays; an adopted process (spawned by an earlier
+daemon) is not our child, so its status is unknown. Nothing here calls waitpid(-1): a
+daemon must not install an asyncio child watcher that does (asyncio's default watchers wait
+for their own pids only).
+
+The tree of an instance is: every live process of its process group (vLLM never starts a
+session of its own, so EngineCore and the workers stay in the group, even re-parented to PID 1
+after a SIGKILL of the API server), every descendant seen while it ran (refreshed
+periodically: a descendant may change its group), and the descendants of all of those.
+Processes are identified by pid *and* start time, so a reused pid is never signalled.
+
+The scans read /proc directly (about 20 us a process here; psutil's process_iter is 3x
+slower); they are still called from a thread by the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+log = logging.getLogger("vsup.engine")
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Start times of one process read by two daemons may differ when the clock was stepped between
+# them (the kernel's boot time moves); a reused pid starting within this window is implausible.
+SAME_PROCESS_S = 1.0
+FALLBACK_POLL_S = 0.1
+
+
+def _boot_time() -> float:
+    return psutil.boot_time()
+
+
+_BOOT = _boot_time()
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str  # R, S, D, Z, ...
+    create_time: float  # seconds since the epoch, as psutil.Process.create_time() gives it
+
+
+def read_stat(pid: int) -> ProcInfo | None:
+    """One process from /proc/PID/stat, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    rest = data[data.rfind(b")") + 2 :].split()
+    return ProcInfo(
+        pid=pid,
+        ppid=int(rest[1]),
+        pgid=int(rest[2]),
+        state=rest[0].decode(),
+        create_time=int(rest[19]) / CLK_TCK + _BOOT,
+    )
+
+
+def process_table() -> dict[int, ProcInfo]:
+    """Every process on the node."""
+    table: dict[int, ProcInfo] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            info = read_stat(int(entry))
+            if info is not None:
+                table[info.pid] = info
+    return table
+
+
+def same_process(a: float, b: float) -> bool:
+    return abs(a - b) < SAME_PROCESS_S
+
+
+def live_tree(
+    pgid: int | None,
+    known: Mapping[int, float],
+    leader_create_time: float,
+    table: Mapping[int, ProcInfo] | None = None,
+) -> dict[int, ProcInfo]:
+    """The live (non-zombie) processes of an instance's tree, by pid.
+
+    `pgid`: the instance's process group, whose leader (pid == pgid, the API server) started at
+    `leader_create_time`. `known`: pid -> start time of processes seen earlier.
+
+    The group counts only while it is surely ours: Linux never hands out a pid that is still
+    in use as a group id, so while our orphans keep the group, no other process can have
+    pid == pgid; if one does, the old group is gone and the id names someone else's.
+    """
+    table = process_table() if table is None else table
+    leader = table.get(pgid) if pgid is not None else None
+    if leader is not None and not same_process(leader.create_time, leader_create_time):
+        pgid = None
+    roots = [
+        info
+        for info in table.values()
+        if (
+            pgid is not None
+            and info.pgid == pgid
+            and info.create_time >= leader_create_time - SAME_PROCESS_S
+        )
+        or (info.pid in known and same_process(known[info.pid], info.create_time))
+    ]
+    children: dict[int, list[ProcInfo]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info)
+    found: dict[int, ProcInfo] = {}
+    stack = list(roots)
+    seen: set[int] = set()
+    while stack:
+        info = stack.pop()
+        if info.pid in seen:
+            continue
+        seen.add(info.pid)
+        # a zombie holds nothing, but its live children (re-parented later) still count
+        if info.state != "Z":
+            found[info.pid] = info
+        stack.extend(children.get(info.pid, ()))
+    return found
+
+
+def signal_tree(pgid: int | None, members: Mapping[int, ProcInfo], sig: int) -> None:
+    """Send `sig` to the group (atomically, so a process forked meanwhile gets it too) and to
+    each member outside it. The group is signalled only while a member proves it is ours."""
+    if pgid is not None and any(m.pgid == pgid for m in members.values()):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+    for m in members.values():
+        if m.pgid == pgid:
+            continue
+        now = read_stat(m.pid)
+        if now is None or not same_process(now.create_time, m.create_time):
+            continue
+        try:
+            os.kill(m.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How the API server ended: `code` if it exited, `signum` if a signal ended it; both
+    None for an adopted process (not our child: the kernel gives its status to its parent)."""
+
+    code: int | None
+    signum: int | None
+
+    @classmethod
+    def from_returncode(cls, rc: int) -> ExitStatus:
+        return cls(None, -rc) if rc < 0 else cls(rc, None)
+
+
+@dataclass
+class RunningProcess:
+    """One spawned or adopted vLLM API server and what vsup knows of its tree."""
+
+    pid: int
+    pgid: int
+    create_time: float
+    run: int
+    popen: subprocess.Popen | None = None  # None when adopted
+    # pid -> start time of every process of the tree seen while it ran, this one included
+    tracked: dict[int, float] = field(default_factory=dict)
+    exited: asyncio.Future | None = None
+    _pidfd: int | None = None
+    _poller: asyncio.Task | None = None
+
+    def __post_init__(self) -> None:
+        self.tracked.setdefault(self.pid, self.create_time)
+
+    @property
+    def adopted(self) -> bool:
+        return self.popen is None
+
+    @property
+    def alive(self) -> bool:
+        return self.exited is not None and not self.exited.done()
+
+    def watch(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future:
+        """Start watching for the exit; `exited` resolves to an ExitStatus.
+
+        Raises ProcessLookupError when an adopted process is gone or its pid now names another
+        process (checked after the pidfd is open, so the pidfd surely names the right one).
+        """
+        loop = loop or asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            if self.popen is None:
+                raise
+            self._pidfd = None  # a child that exited and was reaped already: poll() says how
+        except (AttributeError, OSError):  # no pidfd on this kernel (< 5.3): poll instead
+            self._pidfd = None
+        if self.popen is None:
+            info = read_stat(self.pid)
+            if (
+                info is None
+                or info.state == "Z"
+                or not same_process(info.create_time, self.create_time)
+            ):
+                self.close()
+                raise ProcessLookupError(self.pid)
+        if self._pidfd is not None:
+            loop.add_reader(self._pidfd, self._on_exit)
+        else:
+            self._poller = loop.create_task(self._poll())
+        return self.exited
+
+    def _on_exit(self) -> None:
+        if self.popen is not None:
+            rc = self.popen.poll()
+            if rc is None:  # cannot happen for a readable pidfd; keep watching
+                return
+            status = ExitStatus.from_returncode(rc)
+        else:
+            status = ExitStatus(None, None)
+        self.close()
+        if self.exited is not None and not self.exited.done():
+            self.exited.set_result(status)
+
+    async def _poll(self) -> None:
+        while True:
+            if self.popen is not None:
+                if self.popen.poll() is not None:
+                    break
+            else:
+                info = read_stat(self.pid)
+                if (
+                    info is None
+                    or info.state == "Z"
+                    or not same_process(info.create_time, self.create_time)
+                ):
+                    break
+            await asyncio.sleep(FALLBACK_POLL_S)
+        self._poller = None
+        self._on_exit()
+
+    def close(self) -> None:
+        """Stop watching (the process keeps running: used when the daemon detaches)."""
+        if self._pidfd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            except RuntimeError:
+                pass
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._poller is not None and self._poller is not asyncio.current_task():
+            self._poller.cancel()
+            self._poller = None
+
+    def tree(self, table: Mapping[int, ProcInfo] | None = None) -> dict[int, ProcInfo]:
+        """The live tree in `table`, or now (blocking then: call from a thread; it reads a
+        copy of `tracked`)."""
+        return live_tree(self.pgid, dict(self.tracked), self.create_time, table)
+
+    def remember(self, members: Mapping[int, ProcInfo]) -> None:
+        """Add a scan's members to `tracked` (on the loop: `tracked` has one writer)."""
+        for pid, info in members.items():
+            self.tracked.setdefault(pid, info.create_time)
+
+    def descendants(self) -> frozenset[int]:
+        """Pids seen in the tree besides the API server itself."""
+        return frozenset(p for p in self.tracked if p != self.pid)

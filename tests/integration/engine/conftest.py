@@ -1,0 +1,218 @@
+"""Fixtures for engine tests that run real processes (the fake server, or real vLLM).
+
+Every process a test starts carries `VSUP_TEST_TOKEN=<token>` in its environment (children
+inherit it, whatever group or session they move to), so the finalizer finds and SIGKILLs all
+of them even when a test fails half-way or the engine under test is broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.clock import SystemClock
+from supervisor.engine import Engine
+from supervisor.layout.spec import InstanceSpec, RestartPolicy
+
+FAKE = Path(__file__).parents[2] / "programs" / "fakevllm.py"
+
+
+def token_pids(token: str) -> list[int]:
+    """Live processes whose environment carries the token."""
+    needle = f"VSUP_TEST_TOKEN={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def kill_token(token: str) -> list[int]:
+    pids = token_pids(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid and pid_alive(int(entry)):
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def my_zombies() -> list[int]:
+    """Children of this test process that exited and were never reaped."""
+    me = str(os.getpid()).encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and fields[1] == me:
+                out.append(int(entry))
+    return out
+
+
+class Events:
+    """The engine's events, each stamped with time.monotonic() on arrival."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, dict[str, Any]]] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.items.append((time.monotonic(), event))
+        self._changed.set()
+
+    def of(self, kind: str, instance: str | None = None) -> list[dict[str, Any]]:
+        return [
+            e
+            for _, e in self.items
+            if e["kind"] == kind and (instance is None or e.get("instance") == instance)
+        ]
+
+    def stamped(self, kind: str, instance: str | None = None) -> list[tuple[float, dict]]:
+        return [
+            (t, e)
+            for t, e in self.items
+            if e["kind"] == kind and (instance is None or e.get("instance") == instance)
+        ]
+
+    async def wait(
+        self, pred: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """Wait until `count` events match `pred`."""
+
+        async def until() -> list[dict[str, Any]]:
+            while True:
+                hits = [e for _, e in self.items if pred(e)]
+                if len(hits) >= count:
+                    return hits
+                self._changed.clear()
+                await self._changed.wait()
+
+        return await asyncio.wait_for(until(), timeout)
+
+
+@pytest.fixture
+def token() -> str:
+    tok = uuid.uuid4().hex
+    yield tok
+    left = kill_token(tok)
+    assert not left, f"processes left behind by the test: {left}"
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+async def engine(tmp_path: Path, events: Events, token: str):
+    """An engine on the system clock; shut down (stopping everything) at the end."""
+    made: list[Engine] = []
+
+    def make(**kw: Any) -> Engine:
+        kw.setdefault("health_timeout_s", 1.0)
+        kw.setdefault("chores_interval_s", 0.2)
+        eng = Engine(SystemClock(), tmp_path / "logs", events, **kw)
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in made:
+        if not eng._closed:
+            await eng.shutdown(stop_instances=True)
+
+
+@pytest.fixture
+def fake_spec(token: str, port_factory):
+    """InstanceSpec factory for the fake server: fake_spec("a", "--engine-child", ...)."""
+
+    def make(name: str, *flags: str, port: int | None = None, gpus=(), **kw: Any) -> InstanceSpec:
+        args: dict[str, Any] = {}
+        i = 0
+        while i < len(flags):
+            key = flags[i].lstrip("-")
+            if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+                args[key] = flags[i + 1]
+                i += 2
+            else:
+                args[key] = True
+                i += 1
+        base: dict[str, Any] = dict(
+            name=name,
+            model="/models/fake",
+            command=(sys.executable, str(FAKE)),
+            host="127.0.0.1",
+            port=port if port is not None else port_factory(),
+            gpus=tuple(gpus),
+            gpu_memory_utilization=None,
+            args=args,
+            env={"VSUP_TEST_TOKEN": token},
+            restart=RestartPolicy(backoff_s=0.05, backoff_max_s=0.2, stable_s=600, max_failures=5),
+            start_timeout_s=20,
+            stop_grace_s=2,
+            health_interval_s=0.05,
+            unhealthy_after=2,
+        )
+        base.update(kw)
+        return InstanceSpec(**base)
+
+    return make
+
+
+@pytest.fixture
+def port_factory():
+    """Distinct free loopback ports (tests/conftest.py's free_port, without repeats)."""
+    taken: set[int] = set()
+
+    def make() -> int:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                p = s.getsockname()[1]
+            if p not in taken:
+                taken.add(p)
+                return p
+
+    return make

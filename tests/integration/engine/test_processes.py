@@ -1,0 +1,493 @@
+"""The engine driving real processes: tests/programs/fakevllm.py reproduces the process tree
+and the behaviours of a vLLM server (EngineCore child surviving a SIGKILL of its parent, a
+SIGTERM-deaf process, a dying engine answering 503) in a fraction of a second."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from supervisor.engine import AdoptRecord, Engine
+from supervisor.layout.spec import RestartPolicy
+from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def read_log(engine, name, run=None):
+    return engine.instances[name].log_path(run).read_text()
+
+
+def pid_of_role(engine, name, role, run=None):
+    for line in read_log(engine, name, run).splitlines():
+        if line.startswith(f"fakevllm {role} "):
+            return int(line.split("pid=")[1].split()[0])
+    return None
+
+
+async def until(pred, timeout=20.0):
+    """Poll a condition that no event announces (a log line a child prints)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_child_gets_argv_env_session_and_log_as_specified(engine, fake_spec, events, token):
+    os.environ["VSUP_TEST_SECRET"] = "s3cr3t-key-123"
+    try:
+        eng: Engine = engine()
+        spec = fake_spec("a", api_key_env="VSUP_TEST_SECRET")
+        spec = type(spec)(**{**spec.__dict__, "command": ("python", spec.command[1])})
+        await eng.apply([spec])
+        assert await eng.wait("a", ("ready", "failed"), timeout=20) == "ready"
+        inst = eng.instances["a"]
+        pid = inst.pid
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        assert env[b"VLLM_API_KEY"] == b"s3cr3t-key-123"
+        assert env[b"CUDA_VISIBLE_DEVICES"] == b"" and env[b"CUDA_DEVICE_ORDER"] == b"PCI_BUS_ID"
+        assert env[b"PATH"].split(b":")[0] == os.path.dirname(sys.executable).encode()
+        assert b"s3cr3t" not in b" ".join(argv)
+        assert argv[0] == b"python"
+        assert os.getsid(pid) == pid and os.getpgid(pid) == pid == inst.pgid
+        assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+        assert os.readlink(f"/proc/{pid}/fd/1") == str(inst.log_path())
+        assert os.readlink(f"/proc/{pid}/fd/2") == str(inst.log_path())
+        log = read_log(eng, "a")
+        # `python` resolved to the daemon's own interpreter's environment (its venv)
+        assert f"prefix={sys.prefix}" in log
+        assert log.startswith("[vsup] a run 1 at ")
+        assert "s3cr3t" not in log
+        assert "s3cr3t" not in repr(events.items)
+        assert inst.log_path().parent == eng.logs_dir / "a"
+    finally:
+        del os.environ["VSUP_TEST_SECRET"]
+
+
+async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a", "--engine-child")])
+    await eng.wait("a", ("ready",), timeout=20)
+    first = eng.instances["a"].pid
+    await until(lambda: pid_of_role(eng, "a", "core") is not None)
+    core = pid_of_role(eng, "a", "core")
+    assert os.getpgid(core) == first
+
+    os.kill(first, signal.SIGKILL)
+    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
+    assert (exit_["reason"], exit_["signal"], exit_["pid"]) == ("killed", "SIGKILL", first)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
+    assert core in sweep["pids"]
+    assert not pid_alive(core) and group_members(first) == []
+
+    await events.wait(lambda e: e["kind"] == "ready", count=2, timeout=20)
+    inst = eng.instances["a"]
+    assert inst.state == "ready" and inst.pid != first and inst.run == 2
+    assert inst.restarts == 1 and inst.last_exit.reason == "killed"
+    assert inst.previous_log_path == inst.log_path(1)
+    assert my_zombies() == []
+    # the sweep came before the second spawn
+    spawns = events.stamped("spawn", "a")
+    sweep_t = events.stamped("sweep", "a")[0][0]
+    assert spawns[1][0] > sweep_t
+
+
+async def test_exit_is_seen_within_100ms_p99(engine, fake_spec, events):
+    """SIGKILL -> `exit` event, measured over many kills (restart at once, stable_s=0)."""
+    eng = engine()
+    spec = fake_spec(
+        "a", restart=RestartPolicy(backoff_s=0.01, backoff_max_s=0.01, stable_s=0, max_failures=0)
+    )
+    await eng.apply([spec])
+    latencies = []
+    for i in range(40):
+        await events.wait(lambda e: e["kind"] == "ready", count=i + 1, timeout=20)
+        pid = eng.instances["a"].pid
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        await events.wait(lambda e: e["kind"] == "exit", count=i + 1, timeout=10)
+        t_exit = events.stamped("exit", "a")[i][0]
+        latencies.append(t_exit - t0)
+        assert eng.instances["a"].state != "ready"
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(
+        f"SIGKILL -> exit event: median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms over {len(latencies)}"
+    )
+    assert p99 <= 0.100
+
+
+async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a", "--ignore-term", stop_grace_s=1.0)])
+    await eng.wait("a", ("ready",), timeout=20)
+    pid = eng.instances["a"].pid
+    t0 = time.monotonic()
+    await eng.stop("a")
+    took = time.monotonic() - t0
+    (stop_ev,) = events.of("stop", "a")
+    assert stop_ev["term"] and stop_ev["kill"]
+    assert 1.0 <= took < 5.0
+    inst = eng.instances["a"]
+    assert inst.state == "stopped" and inst.pid is None
+    assert (inst.last_exit.reason, inst.last_exit.signal) == ("stopped", "SIGKILL")
+    assert not pid_alive(pid) and group_members(pid) == []
+
+
+async def test_plain_stop_needs_only_sigterm(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a", "--engine-child")])
+    await eng.wait("a", ("ready",), timeout=20)
+    pid = eng.instances["a"].pid
+    await eng.stop("a")
+    (stop_ev,) = events.of("stop", "a")
+    assert stop_ev["term"] and not stop_ev["kill"]
+    assert eng.instances["a"].last_exit.signal == "SIGTERM"
+    assert group_members(pid) == []
+    assert [e["to"] for e in events.of("state", "a")] == [
+        "starting",
+        "ready",
+        "stopping",
+        "stopped",
+    ]
+
+
+async def test_descendant_that_left_the_group_is_swept(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a", "--setsid-child")])
+    await eng.wait("a", ("ready",), timeout=20)
+    await until(lambda: pid_of_role(eng, "a", "setsid") is not None)
+    escaped = pid_of_role(eng, "a", "setsid")
+    assert os.getpgid(escaped) != eng.instances["a"].pgid
+    await until(lambda: escaped in eng.instances["a"].descendants)
+    # the server dies first, so the escaped child is re-parented: only tracking finds it
+    os.kill(eng.instances["a"].pid, signal.SIGKILL)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
+    assert escaped in sweep["pids"] and not pid_alive(escaped)
+    await eng.stop("a")
+
+
+async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine, fake_spec, events):
+    eng = engine()
+    spec = fake_spec(
+        "a",
+        "--exit-after",
+        "0",
+        "--exit-code",
+        "3",
+        restart=RestartPolicy(backoff_s=0.05, backoff_max_s=0.1, stable_s=600, max_failures=4),
+    )
+    await eng.apply([spec])
+    assert await eng.wait("a", ("failed",), timeout=20) == "failed"
+    assert await eng.settle("a", timeout=10) == "failed"
+    inst = eng.instances["a"]
+    assert not inst.supervised  # nothing is left that could spawn
+    assert len(events.of("spawn", "a")) == 4 == inst.run
+    assert [e["delay_s"] for e in events.of("restart_scheduled", "a")] == [0, 0.05, 0.1]
+    assert inst.last_exit.code == 3 and inst.last_exit.reason == "unknown"
+    (failed,) = events.of("failed", "a")
+    assert failed["failures"] == 4
+    assert my_zombies() == []
+    assert sorted(p.name for p in inst.log_path().parent.iterdir()) == [
+        f"run-000{i}.log" for i in range(1, 5)
+    ]
+
+
+async def test_port_held_by_a_foreign_listener_fails_fast_without_spawning(
+    engine, fake_spec, events
+):
+    eng = engine()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        await eng.apply([fake_spec("a", port=port)])
+        assert await eng.wait("a", ("failed",), timeout=10) == "failed"
+    await eng.settle("a", timeout=10)
+    inst = eng.instances["a"]
+    assert events.of("spawn") == [] and inst.run == 0 and not inst.supervised
+    assert inst.last_exit.reason == "port_in_use"
+    assert f"port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in inst.last_exit.log_excerpt
+    assert "'a'" in inst.last_exit.log_excerpt
+
+
+async def test_missing_command_fails_fast_as_bad_args(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a", command=("/nonexistent/vllm", "serve"))])
+    assert await eng.wait("a", ("failed",), timeout=10) == "failed"
+    inst = eng.instances["a"]
+    assert inst.last_exit.reason == "bad_args"
+    assert "/nonexistent/vllm" in inst.last_exit.log_excerpt
+    assert "/nonexistent/vllm" in inst.log_path(1).read_text()
+
+
+async def test_startup_timeout_kills_the_group(engine, fake_spec, events):
+    eng = engine()
+    spec = fake_spec(
+        "a",
+        "--ready-after",
+        "60",
+        "--engine-child",
+        start_timeout_s=0.5,
+        restart=RestartPolicy(policy="never"),
+    )
+    await eng.apply([spec])
+    assert await eng.wait("a", ("failed",), timeout=10) == "failed"
+    pgid = events.of("spawn", "a")[0]["pgid"]
+    inst = eng.instances["a"]
+    assert inst.last_exit.reason == "startup_timeout"
+    assert group_members(pgid) == []
+
+
+async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(
+    engine, fake_spec, events
+):
+    eng = engine()
+    await eng.apply([fake_spec("a", "--engine-child", "--dead-exit-after", "60")])
+    await eng.wait("a", ("ready",), timeout=20)
+    await until(lambda: pid_of_role(eng, "a", "core") is not None)
+    server = eng.instances["a"].pid
+    os.kill(pid_of_role(eng, "a", "core"), signal.SIGKILL)
+    (unhealthy,) = await events.wait(lambda e: e["kind"] == "unhealthy", timeout=10)
+    assert unhealthy["status"] == 503
+    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
+    assert exit_["reason"] == "engine_dead" and "EngineDeadError" in exit_["log_excerpt"]
+    assert exit_["signal"] == "SIGTERM"  # vsup ended it: it would have lingered for 60 s
+    await events.wait(lambda e: e["kind"] == "ready", count=2, timeout=20)
+    assert eng.instances["a"].pid != server
+    assert [e["to"] for e in events.of("state", "a")][:5] == [
+        "starting",
+        "ready",
+        "unhealthy",
+        "backoff",
+        "starting",
+    ]
+
+
+async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
+    engine, fake_spec, events
+):
+    eng = engine()
+    specs = [
+        fake_spec("cpu1", "--ready-after", "0.5"),
+        fake_spec("cpu2", "--ready-after", "0.5"),
+        fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+        fake_spec("g1", "--ready-after", "0.5", gpus=(1,)),
+    ]
+    await eng.apply(specs, wait=True)
+    assert {i.state for i in eng.instances.values()} == {"ready"}
+    t = {
+        (e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")
+    }
+    assert t["spawn", "cpu2"] > t["ready", "cpu1"]  # co-tenants: one after the other
+    assert t["spawn", "g1"] < t["ready", "g0"]  # different devices: in parallel
+    assert t["spawn", "g0"] < t["ready", "cpu1"]
+
+
+async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a")], wait=True)
+    await eng.apply(
+        [fake_spec("a", port=eng.instances["a"].spec.port), fake_spec("b", "--ready-after", "1.0")]
+    )
+    await events.wait(lambda e: e["kind"] == "spawn" and e["instance"] == "b", timeout=10)
+    stopping = asyncio.create_task(eng.stop("a"))
+    await until(lambda: eng.instances["a"].waiting_for is not None)
+    assert eng.instances["a"].waiting_for == "b starting"
+    await stopping
+    ready_b = events.stamped("ready", "b")[0][0]
+    stop_a = events.stamped("stop", "a")[0][0]
+    assert stop_a > ready_b
+
+
+async def test_multi_gpu_instance_waits_for_all_its_devices(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply(
+        [
+            fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+            fake_spec("tp01", gpus=(0, 1)),
+            fake_spec("g1", gpus=(1,)),
+        ],
+        wait=True,
+    )
+    t = {
+        (e["kind"], e["instance"]): ts for ts, e in events.items if e["kind"] in ("spawn", "ready")
+    }
+    assert t["spawn", "tp01"] > t["ready", "g0"]
+    # g1 came after tp01 in the layout: first come, first served
+    assert t["spawn", "g1"] > t["ready", "tp01"]
+
+
+async def test_gpu_memory_release_is_awaited_after_a_stop(engine, fake_spec, events):
+    calls = []
+
+    async def released(pids, gpus):
+        calls.append((pids, gpus))
+        return True
+
+    eng = engine(gpu_release_check=released)
+    await eng.apply([fake_spec("g", "--engine-child", gpus=(3,))], wait=True)
+    await until(lambda: pid_of_role(eng, "g", "core") is not None)
+    pid, core = eng.instances["g"].pid, pid_of_role(eng, "g", "core")
+    await until(lambda: core in eng.instances["g"].descendants)
+    await eng.stop("g")
+    ((pids, gpus),) = calls
+    assert gpus == (3,) and {pid, core} <= pids
+    (rel,) = events.of("gpu_release", "g")
+    assert rel["released"] is True
+    assert events.stamped("gpu_release", "g")[0][0] < events.stamped("stop", "g")[0][0]
+
+
+async def test_gpu_memory_not_released_in_time_is_recorded(engine, fake_spec, events):
+    async def never(pids, gpus):
+        await asyncio.sleep(3600)
+
+    eng = engine(gpu_release_check=never, gpu_release_timeout_s=0.2)
+    await eng.apply([fake_spec("g", gpus=(0,))], wait=True)
+    await eng.stop("g")
+    assert events.of("gpu_release", "g")[0]["released"] is False
+    assert eng.instances["g"].gpu_released is False
+
+
+async def test_drain_waits_for_running_requests(engine, fake_spec, events):
+    running = {"a": 2.0}
+
+    def requests_running(name):
+        value = running[name]
+        running[name] = max(0.0, value - 1)
+        return value
+
+    eng = engine(requests_running=requests_running)
+    await eng.apply([fake_spec("a")], wait=True)
+    await eng.stop("a", drain=True)
+    (drain,) = events.of("drain", "a")
+    assert drain["drained"] is True and drain["waited_s"] >= 0.9
+
+
+async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine, fake_spec, events):
+    eng = engine()
+    a, b, c = fake_spec("a"), fake_spec("b"), fake_spec("c", gpus=(0,))
+    await eng.apply([a, b, c], wait=True)
+    pid_a, pid_b = eng.instances["a"].pid, eng.instances["b"].pid
+
+    a2 = type(a)(**{**a.__dict__, "args": {"ready-after": "0.1"}})
+    b2 = type(b)(**{**b.__dict__, "restart": RestartPolicy(max_failures=9)})
+    d = fake_spec("d", gpus=(0,))
+    plan = eng.diff([a2, b2, d])
+    assert plan.to_json() == {
+        "start": ["d"],
+        "restart": ["a"],
+        "stop": ["c"],
+        "unchanged": [],
+        "update": ["b"],
+    }
+    await eng.apply([a2, b2, d], wait=True)
+    assert "c" not in eng.instances
+    assert eng.instances["a"].pid != pid_a and eng.instances["a"].spec == a2
+    assert eng.instances["b"].pid == pid_b and eng.instances["b"].spec.restart.max_failures == 9
+    # d shares gpu0 with the removed c: it started only after c had stopped
+    assert events.stamped("spawn", "d")[0][0] > events.stamped("stop", "c")[0][0]
+    assert eng.diff([a2, b2, d]).empty
+
+
+async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, fake_spec, events, tmp_path):
+    first = engine()
+    spec = fake_spec("a", "--engine-child")
+    await first.apply([spec], wait=True)
+    await until(lambda: pid_of_role(first, "a", "core") is not None)
+    core = pid_of_role(first, "a", "core")
+    await until(lambda: core in first.instances["a"].descendants)
+    record = first.instances["a"].adopt_record()
+    await first.shutdown(stop_instances=False)
+    assert pid_alive(record.pid) and pid_alive(core)
+
+    record = AdoptRecord.from_json(record.to_json())
+    second = engine()
+    inst = second.adopt(spec, record)
+    assert inst is not None and inst.adopted and inst.pid == record.pid
+    await second.wait("a", ("ready",), timeout=10)
+    assert inst.run == 1 and inst.started_at is not None
+
+    os.kill(record.pid, signal.SIGKILL)
+    exits = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
+    assert exits[-1]["code"] is None and exits[-1]["signal"] is None  # not our child
+    await events.wait(lambda e: e["kind"] == "sweep", timeout=10)
+    assert not pid_alive(core)
+    await second.wait("a", ("ready",), timeout=20)
+    assert second.instances["a"].run == 2
+
+
+async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, fake_spec, events):
+    import subprocess
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        eng = engine()
+        spec = fake_spec("a")
+        record = AdoptRecord(
+            pid=bystander.pid, create_time=1.0, pgid=bystander.pid, port=spec.port, run=3
+        )
+        assert eng.adopt(spec, record) is None
+        inst = eng.instances["a"]
+        assert inst.state == "stopped" and inst.run == 3
+        (adopt,) = events.of("adopt", "a")
+        assert adopt["adopted"] is False and "another process" in adopt["why"]
+        await asyncio.sleep(0)  # let the sweep of the stale record run
+        await asyncio.gather(*eng._background)
+        assert bystander.poll() is None
+        await eng.start("a", wait=True)
+        assert inst.state == "ready" and inst.run == 4
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_restart_and_start_after_failed(engine, fake_spec, events):
+    eng = engine()
+    await eng.apply([fake_spec("a")], wait=True)
+    pid = eng.instances["a"].pid
+    await eng.restart("a", wait=True)
+    inst = eng.instances["a"]
+    assert inst.state == "ready" and inst.pid != pid and inst.restarts == 0
+    assert [e["to"] for e in events.of("state", "a")] == [
+        "starting",
+        "ready",
+        "stopping",
+        "starting",
+        "ready",
+    ]
+    assert inst.last_exit.reason == "stopped"
+
+
+async def test_deterministic_failure_spawns_the_configured_number_of_times(
+    engine, fake_spec, events
+):
+    line = (
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/models/fake'. Use `repo_type` argument if needed."
+    )
+    eng = engine(deterministic_spawns=2)
+    await eng.apply([fake_spec("a", "--say", line, "--exit-after", "0.2")])
+    assert await eng.settle("a", timeout=20) == "failed"
+    inst = eng.instances["a"]
+    assert inst.last_exit.reason == "model_not_found" and inst.last_exit.log_excerpt == line
+    assert len(events.of("spawn", "a")) == 2 and inst.run == 2  # max_failures is 5
+
+
+async def test_a_growing_run_log_is_capped_while_it_runs(engine, fake_spec, events):
+    eng = engine(log_max_bytes=2000)
+    await eng.apply([fake_spec("a", "--say", "x" * 3000)], wait=True)
+    older = eng.instances["a"].log_path().with_name("run-0001.log.1")
+    await until(older.exists)
+    assert "x" * 3000 in older.read_text()
+    assert eng.instances["a"].log_path().read_text().startswith("[vsup] log passed 2000 bytes")

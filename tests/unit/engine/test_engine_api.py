@@ -1,0 +1,84 @@
+"""Engine API behaviour that needs no process."""
+
+import pytest
+
+from supervisor.clock import FakeClock
+from supervisor.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
+from supervisor.layout.spec import InstanceSpec
+
+
+def spec(name, **kw):
+    base = dict(
+        name=name,
+        model="/m",
+        command=("vllm", "serve"),
+        host="127.0.0.1",
+        port=8000,
+        gpus=(),
+        gpu_memory_utilization=None,
+    )
+    base.update(kw)
+    return InstanceSpec(**base)
+
+
+async def test_unknown_instance_names_it(tmp_path):
+    engine = Engine(FakeClock(), tmp_path)
+    with pytest.raises(UnknownInstance, match="no instance named 'nope'"):
+        await engine.start("nope")
+    with pytest.raises(KeyError):
+        await engine.stop("nope")
+
+
+def test_diff_of_an_empty_engine_starts_everything_in_layout_order(tmp_path):
+    engine = Engine(FakeClock(), tmp_path)
+    plan = engine.diff([spec("b"), spec("a", port=8001)])
+    assert plan == ApplyPlan(start=("b", "a"))
+    assert plan.to_json() == {
+        "start": ["b", "a"],
+        "restart": [],
+        "stop": [],
+        "unchanged": [],
+        "update": [],
+    }
+
+
+def test_diff_refuses_two_instances_of_one_name(tmp_path):
+    with pytest.raises(ValueError, match="two instances are named 'a'"):
+        Engine(FakeClock(), tmp_path).diff([spec("a"), spec("a")])
+
+
+def test_adopt_record_round_trips_through_json():
+    rec = AdoptRecord(10, 1700000000.25, 10, 8000, 3, restarts=2, descendants={11: 1700000001.5})
+    assert AdoptRecord.from_json(rec.to_json()) == rec
+
+
+async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
+    events = []
+    engine = Engine(FakeClock(), tmp_path, events.append)
+    assert engine.adopt(spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
+    inst = engine.instances["a"]
+    assert (inst.state, inst.run, inst.last_exit.reason) == ("stopped", 4, "unknown")
+    assert [e["kind"] for e in events] == ["adopt", "exit"]
+    assert "is gone" in events[0]["why"]
+    await engine.shutdown(stop_instances=True)
+
+
+async def test_stopping_a_never_started_instance_changes_nothing(tmp_path):
+    engine = Engine(FakeClock(), tmp_path)
+    engine.adopt(spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 1))
+    await engine.stop("a")
+    assert engine.instances["a"].state == "stopped"
+    await engine.shutdown(stop_instances=False)
+
+
+async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_path):
+    from supervisor.snapshot import LastExit
+
+    engine = Engine(FakeClock(), tmp_path)
+    last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")
+    inst = engine.restore(spec("a"), "failed", run=7, restarts=3, last_exit=last)
+    assert (inst.state, inst.run, inst.restarts, inst.last_exit) == ("failed", 7, 3, last)
+    assert not inst.supervised and inst.log_path() == tmp_path / "a" / "run-0007.log"
+    assert engine.diff([spec("a")]).start == ("a",)
+    with pytest.raises(ValueError):
+        engine.restore(spec("b"), "ready")

@@ -1,0 +1,212 @@
+import pytest
+
+from supervisor.clock import FakeClock, iso_utc
+from supervisor.engine.lifecycle import Lifecycle
+from supervisor.layout.spec import InstanceSpec, RestartPolicy
+from supervisor.snapshot import LastExit
+
+
+def spec(**kw):
+    base = dict(
+        name="a",
+        model="/m",
+        command=("vllm", "serve"),
+        host="127.0.0.1",
+        port=8000,
+        gpus=(),
+        gpu_memory_utilization=None,
+        restart=RestartPolicy(backoff_s=10, backoff_max_s=40, stable_s=100, max_failures=4),
+        start_timeout_s=60,
+        unhealthy_after=3,
+    )
+    base.update(kw)
+    return InstanceSpec(**base)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def changes():
+    return []
+
+
+@pytest.fixture
+def lc(clock, changes):
+    return Lifecycle(spec(), clock, on_change=lambda old, new: changes.append((old, new)))
+
+
+def exit_(clock, reason, code=None, signal=None):
+    return LastExit(code, signal, reason, iso_utc(clock.wall()), None)
+
+
+def start_and_spawn(lc, run):
+    lc.attempt()
+    lc.spawned(run)
+
+
+def test_start_spawn_ready_records_times(lc, clock, changes):
+    lc.request_start()
+    assert lc.state == "starting" and lc.spawned_at is None
+    clock.advance(2)
+    lc.spawned(1)
+    clock.advance(30)
+    assert lc.became_ready()
+    assert lc.state == "ready" and lc.ready_since == clock.monotonic()
+    assert lc.state_since == clock.monotonic()
+    assert changes == [("stopped", "starting"), ("starting", "ready")]
+
+
+def test_start_timeout_is_measured_from_the_spawn_not_the_wait_for_a_turn(lc, clock):
+    lc.request_start()
+    clock.advance(500)  # waited for a co-tenant
+    assert not lc.start_timed_out()
+    lc.spawned(1)
+    clock.advance(59.9)
+    assert not lc.start_timed_out()
+    assert lc.start_remaining_s() == pytest.approx(0.1)
+    clock.advance(0.1)
+    assert lc.start_timed_out()
+
+
+def test_crash_loop_follows_the_backoff_and_trips_the_breaker(lc, clock):
+    lc.request_start()
+    delays = []
+    for run in range(1, 10):
+        if lc.state == "failed":
+            break
+        if lc.state == "backoff":
+            assert not lc.backoff_due() or lc.backoff_remaining_s() == 0
+            clock.advance(lc.backoff_remaining_s())
+            assert lc.backoff_due()
+        start_and_spawn(lc, run)
+        clock.advance(1)
+        decision = lc.exited(exit_(clock, "killed", signal="SIGKILL"))
+        if decision.action == "restart":
+            delays.append(decision.delay_s)
+    assert lc.state == "failed"
+    assert delays == [0, 10, 20]
+    assert lc.run == 4  # max_failures spawns, then no more
+    assert lc.restarts == 3
+    clock.advance(10_000)
+    assert not lc.backoff_due() and lc.backoff_remaining_s() is None
+
+
+def test_backoff_is_not_due_before_its_delay(lc, clock):
+    lc.request_start()
+    start_and_spawn(lc, 1)
+    lc.exited(exit_(clock, "oom"))  # first restart: at once
+    assert lc.state == "backoff" and lc.backoff_due()
+    start_and_spawn(lc, 2)
+    lc.exited(exit_(clock, "oom"))
+    assert lc.backoff_remaining_s() == 10
+    clock.advance(9.5)
+    assert not lc.backoff_due()
+    clock.advance(0.5)
+    assert lc.backoff_due()
+
+
+def test_ready_for_stable_s_resets_the_backoff(lc, clock):
+    lc.request_start()
+    for run in (1, 2):
+        start_and_spawn(lc, run)
+        lc.exited(exit_(clock, "unknown", code=1))
+        clock.advance(lc.backoff_remaining_s())
+    start_and_spawn(lc, 3)
+    lc.became_ready()
+    clock.advance(100)
+    d = lc.exited(exit_(clock, "unknown", code=1))
+    assert d.delay_s == 0 and d.failures == 1
+
+
+def test_unhealthy_after_consecutive_failures_only(lc, clock):
+    lc.request_start()
+    lc.spawned(1)
+    assert not lc.health_failed(None)  # while starting, failures do not count
+    lc.became_ready()
+    assert not lc.health_failed(None)
+    assert not lc.health_failed(None)
+    lc.health_ok()
+    assert not lc.health_failed(503)
+    assert not lc.health_failed(503)
+    assert lc.health_failed(503)
+    assert lc.state == "unhealthy" and lc.unhealthy_cause == "engine_dead"
+
+
+def test_unhealthy_without_answer_is_unhealthy(lc):
+    lc.request_start()
+    lc.spawned(1)
+    lc.became_ready()
+    for _ in range(3):
+        lc.health_failed(None)
+    assert lc.unhealthy_cause == "unhealthy"
+
+
+def test_stop_keeps_stopping_until_the_sweep_is_done(lc, clock, changes):
+    lc.request_start()
+    lc.spawned(1)
+    lc.became_ready()
+    lc.begin_stop()
+    d = lc.exited(exit_(clock, "stopped", code=0))
+    assert d.action == "stopped" and lc.state == "stopping"
+    lc.finish_stop()
+    assert lc.state == "stopped"
+    assert changes[-2:] == [("ready", "stopping"), ("stopping", "stopped")]
+    assert lc.restarts == 0
+
+
+def test_deterministic_failure_fails_at_the_first_spawn(lc, clock):
+    lc.request_start()
+    lc.spawned(1)
+    d = lc.exited(exit_(clock, "model_not_found", code=1))
+    assert d.action == "failed" and lc.state == "failed" and lc.run == 1
+
+
+def test_a_person_starting_a_failed_instance_resets_the_breaker(lc, clock):
+    lc.request_start()
+    for run in range(1, 5):
+        start_and_spawn(lc, run)
+        lc.exited(exit_(clock, "oom"))
+        if lc.state == "backoff":
+            clock.advance(lc.backoff_remaining_s())
+    assert lc.state == "failed"
+    lc.request_start()
+    assert lc.state == "starting" and lc.failures == 0
+    lc.spawned(5)
+    assert lc.exited(exit_(clock, "oom")).delay_s == 0
+    assert lc.restarts == 3  # runs 2-4 were automatic; run 5 was a person's start
+
+
+def test_stop_during_backoff_cancels_the_restart(lc, clock):
+    lc.request_start()
+    lc.spawned(1)
+    lc.exited(exit_(clock, "killed", signal="SIGKILL"))
+    assert lc.state == "backoff"
+    lc.begin_stop()
+    lc.finish_stop()
+    assert lc.state == "stopped" and lc.backoff_remaining_s() is None
+    clock.advance(1000)
+    assert not lc.backoff_due()
+
+
+def test_configure_takes_the_new_policy(lc, clock):
+    lc.configure(spec(restart=RestartPolicy(policy="never")))
+    lc.request_start()
+    lc.spawned(1)
+    assert lc.exited(exit_(clock, "oom")).action == "failed"
+
+
+def test_adopted_process_keeps_its_age(lc, clock):
+    lc.spawned(7, started_ago_s=120)
+    assert lc.state == "starting" and lc.run == 7
+    assert clock.monotonic() - lc.spawned_at == 120
+
+
+def test_a_stop_asked_for_during_the_spawn_stays_a_stop(lc, changes):
+    lc.request_start()
+    lc.begin_stop()
+    lc.spawned(1)
+    assert lc.state == "stopping" and lc.run == 1
+    assert changes == [("stopped", "starting"), ("starting", "stopping")]

@@ -1,0 +1,190 @@
+"""The scraper against real loopback HTTP servers: keep-alive, timeouts, dead and slow
+servers, and concurrency that lets a fast server's result through before a slow one answers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.telemetry.scrape import Scraper
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
+PAYLOAD = (FIX / "metrics_load.txt").read_bytes()
+
+Handler = Callable[[str], Awaitable[tuple[int, bytes]]]
+
+
+class HttpServer:
+    """A tiny HTTP/1.1 server with keep-alive that counts the connections it accepted."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[str] = []
+        self.request_seen = asyncio.Event()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> "HttpServer":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                self.requests.append(path)
+                self.request_seen.set()
+                status, body = await self.handler(path)
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n"
+                    "Content-Type: text/plain\r\n\r\n".encode() + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+
+async def vllm_like(path: str) -> tuple[int, bytes]:
+    if path == "/metrics":
+        return 200, PAYLOAD
+    if path == "/health":
+        return 200, b""
+    return 404, b"not found"
+
+
+def refused_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_scrape_parses_the_payload_and_reuses_one_connection() -> None:
+    async with HttpServer(vllm_like) as server, Scraper(timeout_s=5) as scraper:
+        results = [await scraper.scrape(server.url) for _ in range(3)]
+        health = await scraper.health(server.url)
+    assert all(r.ok and r.status == 200 for r in results)
+    assert results[0].metrics.preemptions_total == 2.0
+    assert results[0].size_bytes == len(PAYLOAD) and results[0].text is None
+    assert health.ok and health.status == 200
+    assert server.connections == 1  # keep-alive: four requests, one TCP connection
+    assert server.requests == ["/metrics"] * 3 + ["/health"]
+
+
+async def test_keep_text_returns_the_payload() -> None:
+    async with HttpServer(vllm_like) as server, Scraper() as scraper:
+        result = await scraper.scrape(server.url + "/", keep_text=True)
+    assert result.text == PAYLOAD.decode()
+
+
+async def test_a_dead_server_is_an_error_result_not_an_exception() -> None:
+    url = refused_url()
+    async with Scraper(timeout_s=2) as scraper:
+        result = await scraper.scrape(url)
+        health = await scraper.health(url)
+    assert not result.ok and result.status is None and "refused" in result.error
+    assert result.metrics.kv_cache_usage is None
+    assert not health.ok and health.status is None
+
+
+async def test_a_server_that_never_answers_times_out() -> None:
+    never = asyncio.Event()
+
+    async def hang(path: str) -> tuple[int, bytes]:
+        await never.wait()
+        return 200, b""
+
+    async with HttpServer(hang) as server, Scraper(timeout_s=0.2) as scraper:
+        result = await scraper.scrape(server.url)
+        never.set()
+    assert not result.ok and result.status is None
+    assert "no answer within the timeout" in result.error
+
+
+@pytest.mark.parametrize("status", [500, 503, 404])
+async def test_http_errors_are_reported_with_their_status(status: int) -> None:
+    async def fail(path: str) -> tuple[int, bytes]:
+        return status, b"engine dead"
+
+    async with HttpServer(fail) as server, Scraper() as scraper:
+        result = await scraper.scrape(server.url)
+        health = await scraper.health(server.url)
+    assert not result.ok and result.status == status and str(status) in result.error
+    assert not health.ok and health.status == status
+
+
+async def test_a_server_without_vllm_metrics_is_not_ok() -> None:
+    async def python_only(path: str) -> tuple[int, bytes]:
+        return 200, b"process_start_time_seconds 1.7e9\npython_info 1.0\n"
+
+    async with HttpServer(python_only) as server, Scraper() as scraper:
+        result = await scraper.scrape(server.url)
+    assert not result.ok and result.status == 200
+    assert "--disable-log-stats" in result.error
+    assert result.metrics.process_start_time_s == 1.7e9
+
+
+async def test_a_slow_server_does_not_hold_back_the_others() -> None:
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def slow(path: str) -> tuple[int, bytes]:
+        await release.wait()
+        return 200, PAYLOAD
+
+    async with (
+        HttpServer(vllm_like) as fast,
+        HttpServer(slow) as laggard,
+        Scraper(timeout_s=30) as scraper,
+    ):
+        async def on_result(name: str, result) -> None:
+            order.append(name)
+            if name == "fast":
+                # The slow server holds its request unanswered while the fast result is in.
+                await laggard.request_seen.wait()
+                assert not release.is_set()
+                release.set()
+
+        results = await scraper.scrape_all(
+            {"slow": laggard.url, "fast": fast.url, "dead": refused_url()}, on_result
+        )
+    assert order.index("fast") < order.index("slow")
+    assert results["fast"].ok and results["slow"].ok and not results["dead"].ok
+
+
+async def test_health_all_reports_every_server() -> None:
+    async def engine_dead(path: str) -> tuple[int, bytes]:
+        return 503, b""
+
+    async with HttpServer(vllm_like) as up, HttpServer(engine_dead) as dead, Scraper() as s:
+        seen: list[str] = []
+        results = await s.health_all({"up": up.url, "dead": dead.url, "gone": refused_url()},
+                                     lambda name, _r: seen.append(name))
+    assert results["up"].ok and results["dead"].status == 503 and results["gone"].status is None
+    assert sorted(seen) == ["dead", "gone", "up"]

@@ -23,7 +23,7 @@ from textual.worker import Worker, WorkerState
 from supervisor.clock import Clock, SystemClock
 from supervisor.snapshot import InstanceStatus, StatusSnapshot
 from supervisor.tui import layout_edit, rows
-from supervisor.tui.client import DashboardClient, answer_errors, as_snapshot
+from supervisor.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
 from supervisor.tui.history import History
 from supervisor.tui.keymap import KEY_BY_ACTION, KEYS
 from supervisor.tui.messages import (
@@ -111,6 +111,7 @@ class DashboardApp(App[None]):
         self._log_worker: Worker | None = None
         self._log_pos: tuple[str, Any, int] | None = None  # (name, run, offset) shown
         self._config_key: tuple | None = None
+        self._no_log: tuple[str, int | None] | None = None  # (instance, run) without a log
 
     # -- screens ----------------------------------------------------------------------------
 
@@ -159,6 +160,9 @@ class DashboardApp(App[None]):
             self._status_worker = self._fetch_status()
         if self.daemon_error is not None:
             return  # only the status call retries until the daemon answers again
+        inst = self.selected_instance()
+        if inst is not None and self._no_log == (inst.name, inst.run):
+            return  # no log to follow until the instance runs (again)
         if self.selected and (self._log_worker is None or self._log_worker.is_finished):
             self._log_worker = self._fetch_log(self.selected)
 
@@ -235,6 +239,9 @@ class DashboardApp(App[None]):
         inst = self.selected_instance()
         if inst is None:
             return
+        if self._no_log is not None and self._no_log != (inst.name, inst.run):
+            self._no_log = None  # it ran since: its log exists now
+            self._log_worker = self._fetch_log(inst.name)
         # vLLM reports its cache config once ready; a new run may have new args.
         key = (inst.name, inst.run, inst.state == "ready")
         if key != self._config_key:
@@ -244,15 +251,25 @@ class DashboardApp(App[None]):
     @work(name="log tail", group="log", exclusive=True, exit_on_error=False)
     async def _fetch_log(self, name: str) -> None:
         pos = self._log_pos
-        if pos is None or pos[0] != name:
-            doc = await self.client.logs(name, tail=LOG_TAIL)
-            reset = True
-        else:
-            doc = await self.client.logs(name, offset=pos[2])
-            reset = False
-            if doc.get("run") != pos[1]:
-                doc = await self.client.logs(name, offset=0)  # a new run: a new file
+        try:
+            if pos is None or pos[0] != name:
+                doc = await self.client.logs(name, tail=LOG_TAIL)
                 reset = True
+            else:
+                doc = await self.client.logs(name, offset=pos[2])
+                reset = False
+                if doc.get("run") != pos[1]:
+                    doc = await self.client.logs(name, offset=0)  # a new run: a new file
+                    reset = True
+        except Exception as exc:
+            if not is_missing(exc):
+                raise
+            inst = self.selected_instance()
+            self._no_log = (name, inst.run if inst else None)
+            self._log_pos = None
+            self.post_message(LogChunk(name, False, f"({exc})\n", reset=True))
+            return
+        self._no_log = None
         self.post_message(LogChunk(name, False, doc.get("text") or "", reset))
         self._log_pos = (name, doc.get("run"), int(doc.get("offset") or 0))
 
@@ -330,7 +347,7 @@ class DashboardApp(App[None]):
 
     # -- layout editing -------------------------------------------------------------------------
 
-    async def _check_form(self, toml_text: str, path: str, replace: str | None,
+    async def _check_form(self, toml_text: str, path: str | None, replace: str | None,
                           values: dict[str, str]) -> Verdict:
         try:
             table = layout_edit.parse_form(values)
@@ -358,16 +375,19 @@ class DashboardApp(App[None]):
     async def edit_instance(self, name: str | None) -> None:
         """Add (`name` None) or edit an instance through the form, then apply the layout."""
         doc = await self.client.layout()
-        toml_text, path = doc.get("toml") or "", doc.get("path") or "layout.toml"
+        toml_text, path = doc.get("toml") or "", doc.get("path")
+        if not toml_text:
+            self.notify("no layout is running: `vsup up LAYOUT` first", severity="warning")
+            return
         if name is None:
             values, title = self._suggested(), "Add an instance"
         else:
             try:
                 values = layout_edit.form_values(layout_edit.instance_table(toml_text, name, path))
             except KeyError:
-                self.notify(f"{name} is not in the running layout {path}", severity="error")
+                self.notify(f"{name} is not in the running layout {path or ''}", severity="error")
                 return
-            title = f"Edit {name} ({path})"
+            title = f"Edit {name} ({path or 'unsaved layout'})"
         check = functools.partial(self._check_form, toml_text, path, name)
         verdict = await self.push_screen_wait(InstanceFormScreen(title, values, check))
         if verdict is None:
@@ -380,7 +400,7 @@ class DashboardApp(App[None]):
         if name is None:
             return
         doc = await self.client.layout()
-        toml_text, path = doc.get("toml") or "", doc.get("path") or "layout.toml"
+        toml_text, path = doc.get("toml") or "", doc.get("path")
         try:
             new_toml = layout_edit.without_instance(toml_text, name, path)
         except KeyError:
@@ -398,7 +418,7 @@ class DashboardApp(App[None]):
         if ok:
             await self._apply(verdict, path, confirmed=True)
 
-    async def _apply(self, verdict: Verdict, path: str, confirmed: bool = False) -> None:
+    async def _apply(self, verdict: Verdict, path: str | None, confirmed: bool = False) -> None:
         plan = verdict.plan
         if not confirmed and (plan.get("restart") or plan.get("stop")):
             ok = await self.push_screen_wait(ConfirmScreen(

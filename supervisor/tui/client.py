@@ -67,11 +67,23 @@ def as_snapshot(answer: StatusSnapshot | dict[str, Any]) -> StatusSnapshot:
 
 
 def answer_errors(answer: dict[str, Any]) -> list[str]:
-    """The `errors` of an apply/action answer as strings (entries may be dicts)."""
+    """The `errors` of an apply/action/save answer as strings. Entries may be strings,
+    diagnostics (`{"text": "FILE:LINE: error: instance 'x': key 'port': ...", ...}`) or
+    action failures (`{"name", "error"}`)."""
     out = []
     for err in answer.get("errors") or ():
         if isinstance(err, dict):
-            out.append(str(err.get("message") or err.get("error") or err))
+            if err.get("text") or err.get("message"):
+                out.append(str(err.get("text") or err.get("message")))
+            elif err.get("name") and err.get("error"):
+                out.append(f"{err['name']}: {err['error']}")
+            else:
+                out.append(str(err.get("error") or err))
         else:
             out.append(str(err))
     return out
+
+
+def is_missing(exc: BaseException) -> bool:
+    """A 404 answer: e.g. an instance with no log yet, or no previous run."""
+    return getattr(exc, "status", None) == 404

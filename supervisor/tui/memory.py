@@ -20,7 +20,11 @@ from supervisor.snapshot import StatusSnapshot
 
 
 class DaemonError(Exception):
-    """A 4xx answer: `str()` is the daemon's `error` message."""
+    """A 4xx answer: `str()` is the daemon's `error` message, `status` the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -42,7 +46,7 @@ class MemoryClient:
     snapshot: StatusSnapshot | None = None
     source: Callable[[], StatusSnapshot] | None = None
     layout_toml: str = ""
-    layout_path: str = "layout.toml"
+    layout_path: str = "/srv/vsup/layout.toml"
     logs_current: dict[str, str] = field(default_factory=dict)
     logs_previous: dict[str, str] = field(default_factory=dict)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -64,7 +68,7 @@ class MemoryClient:
     def _known(self, name: str) -> None:
         snap = self.source() if self.source else self.snapshot
         if snap is None or snap.instance(name) is None:
-            raise DaemonError(f"unknown instance {name!r}")
+            raise DaemonError(f"unknown instance {name!r}", status=404)
 
     async def status(self) -> StatusSnapshot | dict[str, Any]:
         self._record("status")
@@ -101,7 +105,11 @@ class MemoryClient:
     ) -> dict[str, Any]:
         self._record("logs", name=name, previous=previous, offset=offset, tail=tail)
         self._known(name)
-        text = (self.logs_previous if previous else self.logs_current).get(name, "")
+        logs = self.logs_previous if previous else self.logs_current
+        if name not in logs:
+            which = "previous run" if previous else "log yet"
+            raise DaemonError(f"instance {name!r} has no {which}", status=404)
+        text = logs[name]
         data = text.encode()
         start = offset if offset is not None else 0
         if tail is not None and offset is None:

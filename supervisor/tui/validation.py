@@ -44,7 +44,7 @@ def _split(diagnostics: list[Diagnostic]) -> tuple[list[str], list[str]]:
             [d.format() for d in diagnostics if not d.is_error])
 
 
-def instance_rules(toml_text: str, path: str, table: Mapping[str, Any], replace: str | None,
+def instance_rules(toml_text: str, path: str | None, table: Mapping[str, Any], replace: str | None,
                    node_gpus: int | None) -> Verdict:
     """The layout with `table` added (or replacing `replace`) and what validation says about
     that instance. Blocking (reads files): run it in a thread."""
@@ -52,21 +52,21 @@ def instance_rules(toml_text: str, path: str, table: Mapping[str, Any], replace:
     name = table.get("name")
     if name != replace and layout.instance(name) is not None:
         return Verdict(toml_text, errors=[
-            f"{path}: instance '{name}': key 'name': another instance already has this name; "
-            "choose another name"])
+            f"{path or 'layout'}: instance '{name}': key 'name': another instance already has "
+            "this name; choose another name"])
     new_toml = layout_edit.with_instance(toml_text, table, replace, path)
     errors, warnings = _split(validate_instance(layout, table, replace_name=replace,
                                                 node_gpus=node_gpus))
     return Verdict(new_toml, errors, warnings)
 
 
-def layout_rules(toml_text: str, path: str, node_gpus: int | None) -> Verdict:
+def layout_rules(toml_text: str, path: str | None, node_gpus: int | None) -> Verdict:
     """What validation says about a whole layout text. Blocking: run it in a thread."""
     errors, warnings = _split(validate(layout_edit.parse(toml_text, path), node_gpus=node_gpus))
     return Verdict(toml_text, errors, warnings)
 
 
-async def dry_run(client: DashboardClient, verdict: Verdict, path: str) -> Verdict:
+async def dry_run(client: DashboardClient, verdict: Verdict, path: str | None) -> Verdict:
     """Ask the daemon what applying `verdict.toml` would do; its refusals become errors."""
     if verdict.errors:
         return verdict
@@ -83,7 +83,7 @@ async def dry_run(client: DashboardClient, verdict: Verdict, path: str) -> Verdi
     return verdict
 
 
-async def check_instance(client: DashboardClient, toml_text: str, path: str,
+async def check_instance(client: DashboardClient, toml_text: str, path: str | None,
                          table: Mapping[str, Any], replace: str | None, node_gpus: int | None,
                          local: bool = True) -> Verdict:
     """A form's instance: local rules in a thread, then the daemon's dry run."""
@@ -95,7 +95,7 @@ async def check_instance(client: DashboardClient, toml_text: str, path: str,
     return await dry_run(client, verdict, path)
 
 
-async def check_layout(client: DashboardClient, toml_text: str, path: str,
+async def check_layout(client: DashboardClient, toml_text: str, path: str | None,
                        node_gpus: int | None, local: bool = True) -> Verdict:
     """A whole layout (after a removal): local rules in a thread, then the daemon's dry run."""
     if local:

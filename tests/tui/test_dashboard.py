@@ -283,3 +283,39 @@ async def test_a_changed_cell_repaints_its_row_only(client):
         row_y = table.order.index("gpu4") + table.header_height - int(table.scroll_y)
         assert {r.y for regions, _ in repaints for r in regions} == {row_y}
         assert table.get_cell("gpu4", "kv").plain == "11%"
+
+
+async def test_an_instance_without_a_log_says_so_once_until_it_runs():
+    snap = _replace(samples.gpu_node(), "gpu0", state="stopped", pid=None, run=None)
+    client = make_client(snap)
+    del client.logs_current["gpu0"]
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        log = app.screen.query_one("#log-tail")
+        await settle(pilot, lambda: log.line_count >= 1)
+        assert "has no log yet" in log.lines[0]
+        asked = len(client.calls_to("logs"))
+        app.tick()
+        await settle(pilot)
+        assert len(client.calls_to("logs")) == asked  # not polled while it cannot have a log
+        assert not app._notifications
+        client.logs_current["gpu0"] = "INFO starting\n"
+        client.snapshot = _replace(snap, "gpu0", state="starting", run=1)
+        app.tick()
+        await settle(pilot, lambda: any("INFO starting" in line for line in log.lines))
+
+
+async def test_config_is_read_again_once_the_instance_is_ready(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot, lambda: app.renders == 1)
+        for _ in range(3):
+            await pilot.press("down")
+        await settle(pilot, lambda: client.calls_to("config")[-1:] == [{"name": "gpu3"}])
+        asked = len(client.calls_to("config"))
+        app.tick()
+        await settle(pilot)
+        assert len(client.calls_to("config")) == asked
+        client.snapshot = _replace(client.snapshot, "gpu3", state="ready")
+        app.tick()
+        await settle(pilot, lambda: len(client.calls_to("config")) == asked + 1)

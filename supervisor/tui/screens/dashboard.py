@@ -135,10 +135,8 @@ class Dashboard(Screen[None]):
             table.show(shown, order, keep=app.selected)
             self._update_title(len(shown), len(snap.instances))
             self._fit_table(len(snap.instances))
-            if app.selected not in order:
-                app.select(table.selected_name)
-            else:
-                self.show_selected()
+            # the same instance again refreshes its panes (config, log after a new run)
+            app.select(app.selected if app.selected in order else table.selected_name)
 
     def show_selected(self) -> None:
         """The panes of the selected instance (from the current snapshot)."""

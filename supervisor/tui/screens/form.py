@@ -18,12 +18,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from supervisor.tui.layout_edit import FIELDS
+from supervisor.tui.screens.base import ReportsWorkerErrors
 from supervisor.tui.validation import Verdict
 
 Check = Callable[[dict[str, str]], Awaitable[Verdict]]
 
 
-class InstanceFormScreen(ModalScreen["Verdict | None"]):
+class InstanceFormScreen(ReportsWorkerErrors, ModalScreen["Verdict | None"]):
     """The instance form; `check(values)` builds and validates the resulting layout."""
 
     DEFAULT_CSS = """

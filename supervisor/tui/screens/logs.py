@@ -8,12 +8,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from supervisor.tui.client import DashboardClient
+from supervisor.tui.client import DashboardClient, is_missing
+from supervisor.tui.screens.base import ReportsWorkerErrors
 
 FIRST_READ = 256 * 1024  # bytes of the end of the file shown on open
 
 
-class LogScreen(Screen[None]):
+class LogScreen(ReportsWorkerErrors, Screen[None]):
     """Reads the log through the daemon; following polls from the last offset."""
 
     DEFAULT_CSS = """
@@ -60,14 +61,24 @@ class LogScreen(Screen[None]):
         if self.follow and self.is_current:
             self._read()
 
-    @work(exclusive=True, group="log-screen", exit_on_error=False)
+    @work(name="log", exclusive=True, group="log-screen", exit_on_error=False)
     async def _read(self) -> None:
-        if self.log_offset is None:
-            doc = await self.client.logs(self.instance, previous=self.previous, tail=FIRST_READ)
-        else:
-            doc = await self.client.logs(self.instance, previous=self.previous, offset=self.log_offset)
-        self.reads += 1
         log = self.query_one(Log)
+        try:
+            if self.log_offset is None:
+                doc = await self.client.logs(self.instance, previous=self.previous,
+                                             tail=FIRST_READ)
+            else:
+                doc = await self.client.logs(self.instance, previous=self.previous,
+                                             offset=self.log_offset)
+        except Exception as exc:
+            if not is_missing(exc):
+                raise
+            self.reads += 1
+            if self.reads == 1:
+                log.write_line(f"({exc})")
+            return
+        self.reads += 1
         if self.log_offset is not None and doc.get("run") != self.log_run:
             # the instance restarted: its new run is a new file, read from its start
             log.write_line(f"──── new run {doc.get('run')} ────")

@@ -12,11 +12,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from supervisor.tui.screens.base import ReportsWorkerErrors
+
 # path -> the path written; raises with the daemon's message when refused
 Save = Callable[[str], Awaitable[str]]
 
 
-class SaveScreen(ModalScreen["str | None"]):
+class SaveScreen(ReportsWorkerErrors, ModalScreen["str | None"]):
     """Asks for the file; dismisses with the written path, or None when cancelled."""
 
     DEFAULT_CSS = """

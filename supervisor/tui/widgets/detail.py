@@ -121,7 +121,8 @@ def exit_text(inst: InstanceStatus | None) -> Text:
 
 def masked_env(env: Mapping[str, Any]) -> dict[str, str]:
     """The environment with secret-looking values masked (the daemon masks too)."""
-    return {k: (MASK if _SECRET.search(k) and str(v) != MASK else str(v)) for k, v in env.items()}
+    return {k: (MASK if _SECRET.search(k) and not str(v).startswith("*") else str(v))
+            for k, v in env.items()}
 
 
 def config_text(config: Mapping[str, Any] | None) -> Text:

@@ -116,6 +116,12 @@ async def test_l_opens_the_full_screen_log_that_follows_and_escape_returns(clien
         await settle(pilot, lambda: any("one more line" in ln for ln in log.lines))
         await pilot.press("f")
         assert not screen.follow
+        client.logs_current["gpu0"] += 'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+        screen._read()
+        await settle(pilot, lambda: screen.reads >= 3)
+        assert not any("GET /health" in ln for ln in log.lines)  # vsup's own probes hidden
+        await pilot.press("h")
+        assert any("GET /health" in ln for ln in log.lines)
         await pilot.press("escape")
         assert isinstance(app.screen, Dashboard)
 

@@ -186,3 +186,13 @@ def test_plan_text_names_what_starts_restarts_and_stops():
     assert plan_text({"start": ["a"], "restart": [], "stop": ["b", "c"], "unchanged": ["d"]}) \
         == "start: a · stop: b, c"
     assert plan_text({}) == "nothing to start, restart or stop"
+
+
+def test_log_tail_hides_the_access_lines_of_vsups_own_probes():
+    from supervisor.tui.widgets.detail import without_probes
+
+    text = ('INFO:     127.0.0.1:59488 - "GET /health HTTP/1.1" 200 OK\n'
+            'INFO:     127.0.0.1:59492 - "GET /metrics HTTP/1.1" 200 OK\n'
+            'INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+            "INFO 05-11 09:00:31 [api_server.py:1874] Starting vLLM server on http://0.0.0.0:8000\n")
+    assert without_probes(text) == ''.join(text.splitlines(keepends=True)[2:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,8 +12,10 @@ from textual.widgets import Footer, Log, Static
 
 from supervisor.tui.client import DashboardClient, is_missing
 from supervisor.tui.screens.base import ReportsWorkerErrors
+from supervisor.tui.widgets.detail import without_probes
 
 FIRST_READ = 256 * 1024  # bytes of the end of the file shown on open
+MAX_LINES = 50_000
 
 
 class LogScreen(ReportsWorkerErrors, Screen[None]):
@@ -25,6 +29,7 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
     BINDINGS = [
         Binding("escape,q", "close", "Back"),
         Binding("f", "toggle_follow", "Follow on/off"),
+        Binding("h", "toggle_probes", "vsup's probes on/off"),
         Binding("home", "top", "Top", show=False),
         Binding("end", "bottom", "End", show=False),
     ]
@@ -40,17 +45,20 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         self.log_run: object = None
         self.log_path: str | None = None
         self.reads = 0
+        self.hide_probes = True  # uvicorn access lines of vsup's own /health, /metrics
+        self._raw: deque[str] = deque(maxlen=MAX_LINES)
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="log-title")
-        yield Log(max_lines=50_000, auto_scroll=True, id="log-full")
+        yield Log(max_lines=MAX_LINES, auto_scroll=True, id="log-full")
         yield Footer()
 
     def _title(self) -> str:
         which = "previous run" if self.previous else "this run"
         follow = " · following" if self.follow else (" · paused (f follows)" if not self.previous else "")
         where = f" · {self.log_path}" if self.log_path else ""
-        return f"log of {self.instance} · {which}{follow}{where}"
+        probes = " · vsup's probes hidden (h)" if self.hide_probes else ""
+        return f"log of {self.instance} · {which}{follow}{probes}{where}"
 
     def on_mount(self) -> None:
         self._read()
@@ -88,7 +96,10 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         self.log_offset = doc.get("offset")
         text = doc.get("text") or ""
         if text:
-            log.write(text)
+            self._raw.extend(text.splitlines(keepends=True))
+            shown = without_probes(text) if self.hide_probes else text
+            if shown:
+                log.write(shown)
         elif self.reads == 1:
             log.write_line("(empty)" if not self.previous else "(no previous run)")
         self.query_one("#log-title", Static).update(self._title())
@@ -103,6 +114,14 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         self.query_one("#log-title", Static).update(self._title())
         if self.follow:
             self._read()
+
+    def action_toggle_probes(self) -> None:
+        self.hide_probes = not self.hide_probes
+        log = self.query_one(Log)
+        log.clear()
+        text = "".join(self._raw)
+        log.write(without_probes(text) if self.hide_probes else text)
+        self.query_one("#log-title", Static).update(self._title())
 
     def action_top(self) -> None:
         self.query_one(Log).scroll_home(animate=False)

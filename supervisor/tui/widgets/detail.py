@@ -20,6 +20,17 @@ from supervisor.tui.history import METRICS, History, spark
 
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 MASK = "****"
+# uvicorn's access lines for the requests vsup itself makes every second (health checks and
+# metric scrapes): they would bury everything else in the log tail.
+_PROBE_LINE = re.compile(r'"(GET|HEAD) /(health|metrics|load|version)\b[^"]*" \d{3}')
+
+
+def without_probes(text: str) -> str:
+    """`text` without the access-log lines of vsup's own /health and /metrics requests."""
+    if "HTTP/" not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not _PROBE_LINE.search(line))
 
 
 class SparkPanel(Widget):
@@ -216,5 +227,6 @@ class DetailTabs(TabbedContent):
         log = self.query_one("#log-tail", Log)
         if reset:
             log.clear()
+        text = without_probes(text)
         if text:
             log.write(text)

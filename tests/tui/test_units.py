@@ -196,3 +196,23 @@ def test_log_tail_hides_the_access_lines_of_vsups_own_probes():
             'INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
             "INFO 05-11 09:00:31 [api_server.py:1874] Starting vLLM server on http://0.0.0.0:8000\n")
     assert without_probes(text) == ''.join(text.splitlines(keepends=True)[2:])
+
+
+def test_vsup_and_vsup_tui_parse_readonly_and_refresh():
+    from supervisor.cli import build_parser
+
+    args = build_parser().parse_args(["tui", "--readonly", "--refresh", "2"])
+    assert args.readonly is True and args.refresh == 2.0
+    assert args.func.__module__ == "supervisor.commands.tui"
+    default = build_parser().parse_args(["tui"])
+    assert default.readonly is False and default.refresh == 1.0
+
+
+def test_vsup_tui_with_a_bad_keymap_says_so_before_touching_the_daemon(monkeypatch, capsys):
+    from supervisor.cli import build_parser
+
+    monkeypatch.setenv("VSUP_KEYMAP", "reboot=R")
+    monkeypatch.setenv("VSUP_TUI_CONFIG", "/nonexistent/tui.toml")
+    args = build_parser().parse_args(["tui"])
+    assert args.func(args) == 2
+    assert "VSUP_KEYMAP: unknown key binding id(s) reboot" in capsys.readouterr().err

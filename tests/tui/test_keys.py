@@ -210,3 +210,13 @@ def test_keymap_with_an_unknown_id_names_the_file_and_the_known_ids(tmp_path):
         keymap.load_keymap(environ={"VSUP_TUI_CONFIG": str(conf)})
     with pytest.raises(ValueError, match="VSUP_KEYMAP: 'restart' is not ID=KEY"):
         keymap.load_keymap(environ={"VSUP_KEYMAP": "restart"})
+
+
+async def test_letters_typed_into_the_filter_are_text_not_commands(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        await pilot.press("slash", "q", "r", "x", "s")
+        await settle(pilot)
+        assert app.filter_text == "qrxs" and isinstance(app.screen, Dashboard)
+        assert app.return_code is None and client.calls_to("action") == []

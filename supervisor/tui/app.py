@@ -337,7 +337,7 @@ class DashboardApp(App[None]):
     def key_display(self, binding_id: str) -> str:
         """What to press for a binding, as remapped by the keymap (`?`, `R`, `ctrl+d`)."""
         key = next(k for k in KEYS if k.id == binding_id)
-        keys = self._keymap.get(binding_id, key.key)
+        keys = self.user_keymap.get(binding_id, key.key)
         return ",".join(self.get_key_display(Binding(k.strip(), key.action))
                         for k in keys.split(","))
 

@@ -21,7 +21,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="watch only: keys that start, stop, edit or save are disabled")
     parser.add_argument("--refresh", type=float, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1, the daemon's own rate)")
+    parser.add_argument("--screenshot", metavar="FILE.svg",
+                        help="render the dashboard headless, save it as SVG and exit")
+    parser.add_argument("--size", default="160x45", metavar="COLSxROWS",
+                        help="terminal size for --screenshot (default 160x45)")
+    parser.add_argument("--select", metavar="NAME",
+                        help="instance shown in the detail pane of --screenshot")
     parser.set_defaults(func=run)
+
+
+def _size(text: str) -> tuple[int, int] | None:
+    cols, _, rows = text.lower().partition("x")
+    if cols.isdigit() and rows.isdigit() and int(cols) >= 40 and int(rows) >= 12:
+        return int(cols), int(rows)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +56,23 @@ def run(args: argparse.Namespace) -> int:
     except DaemonUnavailable as exc:
         print(f"vsup tui: {exc}", file=sys.stderr)
         return 1
+    if args.screenshot:
+        import asyncio
+
+        from supervisor.tui.shot import screenshot_live
+
+        size = _size(args.size)
+        if size is None:
+            print(f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12",
+                  file=sys.stderr)
+            return 2
+        try:
+            path = asyncio.run(screenshot_live(args.screenshot, size, select=args.select))
+        except (TimeoutError, ValueError) as exc:
+            print(f"vsup tui: {exc}", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
     app = DashboardApp(AsyncClient(), readonly=args.readonly, keymap=keymap,
                        refresh_s=args.refresh)
     app.run()

@@ -1,0 +1,221 @@
+"""The control plane against real vLLM servers (CPU build), driven through the real CLI.
+
+One scenario, because each vLLM start costs ~30 s and 2 GiB here:
+two `vsup up --detach --wait` at once start one daemon and two instances; SIGKILL of the daemon
+leaves the instances serving; the next `vsup status` starts a daemon that re-adopts them (same
+pid, still ready, no restart counted); an instance killed while no daemon watched is found
+vanished and restarted; an adopted instance's later death is detected and restarted;
+`vsup down` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+from tests.conftest import free_port  # noqa: E402
+
+
+def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
+    env = dict(os.environ, VSUP_HOME=str(home))
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=Path(__file__).parents[3],
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"vsup {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def start_vsup(home: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, VSUP_HOME=str(home))
+    return subprocess.Popen(
+        [sys.executable, "-m", "supervisor", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[3],
+    )
+
+
+def status(home: Path) -> dict:
+    proc = vsup(home, "status", "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def write_layout(path: Path, model: Path, ports: list[int], vllm_env: dict) -> None:
+    env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
+    cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
+    text = f"""
+[layout]
+name = "cpu-pair"
+
+[defaults]
+model = "{model}"
+command = {cmd}
+host = "127.0.0.1"
+args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512 }}
+env = {{ {env} }}
+restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s = 600, max_failures = 5 }}
+"""
+    for i, port in enumerate(ports):
+        text += f"""
+[[instance]]
+name = "cpu{i}"
+gpus = []
+port = {port}
+"""
+    path.write_text(text)
+
+
+def daemons_of(home: Path) -> list[psutil.Process]:
+    """Live daemon processes serving `home` (a spawned daemon runs in VSUP_HOME)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        if (p.info["cmdline"] or [])[-3:] == ["-m", "supervisor", "daemon"] \
+                and p.info["cwd"] == str(home) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+def completion(port: int) -> httpx.Response:
+    base = f"http://127.0.0.1:{port}"
+    model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+    return httpx.post(
+        f"{base}/v1/completions",
+        json={"model": model, "prompt": "the quick brown fox", "max_tokens": 5},
+        timeout=60,
+    )
+
+
+def journal(home: Path) -> list[dict]:
+    return [json.loads(x) for x in (home / "journal.jsonl").read_text().splitlines() if x.strip()]
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def group_alive(pgid: int) -> list[int]:
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return left
+
+
+def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_path):
+    home = vsup_home
+    ports = [free_port(), free_port()]
+    layout = tmp_path / "pair.toml"
+    write_layout(layout, tiny_model, ports, vllm_env)
+    pgids: set[int] = set()
+    try:
+        # Two `up` at once: one daemon, each instance once.
+        a = start_vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "300")
+        b = start_vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "300")
+        out_a, err_a = a.communicate(timeout=400)
+        out_b, err_b = b.communicate(timeout=400)
+        assert a.returncode == 0, out_a + err_a
+        assert b.returncode == 0, out_b + err_b
+        assert "start: cpu0, cpu1" in out_a + out_b  # said before doing it
+        assert len(daemons_of(home)) == 1
+        doc = status(home)
+        insts = {i["name"]: i for i in doc["instances"]}
+        assert [insts[n]["state"] for n in ("cpu0", "cpu1")] == ["ready", "ready"]
+        for port in ports:
+            servers = [p for p in psutil.process_iter(["cmdline"])
+                       if "--port" in (p.info["cmdline"] or [])
+                       and str(port) in (p.info["cmdline"] or [])]
+            assert len(servers) == 1, f"port {port}: {len(servers)} API servers"
+        pids = {n: insts[n]["pid"] for n in insts}
+        pgids = {os.getpgid(pid) for pid in pids.values()}
+        restarts = {n: insts[n]["restarts"] for n in insts}
+        old_daemon = doc["supervisor"]["pid"]
+
+        # SIGKILL the daemon: the instances keep serving.
+        os.kill(old_daemon, signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(old_daemon)
+                 or psutil.Process(old_daemon).status() == psutil.STATUS_ZOMBIE, 10, "daemon death")
+        resp = completion(ports[0])
+        assert resp.status_code == 200, resp.text
+        # While no daemon watches, cpu1's whole process group dies.
+        pgid1 = os.getpgid(pids["cpu1"])
+        os.killpg(pgid1, signal.SIGKILL)
+        wait_for(lambda: group_alive(pgid1) == [], 10, "cpu1's processes to die")
+
+        # The next client command brings a daemon back; it re-adopts cpu0 as it was.
+        doc = status(home)
+        assert doc["supervisor"]["pid"] != old_daemon
+        insts = {i["name"]: i for i in doc["instances"]}
+        assert insts["cpu0"]["pid"] == pids["cpu0"]
+        assert insts["cpu0"]["state"] == "ready"
+        assert insts["cpu0"]["restarts"] == restarts["cpu0"]
+        assert len(daemons_of(home)) == 1
+        # cpu1 vanished: it is treated as exited and restarted by its policy.
+        assert insts["cpu1"]["pid"] != pids["cpu1"]
+        assert insts["cpu1"]["state"] in ("starting", "backoff", "ready")
+        adopts = {e["instance"]: e["adopted"] for e in journal(home) if e["kind"] == "adopt"}
+        assert adopts == {"cpu0": True, "cpu1": False}
+
+        # An adopted instance (not the daemon's child) dying is seen at once and restarted.
+        t_kill = time.time()
+        os.kill(pids["cpu0"], signal.SIGKILL)
+
+        def exit_event():
+            return [e for e in journal(home) if e["kind"] == "exit" and e["instance"] == "cpu0"]
+
+        seen = wait_for(exit_event, 30, "the daemon to see cpu0 die", interval=0.05)[-1]
+        t_seen = datetime.fromisoformat(seen["t"].replace("Z", "+00:00")).timestamp()
+        print(f"\nexit of an adopted instance detected {t_seen - t_kill:.3f} s after SIGKILL")
+        assert t_seen - t_kill < 2.0
+        assert seen["reason"]  # a non-child's status is unknown; its log says why
+
+        def cpu0_back():
+            i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
+            return i if i["state"] == "ready" and i["pid"] != pids["cpu0"] else None
+
+        back = wait_for(cpu0_back, 240, "cpu0 to be restarted and ready", interval=1.0)
+        assert back["restarts"] == restarts["cpu0"] + 1
+
+        # `vsup down`: every instance stopped, the daemon gone, no process left.
+        doc = status(home)
+        for inst in doc["instances"]:
+            if inst["pid"]:
+                pgids.add(os.getpgid(inst["pid"]))
+        down = vsup(home, "down", timeout=300)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert daemons_of(home) == []
+        for pgid in pgids:
+            assert group_alive(pgid) == [], f"process group {pgid} left behind"
+        assert not (home / "vsup.sock").exists()
+    finally:
+        if daemons_of(home):
+            vsup(home, "down", timeout=300)
+        for p in daemons_of(home):
+            p.kill()
+        for pgid in pgids:
+            for pid in group_alive(pgid):
+                with __import__("contextlib").suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

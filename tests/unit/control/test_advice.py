@@ -1,0 +1,105 @@
+"""Live advice rules (DESIGN.md, "Live advice")."""
+
+from __future__ import annotations
+
+from supervisor.control.advice import AdviceInputs, compute_advice, problem
+from supervisor.control.history import History
+from supervisor.snapshot import GpuProcess, GpuStatus, LastExit, empty_instance
+
+GiB = 1024**3
+NONE = AdviceInputs(preemptions_rising={}, recent_failures={})
+
+
+def kinds(advice):
+    return [(a.kind, a.instance, a.gpu) for a in advice]
+
+
+def test_full_kv_cache_with_rising_preemptions_says_the_cache_is_too_small():
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.97, preemptions_per_min=12.0)
+    advice = compute_advice([inst], [], NONE)
+    assert kinds(advice) == [("kv_exhausted", "g0", None)]
+    text = advice[0].message
+    for remedy in ("fewer instances per GPU", "gpu_memory_utilization", "fp8", "max-num-seqs"):
+        assert remedy in text
+
+
+def test_full_kv_cache_without_preemptions_is_fine():
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.99, preemptions_per_min=0.0)
+    assert compute_advice([inst], [], NONE) == ()
+
+
+def test_preemptions_below_the_kv_threshold_are_not_this_advice():
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.80, preemptions_per_min=30.0)
+    assert compute_advice([inst], [], NONE) == ()
+
+
+def test_rising_counter_in_history_triggers_even_without_a_rate():
+    hist = History()
+    for t, total in ((100.0, 5.0), (101.0, 5.0), (102.0, 9.0)):
+        hist.record(t, empty_instance("g0", kv_cache_usage=0.96, preemptions_total=total))
+    assert hist.preemptions_rising("g0", now=102.0)
+    assert not hist.preemptions_rising("g0", now=400.0)
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.96)
+    inputs = AdviceInputs(preemptions_rising={"g0": True}, recent_failures={})
+    assert kinds(compute_advice([inst], [], inputs)) == [("kv_exhausted", "g0", None)]
+
+
+def test_counter_reset_by_a_restart_is_not_a_rise():
+    hist = History()
+    for t, total in ((100.0, 50.0), (101.0, 0.0), (102.0, 0.0)):
+        hist.record(t, empty_instance("g0", preemptions_total=total))
+    assert not hist.preemptions_rising("g0", now=102.0)
+
+
+def test_hbm_above_the_planned_share_is_reported_with_numbers():
+    inst = empty_instance(
+        "g0", state="ready", gpus=(3,), hbm_bytes=60 * GiB, planned_hbm_bytes=48 * GiB,
+        gpu_memory_utilization=0.25,
+    )
+    advice = compute_advice([inst], [], NONE)
+    assert kinds(advice) == [("hbm_over_plan", "g0", 3)]
+    assert "60.0 GiB" in advice[0].message and "48.0 GiB" in advice[0].message
+
+
+def test_small_hbm_excess_is_allocator_slack():
+    inst = empty_instance("g0", gpus=(0,), hbm_bytes=48 * GiB + 100 * 1024**2,
+                          planned_hbm_bytes=48 * GiB)
+    assert compute_advice([inst], [], NONE) == ()
+
+
+def test_unknown_hbm_gives_no_advice():
+    inst = empty_instance("g0", gpus=(0,), hbm_bytes=None, planned_hbm_bytes=48 * GiB)
+    assert compute_advice([inst], [], NONE) == ()
+
+
+def test_foreign_process_on_a_gpu_is_named():
+    gpu = GpuStatus(2, "H200", 141 * GiB, 20 * GiB, 0.0, 30.0, 100.0,
+                    (GpuProcess(111, 10 * GiB, "g2"), GpuProcess(999, 8 * GiB, None)))
+    advice = compute_advice([], [gpu], NONE)
+    assert kinds(advice) == [("foreign_process", None, 2)]
+    assert "pid 999" in advice[0].message and "8.0 GiB" in advice[0].message
+
+
+def test_failed_instance_is_critical_and_says_how_to_restart():
+    le = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "torch.OutOfMemoryError: CUDA out")
+    inst = empty_instance("g1", state="failed", last_exit=le, restarts=5)
+    advice = compute_advice([inst], [], NONE)
+    assert kinds(advice) == [("crash_loop", "g1", None)]
+    assert advice[0].severity == "critical"
+    assert "vsup restart g1" in advice[0].message and "OutOfMemoryError" in advice[0].message
+
+
+def test_repeated_failures_in_the_window_are_a_crash_loop():
+    inst = empty_instance("g1", state="backoff", restarts=3)
+    inputs = AdviceInputs(preemptions_rising={}, recent_failures={"g1": 3})
+    assert kinds(compute_advice([inst], [], inputs)) == [("crash_loop", "g1", None)]
+    quiet = AdviceInputs(preemptions_rising={}, recent_failures={"g1": 2})
+    assert compute_advice([inst], [], quiet) == ()
+
+
+def test_critical_advice_comes_first_and_problems_are_kept():
+    failed = empty_instance("a", state="failed")
+    kv = empty_instance("b", kv_cache_usage=1.0, preemptions_per_min=5.0)
+    inputs = AdviceInputs({}, {}, problems=(problem("state_file", "state file unreadable"),))
+    advice = compute_advice([kv, failed], [], inputs)
+    assert [a.kind for a in advice] == ["crash_loop", "state_file", "kv_exhausted"]

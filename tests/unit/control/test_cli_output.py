@@ -1,0 +1,88 @@
+"""What the control-plane commands print: the status table, progress, log chunks."""
+
+from __future__ import annotations
+
+import io
+
+from supervisor.commands.status import render
+from supervisor.control.api import read_log_chunk
+from supervisor.control.progress import Progress, describe_waiting, fmt_duration
+from supervisor.snapshot import (
+    Advice,
+    LastExit,
+    NodeInfo,
+    StatusSnapshot,
+    SupervisorInfo,
+    empty_instance,
+)
+
+
+def doc():
+    return StatusSnapshot(
+        supervisor=SupervisorInfo(pid=77, version="0.1.0", uptime_s=65, layout="pair"),
+        node=NodeInfo("n", "none", 0),
+        gpus=(),
+        instances=(
+            empty_instance("cpu0", state="ready", pid=100, port=8000, restarts=0, uptime_s=30,
+                           kv_cache_usage=0.5, requests_running=2.0, requests_waiting=0.0,
+                           backend="CPU_ATTN", backend_source="default"),
+            empty_instance("cpu1", state="backoff", port=8001, restarts=2,
+                           backoff_remaining_s=4.2,
+                           last_exit=LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z",
+                                              "a\nMemoryError: no room")),
+        ),
+        advice=(Advice("crash_loop", "warning", "cpu1: crash loop", instance="cpu1"),),
+    ).to_json()
+
+
+def test_status_table_shows_states_unknowns_exits_and_advice():
+    text = render(doc())
+    lines = text.splitlines()
+    assert lines[0].startswith("vsup 0.1.0 · layout pair · 1/2 ready · daemon pid 77 up 1m05s")
+    assert lines[1].split()[:3] == ["NAME", "STATE", "PID"]
+    row0, row1 = lines[2].split(), lines[3].split()
+    assert row0[:5] == ["cpu0", "ready", "100", "8000", "cpu"] and "50%" in row0
+    assert "CPU_ATTN*" in row0  # inferred, marked
+    assert row1[:3] == ["cpu1", "backoff", "4s"] and row1[-2:] == ["2", "-"]
+    assert "cpu1: last exit oom (code 1)" in text and "MemoryError: no room" in text
+    assert "warning: cpu1: crash loop" in text
+
+
+def test_progress_is_silent_in_a_pipe_and_live_on_a_terminal():
+    pipe = io.StringIO()
+    Progress(pipe).update("loading")
+    assert pipe.getvalue() == ""
+    tty = io.StringIO()
+    p = Progress(tty, enabled=True)
+    p.update("loading cpu0")
+    p.clear()
+    assert "loading cpu0" in tty.getvalue() and tty.getvalue().endswith("\r\x1b[K")
+
+
+def test_waiting_line_names_what_is_loading_and_for_how_long():
+    line = describe_waiting([
+        {"name": "a", "state": "ready"},
+        {"name": "b", "state": "starting", "state_since_s": 12.3},
+        {"name": "c", "state": "backoff", "backoff_remaining_s": 8, "last_exit": {"reason": "oom"}},
+    ])
+    assert line == "ready 1/3 · b loading 12s · c backoff 8s (oom)"
+    assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "-"
+
+
+def test_log_chunks_page_by_offset_and_tail_starts_on_a_line(tmp_path, monkeypatch):
+    import supervisor.control.api as api
+
+    log = tmp_path / "run-1.log"
+    log.write_bytes(b"".join(f"line {i}\n".encode() for i in range(100)))
+    size = log.stat().st_size
+    first = read_log_chunk(log, 0, None)
+    assert first["start"] == 0 and first["offset"] == size and first["eof"]
+    tail = read_log_chunk(log, None, 20)
+    assert tail["text"].startswith("line ") and tail["text"].endswith("line 99\n")
+    assert tail["offset"] == size
+    monkeypatch.setattr(api, "MAX_LOG_CHUNK", 50)
+    part = read_log_chunk(log, 0, None)
+    assert not part["eof"] and part["text"].endswith("\n") and part["offset"] < 50
+    again = read_log_chunk(log, part["offset"], None)
+    assert again["start"] == part["offset"]
+    assert read_log_chunk(tmp_path / "missing.log", 0, None)["text"] == ""

@@ -1,0 +1,140 @@
+"""Prometheus exposition of a snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.control.export import MetricsListener, parse_listen, render
+from supervisor.snapshot import (
+    Advice,
+    GpuProcess,
+    GpuStatus,
+    NodeInfo,
+    StatusSnapshot,
+    SupervisorInfo,
+    empty_instance,
+)
+
+GiB = 1024**3
+
+
+def snapshot() -> StatusSnapshot:
+    return StatusSnapshot(
+        supervisor=SupervisorInfo(pid=1, version="0.1.0", uptime_s=12.5, layout="l8"),
+        node=NodeInfo(hostname="node1", gpu_vendor="nvidia", gpu_count=1),
+        gpus=(GpuStatus(0, "H200", 141 * GiB, 70 * GiB, 93.0, 61.0, 512.5,
+                        (GpuProcess(10, 60 * GiB, "g0"), GpuProcess(77, GiB, None))),),
+        instances=(
+            empty_instance("g0", state="ready", pid=10, port=8000, gpus=(0,), model="m",
+                           restarts=2, hbm_bytes=60 * GiB, hbm_source="process",
+                           planned_hbm_bytes=63 * GiB,
+                           kv_cache_usage=0.42, preemptions_total=7.0, requests_running=3.0,
+                           requests_waiting=0.0, generation_tokens_per_s=812.5,
+                           backend="FLASH_ATTN", backend_source="log"),
+            empty_instance("g1", state="backoff", port=8001, gpus=(0,), restarts=1),
+        ),
+        advice=(Advice("foreign_process", "warning", "pid 77", gpu=0),),
+    )
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_exposition_has_instance_and_gpu_series_and_parses():
+    text = render(snapshot()).decode()
+    got = samples(text)
+    assert got[("vsup_instance_up", (("name", "g0"),))] == 1
+    assert got[("vsup_instance_up", (("name", "g1"),))] == 0
+    assert got[("vsup_instance_state", (("name", "g1"), ("state", "backoff")))] == 1
+    assert got[("vsup_instance_state", (("name", "g1"), ("state", "ready")))] == 0
+    assert got[("vsup_instance_restarts_total", (("name", "g0"),))] == 2
+    assert got[("vsup_instance_hbm_bytes", (("name", "g0"),))] == 60 * GiB
+    assert got[("vsup_instance_kv_cache_usage_ratio", (("name", "g0"),))] == 0.42
+    assert got[("vsup_instance_preemptions_total", (("name", "g0"),))] == 7
+    assert got[("vsup_instance_generation_tokens_per_second", (("name", "g0"),))] == 812.5
+    info = [k for k in got if k[0] == "vsup_instance_info" and ("name", "g0") in k[1]]
+    assert ("backend", "FLASH_ATTN") in info[0][1]
+    gl = (("gpu", "0"), ("gpu_name", "H200"))
+    assert got[("vsup_gpu_hbm_used_bytes", gl)] == 70 * GiB
+    assert got[("vsup_gpu_hbm_total_bytes", gl)] == 141 * GiB
+    assert got[("vsup_gpu_power_watts", gl)] == 512.5
+    assert got[("vsup_gpu_foreign_processes", gl)] == 1
+
+
+def test_unknown_values_are_left_out_not_zero():
+    got = samples(render(snapshot()).decode())
+    assert ("vsup_instance_kv_cache_usage_ratio", (("name", "g1"),)) not in got
+    assert ("vsup_instance_hbm_bytes", (("name", "g1"),)) not in got
+
+
+def test_every_series_is_documented_and_prefixed():
+    for fam in text_string_to_metric_families(render(snapshot()).decode()):
+        assert fam.name.startswith("vsup_") and fam.documentation
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [("127.0.0.1:9400", ("127.0.0.1", 9400)), ("[::1]:9400", ("::1", 9400)),
+     ("0.0.0.0:1", ("0.0.0.0", 1))],
+)
+def test_listen_addresses_parse(value, expected):
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["9400", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:70000", ":9"])
+def test_bad_listen_addresses_say_what_is_wrong(value):
+    with pytest.raises(ValueError, match="metrics_listen"):
+        parse_listen(value)
+
+
+async def test_listener_serves_the_latest_snapshot(port):
+    snap = {"now": None}
+    listener = MetricsListener(lambda: snap["now"])
+    await listener.start(f"127.0.0.1:{port}")
+    try:
+        async with httpx.AsyncClient() as http:
+            empty = await http.get(f"http://127.0.0.1:{port}/metrics")
+            assert empty.status_code == 200 and "vsup_instance_up" not in empty.text
+            snap["now"] = snapshot()
+            full = await http.get(f"http://127.0.0.1:{port}/metrics")
+            assert 'vsup_instance_up{name="g0"} 1.0' in full.text
+            assert full.headers["content-type"].startswith("text/plain")
+            assert (await http.get(f"http://127.0.0.1:{port}/nope")).status_code == 404
+    finally:
+        await listener.stop()
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as http:
+            await http.get(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_grafana_dashboard_uses_only_series_the_exporter_serves():
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parents[3] / "configs" / "grafana-vsup.json").read_text())
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend(t["expr"] for t in p.get("targets", ()))
+            walk(p.get("panels", ()))
+
+    walk(dash["panels"])
+    exprs.append(dash["templating"]["list"][1]["definition"])
+    used = {m for e in exprs for m in re.findall(r"vsup_[a-z_]+", e)}
+    served = {
+        s.name
+        for fam in text_string_to_metric_families(render(snapshot()).decode())
+        for s in fam.samples
+    }
+    assert used and used <= served, used - served

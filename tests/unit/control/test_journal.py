@@ -1,0 +1,65 @@
+"""The event journal: sequence numbers across restarts, torn lines, replay."""
+
+from __future__ import annotations
+
+import json
+
+from supervisor.control.journal import Journal, replay
+
+
+def test_events_get_increasing_seq_that_continue_after_reopen(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    j = Journal(path)
+    a = j.append("spawn", "a", pid=10)
+    b = j.append("ready", "a")
+    j.close()
+    j2 = Journal(path)
+    c = j2.append("exit", "a", reason="oom")
+    assert [a["seq"], b["seq"], c["seq"]] == [1, 2, 3]
+    events, nxt = j2.read(since=2)
+    assert [e["kind"] for e in events] == ["ready", "exit"] and nxt == 4
+    assert j2.read(since=nxt) == ([], 4)
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_event_starts_a_new_line(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    j = Journal(path)
+    j.append("spawn", "a", pid=10)
+    j.close()
+    with open(path, "ab") as fh:
+        fh.write(b'{"seq": 2, "kind": "ex')  # the daemon died mid-write
+    j2 = Journal(path)
+    assert j2.skipped_lines == 1
+    ev = j2.append("adopt", "a", pid=10)
+    assert ev["seq"] == 2
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1])["kind"] == "adopt"
+    assert [e["kind"] for e in j2.iter_file()] == ["spawn", "adopt"]
+
+
+def test_read_falls_back_to_the_file_for_old_events(tmp_path, monkeypatch):
+    import supervisor.control.journal as journal
+
+    monkeypatch.setattr(journal, "MEMORY_EVENTS", 3)
+    j = Journal(tmp_path / "journal.jsonl")
+    for i in range(10):
+        j.append("action", None, n=i)
+    events, nxt = j.read(since=2, limit=4)
+    assert [e["n"] for e in events] == [1, 2, 3, 4] and nxt == 6
+
+
+def test_replay_gives_the_last_process_of_each_instance(tmp_path):
+    j = Journal(tmp_path / "journal.jsonl")
+    j.append("spawn", "a", pid=10, pgid=10, create_time=1.0, port=8000, run=1)
+    j.append("ready", "a")
+    j.append("exit", "a", code=None, signal="SIGKILL", reason="killed", restarts=1)
+    j.append("spawn", "a", pid=11, pgid=11, create_time=2.0, port=8000, run=2, restarts=1)
+    j.append("spawn", "b", pid=20, pgid=20, create_time=3.0, port=8001, run=1)
+    j.append("exit", "b", code=0, signal=None, reason="stopped")
+    got = replay(j.iter_file())
+    assert got["a"].running and got["a"].pid == 11 and got["a"].run == 2
+    assert got["a"].restarts == 1
+    assert not got["b"].running and got["b"].last_exit["reason"] == "stopped"
+    # Only what happened after a given event counts (the state file covers the rest).
+    later = replay(j.iter_file(), after_seq=4)
+    assert set(later) == {"b"}

@@ -1,6 +1,6 @@
-"""The CLI as operators run it (real subprocesses, a real detached daemon), with fakevllm
-servers standing in for vLLM so that this runs in seconds; test_daemon_vllm.py does the same
-against real vLLM."""
+"""The CLI as operators run it (real subprocesses, a real detached daemon), with vLLM emulators
+(tests/programs/vllm_emulator.py) standing in for vLLM so that this runs in seconds;
+test_daemon_vllm.py does the same against real vLLM."""
 
 from __future__ import annotations
 

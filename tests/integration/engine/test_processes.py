@@ -1,4 +1,4 @@
-"""The engine driving real processes: tests/programs/fakevllm.py reproduces the process tree
+"""The engine driving real processes: tests/programs/vllm_emulator.py reproduces the process tree
 and the behaviours of a vLLM server (EngineCore child surviving a SIGKILL of its parent, a
 SIGTERM-deaf process, a dying engine answering 503) in a fraction of a second."""
 
@@ -26,7 +26,7 @@ def read_log(engine, name, run=None):
 
 def pid_of_role(engine, name, role, run=None):
     for line in read_log(engine, name, run).splitlines():
-        if line.startswith(f"fakevllm {role} "):
+        if line.startswith(f"emulator {role} "):
             return int(line.split("pid=")[1].split()[0])
     return None
 

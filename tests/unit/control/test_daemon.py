@@ -133,7 +133,7 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     assert "s3cret" not in json.dumps(cfg) and "FAKE_KEY_VAR" in cfg["env"]["VLLM_API_KEY"]
 
     log = await client.logs("a")
-    assert log["run"] == 1 and "fakevllm" in log["text"]
+    assert log["run"] == 1 and "emulator server" in log["text"]
     with pytest.raises(ControlError, match="no a previous run|has no a previous run|previous"):
         await client.logs("a", previous=True)
 
@@ -144,7 +144,7 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     inst = doc["instances"][0]
     assert inst["pid"] != first_pid and inst["run"] == 2 and inst["restarts"] == 0
     prev = await client.logs("a", previous=True)
-    assert prev["run"] == 1 and "fakevllm" in prev["text"]
+    assert prev["run"] == 1 and "emulator server" in prev["text"]
 
     answer = await client.action("stop", all=True)
     assert answer["done"] == ["a"]

@@ -25,7 +25,6 @@ GiB = 1024**3
 class AdviceInputs:
     """Everything the rules look at besides the snapshot itself."""
 
-    preemptions_rising: Mapping[str, bool]  # instance -> counter went up recently
     recent_failures: Mapping[str, int]  # instance -> failed exits in the crash window
     problems: tuple[Advice, ...] = ()  # the daemon's own (e.g. a corrupt state file)
 
@@ -37,7 +36,7 @@ def compute_advice(
     out: list[Advice] = list(inputs.problems)
     instances = list(instances)
     for inst in instances:
-        out += kv_too_small(inst, inputs.preemptions_rising.get(inst.name, False))
+        out += kv_too_small(inst)
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
     for gpu in gpus:
@@ -46,12 +45,13 @@ def compute_advice(
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
 
 
-def kv_too_small(inst: InstanceStatus, preemptions_rising: bool) -> list[Advice]:
-    """KV cache >= 95% full while preemptions rise: the cache is too small for the load."""
+def kv_too_small(inst: InstanceStatus) -> list[Advice]:
+    """KV cache >= 95% full while preemptions rise (the preemption counter grew within the
+    last minute: its per-minute rate is above zero): the cache is too small for the load."""
     if inst.kv_cache_usage is None or inst.kv_cache_usage < KV_FULL:
         return []
     rate = inst.preemptions_per_min
-    if not (preemptions_rising or (rate is not None and rate > 0)):
+    if rate is None or rate <= 0:
         return []
     rate_txt = f", {rate:.0f} preemptions/min" if rate else ""
     return [

@@ -37,7 +37,6 @@ from supervisor.control.advice import CRASH_WINDOW_S, AdviceInputs, compute_advi
 from supervisor.control.api import LogFile, build_app
 from supervisor.control.errors import Conflict, ControlError, UnknownInstances
 from supervisor.control.export import MetricsListener, parse_listen
-from supervisor.control.history import History
 from supervisor.control.journal import Journal, replay
 from supervisor.control.monitor import Monitor, Target
 from supervisor.control.server import ServedApp, bind_unix_socket
@@ -194,7 +193,6 @@ class Daemon:
         self.started_mono = self.clock.monotonic()
         self.state_file = StateFile(paths.state_path(self.home))
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
-        self.trends = History()
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
         self.layout_path: str | None = None
@@ -245,7 +243,7 @@ class Daemon:
             self._state_dirty.set()
 
     def _requests_running(self, name: str) -> float | None:
-        metrics = self.monitor.get(name).metrics
+        metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
 
     # ----------------------------------------------------------------- lifecycle
@@ -401,18 +399,13 @@ class Daemon:
     def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
         """An instance with no process (stopped or failed): known again, not started, with
         its run number, restarts and last exit as they were."""
-        # The engine has no public call for an idle instance (adopt() wants a process), so
-        # this builds one the way Engine.apply does, without its start.
-        from supervisor.engine.engine import Instance
-
-        inst = Instance(spec, self.engine)
-        self.engine._instances[spec.name] = inst
-        lc = inst._lc
-        lc.run = rec.run
-        lc.restarts = rec.restarts
-        lc.last_exit = _last_exit(rec.last_exit)
-        if rec.state == "failed":
-            lc.fail()
+        self.engine.restore(
+            spec,
+            state="failed" if rec.state == "failed" else "stopped",
+            run=rec.run,
+            restarts=rec.restarts,
+            last_exit=_last_exit(rec.last_exit),
+        )
 
     def _report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
@@ -511,12 +504,7 @@ class Daemon:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
         await self.monitor.poll(self._targets())
         self.poll_count += 1
-        snap = self.build_snapshot()
-        now = self.clock.wall()
-        for inst in snap.instances:
-            self.trends.record(now, inst)
-        self.trends.forget({i.name for i in snap.instances})
-        return snap
+        return self.build_snapshot()
 
     # ----------------------------------------------------------------- snapshot
 
@@ -528,42 +516,22 @@ class Daemon:
         instances = []
         for name, inst in self.engine.instances.items():
             spec = inst.spec
-            base = inst.status_fields()
-            tel = self.monitor.get(name)
-            m = tel.metrics
-            live = inst.state in ("ready", "unhealthy") and m is not None
+            live = inst.state in ("ready", "unhealthy") and inst.pid is not None
             planned = None
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
                 if all(t is not None for t in totals):
                     planned = int(spec.gpu_memory_utilization * sum(totals))
-            instances.append(
-                empty_instance(
-                    **{
-                        **base,
-                        "hbm_bytes": tel.hbm_bytes if inst.pid else None,
-                        "hbm_source": tel.hbm_source,
-                        "kv_cache_usage": m.kv_cache_usage if live else None,
-                        "kv_capacity_tokens": m.kv_capacity_tokens if live else None,
-                        "preemptions_total": m.preemptions_total if live else None,
-                        "preemptions_per_min": tel.preemptions_per_min if live else None,
-                        "requests_running": m.requests_running if live else None,
-                        "requests_waiting": m.requests_waiting if live else None,
-                        "generation_tokens_per_s": tel.generation_tokens_per_s if live else None,
-                        "prompt_tokens_per_s": tel.prompt_tokens_per_s if live else None,
-                        "prefix_cache_hit_rate": tel.prefix_cache_hit_rate if live else None,
-                        "backend": tel.backend,
-                        "backend_source": tel.backend_source,
-                        "planned_hbm_bytes": planned,
-                    }
-                )
-            )
+            fields = {
+                **inst.status_fields(),
+                **self.monitor.fields(name, live),
+                "planned_hbm_bytes": planned,
+            }
+            if inst.pid is None:
+                fields["hbm_bytes"] = None  # the figure of a process that is gone
+            instances.append(empty_instance(**fields))
         window_start = now_m - CRASH_WINDOW_S
-        wall = self.clock.wall()
         inputs = AdviceInputs(
-            preemptions_rising={
-                i.name: self.trends.preemptions_rising(i.name, wall) for i in instances
-            },
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
@@ -702,8 +670,7 @@ class Daemon:
             k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
             for k, v in env.items()
         }
-        metrics = self.monitor.get(name).metrics
-        cache = metrics.cache_config if metrics is not None else None
+        cache = self.monitor.cache_config(name)
         return {
             "argv": spec.argv(),
             "env": masked,
@@ -713,9 +680,7 @@ class Daemon:
 
     def history(self, name: str) -> dict[str, Any]:
         self._instance(name)
-        doc = self.trends.series(name)
-        doc.pop("preemptions_total", None)
-        return doc
+        return self.monitor.history_json(name)
 
     def events(self, since: int, limit: int) -> dict[str, Any]:
         events, nxt = self.journal.read(since, limit)

@@ -58,7 +58,7 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "vsup_instance_info",
         "One series per instance (value 1); model, backend and placement as labels",
-        labels=["name", "model", "backend", "backend_source", "port", "gpus"],
+        labels=["name", "model", "backend", "backend_name", "backend_source", "port", "gpus"],
     )
     state = GaugeMetricFamily(
         "vsup_instance_state", "1 for the instance's current state, 0 for the others",
@@ -114,6 +114,7 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
                 inst.name,
                 inst.model or "",
                 inst.backend or "",
+                inst.backend_name or "",
                 inst.backend_source or "",
                 "" if inst.port is None else str(inst.port),
                 ",".join(str(g) for g in inst.gpus),

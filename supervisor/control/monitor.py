@@ -1,10 +1,12 @@
-"""The daemon's telemetry loop: /metrics scrapes, rates, log watchers and the GPU probe.
+"""The daemon's telemetry loop: /metrics scrapes, log watchers and the GPU probe.
 
-Each poll starts one scrape per live instance that has none in flight and waits for them only
-up to a fraction of the poll interval: a slow or wedged server keeps its scrape running in the
-background (bounded by the scraper's timeout) while the others' figures are used at once, so
-one instance never delays the rest, and never the API (everything here is async or runs in a
-worker thread). Figures older than `STALE_S` are reported unknown rather than stale.
+Per instance, telemetry's `InstanceTelemetry` keeps the figures, rates, history, backend and
+log tail; this module decides when each is fed. Each poll starts one scrape per live instance
+that has none in flight and waits for them only up to half the poll interval: a slow or wedged
+server keeps its scrape running in the background (bounded by the scraper's timeout) while the
+others' figures are used at once, so one instance never delays the rest, and never the API
+(everything here is async or runs in a worker thread). Figures older than telemetry's
+`STALE_AFTER_S` read as unknown.
 """
 
 from __future__ import annotations
@@ -13,21 +15,32 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.snapshot import GpuStatus
-from supervisor.telemetry.hbm import InstanceRef, ProcessTable, attribute, gpu_statuses
-from supervisor.telemetry.logwatch import LogWatcher
+from supervisor.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
+from supervisor.telemetry.instance import InstanceTelemetry
 from supervisor.telemetry.metrics import VllmMetrics
-from supervisor.telemetry.rates import InstanceRates
-from supervisor.telemetry.scrape import Scraper, ScrapeResult
+from supervisor.telemetry.scrape import Scraper
 
 log = logging.getLogger("vsup.monitor")
 
 SCRAPE_TIMEOUT_S = 5.0
-STALE_S = 5.0  # figures older than this (monotonic seconds) are unknown
+# The keys of telemetry's fields() that describe a running server (blank when it is not live).
+LIVE_KEYS = (
+    "kv_cache_usage",
+    "kv_capacity_tokens",
+    "preemptions_total",
+    "preemptions_per_min",
+    "requests_running",
+    "requests_waiting",
+    "generation_tokens_per_s",
+    "prompt_tokens_per_s",
+    "prefix_cache_hit_rate",
+)
 
 
 @dataclass(frozen=True)
@@ -45,43 +58,20 @@ class Target:
     attention_flag: object = None  # the spec's --attention-backend, if any
 
 
-@dataclass
-class InstanceTelemetry:
-    """The latest telemetry of one instance (None = unknown)."""
-
-    metrics: VllmMetrics | None = None
-    scraped_at: float | None = None  # monotonic time of the last good scrape
-    error: str | None = None
-    generation_tokens_per_s: float | None = None
-    prompt_tokens_per_s: float | None = None
-    preemptions_per_min: float | None = None
-    prefix_cache_hit_rate: float | None = None
-    backend: str | None = None
-    backend_source: str | None = None
-    hbm_bytes: int | None = None
-    hbm_source: str = "unavailable"
-
-
-@dataclass
-class _Watch:
-    run: int
-    path: Path
-    watcher: LogWatcher
-    flag: object = None
-
-
-@dataclass
 class Monitor:
-    clock: Clock
-    poll_interval: float = 1.0
-    probe: object = None  # a telemetry.gpu probe; opened by `open()` when None
-    scraper: Scraper | None = None
-    tel: dict[str, InstanceTelemetry] = field(default_factory=dict)
-    gpus: tuple[GpuStatus, ...] = ()
-    _rates: dict[str, InstanceRates] = field(default_factory=dict)
-    _runs: dict[str, int] = field(default_factory=dict)
-    _inflight: dict[str, asyncio.Task] = field(default_factory=dict)
-    _logs: dict[str, _Watch] = field(default_factory=dict)
+    """Telemetry of every instance, fed by `poll()`; read with `fields()` and friends."""
+
+    def __init__(self, clock: Clock, poll_interval: float = 1.0, probe: Any = None) -> None:
+        self.clock = clock
+        self.poll_interval = poll_interval
+        self.probe = probe  # a telemetry.gpu probe; `open()` opens one when None
+        self.scraper: Scraper | None = None
+        self.gpus: tuple[GpuStatus, ...] = ()
+        self._tel: dict[str, InstanceTelemetry] = {}
+        self._runs: dict[str, int] = {}
+        self._live: dict[str, bool] = {}
+        self._hbm: dict[str, HbmFigure] = {}
+        self._inflight: dict[str, asyncio.Task] = {}
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -93,9 +83,8 @@ class Monitor:
             self.scraper = Scraper(timeout_s=SCRAPE_TIMEOUT_S)
 
     async def close(self) -> None:
-        for task in self._inflight.values():
-            task.cancel()
         for task in list(self._inflight.values()):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.scraper is not None:
@@ -112,35 +101,61 @@ class Monitor:
     def gpu_count(self) -> int:
         return int(getattr(self.probe, "count", 0) or 0)
 
-    def get(self, name: str) -> InstanceTelemetry:
-        """The instance's telemetry; metric figures of a stale scrape are dropped."""
-        tel = self.tel.get(name)
+    # ----------------------------------------------------------------- reading
+
+    def fields(self, name: str, live: bool) -> dict[str, Any]:
+        """The InstanceStatus keys telemetry owns; server figures only while `live`."""
+        tel = self._tel.get(name)
+        hbm = self._hbm.get(name)
         if tel is None:
-            return InstanceTelemetry()
-        if tel.scraped_at is None or self.clock.monotonic() - tel.scraped_at > STALE_S:
-            return InstanceTelemetry(
-                backend=tel.backend, backend_source=tel.backend_source,
-                hbm_bytes=tel.hbm_bytes, hbm_source=tel.hbm_source, error=tel.error,
-            )
-        return tel
+            out: dict[str, Any] = {}
+            if hbm is not None:
+                out.update(hbm_bytes=hbm.bytes, hbm_source=hbm.source)
+            return out
+        out = tel.fields(hbm)
+        if not live:
+            out.update({k: None for k in LIVE_KEYS})
+        return out
+
+    def metrics(self, name: str) -> VllmMetrics | None:
+        tel = self._tel.get(name)
+        return tel.metrics if tel is not None else None
+
+    def cache_config(self, name: str) -> dict[str, str] | None:
+        tel = self._tel.get(name)
+        return tel.cache_config if tel is not None else None
+
+    def history_json(self, name: str) -> dict[str, list]:
+        tel = self._tel.get(name)
+        if tel is None:
+            return {"t": [], "kv_cache_usage": [], "generation_tokens_per_s": [],
+                    "preemptions_per_min": []}
+        return tel.history_json()
+
+    # ----------------------------------------------------------------- polling
 
     async def poll(self, targets: Iterable[Target]) -> None:
         """One poll of every target (see the module doc for what waits on what)."""
         targets = list(targets)
         names = {t.name for t in targets}
-        for name in list(self.tel):
+        for name in list(self._tel):
             if name not in names:
                 self._forget(name)
         for t in targets:
-            if self._runs.get(t.name) != t.run:
-                # A new process: nothing of the old one may pass for it.
-                self._runs[t.name] = t.run
-                old = self.tel.get(t.name)
-                self.tel[t.name] = InstanceTelemetry(
-                    hbm_source=old.hbm_source if old else "unavailable"
+            tel = self._tel.get(t.name)
+            if tel is None:
+                tel = self._tel[t.name] = InstanceTelemetry(
+                    self.clock,
+                    attention_backend=t.attention_flag,
+                    platform="cpu" if not t.gpus else None,
                 )
-                if t.name in self._rates:
-                    self._rates[t.name].clear()
+            if t.run and self._runs.get(t.name) != t.run:
+                # A new process: follow its log from the start (the backend line is there).
+                self._runs[t.name] = t.run
+                tel.start_run(t.run, t.log_path)
+            if self._live.get(t.name) and not t.live:
+                tel.stopped()
+            self._live[t.name] = t.live
         started = []
         for t in targets:
             if t.live and t.name not in self._inflight and self.scraper is not None:
@@ -148,49 +163,29 @@ class Monitor:
                 self._inflight[t.name] = task
                 task.add_done_callback(lambda _t, n=t.name: self._inflight.pop(n, None))
                 started.append(task)
-        side = [asyncio.create_task(self._poll_logs(targets)), asyncio.create_task(self._poll_gpus(targets))]
+        side = [
+            asyncio.create_task(self._poll_logs()),
+            asyncio.create_task(self._poll_gpus(targets)),
+        ]
         if started:
             await asyncio.wait(started, timeout=max(0.1, 0.5 * self.poll_interval))
-        await asyncio.gather(*side, return_exceptions=True)
+        for result in await asyncio.gather(*side, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.error("telemetry poll failed", exc_info=result)
 
     async def _scrape(self, t: Target) -> None:
         assert self.scraper is not None
-        result: ScrapeResult = await self.scraper.scrape(t.base_url)
-        if self._runs.get(t.name) != t.run:
-            return  # the instance restarted while this scrape was in flight
-        tel = self.tel.setdefault(t.name, InstanceTelemetry())
-        if not result.ok:
-            tel.error = result.error
-            return
-        now = self.clock.monotonic()
-        rates = self._rates.setdefault(t.name, InstanceRates(self.clock)).observe(
-            result.metrics, run=t.run, t=now
-        )
-        tel.metrics = result.metrics
-        tel.scraped_at = now
-        tel.error = None
-        tel.generation_tokens_per_s = rates.generation_tokens_per_s
-        tel.prompt_tokens_per_s = rates.prompt_tokens_per_s
-        tel.preemptions_per_min = rates.preemptions_per_min
-        tel.prefix_cache_hit_rate = rates.prefix_cache_hit_rate
+        result = await self.scraper.scrape(t.base_url)
+        tel = self._tel.get(t.name)
+        if tel is None or self._runs.get(t.name) != t.run:
+            return  # forgotten, or restarted while this scrape was in flight
+        tel.observe(result)
 
-    async def _poll_logs(self, targets: list[Target]) -> None:
-        """Follow each run's log for the attention backend (in a thread: file reads)."""
-        for t in targets:
-            w = self._logs.get(t.name)
-            if t.log_path is None:
-                continue
-            if w is None or w.run != t.run or w.path != t.log_path:
-                self._logs[t.name] = _Watch(t.run, t.log_path, LogWatcher(t.log_path), t.attention_flag)
-        watches = [(name, w) for name, w in self._logs.items() if w.watcher.backend.name is None]
-        if not watches:
-            return
-        await asyncio.to_thread(lambda: [w.watcher.poll() for _n, w in watches])
-        for name, w in watches:
-            info = w.watcher.backend_info(flag=w.flag)
-            tel = self.tel.setdefault(name, InstanceTelemetry())
-            tel.backend = info.name if info else None
-            tel.backend_source = info.source if info else None
+    async def _poll_logs(self) -> None:
+        """New log lines of every run (backend, tail for exits): file reads, in one thread."""
+        tels = [tel for tel in self._tel.values() if tel.watcher is not None]
+        if tels:
+            await asyncio.to_thread(lambda: [tel.poll_log() for tel in tels])
 
     async def _poll_gpus(self, targets: list[Target]) -> None:
         """GPU samples, per-instance HBM and foreign processes (in a thread: driver calls and
@@ -201,20 +196,11 @@ class Monitor:
 
         def work():
             samples = self.probe.snapshot()
-            attribution = attribute(refs, samples, ProcessTable.scan())
-            return samples, attribution
+            return samples, attribute(refs, samples, ProcessTable.scan())
 
-        try:
-            samples, attribution = await asyncio.to_thread(work)
-        except Exception:
-            log.exception("GPU probe failed")
-            return
+        samples, attribution = await asyncio.to_thread(work)
         self.gpus = gpu_statuses(samples, attribution)
-        for t in targets:
-            tel = self.tel.setdefault(t.name, InstanceTelemetry())
-            fig = attribution.instances.get(t.name)
-            tel.hbm_bytes = fig.bytes if fig else None
-            tel.hbm_source = fig.source if fig else "unavailable"
+        self._hbm = dict(attribution.instances)
 
     async def gpu_released(self, pids: frozenset[int], gpus: tuple[int, ...]) -> bool:
         """Whether none of `pids` holds memory on `gpus` any more (the engine asks after an
@@ -234,10 +220,10 @@ class Monitor:
         return True
 
     def _forget(self, name: str) -> None:
-        self.tel.pop(name, None)
-        self._rates.pop(name, None)
+        self._tel.pop(name, None)
         self._runs.pop(name, None)
-        self._logs.pop(name, None)
+        self._live.pop(name, None)
+        self._hbm.pop(name, None)
         task = self._inflight.pop(name, None)
         if task is not None:
             task.cancel()

@@ -55,12 +55,14 @@ def status(home: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def write_layout(path: Path, model: Path, ports: list[int], vllm_env: dict) -> None:
+def write_layout(path: Path, model: Path, ports: list[int], vllm_env: dict,
+                 metrics_port: int) -> None:
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     text = f"""
 [layout]
 name = "cpu-pair"
+metrics_listen = "127.0.0.1:{metrics_port}"
 
 [defaults]
 model = "{model}"
@@ -129,7 +131,8 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
     home = vsup_home
     ports = [free_port(), free_port()]
     layout = tmp_path / "pair.toml"
-    write_layout(layout, tiny_model, ports, vllm_env)
+    metrics_port = free_port()
+    write_layout(layout, tiny_model, ports, vllm_env, metrics_port)
     pgids: set[int] = set()
     try:
         # Two `up` at once: one daemon, each instance once.
@@ -149,6 +152,17 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
                        if "--port" in (p.info["cmdline"] or [])
                        and str(port) in (p.info["cmdline"] or [])]
             assert len(servers) == 1, f"port {port}: {len(servers)} API servers"
+        # Real telemetry reaches the status and the Prometheus export.
+        def telemetry():
+            i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
+            return i if i["kv_cache_usage"] is not None else None
+
+        cpu0 = wait_for(telemetry, 10, "a scrape of cpu0", interval=0.5)
+        assert cpu0["kv_capacity_tokens"] and cpu0["backend"] == "CPU_ATTN"
+        assert cpu0["requests_running"] == 0 and cpu0["hbm_source"] == "unavailable"
+        exported = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert 'vsup_instance_kv_cache_usage_ratio{name="cpu0"}' in exported
+        assert 'vsup_instance_up{name="cpu1"} 1.0' in exported
         pids = {n: insts[n]["pid"] for n in insts}
         pgids = {os.getpgid(pid) for pid in pids.values()}
         restarts = {n: insts[n]["restarts"] for n in insts}

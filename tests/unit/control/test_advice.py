@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from supervisor.control.advice import AdviceInputs, compute_advice, problem
-from supervisor.control.history import History
 from supervisor.snapshot import GpuProcess, GpuStatus, LastExit, empty_instance
 
 GiB = 1024**3
-NONE = AdviceInputs(preemptions_rising={}, recent_failures={})
+NONE = AdviceInputs(recent_failures={})
 
 
 def kinds(advice):
@@ -33,22 +32,9 @@ def test_preemptions_below_the_kv_threshold_are_not_this_advice():
     assert compute_advice([inst], [], NONE) == ()
 
 
-def test_rising_counter_in_history_triggers_even_without_a_rate():
-    hist = History()
-    for t, total in ((100.0, 5.0), (101.0, 5.0), (102.0, 9.0)):
-        hist.record(t, empty_instance("g0", kv_cache_usage=0.96, preemptions_total=total))
-    assert hist.preemptions_rising("g0", now=102.0)
-    assert not hist.preemptions_rising("g0", now=400.0)
-    inst = empty_instance("g0", state="ready", kv_cache_usage=0.96)
-    inputs = AdviceInputs(preemptions_rising={"g0": True}, recent_failures={})
-    assert kinds(compute_advice([inst], [], inputs)) == [("kv_exhausted", "g0", None)]
-
-
-def test_counter_reset_by_a_restart_is_not_a_rise():
-    hist = History()
-    for t, total in ((100.0, 50.0), (101.0, 0.0), (102.0, 0.0)):
-        hist.record(t, empty_instance("g0", preemptions_total=total))
-    assert not hist.preemptions_rising("g0", now=102.0)
+def test_unknown_preemption_rate_is_not_a_rise():
+    inst = empty_instance("g0", state="ready", kv_cache_usage=0.99, preemptions_total=40.0)
+    assert compute_advice([inst], [], NONE) == ()
 
 
 def test_hbm_above_the_planned_share_is_reported_with_numbers():
@@ -91,15 +77,15 @@ def test_failed_instance_is_critical_and_says_how_to_restart():
 
 def test_repeated_failures_in_the_window_are_a_crash_loop():
     inst = empty_instance("g1", state="backoff", restarts=3)
-    inputs = AdviceInputs(preemptions_rising={}, recent_failures={"g1": 3})
+    inputs = AdviceInputs(recent_failures={"g1": 3})
     assert kinds(compute_advice([inst], [], inputs)) == [("crash_loop", "g1", None)]
-    quiet = AdviceInputs(preemptions_rising={}, recent_failures={"g1": 2})
+    quiet = AdviceInputs(recent_failures={"g1": 2})
     assert compute_advice([inst], [], quiet) == ()
 
 
 def test_critical_advice_comes_first_and_problems_are_kept():
     failed = empty_instance("a", state="failed")
     kv = empty_instance("b", kv_cache_usage=1.0, preemptions_per_min=5.0)
-    inputs = AdviceInputs({}, {}, problems=(problem("state_file", "state file unreadable"),))
+    inputs = AdviceInputs({}, problems=(problem("state_file", "state file unreadable"),))
     advice = compute_advice([kv, failed], [], inputs)
     assert [a.kind for a in advice] == ["crash_loop", "state_file", "kv_exhausted"]

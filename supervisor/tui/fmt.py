@@ -1,0 +1,151 @@
+"""Short, fixed-width renderings of snapshot values for the dashboard.
+
+Pure functions (no Textual): the table diff compares their output, so two snapshots that
+render the same text cause no widget work. Unknown values (`None`) render as `-`, never 0.
+"""
+
+from __future__ import annotations
+
+UNKNOWN = "-"
+
+# State -> (symbol, style). The symbol keeps states apart without colour (NO_COLOR, monochrome
+# terminals, colour-blind operators); the style is only a second cue.
+STATE_LOOK: dict[str, tuple[str, str]] = {
+    "ready": ("●", "green"),
+    "starting": ("◐", "yellow"),
+    "unhealthy": ("▲", "bold red"),
+    "backoff": ("↻", "yellow"),
+    "stopping": ("◌", "dim"),
+    "stopped": ("○", "dim"),
+    "failed": ("✖", "bold red"),
+}
+
+SEVERITY_LOOK: dict[str, tuple[str, str]] = {
+    "critical": ("✖", "bold red"),
+    "warning": ("▲", "yellow"),
+    "info": ("ℹ", "cyan"),
+}
+
+
+def state_label(state: str, backoff_remaining_s: float | None = None) -> str:
+    """`● ready`; a backoff shows how long until the next attempt: `↻ backoff 12s`."""
+    symbol, _ = STATE_LOOK.get(state, ("?", ""))
+    if state == "backoff" and backoff_remaining_s is not None:
+        return f"{symbol} {state} {duration(backoff_remaining_s)}"
+    return f"{symbol} {state}"
+
+
+def state_style(state: str) -> str:
+    return STATE_LOOK.get(state, ("?", ""))[1]
+
+
+def size(nbytes: int | float | None) -> str:
+    """Bytes in binary units, 3 significant figures: `512M`, `63.5G`, `1.2T`."""
+    if nbytes is None:
+        return UNKNOWN
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{int(value)}B"
+    if abs(value) >= 100:
+        return f"{value:.0f}{unit}"
+    return f"{value:.1f}{unit}"
+
+
+def gib(nbytes: int | float | None) -> str:
+    """Bytes as GiB without a unit (for `used/total G` pairs): one decimal below 100."""
+    if nbytes is None:
+        return UNKNOWN
+    value = nbytes / 2**30
+    return f"{value:.0f}" if value >= 99.95 else f"{value:.1f}"
+
+
+def count(value: float | None) -> str:
+    """A count or rate, compact: `7`, `12.5`, `1.2k`, `3.4M`."""
+    if value is None:
+        return UNKNOWN
+    v = float(value)
+    if abs(v) >= 1_000_000:
+        return f"{v / 1_000_000:.1f}M"
+    if abs(v) >= 10_000:
+        return f"{v / 1000:.0f}k"
+    if abs(v) >= 1000:
+        return f"{v / 1000:.1f}k"
+    if v.is_integer():
+        return str(int(v))
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def percent(fraction: float | None) -> str:
+    """A 0..1 fraction as a whole percentage: `87%`."""
+    if fraction is None:
+        return UNKNOWN
+    return f"{fraction * 100:.0f}%"
+
+
+def duration(seconds: float | None) -> str:
+    """Two most significant units: `45s`, `12m03s`, `3h12m`, `5d02h`."""
+    if seconds is None:
+        return UNKNOWN
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def gpus(indices: tuple[int, ...]) -> str:
+    """`0`, `0,1`, `0-3`; `cpu` for an instance without a GPU."""
+    if not indices:
+        return "cpu"
+    ordered = sorted(indices)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(str(i) for i in ordered)
+
+
+def running_waiting(running: float | None, waiting: float | None) -> str:
+    return f"{count(running)}/{count(waiting)}"
+
+
+def backend(name: str | None, source: str | None) -> str:
+    """The attention backend and where it came from: read from the startup log, or inferred
+    from the `--attention-backend` flag or the platform default (`CPU_ATTN ~flag`)."""
+    if name is None:
+        return UNKNOWN
+    if source == "log":
+        return name
+    if source == "flag":
+        return f"{name} ~flag"
+    if source == "default":
+        return f"{name} ~dflt"
+    return name
+
+
+def truncate(text: str, width: int) -> str:
+    """Cut `text` to `width` cells with an ellipsis."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    return text[: width - 1] + "…"
+
+
+def model_name(model: str | None, width: int) -> str:
+    """A model id or path, keeping its informative tail (`…/Llama-3.1-8B-Instruct`)."""
+    if model is None:
+        return UNKNOWN
+    if len(model) <= width:
+        return model
+    return "…" + model[-(width - 1) :]

@@ -1,0 +1,188 @@
+"""The dashboard's pure parts: formatting, row diffs, column fitting, HBM bars, sparklines
+and layout edits."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from supervisor.snapshot import GpuProcess, GpuStatus, empty_instance
+from supervisor.tui import fmt, gpubar, layout_edit, rows, samples
+from supervisor.tui.history import History, spark
+from supervisor.tui.validation import plan_text
+from supervisor.tui.widgets.detail import config_text, masked_env
+
+
+def test_unknown_values_render_as_a_dash_never_zero():
+    assert fmt.size(None) == fmt.count(None) == fmt.percent(None) == fmt.duration(None) == "-"
+    inst = empty_instance("a")
+    cells = dict(zip([c.key for c in rows.COLUMNS], rows.row_cells(inst, rows.COLUMNS)))
+    assert cells["kv"][0] == "-" and cells["tok_s"][0] == "-" and cells["hbm"][0] == "-"
+    assert cells["run_wait"][0] == "-/-"
+
+
+@pytest.mark.parametrize("value,text", [
+    (0, "0"), (7.0, "7"), (12.5, "12.5"), (412.3, "412"), (1874.2, "1.9k"), (43_1232, "431k"),
+    (3_400_000, "3.4M"),
+])
+def test_counts_are_compact(value, text):
+    assert fmt.count(value) == text
+
+
+@pytest.mark.parametrize("seconds,text", [
+    (45, "45s"), (723, "12m03s"), (11_520, "3h12m"), (5 * 86400 + 7200, "5d02h")])
+def test_durations_keep_two_units(seconds, text):
+    assert fmt.duration(seconds) == text
+
+
+def test_every_state_has_a_distinct_symbol_so_colour_is_not_needed():
+    symbols = [fmt.state_label(s).split()[0] for s in fmt.STATE_LOOK]
+    assert len(set(symbols)) == len(symbols)
+    assert fmt.state_label("backoff", 12) == "↻ backoff 12s"
+
+
+def test_backend_says_whether_it_was_read_or_inferred():
+    assert fmt.backend("FLASH_ATTN", "log") == "FLASH_ATTN"
+    assert fmt.backend("CPU_ATTN", "default") == "CPU_ATTN ~dflt"
+    assert fmt.backend("TRITON_ATTN", "flag") == "TRITON_ATTN ~flag"
+
+
+def test_diff_reports_only_changed_cells_and_order_only_when_it_changes():
+    a = {"x": (("x", ""), ("1", "")), "y": (("y", ""), ("2", ""))}
+    b = {"x": (("x", ""), ("1", "")), "y": (("y", ""), ("3", "red"))}
+    diff = rows.diff_rows(a, ["x", "y"], b, ["x", "y"])
+    assert diff.changed == [("y", 1, ("3", "red"))] and diff.order is None
+    assert rows.diff_rows(a, ["x", "y"], a, ["x", "y"]).empty
+    moved = rows.diff_rows(a, ["x", "y"], a, ["y", "x"])
+    assert moved.order == ["y", "x"] and not moved.changed
+    c = {"y": a["y"], "z": (("z", ""), ("9", ""))}
+    grown = rows.diff_rows(a, ["x", "y"], c, ["y", "z"])
+    assert grown.removed == ["x"] and grown.added == [("z", c["z"])] and grown.order is None
+
+
+def test_columns_fit_the_width_most_important_first():
+    for width in (60, 76, 100, 156, 220):
+        cols = rows.columns_for(width, has_gpus=True)
+        assert sum(c.width + rows.PADDING for c in cols) <= max(width, 0) or len(cols) == 1
+        assert [c.key for c in cols][:2] == ["name", "gpus"] or cols[1].key == "state"
+    assert "model" in [c.key for c in rows.columns_for(156, True)]
+    assert "hbm" not in [c.key for c in rows.columns_for(156, False)]
+    model = [c for c in rows.columns_for(220, True) if c.key == "model"][0]
+    assert model.width > rows.MODEL_MIN  # the model column takes what is left
+
+
+def test_sorts_put_problems_and_pressure_first():
+    snap = samples.gpu_node()
+    assert rows.sorted_names(snap.instances, "state")[:2] == ["gpu7", "gpu3"]
+    assert rows.sorted_names(snap.instances, "preempt_rate")[0] == "gpu6b"
+    assert rows.sorted_names(snap.instances, "kv", reverse=True)[-1] == "gpu6b"
+
+
+def test_filter_matches_name_model_state_backend_and_port():
+    inst = empty_instance("gpu6b", model="Qwen/Qwen2.5-7B", state="ready", port=8007,
+                          backend="TRITON_ATTN")
+    for needle in ("6b", "qwen", "READY", "triton", "8007", ""):
+        assert rows.matches(inst, needle)
+    assert not rows.matches(inst, "llama")
+
+
+def test_hbm_bar_splits_instances_foreign_and_unattributed_memory():
+    gib = 2**30
+    gpu = GpuStatus(0, "NVIDIA H200", 100 * gib, 72 * gib, 90.0, 60.0, 500.0, processes=(
+        GpuProcess(1, 40 * gib, "a"), GpuProcess(2, 20 * gib, "b"), GpuProcess(3, 10 * gib, None)))
+    a = empty_instance("a", gpus=(0,), gpu_memory_utilization=0.45)
+    b = empty_instance("b", gpus=(0,), gpu_memory_utilization=0.45)
+    use = gpubar.gpu_use(gpu, [a, b])
+    assert [s.actual for s in use.shares] == [40 * gib, 20 * gib]
+    assert use.foreign == 10 * gib and use.other == 2 * gib
+    assert gpubar.bar(use, 50).plain == ("▕" + "█" * 20 + "▓" * 10 + "░" * 5 + "▒" + "·" * 8
+                                         + "┊" + "·" * 5 + "▏")
+    assert "foreign 10.0G" in gpubar.legend(use).plain
+
+
+def test_instance_above_its_planned_share_is_flagged():
+    gib = 2**30
+    gpu = GpuStatus(0, "H200", 100 * gib, 60 * gib, None, None, None,
+                    processes=(GpuProcess(1, 50 * gib, "a"),))
+    a = empty_instance("a", gpus=(0,), gpu_memory_utilization=0.45)
+    use = gpubar.gpu_use(gpu, [a])
+    assert use.shares[0].over_plan
+    assert "▲over plan" in gpubar.legend(use).plain
+    inst = empty_instance("a", hbm_bytes=50 * gib, planned_hbm_bytes=45 * gib, hbm_source="process")
+    assert rows.hbm_cell(inst) == ("▲50.0/45.0G", "bold red")
+
+
+def test_sparkline_scales_to_a_fixed_top_and_shows_gaps():
+    assert spark([0.0, 0.5, 1.0], 3, top=1.0) == "▁▅█"
+    assert spark([None, 2.0, 4.0], 5) == "   ▅█"
+    assert spark([1, 2, 3, 4], 2) == "▆█"
+
+
+def test_history_is_seeded_before_what_the_dashboard_saw_and_forgets_removed_instances():
+    hist = History(keep=5)
+    hist.append(samples.cpu_node(0))
+    hist.seed("cpu0", {"kv_cache_usage": [0.1, 0.2]})
+    assert list(hist.values("cpu0", "kv_cache_usage")) == [0.1, 0.2, 0.42]
+    snap = samples.cpu_node(1)
+    import dataclasses
+
+    hist.append(dataclasses.replace(snap, instances=snap.instances[1:]))
+    assert hist.values("cpu0", "kv_cache_usage") == () and "cpu0" not in hist.seeded
+
+
+def test_secrets_are_masked_even_when_the_daemon_did_not():
+    env = masked_env({"HF_TOKEN": "hf_x", "VLLM_API_KEY": "****", "CUDA_VISIBLE_DEVICES": "0"})
+    assert env == {"HF_TOKEN": "****", "VLLM_API_KEY": "****", "CUDA_VISIBLE_DEVICES": "0"}
+    assert "hf_x" not in config_text({"argv": ["vllm"], "env": {"HF_TOKEN": "hf_x"}}).plain
+
+
+def test_form_values_round_trip_through_the_instance_table():
+    table = {"name": "g0", "gpus": [0, 1], "port": 8000, "gpu_memory_utilization": 0.45,
+             "model": "org/m", "args": {"max-model-len": 4096, "enforce-eager": True,
+                                        "compilation-config": {"mode": 3}},
+             "env": {"VLLM_ROCM_USE_AITER": "1"}}
+    assert layout_edit.parse_form(layout_edit.form_values(table)) == table
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("name", "bad name", "name: 'bad name' is not a name"),
+    ("gpus", "0,x", "gpus: '0,x' is not a list of GPU indices"),
+    ("port", "70000", "port: 70000 is outside 1-65535"),
+    ("gpu_memory_utilization", "1.5", "gpu_memory_utilization: 1.5 is not in (0, 1]"),
+    ("env", "A 1", "env: not a TOML inline table body"),
+    ("env", "A = [1]", 'env: A must be a string, e.g. A = "1"'),
+])
+def test_form_fields_of_the_wrong_type_name_the_field(field, value, message):
+    values = {"name": "g0", "port": "8000", field: value}
+    with pytest.raises(layout_edit.FieldError) as err:
+        layout_edit.parse_form(values)
+    assert str(err.value).startswith(message) and err.value.field == field
+
+
+def test_edit_keeps_keys_the_form_does_not_show_and_blank_fields_inherit():
+    existing = {"name": "g0", "port": 8000, "gpus": [0], "model": "org/m",
+                "restart": {"policy": "always"}}
+    form = layout_edit.parse_form({"name": "g0", "port": "8001", "gpus": "0"})
+    merged = layout_edit.merged_table(existing, form)
+    assert merged == {"name": "g0", "gpus": [0], "port": 8001, "restart": {"policy": "always"}}
+
+
+def test_layout_edits_add_replace_and_remove_instances():
+    text = samples.layout_for(samples.cpu_node())
+    added = layout_edit.with_instance(text, {"name": "cpu2", "gpus": [], "port": 8103})
+    assert [t["name"] for t in tomllib.loads(added)["instance"]] == ["cpu0", "cpu1", "cpu2"]
+    replaced = layout_edit.with_instance(added, {"name": "cpu9", "gpus": [], "port": 8109}, "cpu1")
+    assert [t["name"] for t in tomllib.loads(replaced)["instance"]] == ["cpu0", "cpu9", "cpu2"]
+    removed = layout_edit.without_instance(replaced, "cpu0")
+    doc = tomllib.loads(removed)
+    assert [t["name"] for t in doc["instance"]] == ["cpu9", "cpu2"]
+    assert doc["defaults"] == tomllib.loads(text)["defaults"]
+    with pytest.raises(KeyError):
+        layout_edit.without_instance(removed, "cpu0")
+
+
+def test_plan_text_names_what_starts_restarts_and_stops():
+    assert plan_text({"start": ["a"], "restart": [], "stop": ["b", "c"], "unchanged": ["d"]}) \
+        == "start: a · stop: b, c"
+    assert plan_text({}) == "nothing to start, restart or stop"

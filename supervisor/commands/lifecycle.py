@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-PAST = {"start": "started", "stop": "stopped", "restart": "restarted", "drain": "drained and stopped"}
+PAST = {
+    "start": "started",
+    "stop": "stopped",
+    "restart": "restarted",
+    "drain": "drained and stopped",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -67,7 +67,8 @@ def _up(args: argparse.Namespace) -> int:
                 print_diagnostics([w])
         code = 0
         if args.wait:
-            names = [n for k in ("start", "restart", "update", "unchanged") for n in plan.get(k, ())]
+            keys = ("start", "restart", "update", "unchanged")
+            names = [n for k in keys for n in plan.get(k, ())]
             code = wait_and_report(client, names, args.timeout)
     if args.detach:
         return code

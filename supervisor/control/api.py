@@ -81,7 +81,11 @@ def build_app(service: ControlService) -> Starlette:
         return JSONResponse(service.layout())
 
     async def apply(request: Request) -> JSONResponse:
-        body = await _body(request, required={"toml": str}, optional={"path": (str, type(None)), "dry_run": bool})
+        body = await _body(
+            request,
+            required={"toml": str},
+            optional={"path": (str, type(None)), "dry_run": bool},
+        )
         path = body.get("path")
         if path is not None and not os.path.isabs(path):
             raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")

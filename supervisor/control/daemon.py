@@ -47,11 +47,10 @@ from supervisor.control.state import (
     spec_from_dict,
     spec_to_dict,
 )
-from supervisor.engine import AdoptRecord, Engine, UnknownInstance
+from supervisor.engine import AdoptRecord, Engine
 from supervisor.layout.spec import InstanceSpec
 from supervisor.snapshot import (
     Advice,
-    InstanceStatus,
     LastExit,
     NodeInfo,
     StatusSnapshot,
@@ -228,6 +227,8 @@ class Daemon:
         doc = dict(event)
         kind = doc.pop("kind", "event")
         name = doc.pop("instance", None)
+        if kind == "action" and name is None and doc.get("action") == "apply":
+            return  # journaled by apply() itself, with the layout's name and path
         doc.pop("t", None)
         inst = self.engine.instances.get(name) if name else None
         if kind == "spawn" and inst is not None:
@@ -237,8 +238,8 @@ class Daemon:
             self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
         self.journal.append(kind, name, **doc)
         if kind in LOGGED_EVENTS:
-            details = " ".join(f"{k}={doc[k]}" for k in LOGGED_EVENTS[kind] if doc.get(k) is not None)
-            log.info("%s %s %s", name or "-", kind, details)
+            keys = [k for k in LOGGED_EVENTS[kind] if doc.get(k) is not None]
+            log.info("%s %s %s", name or "-", kind, " ".join(f"{k}={doc[k]}" for k in keys))
         if kind not in ("action",):
             self._state_dirty.set()
 

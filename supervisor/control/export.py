@@ -140,12 +140,18 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
 
     glabels = ["gpu", "gpu_name"]
     gpu_fams = {
-        "hbm_used_bytes": GaugeMetricFamily("vsup_gpu_hbm_used_bytes", "HBM in use", labels=glabels),
-        "hbm_total_bytes": GaugeMetricFamily("vsup_gpu_hbm_total_bytes", "HBM size", labels=glabels),
+        "hbm_used_bytes": GaugeMetricFamily(
+            "vsup_gpu_hbm_used_bytes", "HBM in use", labels=glabels
+        ),
+        "hbm_total_bytes": GaugeMetricFamily(
+            "vsup_gpu_hbm_total_bytes", "HBM size", labels=glabels
+        ),
         "util_pct": GaugeMetricFamily(
             "vsup_gpu_utilization_percent", "GPU busy percent", labels=glabels
         ),
-        "temp_c": GaugeMetricFamily("vsup_gpu_temperature_celsius", "GPU temperature", labels=glabels),
+        "temp_c": GaugeMetricFamily(
+            "vsup_gpu_temperature_celsius", "GPU temperature", labels=glabels
+        ),
         "power_w": GaugeMetricFamily("vsup_gpu_power_watts", "GPU power draw", labels=glabels),
     }
     foreign = GaugeMetricFamily(

@@ -63,7 +63,11 @@ class DaemonState:
             "written_at": self.written_at,
             "daemon_pid": self.daemon_pid,
             "journal_seq": self.journal_seq,
-            "layout": {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name},
+            "layout": {
+                "path": self.layout_path,
+                "toml": self.layout_toml,
+                "name": self.layout_name,
+            },
             "instances": {name: asdict(rec) for name, rec in self.instances.items()},
         }
 

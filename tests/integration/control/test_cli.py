@@ -133,10 +133,25 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     assert sv.returncode == 0 and saved.exists()
     assert vsup(home, "validate", str(saved)).returncode == 0
 
+    # A changed layout: what restarts and what stops is said before it is done.
+    changed = tmp_path / "changed.toml"
+    before = {i["name"]: i for i in json.loads(vsup(home, "status", "--json").stdout)["instances"]}
+    ports = {name: i["port"] for name, i in before.items()}
+    changed.write_text(fake_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
+    up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30")
+    assert up2.returncode == 0, up2.stderr
+    assert up2.stdout.index("restart (changed): a") < up2.stdout.index("a: ready")
+    assert "stop (removed): b" in up2.stdout
+    doc = json.loads(vsup(home, "status", "--json").stdout)
+    assert [i["name"] for i in doc["instances"]] == ["a"]
+    assert not alive(before["b"]["pid"]) and doc["instances"][0]["pid"] != before["a"]["pid"]
+    pids = {"a": doc["instances"][0]["pid"]}
+
     # An SSH hang-up does not reach the daemon; SIGTERM stops it but not the instances.
     daemon = daemons_of(home)[0]
     os.killpg(os.getpgid(daemon.pid), signal.SIGHUP)
-    time.sleep(0.2)
+    # SIGHUP's default action would end it on delivery; an answer afterwards proves it ignored it.
+    assert json.loads(vsup(home, "status", "--json").stdout)["supervisor"]["pid"] == daemon.pid
     assert daemon.is_running() and daemon.status() != psutil.STATUS_ZOMBIE
     daemon.terminate()
     daemon.wait(10)
@@ -170,7 +185,8 @@ def test_invalid_layout_exits_2_with_every_error_and_starts_nothing(cli_home, tm
 
 def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     layout = tmp_path / "crash.toml"
-    text = fake_layout({"a": free_port()}, args='args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }')
+    never_ready = 'args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }'
+    text = fake_layout({"a": free_port()}, args=never_ready)
     layout.write_text(text.replace("max_failures = 3", "max_failures = 2"))
     res = vsup(cli_home, "up", str(layout), "--detach", "--wait", "--timeout", "60")
     assert res.returncode == 1

@@ -4,8 +4,8 @@ One scenario, because each vLLM start costs ~30 s and 2 GiB here:
 two `vsup up --detach --wait` at once start one daemon and two instances; SIGKILL of the daemon
 leaves the instances serving; the next `vsup status` starts a daemon that re-adopts them (same
 pid, still ready, no restart counted); an instance killed while no daemon watched is found
-vanished and restarted; an adopted instance's later death is detected and restarted;
-`vsup down` leaves no process behind.
+vanished and restarted; an adopted instance's later death is detected and restarted; real
+telemetry reaches `status` and the Prometheus export; `vsup down` leaves no process behind.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import httpx
 import psutil
 import pytest
 
-pytestmark = pytest.mark.vllm
+from tests.conftest import free_port
 
-from tests.conftest import free_port  # noqa: E402
+pytestmark = pytest.mark.vllm
 
 
 def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
@@ -36,7 +36,9 @@ def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
         cwd=Path(__file__).parents[3],
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"vsup {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"vsup {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

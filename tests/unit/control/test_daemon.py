@@ -300,3 +300,38 @@ async def test_history_has_one_point_per_poll(daemons):
     hist = await client.history("a")
     assert set(hist) == {"t", "kv_cache_usage", "generation_tokens_per_s", "preemptions_per_min"}
     assert len(hist["t"]) >= 3 and hist["t"] == sorted(hist["t"])
+
+
+async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
+    """The state file names a pid that now belongs to an unrelated process (same number,
+    other start time): the daemon treats the instance as exited and leaves that process be."""
+    import subprocess
+    import sys
+
+    from supervisor.control.state import DaemonState, InstanceRecord, spec_to_dict
+    from supervisor.control.daemon import parse_layout
+
+    text = fake_layout({"a": free_port()})
+    _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                start_new_session=True)
+    try:
+        created = psutil.Process(stranger.pid).create_time()
+        StateFile(paths.state_path(vsup_home)).save(DaemonState(
+            layout_path="/tmp/fakes.toml", layout_toml=text, layout_name="fakes",
+            instances={"a": InstanceRecord(
+                name="a", spec=spec_to_dict(specs[0]), state="ready", pid=stranger.pid,
+                create_time=created - 3600, pgid=stranger.pid, port=specs[0].port, run=4,
+                restarts=1,
+            )},
+        ))
+        daemon, client = await daemons.start()
+        assert await daemon.engine.wait("a", ("ready",), timeout=20) == "ready"
+        inst = daemon.engine.instances["a"]
+        assert inst.pid != stranger.pid and inst.run == 5
+        adopt = [e for e in (await client.events())["events"] if e["kind"] == "adopt"]
+        assert adopt[-1]["adopted"] is False and "another process" in adopt[-1]["why"]
+        assert stranger.poll() is None, "an unrelated process was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()

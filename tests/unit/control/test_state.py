@@ -41,7 +41,8 @@ def make_state(pid: int = 4242) -> DaemonState:
             "a": InstanceRecord(
                 name="a", spec=spec_to_dict(spec), state="ready", pid=pid, create_time=1.5e9,
                 pgid=pid, port=8000, run=3, restarts=2,
-                last_exit={"code": 1, "signal": None, "reason": "oom", "at": "t", "log_excerpt": "x"},
+                last_exit={"code": 1, "signal": None, "reason": "oom", "at": "t",
+                           "log_excerpt": "x"},
             )
         },
     )

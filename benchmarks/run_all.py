@@ -63,7 +63,7 @@ def benches() -> list[Bench]:
               quick_args=["--instances", "8", "--seconds", "5", "--runs", "1", "--no-naive"]),
         Bench("overhead", ["--instances", "64", "--seconds", "10", "--runs", "5"], 1,
               quick_args=["--instances", "64", "--seconds", "5", "--runs", "1", "--no-naive"]),
-        Bench("crash_detect", ["--kills", "50", "--naive-kills", "10"], 5,
+        Bench("crash_detect", ["--kills", "50", "--naive-kills", "20"], 5,
               quick_args=["--kills", "50", "--naive-kills", "0"]),
         Bench("stop_release", ["--runs", "5", "--vllm-runs", "3", "--grace", "2"], 1,
               quick_args=["--runs", "2", "--no-vllm", "--grace", "2"]),

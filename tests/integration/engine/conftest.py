@@ -165,8 +165,8 @@ async def engine(tmp_path: Path, events: Events, token: str):
 
 
 @pytest.fixture
-def fake_spec(token: str, port_factory):
-    """InstanceSpec factory for the vLLM emulator: fake_spec("a", "--engine-child", ...)."""
+def emulator_spec(token: str, port_factory):
+    """InstanceSpec factory for the vLLM emulator: emulator_spec("a", "--engine-child", ...)."""
 
     def make(name: str, *flags: str, port: int | None = None, gpus=(), **kw: Any) -> InstanceSpec:
         args: dict[str, Any] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
 
 
-def fake_layout(ports: dict[str, int], extra_header: str = "", args: str = "") -> str:
+def emulator_layout(ports: dict[str, int], extra_header: str = "", args: str = "") -> str:
     """A layout of vLLM emulator instances (CPU: `gpus = []`), restarted at once on failure."""
     cmd = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]

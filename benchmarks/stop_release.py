@@ -38,7 +38,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
-    PYTHON,
     TOKEN_VAR,
     Daemon,
     bench_home,

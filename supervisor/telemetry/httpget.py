@@ -51,6 +51,9 @@ class Response:
     body: bytes
 
 
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
 class _Stale(Exception):
     """A kept-alive connection that the server had closed before this request."""
 
@@ -66,7 +69,7 @@ class HttpGetter:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._extra = extra
         self.max_body = max_body
-        self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._closed = False
 
     async def get(self, url: str, timeout: float, connect_timeout: float | None = None

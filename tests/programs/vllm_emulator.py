@@ -272,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     me = [sys.executable, str(HERE)]
     core = None
     if args.engine_child or args.child_hbm_gib > 0:
-        core = subprocess.Popen([*me, "--child", "core", "--child-hbm-gib", str(args.child_hbm_gib)])
+        core = subprocess.Popen(
+            [*me, "--child", "core", "--child-hbm-gib", str(args.child_hbm_gib)]
+        )
     if args.setsid_child:
         subprocess.Popen([*me, "--child", "setsid"])
     # Children are started first: they must not inherit an ignored SIGTERM.

@@ -95,7 +95,8 @@ async def test_chunked_body_with_a_trailer() -> None:
 async def test_body_until_close_and_connection_close_are_not_reused() -> None:
     answers = {
         "/eof": b"HTTP/1.0 200 OK\r\n\r\nall of it",
-        "/close": b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        "/close": b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                  b"Content-Length: 0\r\n\r\n",
     }
     async with RawServer(answers.get, close_after=1) as srv:
         g = HttpGetter()

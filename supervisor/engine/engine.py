@@ -23,7 +23,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import httpx
 
 from supervisor.clock import Clock, iso_utc
 from supervisor.engine import health, stop
@@ -316,7 +315,7 @@ class Engine:
         self.chores_interval_s = chores_interval_s
         self._instances: dict[str, Instance] = {}
         self._scheduler = DeviceScheduler(on_change=self._kick_waiting)
-        self._http: httpx.AsyncClient | None = None
+        self._http: health.HttpGetter | None = None
         self._waiters: list[asyncio.Future] = []
         self._background: set[asyncio.Task] = set()
         self._detached = False
@@ -658,7 +657,7 @@ class Engine:
         self._table, self._table_at = table, loop.time()
         return table
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> health.HttpGetter:
         if self._http is None:
             self._http = health.make_client()
         return self._http

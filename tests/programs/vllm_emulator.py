@@ -1,23 +1,38 @@
 #!/usr/bin/env python3
-"""A vLLM *emulator*: a stand-in that behaves like a vLLM server where it matters to vsup.
+"""A vLLM *emulator*: a stand-in that behaves like a vLLM API server where it matters to vsup.
 
-It is not vLLM and never pretends to be in results: benchmarks and GPU checks that use it say
-"emulator". It exists for what real engines cannot do here: 64 endpoints on a 2-core machine,
-start-up times set to the second, and GPU runs on a machine where vLLM cannot be installed.
+It is not vLLM and never pretends to be in results: tests, benchmarks and GPU checks that use
+it say "emulator". It exists for what real engines cannot do here: 64 endpoints on a 2-core
+machine, start-up times set to the second, failures on cue, and GPU runs on a machine where
+vLLM cannot be installed.
 
-What it does, like `vllm serve`:
-- accepts vLLM's command line (unknown flags are ignored), `--host`, `--port`;
-- after `--startup-s` seconds, listens and answers `GET /health` 200, `GET /metrics` with a
-  recorded vLLM payload whose values move (KV usage, running/waiting, token and preemption
-  counters), `GET /version`, `GET /v1/models`;
-- logs vLLM's start-up lines (attention backend, "Starting vLLM server on ...",
-  "Application startup complete.");
-- with `--hbm-gib G` allocates G GiB on its GPU (torch, CUDA_VISIBLE_DEVICES) and with
-  `--child-hbm-gib C` starts a child process (as EngineCore does) holding C GiB more, in the same
-  process group; SIGTERM stops both (~at once), SIGKILL of the parent leaves the child alive and
-  holding its memory, as SIGKILL does to a real vLLM API server;
-- `--ports A-B` serves many emulated endpoints from one process (the overhead benchmark).
-Stdlib only (plus torch when asked for HBM), so it runs on a bare GPU machine.
+Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `--model`,
+`--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
+`GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
+running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
+families as vLLM does), `GET /version`, `GET /v1/models`; and logs vLLM's start-up lines
+(attention backend, "Starting vLLM server on ...", "Application startup complete.").
+
+Behaviours on cue:
+  --startup-s S (--ready-after S)  listen only after S seconds
+  --engine-child                   start an "EngineCore" child in the same process group; like
+                                   vLLM's, it survives a SIGKILL of this process (re-parented
+                                   to PID 1, holding its memory)
+  --setsid-child                   start a child that moves to its own session (leaves the group)
+  --ignore-term                    ignore SIGTERM (a supervisor must SIGKILL after its grace)
+  --exit-after S [--exit-code N]   exit by itself S seconds after it started (default code 1)
+  --say LINE                       print LINE at start (puts real vLLM log lines in the log)
+  --dead-exit-after S              when the EngineCore child dies: /health answers 503, vLLM's
+                                   EngineDeadError line is printed, and it exits 0 after S s
+  --hbm-gib G                      hold G GiB on its GPU (torch, CUDA_VISIBLE_DEVICES)
+  --child-hbm-gib C                the EngineCore child (implies --engine-child) holds C GiB
+  --ports A-B                      serve every port A..B from this one process
+  --metrics-file F                 serve F's payload instead of the recorded one
+SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
+child, in case only this process was signalled). Every process prints one line
+`emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
+
+Stdlib only; torch is imported only when HBM is asked for, so it runs on a bare GPU machine.
 """
 
 from __future__ import annotations
@@ -30,13 +45,23 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_PAYLOAD = HERE.parent / "fixtures" / "vllm-0.32-cpu" / "metrics_idle.txt"
+HERE = Path(__file__).resolve()
+DEFAULT_PAYLOAD = HERE.parent.parent / "fixtures" / "vllm-0.32-cpu" / "metrics_idle.txt"
+DEFAULT_BACKEND_LINE = (
+    "Using FLASH_ATTN attention backend out of potential backends: "
+    "['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION']"
+)
+ENGINE_DEAD = (
+    "(APIServer pid={pid}) ERROR 01-01 00:00:00 [async_llm.py:906] "
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause."
+)
 
-# Families whose value moves with time: name -> function(t, state) -> float.
+# Families whose value is re-rendered on every scrape.
 _MOVING = (
     "vllm:kv_cache_usage_perc",
     "vllm:num_requests_running",
@@ -44,30 +69,41 @@ _MOVING = (
     "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
+    "process_start_time_seconds",
 )
+
+
+def hello(role: str) -> None:
+    print(f"emulator {role} pid={os.getpid()} pgid={os.getpgid(0)} prefix={sys.prefix}",
+          flush=True)
 
 
 class Payload:
     """A recorded /metrics payload with the moving families' values re-rendered per scrape."""
 
-    def __init__(self, text: str, model: str) -> None:
+    def __init__(self, text: str, model: str, with_vllm: bool = True) -> None:
         recorded = re.search(r'model_name="([^"]*)"', text)
         if recorded:
             text = text.replace(f'model_name="{recorded.group(1)}"', f'model_name="{model}"')
-        self.slots: list[str] = []
+        if not with_vllm:
+            # what `--disable-log-stats` does: no vllm:* family at all
+            text = "".join(
+                line for line in text.splitlines(keepends=True)
+                if not line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))
+            )
         line_re = re.compile(
             r"^(" + "|".join(re.escape(n) for n in _MOVING) + r")(\{[^}]*\})? (\S+)$", re.M
         )
+        self.slots: list[str] = []
+        self.chunks: list[str] = []
         pos = 0
-        chunks: list[str] = []
         for m in line_re.finditer(text):
-            chunks.append(text[pos : m.start(3)])
+            self.chunks.append(text[pos : m.start(3)])
             self.slots.append(m.group(1))
             pos = m.end(3)
-        chunks.append(text[pos:])
-        self.chunks = chunks
+        self.chunks.append(text[pos:])
         self.t0 = time.monotonic()
-        self.model = model
+        self.started = time.time()
 
     def render(self) -> bytes:
         t = time.monotonic() - self.t0
@@ -78,6 +114,7 @@ class Payload:
             "vllm:num_preemptions_total": float(int(t / 3.0)),
             "vllm:prompt_tokens_total": float(int(t * 250.0)),
             "vllm:generation_tokens_total": float(int(t * 900.0)),
+            "process_start_time_seconds": round(self.started, 2),
         }
         out = [self.chunks[0]]
         for slot, chunk in zip(self.slots, self.chunks[1:]):
@@ -87,21 +124,27 @@ class Payload:
 
 
 class Server:
-    def __init__(self, payload: Payload, model: str) -> None:
+    """One emulated endpoint: HTTP/1.1 with keep-alive, the routes vsup reads."""
+
+    def __init__(self, payload: Payload, model: str, health: dict[str, int]) -> None:
         self.payload = payload
         self.model = model
+        self.health = health  # shared: {"code": 200 or 503}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-                parts = request_line.split(" ")
+                lines = head.split(b"\r\n")
+                parts = lines[0].decode("latin-1").split(" ")
                 path = parts[1] if len(parts) > 1 else "/"
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    if line.lower().startswith(b"content-length:"):
+                length, close = 0, False
+                for line in lines[1:]:
+                    low = line.lower()
+                    if low.startswith(b"content-length:"):
                         length = int(line.split(b":", 1)[1])
+                    elif low.startswith(b"connection:") and b"close" in low:
+                        close = True
                 if length:
                     await reader.readexactly(length)
                 status, ctype, body = self.route(path.split("?", 1)[0])
@@ -111,6 +154,8 @@ class Server:
                     + body
                 )
                 await writer.drain()
+                if close:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
@@ -118,7 +163,9 @@ class Server:
 
     def route(self, path: str) -> tuple[str, str, bytes]:
         if path == "/health":
-            return "200 OK", "application/json", b""
+            if self.health["code"] == 200:
+                return "200 OK", "application/json", b""
+            return "503 Service Unavailable", "application/json", b""
         if path == "/metrics":
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.payload.render()
         if path == "/version":
@@ -137,14 +184,18 @@ def _hold_hbm(gib: float) -> object | None:
     return torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
 
 
-def _child_main(gib: float) -> None:
-    """The EngineCore stand-in: hold memory until told to stop (or forever, once orphaned)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+def _child_main(role: str, gib: float) -> int:
+    """The EngineCore stand-in (or a child that left the group): hold memory until signalled
+    (or forever, once orphaned)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if role == "setsid":
+        os.setsid()
+    hello(role)
     held = _hold_hbm(gib)
-    print(f"(EngineCore pid={os.getpid()}) holding {gib} GiB", flush=True)
+    if held is not None:
+        print(f"(EngineCore pid={os.getpid()}) holding {gib} GiB", flush=True)
     while True:
         time.sleep(3600)
-    del held
 
 
 def _ports(spec: str | None, port: int) -> list[int]:
@@ -154,70 +205,94 @@ def _ports(spec: str | None, port: int) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, core: subprocess.Popen | None) -> None:
+    loop = asyncio.get_running_loop()
+    health = {"code": 200}
+    tasks = []
+    if core is not None and args.dead_exit_after is not None:
+
+        async def watch_core() -> None:
+            await asyncio.to_thread(core.wait)
+            health["code"] = 503
+            print(ENGINE_DEAD.format(pid=os.getpid()), flush=True)
+            await asyncio.sleep(args.dead_exit_after)
+            os._exit(0)
+
+        tasks.append(asyncio.create_task(watch_core()))
+    if args.startup_s:
+        await asyncio.sleep(args.startup_s)
+    print(f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}",
+          flush=True)
     text = Path(args.metrics_file).read_text()
     servers = []
     for port in _ports(args.ports, args.port):
-        srv = Server(Payload(text, args.model), args.model)
+        payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
+        srv = Server(payload, args.model, health)
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
-    print(f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on http://{args.host}:{args.port}")
+    print(f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
+          f"http://{args.host}:{args.port}", flush=True)
     print("INFO:     Application startup complete.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    await stop.wait()
-    for s in servers:
-        s.close()
+    await loop.create_future()  # until a signal or --exit-after ends the process
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="vLLM emulator (not vLLM)")
+    p = argparse.ArgumentParser(description="vLLM emulator (not vLLM)", allow_abbrev=False)
     p.add_argument("--model", default="emulated-model")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ports", help="serve every port in A-B from this one process")
-    p.add_argument("--startup-s", type=float, default=0.0)
+    p.add_argument("--startup-s", "--ready-after", dest="startup_s", type=float, default=0.0)
+    p.add_argument("--engine-child", action="store_true")
+    p.add_argument("--setsid-child", action="store_true")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--exit-after", "--exit-after-s", dest="exit_after", type=float)
+    p.add_argument("--exit-code", type=int, default=1)
+    p.add_argument("--say", action="append", default=[])
+    p.add_argument("--dead-exit-after", type=float)
     p.add_argument("--hbm-gib", type=float, default=0.0)
     p.add_argument("--child-hbm-gib", type=float, default=0.0)
     p.add_argument("--metrics-file", default=str(DEFAULT_PAYLOAD))
-    p.add_argument("--backend-line", default="Using FLASH_ATTN attention backend out of "
-                   "potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION']")
-    p.add_argument("--exit-after-s", type=float, default=0.0, help="crash on purpose (code 1)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--child", choices=("core", "setsid"), help=argparse.SUPPRESS)
     args, _unknown = p.parse_known_args(argv)
     if args.child:
-        _child_main(args.child_hbm_gib)
-        return 0
+        return _child_main(args.child, args.child_hbm_gib)
+
+    hello("server")
     print(f"(APIServer pid={os.getpid()}) INFO vLLM emulator (not vLLM) for model {args.model}",
           flush=True)
-    child = None
-    if args.child_hbm_gib > 0:
-        child = subprocess.Popen(
-            [sys.executable, __file__, "--child", "--child-hbm-gib", str(args.child_hbm_gib)]
+    for line in args.say:
+        print(line, flush=True)
+    if args.exit_after is not None:
+        # A timer thread, so it fires whatever the main thread is doing (allocating, sleeping).
+        timer = threading.Timer(args.exit_after, os._exit, (args.exit_code,))
+        timer.daemon = True
+        timer.start()
+    me = [sys.executable, str(HERE)]
+    core = None
+    if args.engine_child or args.child_hbm_gib > 0:
+        core = subprocess.Popen(
+            [*me, "--child", "core", "--child-hbm-gib", str(args.child_hbm_gib)]
         )
+    if args.setsid_child:
+        subprocess.Popen([*me, "--child", "setsid"])
+    # Children are started first: they must not inherit an ignored SIGTERM.
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+
+        def on_term(signum: int, _frame: object) -> None:
+            if core is not None and core.poll() is None:
+                core.send_signal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_term)
     held = _hold_hbm(args.hbm_gib)
-    if args.startup_s:
-        time.sleep(args.startup_s)
-    print(f"(EngineCore pid={child.pid if child else os.getpid()}) INFO {args.backend_line}",
-          flush=True)
     try:
-        if args.exit_after_s:
-            async def crash() -> None:
-                await asyncio.sleep(args.exit_after_s)
-                print("ERROR EngineCore encountered an issue (emulated crash)", flush=True)
-                os._exit(1)
-
-            async def both() -> None:
-                await asyncio.gather(_serve(args), crash())
-
-            asyncio.run(both())
-        else:
-            asyncio.run(_serve(args))
+        asyncio.run(_serve(args, core))
     finally:
-        if child is not None:
-            child.terminate()
-            child.wait(timeout=10)
         del held
     return 0
 

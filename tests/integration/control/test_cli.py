@@ -1,6 +1,6 @@
-"""The CLI as operators run it (real subprocesses, a real detached daemon), with fakevllm
-servers standing in for vLLM so that this runs in seconds; test_daemon_vllm.py does the same
-against real vLLM."""
+"""The CLI as operators run it (real subprocesses, a real detached daemon), with vLLM emulators
+(tests/programs/vllm_emulator.py) standing in for vLLM so that this runs in seconds;
+test_daemon_vllm.py does the same against real vLLM."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from supervisor.control.daemon import daemon_lock_holder
-from tests.unit.control.helpers import fake_layout, free_port
+from tests.unit.control.helpers import emulator_layout, free_port
 
 ROOT = Path(__file__).parents[3]
 pytestmark = pytest.mark.timeout(120)
@@ -87,7 +87,7 @@ def cli_home(vsup_home):
 def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     home = cli_home
     layout = tmp_path / "fakes.toml"
-    layout.write_text(fake_layout({"a": free_port(), "b": free_port()}))
+    layout.write_text(emulator_layout({"a": free_port(), "b": free_port()}))
 
     # Two `up` at once: one daemon wins the lock, both apply, each instance starts once.
     first, second = popen(home, "up", str(layout), "--detach", "--wait", "--timeout", "60"), \
@@ -137,7 +137,7 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     changed = tmp_path / "changed.toml"
     before = {i["name"]: i for i in json.loads(vsup(home, "status", "--json").stdout)["instances"]}
     ports = {name: i["port"] for name, i in before.items()}
-    changed.write_text(fake_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
+    changed.write_text(emulator_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
     up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30")
     assert up2.returncode == 0, up2.stderr
     assert up2.stdout.index("restart (changed): a") < up2.stdout.index("a: ready")
@@ -176,7 +176,7 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
 def test_invalid_layout_exits_2_with_every_error_and_starts_nothing(cli_home, tmp_path):
     layout = tmp_path / "bad.toml"
     port = free_port()
-    layout.write_text(fake_layout({"a": port, "b": port}).replace('model = "test/fake"', ""))
+    layout.write_text(emulator_layout({"a": port, "b": port}).replace('model = "test/fake"', ""))
     res = vsup(cli_home, "up", str(layout), "--detach")
     assert res.returncode == 2
     assert "port" in res.stderr and "model" in res.stderr and "nothing was changed" in res.stderr
@@ -186,7 +186,7 @@ def test_invalid_layout_exits_2_with_every_error_and_starts_nothing(cli_home, tm
 def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     layout = tmp_path / "crash.toml"
     never_ready = 'args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }'
-    text = fake_layout({"a": free_port()}, args=never_ready)
+    text = emulator_layout({"a": free_port()}, args=never_ready)
     layout.write_text(text.replace("max_failures = 3", "max_failures = 2"))
     res = vsup(cli_home, "up", str(layout), "--detach", "--wait", "--timeout", "60")
     assert res.returncode == 1

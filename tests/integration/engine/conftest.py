@@ -1,4 +1,4 @@
-"""Fixtures for engine tests that run real processes (the fake server, or real vLLM).
+"""Fixtures for engine tests that run real processes (the vLLM emulator, or real vLLM).
 
 Every process a test starts carries `VSUP_TEST_TOKEN=<token>` in its environment (children
 inherit it, whatever group or session they move to), so the finalizer finds and SIGKILLs all
@@ -24,7 +24,7 @@ from supervisor.clock import SystemClock
 from supervisor.engine import Engine
 from supervisor.layout.spec import InstanceSpec, RestartPolicy
 
-FAKE = Path(__file__).parents[2] / "programs" / "fakevllm.py"
+EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
 
 
 def token_pids(token: str) -> list[int]:
@@ -165,8 +165,8 @@ async def engine(tmp_path: Path, events: Events, token: str):
 
 
 @pytest.fixture
-def fake_spec(token: str, port_factory):
-    """InstanceSpec factory for the fake server: fake_spec("a", "--engine-child", ...)."""
+def emulator_spec(token: str, port_factory):
+    """InstanceSpec factory for the vLLM emulator: emulator_spec("a", "--engine-child", ...)."""
 
     def make(name: str, *flags: str, port: int | None = None, gpus=(), **kw: Any) -> InstanceSpec:
         args: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def fake_spec(token: str, port_factory):
         base: dict[str, Any] = dict(
             name=name,
             model="/models/fake",
-            command=(sys.executable, str(FAKE)),
+            command=(sys.executable, str(EMULATOR)),
             host="127.0.0.1",
             port=port if port is not None else port_factory(),
             gpus=tuple(gpus),

@@ -1,4 +1,4 @@
-"""The engine driving real processes: tests/programs/fakevllm.py reproduces the process tree
+"""The engine driving real processes: tests/programs/vllm_emulator.py reproduces the process tree
 and the behaviours of a vLLM server (EngineCore child surviving a SIGKILL of its parent, a
 SIGTERM-deaf process, a dying engine answering 503) in a fraction of a second."""
 
@@ -26,7 +26,7 @@ def read_log(engine, name, run=None):
 
 def pid_of_role(engine, name, role, run=None):
     for line in read_log(engine, name, run).splitlines():
-        if line.startswith(f"fakevllm {role} "):
+        if line.startswith(f"emulator {role} "):
             return int(line.split("pid=")[1].split()[0])
     return None
 
@@ -39,11 +39,11 @@ async def until(pred, timeout=20.0):
         await asyncio.sleep(0.02)
 
 
-async def test_child_gets_argv_env_session_and_log_as_specified(engine, fake_spec, events, token):
+async def test_child_gets_argv_env_session_and_log_as_specified(engine, emulator_spec, events, token):
     os.environ["VSUP_TEST_SECRET"] = "s3cr3t-key-123"
     try:
         eng: Engine = engine()
-        spec = fake_spec("a", api_key_env="VSUP_TEST_SECRET")
+        spec = emulator_spec("a", api_key_env="VSUP_TEST_SECRET")
         spec = type(spec)(**{**spec.__dict__, "command": ("python", spec.command[1])})
         await eng.apply([spec])
         assert await eng.wait("a", ("ready", "failed"), timeout=20) == "ready"
@@ -73,9 +73,9 @@ async def test_child_gets_argv_env_session_and_log_as_specified(engine, fake_spe
         del os.environ["VSUP_TEST_SECRET"]
 
 
-async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, fake_spec, events):
+async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a", "--engine-child")])
+    await eng.apply([emulator_spec("a", "--engine-child")])
     await eng.wait("a", ("ready",), timeout=20)
     first = eng.instances["a"].pid
     await until(lambda: pid_of_role(eng, "a", "core") is not None)
@@ -101,10 +101,10 @@ async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, fak
     assert spawns[1][0] > sweep_t
 
 
-async def test_exit_is_seen_within_100ms_p99(engine, fake_spec, events):
+async def test_exit_is_seen_within_100ms_p99(engine, emulator_spec, events):
     """SIGKILL -> `exit` event, measured over many kills (restart at once, stable_s=0)."""
     eng = engine()
-    spec = fake_spec(
+    spec = emulator_spec(
         "a", restart=RestartPolicy(backoff_s=0.01, backoff_max_s=0.01, stable_s=0, max_failures=0)
     )
     await eng.apply([spec])
@@ -127,9 +127,9 @@ async def test_exit_is_seen_within_100ms_p99(engine, fake_spec, events):
     assert p99 <= 0.100
 
 
-async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, fake_spec, events):
+async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a", "--ignore-term", stop_grace_s=1.0)])
+    await eng.apply([emulator_spec("a", "--ignore-term", stop_grace_s=1.0)])
     await eng.wait("a", ("ready",), timeout=20)
     pid = eng.instances["a"].pid
     t0 = time.monotonic()
@@ -144,9 +144,9 @@ async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, 
     assert not pid_alive(pid) and group_members(pid) == []
 
 
-async def test_plain_stop_needs_only_sigterm(engine, fake_spec, events):
+async def test_plain_stop_needs_only_sigterm(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a", "--engine-child")])
+    await eng.apply([emulator_spec("a", "--engine-child")])
     await eng.wait("a", ("ready",), timeout=20)
     pid = eng.instances["a"].pid
     await eng.stop("a")
@@ -162,9 +162,9 @@ async def test_plain_stop_needs_only_sigterm(engine, fake_spec, events):
     ]
 
 
-async def test_descendant_that_left_the_group_is_swept(engine, fake_spec, events):
+async def test_descendant_that_left_the_group_is_swept(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a", "--setsid-child")])
+    await eng.apply([emulator_spec("a", "--setsid-child")])
     await eng.wait("a", ("ready",), timeout=20)
     await until(lambda: pid_of_role(eng, "a", "setsid") is not None)
     escaped = pid_of_role(eng, "a", "setsid")
@@ -177,9 +177,9 @@ async def test_descendant_that_left_the_group_is_swept(engine, fake_spec, events
     await eng.stop("a")
 
 
-async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine, fake_spec, events):
+async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine, emulator_spec, events):
     eng = engine()
-    spec = fake_spec(
+    spec = emulator_spec(
         "a",
         "--exit-after",
         "0",
@@ -204,14 +204,14 @@ async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine,
 
 
 async def test_port_held_by_a_foreign_listener_fails_fast_without_spawning(
-    engine, fake_spec, events
+    engine, emulator_spec, events
 ):
     eng = engine()
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        await eng.apply([fake_spec("a", port=port)])
+        await eng.apply([emulator_spec("a", port=port)])
         assert await eng.wait("a", ("failed",), timeout=10) == "failed"
     await eng.settle("a", timeout=10)
     inst = eng.instances["a"]
@@ -221,9 +221,9 @@ async def test_port_held_by_a_foreign_listener_fails_fast_without_spawning(
     assert "'a'" in inst.last_exit.log_excerpt
 
 
-async def test_missing_command_fails_fast_as_bad_args(engine, fake_spec, events):
+async def test_missing_command_fails_fast_as_bad_args(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a", command=("/nonexistent/vllm", "serve"))])
+    await eng.apply([emulator_spec("a", command=("/nonexistent/vllm", "serve"))])
     assert await eng.wait("a", ("failed",), timeout=10) == "failed"
     inst = eng.instances["a"]
     assert inst.last_exit.reason == "bad_args"
@@ -231,9 +231,9 @@ async def test_missing_command_fails_fast_as_bad_args(engine, fake_spec, events)
     assert "/nonexistent/vllm" in inst.log_path(1).read_text()
 
 
-async def test_startup_timeout_kills_the_group(engine, fake_spec, events):
+async def test_startup_timeout_kills_the_group(engine, emulator_spec, events):
     eng = engine()
-    spec = fake_spec(
+    spec = emulator_spec(
         "a",
         "--ready-after",
         "60",
@@ -250,10 +250,10 @@ async def test_startup_timeout_kills_the_group(engine, fake_spec, events):
 
 
 async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(
-    engine, fake_spec, events
+    engine, emulator_spec, events
 ):
     eng = engine()
-    await eng.apply([fake_spec("a", "--engine-child", "--dead-exit-after", "60")])
+    await eng.apply([emulator_spec("a", "--engine-child", "--dead-exit-after", "60")])
     await eng.wait("a", ("ready",), timeout=20)
     await until(lambda: pid_of_role(eng, "a", "core") is not None)
     server = eng.instances["a"].pid
@@ -275,14 +275,14 @@ async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(
 
 
 async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
-    engine, fake_spec, events
+    engine, emulator_spec, events
 ):
     eng = engine()
     specs = [
-        fake_spec("cpu1", "--ready-after", "0.5"),
-        fake_spec("cpu2", "--ready-after", "0.5"),
-        fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
-        fake_spec("g1", "--ready-after", "0.5", gpus=(1,)),
+        emulator_spec("cpu1", "--ready-after", "0.5"),
+        emulator_spec("cpu2", "--ready-after", "0.5"),
+        emulator_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+        emulator_spec("g1", "--ready-after", "0.5", gpus=(1,)),
     ]
     await eng.apply(specs, wait=True)
     assert {i.state for i in eng.instances.values()} == {"ready"}
@@ -294,11 +294,11 @@ async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
     assert t["spawn", "g0"] < t["ready", "cpu1"]
 
 
-async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, fake_spec, events):
+async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a")], wait=True)
+    await eng.apply([emulator_spec("a")], wait=True)
     await eng.apply(
-        [fake_spec("a", port=eng.instances["a"].spec.port), fake_spec("b", "--ready-after", "1.0")]
+        [emulator_spec("a", port=eng.instances["a"].spec.port), emulator_spec("b", "--ready-after", "1.0")]
     )
     await events.wait(lambda e: e["kind"] == "spawn" and e["instance"] == "b", timeout=10)
     stopping = asyncio.create_task(eng.stop("a"))
@@ -310,13 +310,13 @@ async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, fake_spec, e
     assert stop_a > ready_b
 
 
-async def test_multi_gpu_instance_waits_for_all_its_devices(engine, fake_spec, events):
+async def test_multi_gpu_instance_waits_for_all_its_devices(engine, emulator_spec, events):
     eng = engine()
     await eng.apply(
         [
-            fake_spec("g0", "--ready-after", "0.5", gpus=(0,)),
-            fake_spec("tp01", gpus=(0, 1)),
-            fake_spec("g1", gpus=(1,)),
+            emulator_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+            emulator_spec("tp01", gpus=(0, 1)),
+            emulator_spec("g1", gpus=(1,)),
         ],
         wait=True,
     )
@@ -328,7 +328,7 @@ async def test_multi_gpu_instance_waits_for_all_its_devices(engine, fake_spec, e
     assert t["spawn", "g1"] > t["ready", "tp01"]
 
 
-async def test_gpu_memory_release_is_awaited_after_a_stop(engine, fake_spec, events):
+async def test_gpu_memory_release_is_awaited_after_a_stop(engine, emulator_spec, events):
     calls = []
 
     async def released(pids, gpus):
@@ -336,7 +336,7 @@ async def test_gpu_memory_release_is_awaited_after_a_stop(engine, fake_spec, eve
         return True
 
     eng = engine(gpu_release_check=released)
-    await eng.apply([fake_spec("g", "--engine-child", gpus=(3,))], wait=True)
+    await eng.apply([emulator_spec("g", "--engine-child", gpus=(3,))], wait=True)
     await until(lambda: pid_of_role(eng, "g", "core") is not None)
     pid, core = eng.instances["g"].pid, pid_of_role(eng, "g", "core")
     await until(lambda: core in eng.instances["g"].descendants)
@@ -348,18 +348,18 @@ async def test_gpu_memory_release_is_awaited_after_a_stop(engine, fake_spec, eve
     assert events.stamped("gpu_release", "g")[0][0] < events.stamped("stop", "g")[0][0]
 
 
-async def test_gpu_memory_not_released_in_time_is_recorded(engine, fake_spec, events):
+async def test_gpu_memory_not_released_in_time_is_recorded(engine, emulator_spec, events):
     async def never(pids, gpus):
         await asyncio.sleep(3600)
 
     eng = engine(gpu_release_check=never, gpu_release_timeout_s=0.2)
-    await eng.apply([fake_spec("g", gpus=(0,))], wait=True)
+    await eng.apply([emulator_spec("g", gpus=(0,))], wait=True)
     await eng.stop("g")
     assert events.of("gpu_release", "g")[0]["released"] is False
     assert eng.instances["g"].gpu_released is False
 
 
-async def test_drain_waits_for_running_requests(engine, fake_spec, events):
+async def test_drain_waits_for_running_requests(engine, emulator_spec, events):
     running = {"a": 2.0}
 
     def requests_running(name):
@@ -368,21 +368,21 @@ async def test_drain_waits_for_running_requests(engine, fake_spec, events):
         return value
 
     eng = engine(requests_running=requests_running)
-    await eng.apply([fake_spec("a")], wait=True)
+    await eng.apply([emulator_spec("a")], wait=True)
     await eng.stop("a", drain=True)
     (drain,) = events.of("drain", "a")
     assert drain["drained"] is True and drain["waited_s"] >= 0.9
 
 
-async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine, fake_spec, events):
+async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine, emulator_spec, events):
     eng = engine()
-    a, b, c = fake_spec("a"), fake_spec("b"), fake_spec("c", gpus=(0,))
+    a, b, c = emulator_spec("a"), emulator_spec("b"), emulator_spec("c", gpus=(0,))
     await eng.apply([a, b, c], wait=True)
     pid_a, pid_b = eng.instances["a"].pid, eng.instances["b"].pid
 
     a2 = type(a)(**{**a.__dict__, "args": {"ready-after": "0.1"}})
     b2 = type(b)(**{**b.__dict__, "restart": RestartPolicy(max_failures=9)})
-    d = fake_spec("d", gpus=(0,))
+    d = emulator_spec("d", gpus=(0,))
     plan = eng.diff([a2, b2, d])
     assert plan.to_json() == {
         "start": ["d"],
@@ -400,9 +400,9 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine,
     assert eng.diff([a2, b2, d]).empty
 
 
-async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, fake_spec, events, tmp_path):
+async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, emulator_spec, events, tmp_path):
     first = engine()
-    spec = fake_spec("a", "--engine-child")
+    spec = emulator_spec("a", "--engine-child")
     await first.apply([spec], wait=True)
     await until(lambda: pid_of_role(first, "a", "core") is not None)
     core = pid_of_role(first, "a", "core")
@@ -427,13 +427,13 @@ async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, fake_spec
     assert second.instances["a"].run == 2
 
 
-async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, fake_spec, events):
+async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, emulator_spec, events):
     import subprocess
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         eng = engine()
-        spec = fake_spec("a")
+        spec = emulator_spec("a")
         record = AdoptRecord(
             pid=bystander.pid, create_time=1.0, pgid=bystander.pid, port=spec.port, run=3
         )
@@ -452,9 +452,9 @@ async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, 
         bystander.wait()
 
 
-async def test_restart_and_start_after_failed(engine, fake_spec, events):
+async def test_restart_and_start_after_failed(engine, emulator_spec, events):
     eng = engine()
-    await eng.apply([fake_spec("a")], wait=True)
+    await eng.apply([emulator_spec("a")], wait=True)
     pid = eng.instances["a"].pid
     await eng.restart("a", wait=True)
     inst = eng.instances["a"]
@@ -470,23 +470,23 @@ async def test_restart_and_start_after_failed(engine, fake_spec, events):
 
 
 async def test_deterministic_failure_spawns_the_configured_number_of_times(
-    engine, fake_spec, events
+    engine, emulator_spec, events
 ):
     line = (
         "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
         "'namespace/repo_name': '/models/fake'. Use `repo_type` argument if needed."
     )
     eng = engine(deterministic_spawns=2)
-    await eng.apply([fake_spec("a", "--say", line, "--exit-after", "0.2")])
+    await eng.apply([emulator_spec("a", "--say", line, "--exit-after", "0.2")])
     assert await eng.settle("a", timeout=20) == "failed"
     inst = eng.instances["a"]
     assert inst.last_exit.reason == "model_not_found" and inst.last_exit.log_excerpt == line
     assert len(events.of("spawn", "a")) == 2 and inst.run == 2  # max_failures is 5
 
 
-async def test_a_growing_run_log_is_capped_while_it_runs(engine, fake_spec, events):
+async def test_a_growing_run_log_is_capped_while_it_runs(engine, emulator_spec, events):
     eng = engine(log_max_bytes=2000)
-    await eng.apply([fake_spec("a", "--say", "x" * 3000)], wait=True)
+    await eng.apply([emulator_spec("a", "--say", "x" * 3000)], wait=True)
     older = eng.instances["a"].log_path().with_name("run-0001.log.1")
     await until(older.exists)
     assert "x" * 3000 in older.read_text()

@@ -1,5 +1,6 @@
-"""An in-process daemon on a real socket, and layouts of `tests/programs/fakevllm.py` servers
-(real processes that answer /health like vLLM, without a model: fast enough for unit tests)."""
+"""An in-process daemon on a real socket, and layouts of vLLM emulators
+(`tests/programs/vllm_emulator.py`: real processes that answer like vLLM, without a model, fast
+enough for unit tests)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Helpers for the control-plane unit tests: layouts of `tests/programs/fakevllm.py` servers
-(real processes that answer /health like vLLM, without a model)."""
+"""Helpers for the control-plane unit tests: layouts of vLLM emulators
+(`tests/programs/vllm_emulator.py`: real processes that answer like vLLM, without a model)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import socket
 import sys
 from pathlib import Path
 
-FAKEVLLM = Path(__file__).parents[2] / "programs" / "fakevllm.py"
+EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
 
 
-def fake_layout(ports: dict[str, int], extra_header: str = "", args: str = "") -> str:
-    """A layout of fakevllm instances (CPU: `gpus = []`), restarted at once on failure."""
-    cmd = json.dumps([sys.executable, str(FAKEVLLM)])
+def emulator_layout(ports: dict[str, int], extra_header: str = "", args: str = "") -> str:
+    """A layout of vLLM emulator instances (CPU: `gpus = []`), restarted at once on failure."""
+    cmd = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]
 name = "fakes"
 {extra_header}

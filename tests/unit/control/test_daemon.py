@@ -15,7 +15,7 @@ from supervisor import paths
 from supervisor.control.errors import ControlError
 from supervisor.control.state import StateFile
 
-from tests.unit.control.helpers import fake_layout, free_port
+from tests.unit.control.helpers import emulator_layout, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +79,7 @@ async def test_unknown_routes_and_methods_answer_json(daemons, vsup_home):
 
 async def test_invalid_layout_is_refused_with_every_error_and_nothing_changes(daemons, port):
     daemon, client = await daemons.start()
-    text = fake_layout({"a": port, "b": port})  # a port clash
+    text = emulator_layout({"a": port, "b": port})  # a port clash
     answer = await client.apply(text.replace('model = "test/fake"', ""), "/tmp/x.toml")
     assert answer["applied"] is False and answer["plan"] is None
     texts = " ".join(e["text"] for e in answer["errors"])
@@ -90,7 +90,7 @@ async def test_invalid_layout_is_refused_with_every_error_and_nothing_changes(da
 
 async def test_apply_starts_instances_and_unknown_names_get_404(daemons, vsup_home):
     daemon, client = await daemons.start()
-    text = fake_layout({"a": free_port(), "b": free_port()})
+    text = emulator_layout({"a": free_port(), "b": free_port()})
     dry = await client.apply(text, "/tmp/fakes.toml", dry_run=True)
     assert dry["plan"]["start"] == ["a", "b"] and dry["applied"] is False
     assert (await client.status())["instances"] == []
@@ -121,7 +121,7 @@ async def test_apply_starts_instances_and_unknown_names_get_404(daemons, vsup_ho
 async def test_actions_logs_config_and_events(daemons, monkeypatch):
     monkeypatch.setenv("FAKE_KEY_VAR", "s3cret")
     daemon, client = await daemons.start()
-    text = fake_layout({"a": free_port()}, args='api_key_env = "FAKE_KEY_VAR"\n'
+    text = emulator_layout({"a": free_port()}, args='api_key_env = "FAKE_KEY_VAR"\n'
                        'env = { VLLM_CPU_KVCACHE_SPACE = "1" }')
     assert (await client.apply(text, "/tmp/fakes.toml"))["applied"]
     await daemon.engine.wait("a", ("ready",), timeout=20)
@@ -133,7 +133,7 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     assert "s3cret" not in json.dumps(cfg) and "FAKE_KEY_VAR" in cfg["env"]["VLLM_API_KEY"]
 
     log = await client.logs("a")
-    assert log["run"] == 1 and "fakevllm" in log["text"]
+    assert log["run"] == 1 and "emulator server" in log["text"]
     with pytest.raises(ControlError, match="no a previous run|has no a previous run|previous"):
         await client.logs("a", previous=True)
 
@@ -144,7 +144,7 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     inst = doc["instances"][0]
     assert inst["pid"] != first_pid and inst["run"] == 2 and inst["restarts"] == 0
     prev = await client.logs("a", previous=True)
-    assert prev["run"] == 1 and "fakevllm" in prev["text"]
+    assert prev["run"] == 1 and "emulator server" in prev["text"]
 
     answer = await client.action("stop", all=True)
     assert answer["done"] == ["a"]
@@ -164,7 +164,7 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
 
 async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemons, vsup_home):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     before = (await client.status())["instances"][0]
     await daemons.stop(daemon)  # what SIGTERM does: the API goes, the instance stays
@@ -192,7 +192,7 @@ async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemo
 
 async def test_instance_that_died_while_no_daemon_ran_is_restarted(daemons, vsup_home):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     pid = daemon.engine.instances["a"].pid
     pgid = os.getpgid(pid)
@@ -210,7 +210,7 @@ async def test_instance_that_died_while_no_daemon_ran_is_restarted(daemons, vsup
 
 async def test_stopped_instance_stays_stopped_across_a_daemon_restart(daemons):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port(), "b": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port(), "b": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     await daemon.engine.wait("b", ("ready",), timeout=20)
     await client.action("stop", ["b"])
@@ -225,7 +225,7 @@ async def test_stopped_instance_stays_stopped_across_a_daemon_restart(daemons):
 
 async def test_corrupt_state_file_is_reported_and_survived(daemons, vsup_home):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     pid = daemon.engine.instances["a"].pid
     await daemons.stop(daemon)
@@ -248,7 +248,7 @@ async def test_corrupt_state_file_is_reported_and_survived(daemons, vsup_home):
 
 async def test_lost_state_file_is_rebuilt_from_the_journal(daemons, vsup_home):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     pid = daemon.engine.instances["a"].pid
     await daemons.stop(daemon)
@@ -263,7 +263,7 @@ async def test_lost_state_file_is_rebuilt_from_the_journal(daemons, vsup_home):
 async def test_prometheus_listener_follows_the_layout(daemons):
     daemon, client = await daemons.start()
     mport = free_port()
-    text = fake_layout({"a": free_port()}, extra_header=f'metrics_listen = "127.0.0.1:{mport}"')
+    text = emulator_layout({"a": free_port()}, extra_header=f'metrics_listen = "127.0.0.1:{mport}"')
     await client.apply(text, "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     await daemon.poll_once()
@@ -272,7 +272,7 @@ async def test_prometheus_listener_follows_the_layout(daemons):
     assert 'vsup_instance_up{name="a"} 1.0' in body
     assert 'vsup_instance_state{name="a",state="ready"} 1.0' in body
     # A layout without it closes the listener.
-    await client.apply(fake_layout({"a": daemon.engine.instances["a"].spec.port}), "/tmp/f.toml")
+    await client.apply(emulator_layout({"a": daemon.engine.instances["a"].spec.port}), "/tmp/f.toml")
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as http:
             await http.get(f"http://127.0.0.1:{mport}/metrics")
@@ -282,7 +282,7 @@ async def test_save_writes_the_running_layout_and_refuses_when_none(daemons, tmp
     daemon, client = await daemons.start()
     with pytest.raises(ControlError, match="no layout is running"):
         await client.save(tmp_path / "out.toml")
-    text = fake_layout({"a": free_port()})
+    text = emulator_layout({"a": free_port()})
     await client.apply(text, str(tmp_path / "in.toml"))
     answer = await client.save(tmp_path / "out.toml")
     assert answer["path"] == str(tmp_path / "out.toml")
@@ -293,7 +293,7 @@ async def test_save_writes_the_running_layout_and_refuses_when_none(daemons, tmp
 
 async def test_history_has_one_point_per_poll(daemons):
     daemon, client = await daemons.start()
-    await client.apply(fake_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
     for _ in range(3):
         await daemon.poll_once()
@@ -311,7 +311,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     from supervisor.control.state import DaemonState, InstanceRecord, spec_to_dict
     from supervisor.control.daemon import parse_layout
 
-    text = fake_layout({"a": free_port()})
+    text = emulator_layout({"a": free_port()})
     _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                 start_new_session=True)

@@ -1,0 +1,243 @@
+"""What the benchmarks share: paths, the emulator, loopback ports, a daemon of their own, and
+the key=value last line.
+
+Every process a benchmark starts carries `VSUP_BENCH_TOKEN=<token>` in its environment (children
+inherit it whatever group or session they move to), so `kill_token` finds and ends all of them
+even when a benchmark fails half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+EMULATOR = ROOT / "tests" / "programs" / "vllm_emulator.py"
+PYTHON = sys.executable
+TOKEN_VAR = "VSUP_BENCH_TOKEN"
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports nobody listens on right now."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def free_port_range(n: int, tries: int = 200) -> int:
+    """The first of `n` consecutive free loopback ports (the emulator's `--ports A-B`)."""
+    for _ in range(tries):
+        (base,) = free_ports(1)
+        if base + n > 65535:
+            continue
+        held = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def token_pids(token: str) -> list[int]:
+    """Live processes whose environment carries the token."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def kill_token(token: str) -> list[int]:
+    """SIGKILL every process carrying the token; the pids that were still alive."""
+    pids = token_pids(token)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+@contextlib.contextmanager
+def bench_home() -> Iterator[Path]:
+    """A VSUP_HOME of its own, short (unix socket paths are limited to 107 bytes)."""
+    home = Path(tempfile.mkdtemp(prefix="vsup-bench-", dir="/tmp"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def emulator_layout(
+    name: str,
+    ports: Sequence[int],
+    token: str,
+    *,
+    args: str = "",
+    health_interval_s: float = 1.0,
+    gpus: Sequence[Sequence[int]] | None = None,
+    stop_grace_s: float = 10.0,
+) -> str:
+    """A layout of emulated vLLM instances `e000`.. on `ports` (CPU instances unless `gpus`
+    gives each one's GPU list)."""
+    import json
+
+    cmd = json.dumps([PYTHON, str(EMULATOR)])
+    text = f"""[layout]
+name = "{name}"
+
+[defaults]
+model = "bench/emulated"
+command = {cmd}
+host = "127.0.0.1"
+health_interval_s = {health_interval_s}
+stop_grace_s = {stop_grace_s}
+env = {{ {TOKEN_VAR} = "{token}" }}
+{args}
+"""
+    for i, port in enumerate(ports):
+        g = list(gpus[i]) if gpus is not None else []
+        text += f'\n[[instance]]\nname = "e{i:03d}"\ngpus = {g}\nport = {port}\n'
+    return text
+
+
+class Daemon:
+    """A vsup daemon of the benchmark's own (`python -m supervisor daemon`, detached like the
+    CLI starts it) and a client for it. `close()` stops its instances, then it."""
+
+    def __init__(self, home: Path, token: str, poll_interval: float = 1.0) -> None:
+        from supervisor.control.client import Client
+
+        env = dict(os.environ)
+        env["VSUP_HOME"] = str(home)
+        env[TOKEN_VAR] = token
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        import subprocess
+
+        self.home = home
+        self.log = open(home / "daemon.log", "ab")
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "supervisor", "daemon", "--poll-interval", str(poll_interval)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(home),
+            env=env,
+        )
+        self.pid = self.proc.pid
+        self.client = Client(home, timeout=120)
+        deadline = time.monotonic() + 30
+        while self.client.alive(timeout=1.0) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not come up; see {home / 'daemon.log'}")
+            time.sleep(0.05)
+
+    def wait_states(self, want: Iterable[str], timeout: float, names: Iterable[str] | None = None
+                    ) -> dict:
+        """Poll /v1/status until every (named) instance is in one of `want`; the status."""
+        want = set(want)
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.client.status()
+            insts = [i for i in status["instances"] if names is None or i["name"] in names]
+            if insts and all(i["state"] in want for i in insts):
+                return status
+            if time.monotonic() > deadline:
+                states = {i["name"]: i["state"] for i in insts}
+                raise TimeoutError(f"instances not {sorted(want)} after {timeout} s: {states}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.shutdown(stop_instances=True)
+        try:
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        self.client.close()
+        self.log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (not its children), from the kernel's accounting."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), nearest rank: p99 of 50 samples is the 50th smallest."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def last_line(**figures: object) -> str:
+    """The key=value line every benchmark ends with (floats to 3 significant decimals)."""
+    parts = []
+    for key, value in figures.items():
+        if isinstance(value, float):
+            value = f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def parse_last_line(text: str) -> dict[str, str]:
+    """The key=value pairs of the last non-empty line of a benchmark's output."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return {}
+    out = {}
+    for part in lines[-1].split():
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k] = v
+    return out

@@ -28,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpulib import (  # noqa: E402
+    alive,
     EMULATOR,
     check,
     journal,
@@ -150,7 +151,7 @@ def main() -> int:
     vsup("down")
     time.sleep(1.0)
     after = smi_gpus()
-    left = [q for q in pids_before_down if os.path.exists(f"/proc/{q}")]
+    left = [q for q in pids_before_down if alive(q)]
     check("vsup down leaves no process", not left, f"left: {left}")
     for uuid, g in after.items():
         check(f"GPU {g['index']} memory released", g["used_mib"] <= before[uuid]["used_mib"],

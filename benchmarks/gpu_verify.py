@@ -37,6 +37,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpulib import (  # noqa: E402
+    alive,
     EMULATOR,
     MiB,
     check,
@@ -150,12 +151,21 @@ def main() -> int:
     pid = victim["pid"]
     orphans = tree_pids(pid) - {pid}
     seq0 = max(e.get("seq", 0) for e in journal(home))
-    t_kill = time.time()
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.3)
-    held = [a for a in smi_apps() if a["pid"] in orphans]
-    check("after SIGKILL of the parent its child still holds HBM", bool(held),
-          f"orphans {sorted(orphans)} hold {sum(a['used_mib'] for a in held)} MiB")
+    # The daemon is paused (SIGSTOP) around the kill so the orphan can be seen holding its
+    # memory: running, vsup sweeps it within milliseconds, before any outside look.
+    daemon_pid = st["supervisor"]["pid"]
+    os.kill(daemon_pid, signal.SIGSTOP)
+    try:
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        held = wait_for(lambda: [a for a in smi_apps() if a["pid"] in orphans], 10,
+                        "the orphan in nvidia-smi")
+        parent_gone = not alive(pid)
+    finally:
+        os.kill(daemon_pid, signal.SIGCONT)
+    check("after SIGKILL of the parent its child still holds HBM", bool(held) and parent_gone,
+          f"parent {pid} gone: {parent_gone}; orphans {sorted(orphans)} hold "
+          f"{sum(a['used_mib'] for a in held)} MiB")
 
     def back():
         s = status()
@@ -177,8 +187,8 @@ def main() -> int:
           f"release {rel}; spawn at +{(ts(respawn) - t_kill) if respawn else float('nan'):.2f}s"
           f" after the kill")
     left = [a for a in smi_apps() if a["pid"] in orphans]
-    check("the orphaned child is gone", not left and not any(
-        os.path.exists(f"/proc/{o}") for o in orphans), f"left: {left}")
+    check("the orphaned child is gone", not left and not any(alive(o) for o in orphans),
+          f"left: {left}")
     inst2 = next(x for x in st2["instances"] if x["name"] == "gpu0a")
     check("restarted on the same GPU", inst2["gpus"] == [0] and inst2["restarts"] >= 1,
           f"pid {pid} -> {inst2['pid']}, gpus {inst2['gpus']}, restarts {inst2['restarts']}")
@@ -191,7 +201,7 @@ def main() -> int:
     vsup("down")
     time.sleep(1.0)
     after = smi_gpus()
-    leftover = [p for p in pids_before_down if os.path.exists(f"/proc/{p}")]
+    leftover = [p for p in pids_before_down if alive(p)]
     apps_after = [a for a in smi_apps() if a["pid"] in pids_before_down]
     check("vsup down leaves no process", not leftover and not apps_after,
           f"left: {leftover}, on GPUs: {apps_after}")

@@ -116,3 +116,14 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
             return value
         time.sleep(interval)
     raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """A process that still runs (a zombie holds no memory and no longer runs)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+

@@ -27,6 +27,8 @@ from supervisor.telemetry.metrics import VllmMetrics
 from supervisor.telemetry.scrape import Scraper
 
 log = logging.getLogger("vsup.monitor")
+# How often the release check re-reads the GPUs while a dead instance's memory is still listed.
+GPU_RELEASE_POLL_S = 0.1
 
 SCRAPE_TIMEOUT_S = 5.0
 # The keys of telemetry's fields() that describe a running server (blank when it is not live).
@@ -208,21 +210,29 @@ class Monitor:
         self._hbm = dict(attribution.instances)
 
     async def gpu_released(self, pids: frozenset[int], gpus: tuple[int, ...]) -> bool:
-        """Whether none of `pids` holds memory on `gpus` any more (the engine asks after an
-        exit, before a co-tenant may start). Without per-process figures it cannot tell, and
-        says released rather than block the GPU forever."""
+        """Wait until none of `pids` holds memory on `gpus` (the engine asks after an exit,
+        before the instance or a co-tenant may start there, and bounds the wait). A killed
+        process's memory stays listed until the driver has torn its context down, so this
+        polls NVML/amdsmi rather than answering from one sample. Without per-process figures
+        it cannot tell, and says released rather than block the GPU forever."""
         if not self.gpu_count or not gpus:
             return True
-        try:
-            samples = await asyncio.to_thread(self.probe.snapshot)
-        except Exception:
-            log.exception("GPU probe failed")
-            return True
-        for sample in samples:
-            if sample.index in gpus and sample.per_process_supported:
-                if any(p.pid in pids for p in sample.processes):
-                    return False
-        return True
+        while True:
+            try:
+                samples = await asyncio.to_thread(self.probe.snapshot)
+            except Exception:
+                log.exception("GPU probe failed")
+                return True
+            held = [
+                p.pid
+                for sample in samples
+                if sample.index in gpus and sample.per_process_supported
+                for p in sample.processes
+                if p.pid in pids
+            ]
+            if not held:
+                return True
+            await asyncio.sleep(GPU_RELEASE_POLL_S)
 
     def _forget(self, name: str) -> None:
         self._tel.pop(name, None)

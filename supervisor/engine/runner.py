@@ -222,6 +222,12 @@ class Runner:
                 released=released,
                 waited_s=round(waited, 3),
             )
+        if released is False:
+            # Its processes are gone but the GPU still lists their memory: starting again (or
+            # letting a co-tenant start) would profile memory that is not there. A person looks.
+            self._unreleased(proc, waited)
+            self._release()
+            return
         self._release()
         if lc.state == "stopping":
             e._emit(
@@ -276,6 +282,21 @@ class Runner:
         elif lc.state == "stopped":
             inst._want = False  # a clean exit the policy does not restart
         return decision
+
+    def _unreleased(self, proc: RunningProcess, waited_s: float) -> None:
+        inst = self.inst
+        inst._want = False
+        gpus = ", ".join(str(g) for g in inst.spec.gpus)
+        self.e._emit(
+            inst,
+            "failed",
+            reason="gpu_memory_not_released",
+            failures=self.lc.failures,
+            why=f"GPU {gpus} still lists memory of {inst.name}'s processes "
+            f"{sorted(proc.tracked)} {waited_s:.0f} s after they ended; not starting it there "
+            f"again until a person does (vsup start {inst.name})",
+        )
+        self.lc.fail()
 
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst

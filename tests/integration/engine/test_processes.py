@@ -491,3 +491,45 @@ async def test_a_growing_run_log_is_capped_while_it_runs(engine, emulator_spec, 
     await until(older.exists)
     assert "x" * 3000 in older.read_text()
     assert eng.instances["a"].log_path().read_text().startswith("[vsup] log passed 2000 bytes")
+
+
+async def test_a_crashed_instance_restarts_only_after_its_gpu_memory_is_released(
+    engine, emulator_spec, events
+):
+    # NVML lists a killed process's memory until the driver tears its context down: the
+    # check resolves only then, and the new spawn must come after it.
+    gate = asyncio.Event()
+
+    async def released(pids, gpus):
+        await gate.wait()
+        return True
+
+    eng = engine(gpu_release_check=released)
+    await eng.apply([emulator_spec("g", "--engine-child", gpus=(2,))], wait=True)
+    first = eng.instances["g"].pid
+    os.kill(first, signal.SIGKILL)
+    await until(lambda: events.of("sweep", "g"))
+    await asyncio.sleep(0.3)
+    assert len(events.of("spawn", "g")) == 1, "spawned again before the memory was released"
+    gate.set()
+    await eng.wait("g", ("ready",), timeout=20)
+    assert eng.instances["g"].pid != first
+    (rel,) = events.stamped("gpu_release", "g")
+    spawns = events.stamped("spawn", "g")
+    assert rel[1]["released"] is True and spawns[1][0] > rel[0]
+
+
+async def test_gpu_memory_never_released_keeps_the_instance_off_its_gpu(
+    engine, emulator_spec, events
+):
+    async def never(pids, gpus):
+        await asyncio.sleep(3600)
+
+    eng = engine(gpu_release_check=never, gpu_release_timeout_s=0.3)
+    await eng.apply([emulator_spec("g", gpus=(1,))], wait=True)
+    os.kill(eng.instances["g"].pid, signal.SIGKILL)
+    await eng.wait("g", ("failed",), timeout=20)
+    (failed,) = events.of("failed", "g")
+    assert failed["reason"] == "gpu_memory_not_released"
+    assert "vsup start g" in failed["why"]
+    assert len(events.of("spawn", "g")) == 1

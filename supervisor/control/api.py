@@ -128,7 +128,7 @@ def build_app(service: ControlService) -> Starlette:
             raise BadRequest("give 'offset' or 'tail', not both")
         lf = service.log_file(name, previous)
         if lf.path is None:
-            which = "a previous run" if previous else "a log yet"
+            which = "previous run" if previous else "log yet"
             raise ControlError(f"instance {name!r} has no {which}", status=404)
         chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
         return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})

@@ -356,7 +356,7 @@ class Daemon:
                 self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
                 log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
                 if spec.restart.policy != "never" and reason not in FAIL_FAST:
-                    await self.engine.start(name)
+                    await self.engine.start(name, automatic=True)
                 continue
             self._register_idle(spec, rec)
         await self._settle_adopted()

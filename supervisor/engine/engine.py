@@ -395,13 +395,14 @@ class Engine:
                 await self.wait(name, ("ready", "failed", "stopped"))
         return plan
 
-    async def start(self, name: str, wait: bool = False) -> None:
+    async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None:
         """Run the instance (a failed one too: the breaker resets); with `wait`, return once it
-        is ready, failed or stopped."""
+        is ready, failed or stopped. `automatic`: the supervisor's own restart of an instance
+        that exited unwatched - counted in `restarts`, the breaker not reset."""
         inst = self._get(name)
-        self._emit(inst, "action", action="start")
+        self._emit(inst, "action", action="start", automatic=automatic)
         inst._want = True
-        inst._lc.request_start()
+        inst._lc.request_start(automatic=automatic)
         self._ensure_runner(inst)
         if wait:
             await self.wait(name, ("ready", "failed", "stopped"))

@@ -71,10 +71,15 @@ class Lifecycle:
 
     # -- a person's requests ----------------------------------------------------------------
 
-    def request_start(self) -> None:
-        """A person (or an apply) wants the instance running: the breaker starts over."""
-        self.tracker.reset()
-        self._restart_pending = False
+    def request_start(self, automatic: bool = False) -> None:
+        """A person (or an apply) wants the instance running: the breaker starts over. An
+        `automatic` start is the supervisor restarting an exited instance (one that died while
+        no daemon watched): it counts as a restart and the breaker keeps counting."""
+        if automatic:
+            self._restart_pending = True
+        else:
+            self.tracker.reset()
+            self._restart_pending = False
         if self.state in ("stopped", "failed", "backoff"):
             self.backoff_until = None
             self._enter("starting")

@@ -329,6 +329,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
         assert await daemon.engine.wait("a", ("ready",), timeout=20) == "ready"
         inst = daemon.engine.instances["a"]
         assert inst.pid != stranger.pid and inst.run == 5
+        assert inst.restarts == 2, "restarting an instance that died unwatched is a restart"
         adopt = [e for e in (await client.events())["events"] if e["kind"] == "adopt"]
         assert adopt[-1]["adopted"] is False and "another process" in adopt[-1]["why"]
         assert stranger.poll() is None, "an unrelated process was signalled"

@@ -596,12 +596,18 @@ class Engine:
         await self.start(name)
 
     async def _sweep_stale(self, inst: Instance, proc: RunningProcess) -> None:
-        """What is left of a process that died while no daemon watched (EngineCore orphans)."""
+        """What is left of a process that died while no daemon watched (EngineCore orphans);
+        on GPUs the memory must be gone too before the instance starts there again."""
         await self._scheduler.acquire(inst.name, inst.spec.devices, "stop")
         try:
-            ended = await stop.end_tree(proc, inst.spec.stop_grace_s, self.kill_wait_s)
+            await self._end_tree(inst, proc)
+            await self._await_release(inst, proc)
         finally:
             self._scheduler.release(inst.name)
+
+    async def _end_tree(self, inst: Instance, proc: RunningProcess) -> stop.Ended:
+        """TERM, then KILL, every process of the run's group and tree; report what it took."""
+        ended = await stop.end_tree(proc, inst.spec.stop_grace_s, self.kill_wait_s)
         if ended.signalled:
             self._emit(
                 inst,
@@ -611,6 +617,25 @@ class Engine:
                 kill=ended.kill_sent,
                 waited_s=round(ended.waited_s, 3),
             )
+        return ended
+
+    async def _await_release(self, inst: Instance, proc: RunningProcess) -> bool | None:
+        """Wait (bounded) until the instance's GPUs no longer list memory of the run's
+        processes; None when nothing can tell (no GPUs, no check)."""
+        released, waited = await stop.await_gpu_release(
+            self.gpu_release_check, proc.tracked.keys(), inst.spec.gpus, self.gpu_release_timeout_s
+        )
+        if released is not None or (self.gpu_release_check is not None and inst.spec.gpus):
+            inst.gpu_released = released
+            self._emit(
+                inst,
+                "gpu_release",
+                run=proc.run,
+                gpus=list(inst.spec.gpus),
+                released=released,
+                waited_s=round(waited, 3),
+            )
+        return released
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
         loop = asyncio.get_running_loop()

@@ -83,6 +83,10 @@ class Runner:
         if inst._stale_sweep is not None:
             await inst._stale_sweep
             inst._stale_sweep = None
+            if inst.gpu_released is False:
+                # orphans of the run that died unwatched left memory the GPU still lists
+                self._unreleased()
+                return
         if not await self._acquire("start"):
             return
         run = lc.run + 1
@@ -196,36 +200,15 @@ class Runner:
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
-            ended = await stop.end_tree(proc, inst.spec.stop_grace_s, e.kill_wait_s)
-            if ended.signalled:
-                e._emit(
-                    inst,
-                    "sweep",
-                    run=proc.run,
-                    pids=list(ended.signalled),
-                    kill=ended.kill_sent,
-                    waited_s=round(ended.waited_s, 3),
-                )
+            ended = await e._end_tree(inst, proc)
         if ended.survivors:
             self._stuck(proc, ended.survivors)
             return
-        released, waited = await stop.await_gpu_release(
-            e.gpu_release_check, proc.tracked.keys(), inst.spec.gpus, e.gpu_release_timeout_s
-        )
-        if released is not None or (e.gpu_release_check is not None and inst.spec.gpus):
-            inst.gpu_released = released
-            e._emit(
-                inst,
-                "gpu_release",
-                run=proc.run,
-                gpus=list(inst.spec.gpus),
-                released=released,
-                waited_s=round(waited, 3),
-            )
+        released = await e._await_release(inst, proc)
         if released is False:
             # Its processes are gone but the GPU still lists their memory: starting again (or
             # letting a co-tenant start) would profile memory that is not there. A person looks.
-            self._unreleased(proc, waited)
+            self._unreleased()
             self._release()
             return
         self._release()
@@ -283,18 +266,18 @@ class Runner:
             inst._want = False  # a clean exit the policy does not restart
         return decision
 
-    def _unreleased(self, proc: RunningProcess, waited_s: float) -> None:
-        inst = self.inst
+    def _unreleased(self) -> None:
+        inst, e = self.inst, self.e
         inst._want = False
         gpus = ", ".join(str(g) for g in inst.spec.gpus)
-        self.e._emit(
+        e._emit(
             inst,
             "failed",
             reason="gpu_memory_not_released",
             failures=self.lc.failures,
-            why=f"GPU {gpus} still lists memory of {inst.name}'s processes "
-            f"{sorted(proc.tracked)} {waited_s:.0f} s after they ended; not starting it there "
-            f"again until a person does (vsup start {inst.name})",
+            why=f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
+            f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
+            f"(vsup start {inst.name})",
         )
         self.lc.fail()
 

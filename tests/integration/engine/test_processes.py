@@ -533,3 +533,33 @@ async def test_gpu_memory_never_released_keeps_the_instance_off_its_gpu(
     assert failed["reason"] == "gpu_memory_not_released"
     assert "vsup start g" in failed["why"]
     assert len(events.of("spawn", "g")) == 1
+
+
+async def test_orphans_of_a_run_that_died_unwatched_are_swept_and_their_gpu_awaited(
+    engine, emulator_spec, events
+):
+    # The API server died while no daemon watched; its EngineCore lives on holding (on a GPU)
+    # memory. The next daemon sweeps it and waits for the GPU before starting the instance.
+    first = engine()
+    spec = emulator_spec("a", "--engine-child", gpus=(5,))
+    await first.apply([spec], wait=True)
+    await until(lambda: pid_of_role(first, "a", "core") is not None)
+    core = pid_of_role(first, "a", "core")
+    await until(lambda: core in first.instances["a"].descendants)
+    record = first.instances["a"].adopt_record()
+    await first.shutdown(stop_instances=False)
+    os.kill(record.pid, signal.SIGKILL)
+    await until(lambda: not pid_alive(record.pid))
+    assert pid_alive(core)
+
+    async def never(pids, gpus):
+        await asyncio.sleep(3600)
+
+    second = engine(gpu_release_check=never, gpu_release_timeout_s=0.3)
+    assert second.adopt(spec, record) is None
+    await second.start("a", automatic=True)
+    await second.wait("a", ("failed",), timeout=20)
+    assert not pid_alive(core)
+    (failed,) = events.of("failed", "a")
+    assert failed["reason"] == "gpu_memory_not_released"
+    assert second.instances["a"].run == 1, "started on a GPU still holding the orphan's memory"

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vsup-installed
 DEMO_HOME ?= .demo/home
 PYTEST_ARGS ?=
 
-.PHONY: all venv test test-fast demo demo-down bench lint clean
+.PHONY: all venv test test-fast demo demo-attach demo-down bench clean
 
 all: test
 
@@ -33,6 +33,9 @@ test-fast: venv
 
 demo: venv
 	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor.demo
+
+demo-attach: venv
+	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor tui
 
 demo-down: venv
 	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor down

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(load.pid, signal.SIGTERM)
             load.wait(timeout=10)
         print("demo: the instances keep running under the vsup daemon; "
-              "`make demo-down` stops them.")
+              "`make demo-attach` opens the dashboard again, `make demo-down` stops them.")
 
 
 if __name__ == "__main__":

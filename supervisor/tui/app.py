@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from textual import work
-from textual.app import App, SystemCommand
+from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding
 from textual.markup import escape
 from textual.screen import Screen
@@ -148,7 +148,11 @@ class DashboardApp(App[None]):
 
     @property
     def on_dashboard(self) -> bool:
-        return self.screen is self._dashboard
+        try:
+            return self.screen is self._dashboard
+        except ScreenStackError:
+            # shutting down: the refresh timer can fire once more after the last screen went
+            return False
 
     # -- the loop -----------------------------------------------------------------------------
 

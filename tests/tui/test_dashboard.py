@@ -319,3 +319,14 @@ async def test_config_is_read_again_once_the_instance_is_ready(client):
         client.snapshot = _replace(client.snapshot, "gpu3", state="ready")
         app.tick()
         await settle(pilot, lambda: len(client.calls_to("config")) == asked + 1)
+
+
+async def test_a_refresh_tick_after_the_last_screen_is_gone_does_nothing(client):
+    # Seen on the H200 run: the refresh timer fired once more while the app shut down.
+    app = make_app(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, lambda: app.selected is not None)
+    made = len(client.calls)
+    assert app.on_dashboard is False
+    app.tick()  # must not raise ScreenStackError
+    assert len(client.calls) == made, "a refresh was scheduled for a closed dashboard"

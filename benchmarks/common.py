@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import socket
 import statistics
 import sys
@@ -21,6 +20,8 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from tests.programs import proctoken
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -73,30 +74,12 @@ def new_token() -> str:
 
 def token_pids(token: str) -> list[int]:
     """Live processes whose environment carries the token."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
+    return proctoken.token_pids(token, TOKEN_VAR)
 
 
 def kill_token(token: str) -> list[int]:
     """SIGKILL every process carrying the token; the pids that were still alive."""
-    pids = token_pids(token)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return pids
+    return proctoken.kill_token(token, TOKEN_VAR)
 
 
 @contextlib.contextmanager

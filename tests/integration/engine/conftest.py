@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import sys
 import time
@@ -23,37 +22,9 @@ import pytest
 from supervisor.clock import SystemClock
 from supervisor.engine import Engine
 from supervisor.layout.spec import InstanceSpec, RestartPolicy
+from tests.programs.proctoken import kill_token, token_pids  # noqa: F401 (re-exported)
 
 EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
-
-
-def token_pids(token: str) -> list[int]:
-    """Live processes whose environment carries the token."""
-    needle = f"VSUP_TEST_TOKEN={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
-
-
-def kill_token(token: str) -> list[int]:
-    pids = token_pids(token)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return pids
 
 
 def pid_alive(pid: int) -> bool:

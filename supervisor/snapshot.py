@@ -7,7 +7,7 @@ Keys may be added within schema 1; none is removed or renamed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 SCHEMA = 1

@@ -87,6 +87,7 @@ class InstanceStatus:
     backoff_remaining_s: float | None = None
     backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend` (AITER MHA)
     waiting_for: str | None = None  # a start waiting for its turn on a device, e.g. "a starting"
+    failed_why: str | None = None  # state `failed`: why vsup will not start it again by itself
 
     @property
     def is_ready(self) -> bool:

@@ -110,6 +110,19 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
     if inst.last_exit and inst.last_exit.log_excerpt:
         excerpt = f" Last log: {inst.last_exit.log_excerpt.strip().splitlines()[-1][:200]}"
     if inst.state == "failed":
+        if inst.failed_why:
+            says_what_to_do = "vsup start" in inst.failed_why or "vsup restart" in inst.failed_why
+            hint = "" if says_what_to_do else f" Fix the cause, then `vsup restart {inst.name}`."
+            policy = inst.failed_why.startswith("the restart policy gave up")
+            return [
+                Advice(
+                    kind="crash_loop" if policy else "failed",
+                    severity="critical",
+                    instance=inst.name,
+                    message=(f"{inst.name}: failed: {inst.failed_why} (last exit: {reason})."
+                             f"{hint}{excerpt}"),
+                )
+            ]
         return [
             Advice(
                 kind="crash_loop",

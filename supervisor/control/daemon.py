@@ -412,6 +412,7 @@ class Daemon:
             run=rec.run,
             restarts=rec.restarts,
             last_exit=_last_exit(rec.last_exit),
+            failed_why=rec.failed_why,
         )
 
     def _report_problem(self, kind: str, message: str) -> None:
@@ -441,6 +442,7 @@ class Daemon:
                 last_exit=asdict(inst.last_exit) if inst.last_exit else None,
                 descendants={str(p): t for p, t in rec.descendants.items()} if rec else {},
                 adopted=bool(getattr(inst, "adopted", False)),
+                failed_why=inst.failed_why,
             )
         return DaemonState(
             layout_path=self.layout_path,

@@ -39,6 +39,7 @@ class InstanceRecord:
     last_exit: dict[str, Any] | None = None
     descendants: dict[str, float] = field(default_factory=dict)  # pid -> create_time
     adopted: bool = False  # this run was taken over from an earlier daemon
+    failed_why: str | None = None  # state `failed`: why (Lifecycle.failed_why)
 
     @property
     def has_process(self) -> bool:
@@ -136,6 +137,7 @@ def _record(name: str, rec: Any) -> InstanceRecord:
         last_exit=last_exit,
         descendants={str(k): float(v) for k, v in descendants.items()},
         adopted=bool(rec.get("adopted", False)),
+        failed_why=_opt(rec.get("failed_why"), str, f"{where}.failed_why"),
     )
 
 

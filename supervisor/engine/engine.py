@@ -203,6 +203,11 @@ class Instance:
         return self._lc.last_exit
 
     @property
+    def failed_why(self) -> str | None:
+        """Why the instance is `failed`; None in any other state."""
+        return self._lc.failed_why
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
@@ -254,6 +259,7 @@ class Instance:
             "run": self.run or None,
             "host": self.spec.host,
             "backoff_remaining_s": self.backoff_remaining_s(),
+            "failed_why": self.failed_why,
         }
 
     def adopt_record(self) -> AdoptRecord | None:
@@ -501,9 +507,10 @@ class Engine:
         run: int = 0,
         restarts: int = 0,
         last_exit: LastExit | None = None,
+        failed_why: str | None = None,
     ) -> Instance:
         """Register an instance without a process as a state file remembers it (`stopped` or
-        `failed`), keeping its run number, restarts and last exit; nothing starts."""
+        `failed`, and why), keeping its run number, restarts and last exit; nothing starts."""
         if spec.name in self._instances:
             raise ValueError(f"instance {spec.name!r} exists already")
         if state not in ("stopped", "failed"):
@@ -514,7 +521,7 @@ class Engine:
         lc.restarts = restarts
         lc.last_exit = last_exit
         if state == "failed":
-            lc.fail()
+            lc.fail(failed_why or "it was failed when the previous daemon stopped")
         return inst
 
     async def wait(

@@ -62,6 +62,8 @@ class Lifecycle:
         self.health_failures = 0
         self.last_health_status: int | None = None
         self._restart_pending = False
+        # why the instance is `failed` (cleared when it leaves that state), for people
+        self.failed_why: str | None = None
 
     def configure(self, spec: InstanceSpec) -> None:
         """Take a new spec's restart policy and timeouts (they apply from the next decision)."""
@@ -177,16 +179,18 @@ class Lifecycle:
             self._restart_pending = True
             self._enter("backoff")
         elif decision.action == "failed":
+            self.failed_why = f"the restart policy gave up: {decision.why}"
             self._enter("failed")
         else:
             self._enter("stopped")
         return decision
 
-    def fail(self) -> None:
+    def fail(self, why: str) -> None:
         """Trip the breaker for a reason outside the restart policy (a process that would not
-        die); only a person starts the instance again."""
+        die, GPU memory that was not released); only a person starts the instance again."""
         self.backoff_until = None
         self._restart_pending = False
+        self.failed_why = why
         self._enter("failed")
 
     def backoff_remaining_s(self) -> float | None:
@@ -208,6 +212,8 @@ class Lifecycle:
         old = self.state
         if old == state:
             return
+        if state != "failed":
+            self.failed_why = None
         self.state = state
         self.state_since = self.clock.monotonic()
         if self.on_change is not None:

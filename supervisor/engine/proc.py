@@ -72,6 +72,34 @@ def read_stat(pid: int) -> ProcInfo | None:
     )
 
 
+_STATE_WORDS = {
+    "D": "uninterruptible sleep, waiting on the kernel or a driver",
+    "R": "running",
+    "S": "sleeping",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+    "Z": "a zombie nobody reaped",
+}
+
+
+def describe(pid: int) -> str:
+    """One process for people: `28258 VLLM::Worker (R: running, exiting)`.
+
+    `exiting`: its memory map is being torn down (an empty cmdline), i.e. it got the signal and
+    the kernel has not finished with it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            exiting = not f.read(1)
+    except OSError:
+        return f"{pid} (gone)"
+    comm = data[data.find(b"(") + 1 : data.rfind(b")")].decode(errors="replace")
+    state = data[data.rfind(b")") + 2 :].split(b" ", 1)[0].decode()
+    words = _STATE_WORDS.get(state, "")
+    return f"{pid} {comm} ({state}{': ' + words if words else ''}{', exiting' if exiting else ''})"
+
+
 def process_table() -> dict[int, ProcInfo]:
     """Every process on the node."""
     table: dict[int, ProcInfo] = {}

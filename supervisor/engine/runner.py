@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from supervisor.clock import iso_utc
 from supervisor.engine import health, stop
 from supervisor.engine.exitreason import Classified, classify, signal_name
-from supervisor.engine.proc import ExitStatus, RunningProcess
+from supervisor.engine.proc import ExitStatus, RunningProcess, describe
 from supervisor.engine.restart import Decision
 from supervisor.engine.spawn import Launched, launch
 from supervisor.snapshot import LastExit
@@ -62,7 +62,7 @@ class Runner:
             log.exception("runner of %s failed", inst.name)
             self.e._emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
             inst._want = False
-            lc.fail()
+            lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
             self._release()
             inst.waiting_for = None
@@ -270,16 +270,12 @@ class Runner:
         inst, e = self.inst, self.e
         inst._want = False
         gpus = ", ".join(str(g) for g in inst.spec.gpus)
-        e._emit(
-            inst,
-            "failed",
-            reason="gpu_memory_not_released",
-            failures=self.lc.failures,
-            why=f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
-            f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
-            f"(vsup start {inst.name})",
-        )
-        self.lc.fail()
+        why = (f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
+               f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
+               f"(vsup start {inst.name})")
+        e._emit(inst, "failed", reason="gpu_memory_not_released", failures=self.lc.failures,
+                why=why)
+        self.lc.fail(why)
 
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst
@@ -291,15 +287,16 @@ class Runner:
                     inst.process = None
 
             proc.exited.add_done_callback(gone)
-        self.e._emit(
-            inst,
-            "stop_incomplete",
-            run=proc.run,
-            pids=list(pids),
-            message=f"processes {list(pids)} of {inst.name} outlived SIGKILL; "
-            f"not starting it again until a person does",
+        pids = pids or (proc.pid,)
+        who = ", ".join(describe(p) for p in pids)
+        message = (
+            f"processes of {inst.name} outlived SIGKILL: {who}. They hold their memory until "
+            f"the kernel lets them go (`cat /proc/{pids[0]}/stack` shows where they are stuck); "
+            f"vsup will not start {inst.name} beside them: `vsup start {inst.name}` once they "
+            "are gone"
         )
-        self.lc.fail()
+        self.e._emit(inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message)
+        self.lc.fail(message)
 
     # -- health -------------------------------------------------------------------------------
 

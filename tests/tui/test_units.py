@@ -11,7 +11,7 @@ from supervisor.snapshot import GpuProcess, GpuStatus, empty_instance
 from supervisor.tui import fmt, gpubar, layout_edit, rows, samples
 from supervisor.tui.history import History, spark
 from supervisor.tui.validation import plan_text
-from supervisor.tui.widgets.detail import config_text, masked_env
+from supervisor.tui.widgets.detail import config_text, exit_text, masked_env
 
 
 def test_unknown_values_render_as_a_dash_never_zero():
@@ -216,3 +216,11 @@ def test_vsup_tui_with_a_bad_keymap_says_so_before_touching_the_daemon(monkeypat
     args = build_parser().parse_args(["tui"])
     assert args.func(args) == 2
     assert "VSUP_KEYMAP: unknown key binding id(s) reboot" in capsys.readouterr().err
+
+
+def test_exit_pane_of_a_failed_instance_says_why_vsup_gave_up():
+    why = "processes of g1 outlived SIGKILL: 28258 VLLM::Worker (R: running, exiting)"
+    text = exit_text(empty_instance("g1", state="failed", failed_why=why)).plain
+    assert why in text and "crash loop" not in text
+    # an older daemon's status has no why: the generic line stays
+    assert "crash loop" in exit_text(empty_instance("g1", state="failed")).plain

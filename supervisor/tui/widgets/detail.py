@@ -122,8 +122,8 @@ def exit_text(inst: InstanceStatus | None) -> Text:
     if inst.state == "backoff" and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
     if inst.state == "failed":
-        text.append("\ncrash loop: the restart policy gave up; start it by hand once fixed",
-                    "bold red")
+        text.append("\n" + (inst.failed_why or "crash loop: the restart policy gave up; "
+                                                "start it by hand once fixed"), "bold red")
     if inst.last_exit and inst.last_exit.log_excerpt:
         text.append("\n\n")
         text.append(inst.last_exit.log_excerpt, "italic")

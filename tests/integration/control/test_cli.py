@@ -194,3 +194,15 @@ def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     doc = json.loads(vsup(cli_home, "status", "--json").stdout)
     advice = [a for a in doc["advice"] if a["kind"] == "crash_loop"]
     assert advice and advice[0]["severity"] == "critical"
+    why = "the restart policy gave up: 2 consecutive failures (max_failures = 2)"
+    (inst,) = doc["instances"]
+    assert inst["state"] == "failed" and inst["failed_why"] == why
+    assert why in advice[0]["message"]
+    # the why outlives the daemon: the next one reads it from the state file
+    daemon = daemons_of(cli_home)[0]
+    daemon.terminate()
+    daemon.wait(10)
+    doc = json.loads(vsup(cli_home, "status", "--json").stdout)
+    assert doc["supervisor"]["pid"] != daemon.pid
+    (inst,) = doc["instances"]
+    assert inst["state"] == "failed" and inst["failed_why"] == why

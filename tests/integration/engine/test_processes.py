@@ -197,6 +197,8 @@ async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine,
     assert inst.last_exit.code == 3 and inst.last_exit.reason == "unknown"
     (failed,) = events.of("failed", "a")
     assert failed["failures"] == 4
+    assert inst.failed_why == "the restart policy gave up: 4 consecutive failures (max_failures = 4)"
+    assert inst.status_fields()["failed_why"] == inst.failed_why
     assert my_zombies() == []
     assert sorted(p.name for p in inst.log_path().parent.iterdir()) == [
         f"run-000{i}.log" for i in range(1, 5)
@@ -532,6 +534,7 @@ async def test_gpu_memory_never_released_keeps_the_instance_off_its_gpu(
     (failed,) = events.of("failed", "g")
     assert failed["reason"] == "gpu_memory_not_released"
     assert "vsup start g" in failed["why"]
+    assert eng.instances["g"].failed_why == failed["why"]
     assert len(events.of("spawn", "g")) == 1
 
 

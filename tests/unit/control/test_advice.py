@@ -86,6 +86,24 @@ def test_failed_instance_is_critical_and_says_how_to_restart():
     assert "vsup restart g1" in advice[0].message and "OutOfMemoryError" in advice[0].message
 
 
+def test_failed_instance_says_why_vsup_gave_up():
+    le = LastExit(None, "SIGKILL", "unhealthy", "2026-01-01T00:00:00.000Z", None)
+    why = ("processes of g1 outlived SIGKILL: 28258 VLLM::Worker (R: running, exiting). They "
+           "hold their memory ...; `vsup start g1` once they are gone")
+    stuck = empty_instance("g1", state="failed", last_exit=le, restarts=0, failed_why=why)
+    (advice,) = compute_advice([stuck], [], NONE)
+    assert (advice.kind, advice.severity) == ("failed", "critical")
+    assert why in advice.message and "repeated crashes" not in advice.message
+    assert "vsup restart" not in advice.message  # the why says what to do
+    assert "last exit: unhealthy" in advice.message
+
+    policy = "the restart policy gave up: 5 consecutive failures (max_failures = 5)"
+    looped = empty_instance("g2", state="failed", last_exit=le, restarts=4, failed_why=policy)
+    (advice,) = compute_advice([looped], [], NONE)
+    assert advice.kind == "crash_loop" and policy in advice.message
+    assert "`vsup restart g2`" in advice.message
+
+
 def test_repeated_failures_in_the_window_are_a_crash_loop():
     inst = empty_instance("g1", state="backoff", restarts=3)
     inputs = AdviceInputs(recent_failures={"g1": 3})

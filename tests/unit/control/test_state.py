@@ -43,7 +43,11 @@ def make_state(pid: int = 4242) -> DaemonState:
                 pgid=pid, port=8000, run=3, restarts=2,
                 last_exit={"code": 1, "signal": None, "reason": "oom", "at": "t",
                            "log_excerpt": "x"},
-            )
+            ),
+            "b": InstanceRecord(
+                name="b", spec=spec_to_dict(spec), state="failed", run=1,
+                failed_why="processes of b outlived SIGKILL: 9 VLLM::Worker (D: ...)",
+            ),
         },
     )
 
@@ -60,7 +64,7 @@ def test_save_then_load_gives_back_the_same_state(tmp_path):
     sf.save(state)
     loaded = sf.load()
     assert loaded.source == "state" and loaded.problem is None
-    assert loaded.state.instances["a"] == state.instances["a"]
+    assert loaded.state.instances == state.instances
     assert loaded.state.layout_toml == state.layout_toml
     # No temp file is left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]

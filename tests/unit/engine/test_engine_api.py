@@ -76,8 +76,13 @@ async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_p
 
     engine = Engine(FakeClock(), tmp_path)
     last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")
-    inst = engine.restore(spec("a"), "failed", run=7, restarts=3, last_exit=last)
+    why = "the restart policy gave up: 5 consecutive failures (max_failures = 5)"
+    inst = engine.restore(spec("a"), "failed", run=7, restarts=3, last_exit=last, failed_why=why)
     assert (inst.state, inst.run, inst.restarts, inst.last_exit) == ("failed", 7, 3, last)
+    assert inst.failed_why == why and inst.status_fields()["failed_why"] == why
+    # a state file of an older vsup has no why: the instance still says something
+    old = engine.restore(spec("c"), "failed")
+    assert old.failed_why == "it was failed when the previous daemon stopped"
     assert not inst.supervised and inst.log_path() == tmp_path / "a" / "run-0007.log"
     assert engine.diff([spec("a")]).start == ("a",)
     with pytest.raises(ValueError):

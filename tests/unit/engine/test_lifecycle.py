@@ -90,8 +90,23 @@ def test_crash_loop_follows_the_backoff_and_trips_the_breaker(lc, clock):
     assert delays == [0, 10, 20]
     assert lc.run == 4  # max_failures spawns, then no more
     assert lc.restarts == 3
+    assert lc.failed_why == "the restart policy gave up: 4 consecutive failures (max_failures = 4)"
     clock.advance(10_000)
     assert not lc.backoff_due() and lc.backoff_remaining_s() is None
+    lc.request_start()  # a person: the why goes with the state
+    assert lc.state == "starting" and lc.failed_why is None
+
+
+def test_a_failure_outside_the_policy_keeps_its_why_until_the_state_changes(lc, clock):
+    assert lc.failed_why is None
+    lc.request_start()
+    start_and_spawn(lc, 1)
+    lc.fail("processes of a outlived SIGKILL: 7 x (D)")
+    assert lc.state == "failed" and lc.failed_why == "processes of a outlived SIGKILL: 7 x (D)"
+    lc.begin_stop()  # a stop of a failed instance changes nothing
+    assert lc.failed_why == "processes of a outlived SIGKILL: 7 x (D)"
+    lc.request_start()
+    assert lc.state == "starting" and lc.failed_why is None
 
 
 def test_backoff_is_not_due_before_its_delay(lc, clock):

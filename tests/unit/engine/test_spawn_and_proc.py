@@ -2,7 +2,7 @@ import os
 import socket
 import sys
 
-from supervisor.engine.proc import ProcInfo, live_tree, read_stat
+from supervisor.engine.proc import ProcInfo, describe, live_tree, read_stat
 from supervisor.engine.spawn import child_env, port_holder
 from supervisor.layout.spec import InstanceSpec
 
@@ -50,6 +50,35 @@ def test_read_stat_matches_psutil():
     assert me.pgid == os.getpgid(0) and me.ppid == os.getppid()
     assert abs(me.create_time - psutil.Process().create_time()) < 0.02
     assert read_stat(2**22 + 12345) is None
+
+
+def test_describe_names_a_process_and_its_kernel_state():
+    import signal
+    import subprocess
+    import time
+
+    # a name with a space and a parenthesis, as /proc/PID/stat's comm field may hold
+    program = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'VLLM::W (x)', 0, 0, 0); "
+               "print('go', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"go\n"
+        assert describe(child.pid) == f"{child.pid} VLLM::W (x) (S: sleeping)"
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while "(T:" not in describe(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert describe(child.pid) == f"{child.pid} VLLM::W (x) (T: stopped)"
+        child.kill()
+        deadline = time.monotonic() + 5
+        while "(Z:" not in describe(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # a dead, unreaped child: its memory map is gone, so it reads as exiting
+        assert describe(child.pid) == f"{child.pid} VLLM::W (x) (Z: a zombie nobody reaped, exiting)"
+    finally:
+        child.kill()
+        child.wait()
+    assert describe(child.pid) == f"{child.pid} (gone)"
 
 
 def table(*rows):

@@ -86,6 +86,7 @@ LOGGED_EVENTS = {
     "adopt": ("adopted", "pid", "run", "why"),
     "failed": ("reason", "failures"),
     "stop_incomplete": ("message",),
+    "stuck_gone": ("run", "pids"),
     "error": ("message",),
 }
 

@@ -319,6 +319,7 @@ class Engine:
         self.log_max_bytes = log_max_bytes
         self.deterministic_spawns = deterministic_spawns
         self.chores_interval_s = chores_interval_s
+        self.stuck_poll_s = 1.0  # how often processes that outlived SIGKILL are looked for
         self._instances: dict[str, Instance] = {}
         self._scheduler = DeviceScheduler(on_change=self._kick_waiting)
         self._http: health.HttpGetter | None = None
@@ -625,6 +626,45 @@ class Engine:
                 waited_s=round(ended.waited_s, 3),
             )
         return ended
+
+    async def _resume_when_gone(
+        self, inst: Instance, proc: RunningProcess, pids: tuple[int, ...], why: str
+    ) -> None:
+        """Processes of `inst` outlived SIGKILL (stuck in the kernel) while it was meant to
+        run: once they are gone and the GPU no longer lists their memory, start it again (a
+        restart: counted, the breaker not reset). A person who stopped, started or removed it
+        meanwhile decides instead (its `failed_why` is no longer `why`)."""
+        born = {p: info.create_time for p in pids if (info := read_stat(p)) is not None}
+
+        def alive() -> list[int]:
+            return [p for p, t in born.items()
+                    if (i := read_stat(p)) is not None and i.state != "Z"
+                    and same_process(i.create_time, t)]
+
+        def untouched() -> bool:
+            return (self._instances.get(inst.name) is inst and inst.state == "failed"
+                    and inst.failed_why == why)
+
+        # the API server itself may be among them: wait for its exit to be seen too
+        while (alive() or inst.process is proc) and untouched():
+            await asyncio.sleep(self.stuck_poll_s)
+        if not untouched():
+            return
+        self._emit(inst, "stuck_gone", run=proc.run, pids=list(born))
+        released = await self._await_release(inst, proc)
+        if not untouched():
+            return
+        if released is False:
+            gpus = ", ".join(str(g) for g in inst.spec.gpus)
+            later = (f"the stuck processes of {inst.name} are gone but GPU {gpus} still lists "
+                     f"their memory after {self.gpu_release_timeout_s:.0f} s; not starting it "
+                     f"there again until a person does (vsup start {inst.name})")
+            self._emit(inst, "failed", reason="gpu_memory_not_released",
+                       failures=inst.failures, why=later)
+            inst._lc.fail(later)
+            self._notify()
+            return
+        await self.start(inst.name, automatic=True)
 
     async def _await_release(self, inst: Instance, proc: RunningProcess) -> bool | None:
         """Wait (bounded) until the instance's GPUs no longer list memory of the run's

@@ -279,6 +279,8 @@ class Runner:
 
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst
+        # a crash, an unhealthy end or a person's restart: it should run again, once it can
+        resume = inst._want and inst.spec.restart.policy != "never"
         inst._want = False
         if proc.alive:
             # no runner will see it end: clear the pid then
@@ -289,14 +291,22 @@ class Runner:
             proc.exited.add_done_callback(gone)
         pids = pids or (proc.pid,)
         who = ", ".join(describe(p) for p in pids)
+        then = (
+            f"vsup starts it again (after the GPU check) once they are gone; `vsup stop "
+            f"{inst.name}` cancels that"
+            if resume
+            else f"`vsup start {inst.name}` once they are gone"
+        )
         message = (
             f"processes of {inst.name} outlived SIGKILL: {who}. They hold their memory until "
             f"the kernel lets them go (`cat /proc/{pids[0]}/stack` shows where they are stuck); "
-            f"vsup will not start {inst.name} beside them: `vsup start {inst.name}` once they "
-            "are gone"
+            f"vsup will not start {inst.name} beside them: {then}"
         )
-        self.e._emit(inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message)
+        self.e._emit(inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message,
+                     resume=resume)
         self.lc.fail(message)
+        if resume:
+            self.e._spawn_task(self.e._resume_when_gone(inst, proc, pids, message))
 
     # -- health -------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ LIVE_FIELDS = frozenset(
         "drain_timeout_s",
         "health_interval_s",
         "unhealthy_after",
+        "unhealthy_grace_s",
         "profiles",
     }
 )

@@ -5,7 +5,8 @@ States (snapshot.STATES):
     starting   a start attempt: waiting for its turn on its devices, then spawned and polling
                /health until it answers 200
     ready      /health answered 200
-    unhealthy  a ready process failed `unhealthy_after` health checks in a row; vsup is ending it
+    unhealthy  a ready process failed `unhealthy_after` health checks in a row (and, when they
+               got no answer, gave none for `unhealthy_grace_s`); vsup is ending it
     backoff    it exited on its own and waits to be restarted (0 s before the first restart)
     stopping   a person asked it to stop: drain, SIGTERM, SIGKILL, sweep
     failed     the breaker tripped (restart.py); only a person starts it again
@@ -51,6 +52,7 @@ class Lifecycle:
         self.tracker = RestartTracker(spec.restart, deterministic_spawns)
         self.start_timeout_s = spec.start_timeout_s
         self.unhealthy_after = max(1, spec.unhealthy_after)
+        self.unhealthy_grace_s = spec.unhealthy_grace_s
         self.state = "stopped"
         self.state_since = clock.monotonic()
         self.run = 0  # spawns so far; the run number names the log file
@@ -61,6 +63,7 @@ class Lifecycle:
         self.backoff_until: float | None = None
         self.health_failures = 0
         self.last_health_status: int | None = None
+        self.last_answer_at: float | None = None  # the last /health answer, of any status
         self._restart_pending = False
         # why the instance is `failed` (cleared when it leaves that state), for people
         self.failed_why: str | None = None
@@ -70,6 +73,7 @@ class Lifecycle:
         self.tracker.policy = spec.restart
         self.start_timeout_s = spec.start_timeout_s
         self.unhealthy_after = max(1, spec.unhealthy_after)
+        self.unhealthy_grace_s = spec.unhealthy_grace_s
 
     # -- a person's requests ----------------------------------------------------------------
 
@@ -126,23 +130,36 @@ class Lifecycle:
         self.health_failures = 0
         if self.state != "starting" or self.spawned_at is None:
             return False
-        self.ready_since = self.clock.monotonic()
+        self.ready_since = self.last_answer_at = self.clock.monotonic()
         self._enter("ready")
         return True
 
     def health_ok(self) -> None:
         self.health_failures = 0
+        self.last_answer_at = self.clock.monotonic()
 
     def health_failed(self, status: int | None) -> bool:
-        """A failed check (`status` None: no answer); True when the instance turns unhealthy."""
+        """A failed check (`status` None: no answer); True when the instance turns unhealthy.
+
+        An answer that is not 200 (503: the engine died) counts at the `unhealthy_after`-th
+        failure in a row. No answer at all (a timeout, a refused connection) must also have
+        lasted `unhealthy_grace_s` since the last answer: an API server saturated by its load
+        misses checks for seconds (measured here; reported on GPU fleets too) and is not hung."""
         if self.state != "ready":
             return False
+        now = self.clock.monotonic()
         self.health_failures += 1
         self.last_health_status = status
-        if self.health_failures >= self.unhealthy_after:
-            self._enter("unhealthy")
-            return True
-        return False
+        if status is not None:
+            self.last_answer_at = now
+        if self.health_failures < self.unhealthy_after:
+            return False
+        last = self.last_answer_at if self.last_answer_at is not None else self.ready_since
+        silent_for = now - last if last is not None else float("inf")
+        if status is None and silent_for < self.unhealthy_grace_s:
+            return False
+        self._enter("unhealthy")
+        return True
 
     @property
     def unhealthy_cause(self) -> str:

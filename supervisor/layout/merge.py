@@ -239,6 +239,7 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         drain_timeout_s=float(v["drain_timeout_s"]),
         health_interval_s=float(v["health_interval_s"]),
         unhealthy_after=int(v["unhealthy_after"]),
+        unhealthy_grace_s=float(v["unhealthy_grace_s"]),
         profiles=tuple(layout.profiles),
     )
 

@@ -194,6 +194,8 @@ COMMON_KEYS: dict[str, Key] = {
         Key("drain_timeout_s", "number", "seconds to wait for running requests", _not_negative),
         Key("health_interval_s", "number", "seconds between /health checks", _positive),
         Key("unhealthy_after", "int", "failed /health checks before unhealthy", _at_least_one),
+        Key("unhealthy_grace_s", "number",
+            "seconds without any /health answer before unhealthy", _not_negative),
         Key(
             "gpu_memory_utilization",
             "number",
@@ -244,6 +246,7 @@ def builtin_defaults() -> dict[str, Any]:
         "drain_timeout_s": spec_defaults["drain_timeout_s"],
         "health_interval_s": spec_defaults["health_interval_s"],
         "unhealthy_after": spec_defaults["unhealthy_after"],
+        "unhealthy_grace_s": spec_defaults["unhealthy_grace_s"],
     }
 
 

@@ -50,6 +50,9 @@ class InstanceSpec:
     drain_timeout_s: float = 60.0
     health_interval_s: float = 1.0
     unhealthy_after: int = 3  # consecutive failed /health checks of a live process
+    # ...and, when /health gave no answer at all (timeouts: a saturated API server), this long
+    # since its last answer: a busy server is not a hung one, and a restart costs minutes
+    unhealthy_grace_s: float = 30.0
     profiles: tuple[str, ...] = ()
 
     @property

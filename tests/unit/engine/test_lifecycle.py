@@ -150,13 +150,34 @@ def test_unhealthy_after_consecutive_failures_only(lc, clock):
     assert lc.state == "unhealthy" and lc.unhealthy_cause == "engine_dead"
 
 
-def test_unhealthy_without_answer_is_unhealthy(lc):
+def test_no_answer_is_unhealthy_only_once_silent_for_the_grace(lc, clock):
     lc.request_start()
     lc.spawned(1)
     lc.became_ready()
+    assert lc.unhealthy_grace_s == 30  # the default
     for _ in range(3):
-        lc.health_failed(None)
-    assert lc.unhealthy_cause == "unhealthy"
+        assert not lc.health_failed(None)  # a saturated API server misses checks: not hung
+    clock.advance(20)
+    lc.health_ok()  # it answered: the silence starts over
+    clock.advance(29)
+    for _ in range(5):
+        assert not lc.health_failed(None)
+    assert lc.state == "ready"
+    clock.advance(1)
+    assert lc.health_failed(None)
+    assert lc.state == "unhealthy" and lc.unhealthy_cause == "unhealthy"
+
+
+def test_an_answer_that_is_not_200_counts_at_once_and_ends_the_silence(lc, clock):
+    lc.request_start()
+    lc.spawned(1)
+    lc.became_ready()
+    clock.advance(100)
+    assert not lc.health_failed(None)
+    assert not lc.health_failed(500)  # an answer: the server is not hung...
+    assert not lc.health_failed(None)  # ...so silence counts from it
+    clock.advance(30)
+    assert lc.health_failed(None)
 
 
 def test_stop_keeps_stopping_until_the_sweep_is_done(lc, clock, changes):

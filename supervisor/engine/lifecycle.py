@@ -9,7 +9,9 @@ States (snapshot.STATES):
                got no answer, gave none for `unhealthy_grace_s`); vsup is ending it
     backoff    it exited on its own and waits to be restarted (0 s before the first restart)
     stopping   a person asked it to stop: drain, SIGTERM, SIGKILL, sweep
-    failed     the breaker tripped (restart.py); only a person starts it again
+    failed     the breaker tripped (restart.py), processes outlived SIGKILL, or the GPU kept
+               their memory (`failed_why` says which); a person starts it again - or the
+               engine, once processes that outlived SIGKILL while it was meant to run are gone
 
 Moves, called by the runner (runner.py) that does the I/O:
     stopped|failed|backoff  --request_start-->  starting       (a person; the breaker resets)

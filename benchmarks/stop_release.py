@@ -48,40 +48,30 @@ from benchmarks.common import (  # noqa: E402
     median,
     new_token,
 )
+from supervisor.engine.proc import process_table, read_stat, same_process  # noqa: E402
 
 VLLM_LOCK = "/tmp/vsup-vllm.lock"
 MODEL_DIR = ROOT / ".bench" / "models" / "tiny-llama"
 
 
 def tree_of(pgid: int) -> dict[int, float]:
-    """pid -> start ticks of every live process in group `pgid` and their descendants."""
-    procs = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    rest = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            procs[int(entry)] = (rest[0], int(rest[1]), int(rest[2]), int(rest[19]))
-    found = {p: v[3] for p, v in procs.items() if v[2] == pgid and v[0] != b"Z"}
+    """pid -> start time of every live process in group `pgid` and their descendants (walked
+    here, not with the engine's live_tree: this checks the engine's claim that none is left)."""
+    table = process_table()
+    found = {p: i.create_time for p, i in table.items() if i.pgid == pgid and i.state != "Z"}
     grew = True
     while grew:
         grew = False
-        for p, (state, ppid, _g, start) in procs.items():
-            if ppid in found and p not in found and state != b"Z":
-                found[p] = start
+        for p, info in table.items():
+            if info.ppid in found and p not in found and info.state != "Z":
+                found[p] = info.create_time
                 grew = True
     return found
 
 
 def alive(pid: int, start: float) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return False
-    return rest[0] != b"Z" and int(rest[19]) == start
+    info = read_stat(pid)
+    return info is not None and info.state != "Z" and same_process(info.create_time, start)
 
 
 class GoneWatcher(threading.Thread):

@@ -21,6 +21,7 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.engine import Engine
+from supervisor.engine.proc import process_table, read_stat
 from supervisor.layout.spec import InstanceSpec, RestartPolicy
 from tests.programs.proctoken import kill_token, token_pids  # noqa: F401 (re-exported)
 
@@ -28,39 +29,19 @@ EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    info = read_stat(pid)
+    return info is not None and info.state != "Z"
 
 
 def group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid and pid_alive(int(entry)):
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
+    """Live processes of group `pgid`."""
+    return [p for p, i in process_table().items() if i.pgid == pgid and i.state != "Z"]
 
 
 def my_zombies() -> list[int]:
     """Children of this test process that exited and were never reaped."""
-    me = str(os.getpid()).encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == b"Z" and fields[1] == me:
-                out.append(int(entry))
-    return out
+    me = os.getpid()
+    return [p for p, i in process_table().items() if i.state == "Z" and i.ppid == me]
 
 
 class Events:

@@ -39,6 +39,14 @@ async def until(pred, timeout=20.0):
         await asyncio.sleep(0.02)
 
 
+async def tracked_core(eng, name):
+    """The pid of the instance's EngineCore child, once the engine tracks it as a descendant."""
+    await until(lambda: pid_of_role(eng, name, "core") is not None)
+    core = pid_of_role(eng, name, "core")
+    await until(lambda: core in eng.instances[name].descendants)
+    return core
+
+
 async def test_child_gets_argv_env_session_and_log_as_specified(engine, emulator_spec, events, token):
     os.environ["VSUP_TEST_SECRET"] = "s3cr3t-key-123"
     try:
@@ -339,9 +347,7 @@ async def test_gpu_memory_release_is_awaited_after_a_stop(engine, emulator_spec,
 
     eng = engine(gpu_release_check=released)
     await eng.apply([emulator_spec("g", "--engine-child", gpus=(3,))], wait=True)
-    await until(lambda: pid_of_role(eng, "g", "core") is not None)
-    pid, core = eng.instances["g"].pid, pid_of_role(eng, "g", "core")
-    await until(lambda: core in eng.instances["g"].descendants)
+    pid, core = eng.instances["g"].pid, await tracked_core(eng, "g")
     await eng.stop("g")
     ((pids, gpus),) = calls
     assert gpus == (3,) and {pid, core} <= pids
@@ -406,9 +412,7 @@ async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, emulator_
     first = engine()
     spec = emulator_spec("a", "--engine-child")
     await first.apply([spec], wait=True)
-    await until(lambda: pid_of_role(first, "a", "core") is not None)
-    core = pid_of_role(first, "a", "core")
-    await until(lambda: core in first.instances["a"].descendants)
+    core = await tracked_core(first, "a")
     record = first.instances["a"].adopt_record()
     await first.shutdown(stop_instances=False)
     assert pid_alive(record.pid) and pid_alive(core)
@@ -546,9 +550,7 @@ async def test_orphans_of_a_run_that_died_unwatched_are_swept_and_their_gpu_awai
     first = engine()
     spec = emulator_spec("a", "--engine-child", gpus=(5,))
     await first.apply([spec], wait=True)
-    await until(lambda: pid_of_role(first, "a", "core") is not None)
-    core = pid_of_role(first, "a", "core")
-    await until(lambda: core in first.instances["a"].descendants)
+    core = await tracked_core(first, "a")
     record = first.instances["a"].adopt_record()
     await first.shutdown(stop_instances=False)
     os.kill(record.pid, signal.SIGKILL)

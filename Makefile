@@ -1,47 +1,71 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Each creates or refreshes .venv from pyproject.toml before it runs.
+#
+# vsup is installed into .venv as users install it: a regular (non-editable) install of the
+# wheel, beside vLLM (the CPU build) and so beside supervisord, whose import package is also
+# named `supervisor`. vsup's own import package is `vsup` (the source is in supervisor/vsup/).
+# Every change under supervisor/ or configs/ reinstalls it before tests, the demo or benchmarks.
 
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
+PY := $(abspath $(VENV))/bin/python
+DEPS := $(VENV)/.vsup-deps
 STAMP := $(VENV)/.vsup-installed
 DEMO_HOME ?= .demo/home
+# What `make test` runs, relative to the checkout; PYTEST_ARGS are passed on (e.g. -k, -x).
+TESTS ?= tests
 PYTEST_ARGS ?=
+SRC := $(shell find supervisor configs -type f ! -name '*.pyc' ! -path '*/__pycache__/*')
+# The suite runs from a directory outside the checkout: nothing may depend on the cwd.
+PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && $(PY) -m pytest -c $(CURDIR)/pyproject.toml \
+	--rootdir $(CURDIR)
 
-.PHONY: all venv test test-fast demo demo-attach demo-down bench clean
+.PHONY: all venv deps test test-fast lint demo demo-attach demo-down bench clean
 
 all: test
 
+deps: $(DEPS)
 venv: $(STAMP)
 
 # The CPU build of vLLM pulls torchvision, torchaudio and torchcodec built for CUDA torch;
 # beside the CPU torch they break every import of transformers model code, so they go.
-$(STAMP): pyproject.toml
+$(DEPS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,cpu]'
+	$(PY) -m pip install -q 'hatchling>=1.24' build
+	$(PY) -m pip install -q --no-build-isolation '.[test,lint,cpu]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PY) -c "import vllm, textual, httpx, supervisor" 
+	touch $(DEPS)
+
+$(STAMP): $(DEPS) $(SRC)
+	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	cd / && $(PY) -c "import vllm, textual, httpx, vsup, supervisor.options; \
+		assert 'site-packages' in vsup.__file__, vsup.__file__"
 	touch $(STAMP)
 
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 # Everything except the tests that start real vLLM servers: for quick iterations only.
 test-fast: venv
-	$(PY) -m pytest -m "not vllm and not tmux" $(PYTEST_ARGS)
+	$(PYTEST) -m "not vllm and not tmux and not install" $(addprefix $(CURDIR)/,$(TESTS)) \
+		$(PYTEST_ARGS)
+
+lint: deps
+	$(PY) -m ruff format --check supervisor tests benchmarks
+	$(PY) -m ruff check supervisor tests benchmarks
 
 demo: venv
-	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor.demo
+	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup.demo
 
 demo-attach: venv
-	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor tui
+	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup tui
 
 demo-down: venv
-	VSUP_HOME=$(DEMO_HOME) $(PY) -m supervisor down
+	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup down
 
 bench: venv
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .demo .bench .pytest_cache .hypothesis
+	rm -rf $(VENV) .demo .bench .pytest_cache .hypothesis dist build

@@ -126,11 +126,11 @@ env = {{ {TOKEN_VAR} = "{token}" }}
 
 
 class Daemon:
-    """A vsup daemon of the benchmark's own (`python -m supervisor daemon`, detached like the
+    """A vsup daemon of the benchmark's own (`python -m vsup daemon`, detached like the
     CLI starts it) and a client for it. `close()` stops its instances, then it."""
 
     def __init__(self, home: Path, token: str, poll_interval: float = 1.0) -> None:
-        from supervisor.control.client import Client
+        from vsup.control.client import Client
 
         env = dict(os.environ)
         env["VSUP_HOME"] = str(home)
@@ -141,7 +141,7 @@ class Daemon:
         self.home = home
         self.log = open(home / "daemon.log", "ab")
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "supervisor", "daemon", "--poll-interval", str(poll_interval)],
+            [PYTHON, "-m", "vsup", "daemon", "--poll-interval", str(poll_interval)],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,

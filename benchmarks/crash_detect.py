@@ -2,7 +2,7 @@
 
     python -m benchmarks.crash_detect [--kills 50] [--naive-kills 20]
 
-The Engine (supervisor/engine, on its asyncio loop, as the daemon hosts it) supervises one vLLM
+The Engine (supervisor/vsup/engine, on its asyncio loop, as the daemon hosts it) supervises one vLLM
 emulator (tests/programs/vllm_emulator.py) with restart-at-once. Each round waits for `ready`,
 stamps the time, SIGKILLs the process and records when the engine's `state` event (ready -> the
 next state) and its `exit` event arrive (time.monotonic(), in the same process). The engine sees
@@ -41,9 +41,9 @@ from benchmarks.common import (  # noqa: E402
     new_token,
     percentile,
 )
-from supervisor.clock import SystemClock  # noqa: E402
-from supervisor.engine import Engine  # noqa: E402
-from supervisor.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
+from vsup.clock import SystemClock  # noqa: E402
+from vsup.engine import Engine  # noqa: E402
+from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 
 class Stamped:

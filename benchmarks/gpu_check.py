@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from supervisor.telemetry.gpu.base import GpuSample  # noqa: E402
+from vsup.telemetry.gpu.base import GpuSample  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30
@@ -170,7 +170,7 @@ def expected_source(gpu: int, pid: int, held: list[tuple[int, int, int]], visibl
 
 
 def _bdf(bus_id: str) -> str:
-    from supervisor.telemetry.gpu.nvml import _bdf as normalise
+    from vsup.telemetry.gpu.nvml import _bdf as normalise
 
     return normalise(bus_id.strip()) or ""
 
@@ -215,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("nvidia-smi") is None:
         print("gpu_check: nvidia-smi is not on PATH; run this on an NVIDIA node", file=sys.stderr)
         return 2
-    from supervisor.telemetry.gpu import GpuProbeError
-    from supervisor.telemetry.gpu.nvml import NvmlProbe
-    from supervisor.telemetry.hbm import InstanceRef, ProcessTable, attribute
+    from vsup.telemetry.gpu import GpuProbeError
+    from vsup.telemetry.gpu.nvml import NvmlProbe
+    from vsup.telemetry.hbm import InstanceRef, ProcessTable, attribute
 
     try:
         probe = NvmlProbe()

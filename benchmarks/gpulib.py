@@ -26,7 +26,7 @@ def check(name: str, ok: bool, detail: str) -> bool:
 
 
 def vsup(*args: str, check_rc: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "supervisor", *args]
+    cmd = [sys.executable, "-m", "vsup", *args]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     print(f"$ vsup {' '.join(args)}  (rc={proc.returncode}, {time.monotonic() - t0:.1f}s)")
@@ -100,7 +100,7 @@ def tree_pids(pid: int) -> set[int]:
 def screenshot(out: Path, size: tuple[int, int], select: str | None = None) -> None:
     """The dashboard as it shows this node, through the real daemon, saved as SVG."""
     proc = subprocess.run(
-        [sys.executable, "-m", "supervisor", "tui", "--screenshot", str(out),
+        [sys.executable, "-m", "vsup", "tui", "--screenshot", str(out),
          "--size", f"{size[0]}x{size[1]}", *(["--select", select] if select else [])],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )

@@ -2,7 +2,7 @@
 
     python -m benchmarks.launch [--startup-s 2.0] [--runs 5] [--instances 8] [--cotenants 4]
 
-The Engine (supervisor/engine) starts vLLM emulators (tests/programs/vllm_emulator.py, not
+The Engine (supervisor/vsup/engine) starts vLLM emulators (tests/programs/vllm_emulator.py, not
 vLLM) whose start-up takes `--startup-s` seconds before their port answers, as vLLM's refuses
 connections until it is ready. The devices are GPU indices in the specs (`gpus = [i]`): the
 engine orders starts by `spec.devices` only, and the emulator touches no GPU, so fake indices
@@ -42,9 +42,9 @@ from benchmarks.common import (  # noqa: E402
     median,
     new_token,
 )
-from supervisor.clock import SystemClock  # noqa: E402
-from supervisor.engine import Engine  # noqa: E402
-from supervisor.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
+from vsup.clock import SystemClock  # noqa: E402
+from vsup.engine import Engine  # noqa: E402
+from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 
 def specs(gpus: list[int], startup_s: float, token: str) -> list[InstanceSpec]:

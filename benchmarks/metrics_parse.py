@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from supervisor.telemetry.metrics import parse_metrics  # noqa: E402
+from vsup.telemetry.metrics import parse_metrics  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm-0.32-cpu"
 DEFAULT = ("metrics_idle.txt", "metrics_load.txt")

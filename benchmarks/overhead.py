@@ -2,7 +2,7 @@
 
     python -m benchmarks.overhead --instances N [--seconds S] [--runs R] [--no-naive]
 
-A daemon of its own (`python -m supervisor daemon`, a temporary VSUP_HOME) supervises N vLLM
+A daemon of its own (`python -m vsup daemon`, a temporary VSUP_HOME) supervises N vLLM
 emulators (tests/programs/vllm_emulator.py: a payload recorded from the real vLLM 0.32 whose
 values move; not vLLM). The daemon watches only processes it starts, so each instance is its
 own emulator process (~20 MB each), started by the daemon from a layout of CPU instances

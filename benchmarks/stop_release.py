@@ -48,7 +48,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     new_token,
 )
-from supervisor.engine.proc import process_table, read_stat, same_process  # noqa: E402
+from vsup.engine.proc import process_table, read_stat, same_process  # noqa: E402
 
 VLLM_LOCK = "/tmp/vsup-vllm.lock"
 MODEL_DIR = ROOT / ".bench" / "models" / "tiny-llama"
@@ -148,7 +148,7 @@ def emulator_runs(runs: int, grace: float, token: str) -> dict[str, list[float]]
 
 
 def vllm_runs(runs: int, token: str) -> dict[str, list[float]]:
-    from supervisor.demo.tinymodel import generate
+    from vsup.demo.tinymodel import generate
 
     model = generate(MODEL_DIR)
     out: dict[str, list[float]] = {"vllm_stop": [], "vllm_gone": [], "vllm_start": []}

@@ -9,13 +9,43 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+# vsup itself is imported from the installed package, as users run it (`make test` installs it,
+# non-editable, beside vLLM and supervisord). Only the test and benchmark helpers (`tests.*`,
+# `benchmarks.*`) come from the checkout, so its root goes at the end of the path: it can never
+# shadow an installed package.
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+_OUTSIDE: list[Path] = []
+
+
+def outside_cwd() -> Path:
+    """A working directory outside the checkout for every vsup or daemon a test starts."""
+    if not _OUTSIDE:
+        import tempfile
+
+        _OUTSIDE.append(Path(tempfile.mkdtemp(prefix="vsup-cwd-")))
+    return _OUTSIDE[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import vsup
+
+    where = Path(vsup.__file__).resolve()
+    if "site-packages" not in where.parts:
+        raise pytest.UsageError(
+            f"vsup was imported from the checkout ({where}), not from the installed package: "
+            "run the tests with `make test`, which installs it"
+        )
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The generated tiny Llama (random weights, float32, head_dim 64) that vLLM CPU serves."""
-    from supervisor.demo.tinymodel import generate
+    from vsup.demo.tinymodel import generate
 
     return generate(tmp_path_factory.mktemp("models") / "tiny-llama")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.layout.model import load_layout
+from vsup.layout.model import load_layout
 
 REPO = Path(__file__).resolve().parents[2]
 

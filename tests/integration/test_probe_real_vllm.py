@@ -21,10 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.clock import SystemClock
-from supervisor.telemetry.logwatch import LogWatcher
-from supervisor.telemetry.rates import InstanceRates
-from supervisor.telemetry.scrape import Scraper
+from tests.conftest import outside_cwd
+
+from vsup.clock import SystemClock
+from vsup.telemetry.logwatch import LogWatcher
+from vsup.telemetry.rates import InstanceRates
+from vsup.telemetry.scrape import Scraper
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -147,9 +149,9 @@ async def test_live_server_under_load_shows_preemptions_kv_usage_and_rates(
 
 async def _probe_cli(url: str, log_path: Path) -> dict:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "supervisor", "probe", url, "--json", "--log-file", str(log_path),
+        sys.executable, "-m", "vsup", "probe", url, "--json", "--log-file", str(log_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=outside_cwd(),
     )
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.telemetry.metrics import parse_metrics
+from vsup.telemetry.metrics import parse_metrics
 from tests.conftest import free_port
 
 EMULATOR = Path(__file__).parents[1] / "programs" / "vllm_emulator.py"

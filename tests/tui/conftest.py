@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from supervisor.clock import FakeClock
-from supervisor.snapshot import StatusSnapshot
-from supervisor.tui import samples
-from supervisor.tui.app import DashboardApp
-from supervisor.tui.memory import MemoryClient, layout_validation
+from vsup.clock import FakeClock
+from vsup.snapshot import StatusSnapshot
+from vsup.tui import samples
+from vsup.tui.app import DashboardApp
+from vsup.tui.memory import MemoryClient, layout_validation
 
 LOG_LINES = [
     "INFO 05-11 09:00:01 [api_server.py:1800] vLLM API server version 0.32.0",

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from supervisor.snapshot import empty_instance
-from supervisor.tui import rows, samples
-from supervisor.tui.messages import SnapshotArrived
-from supervisor.tui.screens.dashboard import Dashboard
-from supervisor.tui.screens.help import HelpScreen
-from supervisor.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
-from supervisor.tui.widgets.gpus import GpuPanel
-from supervisor.tui.widgets.header import Banner, NodeHeader
-from supervisor.tui.widgets.instances import InstanceTable
+from vsup.snapshot import empty_instance
+from vsup.tui import rows, samples
+from vsup.tui.messages import SnapshotArrived
+from vsup.tui.screens.dashboard import Dashboard
+from vsup.tui.screens.help import HelpScreen
+from vsup.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
+from vsup.tui.widgets.gpus import GpuPanel
+from vsup.tui.widgets.header import Banner, NodeHeader
+from vsup.tui.widgets.instances import InstanceTable
 from tests.tui.conftest import make_app, make_client, settle
 
 

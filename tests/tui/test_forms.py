@@ -10,10 +10,10 @@ import tomllib
 import pytest
 from textual.widgets import Input
 
-from supervisor.tui.screens.confirm import ConfirmScreen
-from supervisor.tui.screens.dashboard import Dashboard
-from supervisor.tui.screens.form import InstanceFormScreen
-from supervisor.tui.screens.save import SaveScreen
+from vsup.tui.screens.confirm import ConfirmScreen
+from vsup.tui.screens.dashboard import Dashboard
+from vsup.tui.screens.form import InstanceFormScreen
+from vsup.tui.screens.save import SaveScreen
 from tests.tui.conftest import make_app, make_client, settle
 
 # What a daemon that checks more than the layout rules can answer (the node it runs on).

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 from textual.command import CommandList, CommandPalette
 
-from supervisor.tui import keymap, samples
-from supervisor.tui.screens.confirm import ConfirmScreen
-from supervisor.tui.screens.dashboard import Dashboard
-from supervisor.tui.screens.help import HelpScreen
-from supervisor.tui.screens.logs import LogScreen
-from supervisor.tui.widgets.header import NodeHeader
+from vsup.tui import keymap, samples
+from vsup.tui.screens.confirm import ConfirmScreen
+from vsup.tui.screens.dashboard import Dashboard
+from vsup.tui.screens.help import HelpScreen
+from vsup.tui.screens.logs import LogScreen
+from vsup.tui.widgets.header import NodeHeader
 from tests.tui.conftest import make_app, make_client, settle
 
 
@@ -26,7 +26,7 @@ async def _ready(pilot, app):
 
 
 async def _select(pilot, app, name):
-    from supervisor.tui.widgets.instances import InstanceTable
+    from vsup.tui.widgets.instances import InstanceTable
 
     table = app.screen.query_one(InstanceTable)
     table.move_cursor(row=table.order.index(name))

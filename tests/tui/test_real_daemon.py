@@ -31,9 +31,9 @@ import httpx
 import psutil
 import pytest
 
-from supervisor.control.client import Client
-from supervisor.tui import fmt
-from tests.conftest import free_port
+from vsup.control.client import Client
+from vsup.tui import fmt
+from tests.conftest import free_port, outside_cwd
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tmux]
 
@@ -41,9 +41,9 @@ ROOT = Path(__file__).parents[2]
 
 
 def vsup(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "supervisor", *args],
+    return subprocess.run([sys.executable, "-m", "vsup", *args],
                           env=dict(os.environ, VSUP_HOME=str(home)), capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+                          text=True, timeout=timeout, cwd=outside_cwd())
 
 
 def status(home: Path) -> dict:
@@ -88,7 +88,7 @@ class Tmux:
         self.socket = f"vsup-test-{os.getpid()}"
         env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
         subprocess.run(["tmux", "-L", self.socket, "new-session", "-d", "-s", session,
-                        "-x", "160", "-y", "45", *env_args, command], check=True, cwd=ROOT)
+                        "-x", "160", "-y", "45", *env_args, command], check=True, cwd=outside_cwd())
 
     def screen(self) -> str:
         out = subprocess.run(["tmux", "-L", self.socket, "capture-pane", "-p", "-t",
@@ -177,7 +177,7 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
     ours = vllm_pids() - before
 
     # pytest exports COLUMNS/LINES, which the terminal size detection would prefer to tmux's
-    term = Tmux("dash", f"env -u COLUMNS -u LINES {sys.executable} -m supervisor",
+    term = Tmux("dash", f"env -u COLUMNS -u LINES {sys.executable} -m vsup",
                 {"VSUP_HOME": str(home)})
     try:
         screen = term.wait_for(r"ready 2/2")
@@ -249,9 +249,9 @@ def _in_process_checks(home: Path) -> None:
 
     os.environ["VSUP_HOME"] = str(home)
     try:
-        from supervisor.control.client import AsyncClient
-        from supervisor.tui.app import DashboardApp
-        from supervisor.tui.widgets.instances import InstanceTable
+        from vsup.control.client import AsyncClient
+        from vsup.tui.app import DashboardApp
+        from vsup.tui.widgets.instances import InstanceTable
 
         async def run() -> None:
             app = DashboardApp(AsyncClient(home), refresh_s=0.5)

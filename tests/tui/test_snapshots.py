@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from supervisor.tui import samples
+from vsup.tui import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 WIDE = (160, 45)
@@ -32,7 +32,7 @@ def _live(node):
 
 def _select(name):
     async def run(pilot):
-        from supervisor.tui.widgets.instances import InstanceTable
+        from vsup.tui.widgets.instances import InstanceTable
 
         table = pilot.app.screen.query_one(InstanceTable)
         table.move_cursor(row=table.order.index(name))

@@ -7,11 +7,11 @@ import tomllib
 
 import pytest
 
-from supervisor.snapshot import GpuProcess, GpuStatus, empty_instance
-from supervisor.tui import fmt, gpubar, layout_edit, rows, samples
-from supervisor.tui.history import History, spark
-from supervisor.tui.validation import plan_text
-from supervisor.tui.widgets.detail import config_text, exit_text, masked_env
+from vsup.snapshot import GpuProcess, GpuStatus, empty_instance
+from vsup.tui import fmt, gpubar, layout_edit, rows, samples
+from vsup.tui.history import History, spark
+from vsup.tui.validation import plan_text
+from vsup.tui.widgets.detail import config_text, exit_text, masked_env
 
 
 def test_unknown_values_render_as_a_dash_never_zero():
@@ -189,7 +189,7 @@ def test_plan_text_names_what_starts_restarts_and_stops():
 
 
 def test_log_tail_hides_the_access_lines_of_vsups_own_probes():
-    from supervisor.tui.widgets.detail import without_probes
+    from vsup.tui.widgets.detail import without_probes
 
     text = ('INFO:     127.0.0.1:59488 - "GET /health HTTP/1.1" 200 OK\n'
             'INFO:     127.0.0.1:59492 - "GET /metrics HTTP/1.1" 200 OK\n'
@@ -199,17 +199,17 @@ def test_log_tail_hides_the_access_lines_of_vsups_own_probes():
 
 
 def test_vsup_and_vsup_tui_parse_readonly_and_refresh():
-    from supervisor.cli import build_parser
+    from vsup.cli import build_parser
 
     args = build_parser().parse_args(["tui", "--readonly", "--refresh", "2"])
     assert args.readonly is True and args.refresh == 2.0
-    assert args.func.__module__ == "supervisor.commands.tui"
+    assert args.func.__module__ == "vsup.commands.tui"
     default = build_parser().parse_args(["tui"])
     assert default.readonly is False and default.refresh == 1.0
 
 
 def test_vsup_tui_with_a_bad_keymap_says_so_before_touching_the_daemon(monkeypatch, capsys):
-    from supervisor.cli import build_parser
+    from vsup.cli import build_parser
 
     monkeypatch.setenv("VSUP_KEYMAP", "reboot=R")
     monkeypatch.setenv("VSUP_TUI_CONFIG", "/nonexistent/tui.toml")

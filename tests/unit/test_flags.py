@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from supervisor.layout.flags import args_to_flags, flag_name
-from supervisor.layout.spec import InstanceSpec
+from vsup.layout.flags import args_to_flags, flag_name
+from vsup.layout.spec import InstanceSpec
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-from supervisor.snapshot import (
+from vsup.snapshot import (
     GpuProcess,
     GpuStatus,
     LastExit,

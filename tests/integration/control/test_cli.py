@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.control.daemon import daemon_lock_holder
+from tests.conftest import outside_cwd
+
+from vsup.control.daemon import daemon_lock_holder
 from tests.unit.control.helpers import emulator_layout, free_port
 
 ROOT = Path(__file__).parents[3]
@@ -25,16 +27,16 @@ pytestmark = pytest.mark.timeout(120)
 def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "supervisor", *args],
-        env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        [sys.executable, "-m", "vsup", *args],
+        env=env, capture_output=True, text=True, timeout=timeout, cwd=outside_cwd(),
     )
 
 
 def popen(home: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.Popen(
-        [sys.executable, "-m", "supervisor", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [sys.executable, "-m", "vsup", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=outside_cwd(),
     )
 
 
@@ -42,7 +44,7 @@ def daemons_of(home: Path) -> list[psutil.Process]:
     """Live daemon processes serving `home` (a spawned daemon runs in VSUP_HOME)."""
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
-        if (p.info["cmdline"] or [])[-3:] == ["-m", "supervisor", "daemon"] \
+        if (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"] \
                 and p.info["cwd"] == str(home) and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(p)
     return out

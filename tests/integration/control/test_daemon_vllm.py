@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, outside_cwd
 
 pytestmark = pytest.mark.vllm
 
@@ -31,9 +31,9 @@ pytestmark = pytest.mark.vllm
 def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
     env = dict(os.environ, VSUP_HOME=str(home))
     proc = subprocess.run(
-        [sys.executable, "-m", "supervisor", *args],
+        [sys.executable, "-m", "vsup", *args],
         env=env, capture_output=True, text=True, timeout=timeout,
-        cwd=Path(__file__).parents[3],
+        cwd=outside_cwd(),
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -45,9 +45,9 @@ def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
 def start_vsup(home: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.Popen(
-        [sys.executable, "-m", "supervisor", *args],
+        [sys.executable, "-m", "vsup", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=Path(__file__).parents[3],
+        cwd=outside_cwd(),
     )
 
 
@@ -88,7 +88,7 @@ def daemons_of(home: Path) -> list[psutil.Process]:
     """Live daemon processes serving `home` (a spawned daemon runs in VSUP_HOME)."""
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
-        if (p.info["cmdline"] or [])[-3:] == ["-m", "supervisor", "daemon"] \
+        if (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"] \
                 and p.info["cwd"] == str(home) and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(p)
     return out

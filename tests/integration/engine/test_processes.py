@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from supervisor.engine import AdoptRecord, Engine
-from supervisor.layout.spec import RestartPolicy
+from vsup.engine import AdoptRecord, Engine
+from vsup.layout.spec import RestartPolicy
 from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
 
 pytestmark = pytest.mark.timeout(120)

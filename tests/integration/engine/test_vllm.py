@@ -19,9 +19,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from supervisor.clock import SystemClock
-from supervisor.engine import Engine
-from supervisor.layout.spec import InstanceSpec, RestartPolicy
+from vsup.clock import SystemClock
+from vsup.engine import Engine
+from vsup.layout.spec import InstanceSpec, RestartPolicy
 from tests.integration.engine.conftest import Events, group_members, kill_token, pid_alive
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import paths
-from supervisor.control.client import AsyncClient
-from supervisor.control.daemon import Daemon
-from supervisor.control.server import bind_unix_socket
-from supervisor.telemetry.gpu import NoneProbe
+from vsup import paths
+from vsup.control.client import AsyncClient
+from vsup.control.daemon import Daemon
+from vsup.control.server import bind_unix_socket
+from vsup.telemetry.gpu import NoneProbe
 
 class DaemonRunner:
     """Starts daemons in this event loop; the teardown stops every process they spawned."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.control.advice import AdviceInputs, compute_advice, problem
-from supervisor.snapshot import GpuProcess, GpuStatus, LastExit, empty_instance
+from vsup.control.advice import AdviceInputs, compute_advice, problem
+from vsup.snapshot import GpuProcess, GpuStatus, LastExit, empty_instance
 
 GiB = 1024**3
 NONE = AdviceInputs(recent_failures={})

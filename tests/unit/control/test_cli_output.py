@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from supervisor.commands.status import render
-from supervisor.control.api import read_log_chunk
-from supervisor.control.progress import Progress, describe_waiting, fmt_duration
-from supervisor.snapshot import (
+from vsup.commands.status import render
+from vsup.control.api import read_log_chunk
+from vsup.control.progress import Progress, describe_waiting, fmt_duration
+from vsup.snapshot import (
     Advice,
     LastExit,
     NodeInfo,
@@ -71,7 +71,7 @@ def test_waiting_line_names_what_is_loading_and_for_how_long():
 
 
 def test_log_chunks_page_by_offset_and_tail_starts_on_a_line(tmp_path, monkeypatch):
-    import supervisor.control.api as api
+    import vsup.control.api as api
 
     log = tmp_path / "run-1.log"
     log.write_bytes(b"".join(f"line {i}\n".encode() for i in range(100)))

@@ -11,9 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from supervisor import paths
-from supervisor.control.errors import ControlError
-from supervisor.control.state import StateFile
+from vsup import paths
+from vsup.control.errors import ControlError
+from vsup.control.state import StateFile
 
 from tests.unit.control.helpers import emulator_layout, free_port
 
@@ -308,8 +308,8 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     import subprocess
     import sys
 
-    from supervisor.control.state import DaemonState, InstanceRecord, spec_to_dict
-    from supervisor.control.daemon import parse_layout
+    from vsup.control.state import DaemonState, InstanceRecord, spec_to_dict
+    from vsup.control.daemon import parse_layout
 
     text = emulator_layout({"a": free_port()})
     _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)

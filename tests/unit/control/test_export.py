@@ -7,8 +7,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.control.export import MetricsListener, parse_listen, render
-from supervisor.snapshot import (
+from vsup.control.export import MetricsListener, parse_listen, render
+from vsup.snapshot import (
     Advice,
     GpuProcess,
     GpuStatus,

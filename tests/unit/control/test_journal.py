@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from supervisor.control.journal import Journal, replay
+from vsup.control.journal import Journal, replay
 
 
 def test_events_get_increasing_seq_that_continue_after_reopen(tmp_path):
@@ -38,7 +38,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_event_starts_a_new_line(tmp_pa
 
 
 def test_read_falls_back_to_the_file_for_old_events(tmp_path, monkeypatch):
-    import supervisor.control.journal as journal
+    import vsup.control.journal as journal
 
     monkeypatch.setattr(journal, "MEMORY_EVENTS", 3)
     j = Journal(tmp_path / "journal.jsonl")

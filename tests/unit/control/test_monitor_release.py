@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from supervisor.clock import FakeClock
-from supervisor.control import monitor as monitor_mod
-from supervisor.control.monitor import Monitor
-from supervisor.telemetry.gpu.base import GpuProcessSample, GpuSample
+from vsup.clock import FakeClock
+from vsup.control import monitor as monitor_mod
+from vsup.control.monitor import Monitor
+from vsup.telemetry.gpu.base import GpuProcessSample, GpuSample
 
 
 def sample(index: int, pids: dict[int, int], per_process: bool = True) -> GpuSample:

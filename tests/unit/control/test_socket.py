@@ -8,9 +8,9 @@ import stat
 
 import pytest
 
-from supervisor.control.client import Client, check_socket_path, connect
-from supervisor.control.errors import DaemonUnavailable
-from supervisor.control.server import bind_unix_socket
+from vsup.control.client import Client, check_socket_path, connect
+from vsup.control.errors import DaemonUnavailable
+from vsup.control.server import bind_unix_socket
 
 
 def test_socket_is_0600_in_a_0700_dir_even_with_an_open_umask(vsup_home):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 
-from supervisor.control.state import (
+from vsup.control.state import (
     DaemonState,
     InstanceRecord,
     StateFile,
     spec_from_dict,
     spec_to_dict,
 )
-from supervisor.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 
 def make_spec(name: str = "a", port: int = 8000) -> InstanceSpec:

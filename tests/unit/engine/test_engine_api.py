@@ -2,9 +2,9 @@
 
 import pytest
 
-from supervisor.clock import FakeClock
-from supervisor.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
-from supervisor.layout.spec import InstanceSpec
+from vsup.clock import FakeClock
+from vsup.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
+from vsup.layout.spec import InstanceSpec
 
 
 def spec(name, **kw):
@@ -72,7 +72,7 @@ async def test_stopping_a_never_started_instance_changes_nothing(tmp_path):
 
 
 async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_path):
-    from supervisor.snapshot import LastExit
+    from vsup.snapshot import LastExit
 
     engine = Engine(FakeClock(), tmp_path)
     last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine.exitreason import classify, signal_name
+from vsup.engine.exitreason import classify, signal_name
 
 FIX = Path(__file__).parents[2] / "fixtures" / "vllm-0.32-cpu"
 

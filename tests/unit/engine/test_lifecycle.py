@@ -1,9 +1,9 @@
 import pytest
 
-from supervisor.clock import FakeClock, iso_utc
-from supervisor.engine.lifecycle import Lifecycle
-from supervisor.layout.spec import InstanceSpec, RestartPolicy
-from supervisor.snapshot import LastExit
+from vsup.clock import FakeClock, iso_utc
+from vsup.engine.lifecycle import Lifecycle
+from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.snapshot import LastExit
 
 
 def spec(**kw):

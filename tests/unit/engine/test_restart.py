@@ -1,10 +1,10 @@
-from supervisor.engine.restart import (
+from vsup.engine.restart import (
     DETERMINISTIC,
     RestartTracker,
     backoff_delay,
     is_failure,
 )
-from supervisor.layout.spec import RestartPolicy
+from vsup.layout.spec import RestartPolicy
 
 
 def policy(**kw):

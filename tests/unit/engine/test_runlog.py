@@ -1,4 +1,4 @@
-from supervisor.engine.runlog import RunLogs
+from vsup.engine.runlog import RunLogs
 
 
 def test_run_files_are_named_private_and_only_the_last_runs_are_kept(tmp_path):

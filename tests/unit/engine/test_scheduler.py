@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from supervisor.engine.scheduler import DeviceScheduler
+from vsup.engine.scheduler import DeviceScheduler
 
 
 def granted(fut):

@@ -2,9 +2,9 @@ import os
 import socket
 import sys
 
-from supervisor.engine.proc import ProcInfo, describe, live_tree, read_stat
-from supervisor.engine.spawn import child_env, port_holder
-from supervisor.layout.spec import InstanceSpec
+from vsup.engine.proc import ProcInfo, describe, live_tree, read_stat
+from vsup.engine.spawn import child_env, port_holder
+from vsup.layout.spec import InstanceSpec
 
 
 def spec(**kw):
@@ -121,7 +121,7 @@ async def test_exit_is_seen_without_pidfd_too(monkeypatch):
     import signal
     import subprocess
 
-    from supervisor.engine import proc as procmod
+    from vsup.engine import proc as procmod
 
     def no_pidfd(pid):
         raise OSError(errno.ENOSYS, "pidfd_open")
@@ -143,7 +143,7 @@ async def test_adopting_a_pid_that_now_names_another_process_is_refused():
 
     import pytest
 
-    from supervisor.engine.proc import RunningProcess
+    from vsup.engine.proc import RunningProcess
 
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.layout import node
+from vsup.layout import node
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main
-from supervisor.layout.model import load_layout
-from supervisor.layout.profiles import read_profile, search_dirs
-from supervisor.layout.sourcemap import SourceMap
-from supervisor.layout.validate import check_profile_document, validate
-from supervisor.paths import builtin_configs_dir
+from vsup.cli import main
+from vsup.layout.model import load_layout
+from vsup.layout.profiles import read_profile, search_dirs
+from vsup.layout.sourcemap import SourceMap
+from vsup.layout.validate import check_profile_document, validate
+from vsup.paths import builtin_configs_dir
 
 REPO = Path(__file__).resolve().parents[3]
 GPU_EXAMPLES = sorted(p for p in (REPO / "layouts").glob("*.toml") if p.name != "cpu-demo.toml")
@@ -31,7 +31,12 @@ def test_there_are_examples_and_profiles():
         "streaming",
         "throughput",
     }
-    assert builtin_configs_dir() == REPO / "configs"
+    # the installed package carries the checkout's profiles, file for file
+    shipped = builtin_configs_dir()
+    assert "site-packages" in shipped.parts
+    assert {p.name: p.read_bytes() for p in shipped.glob("*.toml")} == {
+        p.name: p.read_bytes() for p in (REPO / "configs").glob("*.toml")
+    }
 
 
 @pytest.mark.parametrize("path", GPU_EXAMPLES, ids=[p.name for p in GPU_EXAMPLES])

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.layout.diagnostics import LayoutError
-from supervisor.layout.model import (
+from vsup.layout.diagnostics import LayoutError
+from vsup.layout.model import (
     Layout,
     dumps_document,
     dumps_layout,
@@ -21,7 +21,7 @@ from supervisor.layout.model import (
     ordered,
     save_layout,
 )
-from supervisor.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 CPU_LAYOUT = """\
 [layout]
@@ -456,7 +456,7 @@ plausible_layouts = st.fixed_dictionaries(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plausible_layouts, st.one_of(st.none(), st.integers(min_value=0, max_value=8)))
 def test_validate_and_resolve_never_crash_on_any_layout(doc, node_gpus):
-    from supervisor.layout.validate import validate
+    from vsup.layout.validate import validate
 
     layout = loads_layout(dumps_document(doc), "/nonexistent/l.toml")
     diagnostics = validate(layout, node_gpus=node_gpus, profile_dirs=[])
@@ -538,7 +538,7 @@ well_typed_instances = st.lists(
     st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
 )
 def test_a_layout_without_errors_always_resolves(instances, model, node_gpus):
-    from supervisor.layout.validate import validate
+    from vsup.layout.validate import validate
 
     layout = Layout.from_tables(
         instances, defaults={"model": model, "command": ["python"]}, path="/tmp/none/l.toml"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from supervisor.layout.modelinfo import (
+from vsup.layout.modelinfo import (
     estimate_params,
     hub_snapshot,
     model_info,
@@ -233,7 +233,7 @@ def test_hub_id_found_in_the_hf_cache(tmp_path, monkeypatch):
     ],
 )
 def test_quantization_configs_map_to_a_known_width(qc, name):
-    from supervisor.layout.modelinfo import canonical_quantization
+    from vsup.layout.modelinfo import canonical_quantization
 
     assert canonical_quantization(qc) == name
 

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from supervisor.layout import node
+from vsup.layout import node
 
 
 class _Mem:

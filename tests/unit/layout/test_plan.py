@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main
-from supervisor.layout import node
-from supervisor.layout.model import load_layout
-from supervisor.layout.node import GIB, KNOWN_GPUS, NodeGpu
-from supervisor.layout.plan import (
+from vsup.cli import main
+from vsup.layout import node
+from vsup.layout.model import load_layout
+from vsup.layout.node import GIB, KNOWN_GPUS, NodeGpu
+from vsup.layout.plan import (
     PlanError,
     PlanRequest,
     make_plan,
@@ -20,7 +20,7 @@ from supervisor.layout.plan import (
     render_budget,
     split_utilization,
 )
-from supervisor.layout.validate import validate
+from vsup.layout.validate import validate
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"

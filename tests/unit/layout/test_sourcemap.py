@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.layout.sourcemap import SourceMap
+from vsup.layout.sourcemap import SourceMap
 
 TEXT = '''\
 # comment

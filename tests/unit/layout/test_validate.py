@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main
-from supervisor.layout import node
-from supervisor.layout.model import load_layout, loads_layout
-from supervisor.layout.validate import validate
+from vsup.cli import main
+from vsup.layout import node
+from vsup.layout.model import load_layout, loads_layout
+from vsup.layout.validate import validate
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"
@@ -769,7 +769,7 @@ def test_validate_never_raises_on_garbage_profiles_or_paths(tmp_path):
 def test_validate_instance_reports_what_the_form_must_fix(tmp_path):
     layout = loads_layout(BASE, tmp_path / "l.toml")
     new = {"name": "g2", "gpus": [0], "port": 8000, "gpu_memory_utilization": 0.5}
-    from supervisor.layout.validate import validate_instance
+    from vsup.layout.validate import validate_instance
 
     found = validate_instance(layout, new, node_gpus=8, profile_dirs=[CONFIGS])
     keys = sorted({d.key for d in found if d.is_error})

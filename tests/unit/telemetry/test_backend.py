@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.telemetry.backend import (
+from vsup.telemetry.backend import (
     BackendDetector,
     backend_from_line,
     label_for,

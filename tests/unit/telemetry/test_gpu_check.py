@@ -9,8 +9,8 @@ from benchmarks.gpu_check import (
     compare_processes,
     expected_source,
 )
-from supervisor.telemetry.gpu.base import GpuProcessSample as P
-from supervisor.telemetry.gpu.base import GpuSample
+from vsup.telemetry.gpu.base import GpuProcessSample as P
+from vsup.telemetry.gpu.base import GpuSample
 
 MiB, GiB = 2**20, 2**30
 SMI_GPUS = [

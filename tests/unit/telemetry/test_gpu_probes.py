@@ -9,9 +9,9 @@ import sys
 import pynvml
 import pytest
 
-from supervisor.telemetry.gpu import GpuProbeError, NoneProbe, open_probe
-from supervisor.telemetry.gpu.amd import AmdSmiProbe
-from supervisor.telemetry.gpu.nvml import NvmlProbe
+from vsup.telemetry.gpu import GpuProbeError, NoneProbe, open_probe
+from vsup.telemetry.gpu.amd import AmdSmiProbe
+from vsup.telemetry.gpu.nvml import NvmlProbe
 from tests.unit.telemetry.gpu_fakes import (
     AMDSMI_FUNCTIONS,
     NVML_FUNCTIONS,

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from supervisor.telemetry.gpu.base import GpuProcessSample as P
-from supervisor.telemetry.gpu.base import GpuSample
-from supervisor.telemetry.hbm import (
+from vsup.telemetry.gpu.base import GpuProcessSample as P
+from vsup.telemetry.gpu.base import GpuSample
+from vsup.telemetry.hbm import (
     DEVICE,
     PROCESS,
     UNAVAILABLE,

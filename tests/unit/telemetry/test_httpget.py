@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from supervisor.telemetry.httpget import (
+from vsup.telemetry.httpget import (
     ConnectFailed,
     HttpGetter,
     ProtocolError,

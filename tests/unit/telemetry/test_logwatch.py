@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.telemetry.logwatch import MAX_LINE_CHARS, LogWatcher, scan_log
+from vsup.telemetry.logwatch import MAX_LINE_CHARS, LogWatcher, scan_log
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.telemetry import metrics as M
-from supervisor.telemetry.metrics import kv_capacity_tokens, parse_metrics
+from vsup.telemetry import metrics as M
+from vsup.telemetry.metrics import kv_capacity_tokens, parse_metrics
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 IDLE = (FIX / "metrics_idle.txt").read_text()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main
-from supervisor.snapshot import InstanceStatus
+from vsup.cli import main
+from vsup.snapshot import InstanceStatus
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 INSTANCE_KEYS = {f.name for f in fields(InstanceStatus)}

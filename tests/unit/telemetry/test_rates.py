@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.clock import FakeClock
-from supervisor.telemetry.metrics import VllmMetrics, parse_metrics
-from supervisor.telemetry.rates import CounterRate, History, InstanceRates
+from vsup.clock import FakeClock
+from vsup.telemetry.metrics import VllmMetrics, parse_metrics
+from vsup.telemetry.rates import CounterRate, History, InstanceRates
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 
@@ -188,7 +188,7 @@ def test_history_keeps_unknowns_as_none() -> None:
 
 
 def test_history_kv_peak_is_the_maximum_within_the_window_and_skips_gaps():
-    from supervisor.telemetry.rates import History
+    from vsup.telemetry.rates import History
 
     h = History(span_s=600)
     assert h.kv_peak(60) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.telemetry.scrape import Scraper
+from vsup.telemetry.scrape import Scraper
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 PAYLOAD = (FIX / "metrics_load.txt").read_bytes()

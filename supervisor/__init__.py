@@ -1,3 +1,0 @@
-"""vsup: the vLLM node supervisor."""
-
-__version__ = "0.1.0"

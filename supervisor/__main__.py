@@ -1,5 +1,0 @@
-import sys
-
-from supervisor.cli import main
-
-sys.exit(main())

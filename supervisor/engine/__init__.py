@@ -1,6 +1,0 @@
-"""Instance supervision: state machines, spawn, readiness, stop, restart policy, exit reasons,
-start order. The daemon hosts `Engine` (engine.py); docs/ARCHITECTURE.md has the contract."""
-
-from supervisor.engine.engine import AdoptRecord, ApplyPlan, Engine, Instance, UnknownInstance
-
-__all__ = ["AdoptRecord", "ApplyPlan", "Engine", "Instance", "UnknownInstance"]

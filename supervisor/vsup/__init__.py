@@ -1,0 +1,3 @@
+"""vsup: the vLLM node supervisor."""
+
+__version__ = "0.2.0"

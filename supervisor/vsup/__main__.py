@@ -1,0 +1,5 @@
+import sys
+
+from vsup.cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""`vsup down`: stop every instance, then the daemon; no process is left."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "down",
+        help="stop all instances, then the daemon",
+        description="Stop every instance (SIGTERM to each process group, SIGKILL after the "
+        "grace period), then the daemon. Instances a killed daemon left running are re-adopted "
+        "first, so they are stopped too.",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="give up waiting for the daemon to exit after S seconds (default 300)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup import paths
+    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
+    from vsup.control.client import Client
+    from vsup.control.daemon import daemon_lock_holder, recorded_live_instances
+    from vsup.control.errors import DaemonUnavailable
+    from vsup.control.progress import Progress, fmt_duration
+
+    def body(args: argparse.Namespace) -> int:
+        home = paths.vsup_home()
+        probe = Client(home)
+        running = probe.alive() is not None
+        probe.close()
+        if not running and daemon_lock_holder(home) is None and not recorded_live_instances(home):
+            print("vsup: nothing is running")
+            return 0
+        # A daemon that is not answering but holds the lock is still starting: connect waits.
+        with client_for_cli() as client:
+            daemon_pid = client.ping()["pid"]
+            answer = client.shutdown(stop_instances=True)
+            stopping = answer.get("stopping", [])
+            progress = Progress()
+            t0 = time.monotonic()
+            while True:
+                try:
+                    doc = client.status()
+                except DaemonUnavailable:
+                    break
+                left = [i["name"] for i in doc.get("instances", ()) if i["state"] != "stopped"
+                        and i["state"] != "failed"]
+                progress.update(
+                    f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
+                    + (", ".join(left) if left else "the daemon")
+                )
+                if time.monotonic() - t0 > args.timeout:
+                    progress.clear()
+                    raise CommandFailed(f"vsup down: the daemon is still running after "
+                                        f"{args.timeout:.0f} s (see {home / 'daemon.log'})")
+                time.sleep(0.2)
+            progress.clear()
+        # The socket closes before the process ends; the lock is released only at exit.
+        deadline = time.monotonic() + 30
+        while daemon_lock_holder(home) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _wait_gone(daemon_pid, deadline)
+        leftover = recorded_live_instances(home)
+        if leftover:
+            print(f"vsup down: still running: {', '.join(leftover)}", file=sys.stderr)
+            return 1
+        if stopping:
+            print(f"stopped {len(stopping)} instance{'s' if len(stopping) != 1 else ''}: "
+                  f"{', '.join(stopping)}")
+        print("the vsup daemon has exited")
+        return 0
+
+    return run_command(body, args)
+
+
+def _wait_gone(pid: int, deadline: float) -> None:
+    """Wait (until `deadline`, monotonic) for process `pid` to end; a zombie counts as ended."""
+    import psutil
+
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)

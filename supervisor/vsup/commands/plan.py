@@ -1,0 +1,153 @@
+"""`vsup plan`: write a layout for one model on this node's GPUs and print its memory budget.
+
+With `-o FILE` the layout goes to FILE and the budget to stdout; without it the layout goes to
+stdout and the budget to stderr, so `vsup plan ... > layout.toml` works. Exit 2 when the plan
+is impossible (an instance could not hold one full-length request, unknown sizes, bad flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+GPU_CHOICES = ("MI300X", "MI325X", "MI355X", "H200", "H100")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="write a layout for one model and print the per-GPU memory budget",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--model", required=True, help="hub id (org/name) or a local model directory")
+    p.add_argument("--gpus", required=True, help="'all' or GPU indices: 0,1,2 or 0-7")
+    p.add_argument(
+        "--per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="instances per GPU (or per TP group); default 1",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel size; groups of N consecutive GPUs",
+    )
+    p.add_argument(
+        "--port-base",
+        type=int,
+        default=8000,
+        metavar="P",
+        help="first port; instances count up from it",
+    )
+    p.add_argument(
+        "--profile",
+        nargs="+",
+        metavar="NAME",
+        help="profiles to list in the layout (default: the GPU's platform profile)",
+    )
+    p.add_argument(
+        "--gpu",
+        type=str.upper,
+        choices=GPU_CHOICES,
+        help="size for this GPU instead of this node's",
+    )
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        metavar="G",
+        help="memory of one GPU in GiB (overrides --gpu and the probe)",
+    )
+    p.add_argument(
+        "--params",
+        type=float,
+        metavar="B",
+        help="parameters in billions, for a model without local files",
+    )
+    p.add_argument(
+        "--dtype",
+        metavar="D",
+        help="weight dtype or quantization: bfloat16, float16, float32, fp8, int8, int4, awq, gptq",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="L",
+        help="context length every instance must hold (default: the model's)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        metavar="D",
+        help="e.g. fp8: halves the KV bytes per token (written into args)",
+    )
+    p.add_argument(
+        "--utilization",
+        type=float,
+        default=0.90,
+        metavar="U",
+        help="share of each GPU for all its instances (default 0.90, at most 0.95)",
+    )
+    p.add_argument("--name", help="the layout's name (default: from the model and shape)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the layout here (default: stdout)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup.layout.diagnostics import LayoutError
+    from vsup.layout.model import dumps_layout, save_layout
+    from vsup.layout.node import GIB, node_gpu_count
+    from vsup.layout.plan import PlanError, PlanRequest, make_plan, parse_gpus, render_budget
+    from vsup.layout.validate import validate
+
+    out_path = Path(args.output) if args.output else None
+    try:
+        gpus = parse_gpus(args.gpus, node_gpu_count())
+        req = PlanRequest(
+            model=args.model,
+            gpus=gpus,
+            per_gpu=args.per_gpu,
+            tp=args.tp,
+            port_base=args.port_base,
+            profiles=args.profile,
+            gpu=args.gpu,
+            gpu_memory_bytes=int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None,
+            params=args.params * 1e9 if args.params else None,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            utilization=args.utilization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            name=args.name,
+        )
+        plan = make_plan(req, base_dir=Path.cwd(), out_path=out_path)
+    except PlanError as exc:
+        print(f"vsup plan: {exc}", file=sys.stderr)
+        return 2
+    report = sys.stdout if out_path else sys.stderr
+    print(render_budget(plan), file=report, end="")
+    if not plan.ok:
+        for problem in plan.problems:
+            print(f"vsup plan: refused: {problem}", file=sys.stderr)
+        return 2
+    node_gpus = max(node_gpu_count() or 0, max(gpus) + 1)
+    diagnostics = validate(plan.layout, node_gpus=node_gpus, gpu_memory_bytes=plan.gpu_memory_bytes)
+    for d in diagnostics:
+        print(d.format(), file=sys.stderr)
+    if any(d.is_error for d in diagnostics):
+        print("vsup plan: the planned layout does not validate (see above)", file=sys.stderr)
+        return 2
+    if out_path is None:
+        sys.stdout.write(dumps_layout(plan.layout))
+        return 0
+    try:
+        save_layout(plan.layout, out_path, node_gpus=node_gpus)
+    except LayoutError as exc:
+        print(f"vsup plan: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"vsup plan: cannot write {out_path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out_path} ({len(plan.budgets)} instances)", file=report)
+    return 0

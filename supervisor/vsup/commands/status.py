@@ -1,0 +1,109 @@
+"""`vsup status [--json]`: one snapshot; exit 1 when any instance is not ready."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status",
+        help="print one status snapshot (exit 1 if any instance is not ready)",
+        description="Print every instance's state and telemetry once. Exit status 1 when any "
+        "instance is not ready. Starts the daemon if none runs (it re-adopts what is running).",
+    )
+    p.add_argument("--json", action="store_true", help="the status document (schema 1)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup.control.cliutil import client_for_cli, run_command
+
+    def body(args: argparse.Namespace) -> int:
+        with client_for_cli() as client:
+            doc = client.status()
+        if args.json:
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render(doc))
+        return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+
+    return run_command(body, args)
+
+
+GiB = 1024**3
+
+
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The readable table: a header line, one row per instance, exits and advice below."""
+    from vsup.control.progress import fmt_duration
+
+    sup = doc.get("supervisor", {})
+    insts = doc.get("instances", [])
+    ready = sum(1 for i in insts if i["state"] == "ready")
+    lines = [
+        f"vsup {sup.get('version', '?')} · layout {sup.get('layout') or '(none)'} · "
+        f"{ready}/{len(insts)} ready · daemon pid {sup.get('pid')} up "
+        f"{fmt_duration(sup.get('uptime_s'))}"
+    ]
+    header = ("NAME", "STATE", "PID", "PORT", "GPUS", "KV", "PREEMPT/MIN", "RUN/WAIT", "TOK/S",
+              "HBM", "BACKEND", "RESTARTS", "UPTIME")
+    rows = [header]
+    for i in insts:
+        state = i["state"]
+        if state == "backoff" and i.get("backoff_remaining_s") is not None:
+            state += f" {fmt_duration(i['backoff_remaining_s'])}"
+        hbm = "-" if i.get("hbm_bytes") is None else f"{i['hbm_bytes'] / GiB:.1f}G"
+        if i.get("hbm_bytes") is None and i.get("gpus"):
+            hbm = "n/a"
+        rw = (
+            "-"
+            if i.get("requests_running") is None and i.get("requests_waiting") is None
+            else f"{_num(i.get('requests_running'))}/{_num(i.get('requests_waiting'))}"
+        )
+        backend = i.get("backend") or "-"
+        if i.get("backend") and i.get("backend_source") not in (None, "log"):
+            backend += "*"
+        rows.append(
+            (
+                i["name"],
+                state,
+                _num(i.get("pid"), "{}"),
+                _num(i.get("port"), "{}"),
+                ",".join(str(g) for g in i.get("gpus") or ()) or "cpu",
+                _num(i.get("kv_cache_usage"), "{:.0%}"),
+                _num(i.get("preemptions_per_min"), "{:.1f}"),
+                rw,
+                _num(i.get("generation_tokens_per_s"), "{:.1f}"),
+                hbm,
+                backend,
+                str(i.get("restarts", 0)),
+                fmt_duration(i.get("uptime_s")),
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    for r in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    if not insts:
+        lines.append("(no instances: `vsup up LAYOUT` starts some)")
+    for i in insts:
+        le = i.get("last_exit")
+        if le and i["state"] != "ready":
+            how = f"code {le['code']}" if le.get("code") is not None else le.get("signal") or "?"
+            line = f"{i['name']}: last exit {le['reason']} ({how}) at {le.get('at')}"
+            if le.get("log_excerpt"):
+                line += f": {le['log_excerpt'].strip().splitlines()[-1][:160]}"
+            lines.append(line)
+    if any(i.get("backend_source") not in (None, "log") and i.get("backend") for i in insts):
+        lines.append("* backend inferred from flags or the platform default, not seen in the log")
+    for a in doc.get("advice", ()):
+        lines.append(f"{a['severity']}: {a['message']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,79 @@
+"""`vsup` / `vsup tui [--readonly]`: attach the dashboard to this node's daemon.
+
+Starts the daemon when none runs (as every client command does). `q` detaches: the daemon
+and every instance keep running, and `vsup` attaches again from any SSH session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "tui",
+        help="attach the dashboard (q detaches; instances keep running)",
+        description="The live dashboard: instances, HBM, KV cache, preemptions, backend, logs. "
+        "Keys are remappable in ~/.config/vsup/tui.toml [keymap] or VSUP_KEYMAP.",
+    )
+    parser.add_argument("--readonly", action="store_true",
+                        help="watch only: keys that start, stop, edit or save are disabled")
+    parser.add_argument("--refresh", type=float, default=1.0, metavar="S",
+                        help="seconds between refreshes (default 1, the daemon's own rate)")
+    parser.add_argument("--screenshot", metavar="FILE.svg",
+                        help="render the dashboard headless, save it as SVG and exit")
+    parser.add_argument("--size", default="160x45", metavar="COLSxROWS",
+                        help="terminal size for --screenshot (default 160x45)")
+    parser.add_argument("--select", metavar="NAME",
+                        help="instance shown in the detail pane of --screenshot")
+    parser.set_defaults(func=run)
+
+
+def _size(text: str) -> tuple[int, int] | None:
+    cols, _, rows = text.lower().partition("x")
+    if cols.isdigit() and rows.isdigit() and int(cols) >= 40 and int(rows) >= 12:
+        return int(cols), int(rows)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup.control.client import AsyncClient, connect
+    from vsup.control.errors import DaemonUnavailable
+    from vsup.tui.app import DashboardApp
+    from vsup.tui.keymap import load_keymap
+
+    try:
+        keymap = load_keymap()
+    except ValueError as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return 2
+    if args.refresh <= 0:
+        print("vsup tui: --refresh must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        connect().close()  # starts the daemon if none answers
+    except DaemonUnavailable as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return 1
+    if args.screenshot:
+        import asyncio
+
+        from vsup.tui.shot import screenshot_live
+
+        size = _size(args.size)
+        if size is None:
+            print(f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12",
+                  file=sys.stderr)
+            return 2
+        try:
+            path = asyncio.run(screenshot_live(args.screenshot, size, select=args.select))
+        except (TimeoutError, ValueError) as exc:
+            print(f"vsup tui: {exc}", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    app = DashboardApp(AsyncClient(), readonly=args.readonly, keymap=keymap,
+                       refresh_s=args.refresh)
+    app.run()
+    return app.return_code or 0

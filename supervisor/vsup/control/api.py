@@ -1,0 +1,329 @@
+"""The control API: a Starlette app the daemon serves over `$VSUP_HOME/vsup.sock`.
+
+Routes are listed in docs/ARCHITECTURE.md ("Control API"). This module only checks requests and
+shapes answers; the work is the daemon's (`ControlService`). Bad arguments get 400 with a
+message saying what to send instead, unknown instance names 404 naming them, and every error is
+`{"error": message}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from vsup.control.errors import BadRequest, ControlError, UnknownInstances
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("start", "stop", "restart", "drain")
+MAX_LOG_CHUNK = 1024 * 1024  # bytes of log text in one answer
+DEFAULT_TAIL = 64 * 1024
+MAX_BODY = 4 * 1024 * 1024  # a layout TOML is a few KB
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """Which file holds an instance's log for a run."""
+
+    run: int | None
+    path: Path | None
+
+
+class ControlService(Protocol):
+    """What the daemon provides to the API (each method may raise ControlError)."""
+
+    def instance_names(self) -> list[str]: ...
+
+    def ping(self) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def layout(self) -> dict[str, Any]: ...
+
+    async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]: ...
+
+    async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
+
+    def log_file(self, name: str, previous: bool) -> LogFile: ...
+
+    def config(self, name: str) -> dict[str, Any]: ...
+
+    def history(self, name: str) -> dict[str, Any]: ...
+
+    def events(self, since: int, limit: int) -> dict[str, Any]: ...
+
+    async def save(self, path: str) -> dict[str, Any]: ...
+
+    async def shutdown(self, stop_instances: bool) -> dict[str, Any]: ...
+
+
+def build_app(service: ControlService) -> Starlette:
+    """The ASGI app for `service`."""
+
+    async def ping(request: Request) -> JSONResponse:
+        return JSONResponse(service.ping())
+
+    async def status(request: Request) -> JSONResponse:
+        return JSONResponse(service.status())
+
+    async def layout(request: Request) -> JSONResponse:
+        return JSONResponse(service.layout())
+
+    async def apply(request: Request) -> JSONResponse:
+        body = await _body(
+            request,
+            required={"toml": str},
+            optional={"path": (str, type(None)), "dry_run": bool},
+        )
+        path = body.get("path")
+        if path is not None and not os.path.isabs(path):
+            raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
+        return JSONResponse(await service.apply(body["toml"], path, body.get("dry_run", False)))
+
+    async def actions(request: Request) -> JSONResponse:
+        body = await _body(
+            request,
+            required={"action": str},
+            optional={"names": list, "all": bool, "wait": bool},
+        )
+        action = body["action"]
+        if action not in ACTIONS:
+            raise BadRequest(f"unknown action {action!r}; use one of: {', '.join(ACTIONS)}")
+        names = body.get("names") or []
+        if not all(isinstance(n, str) and n for n in names):
+            raise BadRequest("'names' must be a list of instance names (strings)")
+        known = service.instance_names()
+        if body.get("all"):
+            if names:
+                raise BadRequest("give 'names' or 'all', not both")
+            if action == "drain":
+                raise BadRequest("drain takes instance names, not 'all'")
+            names = list(known)
+        elif not names:
+            raise BadRequest("no instance named: give 'names' or set 'all'")
+        _check_names(names, known)
+        return JSONResponse(
+            await service.action(action, list(dict.fromkeys(names)), body.get("wait", True))
+        )
+
+    async def logs(request: Request) -> JSONResponse:
+        name = _known(request, service)
+        q = request.query_params
+        _only(q.keys(), ("previous", "offset", "tail"), "query")
+        previous = _flag(q.get("previous"), "previous")
+        offset = _nonneg(q.get("offset"), "offset")
+        tail = _nonneg(q.get("tail"), "tail")
+        if offset is not None and tail is not None:
+            raise BadRequest("give 'offset' or 'tail', not both")
+        lf = service.log_file(name, previous)
+        if lf.path is None:
+            which = "previous run" if previous else "log yet"
+            raise ControlError(f"instance {name!r} has no {which}", status=404)
+        chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
+        return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})
+
+    async def config(request: Request) -> JSONResponse:
+        return JSONResponse(service.config(_known(request, service)))
+
+    async def history(request: Request) -> JSONResponse:
+        return JSONResponse(service.history(_known(request, service)))
+
+    async def events(request: Request) -> JSONResponse:
+        q = request.query_params
+        _only(q.keys(), ("since", "limit"), "query")
+        since = _nonneg(q.get("since"), "since") or 0
+        limit = _nonneg(q.get("limit"), "limit")
+        limit = 1000 if limit is None else max(1, min(limit, 10000))
+        return JSONResponse(service.events(since, limit))
+
+    async def save(request: Request) -> JSONResponse:
+        body = await _body(request, required={"path": str})
+        if not os.path.isabs(body["path"]):
+            raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
+        return JSONResponse(await service.save(body["path"]))
+
+    async def shutdown(request: Request) -> JSONResponse:
+        body = await _body(request, optional={"stop_instances": bool})
+        return JSONResponse(await service.shutdown(body.get("stop_instances", True)))
+
+    routes = [
+        Route("/v1/ping", ping, methods=["GET"]),
+        Route("/v1/status", status, methods=["GET"]),
+        Route("/v1/layout", layout, methods=["GET"]),
+        Route("/v1/apply", apply, methods=["POST"]),
+        Route("/v1/actions", actions, methods=["POST"]),
+        Route("/v1/instances/{name}/logs", logs, methods=["GET"]),
+        Route("/v1/instances/{name}/config", config, methods=["GET"]),
+        Route("/v1/instances/{name}/history", history, methods=["GET"]),
+        Route("/v1/events", events, methods=["GET"]),
+        Route("/v1/save", save, methods=["POST"]),
+        Route("/v1/shutdown", shutdown, methods=["POST"]),
+    ]
+
+    async def control_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ControlError)
+        return JSONResponse({**exc.body, "error": exc.message}, status_code=exc.status)
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", "") or ""
+        if status == 404:
+            detail = f"no route {request.method} {request.url.path}"
+        elif status == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        return JSONResponse({"error": detail}, status_code=status)
+
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("control API: %s %s failed", request.method, request.url.path)
+        return JSONResponse(
+            {"error": f"internal error: {type(exc).__name__}: {exc} (see daemon.log)"},
+            status_code=500,
+        )
+
+    from starlette.exceptions import HTTPException
+
+    return Starlette(
+        routes=routes,
+        exception_handlers={
+            ControlError: control_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+    )
+
+
+async def _body(
+    request: Request,
+    required: dict[str, Any] | None = None,
+    optional: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON object body, with key presence and types checked."""
+    required = required or {}
+    optional = optional or {}
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise ControlError(f"request body over {MAX_BODY} bytes", status=413)
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    allowed = {**required, **optional}
+    _only(data.keys(), allowed, "key")
+    for key, types in allowed.items():
+        if key not in data:
+            if key in required:
+                raise BadRequest(f"missing {key!r}")
+            continue
+        value = data[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
+            want = _type_names(types)
+            raise BadRequest(f"{key!r} must be {want} (got {type(value).__name__})")
+    return data
+
+
+def _type_names(types: Any) -> str:
+    names = {str: "a string", bool: "true or false", list: "a list", int: "an integer"}
+    if isinstance(types, tuple):
+        return " or ".join("null" if t is type(None) else names.get(t, t.__name__) for t in types)
+    return names.get(types, types.__name__)
+
+
+def _only(keys: Iterable[str], allowed: Iterable[str], what: str) -> None:
+    extra = sorted(set(keys) - set(allowed))
+    if extra:
+        raise BadRequest(
+            f"unknown {what} {', '.join(repr(k) for k in extra)}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+        )
+
+
+def _flag(value: str | None, key: str) -> bool:
+    if value is None:
+        return False
+    v = value.lower()
+    if v in ("1", "true", "yes"):
+        return True
+    if v in ("0", "false", "no", ""):
+        return False
+    raise BadRequest(f"{key!r} must be 0 or 1 (got {value!r})")
+
+
+def _nonneg(value: str | None, key: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise BadRequest(f"{key!r} must be a whole number (got {value!r})") from None
+    if n < 0:
+        raise BadRequest(f"{key!r} must not be negative (got {n})")
+    return n
+
+
+def _check_names(names: Iterable[str], known: Iterable[str]) -> None:
+    known = list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnknownInstances(unknown, known)
+
+
+def _known(request: Request, service: ControlService) -> str:
+    name = request.path_params["name"]
+    _check_names([name], service.instance_names())
+    return name
+
+
+def read_log_chunk(path: Path, offset: int | None, tail: int | None) -> dict[str, Any]:
+    """Read part of a log: from `offset`, or the last `tail` bytes (default 64 KiB).
+
+    Answers `{"start", "offset" (where the next read starts), "size", "text", "eof"}`.
+    A tail starts at a line boundary; text is UTF-8 with undecodable bytes replaced.
+    """
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return {"start": 0, "offset": 0, "size": 0, "text": "", "eof": True}
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if offset is None:
+            want = DEFAULT_TAIL if tail is None else tail
+            start = max(0, size - want)
+        else:
+            # A log that shrank was replaced (a new run reuses no file, but be safe): restart.
+            start = offset if offset <= size else 0
+        fh.seek(start)
+        data = fh.read(min(MAX_LOG_CHUNK, size - start))
+        if offset is None and start > 0:
+            nl = data.find(b"\n")
+            if nl >= 0:
+                data = data[nl + 1 :]
+                start += nl + 1
+        if offset is not None and start + len(data) < size:
+            # More follows: stop at a line end so no line (or UTF-8 character) is split.
+            nl = data.rfind(b"\n")
+            if nl >= 0:
+                data = data[: nl + 1]
+        end = start + len(data)
+        return {
+            "start": start,
+            "offset": end,
+            "size": size,
+            "text": data.decode("utf-8", errors="replace"),
+            "eof": end >= size,
+        }

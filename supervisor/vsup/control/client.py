@@ -1,0 +1,312 @@
+"""Clients of the control API over `$VSUP_HOME/vsup.sock`: `Client` (sync, the CLI) and
+`AsyncClient` (the TUI), one method per route (docs/ARCHITECTURE.md, "Control API").
+
+`connect()` is what every CLI command calls: it returns a client for a running daemon and
+starts one when none answers (`python -m vsup daemon`, detached in its own session, its
+output in `$VSUP_HOME/daemon.log`). Two commands racing both spawn; the daemon lock lets one
+win and the other exits, and both commands end up talking to the winner.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vsup import paths
+from vsup.control.errors import ControlError, DaemonUnavailable
+
+# Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
+ACTION_TIMEOUT_S = 3600.0
+DEFAULT_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 30.0
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+def check_socket_path(sock: Path) -> None:
+    """Unix socket paths are short; say which setting to change when this one is too long."""
+    n = len(os.fsencode(str(sock)))
+    if n > MAX_SOCKET_PATH:
+        raise DaemonUnavailable(
+            f"the control socket path {sock} is {n} bytes, over the {MAX_SOCKET_PATH}-byte limit "
+            "of unix sockets; set VSUP_HOME to a shorter directory"
+        )
+
+
+def _raise_for(resp: httpx.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {"error": resp.text.strip() or f"HTTP {resp.status_code}"}
+    if resp.status_code >= 400:
+        message = body.get("error") if isinstance(body, dict) else None
+        raise ControlError(
+            message or f"HTTP {resp.status_code}",
+            status=resp.status_code,
+            body=body if isinstance(body, dict) else {},
+        )
+    return body
+
+
+def _logs_params(previous: bool, offset: int | None, tail: int | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"previous": int(bool(previous))}
+    if offset is not None:
+        params["offset"] = offset
+    if tail is not None:
+        params["tail"] = tail
+    return params
+
+
+class Client:
+    """Synchronous client (the CLI). Raises ControlError for refusals, DaemonUnavailable when
+    nothing answers on the socket."""
+
+    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.home = Path(home) if home else paths.vsup_home()
+        self.socket = paths.socket_path(self.home)
+        check_socket_path(self.socket)
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)),
+            base_url="http://vsup",
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, timeout: float | None = None, **kw: Any) -> Any:
+        if timeout is not None:
+            kw["timeout"] = timeout
+        try:
+            resp = self._http.request(method, path, **kw)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as exc:
+            raise DaemonUnavailable(f"no vsup daemon answers on {self.socket} ({exc})") from exc
+        return _raise_for(resp)
+
+    def alive(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The daemon's ping answer, or None when none answers."""
+        if not self.socket.exists():
+            return None
+        try:
+            return self._call("GET", "/v1/ping", timeout=timeout)
+        except (DaemonUnavailable, httpx.TimeoutException, ControlError):
+            return None
+
+    def ping(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/ping")
+
+    def status(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/status")
+
+    def layout(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/layout")
+
+    def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+        return self._call(
+            "POST", "/v1/apply", json={"toml": toml, "path": path, "dry_run": dry_run}
+        )
+
+    def action(
+        self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
+    ) -> dict[str, Any]:
+        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
+
+    def logs(
+        self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> dict[str, Any]:
+        return self._call(
+            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+        )
+
+    def config(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/instances/{name}/config")
+
+    def history(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/instances/{name}/history")
+
+    def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"since": since}
+        if limit is not None:
+            params["limit"] = limit
+        return self._call("GET", "/v1/events", params=params)
+
+    def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        return self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+
+    def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
+        return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
+
+
+class AsyncClient:
+    """Asynchronous client (the TUI): the same methods as `Client`, awaitable. It never starts
+    a daemon; call `connect()` (sync, before the app runs) for that."""
+
+    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.home = Path(home) if home else paths.vsup_home()
+        self.socket = paths.socket_path(self.home)
+        check_socket_path(self.socket)
+        self._http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
+            base_url="http://vsup",
+            timeout=timeout,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, timeout: float | None = None, **kw: Any) -> Any:
+        if timeout is not None:
+            kw["timeout"] = timeout
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as exc:
+            raise DaemonUnavailable(f"no vsup daemon answers on {self.socket} ({exc})") from exc
+        return _raise_for(resp)
+
+    async def ping(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/ping")
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/status")
+
+    async def layout(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/layout")
+
+    async def apply(
+        self, toml: str, path: str | None = None, dry_run: bool = False
+    ) -> dict[str, Any]:
+        return await self._call(
+            "POST", "/v1/apply", json={"toml": toml, "path": path, "dry_run": dry_run}
+        )
+
+    async def action(
+        self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
+    ) -> dict[str, Any]:
+        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
+
+    async def logs(
+        self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> dict[str, Any]:
+        return await self._call(
+            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+        )
+
+    async def config(self, name: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/instances/{name}/config")
+
+    async def history(self, name: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/instances/{name}/history")
+
+    async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"since": since}
+        if limit is not None:
+            params["limit"] = limit
+        return await self._call("GET", "/v1/events", params=params)
+
+    async def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        return await self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+
+    async def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
+        return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
+
+
+def daemon_command() -> list[str]:
+    """How a client starts the daemon: this interpreter, this copy of vsup."""
+    return [sys.executable, "-m", "vsup", "daemon"]
+
+
+def spawn_daemon(home: Path) -> subprocess.Popen:
+    """Start a detached daemon for `home`: its own session (an SSH hang-up never reaches it),
+    no terminal, output appended to `$VSUP_HOME/daemon.log`."""
+    env = dict(os.environ)
+    env["VSUP_HOME"] = str(home)
+    # The daemon is this interpreter with the installed `vsup` package (`daemon_command`), started
+    # in VSUP_HOME: nothing depends on the client's working directory.
+    log = open(home / "daemon.log", "ab")
+    try:
+        return subprocess.Popen(
+            daemon_command(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(home),
+            env=env,
+        )
+    finally:
+        log.close()
+
+
+def connect(
+    home: Path | None = None,
+    start: bool = True,
+    timeout: float = START_TIMEOUT_S,
+    on_wait=None,
+) -> Client:
+    """A client for the running daemon, starting one if `start` and none answers.
+
+    Waits at most `timeout` seconds for a new daemon's socket to answer; `on_wait(elapsed)` is
+    called while waiting (progress on a terminal). Raises DaemonUnavailable with the end of
+    daemon.log when no daemon comes up.
+    """
+    client = Client(home)
+    if client.alive() is not None:
+        return client
+    if not start:
+        client.close()
+        raise DaemonUnavailable(f"no vsup daemon is running for {client.home}")
+    proc = spawn_daemon(client.home)
+    t0 = time.monotonic()
+    delay = 0.02
+    while True:
+        if client.alive(timeout=1.0) is not None:
+            return client
+        elapsed = time.monotonic() - t0
+        code = proc.poll()
+        if elapsed > timeout:
+            client.close()
+            raise DaemonUnavailable(
+                f"the vsup daemon did not answer within {timeout:.0f} s"
+                + (f" (it exited with status {code})" if code is not None else "")
+                + _log_tail(client.home)
+            )
+        if code is not None and code != 0 and client.alive() is None:
+            # 0 is a daemon that lost the lock race to another; anything else is a failure.
+            client.close()
+            raise DaemonUnavailable(
+                f"the vsup daemon exited with status {code} while starting" + _log_tail(client.home)
+            )
+        if on_wait is not None:
+            on_wait(elapsed)
+        # A spawned daemon that lost the lock race exits 0 at once; the winner answers soon.
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+def _log_tail(home: Path, lines: int = 15) -> str:
+    try:
+        text = (home / "daemon.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = "\n".join(text.splitlines()[-lines:])
+    return f"; end of {home / 'daemon.log'}:\n{tail}" if tail else ""

@@ -1,0 +1,851 @@
+"""The vsup daemon: one per VSUP_HOME, owner of every instance process.
+
+It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
+watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
+advice and history, keeps the state file and journal, and serves the control API on
+`$VSUP_HOME/vsup.sock`.
+
+Lifetime rules:
+- One daemon per VSUP_HOME: `fcntl.flock` on `$VSUP_HOME/daemon.lock`, held for its life.
+- SIGHUP (a dropped SSH session) is ignored; the daemon runs in its own session anyway.
+- SIGTERM/SIGINT stop the API and the daemon but leave instances running: a later daemon
+  re-adopts them from the state file. Only `vsup down` (POST /v1/shutdown) stops instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from vsup import __version__, paths
+from vsup.clock import Clock, SystemClock
+from vsup.control.advice import (
+    CRASH_WINDOW_S,
+    KV_PEAK_WINDOW_S,
+    AdviceInputs,
+    compute_advice,
+    problem,
+)
+from vsup.control.api import LogFile, build_app
+from vsup.control.errors import Conflict, ControlError, UnknownInstances
+from vsup.control.export import MetricsListener, parse_listen
+from vsup.control.journal import Journal, replay
+from vsup.control.monitor import Monitor, Target
+from vsup.control.server import ServedApp, bind_unix_socket
+from vsup.control.state import (
+    DaemonState,
+    InstanceRecord,
+    StateFile,
+    spec_from_dict,
+    spec_to_dict,
+)
+from vsup.engine import AdoptRecord, Engine
+from vsup.layout.spec import InstanceSpec
+from vsup.snapshot import (
+    Advice,
+    LastExit,
+    NodeInfo,
+    StatusSnapshot,
+    SupervisorInfo,
+    empty_instance,
+)
+
+log = logging.getLogger("vsup.daemon")
+
+LOCK_NAME = "daemon.lock"
+# A client probing the lock holds it for microseconds; a starting daemon retries this long
+# before concluding that another daemon owns VSUP_HOME.
+LOCK_RETRY_S = 2.0
+# psutil's create_time is boot time + start ticks, and the boot time moves when the clock is
+# stepped; the engine's adoption check allows 1 s too. A reused pid started later than that.
+CREATE_TIME_TOLERANCE_S = 1.0
+SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+# Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
+FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
+# How long a restarted daemon waits for adopted instances' first health check before serving.
+ADOPT_SETTLE_S = 5.0
+# Engine events also written to daemon.log (all of them are in the journal), with these keys.
+LOGGED_EVENTS = {
+    "spawn": ("run", "pid"),
+    "ready": ("run", "pid", "startup_s"),
+    "exit": ("run", "pid", "code", "signal", "reason"),
+    "adopt": ("adopted", "pid", "run", "why"),
+    "failed": ("reason", "failures"),
+    "stop_incomplete": ("message",),
+    "stuck_gone": ("run", "pids"),
+    "error": ("message",),
+}
+
+
+# --------------------------------------------------------------------------- lock and process
+
+
+def acquire_lock(home: Path, retry_s: float = LOCK_RETRY_S) -> int | None:
+    """Take the daemon lock; the fd (keep it open) or None when another daemon holds it."""
+    path = home / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline or _is_daemon(_read_pid(fd)):
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_daemon(pid: int | None) -> bool:
+    """Whether `pid` is a live vsup daemon (the lock's holder, not a client probing it)."""
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return is_daemon_cmdline(cmd)
+
+
+# `-m supervisor daemon` is what vsup before 0.2 ran (its import package was `supervisor`): a
+# node upgraded while that daemon runs keeps it as the lock holder until it stops, and the new
+# client must see it as the daemon it talks to, not as a stranger holding the lock.
+DAEMON_MODULES = ("vsup", "supervisor")
+
+
+def is_daemon_cmdline(cmd: list[str]) -> bool:
+    """Whether a command line is a vsup daemon's: `PYTHON -m vsup daemon` (or the pre-0.2
+    `-m supervisor daemon`), or the console script's `vsup daemon`."""
+    if len(cmd) >= 3 and cmd[-3] == "-m" and cmd[-2] in DAEMON_MODULES and cmd[-1] == "daemon":
+        return True
+    return len(cmd) >= 2 and cmd[-1] == "daemon" and os.path.basename(cmd[-2]) == "vsup"
+
+
+def daemon_lock_holder(home: Path) -> int | None:
+    """The pid of the daemon holding `home`'s lock, or None when no daemon holds it."""
+    path = home / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            # Shared and non-blocking: a starting daemon that meets it retries (LOCK_RETRY_S).
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            return pid if pid is not None else -1  # -1: held, no pid written yet
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def process_matches(pid: int | None, create_time: float | None) -> bool:
+    """Whether `pid` is alive and is the very process that started at `create_time`."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is None:
+            return True
+        return abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def recorded_live_instances(home: Path) -> list[str]:
+    """Instances the state file says are running and whose process is alive."""
+    result = StateFile(paths.state_path(home)).load_quietly()
+    if result is None:
+        return []
+    return [
+        name
+        for name, rec in result.instances.items()
+        if rec.pid and process_matches(rec.pid, rec.create_time)
+    ]
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """The daemon's state and the `ControlService` the API calls."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        gpu_probe: Any = None,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.home = Path(home)
+        self.clock = clock or SystemClock()
+        self.poll_interval = poll_interval
+        self.started_mono = self.clock.monotonic()
+        self.state_file = StateFile(paths.state_path(self.home))
+        self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
+        self.logs_dir = paths.logs_dir(self.home)
+        self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
+        self.layout_path: str | None = None
+        self.layout_toml: str | None = None
+        self.layout_name: str | None = None
+        self.metrics_listen: str | None = None
+        self.problems: list[Advice] = []
+        self.node = NodeInfo(
+            hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
+        )
+        self.poll_count = 0
+        self._failures: dict[str, deque[float]] = {}
+        self._snapshot: StatusSnapshot | None = None
+        self._stopping = asyncio.Event()
+        self._shutting_down = False
+        self._state_dirty = asyncio.Event()
+        self._apply_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self.metrics = MetricsListener(lambda: self._snapshot)
+        self.engine = Engine(
+            self.clock,
+            self.logs_dir,
+            on_event=self._on_event,
+            gpu_release_check=self.monitor.gpu_released,
+            requests_running=self._requests_running,
+            **(engine_options or {}),
+        )
+
+    # ----------------------------------------------------------------- engine events
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """Engine events: journal them, keep the state file current, count failures."""
+        doc = dict(event)
+        kind = doc.pop("kind", "event")
+        name = doc.pop("instance", None)
+        if kind == "action" and name is None and doc.get("action") == "apply":
+            return  # journaled by apply() itself, with the layout's name and path
+        doc.pop("t", None)
+        inst = self.engine.instances.get(name) if name else None
+        if kind == "spawn" and inst is not None:
+            # What journal replay needs to adopt this process if the state file is lost.
+            doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
+        if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
+            self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
+        self.journal.append(kind, name, **doc)
+        if kind in LOGGED_EVENTS:
+            keys = [k for k in LOGGED_EVENTS[kind] if doc.get(k) is not None]
+            log.info("%s %s %s", name or "-", kind, " ".join(f"{k}={doc[k]}" for k in keys))
+        if kind not in ("action",):
+            self._state_dirty.set()
+
+    def _requests_running(self, name: str) -> float | None:
+        metrics = self.monitor.metrics(name)
+        return metrics.requests_running if metrics is not None else None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def serve(self, sock: socket.socket | None = None, handle_signals: bool = True) -> None:
+        """Run until asked to stop: restore, serve the API, poll, then shut down."""
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
+        if sock is None:
+            sock = bind_unix_socket(paths.socket_path(self.home))
+        self.journal.append("daemon_start", None, pid=os.getpid(), version=__version__)
+        await self.monitor.open()
+        self.node = NodeInfo(
+            hostname=self.node.hostname,
+            gpu_vendor=self.monitor.vendor,
+            gpu_count=self.monitor.gpu_count,
+            cpu_count=self.node.cpu_count,
+        )
+        await self.restore()
+        api = ServedApp(build_app(self), sock, name="control API")
+        await api.start()
+        log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
+        poller = self._spawn(self._poll_loop(), "poll")
+        writer = self._spawn(self._state_writer(), "state writer")
+        try:
+            await self._stopping.wait()
+        finally:
+            await api.stop()
+            await self.metrics.stop()
+            poller.cancel()
+            writer.cancel()
+            for t in (poller, writer):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            # Write the state before the engine lets go of its processes: the next daemon
+            # adopts from it.
+            self._write_state()
+            with contextlib.suppress(Exception):
+                await self.engine.shutdown(stop_instances=False)
+            await self.monitor.close()
+            left = [n for n, i in self.engine.instances.items() if i.pid]
+            self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
+            self.journal.close()
+            with contextlib.suppress(OSError):
+                paths.socket_path(self.home).unlink()
+
+    def request_stop(self, why: str = "request") -> None:
+        """Stop the daemon, leaving instances running (SIGTERM, SIGINT)."""
+        log.info("stopping the daemon (%s); instances keep running", why)
+        self._stopping.set()
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    # ----------------------------------------------------------------- restore and adoption
+
+    async def restore(self) -> None:
+        """Bring back what the last daemon left: the layout, live instances (adopted), and
+        instances that vanished meanwhile (their exit goes through the restart policy)."""
+        result = self.state_file.load()
+        if result.problem:
+            self._report_problem("state_file", result.problem)
+        state = result.state or DaemonState()
+        self._replay_journal(state)
+        self.layout_path = state.layout_path
+        self.layout_toml = state.layout_toml
+        self.layout_name = state.layout_name
+        if state.layout_toml:
+            self.metrics_listen = _metrics_listen(state.layout_toml)
+        for name, rec in state.instances.items():
+            try:
+                spec = spec_from_dict(rec.spec)
+            except ValueError as exc:
+                self._report_problem("state_file", f"instance {name}: {exc}")
+                continue
+            if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
+                record = AdoptRecord(
+                    pid=rec.pid,
+                    create_time=rec.create_time,
+                    pgid=rec.pgid,
+                    port=rec.port or spec.port,
+                    run=rec.run,
+                    restarts=rec.restarts,
+                    descendants={int(p): t for p, t in rec.descendants.items()},
+                )
+                inst = self.engine.adopt(spec, record)
+                if inst is not None:
+                    log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
+                    continue
+                # It died while no daemon watched: an exit like any other.
+                gone = self.engine.instances[name]
+                reason = gone.last_exit.reason if gone.last_exit else "unknown"
+                self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
+                log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
+                if spec.restart.policy != "never" and reason not in FAIL_FAST:
+                    await self.engine.start(name, automatic=True)
+                continue
+            self._register_idle(spec, rec)
+        await self._settle_adopted()
+        if self.metrics_listen:
+            await self._start_metrics()
+        self._state_dirty.set()
+
+    async def _settle_adopted(self) -> None:
+        """Give adopted instances one health check before the API answers, so that the first
+        status after a daemon restart says `ready` for servers that are (bounded wait)."""
+        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
+        if not adopted:
+            return
+        settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(self.engine.wait(n, settled) for n in adopted)),
+                ADOPT_SETTLE_S,
+            )
+
+    def _replay_journal(self, state: DaemonState) -> None:
+        """Bring `state` up to date with journal events written after it (a daemon killed
+        between an event and the next state write, or a state file restored from its backup)."""
+        after = state.journal_seq - 1 if state.journal_seq else 0
+        if state.written_at is None and state.instances:
+            after = 0
+        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
+            rec = state.instances.get(name)
+            if rec is None:
+                if rep.spec is None:
+                    continue
+                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
+            if rep.spec is not None:
+                rec.spec = rep.spec
+            if rep.running and rep.pid:
+                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
+                rec.port = rep.port or rec.port
+                rec.run = max(rec.run, rep.run)
+                rec.descendants = {}
+                rec.state = "starting"
+            elif not rep.running and rep.last_exit is not None:
+                rec.pid = rec.pgid = rec.create_time = None
+                rec.last_exit = rep.last_exit
+                rec.state = "stopped"
+            rec.restarts = max(rec.restarts, rep.restarts)
+
+    def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
+        """An instance with no process (stopped or failed): known again, not started, with
+        its run number, restarts and last exit as they were."""
+        self.engine.restore(
+            spec,
+            state="failed" if rec.state == "failed" else "stopped",
+            run=rec.run,
+            restarts=rec.restarts,
+            last_exit=_last_exit(rec.last_exit),
+            failed_why=rec.failed_why,
+        )
+
+    def _report_problem(self, kind: str, message: str) -> None:
+        """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
+        log.warning("%s", message)
+        self.journal.append("problem", None, problem=kind, message=message)
+        self.problems = [p for p in self.problems if p.message != message]
+        self.problems.append(problem(kind, message))
+
+    # ----------------------------------------------------------------- state file
+
+    def state_document(self) -> DaemonState:
+        """The state file's content, from the engine's instances."""
+        instances = {}
+        for name, inst in self.engine.instances.items():
+            rec = inst.adopt_record()
+            instances[name] = InstanceRecord(
+                name=name,
+                spec=spec_to_dict(inst.spec),
+                state=inst.state,
+                pid=rec.pid if rec else None,
+                create_time=rec.create_time if rec else None,
+                pgid=rec.pgid if rec else None,
+                port=inst.spec.port,
+                run=inst.run,
+                restarts=inst.restarts,
+                last_exit=asdict(inst.last_exit) if inst.last_exit else None,
+                descendants={str(p): t for p, t in rec.descendants.items()} if rec else {},
+                adopted=bool(getattr(inst, "adopted", False)),
+                failed_why=inst.failed_why,
+            )
+        return DaemonState(
+            layout_path=self.layout_path,
+            layout_toml=self.layout_toml,
+            layout_name=self.layout_name,
+            instances=instances,
+            daemon_pid=os.getpid(),
+            journal_seq=self.journal.next_seq,
+        )
+
+    def _write_state(self, doc: DaemonState | None = None) -> None:
+        try:
+            self.state_file.save(doc or self.state_document())
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.state_file.path, exc)
+
+    async def flush_state(self) -> None:
+        """Write the state file now (it is otherwise written shortly after each change)."""
+        doc = self.state_document()
+        await asyncio.to_thread(self._write_state, doc)
+
+    async def _state_writer(self) -> None:
+        """Write the state file whenever something changed, at most 10 times a second."""
+        while True:
+            await self._state_dirty.wait()
+            self._state_dirty.clear()
+            doc = self.state_document()  # read on the loop; written in a thread
+            await asyncio.to_thread(self._write_state, doc)
+            await asyncio.sleep(0.1)
+
+    # ----------------------------------------------------------------- polling
+
+    async def _poll_loop(self) -> None:
+        next_at = self.clock.monotonic()
+        while True:
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("poll failed")
+            next_at += self.poll_interval
+            delay = next_at - self.clock.monotonic()
+            if delay < 0:
+                next_at = self.clock.monotonic()  # fell behind: do not burst to catch up
+                delay = 0
+            await asyncio.sleep(delay)
+
+    def _targets(self) -> list[Target]:
+        out = []
+        for name, inst in self.engine.instances.items():
+            out.append(
+                Target(
+                    name=name,
+                    base_url=inst.spec.base_url,
+                    run=inst.run,
+                    pid=inst.pid,
+                    pgid=inst.pgid,
+                    gpus=tuple(inst.spec.gpus),
+                    live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
+                    log_path=inst.log_path() if inst.run else None,
+                    attention_flag=inst.spec.arg("attention-backend"),
+                )
+            )
+        return out
+
+    async def poll_once(self) -> StatusSnapshot:
+        """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
+        await self.monitor.poll(self._targets())
+        self.poll_count += 1
+        return self.build_snapshot()
+
+    # ----------------------------------------------------------------- snapshot
+
+    def build_snapshot(self) -> StatusSnapshot:
+        """The current snapshot: the engine's states now, telemetry as of the last poll."""
+        now_m = self.clock.monotonic()
+        gpus = self.monitor.gpus
+        gpu_total = {g.index: g.hbm_total_bytes for g in gpus}
+        instances = []
+        for name, inst in self.engine.instances.items():
+            spec = inst.spec
+            live = inst.state in ("ready", "unhealthy") and inst.pid is not None
+            planned = None
+            if spec.gpu_memory_utilization is not None and spec.gpus:
+                totals = [gpu_total.get(g) for g in spec.gpus]
+                if all(t is not None for t in totals):
+                    planned = int(spec.gpu_memory_utilization * sum(totals))
+            fields = {
+                **inst.status_fields(),
+                **self.monitor.fields(name, live),
+                "planned_hbm_bytes": planned,
+                "waiting_for": inst.waiting_for,
+            }
+            if inst.pid is None:
+                fields["hbm_bytes"] = None  # the figure of a process that is gone
+            instances.append(empty_instance(**fields))
+        window_start = now_m - CRASH_WINDOW_S
+        inputs = AdviceInputs(
+            recent_failures={
+                n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
+            },
+            problems=tuple(self.problems),
+            kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
+        )
+        snap = StatusSnapshot(
+            supervisor=SupervisorInfo(
+                pid=os.getpid(),
+                version=__version__,
+                uptime_s=round(now_m - self.started_mono, 3),
+                layout=self.layout_name,
+                home=str(self.home),
+            ),
+            node=self.node,
+            gpus=gpus,
+            instances=tuple(instances),
+            advice=compute_advice(instances, gpus, inputs),
+        )
+        self._snapshot = snap
+        return snap
+
+    # ----------------------------------------------------------------- ControlService
+
+    def instance_names(self) -> list[str]:
+        return list(self.engine.instances)
+
+    def ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "version": __version__, "home": str(self.home)}
+
+    def status(self) -> dict[str, Any]:
+        return self.build_snapshot().to_json()
+
+    def layout(self) -> dict[str, Any]:
+        return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}
+
+    async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]:
+        if self._shutting_down:
+            raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
+        layout_obj, specs, diags = await asyncio.to_thread(
+            parse_layout, toml, path, self.node.gpu_count
+        )
+        errors = [d.to_json() for d in diags if d.is_error]
+        warnings = [d.to_json() for d in diags if not d.is_error]
+        if errors:
+            return _refused(errors, warnings)
+        plan = self.engine.diff(specs).to_json()
+        if dry_run:
+            return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
+        self.layout_toml, self.layout_path = toml, path
+        self.layout_name = layout_obj.name
+        self.journal.append("action", None, action="apply", layout=self.layout_name, path=path,
+                            plan=plan)
+        self._state_dirty.set()
+        self.metrics_listen = _metrics_listen(toml)
+        if self.metrics_listen:
+            if not await self._start_metrics():
+                warnings.append({"severity": "warning", "message": self.problems[-1].message,
+                                 "text": self.problems[-1].message})
+        else:
+            await self.metrics.stop()
+        async with self._apply_lock:
+            # Returns once every start is under way (stops of removed instances continue).
+            plan = (await self.engine.apply(specs)).to_json()
+        self._state_dirty.set()
+        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+
+    async def _start_metrics(self) -> bool:
+        try:
+            await self.metrics.start(self.metrics_listen)
+            self.problems = [p for p in self.problems if p.kind != "metrics_listen"]
+            return True
+        except (OSError, ValueError) as exc:
+            self._report_problem(
+                "metrics_listen",
+                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
+                "[layout] metrics_listen and run `vsup up` again",
+            )
+            return False
+
+    async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
+        if self._shutting_down:
+            raise Conflict("the daemon is shutting down (vsup down)")
+        self.journal.append("action", None, action=action, names=names, by="operator")
+
+        async def one(name: str) -> None:
+            if action == "start":
+                await self.engine.start(name)
+            elif action == "stop":
+                await self.engine.stop(name)
+            elif action == "drain":
+                await self.engine.stop(name, drain=True)
+            elif action == "restart":
+                await self.engine.restart(name)
+            self._state_dirty.set()
+
+        tasks = {name: self._spawn(one(name), f"{action} {name}") for name in names}
+        if not wait:
+            return {"done": [], "pending": names, "errors": []}
+        # Shielded: a client that hangs up does not cancel a stop half-way.
+        await asyncio.wait([asyncio.shield(t) for t in tasks.values()])
+        done, errors = [], []
+        for name, task in tasks.items():
+            exc = task.exception()
+            if exc is None:
+                done.append(name)
+            else:
+                errors.append({"name": name, "error": str(exc) or type(exc).__name__})
+        return {"done": done, "errors": errors}
+
+    def _instance(self, name: str):
+        inst = self.engine.instances.get(name)
+        if inst is None:
+            raise UnknownInstances([name], self.engine.instances)
+        return inst
+
+    def log_file(self, name: str, previous: bool) -> LogFile:
+        inst = self._instance(name)
+        if previous:
+            path = inst.previous_log_path
+            run = inst.run - 1 if path is not None else None
+        else:
+            run = inst.run or None
+            path = inst.log_path() if run else None
+        if path is not None and not Path(path).exists():
+            path = None
+        return LogFile(run=run, path=Path(path) if path else None)
+
+    def config(self, name: str) -> dict[str, Any]:
+        inst = self._instance(name)
+        spec = inst.spec
+        env = spec.child_env({})
+        if spec.api_key_env:
+            where = "" if os.environ.get(spec.api_key_env) else ", which is not set"
+            env["VLLM_API_KEY"] = f"*** (from ${spec.api_key_env}{where})"
+        masked = {
+            k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
+            for k, v in env.items()
+        }
+        cache = self.monitor.cache_config(name)
+        return {
+            "argv": spec.argv(),
+            "env": masked,
+            "cache_config": dict(cache) if cache else None,
+            "spec": spec_to_dict(spec),
+        }
+
+    def history(self, name: str) -> dict[str, Any]:
+        self._instance(name)
+        return self.monitor.history_json(name)
+
+    def events(self, since: int, limit: int) -> dict[str, Any]:
+        events, nxt = self.journal.read(since, limit)
+        return {"events": events, "next": nxt}
+
+    async def save(self, path: str) -> dict[str, Any]:
+        if not self.layout_toml:
+            raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
+        from vsup.layout import LayoutError, loads_layout, save_layout
+
+        layout_obj = loads_layout(self.layout_toml, self.layout_path)
+        try:
+            await asyncio.to_thread(
+                save_layout, layout_obj, Path(path), node_gpus=self.node.gpu_count or None
+            )
+        except LayoutError as exc:
+            raise ControlError(
+                f"the running layout does not validate; nothing was written to {path}",
+                status=422,
+                body={"errors": [d.to_json() for d in exc.diagnostics if d.is_error]},
+            ) from None
+        except OSError as exc:
+            raise ControlError(f"cannot write {path}: {exc.strerror or exc}", status=400) from None
+        self.journal.append("action", None, action="save", path=path)
+        return {"path": path}
+
+    async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
+        if self._shutting_down:
+            return {"stopping": [], "already": True}
+        self._shutting_down = True
+        names = [n for n, i in self.engine.instances.items() if i.state != "stopped"]
+        if not stop_instances:
+            names = []
+        self.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
+        self._spawn(self._shutdown(stop_instances), "shutdown")
+        return {"stopping": names}
+
+    async def _shutdown(self, stop_instances: bool) -> None:
+        try:
+            if stop_instances:
+                async with self._apply_lock:
+                    await asyncio.gather(
+                        *(self.engine.stop(n) for n in list(self.engine.instances)),
+                        return_exceptions=True,
+                    )
+                self._state_dirty.set()
+        finally:
+            self._stopping.set()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
+    """(layout, specs, diagnostics) of a layout text; specs is [] when it has errors."""
+    from vsup.layout import LayoutError, loads_layout, validate
+
+    layout_obj = loads_layout(toml, path)
+    diags = list(validate(layout_obj, node_gpus=node_gpus or None))
+    listen = layout_obj.header.get("metrics_listen")
+    if listen is not None and not any(d.is_error for d in diags):
+        try:
+            parse_listen(str(listen))
+        except ValueError as exc:
+            from vsup.layout.diagnostics import Diagnostic
+
+            diags.insert(0, Diagnostic("error", str(exc), file=path, table="[layout]",
+                                       key="metrics_listen"))
+    if any(d.is_error for d in diags):
+        return layout_obj, [], diags
+    try:
+        specs = layout_obj.resolve()
+    except LayoutError as exc:
+        return layout_obj, [], list(exc.diagnostics)
+    return layout_obj, specs, diags
+
+
+def layout_diagnostics(path: Path | str) -> list:
+    """Validation of a layout file on this node (what `vsup up` checks before applying)."""
+    from vsup.layout.validate import validate_file
+
+    _layout, diags = validate_file(str(path))
+    return list(diags)
+
+
+def _metrics_listen(toml: str) -> str | None:
+    import tomllib
+
+    try:
+        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
+    except tomllib.TOMLDecodeError:
+        return None
+    return str(value) if value else None
+
+
+def _last_exit(value: Any) -> LastExit | None:
+    if not isinstance(value, dict):
+        return None
+    return LastExit(
+        code=value.get("code"),
+        signal=value.get("signal"),
+        reason=value.get("reason") or "unknown",
+        at=value.get("at") or "",
+        log_excerpt=value.get("log_excerpt"),
+    )
+
+
+def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:
+    return {"plan": None, "errors": errors, "warnings": warnings or [], "applied": False}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
+    """`vsup daemon`: take the lock, serve until stopped. 0 also when another daemon runs."""
+    home = Path(home) if home else paths.vsup_home()
+    os.chmod(home, 0o700)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # One line per /health check would bury what matters in daemon.log.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from vsup.control.client import check_socket_path
+
+    check_socket_path(paths.socket_path(home))
+    lock_fd = acquire_lock(home)
+    if lock_fd is None:
+        holder = daemon_lock_holder(home)
+        print(f"vsup daemon: another daemon (pid {holder}) serves {home}", file=sys.stderr)
+        return 0
+    # An SSH hang-up must never stop the daemon (it is in its own session; this is belt
+    # and braces for `vsup daemon` run by hand in a terminal).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The lock fd stays open until the process ends: whoever sees the lock free knows that
+    # this daemon is gone, not merely finishing up.
+    sock = bind_unix_socket(paths.socket_path(home))
+    asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
+    return 0

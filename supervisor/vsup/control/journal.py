@@ -1,0 +1,188 @@
+"""The append-only event journal `$VSUP_HOME/journal.jsonl`.
+
+One JSON object a line: spawns, readiness, exits with their reasons, restarts, adoptions and
+operator actions, each with a `seq` that keeps counting across daemon restarts (clients page
+through `/v1/events?since=N` with it). Lines are written with one `write` on an O_APPEND file,
+so a crash leaves at most a torn last line, which readers skip.
+
+`replay` folds the journal into the last known process of each instance: a daemon whose state
+file was lost or corrupted uses it to find instances still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vsup.clock import iso_utc
+
+# How many recent events are served from memory; older ones come from the file.
+MEMORY_EVENTS = 2000
+# The journal is rotated to journal.jsonl.1 past this size (one old generation is kept).
+ROTATE_BYTES = 16 * 1024 * 1024
+_TAIL_SCAN = 256 * 1024
+
+
+class Journal:
+    """Append events; read them back by sequence number."""
+
+    def __init__(self, path: Path, clock_wall=None) -> None:
+        import time
+
+        self.path = Path(path)
+        self._wall = clock_wall or time.time
+        self._lock = threading.Lock()
+        self._recent: deque[dict[str, Any]] = deque(maxlen=MEMORY_EVENTS)
+        self.skipped_lines = 0  # torn or garbled lines met while opening
+        self._next = self._scan_last_seq() + 1
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def append(self, kind: str, instance: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Write one event and return it (with its `seq` and `t`)."""
+        event: dict[str, Any] = {"seq": 0, "t": iso_utc(self._wall()), "kind": kind}
+        if instance is not None:
+            event["instance"] = instance
+        event.update({k: v for k, v in fields.items() if k not in ("seq", "t", "kind")})
+        with self._lock:
+            event["seq"] = self._next
+            line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
+            if self._fd >= 0:
+                os.write(self._fd, line.encode())
+            self._next += 1
+            self._recent.append(event)
+            self._maybe_rotate()
+        return event
+
+    def read(self, since: int = 0, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        """Events with `seq >= since` (at most `limit`), and the `since` for the next call."""
+        with self._lock:
+            recent = list(self._recent)
+            nxt = self._next
+        if recent and since >= recent[0]["seq"]:
+            events = [e for e in recent if e["seq"] >= since][:limit]
+        else:
+            events = [e for e in self.iter_file() if e.get("seq", -1) >= since][:limit]
+        next_since = events[-1]["seq"] + 1 if events else nxt
+        return events, next_since
+
+    def iter_file(self) -> Iterator[dict[str, Any]]:
+        """Every parseable event on disk, the rotated generation first."""
+        for path in (self.path.with_name(self.path.name + ".1"), self.path):
+            yield from _parse_lines(path)
+
+    def _scan_last_seq(self) -> int:
+        if not self.path.exists():
+            return 0
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as fh:
+            if size > _TAIL_SCAN:
+                fh.seek(size - _TAIL_SCAN)
+                fh.readline()  # a partial line
+            data = fh.read()
+        last = 0
+        for raw in data.splitlines():
+            try:
+                event = json.loads(raw)
+                seq = int(event["seq"])
+            except (ValueError, KeyError, TypeError):
+                self.skipped_lines += 1
+                continue
+            last = max(last, seq)
+            self._recent.append(event)
+        if data and not data.endswith(b"\n"):
+            # A torn last line: end it so the next event starts on a line of its own.
+            with open(self.path, "ab") as fh:
+                fh.write(b"\n")
+        return last
+
+    def _maybe_rotate(self) -> None:
+        try:
+            if os.fstat(self._fd).st_size < ROTATE_BYTES:
+                return
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:
+            pass
+
+
+def _parse_lines(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        for raw in fh:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+@dataclass
+class ReplayedInstance:
+    """The last known process of one instance according to the journal."""
+
+    name: str
+    pid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None
+    port: int | None = None
+    run: int = 0
+    restarts: int = 0
+    running: bool = False
+    last_exit: dict[str, Any] | None = None
+    spec: dict[str, Any] | None = None
+    last_seq: int = 0
+    kinds: list[str] = field(default_factory=list)
+
+
+def replay(events: Iterable[dict[str, Any]], after_seq: int = 0) -> dict[str, ReplayedInstance]:
+    """Fold events (seq > after_seq) into each instance's last known process."""
+    out: dict[str, ReplayedInstance] = {}
+    for ev in events:
+        seq = ev.get("seq", 0)
+        name = ev.get("instance")
+        if not isinstance(seq, int) or seq <= after_seq or not isinstance(name, str):
+            continue
+        rec = out.setdefault(name, ReplayedInstance(name))
+        rec.last_seq = seq
+        kind = ev.get("kind")
+        rec.kinds.append(str(kind))
+        if kind in ("spawn", "adopt"):
+            rec.pid = ev.get("pid", rec.pid)
+            rec.pgid = ev.get("pgid", rec.pgid)
+            rec.create_time = ev.get("create_time", rec.create_time)
+            rec.port = ev.get("port", rec.port)
+            rec.run = ev.get("run", rec.run) or rec.run
+            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
+            if isinstance(ev.get("spec"), dict):
+                rec.spec = ev["spec"]
+            rec.running = True
+        elif kind in ("exit", "vanished"):
+            rec.running = False
+            rec.last_exit = {
+                k: ev.get(k) for k in ("code", "signal", "reason", "at", "log_excerpt")
+            } | {"at": ev.get("at") or ev.get("t")}
+            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
+        elif kind == "restart_scheduled":
+            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
+    return out

@@ -1,0 +1,244 @@
+"""The daemon's telemetry loop: /metrics scrapes, log watchers and the GPU probe.
+
+Per instance, telemetry's `InstanceTelemetry` keeps the figures, rates, history, backend and
+log tail; this module decides when each is fed. Each poll starts one scrape per live instance
+that has none in flight and waits for them only up to half the poll interval: a slow or wedged
+server keeps its scrape running in the background (bounded by the scraper's timeout) while the
+others' figures are used at once, so one instance never delays the rest, and never the API
+(everything here is async or runs in a worker thread). Figures older than telemetry's
+`STALE_AFTER_S` read as unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vsup.clock import Clock
+from vsup.snapshot import GpuStatus
+from vsup.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
+from vsup.telemetry.instance import InstanceTelemetry
+from vsup.telemetry.metrics import VllmMetrics
+from vsup.telemetry.scrape import Scraper
+
+log = logging.getLogger("vsup.monitor")
+# How often the release check re-reads the GPUs while a dead instance's memory is still listed.
+GPU_RELEASE_POLL_S = 0.1
+
+SCRAPE_TIMEOUT_S = 5.0
+# The keys of telemetry's fields() that describe a running server (blank when it is not live).
+LIVE_KEYS = (
+    "kv_cache_usage",
+    "kv_capacity_tokens",
+    "preemptions_total",
+    "preemptions_per_min",
+    "requests_running",
+    "requests_waiting",
+    "generation_tokens_per_s",
+    "prompt_tokens_per_s",
+    "prefix_cache_hit_rate",
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One instance as the monitor sees it this poll."""
+
+    name: str
+    base_url: str
+    run: int
+    pid: int | None
+    pgid: int | None
+    gpus: tuple[int, ...]
+    live: bool  # ready or unhealthy: a server that answers /metrics
+    log_path: Path | None
+    attention_flag: object = None  # the spec's --attention-backend, if any
+
+
+class Monitor:
+    """Telemetry of every instance, fed by `poll()`; read with `fields()` and friends."""
+
+    def __init__(self, clock: Clock, poll_interval: float = 1.0, probe: Any = None) -> None:
+        self.clock = clock
+        self.poll_interval = poll_interval
+        self.probe = probe  # a telemetry.gpu probe; `open()` opens one when None
+        self.scraper: Scraper | None = None
+        self.gpus: tuple[GpuStatus, ...] = ()
+        self._tel: dict[str, InstanceTelemetry] = {}
+        self._runs: dict[str, int] = {}
+        self._live: dict[str, bool] = {}
+        self._hbm: dict[str, HbmFigure] = {}
+        self._inflight: dict[str, asyncio.Task] = {}
+
+    async def open(self) -> None:
+        """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
+        if self.probe is None:
+            from vsup.telemetry.gpu import open_probe
+
+            self.probe = await asyncio.to_thread(open_probe, "auto")
+        if self.scraper is None:
+            self.scraper = Scraper(timeout_s=SCRAPE_TIMEOUT_S)
+
+    async def close(self) -> None:
+        for task in list(self._inflight.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.scraper is not None:
+            await self.scraper.aclose()
+        if self.probe is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.probe.close)
+
+    @property
+    def vendor(self) -> str:
+        return getattr(self.probe, "vendor", "none")
+
+    @property
+    def gpu_count(self) -> int:
+        return int(getattr(self.probe, "count", 0) or 0)
+
+    # ----------------------------------------------------------------- reading
+
+    def fields(self, name: str, live: bool) -> dict[str, Any]:
+        """The InstanceStatus keys telemetry owns; server figures only while `live`."""
+        tel = self._tel.get(name)
+        hbm = self._hbm.get(name)
+        if tel is None:
+            out: dict[str, Any] = {}
+            if hbm is not None:
+                out.update(hbm_bytes=hbm.bytes, hbm_source=hbm.source)
+            return out
+        out = tel.fields(hbm)
+        if not live:
+            out.update({k: None for k in LIVE_KEYS})
+        return out
+
+    def metrics(self, name: str) -> VllmMetrics | None:
+        tel = self._tel.get(name)
+        return tel.metrics if tel is not None else None
+
+    def cache_config(self, name: str) -> dict[str, str] | None:
+        tel = self._tel.get(name)
+        return tel.cache_config if tel is not None else None
+
+    def kv_peak(self, name: str, window_s: float) -> float | None:
+        """The highest KV-cache usage scraped from `name` in the last `window_s` seconds."""
+        tel = self._tel.get(name)
+        return tel.history.kv_peak(window_s) if tel is not None else None
+
+    def history_json(self, name: str) -> dict[str, list]:
+        tel = self._tel.get(name)
+        if tel is None:
+            return {"t": [], "kv_cache_usage": [], "generation_tokens_per_s": [],
+                    "preemptions_per_min": []}
+        return tel.history_json()
+
+    # ----------------------------------------------------------------- polling
+
+    async def poll(self, targets: Iterable[Target]) -> None:
+        """One poll of every target (see the module doc for what waits on what)."""
+        targets = list(targets)
+        names = {t.name for t in targets}
+        for name in list(self._tel):
+            if name not in names:
+                self._forget(name)
+        for t in targets:
+            tel = self._tel.get(t.name)
+            if tel is None:
+                tel = self._tel[t.name] = InstanceTelemetry(
+                    self.clock,
+                    attention_backend=t.attention_flag,
+                    platform="cpu" if not t.gpus else None,
+                )
+            if t.run and self._runs.get(t.name) != t.run:
+                # A new process: follow its log from the start (the backend line is there).
+                self._runs[t.name] = t.run
+                tel.start_run(t.run, t.log_path)
+            if self._live.get(t.name) and not t.live:
+                tel.stopped()
+            self._live[t.name] = t.live
+        started = []
+        for t in targets:
+            if t.live and t.name not in self._inflight and self.scraper is not None:
+                task = asyncio.create_task(self._scrape(t), name=f"scrape {t.name}")
+                self._inflight[t.name] = task
+                task.add_done_callback(lambda _t, n=t.name: self._inflight.pop(n, None))
+                started.append(task)
+        side = [
+            asyncio.create_task(self._poll_logs()),
+            asyncio.create_task(self._poll_gpus(targets)),
+        ]
+        if started:
+            await asyncio.wait(started, timeout=max(0.1, 0.5 * self.poll_interval))
+        for result in await asyncio.gather(*side, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.error("telemetry poll failed", exc_info=result)
+
+    async def _scrape(self, t: Target) -> None:
+        assert self.scraper is not None
+        result = await self.scraper.scrape(t.base_url)
+        tel = self._tel.get(t.name)
+        if tel is None or self._runs.get(t.name) != t.run:
+            return  # forgotten, or restarted while this scrape was in flight
+        tel.observe(result)
+
+    async def _poll_logs(self) -> None:
+        """New log lines of every run (backend, tail for exits): file reads, in one thread."""
+        tels = [tel for tel in self._tel.values() if tel.watcher is not None]
+        if tels:
+            await asyncio.to_thread(lambda: [tel.poll_log() for tel in tels])
+
+    async def _poll_gpus(self, targets: list[Target]) -> None:
+        """GPU samples, per-instance HBM and foreign processes (in a thread: driver calls and
+        a /proc scan). Nodes without GPUs skip it entirely."""
+        if not self.gpu_count:
+            return
+        refs = [InstanceRef(t.name, t.pid, t.gpus, t.pgid) for t in targets if t.pid]
+
+        def work():
+            samples = self.probe.snapshot()
+            return samples, attribute(refs, samples, ProcessTable.scan())
+
+        samples, attribution = await asyncio.to_thread(work)
+        self.gpus = gpu_statuses(samples, attribution)
+        self._hbm = dict(attribution.instances)
+
+    async def gpu_released(self, pids: frozenset[int], gpus: tuple[int, ...]) -> bool:
+        """Wait until none of `pids` holds memory on `gpus` (the engine asks after an exit,
+        before the instance or a co-tenant may start there, and bounds the wait). A killed
+        process's memory stays listed until the driver has torn its context down, so this
+        polls NVML/amdsmi rather than answering from one sample. Without per-process figures
+        it cannot tell, and says released rather than block the GPU forever."""
+        if not self.gpu_count or not gpus:
+            return True
+        while True:
+            try:
+                samples = await asyncio.to_thread(self.probe.snapshot)
+            except Exception:
+                log.exception("GPU probe failed")
+                return True
+            held = [
+                p.pid
+                for sample in samples
+                if sample.index in gpus and sample.per_process_supported
+                for p in sample.processes
+                if p.pid in pids
+            ]
+            if not held:
+                return True
+            await asyncio.sleep(GPU_RELEASE_POLL_S)
+
+    def _forget(self, name: str) -> None:
+        self._tel.pop(name, None)
+        self._runs.pop(name, None)
+        self._live.pop(name, None)
+        self._hbm.pop(name, None)
+        task = self._inflight.pop(name, None)
+        if task is not None:
+            task.cancel()

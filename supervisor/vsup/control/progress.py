@@ -1,0 +1,110 @@
+"""What CLI commands print while they wait: a live line on a terminal, nothing in a pipe."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+from vsup.control.client import Client
+from vsup.control.errors import DaemonUnavailable
+
+
+class Progress:
+    """One status line rewritten in place on a terminal; silent when the stream is not one."""
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if enabled is None else enabled
+        self._shown = False
+
+    def update(self, text: str) -> None:
+        if not self.live:
+            return
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        self.stream.write("\r\x1b[K" + text[:width])
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self.live and self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """12 s, 3m05s, 2h10m, 3d4h; '-' when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def describe_waiting(instances: Iterable[dict[str, Any]]) -> str:
+    """'ready 1/3 · gpu1 loading 12s · gpu2 backoff 8s (oom)'."""
+    insts = list(instances)
+    ready = sum(1 for i in insts if i["state"] == "ready")
+    parts = [f"ready {ready}/{len(insts)}"]
+    for i in insts:
+        if i["state"] == "ready":
+            continue
+        since = fmt_duration(i.get("state_since_s"))
+        if i["state"] == "starting" and i.get("waiting_for"):
+            parts.append(f"{i['name']} waits ({i['waiting_for']})")
+        elif i["state"] == "starting":
+            parts.append(f"{i['name']} loading {since}")
+        elif i["state"] == "backoff":
+            why = (i.get("last_exit") or {}).get("reason")
+            left = i.get("backoff_remaining_s")
+            parts.append(
+                f"{i['name']} backoff"
+                + (f" {fmt_duration(left)}" if left is not None else "")
+                + (f" ({why})" if why else "")
+            )
+        else:
+            parts.append(f"{i['name']} {i['state']} {since}")
+    return " · ".join(parts)
+
+
+def wait_ready(
+    client: Client,
+    names: list[str],
+    timeout: float,
+    progress: Progress,
+    interval: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[bool, dict[str, Any]]:
+    """Poll status until every named instance is ready (True) or one failed or the time is up
+    (False). Returns the outcome and the last status document."""
+    deadline = clock() + timeout
+    t0 = clock()
+    doc: dict[str, Any] = {}
+    while True:
+        try:
+            doc = client.status()
+        except DaemonUnavailable:
+            progress.clear()
+            raise
+        by_name = {i["name"]: i for i in doc.get("instances", ())}
+        mine = [by_name[n] for n in names if n in by_name]
+        if len(mine) == len(names) and all(i["state"] == "ready" for i in mine):
+            progress.clear()
+            return True, doc
+        if any(i["state"] == "failed" for i in mine):
+            progress.clear()
+            return False, doc
+        if clock() >= deadline:
+            progress.clear()
+            return False, doc
+        progress.update(f"[{fmt_duration(clock() - t0)}] " + describe_waiting(mine))
+        sleep(interval)

@@ -1,0 +1,239 @@
+"""The life of one instance as a state machine: its states and the moves between them, no I/O.
+
+States (snapshot.STATES):
+    stopped    no process, and none wanted (never started, stopped, or a clean exit)
+    starting   a start attempt: waiting for its turn on its devices, then spawned and polling
+               /health until it answers 200
+    ready      /health answered 200
+    unhealthy  a ready process failed `unhealthy_after` health checks in a row (and, when they
+               got no answer, gave none for `unhealthy_grace_s`); vsup is ending it
+    backoff    it exited on its own and waits to be restarted (0 s before the first restart)
+    stopping   a person asked it to stop: drain, SIGTERM, SIGKILL, sweep
+    failed     the breaker tripped (restart.py), processes outlived SIGKILL, or the GPU kept
+               their memory (`failed_why` says which); a person starts it again - or the
+               engine, once processes that outlived SIGKILL while it was meant to run are gone
+
+Moves, called by the runner (runner.py) that does the I/O:
+    stopped|failed|backoff  --request_start-->  starting       (a person; the breaker resets)
+    stopped|backoff         --attempt-->        starting       (the runner begins a start)
+    starting                --spawned(run)-->   starting
+    starting                --became_ready-->   ready
+    ready                   --health_failed x unhealthy_after-->  unhealthy
+    any but stopped|failed  --begin_stop-->     stopping
+    starting|ready|unhealthy --exited-->        backoff | failed | stopped   (restart.py decides)
+    stopping                --exited-->         stopping, then --finish_stop--> stopped
+
+Time comes from an injected clock (supervisor/vsup/clock.py), so tests drive every timeout without
+sleeping. `on_change(old, new)` is called after every change of state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vsup.clock import Clock
+from vsup.engine.restart import Decision, RestartTracker
+from vsup.layout.spec import InstanceSpec
+from vsup.snapshot import STATES, LastExit
+
+RUNNING = ("starting", "ready", "unhealthy")
+
+
+class Lifecycle:
+    """The state of one instance and the rules that move it."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        clock: Clock,
+        on_change: Callable[[str, str], None] | None = None,
+        deterministic_spawns: int = 1,
+    ) -> None:
+        self.clock = clock
+        self.on_change = on_change
+        self.tracker = RestartTracker(spec.restart, deterministic_spawns)
+        self.start_timeout_s = spec.start_timeout_s
+        self.unhealthy_after = max(1, spec.unhealthy_after)
+        self.unhealthy_grace_s = spec.unhealthy_grace_s
+        self.state = "stopped"
+        self.state_since = clock.monotonic()
+        self.run = 0  # spawns so far; the run number names the log file
+        self.restarts = 0  # automatic restarts (not those a person asked for)
+        self.last_exit: LastExit | None = None
+        self.spawned_at: float | None = None
+        self.ready_since: float | None = None
+        self.backoff_until: float | None = None
+        self.health_failures = 0
+        self.last_health_status: int | None = None
+        self.last_answer_at: float | None = None  # the last /health answer, of any status
+        self._restart_pending = False
+        # why the instance is `failed` (cleared when it leaves that state), for people
+        self.failed_why: str | None = None
+
+    def configure(self, spec: InstanceSpec) -> None:
+        """Take a new spec's restart policy and timeouts (they apply from the next decision)."""
+        self.tracker.policy = spec.restart
+        self.start_timeout_s = spec.start_timeout_s
+        self.unhealthy_after = max(1, spec.unhealthy_after)
+        self.unhealthy_grace_s = spec.unhealthy_grace_s
+
+    # -- a person's requests ----------------------------------------------------------------
+
+    def request_start(self, automatic: bool = False) -> None:
+        """A person (or an apply) wants the instance running: the breaker starts over. An
+        `automatic` start is the supervisor restarting an exited instance (one that died while
+        no daemon watched): it counts as a restart and the breaker keeps counting."""
+        if automatic:
+            self._restart_pending = True
+        else:
+            self.tracker.reset()
+            self._restart_pending = False
+        if self.state in ("stopped", "failed", "backoff"):
+            self.backoff_until = None
+            self._enter("starting")
+
+    def begin_stop(self) -> None:
+        """A person wants the instance stopped (or restarted); a process may still be running."""
+        self.backoff_until = None
+        self._restart_pending = False
+        if self.state not in ("stopped", "failed"):
+            self._enter("stopping")
+
+    def finish_stop(self) -> None:
+        """Nothing of the instance is left running."""
+        self.spawned_at = None
+        self.ready_since = None
+        self._enter("stopped")
+
+    # -- the runner's observations ----------------------------------------------------------
+
+    def attempt(self) -> None:
+        """The runner begins a start attempt (after backoff, or after a restart's stop)."""
+        if self.state != "starting":
+            self.backoff_until = None
+            self._enter("starting")
+
+    def spawned(self, run: int, started_ago_s: float = 0.0) -> None:
+        """A process was spawned (or adopted) as run `run`, `started_ago_s` seconds ago."""
+        self.run = run
+        self.spawned_at = self.clock.monotonic() - max(0.0, started_ago_s)
+        self.ready_since = None
+        self.health_failures = 0
+        self.last_health_status = None
+        if self._restart_pending:
+            self.restarts += 1
+            self._restart_pending = False
+        # a stop asked for while the spawn was under way stays a stop
+        if self.state not in ("starting", "stopping"):
+            self._enter("starting")
+
+    def became_ready(self) -> bool:
+        """/health answered 200 while starting; True if that made the instance ready."""
+        self.health_failures = 0
+        if self.state != "starting" or self.spawned_at is None:
+            return False
+        self.ready_since = self.last_answer_at = self.clock.monotonic()
+        self._enter("ready")
+        return True
+
+    def health_ok(self) -> None:
+        self.health_failures = 0
+        self.last_answer_at = self.clock.monotonic()
+
+    def health_failed(self, status: int | None) -> bool:
+        """A failed check (`status` None: no answer); True when the instance turns unhealthy.
+
+        An answer that is not 200 (503: the engine died) counts at the `unhealthy_after`-th
+        failure in a row. No answer at all (a timeout, a refused connection) must also have
+        lasted `unhealthy_grace_s` since the last answer: an API server saturated by its load
+        misses checks for seconds (measured here; reported on GPU fleets too) and is not hung."""
+        if self.state != "ready":
+            return False
+        now = self.clock.monotonic()
+        self.health_failures += 1
+        self.last_health_status = status
+        if status is not None:
+            self.last_answer_at = now
+        if self.health_failures < self.unhealthy_after:
+            return False
+        last = self.last_answer_at if self.last_answer_at is not None else self.ready_since
+        silent_for = now - last if last is not None else float("inf")
+        if status is None and silent_for < self.unhealthy_grace_s:
+            return False
+        self._enter("unhealthy")
+        return True
+
+    @property
+    def unhealthy_cause(self) -> str:
+        """Why an unhealthy process is ended: `engine_dead` when /health said 503."""
+        return "engine_dead" if self.last_health_status == 503 else "unhealthy"
+
+    def start_remaining_s(self) -> float | None:
+        """Seconds left before the start timeout, or None when no spawned start is running."""
+        if self.state != "starting" or self.spawned_at is None:
+            return None
+        return self.spawned_at + self.start_timeout_s - self.clock.monotonic()
+
+    def start_timed_out(self) -> bool:
+        remaining = self.start_remaining_s()
+        return remaining is not None and remaining <= 0
+
+    def exited(self, last_exit: LastExit) -> Decision:
+        """The process ended (or was never spawned: `port_in_use` found before spawning).
+
+        During a stop the state stays `stopping` until `finish_stop`; otherwise the restart
+        policy decides between `backoff`, `failed` and `stopped`.
+        """
+        now = self.clock.monotonic()
+        ready_for = now - self.ready_since if self.ready_since is not None else None
+        self.last_exit = last_exit
+        self.spawned_at = None
+        self.ready_since = None
+        if self.state == "stopping" or last_exit.reason == "stopped":
+            return Decision("stopped", failures=self.tracker.failures, why="stopped by request")
+        code = last_exit.code
+        decision = self.tracker.decide(last_exit.reason, code, ready_for)
+        if decision.action == "restart":
+            self.backoff_until = now + decision.delay_s
+            self._restart_pending = True
+            self._enter("backoff")
+        elif decision.action == "failed":
+            self.failed_why = f"the restart policy gave up: {decision.why}"
+            self._enter("failed")
+        else:
+            self._enter("stopped")
+        return decision
+
+    def fail(self, why: str) -> None:
+        """Trip the breaker for a reason outside the restart policy (a process that would not
+        die, GPU memory that was not released); only a person starts the instance again."""
+        self.backoff_until = None
+        self._restart_pending = False
+        self.failed_why = why
+        self._enter("failed")
+
+    def backoff_remaining_s(self) -> float | None:
+        if self.state != "backoff" or self.backoff_until is None:
+            return None
+        return max(0.0, self.backoff_until - self.clock.monotonic())
+
+    def backoff_due(self) -> bool:
+        remaining = self.backoff_remaining_s()
+        return remaining is not None and remaining <= 0
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failures counted by the restart policy."""
+        return self.tracker.failures
+
+    def _enter(self, state: str) -> None:
+        assert state in STATES, state
+        old = self.state
+        if old == state:
+            return
+        if state != "failed":
+            self.failed_why = None
+        self.state = state
+        self.state_since = self.clock.monotonic()
+        if self.on_change is not None:
+            self.on_change(old, state)

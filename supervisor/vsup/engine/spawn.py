@@ -1,0 +1,133 @@
+"""Spawning one run of an instance: port check, log file, environment, the process itself.
+
+- The command is the spec's argv list, never a shell; the API key is never in it.
+- The environment is `spec.child_env(base)` (the layout's env, GPU pinning, the API key under
+  VLLM_API_KEY) with `dirname(sys.executable)` first on PATH, so a layout whose command starts
+  with `python` runs the interpreter (and venv) the daemon runs.
+- The child gets its own session and process group (`start_new_session=True`): a dropped SSH
+  session or a dying daemon sends it nothing, and vsup signals the whole group.
+- stdin is /dev/null; stdout and stderr go to the run's log file (runlog.py).
+- A foreign listener on the port is found before spawning: the run is refused with
+  `port_in_use`, and a command that does not exist with `bad_args`; both fail fast.
+
+Everything here blocks (fork/exec, a socket bind, a scan of sockets): the runner calls
+`launch` from a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import psutil
+
+from vsup.engine.proc import read_stat
+from vsup.engine.runlog import RunLogs
+from vsup.layout.spec import InstanceSpec
+
+
+@dataclass(frozen=True)
+class Launched:
+    popen: subprocess.Popen
+    pid: int
+    pgid: int
+    create_time: float
+
+
+@dataclass(frozen=True)
+class Refused:
+    """No process was started; `reason` and `excerpt` become the run's last_exit."""
+
+    reason: str
+    excerpt: str
+
+
+def child_env(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of the instance's process."""
+    env = spec.child_env(os.environ if base is None else base)
+    here = os.path.dirname(sys.executable)
+    path = env.get("PATH", os.defpath)
+    env["PATH"] = here + os.pathsep + path if path else here
+    return env
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None if `host:port` can be bound now, else who holds it (for the operator)."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror:
+        return None  # vLLM will say what is wrong with the host
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            # as uvicorn binds: TIME_WAIT leftovers of an earlier run do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return _listener(port) or "another process"
+    return None
+
+
+def _listener(port: int) -> str | None:
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+            except psutil.Error:
+                return f"pid {c.pid}"
+    return None
+
+
+def launch(
+    spec: InstanceSpec,
+    logs: RunLogs,
+    run: int,
+    started_at: str,
+    base_env: Mapping[str, str] | None = None,
+) -> Launched | Refused:
+    """Start run `run` of `spec`, or say why it cannot start (blocking)."""
+    holder = port_holder(spec.host, spec.port)
+    if holder is not None:
+        return Refused(
+            "port_in_use",
+            f"port {spec.port} on {spec.host} is in use by {holder}: give instance "
+            f"{spec.name!r} another `port` in the layout, or stop that process",
+        )
+    argv = spec.argv()
+    env = child_env(spec, base_env)
+    header = f"[vsup] {spec.name} run {run} at {started_at}: {shlex.join(argv)}"
+    with logs.open_for_run(run, header) as out:
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            why = (
+                f"cannot run {argv[0]!r} ({exc.strerror}): fix `command` of instance "
+                f"{spec.name!r} in the layout"
+            )
+            out.write(f"[vsup] {why}\n".encode())
+            return Refused("bad_args", why)
+    info = read_stat(popen.pid)
+    # read_stat finds the child even if it exited already: nothing reaps it before our pidfd
+    create_time = info.create_time if info is not None else 0.0
+    return Launched(popen, popen.pid, popen.pid, create_time)

@@ -1,0 +1,142 @@
+"""Ending an instance's processes so that nothing of it is left.
+
+The sequence (DESIGN.md, "Rules vsup applies", Stop):
+1. drain, if asked: wait until the server runs no request (`requests_running == 0`, read through
+   a callable the daemon provides from its /metrics scrapes), at most `drain_timeout_s`;
+2. SIGTERM to the process group and to every tree member outside it (proc.py);
+3. after `stop_grace_s`, SIGKILL to whatever of the tree is left;
+4. verify that no process of the tree is left (SIGKILL again every second for stragglers, e.g.
+   a process in uninterruptible sleep while a GPU driver frees its memory), at most
+   `kill_wait_s`;
+5. on GPUs, await the telemetry's `gpu_release_check(pids, gpus)` (bounded) and record whether
+   the memory was released.
+
+The same `end_tree` sweeps a tree whose API server died on its own: a SIGKILLed vLLM API
+server leaves EngineCore and its workers alive, re-parented to PID 1, holding their memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from vsup.engine.proc import ProcInfo, RunningProcess, signal_tree
+
+log = logging.getLogger("vsup.engine")
+
+POLL_S = 0.1
+KILL_WAIT_S = 30.0
+
+RequestsRunning = Callable[[str], "float | None | Awaitable[float | None]"]
+GpuReleaseCheck = Callable[[frozenset[int], tuple[int, ...]], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What ending a tree took."""
+
+    term_sent: bool
+    kill_sent: bool
+    signalled: tuple[int, ...]  # every pid that got a signal
+    survivors: tuple[int, ...]  # pids still alive after kill_wait_s (normally none)
+    waited_s: float
+
+
+async def drain(
+    requests_running: RequestsRunning | None, name: str, timeout_s: float, poll_s: float = 0.5
+) -> tuple[bool | None, float]:
+    """Wait until instance `name` runs no request. Returns (drained, waited_s); drained is
+    None when the number is unknown (no callable, or no metrics: nothing to wait for)."""
+    t0 = time.monotonic()
+    if requests_running is None:
+        return None, 0.0
+    while True:
+        value = requests_running(name)
+        if inspect.isawaitable(value):
+            value = await value
+        waited = time.monotonic() - t0
+        if value is None:
+            return None, waited
+        if value <= 0:
+            return True, waited
+        if waited >= timeout_s:
+            return False, waited
+        await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+
+
+async def end_tree(
+    proc: RunningProcess, grace_s: float, kill_wait_s: float = KILL_WAIT_S, poll_s: float = POLL_S
+) -> Ended:
+    """SIGTERM the tree, SIGKILL it after `grace_s`, and wait until none of it is left."""
+    t0 = time.monotonic()
+    members = await _scan(proc)
+    if not members:
+        return Ended(False, False, (), (), 0.0)
+    signalled = set(members)
+    signal_tree(proc.pgid, members, signal.SIGTERM)
+    left = await _wait_gone(proc, t0 + grace_s, poll_s)
+    kill_sent = False
+    if left:
+        kill_sent = True
+        signalled |= set(left)
+        signal_tree(proc.pgid, left, signal.SIGKILL)
+        left = await _wait_gone(proc, time.monotonic() + kill_wait_s, poll_s, resignal=signalled)
+    return Ended(
+        True, kill_sent, tuple(sorted(signalled)), tuple(sorted(left)), time.monotonic() - t0
+    )
+
+
+async def _scan(proc: RunningProcess) -> dict[int, ProcInfo]:
+    members = await asyncio.to_thread(proc.tree)
+    proc.remember(members)
+    return members
+
+
+async def _wait_gone(
+    proc: RunningProcess, deadline: float, poll_s: float, resignal: set[int] | None = None
+) -> dict[int, ProcInfo]:
+    """Wait until the tree is empty or the deadline passes; returns what is left."""
+    if proc.alive:
+        # the API server's exit is seen at once through its pidfd
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(proc.exited), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            pass
+    last_kill = time.monotonic()
+    while True:
+        members = await _scan(proc)
+        if not members or time.monotonic() >= deadline:
+            return members
+        if resignal is not None and time.monotonic() - last_kill >= 1.0:
+            resignal |= set(members)
+            signal_tree(proc.pgid, members, signal.SIGKILL)
+            last_kill = time.monotonic()
+        await asyncio.sleep(poll_s)
+
+
+async def await_gpu_release(
+    check: GpuReleaseCheck | None,
+    pids: Collection[int],
+    gpus: tuple[int, ...],
+    timeout_s: float,
+) -> tuple[bool | None, float]:
+    """Ask the telemetry whether the GPUs no longer hold memory of `pids`, at most
+    `timeout_s`. Returns (released, waited_s); released is None when nothing could tell."""
+    if check is None or not gpus:
+        return None, 0.0
+    t0 = time.monotonic()
+    try:
+        released = bool(await asyncio.wait_for(check(frozenset(pids), tuple(gpus)), timeout_s))
+    except TimeoutError:
+        released = False
+    except Exception:
+        log.exception("gpu_release_check failed for pids %s on GPUs %s", sorted(pids), gpus)
+        released = None
+    return released, time.monotonic() - t0

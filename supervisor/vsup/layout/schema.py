@@ -1,0 +1,293 @@
+"""The keys a layout (and a profile) may hold, their types, and the built-in defaults.
+
+One table of `Key`s per section. The loader keeps whatever the file says; `check_table` is what
+turns unknown keys and wrong types into diagnostics. Type checks are strict where a wrong type
+would reach vLLM's command line or the restart policy, and lenient where TOML writers differ
+(an integer where a float is expected is fine).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from vsup.layout.spec import RESTART_POLICIES, InstanceSpec, RestartPolicy
+
+# vLLM 0.32's own default for --gpu-memory-utilization (vllm/config/cache.py): what an instance
+# that does not set it will take of its GPU.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# The largest share of one GPU all its instances together may claim: leaves room for the CUDA/HIP
+# contexts and the allocator's slack that vLLM's profiling does not see.
+MAX_GPU_UTILIZATION_SUM = 0.95
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """An int or float, not a bool and not NaN."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def toml_type(v: Any) -> str:
+    """The TOML name of a value's type, for messages."""
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, Mapping):
+        return "a table"
+    return f"a {type(v).__name__}"
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str  # str | int | number | str_list | int_list | table | env_table | restart | profiles
+    doc: str
+    # extra check on a well-typed value: returns what to change, or None when fine
+    check: Callable[[Any], str | None] | None = None
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be greater than 0 (it is {v})"
+
+
+def _not_negative(v: Any) -> str | None:
+    return None if v >= 0 else f"must be 0 or more (it is {v})"
+
+
+def _at_least_one(v: Any) -> str | None:
+    return None if v >= 1 else f"must be 1 or more (it is {v})"
+
+
+def _utilization(v: Any) -> str | None:
+    if 0 < v <= 1:
+        return None
+    return (
+        f"must be in (0, 1], a fraction of the GPU's memory (it is {v}); "
+        "e.g. 0.9, or 0.45 for two instances on one GPU"
+    )
+
+
+def _port(v: Any) -> str | None:
+    if 1 <= v <= 65535:
+        return None
+    return f"port {v} is out of range: use 1-65535 (vsup's examples use 8000 and up)"
+
+
+def _name(v: Any) -> str | None:
+    if NAME_RE.match(v):
+        return None
+    return (
+        f"name {v!r} is not usable (it names log files): use letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit, at most 64 characters"
+    )
+
+
+def _command(v: Any) -> str | None:
+    if not v:
+        return 'must name the program, e.g. command = ["vllm", "serve"]'
+    if any(not s for s in v):
+        return "has an empty item: remove it"
+    return None
+
+
+def _policy(v: Any) -> str | None:
+    if v in RESTART_POLICIES:
+        return None
+    close = difflib.get_close_matches(v, RESTART_POLICIES, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown restart policy {v!r}{hint}: use one of " + ", ".join(
+        f"'{p}'" for p in RESTART_POLICIES
+    )
+
+
+def _api_key_env(v: Any) -> str | None:
+    if ENV_NAME_RE.match(v):
+        return None
+    return (
+        f"{v!r} is not an environment variable name: api_key_env names the variable that holds "
+        'the key (e.g. "VLLM_API_KEY"), never the key itself'
+    )
+
+
+def _metrics_listen(v: Any) -> str | None:
+    return (
+        None
+        if parse_listen(v)
+        else (
+            f'{v!r} is not HOST:PORT: write e.g. "127.0.0.1:9400" (the Prometheus exporter\'s '
+            "address)"
+        )
+    )
+
+
+def parse_listen(v: str) -> tuple[str, int] | None:
+    """`"127.0.0.1:9400"` -> ("127.0.0.1", 9400); `"[::1]:9400"` -> ("::1", 9400)."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", v.strip())
+    if not m:
+        return None
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 1 <= port <= 65535:
+        return None
+    return host, port
+
+
+RESTART_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("policy", "str", "always | on-failure | never", _policy),
+        Key("backoff_s", "number", "first delay after the immediate restart", _not_negative),
+        Key("backoff_max_s", "number", "the longest delay between restarts", _not_negative),
+        Key(
+            "stable_s", "number", "seconds of readiness that reset the failure count", _not_negative
+        ),
+        Key(
+            "max_failures",
+            "int",
+            "consecutive failures before the instance is failed",
+            _at_least_one,
+        ),
+    )
+}
+
+LAYOUT_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("name", "str", "the layout's name, shown in the dashboard"),
+        Key("description", "str", "free text shown beside the name"),
+        Key("profiles", "profiles", "profile names, merged in order"),
+        Key(
+            "metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen
+        ),
+    )
+}
+
+COMMON_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("model", "str", "a hub id (org/name) or a local directory (/, ./, ../, ~)"),
+        Key("command", "str_list", "how vLLM runs on this node", _command),
+        Key("host", "str", "the address vLLM listens on"),
+        Key("args", "table", "vLLM flags: max-model-len = 8192 -> --max-model-len 8192"),
+        Key("env", "env_table", "environment variables for the instance"),
+        Key("api_key_env", "str", "the supervisor's variable holding the API key", _api_key_env),
+        Key("restart", "restart", "restart policy table"),
+        Key("start_timeout_s", "number", "seconds from spawn to /health 200", _positive),
+        Key("stop_grace_s", "number", "seconds between SIGTERM and SIGKILL", _not_negative),
+        Key("drain_timeout_s", "number", "seconds to wait for running requests", _not_negative),
+        Key("health_interval_s", "number", "seconds between /health checks", _positive),
+        Key("unhealthy_after", "int", "failed /health checks before unhealthy", _at_least_one),
+        Key("unhealthy_grace_s", "number",
+            "seconds without any /health answer before unhealthy", _not_negative),
+        Key(
+            "gpu_memory_utilization",
+            "number",
+            "fraction of each GPU's memory the instance may take",
+            _utilization,
+        ),
+    )
+}
+
+INSTANCE_ONLY_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("name", "str", "unique instance name", _name),
+        Key("gpus", "int_list", "GPU indices; [] for a CPU instance"),
+        Key("port", "int", "the port vLLM listens on", _port),
+    )
+}
+
+INSTANCE_KEYS: dict[str, Key] = {**INSTANCE_ONLY_KEYS, **COMMON_KEYS}
+DEFAULTS_KEYS: dict[str, Key] = dict(COMMON_KEYS)
+TOP_KEYS = ("layout", "defaults", "instance")
+PROFILE_TOP_KEYS = ("profile", "defaults")
+PROFILE_HEADER_KEYS: dict[str, Key] = {
+    k.name: k for k in (Key("description", "str", "what the profile is for"),)
+}
+
+# Flags vsup sets itself from layout keys; an `args` entry for one is refused with the key to use.
+ARGS_OWNED_BY_KEYS = {
+    "model": "model",
+    "host": "host",
+    "port": "port",
+    "gpu-memory-utilization": "gpu_memory_utilization",
+}
+
+
+def builtin_defaults() -> dict[str, Any]:
+    """The bottom of the merge: InstanceSpec's and RestartPolicy's own defaults."""
+    spec_defaults = {f.name: f.default for f in fields(InstanceSpec) if f.default is not MISSING}
+    restart = {f.name: f.default for f in fields(RestartPolicy)}
+    return {
+        "command": ["vllm", "serve"],
+        "host": "0.0.0.0",
+        "args": {},
+        "env": {},
+        "restart": restart,
+        "start_timeout_s": spec_defaults["start_timeout_s"],
+        "stop_grace_s": spec_defaults["stop_grace_s"],
+        "drain_timeout_s": spec_defaults["drain_timeout_s"],
+        "health_interval_s": spec_defaults["health_interval_s"],
+        "unhealthy_after": spec_defaults["unhealthy_after"],
+        "unhealthy_grace_s": spec_defaults["unhealthy_grace_s"],
+    }
+
+
+def type_problem(key: Key, value: Any) -> str | None:
+    """What is wrong with the type of `value` for `key` (None when the type is right)."""
+    kind = key.kind
+    if kind == "str":
+        ok = isinstance(value, str)
+        want = "a string"
+    elif kind == "int":
+        ok = is_int(value)
+        want = "an integer"
+    elif kind == "number":
+        ok = is_number(value)
+        want = "a number"
+    elif kind in ("str_list", "profiles"):
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        want = "an array of strings"
+    elif kind == "int_list":
+        ok = isinstance(value, list) and all(is_int(v) for v in value)
+        want = "an array of integers"
+    elif kind in ("table", "env_table", "restart"):
+        ok = isinstance(value, Mapping)
+        want = "a table"
+    else:  # pragma: no cover - a Key with an unknown kind is a programming error
+        raise ValueError(kind)
+    if ok:
+        return None
+    example = {
+        "command": 'command = ["vllm", "serve"]',
+        "gpus": "gpus = [0] (or [] for a CPU instance)",
+        "profiles": 'profiles = ["rocm-mi300x", "throughput"]',
+        "args": "args = { max-model-len = 8192 }",
+        "env": 'env = { VLLM_ROCM_USE_AITER = "1" }',
+        "restart": 'restart = { policy = "on-failure" }',
+        "port": "port = 8000",
+    }.get(key.name)
+    hint = f", e.g. {example}" if example else ""
+    return f"must be {want}, not {toml_type(value)}{hint}"
+
+
+def suggest(name: str, candidates: list[str] | tuple[str, ...]) -> str | None:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None

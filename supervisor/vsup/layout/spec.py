@@ -1,0 +1,127 @@
+"""The resolved, ready-to-run description of one instance: what the engine consumes.
+
+The layout model (model.py) merges built-in defaults <- profiles (in order) <- `[defaults]` <-
+`[[instance]]` into one `InstanceSpec` per instance. The engine never reads TOML.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vsup.layout.flags import args_to_flags, flag_name
+
+RESTART_POLICIES = ("always", "on-failure", "never")
+
+# Keys the spec sets itself; a layout's `args` may not set them (validation says so).
+RESERVED_ARGS = ("model", "host", "port", "gpu-memory-utilization", "api-key")
+
+# Environment variables removed from every child: vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and
+# HIP_VISIBLE_DEVICES beside it renumbers devices a second time.
+REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    policy: str = "on-failure"  # always | on-failure | never
+    backoff_s: float = 10.0
+    backoff_max_s: float = 300.0
+    stable_s: float = 600.0
+    max_failures: int = 5
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    name: str
+    model: str
+    command: tuple[str, ...]
+    host: str
+    port: int
+    gpus: tuple[int, ...]
+    gpu_memory_utilization: float | None
+    args: Mapping[str, Any] = field(default_factory=dict)  # flags beyond the reserved ones
+    env: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None  # the daemon's variable holding the key; never the key
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    start_timeout_s: float = 900.0
+    stop_grace_s: float = 30.0
+    drain_timeout_s: float = 60.0
+    health_interval_s: float = 1.0
+    unhealthy_after: int = 3  # consecutive failed /health checks of a live process
+    # ...and, when /health gave no answer at all (timeouts: a saturated API server), this long
+    # since its last answer: a busy server is not a hung one, and a restart costs minutes
+    unhealthy_grace_s: float = 30.0
+    profiles: tuple[str, ...] = ()
+
+    @property
+    def is_cpu(self) -> bool:
+        return not self.gpus
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Device keys for start ordering: one per GPU; CPU instances share the key "cpu"."""
+        return tuple(f"gpu{g}" for g in self.gpus) if self.gpus else ("cpu",)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        for key in ("tensor-parallel-size", "tensor_parallel_size", "tp"):
+            if key in self.args:
+                return int(self.args[key])
+        return max(1, len(self.gpus))
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.client_host}:{self.port}/health"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.client_host}:{self.port}"
+
+    @property
+    def client_host(self) -> str:
+        """Where vsup itself connects: loopback when the server listens on every address."""
+        if self.host in ("0.0.0.0", "", "::"):
+            return "127.0.0.1"
+        return self.host
+
+    def argv(self) -> list[str]:
+        """The vLLM command line. The API key is never in it (see `child_env`)."""
+        argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
+        if self.gpus and self.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
+        args = dict(self.args)
+        if len(self.gpus) > 1 and not any(
+            k in args for k in ("tensor-parallel-size", "tensor_parallel_size", "tp")
+        ):
+            args["tensor-parallel-size"] = len(self.gpus)
+        argv += args_to_flags(args)
+        return argv
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment the instance runs with: `base` (the daemon's), then the layout's
+        env, pinned to its GPUs, HIP_VISIBLE_DEVICES removed, the API key by name only."""
+        env = dict(os.environ if base is None else base)
+        env.update({k: str(v) for k, v in self.env.items()})
+        for key in REMOVED_ENV:
+            env.pop(key, None)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        # A CPU instance (gpus = []) sees no GPU at all rather than every GPU.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        if self.api_key_env:
+            secret = (base if base is not None else os.environ).get(self.api_key_env)
+            if secret:
+                env["VLLM_API_KEY"] = secret
+        return env
+
+    def has_flag(self, name: str) -> bool:
+        want = flag_name(name)
+        return any(flag_name(k) == want for k, v in self.args.items() if v is not False)
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        want = flag_name(name)
+        for k, v in self.args.items():
+            if flag_name(k) == want:
+                return v
+        return default

@@ -1,0 +1,134 @@
+"""Everything telemetry keeps for one instance, behind the few calls the daemon makes.
+
+```python
+tel = InstanceTelemetry(clock, attention_backend=spec.arg("attention-backend"),
+                        platform="cpu" if spec.is_cpu else None)
+tel.start_run(run, log_path)            # each spawn (or adoption: pass the log offset)
+await asyncio.to_thread(tel.poll_log)   # every poll: new log lines, backend, readiness hints
+tel.observe(scrape_result)              # every scrape (ok or not)
+status = dataclasses.replace(status, **tel.fields(hbm_figure))
+tel.history_json()                      # GET /v1/instances/{name}/history
+tel.stopped()                           # the instance stopped: nothing current to show
+```
+A failed scrape keeps the last good figures for `stale_after_s` (a blip does not blank the
+dashboard), then they become unknown (a dead server's last KV usage is not its current one).
+The history gets a point per scrape, with gaps (None) for failed ones.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vsup.clock import Clock
+from vsup.telemetry.backend import BackendInfo, resolve_backend
+from vsup.telemetry.hbm import HbmFigure
+from vsup.telemetry.logwatch import LogUpdate, LogWatcher
+from vsup.telemetry.metrics import VllmMetrics
+from vsup.telemetry.rates import History, InstanceRates, Rates
+from vsup.telemetry.scrape import ScrapeResult
+from vsup.telemetry.view import telemetry_fields
+
+STALE_AFTER_S = 5.0
+
+
+class InstanceTelemetry:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        attention_backend: object = None,
+        platform: str | None = None,
+        stale_after_s: float = STALE_AFTER_S,
+        history: History | None = None,
+    ) -> None:
+        self._clock = clock
+        self.attention_backend = attention_backend
+        self.platform = platform
+        self.stale_after_s = stale_after_s
+        self.rates = InstanceRates(clock)
+        self.history = history if history is not None else History()
+        self.watcher: LogWatcher | None = None
+        self.run: int | None = None
+        self._metrics: VllmMetrics | None = None
+        self._metrics_at: float | None = None
+        self._cache_config: dict[str, str] | None = None
+        self.last_error: str | None = None
+
+    def start_run(self, run: int, log_path: str | os.PathLike[str] | None,
+                  log_offset: int = 0) -> None:
+        """A new process of this instance: follow its log from `log_offset`; counters will
+        restart, which the rates see through the run number."""
+        self.run = run
+        self.watcher = LogWatcher(log_path, offset=log_offset) if log_path is not None else None
+        self._metrics = None
+        self._metrics_at = None
+        self._cache_config = None
+
+    def poll_log(self) -> LogUpdate | None:
+        """Read the log's new lines (blocking file I/O: call it from a worker thread)."""
+        return self.watcher.poll() if self.watcher is not None else None
+
+    def observe(self, result: ScrapeResult) -> None:
+        """Take one scrape's result."""
+        now = self._clock.monotonic()
+        if result.ok:
+            self._metrics, self._metrics_at = result.metrics, now
+            self.rates.observe(result.metrics, run=self.run, t=now)
+            if result.metrics.cache_config is not None:
+                self._cache_config = dict(result.metrics.cache_config)
+            self.last_error = None
+        else:
+            self.last_error = result.error
+        current = self.metrics
+        rates = self.current_rates
+        self.history.append(
+            self._clock.wall(),
+            current.kv_cache_usage if current else None,
+            rates.generation_tokens_per_s,
+            rates.preemptions_per_min,
+        )
+
+    def stopped(self) -> None:
+        """The process is gone: no current figures, no rates (the history stays)."""
+        self._metrics = None
+        self._metrics_at = None
+        self.rates.clear()
+
+    @property
+    def metrics(self) -> VllmMetrics | None:
+        """The latest good scrape, unless it is older than `stale_after_s`."""
+        if self._metrics is None or self._metrics_at is None:
+            return None
+        if self._clock.monotonic() - self._metrics_at > self.stale_after_s:
+            return None
+        return self._metrics
+
+    @property
+    def current_rates(self) -> Rates:
+        if self.metrics is None:
+            return Rates()
+        return self.rates.rates(self._clock.monotonic())
+
+    @property
+    def backend(self) -> BackendInfo | None:
+        if self.watcher is not None:
+            return self.watcher.backend_info(self.attention_backend, self.platform)
+        return resolve_backend(None, self.attention_backend, self.platform)
+
+    @property
+    def cache_config(self) -> dict[str, str] | None:
+        """This run's `vllm:cache_config_info` labels, as last scraped (static per run)."""
+        return self._cache_config
+
+    @property
+    def log_tail(self) -> str:
+        """The last lines of this run's log, for exit classification."""
+        return self.watcher.tail_text() if self.watcher is not None else ""
+
+    def fields(self, hbm: HbmFigure | None = None) -> dict[str, Any]:
+        """The `InstanceStatus` fields telemetry owns (see view.telemetry_fields)."""
+        return telemetry_fields(self.metrics, self.current_rates, self.backend, hbm)
+
+    def history_json(self) -> dict[str, list[float | None]]:
+        return self.history.to_json()

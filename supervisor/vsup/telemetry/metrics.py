@@ -1,0 +1,276 @@
+"""What vsup reads from a vLLM `/metrics` payload, across vLLM versions, in ~0.05 ms.
+
+Only the families vsup shows are read. A compiled expression whose literal prefix is
+`\\nvllm:` picks their sample lines out of the ~50 KB payload (the regex engine skips ahead on
+the prefix, so this costs ~25 us), and `promtext.parse_sample` parses those few lines.
+HELP/TYPE comments are never needed: each family is known by its sample name.
+
+Names across versions (the newer one wins when a payload has both):
+- KV-cache usage (0-1): `vllm:kv_cache_usage_perc`; before 0.12 `vllm:gpu_cache_usage_perc`.
+- Prefix cache: `vllm:prefix_cache_queries_total` / `_hits_total`; before that
+  `vllm:gpu_prefix_cache_queries_total` / `vllm:gpu_prefix_cache_hits_total`.
+- `vllm:num_preemptions_total`, `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`: unchanged.
+- `vllm:cache_config_info{...} 1`: the cache config as label strings; the label set changes
+  between versions, so it is read by key. KV capacity in tokens = `kv_cache_size_tokens`, else
+  `num_gpu_blocks` x `block_size`.
+- `process_start_time_seconds` (the API server's start): a change means a restarted server,
+  which is how rates.py tells a counter reset from a counter that grew past its old value.
+
+Several series of one family (data-parallel engines, label `engine`; or several `model_name`s)
+are combined so the result describes the whole server: counters and request gauges are summed;
+KV usage is the mean weighted by each engine's KV capacity (a plain mean when a capacity is
+unknown), i.e. the fraction of all the server's KV blocks in use; KV capacity is the sum over
+engines. Non-finite values (NaN, +Inf) are unknown, not numbers to add.
+
+Nothing here raises on bad input: a malformed line is skipped and counted in `bad_lines`, and a
+payload without vLLM metrics gives every value `None` with `vllm_seen` False.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from vsup.telemetry.promtext import parse_sample
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES_LEGACY = "vllm:gpu_prefix_cache_queries_total"
+PREFIX_HITS_LEGACY = "vllm:gpu_prefix_cache_hits_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+START_TIME = "process_start_time_seconds"
+
+VLLM_FAMILIES = (
+    KV_USAGE,
+    KV_USAGE_LEGACY,
+    PREEMPTIONS,
+    RUNNING,
+    WAITING,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    PREFIX_QUERIES_LEGACY,
+    PREFIX_HITS_LEGACY,
+    CACHE_CONFIG,
+)
+
+# The literal prefix `\nvllm:` lets the regex engine jump between candidate lines; the
+# alternation then keeps only the wanted names, followed by `{` or a blank (so that
+# `vllm:num_preemptions_total` never matches `vllm:num_preemptions_total_foo`).
+_WANTED = re.compile(
+    r"\n(vllm:(?:"
+    + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
+    + r"))([{ \t][^\n]*)"
+)
+_START = "\n" + START_TIME
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    """One scrape of one vLLM server, reduced to what vsup shows. `None` = not in the payload."""
+
+    kv_cache_usage: float | None = None  # 0..1
+    preemptions_total: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    cache_config: Mapping[str, str] | None = None  # labels of the first engine's series
+    kv_capacity_tokens: int | None = None
+    process_start_time_s: float | None = None
+    engines: tuple[str, ...] = ()  # distinct `engine` label values
+    model_names: tuple[str, ...] = ()
+    legacy_names: tuple[str, ...] = ()  # pre-0.12 family names this payload was read through
+    vllm_seen: bool = False  # any `vllm:` sample at all (False: not vLLM, or --disable-log-stats)
+    bad_lines: int = 0  # wanted lines that did not parse
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Hits / queries since the server started; None before the first query."""
+        q, h = self.prefix_cache_queries_total, self.prefix_cache_hits_total
+        if q is None or h is None or q <= 0:
+            return None
+        return h / q
+
+    @property
+    def found(self) -> bool:
+        """True when at least one family vsup shows was in the payload."""
+        return any(
+            v is not None
+            for v in (
+                self.kv_cache_usage,
+                self.preemptions_total,
+                self.requests_running,
+                self.requests_waiting,
+                self.prompt_tokens_total,
+                self.generation_tokens_total,
+                self.cache_config,
+            )
+        )
+
+
+EMPTY = VllmMetrics()
+
+
+def kv_capacity_tokens(cache_config: Mapping[str, str]) -> int | None:
+    """KV capacity in tokens from `vllm:cache_config_info` labels: `kv_cache_size_tokens`,
+    else `num_gpu_blocks` x `block_size`; None when neither is a positive integer."""
+    tokens = _positive_int(cache_config.get("kv_cache_size_tokens"))
+    if tokens is not None:
+        return tokens
+    blocks = _positive_int(cache_config.get("num_gpu_blocks"))
+    size = _positive_int(cache_config.get("block_size"))
+    if blocks is not None and size is not None:
+        return blocks * size
+    return None
+
+
+def _positive_int(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value <= 0 or value != int(value):
+        return None
+    return int(value)
+
+
+def wanted_lines(text: str) -> list[tuple[str, str]]:
+    """(family name, rest of line) for every sample line of a family vsup reads."""
+    found = _WANTED.findall(text)
+    if text.startswith("vllm:"):
+        first = _WANTED.match("\n" + text.split("\n", 1)[0])
+        if first:
+            found.insert(0, (first.group(1), first.group(2)))
+    return found
+
+
+def parse_metrics(text: str) -> VllmMetrics:
+    """Read the families vsup shows from a vLLM `/metrics` payload (see the module doc)."""
+    if not isinstance(text, str) or not text:
+        return EMPTY
+    series: dict[str, list[tuple[dict[str, str], float]]] = {}
+    bad = 0
+    for name, rest in wanted_lines(text):
+        try:
+            sample = parse_sample(name + rest.rstrip("\r"))
+        except ValueError:
+            bad += 1
+            continue
+        series.setdefault(name, []).append((sample.labels, sample.value))
+
+    start = _start_time(text)
+    vllm_seen = bool(series) or text.startswith("vllm:") or "\nvllm:" in text
+    if not series:
+        return VllmMetrics(process_start_time_s=start, vllm_seen=vllm_seen, bad_lines=bad)
+
+    legacy: list[str] = []
+
+    def pick(current: str, old: str) -> list[tuple[dict[str, str], float]] | None:
+        if current in series:
+            return series[current]
+        if old in series:
+            legacy.append(old)
+            return series[old]
+        return None
+
+    # Cache config and capacity per engine first: KV usage is weighted by them.
+    configs: dict[str, dict[str, str]] = {}
+    for labels, _value in series.get(CACHE_CONFIG, ()):
+        configs.setdefault(labels.get("engine", ""), labels)
+    capacities = {eng: kv_capacity_tokens(cfg) for eng, cfg in configs.items()}
+    first_config = configs[min(configs)] if configs else None
+    total_capacity: int | None = None
+    if capacities and all(c is not None for c in capacities.values()):
+        total_capacity = sum(c for c in capacities.values() if c is not None)
+
+    engines: set[str] = set()
+    models: set[str] = set()
+    for rows in series.values():
+        for labels, _value in rows:
+            if "engine" in labels:
+                engines.add(labels["engine"])
+            if "model_name" in labels:
+                models.add(labels["model_name"])
+
+    return VllmMetrics(
+        kv_cache_usage=_weighted_mean(pick(KV_USAGE, KV_USAGE_LEGACY), capacities),
+        preemptions_total=_sum(series.get(PREEMPTIONS)),
+        requests_running=_sum(series.get(RUNNING)),
+        requests_waiting=_sum(series.get(WAITING)),
+        prompt_tokens_total=_sum(series.get(PROMPT_TOKENS)),
+        generation_tokens_total=_sum(series.get(GENERATION_TOKENS)),
+        prefix_cache_queries_total=_sum(pick(PREFIX_QUERIES, PREFIX_QUERIES_LEGACY)),
+        prefix_cache_hits_total=_sum(pick(PREFIX_HITS, PREFIX_HITS_LEGACY)),
+        cache_config=MappingProxyType(dict(first_config)) if first_config is not None else None,
+        kv_capacity_tokens=total_capacity,
+        process_start_time_s=start,
+        engines=tuple(sorted(engines, key=_engine_order)),
+        model_names=tuple(sorted(models)),
+        legacy_names=tuple(legacy),
+        vllm_seen=vllm_seen,
+        bad_lines=bad,
+    )
+
+
+def _engine_order(engine: str) -> tuple[int, str]:
+    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+
+
+def _sum(rows: list[tuple[dict[str, str], float]] | None) -> float | None:
+    if not rows:
+        return None
+    values = [v for _labels, v in rows if math.isfinite(v)]
+    return float(sum(values)) if values else None
+
+
+def _weighted_mean(
+    rows: list[tuple[dict[str, str], float]] | None, capacities: Mapping[str, int | None]
+) -> float | None:
+    if not rows:
+        return None
+    finite = [(labels.get("engine", ""), v) for labels, v in rows if math.isfinite(v)]
+    if not finite:
+        return None
+    if len(finite) == 1:
+        return finite[0][1]
+    weights = [capacities.get(eng) for eng, _v in finite]
+    if all(w for w in weights):
+        total = sum(w for w in weights if w)
+        return sum(v * (w or 0) for (_e, v), w in zip(finite, weights)) / total
+    return sum(v for _e, v in finite) / len(finite)
+
+
+def _start_time(text: str) -> float | None:
+    if text.startswith(START_TIME):
+        i = 0
+    else:
+        i = text.find(_START)
+        if i < 0:
+            return None
+        i += 1
+    end = text.find("\n", i)
+    line = text[i : end if end >= 0 else len(text)].rstrip("\r")
+    try:
+        sample = parse_sample(line)
+    except ValueError:
+        return None
+    if sample.name != START_TIME or not math.isfinite(sample.value):
+        return None
+    return sample.value

@@ -1,0 +1,484 @@
+"""The vsup dashboard: a Textual app that is a client of the daemon and nothing else.
+
+The loop (memray's live TUI, Harlequin's workers): a timer only schedules; `@work` workers
+await the control client; each answer arrives as a message (snapshots replace each other
+while queued); handlers diff the answer into the widgets. Nothing blocks the event loop,
+nothing renders when a snapshot did not change or while another screen is on top, and one
+handler turns worker failures into the daemon banner or a notification.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from textual import work
+from textual.app import App, ScreenStackError, SystemCommand
+from textual.binding import Binding
+from textual.markup import escape
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from vsup.clock import Clock, SystemClock
+from vsup.snapshot import InstanceStatus, StatusSnapshot
+from vsup.tui import layout_edit, rows
+from vsup.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
+from vsup.tui.history import History
+from vsup.tui.keymap import KEY_BY_ACTION, KEYS
+from vsup.tui.messages import (
+    ConfigArrived,
+    DaemonUnreachable,
+    HistoryArrived,
+    LogChunk,
+    SnapshotArrived,
+)
+from vsup.tui.screens.confirm import ConfirmScreen
+from vsup.tui.screens.dashboard import Dashboard
+from vsup.tui.screens.form import InstanceFormScreen
+from vsup.tui.screens.help import HelpScreen
+from vsup.tui.screens.logs import LogScreen
+from vsup.tui.screens.save import SaveScreen
+from vsup.tui.validation import (
+    Verdict,
+    check_instance,
+    check_layout,
+    error_messages,
+    plan_text,
+)
+from vsup.tui.widgets.detail import DetailTabs, SidePanel
+from vsup.tui.widgets.header import Banner
+
+LOG_TAIL = 16 * 1024  # bytes of a log shown when an instance is selected
+
+_CONFIRM = {
+    "restart": ("Restart {name}?",
+                "Its process group gets SIGTERM (SIGKILL after the grace period) and it starts "
+                "again. Requests in flight fail; drain (d) lets them finish first."),
+    "stop": ("Stop {name}?",
+             "It stays stopped until started again (u); the restart policy leaves it alone."),
+    "drain": ("Drain {name}?",
+              "vsup waits until no request is running on port {port} (up to the drain timeout), "
+              "then stops it. Stop routing traffic to it first."),
+}
+
+def _unreachable(error: BaseException | None) -> bool:
+    """A failure to reach the daemon (socket gone, refused, dropped), not a refusal."""
+    if isinstance(error, (ConnectionError, FileNotFoundError)):
+        return True
+    return any(c.__name__ in ("DaemonUnavailable", "TransportError")
+               for c in type(error).__mro__)
+
+
+class DashboardApp(App[None]):
+    """`DashboardApp(client)`; `readonly` disables every key that changes something."""
+
+    TITLE = "vsup"
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(
+        self,
+        client: DashboardClient,
+        *,
+        readonly: bool = False,
+        keymap: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        refresh_s: float = 1.0,
+        local_checks: bool = True,
+        node_gpus: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.readonly = readonly
+        self.user_keymap = dict(keymap or {})
+        self.clock = clock or SystemClock()
+        self.refresh_s = refresh_s
+        # False leaves validation to the daemon's dry run alone (tests of its refusals)
+        self.local_checks = local_checks
+        self.node_gpus = node_gpus
+        self.snapshot: StatusSnapshot | None = None
+        self.selected: str | None = None
+        self.filter_text = ""
+        self.sort_key = "name"
+        self.sort_reverse = False
+        self.history = History()
+        self.daemon_error: str | None = None
+        self.last_snapshot_at: float | None = None
+        self.renders = 0  # snapshots rendered (tests and benchmarks read it)
+        self._dashboard: Dashboard | None = None
+        self._pending = False  # a snapshot arrived while another screen was on top
+        self._status_worker: Worker | None = None
+        self._log_worker: Worker | None = None
+        self._log_pos: tuple[str, Any, int] | None = None  # (name, run, offset) shown
+        self._config_key: tuple | None = None
+        self._no_log: tuple[str, int | None] | None = None  # (instance, run) without a log
+
+    # -- screens ----------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        self._dashboard = Dashboard()
+        return self._dashboard
+
+    @property
+    def dashboard(self) -> Dashboard:
+        assert self._dashboard is not None
+        return self._dashboard
+
+    def on_mount(self) -> None:
+        if self.user_keymap:
+            self.set_keymap(self.user_keymap)
+
+    async def on_unmount(self) -> None:
+        close = getattr(self.client, "aclose", None)
+        if close is not None:
+            await close()
+
+    def start_polling(self) -> None:
+        """Called once the dashboard's widgets exist: the refresh timer starts."""
+        self.set_interval(self.refresh_s, self.tick)
+        self.tick()
+
+    def dashboard_resumed(self) -> None:
+        """Back on the dashboard: show what arrived meanwhile, then fetch at once."""
+        if self._pending and self.snapshot is not None:
+            self._pending = False
+            self.dashboard.render_snapshot(self.snapshot)
+            self.renders += 1
+        self.tick()
+
+    @property
+    def on_dashboard(self) -> bool:
+        try:
+            return self.screen is self._dashboard
+        except ScreenStackError:
+            # shutting down: the refresh timer can fire once more after the last screen went
+            return False
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Timer callback: only schedules workers (none while another screen is on top)."""
+        if not self.on_dashboard:
+            return
+        if self._status_worker is None or self._status_worker.is_finished:
+            self._status_worker = self._fetch_status()
+        if self.daemon_error is not None:
+            return  # only the status call retries until the daemon answers again
+        inst = self.selected_instance()
+        if inst is not None and self._no_log == (inst.name, inst.run):
+            return  # no log to follow until the instance runs (again)
+        if self.selected and (self._log_worker is None or self._log_worker.is_finished):
+            self._log_worker = self._fetch_log(self.selected)
+
+    @work(name="status", group="status", exit_on_error=False)
+    async def _fetch_status(self) -> None:
+        answer = await self.client.status()
+        self.post_message(SnapshotArrived(as_snapshot(answer)))
+
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        if self.daemon_error is not None:
+            self.daemon_error = None
+            self.dashboard.query_one(Banner).show_error(None)
+            self.dashboard.refit()
+        self.last_snapshot_at = self.clock.monotonic()
+        snap = message.snapshot
+        if snap == self.snapshot:
+            return  # nothing changed: no rendering work
+        self.snapshot = snap
+        self.history.append(snap)
+        if not self.on_dashboard:
+            self._pending = True
+            return
+        self.dashboard.render_snapshot(snap)
+        self.renders += 1
+
+    def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
+        first = self.daemon_error is None
+        self.daemon_error = message.error
+        self.dashboard.query_one(Banner).show_error(message.error)
+        if first:
+            self.dashboard.refit()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            self.worker_failed(event.worker)
+
+    def worker_failed(self, worker: Worker) -> None:
+        """The one handler for failed workers (screens forward theirs here)."""
+        error = worker.error
+        text = str(error) or type(error).__name__
+        if worker.group == "status":
+            self.post_message(DaemonUnreachable(text))
+        elif not _unreachable(error) and self.daemon_error is None:
+            # An unreachable daemon is the banner's to report (the status worker sees it too).
+            self.notify(text, title=f"{worker.name} failed", severity="error", timeout=8)
+
+    # -- selection and its panes ----------------------------------------------------------------
+
+    def selected_instance(self) -> InstanceStatus | None:
+        if self.snapshot is None or self.selected is None:
+            return None
+        return self.snapshot.instance(self.selected)
+
+    def select(self, name: str | None) -> None:
+        """Make `name` the selected instance: its log, config and history follow."""
+        if name == self.selected:
+            self._refresh_config_if_needed()
+            self.dashboard.show_selected()
+            return
+        self.selected = name
+        self._log_pos = None
+        self.dashboard.query_one(DetailTabs).log_write("", reset=True)
+        self.dashboard.query_one(DetailTabs).show_config(None)
+        self._config_key = None
+        self.dashboard.show_selected()
+        if name is None:
+            return
+        self._log_worker = self._fetch_log(name)
+        self._refresh_config_if_needed()
+        if name not in self.history.seeded:
+            self._fetch_history(name)
+
+    def _refresh_config_if_needed(self) -> None:
+        inst = self.selected_instance()
+        if inst is None:
+            return
+        if self._no_log is not None and self._no_log != (inst.name, inst.run):
+            self._no_log = None  # it ran since: its log exists now
+            self._log_worker = self._fetch_log(inst.name)
+        # vLLM reports its cache config once ready; a new run may have new args.
+        key = (inst.name, inst.run, inst.state == "ready")
+        if key != self._config_key:
+            self._config_key = key
+            self._fetch_config(inst.name)
+
+    @work(name="log tail", group="log", exclusive=True, exit_on_error=False)
+    async def _fetch_log(self, name: str) -> None:
+        pos = self._log_pos
+        try:
+            if pos is None or pos[0] != name:
+                doc = await self.client.logs(name, tail=LOG_TAIL)
+                reset = True
+            else:
+                doc = await self.client.logs(name, offset=pos[2])
+                reset = False
+                if doc.get("run") != pos[1]:
+                    doc = await self.client.logs(name, offset=0)  # a new run: a new file
+                    reset = True
+        except Exception as exc:
+            if not is_missing(exc):
+                raise
+            inst = self.selected_instance()
+            self._no_log = (name, inst.run if inst else None)
+            self._log_pos = None
+            self.post_message(LogChunk(name, False, f"({exc})\n", reset=True))
+            return
+        self._no_log = None
+        self.post_message(LogChunk(name, False, doc.get("text") or "", reset))
+        self._log_pos = (name, doc.get("run"), int(doc.get("offset") or 0))
+
+    def on_log_chunk(self, message: LogChunk) -> None:
+        if message.name != self.selected:
+            return
+        self.dashboard.query_one(DetailTabs).log_write(message.text, message.reset)
+
+    @work(name="config", group="config", exclusive=True, exit_on_error=False)
+    async def _fetch_config(self, name: str) -> None:
+        self.post_message(ConfigArrived(name, await self.client.config(name)))
+
+    def on_config_arrived(self, message: ConfigArrived) -> None:
+        if message.name == self.selected:
+            self.dashboard.query_one(DetailTabs).show_config(message.config)
+
+    @work(name="history", group="history", exit_on_error=False)
+    async def _fetch_history(self, name: str) -> None:
+        self.post_message(HistoryArrived(name, await self.client.history(name)))
+
+    def on_history_arrived(self, message: HistoryArrived) -> None:
+        if self.snapshot is None or self.snapshot.instance(message.name) is None:
+            return
+        self.history.seed(message.name, message.history)
+        if message.name == self.selected and self.on_dashboard:
+            self.dashboard.query_one(SidePanel).show(self.selected_instance(),
+                                                     self.snapshot.advice)
+
+    # -- lifecycle actions ----------------------------------------------------------------------
+
+    def lifecycle(self, verb: str) -> None:
+        """start/stop/restart/drain the selected instance; destructive verbs ask first."""
+        inst = self.selected_instance()
+        if inst is None:
+            return
+        if KEY_BY_ACTION[verb].confirm:
+            question, details = _CONFIRM[verb]
+            fields = {"name": inst.name, "port": inst.port}
+            self.push_screen(
+                ConfirmScreen(question.format(**fields), details.format(**fields), yes=verb.title()),
+                callback=lambda ok: self._send_action(verb, inst.name) if ok else None,
+            )
+        else:
+            self._send_action(verb, inst.name)
+
+    @work(name="action", group="action", exit_on_error=False)
+    async def _send_action(self, verb: str, name: str) -> None:
+        self.notify(f"{verb}: {name}…", timeout=3)
+        answer = await self.client.action(verb, [name])
+        errors = answer_errors(answer)
+        if errors:
+            self.notify("\n".join(errors), title=f"{verb} {name} refused", severity="error")
+        else:
+            self.notify(f"{verb}: {name} done", timeout=3)
+        self.tick()
+
+    def open_logs(self, previous: bool) -> None:
+        if self.selected is not None:
+            self.push_screen(LogScreen(self.client, self.selected, previous, poll_s=self.refresh_s))
+
+    def show_help(self) -> None:
+        keys = {k.id: self.key_display(k.id) for k in KEYS}
+        self.push_screen(HelpScreen(keys, self.readonly))
+
+    def key_display(self, binding_id: str) -> str:
+        """What to press for a binding, as remapped by the keymap (`?`, `R`, `ctrl+d`)."""
+        key = next(k for k in KEYS if k.id == binding_id)
+        keys = self.user_keymap.get(binding_id, key.key)
+        return ",".join(self.get_key_display(Binding(k.strip(), key.action))
+                        for k in keys.split(","))
+
+    def detach(self) -> None:
+        """Leave; the daemon and every instance keep running."""
+        self.exit(message="detached: instances keep running; run `vsup` to attach again")
+
+    # -- layout editing -------------------------------------------------------------------------
+
+    async def _check_form(self, toml_text: str, path: str | None, replace: str | None,
+                          values: dict[str, str]) -> Verdict:
+        try:
+            table = layout_edit.parse_form(values)
+        except layout_edit.FieldError as exc:
+            return Verdict(toml_text, errors=[str(exc)])
+        existing = layout_edit.instance_table(toml_text, replace, path) if replace else None
+        return await check_instance(self.client, toml_text, path,
+                                    layout_edit.merged_table(existing, table), replace,
+                                    self._node_gpus(), self.local_checks)
+
+    def _node_gpus(self) -> int | None:
+        if self.node_gpus is not None:
+            return self.node_gpus
+        return self.snapshot.node.gpu_count if self.snapshot else None
+
+    def _suggested(self) -> dict[str, str]:
+        names = {i.name for i in self.snapshot.instances} if self.snapshot else set()
+        ports = [i.port for i in self.snapshot.instances if i.port] if self.snapshot else []
+        n = len(names)
+        while f"instance{n}" in names:
+            n += 1
+        return {"name": f"instance{n}", "port": str(max(ports) + 1 if ports else 8000)}
+
+    @work(name="layout edit", group="layout-edit", exclusive=True, exit_on_error=False)
+    async def edit_instance(self, name: str | None) -> None:
+        """Add (`name` None) or edit an instance through the form, then apply the layout."""
+        doc = await self.client.layout()
+        toml_text, path = doc.get("toml") or "", doc.get("path")
+        if not toml_text:
+            self.notify("no layout is running: `vsup up LAYOUT` first", severity="warning")
+            return
+        if name is None:
+            values, title = self._suggested(), "Add an instance"
+        else:
+            try:
+                values = layout_edit.form_values(layout_edit.instance_table(toml_text, name, path))
+            except KeyError:
+                self.notify(f"{name} is not in the running layout {path or ''}", severity="error")
+                return
+            title = f"Edit {name} ({path or 'unsaved layout'})"
+        check = functools.partial(self._check_form, toml_text, path, name)
+        verdict = await self.push_screen_wait(InstanceFormScreen(title, values, check))
+        if verdict is None:
+            return
+        await self._apply(verdict, path)
+
+    @work(name="layout edit", group="layout-edit", exclusive=True, exit_on_error=False)
+    async def remove_instance(self, name: str | None) -> None:
+        """Remove `name` from the running layout (it is stopped), after validation and a yes."""
+        if name is None:
+            return
+        doc = await self.client.layout()
+        toml_text, path = doc.get("toml") or "", doc.get("path")
+        try:
+            new_toml = layout_edit.without_instance(toml_text, name, path)
+        except KeyError:
+            self.notify(f"{name} is not in the running layout {path}", severity="error")
+            return
+        verdict = await check_layout(self.client, new_toml, path, self._node_gpus(),
+                                     self.local_checks)
+        if not verdict.ok:
+            self.notify("\n".join(verdict.errors), title=f"{name} not removed", severity="error")
+            return
+        ok = await self.push_screen_wait(ConfirmScreen(
+            f"Remove {name} from the layout?",
+            f"It is stopped and leaves the running layout ({plan_text(verdict.plan)}). "
+            "Save (w) writes the layout file.", yes="Remove"))
+        if ok:
+            await self._apply(verdict, path, confirmed=True)
+
+    async def _apply(self, verdict: Verdict, path: str | None, confirmed: bool = False) -> None:
+        plan = verdict.plan
+        if not confirmed and (plan.get("restart") or plan.get("stop")):
+            ok = await self.push_screen_wait(ConfirmScreen(
+                "Apply the edited layout?",
+                f"{plan_text(plan)}. Restarted instances drop the requests they are serving.",
+                yes="Apply"))
+            if not ok:
+                return
+        try:
+            answer = await self.client.apply(verdict.toml, path)
+        except Exception as exc:  # a refusal: say what the daemon said
+            self.notify("\n".join(error_messages(exc)), title="layout not applied", severity="error")
+            return
+        errors = answer_errors(answer)
+        if errors:
+            self.notify("\n".join(errors), title="layout not applied", severity="error")
+            return
+        note = plan_text(answer.get("plan") or plan)
+        if verdict.warnings:
+            note += "\n" + "\n".join(f"▲ {w}" for w in verdict.warnings)
+        self.notify(note, title="layout applied; save (w) to keep it", timeout=6)
+        self.tick()
+
+    @work(name="save", group="layout-save", exclusive=True, exit_on_error=False)
+    async def save_layout(self) -> None:
+        """Ask for a file and save the running layout there through the daemon."""
+        doc = await self.client.layout()
+        written = await self.push_screen_wait(SaveScreen(doc.get("path") or "layout.toml",
+                                                         self._save_to))
+        if written:
+            self.notify(f"saved the running layout to {written}", timeout=5)
+
+    async def _save_to(self, path: str) -> str:
+        answer = await self.client.save(path)
+        return str(answer.get("path") or path)
+
+    # -- command palette ------------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        if screen is self._dashboard:
+            inst = self.selected_instance()
+            for key in KEYS:
+                if screen.check_action(key.action, ()) is not True:
+                    continue  # offer only what applies now
+                title = key.description
+                if key.selection and inst is not None:
+                    title = f"{key.description} {inst.name}"
+                yield SystemCommand(title, escape(f"{key.help} · key {self.key_display(key.id)}"),
+                                    functools.partial(self.run_action, key.action, screen))
+            for sort, (label, _, _) in rows.SORTS.items():
+                yield SystemCommand(f"Sort by {label}", "Order the instances table",
+                                    functools.partial(self._sort_by, sort), discover=False)
+        yield from super().get_system_commands(screen)
+
+    def _sort_by(self, sort: str) -> None:
+        self.sort_key = sort
+        self.sort_reverse = False
+        if self.snapshot is not None:
+            self.dashboard.render_snapshot(self.snapshot)

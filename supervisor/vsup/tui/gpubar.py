@@ -1,0 +1,162 @@
+"""One GPU as a line of text: an HBM bar split by instance, foreign processes and the rest.
+
+The bar reads without colour: instances alternate `█` and `▓`, memory held by processes no
+instance owns is `░`, memory in use but not attributed (driver, context, or no per-process
+figures) is `▒`, free memory is `·`, and `┊` marks where an instance's planned share ends.
+Pure (Rich text only), so the widget renders it and tests read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from vsup.snapshot import GpuStatus, InstanceStatus
+from vsup.tui import fmt
+
+INSTANCE_CHARS = ("█", "▓")
+INSTANCE_COLOURS = ("cyan", "dodger_blue2", "medium_purple", "spring_green3", "steel_blue1", "plum2")
+FOREIGN = ("░", "red")
+OTHER = ("▒", "grey50")
+FREE = ("·", "grey35")
+PLAN_MARK = "┊"
+
+
+@dataclass(frozen=True)
+class Share:
+    """One instance's memory on one GPU."""
+
+    name: str
+    actual: int | None  # bytes on this GPU, None when not known per process
+    planned: int | None  # bytes the layout planned on this GPU
+
+    @property
+    def over_plan(self) -> bool:
+        return self.actual is not None and self.planned is not None and self.actual > self.planned
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    gpu: GpuStatus
+    shares: tuple[Share, ...]
+    foreign: int  # bytes held by processes no instance owns
+    other: int  # used bytes not attributed to an instance or a foreign process
+
+
+def gpu_use(gpu: GpuStatus, instances: Sequence[InstanceStatus]) -> GpuUse:
+    """Split a GPU's used memory by the instances placed on it."""
+    on_gpu = sorted((i for i in instances if gpu.index in i.gpus), key=lambda i: i.name)
+    by_instance: dict[str, int] = {}
+    foreign = 0
+    for proc in gpu.processes:
+        if proc.hbm_bytes is None:
+            continue
+        if proc.instance is None:
+            foreign += proc.hbm_bytes
+        else:
+            by_instance[proc.instance] = by_instance.get(proc.instance, 0) + proc.hbm_bytes
+    shares = []
+    for inst in on_gpu:
+        actual = by_instance.get(inst.name)
+        if actual is None and inst.hbm_source == "process" and inst.hbm_bytes is not None:
+            actual = inst.hbm_bytes // max(1, len(inst.gpus))
+        planned = None
+        if inst.gpu_memory_utilization is not None and gpu.hbm_total_bytes:
+            planned = int(inst.gpu_memory_utilization * gpu.hbm_total_bytes)
+        elif inst.planned_hbm_bytes is not None:
+            planned = inst.planned_hbm_bytes // max(1, len(inst.gpus))
+        shares.append(Share(inst.name, actual, planned))
+    attributed = sum(s.actual or 0 for s in shares) + foreign
+    other = max(0, (gpu.hbm_used_bytes or 0) - attributed)
+    return GpuUse(gpu, tuple(shares), foreign, other)
+
+
+def bar(use: GpuUse, width: int) -> Text:
+    """The HBM bar, `width` cells between `▕` and `▏`."""
+    total = use.gpu.hbm_total_bytes
+    text = Text("▕")
+    if not total or width <= 0:
+        text.append(fmt.UNKNOWN.center(max(width, 1)), "dim")
+        text.append("▏")
+        return text
+    cells: list[tuple[str, str]] = []
+
+    def fill(nbytes: int, char: str, style: str) -> None:
+        n = round(nbytes / total * width)
+        cells.extend([(char, style)] * n)
+
+    for index, share in enumerate(use.shares):
+        if share.actual:
+            colour = INSTANCE_COLOURS[index % len(INSTANCE_COLOURS)]
+            fill(share.actual, INSTANCE_CHARS[index % 2], colour)
+    fill(use.foreign, *FOREIGN)
+    fill(use.other, *OTHER)
+    del cells[width:]
+    cells.extend([FREE] * (width - len(cells)))
+    planned = 0
+    for share in use.shares:
+        if share.planned:
+            planned += share.planned
+            pos = min(width - 1, round(planned / total * width) - 1)
+            if pos >= 0 and cells[pos] == FREE:
+                cells[pos] = (PLAN_MARK, "grey70")
+    for char, style in cells:
+        text.append(char, style)
+    text.append("▏")
+    return text
+
+
+def gauges(gpu: GpuStatus, compact: bool = False) -> str:
+    """`87% 64°C 512W` (`87% 64° 512W` compact), unknown parts as `-`."""
+    util = fmt.UNKNOWN if gpu.util_pct is None else f"{gpu.util_pct:.0f}%"
+    unit = "°" if compact else "°C"
+    temp = fmt.UNKNOWN if gpu.temp_c is None else f"{gpu.temp_c:.0f}{unit}"
+    power = fmt.UNKNOWN if gpu.power_w is None else f"{gpu.power_w:.0f}W"
+    if compact:
+        return f"{util:>4} {temp:>4} {power:>5}"
+    return f"{util:>4} {temp:>5} {power:>5}"
+
+
+def legend(use: GpuUse) -> Text:
+    """Who holds what on this GPU: `█gpu0a 60.1/63.5 ▓gpu0b 58.0/63.5 ░foreign 2.1G`."""
+    text = Text()
+    for index, share in enumerate(use.shares):
+        colour = INSTANCE_COLOURS[index % len(INSTANCE_COLOURS)]
+        text.append(INSTANCE_CHARS[index % 2], colour)
+        text.append(share.name, "bold red" if share.over_plan else "")
+        text.append(f" {fmt.gib(share.actual)}/{fmt.gib(share.planned)}")
+        if share.over_plan:
+            text.append(" ▲over plan", "bold red")
+        text.append("  ")
+    if use.foreign:
+        text.append(FOREIGN[0], FOREIGN[1])
+        text.append(f"foreign {fmt.size(use.foreign)}", "bold red")
+        text.append("  ")
+    return text
+
+
+def short_name(name: str | None) -> str:
+    """`NVIDIA H200` -> `H200`, `AMD Instinct MI300X` -> `MI300X`: the vendor is in the header."""
+    if not name:
+        return "GPU"
+    words = [w for w in name.split() if w.lower() not in ("nvidia", "amd", "instinct", "tesla")]
+    return " ".join(words) or name
+
+
+def line(use: GpuUse, bar_width: int, with_legend: bool) -> Text:
+    """A GPU's whole row: index, name, bar, used/total, util, temperature, power, legend."""
+    gpu = use.gpu
+    name = fmt.truncate(short_name(gpu.name), 10)
+    text = Text(f"{gpu.index:>2} ", "bold")
+    if with_legend:
+        text.append(f"{name:<10} ", "dim")
+    text.append_text(bar(use, bar_width))
+    used = f" {fmt.gib(gpu.hbm_used_bytes)}/{fmt.gib(gpu.hbm_total_bytes)}G"
+    text.append(f"{used:>13} " if with_legend else f"{used}")
+    text.append(gauges(gpu, compact=not with_legend))
+    if with_legend:
+        text.append("  ")
+        text.append_text(legend(use))
+    return text

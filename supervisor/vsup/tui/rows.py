@@ -1,0 +1,219 @@
+"""The instances table as data: columns, the cells of one row, sort orders, and the diff
+between two renderings (Dolphie's pattern: touch only the cells whose text changed).
+
+Pure (no Textual): the widget in `widgets/instances.py` applies a `TableDiff`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vsup.snapshot import InstanceStatus
+from vsup.tui import fmt
+
+# A cell is its text and a Rich style; comparing these tuples is the whole diff.
+Cell = tuple[str, str]
+Row = tuple[Cell, ...]
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    width: int
+    right: bool = False  # numbers align right
+    priority: int = 0  # lower stays longer when the terminal is narrow
+    gpu_only: bool = False  # dropped on a CPU node, where it is always unknown
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("name", "NAME", 14, priority=0),
+    Column("gpus", "GPU", 4, priority=11),
+    Column("port", "PORT", 5, right=True, priority=12),
+    Column("state", "STATE", 13, priority=1),
+    Column("uptime", "UP", 6, right=True, priority=7),
+    Column("restarts", "RST", 3, right=True, priority=8),
+    Column("hbm", "HBM", 11, right=True, priority=6, gpu_only=True),
+    Column("kv", "KV", 4, right=True, priority=2),
+    Column("kv_cap", "KV TOK", 6, right=True, priority=9),
+    Column("preempt", "PREEMPT", 7, right=True, priority=10),
+    Column("preempt_rate", "PRE/M", 5, right=True, priority=3),
+    Column("run_wait", "RUN/WAIT", 8, right=True, priority=5),
+    Column("tok_s", "TOK/S", 6, right=True, priority=4),
+    Column("backend", "BACKEND", 16, priority=13),
+    Column("model", "MODEL", 12, priority=14),  # takes what is left
+)
+PADDING = 2  # DataTable's cell padding, one cell each side
+MODEL_MIN = 12
+
+
+def columns_for(width: int, has_gpus: bool) -> tuple[Column, ...]:
+    """The columns that fit `width` cells, most important first, shown in table order;
+    the model column takes the remaining width."""
+    candidates = [c for c in COLUMNS if has_gpus or not c.gpu_only]
+    keep: set[str] = set()
+    used = 0
+    for col in sorted(candidates, key=lambda c: c.priority):
+        need = col.width + PADDING
+        if used + need > width:
+            break
+        keep.add(col.key)
+        used += need
+    out = []
+    for col in candidates:
+        if col.key not in keep:
+            continue
+        if col.key == "model":
+            col = Column(col.key, col.label, max(MODEL_MIN, width - used + col.width),
+                         col.right, col.priority)
+        out.append(col)
+    return tuple(out)
+
+
+def _kv_style(usage: float | None) -> str:
+    if usage is None:
+        return "dim"
+    if usage >= 0.95:
+        return "bold red"
+    if usage >= 0.80:
+        return "yellow"
+    return ""
+
+
+def hbm_cell(inst: InstanceStatus) -> Cell:
+    """`60.1/63.5G` (actual/planned); `▲` and red when above the planned share; `~` when the
+    figure is per device rather than per process."""
+    if inst.hbm_bytes is None:
+        return (fmt.UNKNOWN, "dim")
+    approx = "~" if inst.hbm_source == "device" else ""
+    planned = inst.planned_hbm_bytes
+    if planned:
+        over = inst.hbm_bytes > planned
+        text = f"{approx}{fmt.gib(inst.hbm_bytes)}/{fmt.gib(planned)}G"
+        return (("▲" if over else "") + text, "bold red" if over else "")
+    return (f"{approx}{fmt.size(inst.hbm_bytes)}", "")
+
+
+def _cell(inst: InstanceStatus, key: str, width: int) -> Cell:  # noqa: C901 (one branch a column)
+    if key == "name":
+        return (fmt.truncate(inst.name, width), "bold")
+    if key == "gpus":
+        return (fmt.gpus(inst.gpus), "")
+    if key == "port":
+        return (str(inst.port) if inst.port is not None else fmt.UNKNOWN, "")
+    if key == "state":
+        return (fmt.state_label(inst.state, inst.backoff_remaining_s), fmt.state_style(inst.state))
+    if key == "uptime":
+        return (fmt.duration(inst.uptime_s), "")
+    if key == "restarts":
+        return (str(inst.restarts), "yellow" if inst.restarts else "")
+    if key == "hbm":
+        return hbm_cell(inst)
+    if key == "kv":
+        return (fmt.percent(inst.kv_cache_usage), _kv_style(inst.kv_cache_usage))
+    if key == "kv_cap":
+        return (fmt.count(inst.kv_capacity_tokens), "")
+    if key == "preempt":
+        return (fmt.count(inst.preemptions_total), "")
+    if key == "preempt_rate":
+        rate = inst.preemptions_per_min
+        style = "dim" if rate is None else ("bold red" if rate > 0 else "")
+        return (fmt.count(rate), style)
+    if key == "run_wait":
+        waiting = inst.requests_waiting or 0
+        return (fmt.running_waiting(inst.requests_running, inst.requests_waiting),
+                "yellow" if waiting > 0 else "")
+    if key == "tok_s":
+        return (fmt.count(inst.generation_tokens_per_s), "")
+    if key == "backend":
+        style = "" if inst.backend_source == "log" else "italic"
+        return (fmt.truncate(fmt.backend(inst.backend, inst.backend_source), width), style)
+    if key == "model":
+        return (fmt.model_name(inst.model, width), "")
+    raise KeyError(key)
+
+
+def row_cells(inst: InstanceStatus, columns: Sequence[Column]) -> Row:
+    """The cells of one instance's row, in column order."""
+    return tuple(_cell(inst, c.key, c.width) for c in columns)
+
+
+# Problems first when sorting by state: what on-call looks for.
+_STATE_RANK = {s: i for i, s in enumerate(
+    ("failed", "unhealthy", "backoff", "starting", "stopping", "stopped", "ready"))}
+
+
+def _num(value: float | None) -> float:
+    return float("-inf") if value is None else float(value)
+
+
+# sort name -> (label, key function, descending by default)
+SORTS: dict[str, tuple[str, Callable[[InstanceStatus], Any], bool]] = {
+    "name": ("name", lambda i: i.name, False),
+    "state": ("state (problems first)", lambda i: (_STATE_RANK.get(i.state, -1), i.name), False),
+    "kv": ("KV cache use", lambda i: _num(i.kv_cache_usage), True),
+    "preempt_rate": ("preemptions per minute", lambda i: _num(i.preemptions_per_min), True),
+    "tok_s": ("generation tok/s", lambda i: _num(i.generation_tokens_per_s), True),
+    "hbm": ("HBM", lambda i: _num(i.hbm_bytes), True),
+    "restarts": ("restarts", lambda i: i.restarts, True),
+    "gpus": ("GPU", lambda i: (i.gpus or (10**6,), i.name), False),
+}
+SORT_ORDER = tuple(SORTS)
+
+
+def sorted_names(instances: Iterable[InstanceStatus], sort: str, reverse: bool = False) -> list[str]:
+    """Instance names in display order; ties break by name so the order is stable."""
+    _, key, descending = SORTS[sort]
+    items = sorted(instances, key=lambda i: i.name)
+    items.sort(key=key, reverse=descending != reverse)
+    return [i.name for i in items]
+
+
+def matches(inst: InstanceStatus, text: str) -> bool:
+    """The `/` filter: a case-insensitive substring of name, model, state, backend or port."""
+    if not text:
+        return True
+    needle = text.lower()
+    hay = (inst.name, inst.model or "", inst.state, inst.backend or "", str(inst.port or ""))
+    return any(needle in h.lower() for h in hay)
+
+
+@dataclass
+class TableDiff:
+    """What to do to the table to go from one rendering to the next."""
+
+    removed: list[str] = field(default_factory=list)
+    added: list[tuple[str, Row]] = field(default_factory=list)
+    changed: list[tuple[str, int, Cell]] = field(default_factory=list)  # name, column index, cell
+    order: list[str] | None = None  # the new row order, only when it differs
+
+    @property
+    def empty(self) -> bool:
+        return not (self.removed or self.added or self.changed or self.order is not None)
+
+
+def diff_rows(
+    old: Mapping[str, Row], old_order: Sequence[str], new: Mapping[str, Row], new_order: Sequence[str]
+) -> TableDiff:
+    """The changes from `old` (rows by name, shown in `old_order`) to `new`."""
+    diff = TableDiff()
+    diff.removed = [name for name in old_order if name not in new]
+    for name in new_order:
+        row = new[name]
+        before = old.get(name)
+        if before is None:
+            diff.added.append((name, row))
+            continue
+        if before != row:
+            for index, (a, b) in enumerate(zip(before, row)):
+                if a != b:
+                    diff.changed.append((name, index, b))
+    kept = [n for n in old_order if n in new]
+    if diff.added or kept != list(new_order):
+        # Added rows land at the end; a sort puts them (and anything that moved) in place.
+        appended = kept + [n for n, _ in diff.added]
+        if appended != list(new_order):
+            diff.order = list(new_order)
+    return diff

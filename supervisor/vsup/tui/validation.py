@@ -1,0 +1,112 @@
+"""Checking a layout the dashboard is about to apply: the same rules as `vsup validate`.
+
+Two checks, both off the event loop: the layout package's validation (in a thread: it reads
+profiles and model files), then the daemon's dry run (`apply(dry_run=True)`), which validates
+again on the daemon's side and says what would start, restart and stop. A layout with an
+error is never applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vsup.layout.diagnostics import Diagnostic
+from vsup.layout.validate import validate, validate_instance
+from vsup.tui import layout_edit
+from vsup.tui.client import DashboardClient, answer_errors
+
+
+@dataclass
+class Verdict:
+    toml: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    plan: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def error_messages(exc: BaseException) -> list[str]:
+    """Messages from a refused call: the answer's `errors` when it has them, else its text."""
+    body: Any = getattr(exc, "body", None)
+    if isinstance(body, dict) and body.get("errors"):
+        return answer_errors(body)
+    return [str(exc) or type(exc).__name__]
+
+
+def _split(diagnostics: list[Diagnostic]) -> tuple[list[str], list[str]]:
+    return ([d.format() for d in diagnostics if d.is_error],
+            [d.format() for d in diagnostics if not d.is_error])
+
+
+def instance_rules(toml_text: str, path: str | None, table: Mapping[str, Any], replace: str | None,
+                   node_gpus: int | None) -> Verdict:
+    """The layout with `table` added (or replacing `replace`) and what validation says about
+    that instance. Blocking (reads files): run it in a thread."""
+    layout = layout_edit.parse(toml_text, path)
+    name = table.get("name")
+    if name != replace and layout.instance(name) is not None:
+        return Verdict(toml_text, errors=[
+            f"{path or 'layout'}: instance '{name}': key 'name': another instance already has "
+            "this name; choose another name"])
+    new_toml = layout_edit.with_instance(toml_text, table, replace, path)
+    errors, warnings = _split(validate_instance(layout, table, replace_name=replace,
+                                                node_gpus=node_gpus))
+    return Verdict(new_toml, errors, warnings)
+
+
+def layout_rules(toml_text: str, path: str | None, node_gpus: int | None) -> Verdict:
+    """What validation says about a whole layout text. Blocking: run it in a thread."""
+    errors, warnings = _split(validate(layout_edit.parse(toml_text, path), node_gpus=node_gpus))
+    return Verdict(toml_text, errors, warnings)
+
+
+async def dry_run(client: DashboardClient, verdict: Verdict, path: str | None) -> Verdict:
+    """Ask the daemon what applying `verdict.toml` would do; its refusals become errors."""
+    if verdict.errors:
+        return verdict
+    try:
+        answer = await client.apply(verdict.toml, path, dry_run=True)
+    except Exception as exc:  # a refusal (4xx) carries the daemon's validation errors
+        verdict.errors += error_messages(exc)
+        return verdict
+    verdict.errors += answer_errors(answer)
+    seen = set(verdict.warnings)
+    verdict.warnings += [w for w in answer_errors({"errors": answer.get("warnings")})
+                         if w not in seen]
+    verdict.plan = dict(answer.get("plan") or {})
+    return verdict
+
+
+async def check_instance(client: DashboardClient, toml_text: str, path: str | None,
+                         table: Mapping[str, Any], replace: str | None, node_gpus: int | None,
+                         local: bool = True) -> Verdict:
+    """A form's instance: local rules in a thread, then the daemon's dry run."""
+    if local:
+        verdict = await asyncio.to_thread(instance_rules, toml_text, path, table, replace,
+                                          node_gpus)
+    else:
+        verdict = Verdict(layout_edit.with_instance(toml_text, table, replace, path))
+    return await dry_run(client, verdict, path)
+
+
+async def check_layout(client: DashboardClient, toml_text: str, path: str | None,
+                       node_gpus: int | None, local: bool = True) -> Verdict:
+    """A whole layout (after a removal): local rules in a thread, then the daemon's dry run."""
+    if local:
+        verdict = await asyncio.to_thread(layout_rules, toml_text, path, node_gpus)
+    else:
+        verdict = Verdict(toml_text)
+    return await dry_run(client, verdict, path)
+
+
+def plan_text(plan: dict[str, list[str]]) -> str:
+    """`start: a, b · restart: c · stop: d` (unchanged instances are not mentioned)."""
+    parts = [f"{what}: {', '.join(plan[what])}" for what in ("start", "restart", "stop")
+             if plan.get(what)]
+    return " · ".join(parts) if parts else "nothing to start, restart or stop"

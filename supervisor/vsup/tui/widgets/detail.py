@@ -1,0 +1,232 @@
+"""The selected instance: sparklines, the advice that applies now, its last exit, its log tail
+and its effective config."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Log, Static, TabbedContent, TabPane
+
+from vsup.snapshot import Advice, InstanceStatus, LastExit
+from vsup.tui import fmt
+from vsup.tui.history import METRICS, History, spark
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
+MASK = "****"
+# uvicorn's access lines for the requests vsup itself makes every second (health checks and
+# metric scrapes): they would bury everything else in the log tail.
+_PROBE_LINE = re.compile(r'"(GET|HEAD) /(health|metrics|load|version)\b[^"]*" \d{3}')
+
+
+def without_probes(text: str) -> str:
+    """`text` without the access-log lines of vsup's own /health and /metrics requests."""
+    if "HTTP/" not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not _PROBE_LINE.search(line))
+
+
+class SparkPanel(Widget):
+    """KV %, generation tok/s and preemptions/min of the selected instance, one line each."""
+
+    DEFAULT_CSS = """
+    SparkPanel { height: 3; }
+    """
+
+    def __init__(self, history: History, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.history = history
+        self.instance: InstanceStatus | None = None
+        self._key: tuple | None = None
+
+    def show(self, instance: InstanceStatus | None) -> None:
+        self.instance = instance
+        key = self._content_key()
+        if key != self._key:
+            self._key = key
+            self.refresh()
+
+    def _content_key(self) -> tuple:
+        inst = self.instance
+        if inst is None:
+            return (None, self.size.width)
+        width = self._spark_width()
+        return (inst.name, self.size.width, inst.kv_capacity_tokens,
+                *(tuple(self.history.values(inst.name, k)[-width:]) for k, _ in METRICS))
+
+    def _spark_width(self) -> int:
+        return max(1, self.size.width - 6 - 13)
+
+    def render(self) -> Text:
+        inst = self.instance
+        if inst is None:
+            return Text("no instance selected", "dim")
+        width = self._spark_width()
+        lines = []
+        for key, label in METRICS:
+            values = self.history.values(inst.name, key)
+            current = values[-1] if values else None
+            if key == "kv_cache_usage":
+                shown = fmt.percent(current)
+                if inst.kv_capacity_tokens is not None:
+                    shown += f" of {fmt.count(inst.kv_capacity_tokens)}"
+                bars = spark(values, width, top=1.0)
+                style = "red" if (current or 0) >= 0.95 else "cyan"
+            else:
+                shown = fmt.count(current)
+                bars = spark(values, width)
+                style = "red" if key == "preemptions_per_min" and (current or 0) > 0 else "cyan"
+            lines.append(Text.assemble((f"{label:<6}", "bold"), (bars, style), f" {shown}"))
+        return Text("\n").join(lines)
+
+
+def advice_text(advice: Sequence[Advice], name: str | None) -> Text:
+    """The advice for `name` and the node-wide advice, worst first."""
+    order = {"critical": 0, "warning": 1, "info": 2}
+    relevant = sorted((a for a in advice if a.instance in (None, name)),
+                      key=lambda a: order.get(a.severity, 3))
+    if not relevant:
+        return Text("no advice: nothing needs attention", "dim")
+    text = Text()
+    for i, a in enumerate(relevant):
+        symbol, style = fmt.SEVERITY_LOOK.get(a.severity, ("•", ""))
+        if i:
+            text.append("\n")
+        text.append(f"{symbol} ", style)
+        where = f"GPU {a.gpu}: " if a.gpu is not None and a.instance is None else ""
+        text.append(where + a.message)
+    return text
+
+
+def exit_summary(last: LastExit | None) -> str:
+    """`oom (exit 1) at 12:03:04Z` or `killed (SIGKILL) at ...`."""
+    if last is None:
+        return "no exit yet"
+    how = f"exit {last.code}" if last.code is not None else (last.signal or "?")
+    at = last.at.split("T", 1)[-1] if "T" in last.at else last.at
+    return f"{last.reason} ({how}) at {at}"
+
+
+def exit_text(inst: InstanceStatus | None) -> Text:
+    if inst is None:
+        return Text("no instance selected", "dim")
+    text = Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit))
+    text.append(f"\nrestarts   {inst.restarts}")
+    if inst.state == "backoff" and inst.backoff_remaining_s is not None:
+        text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
+    if inst.state == "failed":
+        text.append("\n" + (inst.failed_why or "crash loop: the restart policy gave up; "
+                                                "start it by hand once fixed"), "bold red")
+    if inst.last_exit and inst.last_exit.log_excerpt:
+        text.append("\n\n")
+        text.append(inst.last_exit.log_excerpt, "italic")
+    return text
+
+
+def masked_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """The environment with secret-looking values masked (the daemon masks too)."""
+    return {k: (MASK if _SECRET.search(k) and not str(v).startswith("*") else str(v))
+            for k, v in env.items()}
+
+
+def config_text(config: Mapping[str, Any] | None) -> Text:
+    """argv, env (secrets masked) and the cache config vLLM reported."""
+    if config is None:
+        return Text("loading…", "dim")
+    text = Text()
+    argv = config.get("argv") or []
+    text.append("command  ", "bold")
+    text.append(shlex.join(str(a) for a in argv) if argv else fmt.UNKNOWN)
+    env = masked_env(config.get("env") or {})
+    text.append("\nenv      ", "bold")
+    if env:
+        text.append("\n         ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    else:
+        text.append(fmt.UNKNOWN)
+    cache = config.get("cache_config") or {}
+    text.append("\ncache    ", "bold")
+    if cache:
+        text.append("\n         ".join(f"{k} = {v}" for k, v in cache.items()))
+    else:
+        text.append("not reported yet (vLLM publishes it once ready)", "dim")
+    return text
+
+
+class SidePanel(Vertical):
+    """Sparklines, then advice and the last exit of the selected instance."""
+
+    DEFAULT_CSS = """
+    SidePanel { border: round $primary 50%; padding: 0 1; }
+    SidePanel #advice { height: auto; margin-top: 1; }
+    SidePanel #exit-line { height: auto; margin-top: 1; }
+    """
+
+    def __init__(self, history: History, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.history = history
+
+    def compose(self) -> ComposeResult:
+        yield SparkPanel(self.history, id="sparks")
+        with VerticalScroll(id="side-scroll"):
+            yield Static(id="advice")
+            yield Static(id="exit-line")
+
+    def show(self, inst: InstanceStatus | None, advice: Sequence[Advice]) -> None:
+        self.query_one(SparkPanel).show(inst)
+        name = inst.name if inst else None
+        title = f"{name} · {fmt.state_label(inst.state)}" if inst else "no selection"
+        if self.border_title != title:
+            self.border_title = title
+        _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
+        exit_line = Text("")
+        if inst is not None and inst.last_exit is not None:
+            exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))
+        _update_if_changed(self.query_one("#exit-line", Static), exit_line)
+
+
+def _update_if_changed(widget: Static, text: Text) -> None:
+    previous = getattr(widget, "_vsup_shown", None)
+    key = (text.plain, tuple(text.spans))
+    if previous != key:
+        widget._vsup_shown = key  # type: ignore[attr-defined]
+        widget.update(text)
+
+
+class DetailTabs(TabbedContent):
+    """Log tail, effective config and last exit of the selected instance."""
+
+    DEFAULT_CSS = """
+    DetailTabs { height: 1fr; }
+    DetailTabs Log { height: 1fr; }
+    """
+
+    @staticmethod
+    def panes() -> list[TabPane]:
+        """The tab panes, composed inside `with DetailTabs():` (TabbedContent's contract)."""
+        return [
+            TabPane("Log", Log(max_lines=2000, id="log-tail", auto_scroll=True), id="tab-log"),
+            TabPane("Config", VerticalScroll(Static(config_text(None), id="config")),
+                    id="tab-config"),
+            TabPane("Exit", VerticalScroll(Static(exit_text(None), id="exit")), id="tab-exit"),
+        ]
+
+    def show_instance(self, inst: InstanceStatus | None) -> None:
+        _update_if_changed(self.query_one("#exit", Static), exit_text(inst))
+
+    def show_config(self, config: Mapping[str, Any] | None) -> None:
+        _update_if_changed(self.query_one("#config", Static), config_text(config))
+
+    def log_write(self, text: str, reset: bool) -> None:
+        log = self.query_one("#log-tail", Log)
+        if reset:
+            log.clear()
+        text = without_probes(text)
+        if text:
+            log.write(text)

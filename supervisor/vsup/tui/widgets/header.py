@@ -1,0 +1,77 @@
+"""The top line (node, GPUs, daemon uptime, ready/total, alerts) and the daemon banner."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from vsup.snapshot import StatusSnapshot
+from vsup.tui import fmt
+
+
+def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> Text:
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ READ-ONLY`."""
+    text = Text()
+    text.append(" vsup ", "bold reverse")
+    if snapshot is None:
+        text.append("  connecting to the daemon…", "dim")
+    else:
+        node = snapshot.node
+        sep = " │ "
+        text.append(" " + node.hostname, "bold")
+        text.append(sep)
+        if node.gpu_vendor == "none" or node.gpu_count == 0:
+            text.append("CPU node" if narrow else "no GPUs (CPU node)")
+        else:
+            text.append(f"{node.gpu_vendor.upper()} ×{node.gpu_count}")
+        text.append(sep)
+        text.append(f"{'' if narrow else 'daemon '}up {fmt.duration(snapshot.supervisor.uptime_s)}")
+        text.append(sep)
+        ready, total = snapshot.ready_count, len(snapshot.instances)
+        text.append(f"ready {ready}/{total}", "green" if ready == total else "bold yellow")
+        alerts = len(snapshot.advice)
+        text.append(sep)
+        if alerts:
+            text.append(f"▲ {alerts} alert{'s' if alerts != 1 else ''}", "bold red")
+        else:
+            text.append("no alerts", "dim")
+    if readonly:
+        text.append("  ")
+        text.append(" READ-ONLY ", "bold reverse")
+    return text
+
+
+class NodeHeader(Static):
+    """One line about the node and the daemon; repainted only when its text changes."""
+
+    DEFAULT_CSS = """
+    NodeHeader { height: 1; background: $panel; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self._shown: Text | None = None
+
+    def show(self, snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> None:
+        text = header_text(snapshot, readonly, narrow)
+        if self._shown is None or text.plain != self._shown.plain or text.spans != self._shown.spans:
+            self._shown = text
+            self.update(text, layout=False)  # one line, always: no relayout of the screen
+
+
+class Banner(Static):
+    """Shown while the daemon does not answer; the dashboard keeps retrying."""
+
+    DEFAULT_CSS = """
+    Banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
+    Banner.-shown { display: block; }
+    """
+
+    def show_error(self, error: str | None) -> None:
+        if error is None:
+            self.remove_class("-shown")
+            return
+        self.update(Text.assemble(
+            ("✖ daemon unreachable: ", "bold"), error,
+            " — retrying; instances keep running."))
+        self.add_class("-shown")

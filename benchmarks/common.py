@@ -157,8 +157,9 @@ class Daemon:
                 raise RuntimeError(f"the daemon did not come up; see {home / 'daemon.log'}")
             time.sleep(0.05)
 
-    def wait_states(self, want: Iterable[str], timeout: float, names: Iterable[str] | None = None
-                    ) -> dict:
+    def wait_states(
+        self, want: Iterable[str], timeout: float, names: Iterable[str] | None = None
+    ) -> dict:
         """Poll /v1/status until every (named) instance is in one of `want`; the status."""
         want = set(want)
         deadline = time.monotonic() + timeout

@@ -99,9 +99,11 @@ async def engine_rounds(kills: int, token: str) -> tuple[list[float], list[float
                 t0 = time.monotonic()
                 os.kill(pid, signal.SIGKILL)
                 t_state = await events.first_after(
-                    t0, lambda e: e["kind"] == "state" and e.get("from") == "ready")
+                    t0, lambda e: e["kind"] == "state" and e.get("from") == "ready"
+                )
                 t_exit = await events.first_after(
-                    t0, lambda e: e["kind"] == "exit" and e.get("pid") == pid)
+                    t0, lambda e: e["kind"] == "exit" and e.get("pid") == pid
+                )
                 state_ms.append((t_state - t0) * 1e3)
                 exit_ms.append((t_exit - t0) * 1e3)
         finally:
@@ -121,8 +123,12 @@ def naive_rounds(kills: int, token: str, interval: float = 1.0) -> list[float]:
     out = []
     for phase in phases:
         port = free_ports(1)[0]
-        child = subprocess.Popen([PYTHON, str(EMULATOR), "--port", str(port)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            [PYTHON, str(EMULATOR), "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(0.3)
         t0 = time.monotonic()
         child.kill()

@@ -52,10 +52,19 @@ def emulator_layout(planned: Path, out: Path, startup_s: float, only: list[str] 
     from vsup.layout.model import load_layout, save_layout
 
     layout = load_layout(planned)
-    cmd = ["python3", str(EMULATOR), "--startup-s", str(startup_s), "--hbm-gib", str(HBM_GIB),
-           "--child-hbm-gib", str(CHILD_GIB)]
-    layout = layout.with_defaults({**layout.defaults, "command": cmd,
-                                   "restart": {"policy": "on-failure", "backoff_s": 1}})
+    cmd = [
+        "python3",
+        str(EMULATOR),
+        "--startup-s",
+        str(startup_s),
+        "--hbm-gib",
+        str(HBM_GIB),
+        "--child-hbm-gib",
+        str(CHILD_GIB),
+    ]
+    layout = layout.with_defaults(
+        {**layout.defaults, "command": cmd, "restart": {"policy": "on-failure", "backoff_s": 1}}
+    )
     if only is not None:
         for name in list(layout.instance_names):
             if name not in only:
@@ -75,9 +84,23 @@ def main() -> int:
     before = smi_gpus()
     n = len(before)
     planned = home / "planned.toml"
-    vsup("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--params", "8", "--dtype",
-         "bfloat16", "--max-model-len", "8192", "--gpus", "all", "--per-gpu", "1",
-         "-o", str(planned))
+    vsup(
+        "plan",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--params",
+        "8",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "8192",
+        "--gpus",
+        "all",
+        "--per-gpu",
+        "1",
+        "-o",
+        str(planned),
+    )
     print(planned.read_text())
     vsup("validate", str(planned))
 
@@ -97,9 +120,12 @@ def main() -> int:
     all_s = time.time() - t0
     ev = [e for e in journal(home) if e.get("seq", 0) > seq0]
     spawns = sorted(ts(e) for e in ev if e["kind"] == "spawn")
-    check(f"all {n} instances ready within 1.2x of one", all_s <= 1.2 * single_s,
-          f"one: {single_s:.2f}s, all {n}: {all_s:.2f}s (x{all_s / single_s:.2f}); spawns "
-          f"spread over {spawns[-1] - spawns[0]:.3f}s")
+    check(
+        f"all {n} instances ready within 1.2x of one",
+        all_s <= 1.2 * single_s,
+        f"one: {single_s:.2f}s, all {n}: {all_s:.2f}s (x{all_s / single_s:.2f}); spawns "
+        f"spread over {spawns[-1] - spawns[0]:.3f}s",
+    )
 
     def settled():
         st = status()
@@ -112,9 +138,12 @@ def main() -> int:
         pids = tree_pids(inst["pid"])
         mine = [a for a in apps if a["pid"] in pids]
         gpus_held = sorted({a["gpu"] for a in mine})
-        check(f"{inst['name']} memory only on GPU {inst['gpus']}", gpus_held == inst["gpus"],
-              f"{sum(a['used_mib'] for a in mine)} MiB over pids {sorted(pids)} on GPUs "
-              f"{gpus_held}; vsup says {inst['hbm_bytes'] / 2**20:.0f} MiB")
+        check(
+            f"{inst['name']} memory only on GPU {inst['gpus']}",
+            gpus_held == inst["gpus"],
+            f"{sum(a['used_mib'] for a in mine)} MiB over pids {sorted(pids)} on GPUs "
+            f"{gpus_held}; vsup says {inst['hbm_bytes'] / 2**20:.0f} MiB",
+        )
     screenshot(args.out / f"all-tp1-{n}gpu-160x45.svg", (160, 45))
 
     # SIGKILL two parents at once (or the one there is).
@@ -127,8 +156,11 @@ def main() -> int:
     def back():
         s = status()
         now = {i["name"]: i for i in s["instances"]}
-        return s if all(now[n]["state"] == "ready" and now[n]["pid"] != pid
-                        for n, pid in pids.items()) else None
+        return (
+            s
+            if all(now[n]["state"] == "ready" and now[n]["pid"] != pid for n, pid in pids.items())
+            else None
+        )
 
     st2 = wait_for(back, 240, "both killed instances ready again")
     ev = [e for e in journal(home) if e.get("seq", 0) > seq1]
@@ -138,11 +170,16 @@ def main() -> int:
         rel = next((e for e in mine if e["kind"] == "gpu_release"), None)
         spawn = next((e for e in mine if e["kind"] == "spawn"), None)
         now = next(i for i in st2["instances"] if i["name"] == v["name"])
-        check(f"{v['name']} back on GPU {v['gpus']} after its memory was released",
-              bool(rel) and rel.get("released") is True and bool(spawn)
-              and ts(spawn) >= ts(rel) and now["gpus"] == v["gpus"],
-              f"gpu_release {rel and {k: rel[k] for k in ('released', 'waited_s') if k in rel}}"
-              f", new pid {now['pid']}")
+        check(
+            f"{v['name']} back on GPU {v['gpus']} after its memory was released",
+            bool(rel)
+            and rel.get("released") is True
+            and bool(spawn)
+            and ts(spawn) >= ts(rel)
+            and now["gpus"] == v["gpus"],
+            f"gpu_release {rel and {k: rel[k] for k in ('released', 'waited_s') if k in rel}}"
+            f", new pid {now['pid']}",
+        )
 
     pids_before_down: set[int] = set()
     for i in status()["instances"]:
@@ -154,15 +191,23 @@ def main() -> int:
     left = [q for q in pids_before_down if alive(q)]
     check("vsup down leaves no process", not left, f"left: {left}")
     for uuid, g in after.items():
-        check(f"GPU {g['index']} memory released", g["used_mib"] <= before[uuid]["used_mib"],
-              f"before {before[uuid]['used_mib']} MiB, after {g['used_mib']} MiB")
+        check(
+            f"GPU {g['index']} memory released",
+            g["used_mib"] <= before[uuid]["used_mib"],
+            f"before {before[uuid]['used_mib']} MiB, after {g['used_mib']} MiB",
+        )
 
     failed = [r for r in results if not r[1]]
-    summary = (f"gpus={n} single_s={single_s:.2f} all_s={all_s:.2f} "
-               f"ratio={all_s / single_s:.2f} checks={len(results)} failed={len(failed)}")
+    summary = (
+        f"gpus={n} single_s={single_s:.2f} all_s={all_s:.2f} "
+        f"ratio={all_s / single_s:.2f} checks={len(results)} failed={len(failed)}"
+    )
     (args.out / "gpu_all_tp1.txt").write_text(
         "\n".join(f"{'PASS' if ok else 'FAIL'} {n_}: {d}" for n_, ok, d in results)
-        + "\n" + summary + "\n")
+        + "\n"
+        + summary
+        + "\n"
+    )
     print(summary)
     return 1 if failed else 0
 

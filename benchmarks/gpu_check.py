@@ -82,7 +82,9 @@ def hold(nbytes: int) -> None:
 def smi(query: str, fields: str) -> list[dict[str, str]]:
     out = subprocess.run(
         ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     names = fields.split(",")
     rows = []
@@ -128,10 +130,14 @@ def compare_processes(
             and mine >= nbytes
         )
         if not ok:
-            failures.append(f"GPU {gpu} pid {pid}: probe {mine} B, nvidia-smi {smi_mib} MiB, "
-                            f"allocated {nbytes} B")
-        lines.append(f"  {gpu} {pid} | {_mib(mine)} | {smi_mib} | {nbytes / MiB:.0f} | "
-                     f"{'ok' if ok else 'MISMATCH'}")
+            failures.append(
+                f"GPU {gpu} pid {pid}: probe {mine} B, nvidia-smi {smi_mib} MiB, "
+                f"allocated {nbytes} B"
+            )
+        lines.append(
+            f"  {gpu} {pid} | {_mib(mine)} | {smi_mib} | {nbytes / MiB:.0f} | "
+            f"{'ok' if ok else 'MISMATCH'}"
+        )
     return lines, failures
 
 
@@ -153,10 +159,14 @@ def compare_all_pids(
     for key in sorted(set(theirs) | set(mine)):
         ok = key in theirs and key in mine and close_enough(mine[key], theirs[key], tolerance)
         if not ok:
-            failures.append(f"GPU {key[0]} pid {key[1]}: probe {mine.get(key, 'absent')} B, "
-                            f"nvidia-smi {theirs.get(key, 'absent')} MiB")
-        lines.append(f"  {key[0]} {key[1]} | {_mib(mine.get(key))} | {theirs.get(key, '-')} | "
-                     f"{'ok' if ok else 'MISMATCH'}")
+            failures.append(
+                f"GPU {key[0]} pid {key[1]}: probe {mine.get(key, 'absent')} B, "
+                f"nvidia-smi {theirs.get(key, 'absent')} MiB"
+            )
+        lines.append(
+            f"  {key[0]} {key[1]} | {_mib(mine.get(key))} | {theirs.get(key, '-')} | "
+            f"{'ok' if ok else 'MISMATCH'}"
+        )
     return lines, failures
 
 
@@ -192,19 +202,26 @@ def compare_gpus(
         total_ok = close_enough(sample.hbm_total_bytes, float(row["memory.total"]), tolerance)
         ok = used_ok and total_ok
         if not ok:
-            failures.append(f"GPU {idx}: probe used {sample.hbm_used_bytes} B total "
-                            f"{sample.hbm_total_bytes} B; nvidia-smi used "
-                            f"{row['memory.used']} MiB total {row['memory.total']} MiB")
-        lines.append(f"  {idx} {sample.bdf} | {_mib(sample.hbm_used_bytes)}/"
-                     f"{_mib(sample.hbm_total_bytes)} | {row['memory.used']}/"
-                     f"{row['memory.total']} | {'ok' if ok else 'MISMATCH'}")
+            failures.append(
+                f"GPU {idx}: probe used {sample.hbm_used_bytes} B total "
+                f"{sample.hbm_total_bytes} B; nvidia-smi used "
+                f"{row['memory.used']} MiB total {row['memory.total']} MiB"
+            )
+        lines.append(
+            f"  {idx} {sample.bdf} | {_mib(sample.hbm_used_bytes)}/"
+            f"{_mib(sample.hbm_total_bytes)} | {row['memory.used']}/"
+            f"{row['memory.total']} | {'ok' if ok else 'MISMATCH'}"
+        )
     return lines, failures
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plan", default="0:4,0:10,1:6",
-                    help="GPU:GiB items, one holder process each (default 0:4,0:10,1:6)")
+    ap.add_argument(
+        "--plan",
+        default="0:4,0:10,1:6",
+        help="GPU:GiB items, one holder process each (default 0:4,0:10,1:6)",
+    )
     ap.add_argument("--tolerance", type=float, default=0.01)
     ap.add_argument("--hold", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -224,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpuProbeError as exc:
         print(f"gpu_check: {exc} (pip install nvidia-ml-py)", file=sys.stderr)
         return 2
-    plan = [(int(g), int(float(s) * GiB)) for g, s in (item.split(":") for item in
-                                                      args.plan.split(","))]
+    plan = [
+        (int(g), int(float(s) * GiB)) for g, s in (item.split(":") for item in args.plan.split(","))
+    ]
     plan = [(g, n) for g, n in plan if g < probe.count]
     if not plan:
         print(f"gpu_check: no plan item fits this node's {probe.count} GPU(s)", file=sys.stderr)
@@ -236,8 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for gpu, nbytes in plan:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-            p = subprocess.Popen([sys.executable, __file__, "--hold", str(nbytes)], env=env,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                [sys.executable, __file__, "--hold", str(nbytes)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             holders.append((gpu, nbytes, p))
         for gpu, nbytes, p in holders:
             line = p.stdout.readline().split()
@@ -269,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(lines))
             failures += bad
         else:
-            print("\nNVML lists none of the holders' pids: this runs in another pid namespace "
-                  "(a container); per-instance figures must fall back as hbm.py describes")
+            print(
+                "\nNVML lists none of the holders' pids: this runs in another pid namespace "
+                "(a container); per-instance figures must fall back as hbm.py describes"
+            )
         lines, bad = compare_gpus(samples, gpus_smi, args.tolerance)
         print("\nper GPU: index bus | probe used/total MiB | nvidia-smi used/total MiB | ok")
         print("\n".join(lines))
@@ -289,18 +314,24 @@ def main(argv: list[str] | None = None) -> int:
             fig = att.instances[ref.name]
             want = expected_source(gpu, p.pid, held, visible)
             per_pid = next((x.hbm_bytes for x in by_index[gpu].processes if x.pid == p.pid), None)
-            want_bytes = {"process": per_pid, "device": by_index[gpu].hbm_used_bytes,
-                          "unavailable": None}[want]
+            want_bytes = {
+                "process": per_pid,
+                "device": by_index[gpu].hbm_used_bytes,
+                "unavailable": None,
+            }[want]
             ok = fig.source == want and fig.bytes == want_bytes
             if not ok:
                 failures.append(f"{ref.name}: attribution {fig}, expected {want} {want_bytes}")
-            print(f"  {ref.name} | {fig.bytes} | {fig.source} | {want} "
-                  f"{'ok' if ok else 'MISMATCH'}")
+            print(
+                f"  {ref.name} | {fig.bytes} | {fig.source} | {want} {'ok' if ok else 'MISMATCH'}"
+            )
         if att.foreign:
             print(f"  foreign processes on the GPUs: {[(f.gpu, f.pid) for f in att.foreign]}")
 
-        print(f"\nprobe snapshot of {probe.count} GPU(s): first {probe_ms:.2f} ms, "
-              f"median {statistics.median(timings):.3f} ms")
+        print(
+            f"\nprobe snapshot of {probe.count} GPU(s): first {probe_ms:.2f} ms, "
+            f"median {statistics.median(timings):.3f} ms"
+        )
     finally:
         for _gpu, _n, p in holders:
             if p.stdin:
@@ -315,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures))
         return 1
-    print("\nall probe figures match nvidia-smi within "
-          f"{args.tolerance:.0%} (or 1 MiB of rounding)")
+    print(
+        f"\nall probe figures match nvidia-smi within {args.tolerance:.0%} (or 1 MiB of rounding)"
+    )
     return 0
 
 

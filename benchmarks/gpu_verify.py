@@ -56,8 +56,16 @@ from benchmarks.gpulib import (  # noqa: E402
 
 def layout_text(gpu_count: int) -> str:
     def inst(name: str, gpu: int, port: int, hbm: float, child: float, util: float) -> str:
-        cmd = ["python3", str(EMULATOR), "--startup-s", "3", "--hbm-gib", str(hbm),
-               "--child-hbm-gib", str(child)]
+        cmd = [
+            "python3",
+            str(EMULATOR),
+            "--startup-s",
+            "3",
+            "--hbm-gib",
+            str(hbm),
+            "--child-hbm-gib",
+            str(child),
+        ]
         return (
             f'[[instance]]\nname = "{name}"\ngpus = [{gpu}]\nport = {port}\n'
             f"gpu_memory_utilization = {util}\ncommand = {json.dumps(cmd)}\n\n"
@@ -66,7 +74,7 @@ def layout_text(gpu_count: int) -> str:
     text = (
         '[layout]\nname = "gpu-verify"\n\n[defaults]\nmodel = "emulated/vllm-emulator"\n'
         'host = "127.0.0.1"\nstart_timeout_s = 180\nstop_grace_s = 10\n'
-        "restart = { policy = \"on-failure\", backoff_s = 1, max_failures = 5 }\n\n"
+        'restart = { policy = "on-failure", backoff_s = 1, max_failures = 5 }\n\n'
     )
     text += inst("gpu0a", 0, 8300, 4, 2, 0.45)
     text += inst("gpu0b", 0, 8301, 3, 1, 0.45)
@@ -86,8 +94,10 @@ def main() -> int:
 
     before = smi_gpus()
     gpu_count = len(before)
-    print(f"GPUs: {gpu_count}; used before (MiB): "
-          f"{ {g['index']: g['used_mib'] for g in before.values()} }")
+    print(
+        f"GPUs: {gpu_count}; used before (MiB): "
+        f"{ {g['index']: g['used_mib'] for g in before.values()} }"
+    )
     layout.write_text(layout_text(gpu_count))
     print(layout.read_text())
     vsup("validate", str(layout), check_rc=True)
@@ -100,16 +110,20 @@ def main() -> int:
     spawn = {e["instance"]: ts(e) for e in ev if e["kind"] == "spawn"}
     ready = {e["instance"]: ts(e) for e in ev if e["kind"] == "ready"}
     print(json.dumps({"spawn": spawn, "ready": ready, "all_ready_s": all_ready_s}, indent=1))
-    check("co-tenants start one after the other",
-          spawn["gpu0b"] >= ready["gpu0a"],
-          f"gpu0a ready at +{ready['gpu0a'] - spawn['gpu0a']:.2f}s, gpu0b spawned "
-          f"+{spawn['gpu0b'] - spawn['gpu0a']:.2f}s after gpu0a's spawn "
-          f"({spawn['gpu0b'] - ready['gpu0a']:.3f}s after its readiness)")
+    check(
+        "co-tenants start one after the other",
+        spawn["gpu0b"] >= ready["gpu0a"],
+        f"gpu0a ready at +{ready['gpu0a'] - spawn['gpu0a']:.2f}s, gpu0b spawned "
+        f"+{spawn['gpu0b'] - spawn['gpu0a']:.2f}s after gpu0a's spawn "
+        f"({spawn['gpu0b'] - ready['gpu0a']:.3f}s after its readiness)",
+    )
     if gpu_count > 1:
-        check("another GPU starts in parallel",
-              spawn["gpu1"] < ready["gpu0a"],
-              f"gpu1 spawned {spawn['gpu1'] - spawn['gpu0a']:+.3f}s from gpu0a's spawn, "
-              f"before gpu0a was ready (+{ready['gpu0a'] - spawn['gpu0a']:.2f}s)")
+        check(
+            "another GPU starts in parallel",
+            spawn["gpu1"] < ready["gpu0a"],
+            f"gpu1 spawned {spawn['gpu1'] - spawn['gpu0a']:+.3f}s from gpu0a's spawn, "
+            f"before gpu0a was ready (+{ready['gpu0a'] - spawn['gpu0a']:.2f}s)",
+        )
 
     # 2-4. pinning and attribution, once every instance's memory is visible to NVML
     def settled():
@@ -125,23 +139,33 @@ def main() -> int:
         pids = tree_pids(inst["pid"])
         mine = [a for a in apps if a["pid"] in pids]
         on_other = [a for a in mine if a["gpu"] not in inst["gpus"]]
-        check(f"{inst['name']} pinned to GPU {inst['gpus']}", not on_other and bool(mine),
-              f"pids {sorted(pids)} hold memory on GPUs {sorted({a['gpu'] for a in mine})}")
+        check(
+            f"{inst['name']} pinned to GPU {inst['gpus']}",
+            not on_other and bool(mine),
+            f"pids {sorted(pids)} hold memory on GPUs {sorted({a['gpu'] for a in mine})}",
+        )
         smi_sum = sum(a["used_mib"] for a in mine)
         vsup_mib = inst["hbm_bytes"] / MiB
-        check(f"{inst['name']} HBM == nvidia-smi sum over its pids",
-              abs(vsup_mib - smi_sum) <= len(mine) + 0.01 and inst["hbm_source"] == "process",
-              f"vsup {inst['hbm_bytes']} B = {vsup_mib:.1f} MiB ({inst['hbm_source']}), "
-              f"nvidia-smi {smi_sum} MiB over {len(mine)} pids")
+        check(
+            f"{inst['name']} HBM == nvidia-smi sum over its pids",
+            abs(vsup_mib - smi_sum) <= len(mine) + 0.01 and inst["hbm_source"] == "process",
+            f"vsup {inst['hbm_bytes']} B = {vsup_mib:.1f} MiB ({inst['hbm_source']}), "
+            f"nvidia-smi {smi_sum} MiB over {len(mine)} pids",
+        )
     by_index = {g["index"]: g for g in gpus_now.values()}
     for g in st["gpus"]:
         ref = by_index[g["index"]]
         used_mib, total_mib = g["hbm_used_bytes"] / MiB, g["hbm_total_bytes"] / MiB
-        ok = (abs(used_mib - ref["used_mib"]) <= max(0.01 * ref["used_mib"], 1)
-              and abs(total_mib - ref["total_mib"]) <= 0.01 * ref["total_mib"])
-        check(f"GPU {g['index']} used/total matches nvidia-smi", ok,
-              f"vsup {used_mib:.0f}/{total_mib:.0f} MiB, nvidia-smi "
-              f"{ref['used_mib']}/{ref['total_mib']} MiB")
+        ok = (
+            abs(used_mib - ref["used_mib"]) <= max(0.01 * ref["used_mib"], 1)
+            and abs(total_mib - ref["total_mib"]) <= 0.01 * ref["total_mib"]
+        )
+        check(
+            f"GPU {g['index']} used/total matches nvidia-smi",
+            ok,
+            f"vsup {used_mib:.0f}/{total_mib:.0f} MiB, nvidia-smi "
+            f"{ref['used_mib']}/{ref['total_mib']} MiB",
+        )
 
     for size in ((160, 45), (80, 24)):
         screenshot(args.out / f"gpu-node-h200-{size[0]}x{size[1]}.svg", size, select="gpu0b")
@@ -158,14 +182,18 @@ def main() -> int:
     try:
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
-        held = wait_for(lambda: [a for a in smi_apps() if a["pid"] in orphans], 10,
-                        "the orphan in nvidia-smi")
+        held = wait_for(
+            lambda: [a for a in smi_apps() if a["pid"] in orphans], 10, "the orphan in nvidia-smi"
+        )
         parent_gone = not alive(pid)
     finally:
         os.kill(daemon_pid, signal.SIGCONT)
-    check("after SIGKILL of the parent its child still holds HBM", bool(held) and parent_gone,
-          f"parent {pid} gone: {parent_gone}; orphans {sorted(orphans)} hold "
-          f"{sum(a['used_mib'] for a in held)} MiB")
+    check(
+        "after SIGKILL of the parent its child still holds HBM",
+        bool(held) and parent_gone,
+        f"parent {pid} gone: {parent_gone}; orphans {sorted(orphans)} hold "
+        f"{sum(a['used_mib'] for a in held)} MiB",
+    )
 
     def back():
         s = status()
@@ -180,18 +208,27 @@ def main() -> int:
     rel = next((e for e in ev if e["kind"] == "gpu_release"), None)
     respawn = next((e for e in ev if e["kind"] == "spawn"), None)
     print("journal after the kill:", kinds)
-    check("exit classified killed", bool(exit_ev) and exit_ev.get("reason") == "killed",
-          f"{exit_ev}")
-    check("memory released before the new spawn",
-          bool(rel) and rel.get("released") is True and bool(respawn) and ts(respawn) >= ts(rel),
-          f"release {rel}; spawn at +{(ts(respawn) - t_kill) if respawn else float('nan'):.2f}s"
-          f" after the kill")
+    check(
+        "exit classified killed", bool(exit_ev) and exit_ev.get("reason") == "killed", f"{exit_ev}"
+    )
+    check(
+        "memory released before the new spawn",
+        bool(rel) and rel.get("released") is True and bool(respawn) and ts(respawn) >= ts(rel),
+        f"release {rel}; spawn at +{(ts(respawn) - t_kill) if respawn else float('nan'):.2f}s"
+        f" after the kill",
+    )
     left = [a for a in smi_apps() if a["pid"] in orphans]
-    check("the orphaned child is gone", not left and not any(alive(o) for o in orphans),
-          f"left: {left}")
+    check(
+        "the orphaned child is gone",
+        not left and not any(alive(o) for o in orphans),
+        f"left: {left}",
+    )
     inst2 = next(x for x in st2["instances"] if x["name"] == "gpu0a")
-    check("restarted on the same GPU", inst2["gpus"] == [0] and inst2["restarts"] >= 1,
-          f"pid {pid} -> {inst2['pid']}, gpus {inst2['gpus']}, restarts {inst2['restarts']}")
+    check(
+        "restarted on the same GPU",
+        inst2["gpus"] == [0] and inst2["restarts"] >= 1,
+        f"pid {pid} -> {inst2['pid']}, gpus {inst2['gpus']}, restarts {inst2['restarts']}",
+    )
 
     # 6. down releases everything
     pids_before_down = set()
@@ -203,12 +240,17 @@ def main() -> int:
     after = smi_gpus()
     leftover = [p for p in pids_before_down if alive(p)]
     apps_after = [a for a in smi_apps() if a["pid"] in pids_before_down]
-    check("vsup down leaves no process", not leftover and not apps_after,
-          f"left: {leftover}, on GPUs: {apps_after}")
+    check(
+        "vsup down leaves no process",
+        not leftover and not apps_after,
+        f"left: {leftover}, on GPUs: {apps_after}",
+    )
     for uuid, g in after.items():
-        check(f"GPU {g['index']} memory back to its level before the run",
-              g["used_mib"] <= before[uuid]["used_mib"],
-              f"before {before[uuid]['used_mib']} MiB, after {g['used_mib']} MiB")
+        check(
+            f"GPU {g['index']} memory back to its level before the run",
+            g["used_mib"] <= before[uuid]["used_mib"],
+            f"before {before[uuid]['used_mib']} MiB, after {g['used_mib']} MiB",
+        )
 
     failed = [r for r in results if not r[1]]
     summary = f"checks={len(results)} failed={len(failed)} all_ready_s={all_ready_s:.1f}"

@@ -43,7 +43,9 @@ def smi(query: str, kind: str = "gpu") -> list[list[str]]:
     flag = "--query-gpu" if kind == "gpu" else "--query-compute-apps"
     out = subprocess.run(
         ["nvidia-smi", f"{flag}={query}", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
@@ -100,12 +102,27 @@ def tree_pids(pid: int) -> set[int]:
 def screenshot(out: Path, size: tuple[int, int], select: str | None = None) -> None:
     """The dashboard as it shows this node, through the real daemon, saved as SVG."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vsup", "tui", "--screenshot", str(out),
-         "--size", f"{size[0]}x{size[1]}", *(["--select", select] if select else [])],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "vsup",
+            "tui",
+            "--screenshot",
+            str(out),
+            "--size",
+            f"{size[0]}x{size[1]}",
+            *(["--select", select] if select else []),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    check(f"dashboard screenshot {size[0]}x{size[1]}", proc.returncode == 0 and out.exists(),
-          f"{out.name} ({proc.stderr.strip()[-300:] or 'ok'})")
+    check(
+        f"dashboard screenshot {size[0]}x{size[1]}",
+        proc.returncode == 0 and out.exists(),
+        f"{out.name} ({proc.stderr.strip()[-300:] or 'ok'})",
+    )
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
@@ -126,4 +143,3 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-

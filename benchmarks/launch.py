@@ -107,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             for key, gpus in cases.items():
                 got[key].append(asyncio.run(one_start(gpus, args.startup_s, token)))
-            print(f"run {run + 1}: " + " ".join(f"{k}={v[-1]:.2f}" for k, v in got.items()),
-                  flush=True)
+            print(
+                f"run {run + 1}: " + " ".join(f"{k}={v[-1]:.2f}" for k, v in got.items()),
+                flush=True,
+            )
     finally:
         left = kill_token(token)
         if left:

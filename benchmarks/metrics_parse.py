@@ -60,11 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         text = path.read_text()
         fast = median_ms(lambda: parse_metrics(text), args.iterations)
-        full = median_ms(lambda: list(text_string_to_metric_families(text)),
-                         max(50, args.iterations // 20))
+        full = median_ms(
+            lambda: list(text_string_to_metric_families(text)), max(50, args.iterations // 20)
+        )
         m = parse_metrics(text)
-        print(f"{path.name}: {len(text)} bytes, fast {fast:.4f} ms, full {full:.3f} ms, "
-              f"x{full / fast:.0f} (kv={m.kv_cache_usage} preemptions={m.preemptions_total})")
+        print(
+            f"{path.name}: {len(text)} bytes, fast {fast:.4f} ms, full {full:.3f} ms, "
+            f"x{full / fast:.0f} (kv={m.kv_cache_usage} preemptions={m.preemptions_total})"
+        )
         results.append((fast, full))
     fast, full = max(results)
     print(f"parse_ms={fast:.4f} baseline_ms={full:.3f} ratio={full / fast:.1f}")

@@ -124,22 +124,32 @@ def measure(instances: int, seconds: float, runs: int, naive: bool, warmup: floa
             scraped = sum(1 for i in status["instances"] if i["kv_cache_usage"] is not None)
             if scraped != instances:
                 raise RuntimeError(f"the daemon shows metrics of {scraped}/{instances} instances")
-            print(f"{instances} emulators ready in {started_s:.1f} s (serial: one cpu device); "
-                  f"daemon pid {daemon.pid}", flush=True)
+            print(
+                f"{instances} emulators ready in {started_s:.1f} s (serial: one cpu device); "
+                f"daemon pid {daemon.pid}",
+                flush=True,
+            )
             daemon_pct = windows(daemon.pid, runs, seconds)
             rss_mb = psutil.Process(daemon.pid).memory_info().rss / 2**20
             status = daemon.client.status()
             assert all(i["state"] == "ready" for i in status["instances"])
-            print("daemon cpu % per window: " + " ".join(f"{v:.2f}" for v in daemon_pct),
-                  flush=True)
+            print(
+                "daemon cpu % per window: " + " ".join(f"{v:.2f}" for v in daemon_pct), flush=True
+            )
             naive_pct: list[float] = []
             if naive:
                 env = dict(os.environ, **{TOKEN_VAR: token})
                 env["PYTHONPATH"] = str(ROOT)
                 poller = subprocess.Popen(
-                    [PYTHON, "-m", "benchmarks.overhead", "--naive-poller",
-                     ",".join(map(str, ports))],
-                    cwd=str(ROOT), env=env,
+                    [
+                        PYTHON,
+                        "-m",
+                        "benchmarks.overhead",
+                        "--naive-poller",
+                        ",".join(map(str, ports)),
+                    ],
+                    cwd=str(ROOT),
+                    env=env,
                 )
                 try:
                     time.sleep(warmup)
@@ -147,14 +157,14 @@ def measure(instances: int, seconds: float, runs: int, naive: bool, warmup: floa
                 finally:
                     poller.kill()
                     poller.wait()
-                print("naive cpu % per window: " + " ".join(f"{v:.2f}" for v in naive_pct),
-                      flush=True)
+                print(
+                    "naive cpu % per window: " + " ".join(f"{v:.2f}" for v in naive_pct), flush=True
+                )
         finally:
             daemon.close()
             left = kill_token(token)
             if left:
-                print(f"warning: killed {len(left)} processes left behind: {left}",
-                      file=sys.stderr)
+                print(f"warning: killed {len(left)} processes left behind: {left}", file=sys.stderr)
     d = median(daemon_pct)
     out = {
         "instances": instances,

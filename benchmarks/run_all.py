@@ -59,19 +59,44 @@ class Bench:
 def benches() -> list[Bench]:
     return [
         Bench("metrics_parse", [], 5, quick_args=["--iterations", "500"]),
-        Bench("overhead", ["--instances", "8", "--seconds", "10", "--runs", "5"], 1,
-              quick_args=["--instances", "8", "--seconds", "5", "--runs", "1", "--no-naive"]),
-        Bench("overhead", ["--instances", "64", "--seconds", "10", "--runs", "5"], 1,
-              quick_args=["--instances", "64", "--seconds", "5", "--runs", "1", "--no-naive"]),
-        Bench("crash_detect", ["--kills", "50", "--naive-kills", "20"], 5,
-              quick_args=["--kills", "50", "--naive-kills", "0"]),
-        Bench("stop_release", ["--runs", "5", "--vllm-runs", "3", "--grace", "2"], 1,
-              quick_args=["--runs", "2", "--no-vllm", "--grace", "2"]),
-        Bench("launch", ["--runs", "5", "--startup-s", "2"], 1,
-              quick_args=["--runs", "1", "--startup-s", "2", "--no-sequential"]),
+        Bench(
+            "overhead",
+            ["--instances", "8", "--seconds", "10", "--runs", "5"],
+            1,
+            quick_args=["--instances", "8", "--seconds", "5", "--runs", "1", "--no-naive"],
+        ),
+        Bench(
+            "overhead",
+            ["--instances", "64", "--seconds", "10", "--runs", "5"],
+            1,
+            quick_args=["--instances", "64", "--seconds", "5", "--runs", "1", "--no-naive"],
+        ),
+        Bench(
+            "crash_detect",
+            ["--kills", "50", "--naive-kills", "20"],
+            5,
+            quick_args=["--kills", "50", "--naive-kills", "0"],
+        ),
+        Bench(
+            "stop_release",
+            ["--runs", "5", "--vllm-runs", "3", "--grace", "2"],
+            1,
+            quick_args=["--runs", "2", "--no-vllm", "--grace", "2"],
+        ),
+        Bench(
+            "launch",
+            ["--runs", "5", "--startup-s", "2"],
+            1,
+            quick_args=["--runs", "1", "--startup-s", "2", "--no-sequential"],
+        ),
         Bench("tui_render", [], 5, quick_args=[], needs="benchmarks/tui_render.py"),
-        Bench("tui_idle", ["--seconds", "15"], 5, quick_args=["--seconds", "5"],
-              needs="benchmarks/tui_idle.py"),
+        Bench(
+            "tui_idle",
+            ["--seconds", "15"],
+            5,
+            quick_args=["--seconds", "5"],
+            needs="benchmarks/tui_idle.py",
+        ),
     ]
 
 
@@ -89,7 +114,11 @@ def run_bench(b: Bench, quick: bool) -> None:
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", f"benchmarks.{b.name}", *args],
-                cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                cwd=str(ROOT),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
             b.error = f"timed out after {TIMEOUT_S} s"
@@ -130,75 +159,111 @@ def table(by: dict[str, Bench], quick: bool) -> list[str]:
 
     mp = by["metrics_parse"]
     parse, base = mp.median("parse_ms"), mp.median("baseline_ms")
-    add("metrics_parse", "/metrics read, one ~60 KB vLLM payload", "<= 0.3 ms",
+    add(
+        "metrics_parse",
+        "/metrics read, one ~60 KB vLLM payload",
+        "<= 0.3 ms",
         f"{fmt(parse, ' ms', 3)}{verdict(parse is not None and parse <= 0.3)}; full "
         f"prometheus_client parse {fmt(base, ' ms', 2)} (x{fmt(mp.median('ratio'), '', 0)})",
-        f"{_n(len(mp.results), 'run')} (each: median of "
-        f"{'500' if quick else '2000'} parses)")
+        f"{_n(len(mp.results), 'run')} (each: median of {'500' if quick else '2000'} parses)",
+    )
     for key, n, target in (("overhead_8", 8, 2.0), ("overhead_64", 64, 10.0)):
         b = by[key]
         d = b.median("daemon_cpu_pct")
         naive = b.median("naive_cpu_pct")
-        extra = (f"; naive poller {fmt(naive, ' %')} (x{fmt(b.median('naive_ratio'), '', 0)})"
-                 if naive is not None else "")
-        add(key, f"daemon CPU watching {n} emulated vLLM servers at 1 Hz",
+        extra = (
+            f"; naive poller {fmt(naive, ' %')} (x{fmt(b.median('naive_ratio'), '', 0)})"
+            if naive is not None
+            else ""
+        )
+        add(
+            key,
+            f"daemon CPU watching {n} emulated vLLM servers at 1 Hz",
             f"<= {target:g} % of a core",
             f"{fmt(d, ' %', 1)}{verdict(d is not None and d <= target)}; "
             f"{fmt(b.median('per_instance_poll_ms'), ' ms', 2)} per instance per poll, "
             f"RSS {fmt(b.median('daemon_rss_mb'), ' MB', 0)}{extra}",
-            "5 windows of 10 s" if not quick else "1 window of 5 s")
+            "5 windows of 10 s" if not quick else "1 window of 5 s",
+        )
     cd = by["crash_detect"]
     p99 = cd.median("detect_ms_p99")
     naive = cd.median("naive_ms_p50")
     extra = f"; 1 Hz poller p50 {fmt(naive, ' ms', 0)}" if naive is not None else ""
-    add("crash_detect", "crash detection: SIGKILL -> state change, p99", "<= 100 ms",
+    add(
+        "crash_detect",
+        "crash detection: SIGKILL -> state change, p99",
+        "<= 100 ms",
         f"{fmt(p99, ' ms', 1)}{verdict(p99 is not None and p99 <= 100)} "
         f"(p50 {fmt(cd.median('detect_ms_p50'), ' ms', 1)}){extra}",
-        f"{_n(len(cd.results), 'run')} of 50 kills")
+        f"{_n(len(cd.results), 'run')} of 50 kills",
+    )
     st = by["stop_release"]
     if st.median("vllm_stop_ms") is not None:
-        add("stop_release", "stop a real CPU vLLM (API server, EngineCore, worker) until no "
-            "process of it is left", "-",
+        add(
+            "stop_release",
+            "stop a real CPU vLLM (API server, EngineCore, worker) until no process of it is left",
+            "-",
             f"{fmt(st.median('vllm_stop_ms'), ' ms', 0)} (last process gone after "
             f"{fmt(st.median('vllm_gone_ms'), ' ms', 0)})",
-            f"{st.results[0].get('vllm_runs', '?')} vLLM starts and stops")
+            f"{st.results[0].get('vllm_runs', '?')} vLLM starts and stops",
+        )
     grace = st.median("grace_s")
     its = st.median("ignore_term_stop_ms")
     ok = its is not None and grace is not None and its <= grace * 1e3 + 1000
-    add("stop_release", "stop a child that ignores SIGTERM (SIGKILL after the grace period)",
+    add(
+        "stop_release",
+        "stop a child that ignores SIGTERM (SIGKILL after the grace period)",
         "<= grace + 1 s",
         f"{fmt(its / 1e3 if its else None, ' s', 3)} with grace {fmt(grace, ' s', 0)}"
         f"{verdict(ok if its is not None else None)}; a SIGTERM-honouring emulator: "
         f"{fmt(st.median('emulator_stop_ms'), ' ms', 0)}",
-        _n(st.results[0].get("runs", "?") if st.results else "?", "run"))
+        _n(st.results[0].get("runs", "?") if st.results else "?", "run"),
+    )
     la = by["launch"]
     single = la.median("single_s")
     par = la.median("parallel_8_s")
     seq = la.median("sequential_8_s")
     ratio = la.median("parallel_ratio")
-    extra = f"; sequential start {fmt(seq, ' s', 1)} (x{fmt(la.median('speedup'), '', 1)} " \
-            "slower)" if seq is not None else ""
-    add("launch", "8 instances on 8 devices, start-up 2 s each: spawn to all ready",
+    extra = (
+        f"; sequential start {fmt(seq, ' s', 1)} (x{fmt(la.median('speedup'), '', 1)} slower)"
+        if seq is not None
+        else ""
+    )
+    add(
+        "launch",
+        "8 instances on 8 devices, start-up 2 s each: spawn to all ready",
         "~ one start",
         f"{fmt(par, ' s', 2)} vs {fmt(single, ' s', 2)} for one (x{fmt(ratio, '', 2)}){extra}",
-        _n(la.results[0].get("runs", "?") if la.results else "?", "run"))
-    add("launch", "4 co-tenants of one device, start-up 2 s each", "one after another",
+        _n(la.results[0].get("runs", "?") if la.results else "?", "run"),
+    )
+    add(
+        "launch",
+        "4 co-tenants of one device, start-up 2 s each",
+        "one after another",
         f"{fmt(la.median('cotenant_4_s'), ' s', 2)} (x{fmt(la.median('cotenant_ratio'), '', 2)}"
         " one start)",
-        _n(la.results[0].get("runs", "?") if la.results else "?", "run"))
+        _n(la.results[0].get("runs", "?") if la.results else "?", "run"),
+    )
     tr = by["tui_render"]
     if not tr.error or tr.results:
         v = tr.median("refresh_ms_median")
-        add("tui_render", "dashboard refresh with 64 instances (CPU of the UI thread per "
-            "snapshot)", "<= 20 ms",
+        add(
+            "tui_render",
+            "dashboard refresh with 64 instances (CPU of the UI thread per snapshot)",
+            "<= 20 ms",
             f"{fmt(v, ' ms', 2)}{verdict(v is not None and v <= 20)}",
-            _n(len(tr.results), "run"))
+            _n(len(tr.results), "run"),
+        )
     ti = by["tui_idle"]
     if not ti.error or ti.results:
         v = ti.median("cpu_pct")
-        add("tui_idle", "dashboard idle, 8 instances, 1 s refresh (CPU of its process)",
-            "<= 3 % of a core", f"{fmt(v, ' %', 2)}{verdict(v is not None and v <= 3)}",
-            _n(len(ti.results), "run") + " of 15 s")
+        add(
+            "tui_idle",
+            "dashboard idle, 8 instances, 1 s refresh (CPU of its process)",
+            "<= 3 % of a core",
+            f"{fmt(v, ' %', 2)}{verdict(v is not None and v <= 3)}",
+            _n(len(ti.results), "run") + " of 15 s",
+        )
     return rows
 
 
@@ -215,8 +280,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
-            f"Linux {platform.release()}")
+    return (
+        f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
+        f"Linux {platform.release()}"
+    )
 
 
 def render(by: dict[str, Bench], quick: bool) -> str:
@@ -269,8 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     if (not args.quick and not args.only) or args.docs:
         (ROOT / "docs" / "benchmarks.md").write_text(text)
         print(f"wrote {ROOT / 'docs' / 'benchmarks.md'}")
-    failed = [k for k, b in by.items() if b.error and not b.error.startswith(("not run",))
-              and not (b.needs and not (ROOT / b.needs).exists())]
+    failed = [
+        k
+        for k, b in by.items()
+        if b.error
+        and not b.error.startswith(("not run",))
+        and not (b.needs and not (ROOT / b.needs).exists())
+    ]
     return 1 if failed else 0
 
 

@@ -113,20 +113,27 @@ def timed_stop(daemon: Daemon, name: str) -> tuple[float, float, int]:
 
 
 def emulator_runs(runs: int, grace: float, token: str) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"emulator_stop": [], "emulator_gone": [],
-                                   "ignore_term_stop": [], "ignore_term_gone": []}
+    out: dict[str, list[float]] = {
+        "emulator_stop": [],
+        "emulator_gone": [],
+        "ignore_term_stop": [],
+        "ignore_term_gone": [],
+    }
     ports = free_ports(2)
     with bench_home() as home:
         daemon = Daemon(home, token)
         try:
-            layout = emulator_layout("stop", ports, token, health_interval_s=0.1,
-                                     stop_grace_s=grace)
+            layout = emulator_layout(
+                "stop", ports, token, health_interval_s=0.1, stop_grace_s=grace
+            )
             # e000 honours SIGTERM, e001 ignores it; both have an EngineCore child
-            layout = layout.replace('port = %d\n' % ports[0],
-                                    'port = %d\nargs = { engine-child = true }\n' % ports[0])
             layout = layout.replace(
-                'port = %d\n' % ports[1],
-                'port = %d\nargs = { engine-child = true, ignore-term = true }\n' % ports[1])
+                "port = %d\n" % ports[0], "port = %d\nargs = { engine-child = true }\n" % ports[0]
+            )
+            layout = layout.replace(
+                "port = %d\n" % ports[1],
+                "port = %d\nargs = { engine-child = true, ignore-term = true }\n" % ports[1],
+            )
             result = daemon.client.apply(layout)
             if not result.get("applied"):
                 raise RuntimeError(f"layout refused: {result['errors']}")
@@ -140,8 +147,11 @@ def emulator_runs(runs: int, grace: float, token: str) -> dict[str, list[float]]
                 stop_ms, gone_ms, n = timed_stop(daemon, "e001")
                 out["ignore_term_stop"].append(stop_ms)
                 out["ignore_term_gone"].append(gone_ms)
-                print(f"emulator: stop {out['emulator_stop'][-1]:.0f} ms; SIGTERM-deaf: "
-                      f"stop {stop_ms:.0f} ms ({n} processes)", flush=True)
+                print(
+                    f"emulator: stop {out['emulator_stop'][-1]:.0f} ms; SIGTERM-deaf: "
+                    f"stop {stop_ms:.0f} ms ({n} processes)",
+                    flush=True,
+                )
         finally:
             daemon.close()
     return out
@@ -186,8 +196,11 @@ port = {port}
                     stop_ms, gone_ms, n = timed_stop(daemon, "vllm")
                     out["vllm_stop"].append(stop_ms)
                     out["vllm_gone"].append(gone_ms)
-                    print(f"vllm: ready after ~{out['vllm_start'][-1]:.0f} s, stop {stop_ms:.0f} "
-                          f"ms, last process gone at {gone_ms:.0f} ms ({n} processes)", flush=True)
+                    print(
+                        f"vllm: ready after ~{out['vllm_start'][-1]:.0f} s, stop {stop_ms:.0f} "
+                        f"ms, last process gone at {gone_ms:.0f} ms ({n} processes)",
+                        flush=True,
+                    )
             finally:
                 daemon.close()
     return out
@@ -212,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: killed {len(left)} processes left behind: {left}", file=sys.stderr)
     figures: dict[str, object] = {}
     if "vllm_stop" in results:
-        figures.update(vllm_stop_ms=median(results["vllm_stop"]),
-                       vllm_gone_ms=median(results["vllm_gone"]),
-                       vllm_runs=len(results["vllm_stop"]))
+        figures.update(
+            vllm_stop_ms=median(results["vllm_stop"]),
+            vllm_gone_ms=median(results["vllm_gone"]),
+            vllm_runs=len(results["vllm_stop"]),
+        )
     its = median(results["ignore_term_stop"])
     figures.update(
         emulator_stop_ms=median(results["emulator_stop"]),

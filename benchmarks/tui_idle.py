@@ -37,27 +37,40 @@ from tui_render import count_display  # noqa: E402
 def quiet_node(instances: int, started: float):
     """Snapshots of `instances` ready, unloaded instances whose uptimes follow the clock."""
     base = samples.big_node(instances, tick=0)
-    quiet = tuple(dataclasses.replace(i, kv_cache_usage=0.0, requests_running=0.0,
-                                      requests_waiting=0.0, generation_tokens_per_s=0.0,
-                                      prompt_tokens_per_s=0.0) for i in base.instances)
+    quiet = tuple(
+        dataclasses.replace(
+            i,
+            kv_cache_usage=0.0,
+            requests_running=0.0,
+            requests_waiting=0.0,
+            generation_tokens_per_s=0.0,
+            prompt_tokens_per_s=0.0,
+        )
+        for i in base.instances
+    )
 
     def snapshot():
         elapsed = int(time.monotonic() - started)
         return dataclasses.replace(
             base,
-            supervisor=dataclasses.replace(base.supervisor,
-                                           uptime_s=base.supervisor.uptime_s + elapsed),
-            instances=tuple(dataclasses.replace(i, uptime_s=(i.uptime_s or 0) + elapsed)
-                            for i in quiet))
+            supervisor=dataclasses.replace(
+                base.supervisor, uptime_s=base.supervisor.uptime_s + elapsed
+            ),
+            instances=tuple(
+                dataclasses.replace(i, uptime_s=(i.uptime_s or 0) + elapsed) for i in quiet
+            ),
+        )
 
     return snapshot
 
 
 async def measure(instances: int, seconds: float, size: tuple[int, int], warmup: float) -> dict:
     started = time.monotonic()
-    client = MemoryClient(source=quiet_node(instances, started), as_json=True,
-                          logs_current={f"g{i % 8}-{i // 8:02d}": "INFO ready\n"
-                                        for i in range(instances)})
+    client = MemoryClient(
+        source=quiet_node(instances, started),
+        as_json=True,
+        logs_current={f"g{i % 8}-{i // 8:02d}": "INFO ready\n" for i in range(instances)},
+    )
     app = DashboardApp(client, refresh_s=1.0)
     async with app.run_test(size=size) as pilot:
         count_display(app)
@@ -87,11 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     cols, rows = (int(v) for v in args.size.lower().split("x"))
     out = asyncio.run(measure(args.instances, args.seconds, (cols, rows), args.warmup))
     pct = 100.0 * out["cpu_s"] / out["wall_s"]
-    print(f"{out['wall_s']:.1f} s idle: {out['cpu_s'] * 1000:.0f} ms CPU, "
-          f"{out['renders']} snapshots rendered, {out['calls']} client calls")
-    print(f"instances={args.instances} size={args.size} seconds={out['wall_s']:.1f} "
-          f"cpu_pct={pct:.2f} renders={out['renders']} target_pct=3 "
-          f"ok={'yes' if pct <= 3 else 'no'}")
+    print(
+        f"{out['wall_s']:.1f} s idle: {out['cpu_s'] * 1000:.0f} ms CPU, "
+        f"{out['renders']} snapshots rendered, {out['calls']} client calls"
+    )
+    print(
+        f"instances={args.instances} size={args.size} seconds={out['wall_s']:.1f} "
+        f"cpu_pct={pct:.2f} renders={out['renders']} target_pct=3 "
+        f"ok={'yes' if pct <= 3 else 'no'}"
+    )
     return 0
 
 

@@ -93,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     out = asyncio.run(measure(args.instances, args.rounds, (cols, rows)))
     for key, values in out.items():
         values = sorted(values)
-        print(f"{key:<11} median {statistics.median(values):7.2f}  "
-              f"p90 {values[int(len(values) * 0.9) - 1]:7.2f}  max {values[-1]:7.2f}")
+        print(
+            f"{key:<11} median {statistics.median(values):7.2f}  "
+            f"p90 {values[int(len(values) * 0.9) - 1]:7.2f}  max {values[-1]:7.2f}"
+        )
     med = {k: statistics.median(v) for k, v in out.items()}
-    print(f"instances={args.instances} size={args.size} rounds={args.rounds} "
-          f"refresh_ms_median={med['refresh_ms']:.2f} handler_ms_median={med['handler_ms']:.2f} "
-          f"latency_ms_median={med['latency_ms']:.2f} target_ms=20 "
-          f"ok={'yes' if med['refresh_ms'] <= 20 else 'no'}")
+    print(
+        f"instances={args.instances} size={args.size} rounds={args.rounds} "
+        f"refresh_ms_median={med['refresh_ms']:.2f} handler_ms_median={med['handler_ms']:.2f} "
+        f"latency_ms_median={med['latency_ms']:.2f} target_ms=20 "
+        f"ok={'yes' if med['refresh_ms'] <= 20 else 'no'}"
+    )
     return 0
 
 

@@ -33,16 +33,37 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 @pytest.fixture
 def preempting_vllm(
-    tiny_model: Path, vllm_command: list[str], vllm_env: dict[str, str], port: int,
+    tiny_model: Path,
+    vllm_command: list[str],
+    vllm_env: dict[str, str],
+    port: int,
     tmp_path: Path,
 ) -> Iterator[tuple[str, Path]]:
     log_path = tmp_path / "vllm.log"
-    argv = [*vllm_command, "--model", str(tiny_model), "--dtype", "float32", "--enforce-eager",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--num-gpu-blocks-override", "6", "--max-model-len", "512"]
+    argv = [
+        *vllm_command,
+        "--model",
+        str(tiny_model),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-gpu-blocks-override",
+        "6",
+        "--max-model-len",
+        "512",
+    ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **vllm_env}, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **vllm_env},
+            start_new_session=True,
+        )
     try:
         yield f"http://127.0.0.1:{port}", log_path
     finally:
@@ -96,10 +117,17 @@ async def test_live_server_under_load_shows_preemptions_kv_usage_and_rates(
         assert (backend.name, backend.source) == ("CPU_ATTN", "default")
 
         async with httpx.AsyncClient(timeout=300) as client:
+
             async def complete(i: int) -> None:
-                r = await client.post(url + "/v1/completions", json={
-                    "model": str(tiny_model), "prompt": f"request {i}",
-                    "max_tokens": 300 + (i * 9) % 101, "ignore_eos": True})
+                r = await client.post(
+                    url + "/v1/completions",
+                    json={
+                        "model": str(tiny_model),
+                        "prompt": f"request {i}",
+                        "max_tokens": 300 + (i * 9) % 101,
+                        "ignore_eos": True,
+                    },
+                )
                 r.raise_for_status()
 
             seen = []
@@ -132,8 +160,10 @@ async def test_live_server_under_load_shows_preemptions_kv_usage_and_rates(
             await scrape_once()
             doc = await probe
 
-    trace = (f"rounds: {rounds}; preemptions {[m.preemptions_total for m in seen]}, "
-             f"waiting {[m.requests_waiting for m in seen]}")
+    trace = (
+        f"rounds: {rounds}; preemptions {[m.preemptions_total for m in seen]}, "
+        f"waiting {[m.requests_waiting for m in seen]}"
+    )
     assert max(m.preemptions_total or 0 for m in seen) > 0, trace
     assert max(m.kv_cache_usage or 0 for m in seen) > 0, trace
     assert max(m.requests_waiting or 0 for m in seen) > 0, trace
@@ -149,8 +179,16 @@ async def test_live_server_under_load_shows_preemptions_kv_usage_and_rates(
 
 async def _probe_cli(url: str, log_path: Path) -> dict:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vsup", "probe", url, "--json", "--log-file", str(log_path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "vsup",
+        "probe",
+        url,
+        "--json",
+        "--log-file",
+        str(log_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         cwd=outside_cwd(),
     )
     out, err = await proc.communicate()

@@ -74,8 +74,7 @@ _MOVING = (
 
 
 def hello(role: str) -> None:
-    print(f"emulator {role} pid={os.getpid()} pgid={os.getpgid(0)} prefix={sys.prefix}",
-          flush=True)
+    print(f"emulator {role} pid={os.getpid()} pgid={os.getpgid(0)} prefix={sys.prefix}", flush=True)
 
 
 class Payload:
@@ -88,7 +87,8 @@ class Payload:
         if not with_vllm:
             # what `--disable-log-stats` does: no vllm:* family at all
             text = "".join(
-                line for line in text.splitlines(keepends=True)
+                line
+                for line in text.splitlines(keepends=True)
                 if not line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))
             )
         line_re = re.compile(
@@ -221,16 +221,20 @@ async def _serve(args: argparse.Namespace, core: subprocess.Popen | None) -> Non
         tasks.append(asyncio.create_task(watch_core()))
     if args.startup_s:
         await asyncio.sleep(args.startup_s)
-    print(f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}",
-          flush=True)
+    print(
+        f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}", flush=True
+    )
     text = Path(args.metrics_file).read_text()
     servers = []
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         srv = Server(payload, args.model, health)
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
-    print(f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
-          f"http://{args.host}:{args.port}", flush=True)
+    print(
+        f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
+        f"http://{args.host}:{args.port}",
+        flush=True,
+    )
     print("INFO:     Application startup complete.", flush=True)
     await loop.create_future()  # until a signal or --exit-after ends the process
 
@@ -260,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         return _child_main(args.child, args.child_hbm_gib)
 
     hello("server")
-    print(f"(APIServer pid={os.getpid()}) INFO vLLM emulator (not vLLM) for model {args.model}",
-          flush=True)
+    print(
+        f"(APIServer pid={os.getpid()}) INFO vLLM emulator (not vLLM) for model {args.model}",
+        flush=True,
+    )
     for line in args.say:
         print(line, flush=True)
     if args.exit_after is not None:

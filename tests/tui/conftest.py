@@ -24,10 +24,22 @@ LOG_LINES = [
 
 def config_doc(name: str, port: int | None) -> dict:
     return {
-        "argv": ["vllm", "serve", "--model", samples.MODEL, "--port", str(port),
-                 "--max-model-len", "8192"],
-        "env": {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "VLLM_API_KEY": "****", "HF_TOKEN": "hf_not_masked_by_daemon"},
+        "argv": [
+            "vllm",
+            "serve",
+            "--model",
+            samples.MODEL,
+            "--port",
+            str(port),
+            "--max-model-len",
+            "8192",
+        ],
+        "env": {
+            "CUDA_VISIBLE_DEVICES": "0",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "VLLM_API_KEY": "****",
+            "HF_TOKEN": "hf_not_masked_by_daemon",
+        },
         "cache_config": {"block_size": "16", "num_gpu_blocks": "26952", "cache_dtype": "auto"},
         "spec": {"name": name},
     }
@@ -38,9 +50,13 @@ def make_client(snapshot: StatusSnapshot | None = None, **kw) -> MemoryClient:
     kw.setdefault("layout_toml", samples.layout_for(snap))
     kw.setdefault("layout_path", "/srv/layouts/sample.toml")
     kw.setdefault("logs_current", {i.name: "\n".join(LOG_LINES) + "\n" for i in snap.instances})
-    kw.setdefault("logs_previous",
-                  {i.name: f"previous run of {i.name}\ntorch.OutOfMemoryError: CUDA out of memory\n"
-                   for i in snap.instances})
+    kw.setdefault(
+        "logs_previous",
+        {
+            i.name: f"previous run of {i.name}\ntorch.OutOfMemoryError: CUDA out of memory\n"
+            for i in snap.instances
+        },
+    )
     kw.setdefault("configs", {i.name: config_doc(i.name, i.port) for i in snap.instances})
     kw.setdefault("validate", layout_validation(snap.node.gpu_count))
     return MemoryClient(snapshot=snap, **kw)
@@ -65,8 +81,9 @@ def app_factory() -> Callable[..., DashboardApp]:
     return make_app
 
 
-async def settle(pilot, until: Callable[[], bool] | None = None, rounds: int = 50,
-                 delay: float | None = None) -> None:
+async def settle(
+    pilot, until: Callable[[], bool] | None = None, rounds: int = 50, delay: float | None = None
+) -> None:
     """Let workers and messages run: until `until()` holds, checked after each idle turn.
     `delay` is only for Textual's own debounce timers (the command palette's search)."""
     if until is None:

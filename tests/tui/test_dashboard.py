@@ -17,8 +17,9 @@ from tests.tui.conftest import make_app, make_client, settle
 
 
 def _replace(snap, name, **values):
-    instances = tuple(dataclasses.replace(i, **values) if i.name == name else i
-                      for i in snap.instances)
+    instances = tuple(
+        dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
+    )
     return dataclasses.replace(snap, instances=instances)
 
 
@@ -32,8 +33,9 @@ async def test_first_snapshot_fills_header_gpus_and_table_and_selects_first_row(
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.selected is not None)
         table = app.screen.query_one(InstanceTable)
-        assert table.order == [i.name for i in sorted(client.snapshot.instances,
-                                                      key=lambda i: i.name)]
+        assert table.order == [
+            i.name for i in sorted(client.snapshot.instances, key=lambda i: i.name)
+        ]
         assert app.selected == "gpu0"
         header = _plain(app.screen.query_one(NodeHeader))
         for part in ("gpu-node-07", "NVIDIA ×8", "daemon up 4h15m", "ready 7/9", "▲ 3 alerts"):
@@ -78,8 +80,9 @@ async def test_changed_metrics_touch_only_the_changed_cells_and_keep_the_cursor(
         await pilot.press("down", "down")
         assert app.selected == "gpu2"
         before = table.updates
-        client.snapshot = _replace(client.snapshot, "gpu5", kv_cache_usage=0.97,
-                                   requests_waiting=12.0)
+        client.snapshot = _replace(
+            client.snapshot, "gpu5", kv_cache_usage=0.97, requests_waiting=12.0
+        )
         app.tick()
         await settle(pilot, lambda: app.renders == 2)
         assert table.updates - before == 2  # the KV cell and the RUN/WAIT cell
@@ -99,7 +102,8 @@ async def test_rows_come_and_go_by_key_and_the_cursor_stays_on_its_instance(clie
         snap = client.snapshot
         kept = tuple(i for i in snap.instances if i.name not in ("gpu1", "gpu2"))
         client.snapshot = dataclasses.replace(
-            snap, instances=kept + (empty_instance("gpu8", state="starting", port=8010),))
+            snap, instances=kept + (empty_instance("gpu8", state="starting", port=8010),)
+        )
         app.tick()
         await settle(pilot, lambda: app.renders == 2)
         assert table.order == ["gpu0", "gpu3", "gpu4", "gpu5", "gpu6a", "gpu6b", "gpu7", "gpu8"]
@@ -206,9 +210,12 @@ async def test_narrow_terminal_drops_columns_and_wide_brings_them_back(client):
 
 
 async def test_selection_shows_history_config_with_secrets_masked_and_advice(client):
-    client.histories["gpu6b"] = {"t": [1, 2, 3], "kv_cache_usage": [0.5, 0.8, 0.99],
-                                 "generation_tokens_per_s": [900.0, 600.0, 410.0],
-                                 "preemptions_per_min": [0.0, 12.0, 37.5]}
+    client.histories["gpu6b"] = {
+        "t": [1, 2, 3],
+        "kv_cache_usage": [0.5, 0.8, 0.99],
+        "generation_tokens_per_s": [900.0, 600.0, 410.0],
+        "preemptions_per_min": [0.0, 12.0, 37.5],
+    }
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.renders == 1)
@@ -255,8 +262,10 @@ async def test_worker_failures_other_than_status_are_notified(client):
 
         client.config = broken
         await pilot.press("down")
-        await settle(pilot, lambda: any("config route failed for gpu1" in n.message
-                                        for n in app._notifications))
+        await settle(
+            pilot,
+            lambda: any("config route failed for gpu1" in n.message for n in app._notifications),
+        )
         assert isinstance(app.screen, Dashboard)
 
 

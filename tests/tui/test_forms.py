@@ -45,17 +45,26 @@ async def test_add_validates_with_a_dry_run_then_applies_the_new_layout(client):
         await _ready(pilot, app)
         form = await _open_form(pilot, app, "a")
         assert form.values()["port"] == "8009"  # next to the highest port in use
-        _fill(form, name="gpu7b", gpus="7", gpu_memory_utilization="0.05",
-              args="max-model-len = 4096, enforce-eager = true")
+        _fill(
+            form,
+            name="gpu7b",
+            gpus="7",
+            gpu_memory_utilization="0.05",
+            args="max-model-len = 4096, enforce-eager = true",
+        )
         await pilot.press("ctrl+s")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
         dry, real = client.calls_to("apply")
         assert dry["dry_run"] is True and real["dry_run"] is False
         assert dry["toml"] == real["toml"] and real["path"] == "/srv/layouts/sample.toml"
         added = _instances(real["toml"])["gpu7b"]
-        assert added == {"name": "gpu7b", "gpus": [7], "port": 8009,
-                         "gpu_memory_utilization": 0.05,
-                         "args": {"max-model-len": 4096, "enforce-eager": True}}
+        assert added == {
+            "name": "gpu7b",
+            "gpus": [7],
+            "port": 8009,
+            "gpu_memory_utilization": 0.05,
+            "args": {"max-model-len": 4096, "enforce-eager": True},
+        }
         assert isinstance(app.screen, Dashboard)
         assert any("start: gpu7b" in n.message for n in app._notifications)
 
@@ -84,17 +93,24 @@ async def test_add_with_args_that_are_not_toml_is_refused_in_the_form(client):
         assert client.calls_to("apply") == []
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"name": "gpu7b", "gpus": "7", "gpu_memory_utilization": "0.3"},
-     "GPU 7 is over-committed: gpu_memory_utilization adds up to 1.20"),
-    ({"name": "gpu9", "port": "8001", "gpus": "7", "gpu_memory_utilization": "0.05"},
-     "port 8001 is also used by instance 'gpu1'"),
-    ({"name": "gpu9", "gpus": "8", "gpu_memory_utilization": "0.5"},
-     "GPU 8"),
-    ({"name": "gpu1"}, "another instance already has this name"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (
+            {"name": "gpu7b", "gpus": "7", "gpu_memory_utilization": "0.3"},
+            "GPU 7 is over-committed: gpu_memory_utilization adds up to 1.20",
+        ),
+        (
+            {"name": "gpu9", "port": "8001", "gpus": "7", "gpu_memory_utilization": "0.05"},
+            "port 8001 is also used by instance 'gpu1'",
+        ),
+        ({"name": "gpu9", "gpus": "8", "gpu_memory_utilization": "0.5"}, "GPU 8"),
+        ({"name": "gpu1"}, "another instance already has this name"),
+    ],
+)
 async def test_add_that_breaks_a_layout_rule_is_refused_with_the_rules_message(
-        client, fields, message):
+    client, fields, message
+):
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await _ready(pilot, app)

@@ -17,8 +17,12 @@ from tests.tui.conftest import make_app, make_client, settle
 
 
 def _with_state(snap, name, **values):
-    return dataclasses.replace(snap, instances=tuple(
-        dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances))
+    return dataclasses.replace(
+        snap,
+        instances=tuple(
+            dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
+        ),
+    )
 
 
 async def _ready(pilot, app):
@@ -206,7 +210,9 @@ def test_keymap_comes_from_the_config_file_then_the_environment(tmp_path):
 def test_keymap_with_an_unknown_id_names_the_file_and_the_known_ids(tmp_path):
     conf = tmp_path / "tui.toml"
     conf.write_text('[keymap]\nreboot = "R"\n')
-    with pytest.raises(ValueError, match=r"tui.toml: unknown key binding id\(s\) reboot; known: .*restart"):
+    with pytest.raises(
+        ValueError, match=r"tui.toml: unknown key binding id\(s\) reboot; known: .*restart"
+    ):
         keymap.load_keymap(environ={"VSUP_TUI_CONFIG": str(conf)})
     with pytest.raises(ValueError, match="VSUP_KEYMAP: 'restart' is not ID=KEY"):
         keymap.load_keymap(environ={"VSUP_KEYMAP": "restart"})

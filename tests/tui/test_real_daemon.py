@@ -41,9 +41,14 @@ ROOT = Path(__file__).parents[2]
 
 
 def vsup(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vsup", *args],
-                          env=dict(os.environ, VSUP_HOME=str(home)), capture_output=True,
-                          text=True, timeout=timeout, cwd=outside_cwd())
+    return subprocess.run(
+        [sys.executable, "-m", "vsup", *args],
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=outside_cwd(),
+    )
 
 
 def status(home: Path) -> dict:
@@ -87,21 +92,46 @@ class Tmux:
         self.session = session
         self.socket = f"vsup-test-{os.getpid()}"
         env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
-        subprocess.run(["tmux", "-L", self.socket, "new-session", "-d", "-s", session,
-                        "-x", "160", "-y", "45", *env_args, command], check=True, cwd=outside_cwd())
+        subprocess.run(
+            [
+                "tmux",
+                "-L",
+                self.socket,
+                "new-session",
+                "-d",
+                "-s",
+                session,
+                "-x",
+                "160",
+                "-y",
+                "45",
+                *env_args,
+                command,
+            ],
+            check=True,
+            cwd=outside_cwd(),
+        )
 
     def screen(self) -> str:
-        out = subprocess.run(["tmux", "-L", self.socket, "capture-pane", "-p", "-t",
-                              self.session], capture_output=True, text=True)
+        out = subprocess.run(
+            ["tmux", "-L", self.socket, "capture-pane", "-p", "-t", self.session],
+            capture_output=True,
+            text=True,
+        )
         return out.stdout
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "send-keys", "-t", self.session, *keys],
-                       check=True)
+        subprocess.run(
+            ["tmux", "-L", self.socket, "send-keys", "-t", self.session, *keys], check=True
+        )
 
     def alive(self) -> bool:
-        return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", self.session],
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(
+                ["tmux", "-L", self.socket, "has-session", "-t", self.session], capture_output=True
+            ).returncode
+            == 0
+        )
 
     def wait_for(self, what: str | Callable[[str], bool], timeout: float = 60) -> str:
         """The screen once it shows `what` (a regex or a predicate)."""
@@ -109,7 +139,7 @@ class Tmux:
         text = ""
         while time.monotonic() < deadline:
             text = self.screen()
-            if (what(text) if callable(what) else re.search(what, text)):
+            if what(text) if callable(what) else re.search(what, text):
                 return text
             time.sleep(0.25)  # a real terminal: the screen is polled, nothing to await
         raise AssertionError(f"the dashboard never showed {what!r}; it shows:\n{text}")
@@ -120,8 +150,9 @@ class Tmux:
 
 def row(screen: str, name: str) -> str:
     for line in screen.splitlines():
-        if re.search(rf"\b{name}\b", line) and ("ready" in line or "starting" in line
-                                                 or "backoff" in line or "stopp" in line):
+        if re.search(rf"\b{name}\b", line) and (
+            "ready" in line or "starting" in line or "backoff" in line or "stopp" in line
+        ):
             return line
     return ""
 
@@ -131,9 +162,17 @@ def load(port: int, requests: int = 12, max_tokens: int = 350) -> threading.Thre
 
     def one() -> None:
         try:
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
-                "model": "tiny", "prompt": "hello " * 20, "max_tokens": max_tokens,
-                "ignore_eos": True, "temperature": 1.0})
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                timeout=120,
+                json={
+                    "model": "tiny",
+                    "prompt": "hello " * 20,
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "temperature": 1.0,
+                },
+            )
         except httpx.HTTPError:
             pass
 
@@ -177,8 +216,9 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
     ours = vllm_pids() - before
 
     # pytest exports COLUMNS/LINES, which the terminal size detection would prefer to tmux's
-    term = Tmux("dash", f"env -u COLUMNS -u LINES {sys.executable} -m vsup",
-                {"VSUP_HOME": str(home)})
+    term = Tmux(
+        "dash", f"env -u COLUMNS -u LINES {sys.executable} -m vsup", {"VSUP_HOME": str(home)}
+    )
     try:
         screen = term.wait_for(r"ready 2/2")
         assert "no GPUs (CPU node)" in screen and "MODEL" in screen  # the wide layout
@@ -258,7 +298,8 @@ def _in_process_checks(home: Path) -> None:
             async with app.run_test(size=(160, 45)) as pilot:
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and (
-                        app.snapshot is None or "cpu1" not in app.history.seeded):
+                    app.snapshot is None or "cpu1" not in app.history.seeded
+                ):
                     await pilot.pause(0.1)
                     if app.selected == "cpu0":
                         await pilot.press("down")

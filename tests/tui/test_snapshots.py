@@ -36,8 +36,7 @@ def _select(name):
 
         table = pilot.app.screen.query_one(InstanceTable)
         table.move_cursor(row=table.order.index(name))
-        await settle(pilot, lambda: pilot.app.selected == name
-                     and name in pilot.app.history.seeded)
+        await settle(pilot, lambda: pilot.app.selected == name and name in pilot.app.history.seeded)
         await settle(pilot)
 
     return run
@@ -55,17 +54,25 @@ def _history(n=60, kv_end=0.99, tok_start=1650.0, tok_end=412.0, pre_end=37.5):
     """What the daemon's history route answers for an instance whose KV cache filled up and
     then started preempting: the last `n` seconds."""
     kv = [round(min(kv_end, 0.55 + (kv_end - 0.55) * i / (n * 0.6)), 3) for i in range(n)]
-    tok = [round(tok_start - (tok_start - tok_end) * max(0, i - n * 0.5) / (n * 0.5), 1)
-           for i in range(n)]
+    tok = [
+        round(tok_start - (tok_start - tok_end) * max(0, i - n * 0.5) / (n * 0.5), 1)
+        for i in range(n)
+    ]
     pre = [round(pre_end * max(0, i - n * 0.6) / (n * 0.4), 1) for i in range(n)]
-    return {"t": list(range(n)), "kv_cache_usage": kv, "generation_tokens_per_s": tok,
-            "preemptions_per_min": pre}
+    return {
+        "t": list(range(n)),
+        "kv_cache_usage": kv,
+        "generation_tokens_per_s": tok,
+        "preemptions_per_min": pre,
+    }
 
 
 def _client(snapshot):
     client = make_client(snapshot)
-    client.histories = {"gpu6b": _history(), "cpu1": _history(kv_end=0.8, tok_start=96.0,
-                                                                tok_end=41.7, pre_end=4.0)}
+    client.histories = {
+        "gpu6b": _history(),
+        "cpu1": _history(kv_end=0.8, tok_start=96.0, tok_end=41.7, pre_end=4.0),
+    }
     return client
 
 
@@ -104,8 +111,9 @@ def test_daemon_unreachable_banner(snap_compare):
     client = make_client(cpu())
 
     async def gone(pilot):
-        client.unreachable = "no vsup daemon answers on /tmp/vsup-demo/vsup.sock ([Errno 111] " \
-                             "Connection refused)"
+        client.unreachable = (
+            "no vsup daemon answers on /tmp/vsup-demo/vsup.sock ([Errno 111] Connection refused)"
+        )
         pilot.app.tick()
         await settle(pilot, lambda: pilot.app.daemon_error is not None)
         await settle(pilot)

@@ -22,16 +22,25 @@ def test_unknown_values_render_as_a_dash_never_zero():
     assert cells["run_wait"][0] == "-/-"
 
 
-@pytest.mark.parametrize("value,text", [
-    (0, "0"), (7.0, "7"), (12.5, "12.5"), (412.3, "412"), (1874.2, "1.9k"), (43_1232, "431k"),
-    (3_400_000, "3.4M"),
-])
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (0, "0"),
+        (7.0, "7"),
+        (12.5, "12.5"),
+        (412.3, "412"),
+        (1874.2, "1.9k"),
+        (43_1232, "431k"),
+        (3_400_000, "3.4M"),
+    ],
+)
 def test_counts_are_compact(value, text):
     assert fmt.count(value) == text
 
 
-@pytest.mark.parametrize("seconds,text", [
-    (45, "45s"), (723, "12m03s"), (11_520, "3h12m"), (5 * 86400 + 7200, "5d02h")])
+@pytest.mark.parametrize(
+    "seconds,text", [(45, "45s"), (723, "12m03s"), (11_520, "3h12m"), (5 * 86400 + 7200, "5d02h")]
+)
 def test_durations_keep_two_units(seconds, text):
     assert fmt.duration(seconds) == text
 
@@ -80,8 +89,9 @@ def test_sorts_put_problems_and_pressure_first():
 
 
 def test_filter_matches_name_model_state_backend_and_port():
-    inst = empty_instance("gpu6b", model="Qwen/Qwen2.5-7B", state="ready", port=8007,
-                          backend="TRITON_ATTN")
+    inst = empty_instance(
+        "gpu6b", model="Qwen/Qwen2.5-7B", state="ready", port=8007, backend="TRITON_ATTN"
+    )
     for needle in ("6b", "qwen", "READY", "triton", "8007", ""):
         assert rows.matches(inst, needle)
     assert not rows.matches(inst, "llama")
@@ -89,22 +99,36 @@ def test_filter_matches_name_model_state_backend_and_port():
 
 def test_hbm_bar_splits_instances_foreign_and_unattributed_memory():
     gib = 2**30
-    gpu = GpuStatus(0, "NVIDIA H200", 100 * gib, 72 * gib, 90.0, 60.0, 500.0, processes=(
-        GpuProcess(1, 40 * gib, "a"), GpuProcess(2, 20 * gib, "b"), GpuProcess(3, 10 * gib, None)))
+    gpu = GpuStatus(
+        0,
+        "NVIDIA H200",
+        100 * gib,
+        72 * gib,
+        90.0,
+        60.0,
+        500.0,
+        processes=(
+            GpuProcess(1, 40 * gib, "a"),
+            GpuProcess(2, 20 * gib, "b"),
+            GpuProcess(3, 10 * gib, None),
+        ),
+    )
     a = empty_instance("a", gpus=(0,), gpu_memory_utilization=0.45)
     b = empty_instance("b", gpus=(0,), gpu_memory_utilization=0.45)
     use = gpubar.gpu_use(gpu, [a, b])
     assert [s.actual for s in use.shares] == [40 * gib, 20 * gib]
     assert use.foreign == 10 * gib and use.other == 2 * gib
-    assert gpubar.bar(use, 50).plain == ("▕" + "█" * 20 + "▓" * 10 + "░" * 5 + "▒" + "·" * 8
-                                         + "┊" + "·" * 5 + "▏")
+    assert gpubar.bar(use, 50).plain == (
+        "▕" + "█" * 20 + "▓" * 10 + "░" * 5 + "▒" + "·" * 8 + "┊" + "·" * 5 + "▏"
+    )
     assert "foreign 10.0G" in gpubar.legend(use).plain
 
 
 def test_instance_above_its_planned_share_is_flagged():
     gib = 2**30
-    gpu = GpuStatus(0, "H200", 100 * gib, 60 * gib, None, None, None,
-                    processes=(GpuProcess(1, 50 * gib, "a"),))
+    gpu = GpuStatus(
+        0, "H200", 100 * gib, 60 * gib, None, None, None, processes=(GpuProcess(1, 50 * gib, "a"),)
+    )
     a = empty_instance("a", gpus=(0,), gpu_memory_utilization=0.45)
     use = gpubar.gpu_use(gpu, [a])
     assert use.shares[0].over_plan
@@ -138,21 +162,29 @@ def test_secrets_are_masked_even_when_the_daemon_did_not():
 
 
 def test_form_values_round_trip_through_the_instance_table():
-    table = {"name": "g0", "gpus": [0, 1], "port": 8000, "gpu_memory_utilization": 0.45,
-             "model": "org/m", "args": {"max-model-len": 4096, "enforce-eager": True,
-                                        "compilation-config": {"mode": 3}},
-             "env": {"VLLM_ROCM_USE_AITER": "1"}}
+    table = {
+        "name": "g0",
+        "gpus": [0, 1],
+        "port": 8000,
+        "gpu_memory_utilization": 0.45,
+        "model": "org/m",
+        "args": {"max-model-len": 4096, "enforce-eager": True, "compilation-config": {"mode": 3}},
+        "env": {"VLLM_ROCM_USE_AITER": "1"},
+    }
     assert layout_edit.parse_form(layout_edit.form_values(table)) == table
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("name", "bad name", "name: 'bad name' is not a name"),
-    ("gpus", "0,x", "gpus: '0,x' is not a list of GPU indices"),
-    ("port", "70000", "port: 70000 is outside 1-65535"),
-    ("gpu_memory_utilization", "1.5", "gpu_memory_utilization: 1.5 is not in (0, 1]"),
-    ("env", "A 1", "env: not a TOML inline table body"),
-    ("env", "A = [1]", 'env: A must be a string, e.g. A = "1"'),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("name", "bad name", "name: 'bad name' is not a name"),
+        ("gpus", "0,x", "gpus: '0,x' is not a list of GPU indices"),
+        ("port", "70000", "port: 70000 is outside 1-65535"),
+        ("gpu_memory_utilization", "1.5", "gpu_memory_utilization: 1.5 is not in (0, 1]"),
+        ("env", "A 1", "env: not a TOML inline table body"),
+        ("env", "A = [1]", 'env: A must be a string, e.g. A = "1"'),
+    ],
+)
 def test_form_fields_of_the_wrong_type_name_the_field(field, value, message):
     values = {"name": "g0", "port": "8000", field: value}
     with pytest.raises(layout_edit.FieldError) as err:
@@ -161,8 +193,13 @@ def test_form_fields_of_the_wrong_type_name_the_field(field, value, message):
 
 
 def test_edit_keeps_keys_the_form_does_not_show_and_blank_fields_inherit():
-    existing = {"name": "g0", "port": 8000, "gpus": [0], "model": "org/m",
-                "restart": {"policy": "always"}}
+    existing = {
+        "name": "g0",
+        "port": 8000,
+        "gpus": [0],
+        "model": "org/m",
+        "restart": {"policy": "always"},
+    }
     form = layout_edit.parse_form({"name": "g0", "port": "8001", "gpus": "0"})
     merged = layout_edit.merged_table(existing, form)
     assert merged == {"name": "g0", "gpus": [0], "port": 8001, "restart": {"policy": "always"}}
@@ -183,19 +220,23 @@ def test_layout_edits_add_replace_and_remove_instances():
 
 
 def test_plan_text_names_what_starts_restarts_and_stops():
-    assert plan_text({"start": ["a"], "restart": [], "stop": ["b", "c"], "unchanged": ["d"]}) \
+    assert (
+        plan_text({"start": ["a"], "restart": [], "stop": ["b", "c"], "unchanged": ["d"]})
         == "start: a · stop: b, c"
+    )
     assert plan_text({}) == "nothing to start, restart or stop"
 
 
 def test_log_tail_hides_the_access_lines_of_vsups_own_probes():
     from vsup.tui.widgets.detail import without_probes
 
-    text = ('INFO:     127.0.0.1:59488 - "GET /health HTTP/1.1" 200 OK\n'
-            'INFO:     127.0.0.1:59492 - "GET /metrics HTTP/1.1" 200 OK\n'
-            'INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
-            "INFO 05-11 09:00:31 [api_server.py:1874] Starting vLLM server on http://0.0.0.0:8000\n")
-    assert without_probes(text) == ''.join(text.splitlines(keepends=True)[2:])
+    text = (
+        'INFO:     127.0.0.1:59488 - "GET /health HTTP/1.1" 200 OK\n'
+        'INFO:     127.0.0.1:59492 - "GET /metrics HTTP/1.1" 200 OK\n'
+        'INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        "INFO 05-11 09:00:31 [api_server.py:1874] Starting vLLM server on http://0.0.0.0:8000\n"
+    )
+    assert without_probes(text) == "".join(text.splitlines(keepends=True)[2:])
 
 
 def test_vsup_and_vsup_tui_parse_readonly_and_refresh():

@@ -13,8 +13,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "when another daemon already serves this VSUP_HOME. SIGTERM stops the daemon and leaves "
         "the instances running; `vsup down` stops them.",
     )
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
-                   help="seconds between telemetry polls (default 1)")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between telemetry polls (default 1)",
+    )
     p.set_defaults(func=run)
 
 

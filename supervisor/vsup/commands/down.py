@@ -15,8 +15,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "grace period), then the daemon. Instances a killed daemon left running are re-adopted "
         "first, so they are stopped too.",
     )
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="give up waiting for the daemon to exit after S seconds (default 300)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="give up waiting for the daemon to exit after S seconds (default 300)",
+    )
     p.set_defaults(func=run)
 
 
@@ -48,16 +53,21 @@ def run(args: argparse.Namespace) -> int:
                     doc = client.status()
                 except DaemonUnavailable:
                     break
-                left = [i["name"] for i in doc.get("instances", ()) if i["state"] != "stopped"
-                        and i["state"] != "failed"]
+                left = [
+                    i["name"]
+                    for i in doc.get("instances", ())
+                    if i["state"] != "stopped" and i["state"] != "failed"
+                ]
                 progress.update(
                     f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
                     + (", ".join(left) if left else "the daemon")
                 )
                 if time.monotonic() - t0 > args.timeout:
                     progress.clear()
-                    raise CommandFailed(f"vsup down: the daemon is still running after "
-                                        f"{args.timeout:.0f} s (see {home / 'daemon.log'})")
+                    raise CommandFailed(
+                        f"vsup down: the daemon is still running after "
+                        f"{args.timeout:.0f} s (see {home / 'daemon.log'})"
+                    )
                 time.sleep(0.2)
             progress.clear()
         # The socket closes before the process ends; the lock is released only at exit.
@@ -70,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"vsup down: still running: {', '.join(leftover)}", file=sys.stderr)
             return 1
         if stopping:
-            print(f"stopped {len(stopping)} instance{'s' if len(stopping) != 1 else ''}: "
-                  f"{', '.join(stopping)}")
+            print(
+                f"stopped {len(stopping)} instance{'s' if len(stopping) != 1 else ''}: "
+                f"{', '.join(stopping)}"
+            )
         print("the vsup daemon has exited")
         return 0
 

@@ -24,8 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--all", action="store_true", help="every instance of the layout")
         if action in ("start", "restart"):
             p.add_argument("--wait", action="store_true", help="wait until they are ready")
-            p.add_argument("--timeout", type=float, default=900.0, metavar="S",
-                           help="give up waiting after S seconds (default 900)")
+            p.add_argument(
+                "--timeout",
+                type=float,
+                default=900.0,
+                metavar="S",
+                help="give up waiting after S seconds (default 900)",
+            )
         p.set_defaults(func=run, action=action)
     p = sub.add_parser(
         "drain",

@@ -17,8 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", metavar="NAME", help="instance name")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended")
     p.add_argument("--previous", action="store_true", help="the run before the current one")
-    p.add_argument("--tail", type=int, default=None, metavar="BYTES",
-                   help="start this many bytes before the end (at a line start)")
+    p.add_argument(
+        "--tail",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="start this many bytes before the end (at a line start)",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     return run_command(body, args)
 
 
-def follow(client, name: str, previous: bool, keep: bool, tail: int | None,
-           interval: float = 0.5, out=None) -> None:
+def follow(
+    client, name: str, previous: bool, keep: bool, tail: int | None, interval: float = 0.5, out=None
+) -> None:
     """Print the log from the start (or the last `tail` bytes); with `keep`, follow it and
     switch to the next run's log when the instance restarts."""
     out = out or sys.stdout

@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
     watcher: LogWatcher | None = None
     if args.log_file is not None:
         if not args.log_file.is_file():
-            print(f"vsup probe: cannot read the log file {args.log_file}: no such file",
-                  file=sys.stderr)
+            print(
+                f"vsup probe: cannot read the log file {args.log_file}: no such file",
+                file=sys.stderr,
+            )
             return 2
         try:
             watcher = scan_log(args.log_file)
@@ -84,8 +86,9 @@ def _backend(args: argparse.Namespace, watcher: Any) -> Any:
     return resolve_backend(None, args.attention_backend, None)
 
 
-def _instance(name: str, state: str | None, metrics: Any, rates: Any, backend: Any,
-              **known: Any) -> dict[str, Any]:
+def _instance(
+    name: str, state: str | None, metrics: Any, rates: Any, backend: Any, **known: Any
+) -> dict[str, Any]:
     from dataclasses import asdict
 
     from vsup.snapshot import empty_instance
@@ -105,14 +108,19 @@ def _from_file(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, Any] |
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        print(f"vsup probe: cannot read the metrics file {path}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"vsup probe: cannot read the metrics file {path}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return None, 2
     metrics = parse_metrics(raw.decode("utf-8", errors="replace"))
     code = 0
     if not metrics.found:
-        print(f"vsup probe: {path} holds no vLLM metrics (expected Prometheus text with vllm:* "
-              "samples, as GET /metrics returns); every value is null", file=sys.stderr)
+        print(
+            f"vsup probe: {path} holds no vLLM metrics (expected Prometheus text with vllm:* "
+            "samples, as GET /metrics returns); every value is null",
+            file=sys.stderr,
+        )
         code = 1
     model = metrics.model_names[0] if metrics.model_names else None
     return _instance(path.stem, None, metrics, None, _backend(args, watcher), model=model), code
@@ -130,8 +138,7 @@ async def _from_url(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, A
     base = _base_url(args.url)
     parts = urlsplit(base)
     if not parts.hostname:
-        print(f"vsup probe: {args.url!r} is not a URL (expected http://HOST:PORT)",
-              file=sys.stderr)
+        print(f"vsup probe: {args.url!r} is not a URL (expected http://HOST:PORT)", file=sys.stderr)
         return None, 2
     async with Scraper(timeout_s=args.timeout) as scraper:
         health, first = await asyncio.gather(scraper.health(base), scraper.scrape(base))

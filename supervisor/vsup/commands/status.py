@@ -54,8 +54,21 @@ def render(doc: dict[str, Any]) -> str:
         f"{ready}/{len(insts)} ready · daemon pid {sup.get('pid')} up "
         f"{fmt_duration(sup.get('uptime_s'))}"
     ]
-    header = ("NAME", "STATE", "PID", "PORT", "GPUS", "KV", "PREEMPT/MIN", "RUN/WAIT", "TOK/S",
-              "HBM", "BACKEND", "RESTARTS", "UPTIME")
+    header = (
+        "NAME",
+        "STATE",
+        "PID",
+        "PORT",
+        "GPUS",
+        "KV",
+        "PREEMPT/MIN",
+        "RUN/WAIT",
+        "TOK/S",
+        "HBM",
+        "BACKEND",
+        "RESTARTS",
+        "UPTIME",
+    )
     rows = [header]
     for i in insts:
         state = i["state"]

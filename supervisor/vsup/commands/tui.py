@@ -17,16 +17,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="The live dashboard: instances, HBM, KV cache, preemptions, backend, logs. "
         "Keys are remappable in ~/.config/vsup/tui.toml [keymap] or VSUP_KEYMAP.",
     )
-    parser.add_argument("--readonly", action="store_true",
-                        help="watch only: keys that start, stop, edit or save are disabled")
-    parser.add_argument("--refresh", type=float, default=1.0, metavar="S",
-                        help="seconds between refreshes (default 1, the daemon's own rate)")
-    parser.add_argument("--screenshot", metavar="FILE.svg",
-                        help="render the dashboard headless, save it as SVG and exit")
-    parser.add_argument("--size", default="160x45", metavar="COLSxROWS",
-                        help="terminal size for --screenshot (default 160x45)")
-    parser.add_argument("--select", metavar="NAME",
-                        help="instance shown in the detail pane of --screenshot")
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        help="watch only: keys that start, stop, edit or save are disabled",
+    )
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default 1, the daemon's own rate)",
+    )
+    parser.add_argument(
+        "--screenshot",
+        metavar="FILE.svg",
+        help="render the dashboard headless, save it as SVG and exit",
+    )
+    parser.add_argument(
+        "--size",
+        default="160x45",
+        metavar="COLSxROWS",
+        help="terminal size for --screenshot (default 160x45)",
+    )
+    parser.add_argument(
+        "--select", metavar="NAME", help="instance shown in the detail pane of --screenshot"
+    )
     parser.set_defaults(func=run)
 
 
@@ -63,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
         size = _size(args.size)
         if size is None:
-            print(f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12",
-                  file=sys.stderr)
+            print(
+                f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12", file=sys.stderr
+            )
             return 2
         try:
             path = asyncio.run(screenshot_live(args.screenshot, size, select=args.select))
@@ -73,7 +90,6 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(path)
         return 0
-    app = DashboardApp(AsyncClient(), readonly=args.readonly, keymap=keymap,
-                       refresh_s=args.refresh)
+    app = DashboardApp(AsyncClient(), readonly=args.readonly, keymap=keymap, refresh_s=args.refresh)
     app.run()
     return app.return_code or 0

@@ -20,10 +20,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("layout", metavar="LAYOUT", help="the layout TOML file")
     p.add_argument("--detach", "-d", action="store_true", help="do not open the dashboard")
-    p.add_argument("--wait", action="store_true",
-                   help="wait until every instance is ready (exit 1 if one fails or time runs out)")
-    p.add_argument("--timeout", type=float, default=1200.0, metavar="S",
-                   help="how long --wait waits (default 1200 s)")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until every instance is ready (exit 1 if one fails or time runs out)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help="how long --wait waits (default 1200 s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -87,8 +95,13 @@ def validate_locally(path) -> tuple[list, list]:
 
 def print_plan(plan: dict) -> None:
     """Say what applying will do, before it is done."""
-    words = (("start", "start"), ("restart", "restart (changed)"), ("stop", "stop (removed)"),
-             ("update", "update without restart"), ("unchanged", "unchanged"))
+    words = (
+        ("start", "start"),
+        ("restart", "restart (changed)"),
+        ("stop", "stop (removed)"),
+        ("update", "update without restart"),
+        ("unchanged", "unchanged"),
+    )
     if not any(plan.get(k) for k, _ in words):
         print("the layout has no instances")
         return
@@ -100,8 +113,11 @@ def print_plan(plan: dict) -> None:
 def open_dashboard() -> int:
     """Attach the dashboard (the TUI is imported only now: it is the heaviest import)."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print("vsup: not a terminal, so no dashboard; the instances keep running "
-              "(`vsup status`, or `vsup up --detach` to say so)", file=sys.stderr)
+        print(
+            "vsup: not a terminal, so no dashboard; the instances keep running "
+            "(`vsup status`, or `vsup up --detach` to say so)",
+            file=sys.stderr,
+        )
         return 0
     try:
         from vsup.commands import tui

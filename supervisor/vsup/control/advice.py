@@ -62,8 +62,11 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
         return []
     usage = [v for v in (inst.kv_cache_usage, kv_peak) if v is not None]
     peak = max(usage) if usage else None
-    kv_txt = f"KV cache peaked at {peak:.0%} in the last minute" if peak is not None else (
-        "KV cache usage unknown")
+    kv_txt = (
+        f"KV cache peaked at {peak:.0%} in the last minute"
+        if peak is not None
+        else ("KV cache usage unknown")
+    )
     return [
         Advice(
             kind="kv_exhausted",
@@ -73,7 +76,7 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
                 f"{inst.name}: preempting ({rate:.0f}/min; {kv_txt}): the KV cache is too "
                 "small for this load and throughput suffers. Run fewer instances per GPU, "
                 "raise gpu_memory_utilization, use an fp8 KV cache (args kv-cache-dtype = "
-                "\"fp8\") or lower max-num-seqs."
+                '"fp8") or lower max-num-seqs.'
             ),
         )
     ]
@@ -119,8 +122,10 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
                     kind="crash_loop" if policy else "failed",
                     severity="critical",
                     instance=inst.name,
-                    message=(f"{inst.name}: failed: {inst.failed_why} (last exit: {reason})."
-                             f"{hint}{excerpt}"),
+                    message=(
+                        f"{inst.name}: failed: {inst.failed_why} (last exit: {reason})."
+                        f"{hint}{excerpt}"
+                    ),
                 )
             ]
         return [

@@ -608,14 +608,20 @@ class Daemon:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.layout_toml, self.layout_path = toml, path
         self.layout_name = layout_obj.name
-        self.journal.append("action", None, action="apply", layout=self.layout_name, path=path,
-                            plan=plan)
+        self.journal.append(
+            "action", None, action="apply", layout=self.layout_name, path=path, plan=plan
+        )
         self._state_dirty.set()
         self.metrics_listen = _metrics_listen(toml)
         if self.metrics_listen:
             if not await self._start_metrics():
-                warnings.append({"severity": "warning", "message": self.problems[-1].message,
-                                 "text": self.problems[-1].message})
+                warnings.append(
+                    {
+                        "severity": "warning",
+                        "message": self.problems[-1].message,
+                        "text": self.problems[-1].message,
+                    }
+                )
         else:
             await self.metrics.stop()
         async with self._apply_lock:
@@ -773,8 +779,9 @@ def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list
         except ValueError as exc:
             from vsup.layout.diagnostics import Diagnostic
 
-            diags.insert(0, Diagnostic("error", str(exc), file=path, table="[layout]",
-                                       key="metrics_listen"))
+            diags.insert(
+                0, Diagnostic("error", str(exc), file=path, table="[layout]", key="metrics_listen")
+            )
     if any(d.is_error for d in diags):
         return layout_obj, [], diags
     try:

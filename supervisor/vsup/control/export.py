@@ -61,7 +61,8 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         labels=["name", "model", "backend", "backend_name", "backend_source", "port", "gpus"],
     )
     state = GaugeMetricFamily(
-        "vsup_instance_state", "1 for the instance's current state, 0 for the others",
+        "vsup_instance_state",
+        "1 for the instance's current state, 0 for the others",
         labels=["name", "state"],
     )
     up = GaugeMetricFamily("vsup_instance_up", "1 when the instance is ready", labels=labels)
@@ -90,7 +91,8 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             "vsup_instance_requests_waiting", "Requests queued", labels=labels
         ),
         "generation_tokens_per_s": GaugeMetricFamily(
-            "vsup_instance_generation_tokens_per_second", "Generated tokens per second",
+            "vsup_instance_generation_tokens_per_second",
+            "Generated tokens per second",
             labels=labels,
         ),
         "prompt_tokens_per_s": GaugeMetricFamily(
@@ -168,7 +170,8 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     yield foreign
 
     advice = GaugeMetricFamily(
-        "vsup_advice_active", "Live advice in force (value 1)",
+        "vsup_advice_active",
+        "Live advice in force (value 1)",
         labels=["kind", "severity", "name", "gpu"],
     )
     for a in snap.advice:
@@ -190,7 +193,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     text = str(value).strip()
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"metrics_listen {value!r} is not HOST:PORT (e.g. \"127.0.0.1:9400\")")
+        raise ValueError(f'metrics_listen {value!r} is not HOST:PORT (e.g. "127.0.0.1:9400")')
     host = host.strip("[]")
     try:
         port = int(port_text)

@@ -135,8 +135,12 @@ class Monitor:
     def history_json(self, name: str) -> dict[str, list]:
         tel = self._tel.get(name)
         if tel is None:
-            return {"t": [], "kv_cache_usage": [], "generation_tokens_per_s": [],
-                    "preemptions_per_min": []}
+            return {
+                "t": [],
+                "kv_cache_usage": [],
+                "generation_tokens_per_s": [],
+                "preemptions_per_min": [],
+            }
         return tel.history_json()
 
     # ----------------------------------------------------------------- polling

@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         if load is not None and not args.no_tui:
             os.killpg(load.pid, signal.SIGTERM)
             load.wait(timeout=10)
-        print("demo: the instances keep running under the vsup daemon; "
-              "`make demo-attach` opens the dashboard again, `make demo-down` stops them.")
+        print(
+            "demo: the instances keep running under the vsup daemon; "
+            "`make demo-attach` opens the dashboard again, `make demo-down` stops them."
+        )
 
 
 if __name__ == "__main__":

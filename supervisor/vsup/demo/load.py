@@ -38,8 +38,14 @@ async def _wait_ready(client: httpx.AsyncClient, base: str, deadline: float) -> 
     return None
 
 
-async def _worker(client: httpx.AsyncClient, base: str, model: str, args: argparse.Namespace,
-                  deadline: float, rng: random.Random) -> int:
+async def _worker(
+    client: httpx.AsyncClient,
+    base: str,
+    model: str,
+    args: argparse.Namespace,
+    deadline: float,
+    rng: random.Random,
+) -> int:
     done = 0
     while time.monotonic() < deadline:
         body = {
@@ -68,7 +74,9 @@ async def run(args: argparse.Namespace) -> int:
         tasks = []
         for port in args.ports:
             base = f"http://{args.host}:{port}"
-            model = await _wait_ready(client, base, min(deadline, time.monotonic() + args.ready_timeout_s))
+            model = await _wait_ready(
+                client, base, min(deadline, time.monotonic() + args.ready_timeout_s)
+            )
             if model is None:
                 print(f"load: {base} never became ready; skipping it", file=sys.stderr)
                 continue
@@ -84,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("ports", type=int, nargs="+")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--concurrency", type=int, default=6, help="requests in flight per server (max 32)")
-    p.add_argument("--duration-s", type=float, default=1800.0, help="stop after this long (max 4 h)")
+    p.add_argument(
+        "--concurrency", type=int, default=6, help="requests in flight per server (max 32)"
+    )
+    p.add_argument(
+        "--duration-s", type=float, default=1800.0, help="stop after this long (max 4 h)"
+    )
     p.add_argument("--min-tokens", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=350)
     p.add_argument("--pause-s", type=float, default=2.0, help="random pause after each request")

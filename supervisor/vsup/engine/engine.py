@@ -638,13 +638,20 @@ class Engine:
         born = {p: info.create_time for p in pids if (info := read_stat(p)) is not None}
 
         def alive() -> list[int]:
-            return [p for p, t in born.items()
-                    if (i := read_stat(p)) is not None and i.state != "Z"
-                    and same_process(i.create_time, t)]
+            return [
+                p
+                for p, t in born.items()
+                if (i := read_stat(p)) is not None
+                and i.state != "Z"
+                and same_process(i.create_time, t)
+            ]
 
         def untouched() -> bool:
-            return (self._instances.get(inst.name) is inst and inst.state == "failed"
-                    and inst.failed_why == why)
+            return (
+                self._instances.get(inst.name) is inst
+                and inst.state == "failed"
+                and inst.failed_why == why
+            )
 
         # the API server itself may be among them: wait for its exit to be seen too
         while (alive() or inst.process is proc) and untouched():
@@ -657,11 +664,14 @@ class Engine:
             return
         if released is False:
             gpus = ", ".join(str(g) for g in inst.spec.gpus)
-            later = (f"the stuck processes of {inst.name} are gone but GPU {gpus} still lists "
-                     f"their memory after {self.gpu_release_timeout_s:.0f} s; not starting it "
-                     f"there again until a person does (vsup start {inst.name})")
-            self._emit(inst, "failed", reason="gpu_memory_not_released",
-                       failures=inst.failures, why=later)
+            later = (
+                f"the stuck processes of {inst.name} are gone but GPU {gpus} still lists "
+                f"their memory after {self.gpu_release_timeout_s:.0f} s; not starting it "
+                f"there again until a person does (vsup start {inst.name})"
+            )
+            self._emit(
+                inst, "failed", reason="gpu_memory_not_released", failures=inst.failures, why=later
+            )
             inst._lc.fail(later)
             self._notify()
             return

@@ -270,11 +270,14 @@ class Runner:
         inst, e = self.inst, self.e
         inst._want = False
         gpus = ", ".join(str(g) for g in inst.spec.gpus)
-        why = (f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
-               f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
-               f"(vsup start {inst.name})")
-        e._emit(inst, "failed", reason="gpu_memory_not_released", failures=self.lc.failures,
-                why=why)
+        why = (
+            f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
+            f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
+            f"(vsup start {inst.name})"
+        )
+        e._emit(
+            inst, "failed", reason="gpu_memory_not_released", failures=self.lc.failures, why=why
+        )
         self.lc.fail(why)
 
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
@@ -302,8 +305,9 @@ class Runner:
             f"the kernel lets them go (`cat /proc/{pids[0]}/stack` shows where they are stuck); "
             f"vsup will not start {inst.name} beside them: {then}"
         )
-        self.e._emit(inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message,
-                     resume=resume)
+        self.e._emit(
+            inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message, resume=resume
+        )
         self.lc.fail(message)
         if resume:
             self.e._spawn_task(self.e._resume_when_gone(inst, proc, pids, message))

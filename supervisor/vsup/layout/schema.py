@@ -194,8 +194,12 @@ COMMON_KEYS: dict[str, Key] = {
         Key("drain_timeout_s", "number", "seconds to wait for running requests", _not_negative),
         Key("health_interval_s", "number", "seconds between /health checks", _positive),
         Key("unhealthy_after", "int", "failed /health checks before unhealthy", _at_least_one),
-        Key("unhealthy_grace_s", "number",
-            "seconds without any /health answer before unhealthy", _not_negative),
+        Key(
+            "unhealthy_grace_s",
+            "number",
+            "seconds without any /health answer before unhealthy",
+            _not_negative,
+        ),
         Key(
             "gpu_memory_utilization",
             "number",

@@ -64,16 +64,16 @@ class HttpGetter:
     `headers` are sent with every request (e.g. an Authorization header).
     """
 
-    def __init__(self, headers: Mapping[str, str] | None = None,
-                 max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(
+        self, headers: Mapping[str, str] | None = None, max_body: int = DEFAULT_MAX_BODY
+    ) -> None:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._extra = extra
         self.max_body = max_body
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._closed = False
 
-    async def get(self, url: str, timeout: float, connect_timeout: float | None = None
-                  ) -> Response:
+    async def get(self, url: str, timeout: float, connect_timeout: float | None = None) -> Response:
         """GET `url` (http:// only). Raises HttpError; `timeout` bounds the whole request."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -98,8 +98,9 @@ class HttpGetter:
                 try:
                     return await self._exchange(key, conn, request)
                 except _Stale as exc:
-                    raise ProtocolError(f"{url}: the server closed the connection without "
-                                        "answering") from exc
+                    raise ProtocolError(
+                        f"{url}: the server closed the connection without answering"
+                    ) from exc
         except TimeoutError:
             raise Timeout(f"{url}: no answer within {timeout:g} s") from None
 
@@ -130,8 +131,9 @@ class HttpGetter:
         except TimeoutError:
             raise ConnectFailed(f"connecting to {host}:{port} took over {timeout:g} s") from None
         except OSError as exc:
-            raise ConnectFailed(f"connection to {host}:{port} refused or unreachable "
-                                f"({exc.strerror or exc})") from None
+            raise ConnectFailed(
+                f"connection to {host}:{port} refused or unreachable ({exc.strerror or exc})"
+            ) from None
 
     async def _exchange(self, key, conn, request: bytes) -> Response:
         reader, writer = conn
@@ -170,8 +172,9 @@ class HttpGetter:
             else:
                 writer.close()
 
-    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]
-                    ) -> tuple[bytes, bool]:
+    async def _body(
+        self, reader: asyncio.StreamReader, headers: dict[str, str]
+    ) -> tuple[bytes, bool]:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             parts, size = [], 0
             while True:
@@ -213,4 +216,3 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], str]:
         if sep:
             headers[name.strip().lower()] = value.strip()
     return int(first[1]), headers, first[0]
-

@@ -55,8 +55,9 @@ class InstanceTelemetry:
         self._cache_config: dict[str, str] | None = None
         self.last_error: str | None = None
 
-    def start_run(self, run: int, log_path: str | os.PathLike[str] | None,
-                  log_offset: int = 0) -> None:
+    def start_run(
+        self, run: int, log_path: str | os.PathLike[str] | None, log_offset: int = 0
+    ) -> None:
         """A new process of this instance: follow its log from `log_offset`; counters will
         restart, which the rates see through the run number."""
         self.run = run

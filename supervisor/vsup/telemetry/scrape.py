@@ -123,28 +123,51 @@ class Scraper:
         try:
             status, body = await self._get(url, timeout_s or self.timeout_s)
         except (httpx.HTTPError, httpget.HttpError) as exc:
-            return ScrapeResult(url, False, EMPTY, error=_describe(exc, url),
-                                elapsed_s=time.perf_counter() - t0)
+            return ScrapeResult(
+                url, False, EMPTY, error=_describe(exc, url), elapsed_s=time.perf_counter() - t0
+            )
         elapsed = time.perf_counter() - t0
         if status != 200:
-            return ScrapeResult(url, False, EMPTY, status=status,
-                                error=f"{url} answered HTTP {status}",
-                                elapsed_s=elapsed, size_bytes=len(body))
+            return ScrapeResult(
+                url,
+                False,
+                EMPTY,
+                status=status,
+                error=f"{url} answered HTTP {status}",
+                elapsed_s=elapsed,
+                size_bytes=len(body),
+            )
         if len(body) > MAX_PAYLOAD_BYTES:
-            return ScrapeResult(url, False, EMPTY, status=200,
-                                error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
-                                elapsed_s=elapsed, size_bytes=len(body))
+            return ScrapeResult(
+                url,
+                False,
+                EMPTY,
+                status=200,
+                error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
+                elapsed_s=elapsed,
+                size_bytes=len(body),
+            )
         text = body.decode("utf-8", errors="replace")
         p0 = time.perf_counter()
         metrics = parse_metrics(text)
         parse_ms = (time.perf_counter() - p0) * 1e3
         error = None
         if not metrics.vllm_seen:
-            error = (f"{url} has no vllm:* metrics (not a vLLM server, or one started with "
-                     "--disable-log-stats)")
-        return ScrapeResult(url, error is None, metrics, status=200, error=error,
-                            elapsed_s=elapsed, parse_ms=parse_ms, size_bytes=len(body),
-                            text=text if keep_text else None)
+            error = (
+                f"{url} has no vllm:* metrics (not a vLLM server, or one started with "
+                "--disable-log-stats)"
+            )
+        return ScrapeResult(
+            url,
+            error is None,
+            metrics,
+            status=200,
+            error=error,
+            elapsed_s=elapsed,
+            parse_ms=parse_ms,
+            size_bytes=len(body),
+            text=text if keep_text else None,
+        )
 
     async def health(self, base_url: str, *, timeout_s: float | None = None) -> HealthResult:
         """GET `base_url`/health. Never raises (except cancellation)."""
@@ -153,12 +176,17 @@ class Scraper:
         try:
             status, _body = await self._get(url, timeout_s or self.timeout_s)
         except (httpx.HTTPError, httpget.HttpError) as exc:
-            return HealthResult(url, False, error=_describe(exc, url),
-                                elapsed_s=time.perf_counter() - t0)
+            return HealthResult(
+                url, False, error=_describe(exc, url), elapsed_s=time.perf_counter() - t0
+            )
         ok = status == 200
-        return HealthResult(url, ok, status=status,
-                            error=None if ok else f"{url} answered HTTP {status}",
-                            elapsed_s=time.perf_counter() - t0)
+        return HealthResult(
+            url,
+            ok,
+            status=status,
+            error=None if ok else f"{url} answered HTTP {status}",
+            elapsed_s=time.perf_counter() - t0,
+        )
 
     async def scrape_all(
         self,

@@ -52,22 +52,28 @@ from vsup.tui.widgets.header import Banner
 LOG_TAIL = 16 * 1024  # bytes of a log shown when an instance is selected
 
 _CONFIRM = {
-    "restart": ("Restart {name}?",
-                "Its process group gets SIGTERM (SIGKILL after the grace period) and it starts "
-                "again. Requests in flight fail; drain (d) lets them finish first."),
-    "stop": ("Stop {name}?",
-             "It stays stopped until started again (u); the restart policy leaves it alone."),
-    "drain": ("Drain {name}?",
-              "vsup waits until no request is running on port {port} (up to the drain timeout), "
-              "then stops it. Stop routing traffic to it first."),
+    "restart": (
+        "Restart {name}?",
+        "Its process group gets SIGTERM (SIGKILL after the grace period) and it starts "
+        "again. Requests in flight fail; drain (d) lets them finish first.",
+    ),
+    "stop": (
+        "Stop {name}?",
+        "It stays stopped until started again (u); the restart policy leaves it alone.",
+    ),
+    "drain": (
+        "Drain {name}?",
+        "vsup waits until no request is running on port {port} (up to the drain timeout), "
+        "then stops it. Stop routing traffic to it first.",
+    ),
 }
+
 
 def _unreachable(error: BaseException | None) -> bool:
     """A failure to reach the daemon (socket gone, refused, dropped), not a refusal."""
     if isinstance(error, (ConnectionError, FileNotFoundError)):
         return True
-    return any(c.__name__ in ("DaemonUnavailable", "TransportError")
-               for c in type(error).__mro__)
+    return any(c.__name__ in ("DaemonUnavailable", "TransportError") for c in type(error).__mro__)
 
 
 class DashboardApp(App[None]):
@@ -299,8 +305,7 @@ class DashboardApp(App[None]):
             return
         self.history.seed(message.name, message.history)
         if message.name == self.selected and self.on_dashboard:
-            self.dashboard.query_one(SidePanel).show(self.selected_instance(),
-                                                     self.snapshot.advice)
+            self.dashboard.query_one(SidePanel).show(self.selected_instance(), self.snapshot.advice)
 
     # -- lifecycle actions ----------------------------------------------------------------------
 
@@ -313,7 +318,9 @@ class DashboardApp(App[None]):
             question, details = _CONFIRM[verb]
             fields = {"name": inst.name, "port": inst.port}
             self.push_screen(
-                ConfirmScreen(question.format(**fields), details.format(**fields), yes=verb.title()),
+                ConfirmScreen(
+                    question.format(**fields), details.format(**fields), yes=verb.title()
+                ),
                 callback=lambda ok: self._send_action(verb, inst.name) if ok else None,
             )
         else:
@@ -342,8 +349,9 @@ class DashboardApp(App[None]):
         """What to press for a binding, as remapped by the keymap (`?`, `R`, `ctrl+d`)."""
         key = next(k for k in KEYS if k.id == binding_id)
         keys = self.user_keymap.get(binding_id, key.key)
-        return ",".join(self.get_key_display(Binding(k.strip(), key.action))
-                        for k in keys.split(","))
+        return ",".join(
+            self.get_key_display(Binding(k.strip(), key.action)) for k in keys.split(",")
+        )
 
     def detach(self) -> None:
         """Leave; the daemon and every instance keep running."""
@@ -351,16 +359,23 @@ class DashboardApp(App[None]):
 
     # -- layout editing -------------------------------------------------------------------------
 
-    async def _check_form(self, toml_text: str, path: str | None, replace: str | None,
-                          values: dict[str, str]) -> Verdict:
+    async def _check_form(
+        self, toml_text: str, path: str | None, replace: str | None, values: dict[str, str]
+    ) -> Verdict:
         try:
             table = layout_edit.parse_form(values)
         except layout_edit.FieldError as exc:
             return Verdict(toml_text, errors=[str(exc)])
         existing = layout_edit.instance_table(toml_text, replace, path) if replace else None
-        return await check_instance(self.client, toml_text, path,
-                                    layout_edit.merged_table(existing, table), replace,
-                                    self._node_gpus(), self.local_checks)
+        return await check_instance(
+            self.client,
+            toml_text,
+            path,
+            layout_edit.merged_table(existing, table),
+            replace,
+            self._node_gpus(),
+            self.local_checks,
+        )
 
     def _node_gpus(self) -> int | None:
         if self.node_gpus is not None:
@@ -410,31 +425,41 @@ class DashboardApp(App[None]):
         except KeyError:
             self.notify(f"{name} is not in the running layout {path}", severity="error")
             return
-        verdict = await check_layout(self.client, new_toml, path, self._node_gpus(),
-                                     self.local_checks)
+        verdict = await check_layout(
+            self.client, new_toml, path, self._node_gpus(), self.local_checks
+        )
         if not verdict.ok:
             self.notify("\n".join(verdict.errors), title=f"{name} not removed", severity="error")
             return
-        ok = await self.push_screen_wait(ConfirmScreen(
-            f"Remove {name} from the layout?",
-            f"It is stopped and leaves the running layout ({plan_text(verdict.plan)}). "
-            "Save (w) writes the layout file.", yes="Remove"))
+        ok = await self.push_screen_wait(
+            ConfirmScreen(
+                f"Remove {name} from the layout?",
+                f"It is stopped and leaves the running layout ({plan_text(verdict.plan)}). "
+                "Save (w) writes the layout file.",
+                yes="Remove",
+            )
+        )
         if ok:
             await self._apply(verdict, path, confirmed=True)
 
     async def _apply(self, verdict: Verdict, path: str | None, confirmed: bool = False) -> None:
         plan = verdict.plan
         if not confirmed and (plan.get("restart") or plan.get("stop")):
-            ok = await self.push_screen_wait(ConfirmScreen(
-                "Apply the edited layout?",
-                f"{plan_text(plan)}. Restarted instances drop the requests they are serving.",
-                yes="Apply"))
+            ok = await self.push_screen_wait(
+                ConfirmScreen(
+                    "Apply the edited layout?",
+                    f"{plan_text(plan)}. Restarted instances drop the requests they are serving.",
+                    yes="Apply",
+                )
+            )
             if not ok:
                 return
         try:
             answer = await self.client.apply(verdict.toml, path)
         except Exception as exc:  # a refusal: say what the daemon said
-            self.notify("\n".join(error_messages(exc)), title="layout not applied", severity="error")
+            self.notify(
+                "\n".join(error_messages(exc)), title="layout not applied", severity="error"
+            )
             return
         errors = answer_errors(answer)
         if errors:
@@ -450,8 +475,9 @@ class DashboardApp(App[None]):
     async def save_layout(self) -> None:
         """Ask for a file and save the running layout there through the daemon."""
         doc = await self.client.layout()
-        written = await self.push_screen_wait(SaveScreen(doc.get("path") or "layout.toml",
-                                                         self._save_to))
+        written = await self.push_screen_wait(
+            SaveScreen(doc.get("path") or "layout.toml", self._save_to)
+        )
         if written:
             self.notify(f"saved the running layout to {written}", timeout=5)
 
@@ -470,11 +496,18 @@ class DashboardApp(App[None]):
                 title = key.description
                 if key.selection and inst is not None:
                     title = f"{key.description} {inst.name}"
-                yield SystemCommand(title, escape(f"{key.help} · key {self.key_display(key.id)}"),
-                                    functools.partial(self.run_action, key.action, screen))
+                yield SystemCommand(
+                    title,
+                    escape(f"{key.help} · key {self.key_display(key.id)}"),
+                    functools.partial(self.run_action, key.action, screen),
+                )
             for sort, (label, _, _) in rows.SORTS.items():
-                yield SystemCommand(f"Sort by {label}", "Order the instances table",
-                                    functools.partial(self._sort_by, sort), discover=False)
+                yield SystemCommand(
+                    f"Sort by {label}",
+                    "Order the instances table",
+                    functools.partial(self._sort_by, sort),
+                    discover=False,
+                )
         yield from super().get_system_commands(screen)
 
     def _sort_by(self, sort: str) -> None:

@@ -30,7 +30,9 @@ class DashboardClient(Protocol):
         """GET /v1/layout: `{"path", "toml", "name"}` of the running layout."""
         ...
 
-    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+    async def apply(
+        self, toml: str, path: str | None = None, dry_run: bool = False
+    ) -> dict[str, Any]:
         """POST /v1/apply: `{"plan": {"start","restart","stop","unchanged"}, "errors", "warnings"}`."""
         ...
 

@@ -17,7 +17,14 @@ from vsup.snapshot import GpuStatus, InstanceStatus
 from vsup.tui import fmt
 
 INSTANCE_CHARS = ("█", "▓")
-INSTANCE_COLOURS = ("cyan", "dodger_blue2", "medium_purple", "spring_green3", "steel_blue1", "plum2")
+INSTANCE_COLOURS = (
+    "cyan",
+    "dodger_blue2",
+    "medium_purple",
+    "spring_green3",
+    "steel_blue1",
+    "plum2",
+)
 FOREIGN = ("░", "red")
 OTHER = ("▒", "grey50")
 FREE = ("·", "grey35")

@@ -32,31 +32,115 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("restart", "r", "restart", "Restart", "Restart the selected instance (asks first)",
-        mutates=True, confirm=True, selection=True),
-    Key("stop", "x", "stop", "Stop", "Stop the selected instance (asks first)",
-        mutates=True, confirm=True, selection=True),
-    Key("start", "u", "start", "Start", "Start the selected instance", mutates=True,
-        selection=True),
-    Key("drain", "d", "drain", "Drain", "Wait for running requests to finish, then stop (asks first)",
-        mutates=True, confirm=True, selection=True),
-    Key("logs", "l", "logs", "Logs", "Full-screen log of the selected instance, following",
-        selection=True),
-    Key("previous_logs", "p", "previous_logs", "Prev log",
-        "Full-screen log of the selected instance's previous run", show=False, selection=True),
-    Key("filter", "slash", "filter", "Filter", "Filter instances by name, model, state, backend, port"),
-    Key("sort", "s", "sort", "Sort", "Sort by the next column (state, KV, preemptions...)",
-        show=False, wide=True),
+    Key(
+        "restart",
+        "r",
+        "restart",
+        "Restart",
+        "Restart the selected instance (asks first)",
+        mutates=True,
+        confirm=True,
+        selection=True,
+    ),
+    Key(
+        "stop",
+        "x",
+        "stop",
+        "Stop",
+        "Stop the selected instance (asks first)",
+        mutates=True,
+        confirm=True,
+        selection=True,
+    ),
+    Key(
+        "start", "u", "start", "Start", "Start the selected instance", mutates=True, selection=True
+    ),
+    Key(
+        "drain",
+        "d",
+        "drain",
+        "Drain",
+        "Wait for running requests to finish, then stop (asks first)",
+        mutates=True,
+        confirm=True,
+        selection=True,
+    ),
+    Key(
+        "logs",
+        "l",
+        "logs",
+        "Logs",
+        "Full-screen log of the selected instance, following",
+        selection=True,
+    ),
+    Key(
+        "previous_logs",
+        "p",
+        "previous_logs",
+        "Prev log",
+        "Full-screen log of the selected instance's previous run",
+        show=False,
+        selection=True,
+    ),
+    Key(
+        "filter",
+        "slash",
+        "filter",
+        "Filter",
+        "Filter instances by name, model, state, backend, port",
+    ),
+    Key(
+        "sort",
+        "s",
+        "sort",
+        "Sort",
+        "Sort by the next column (state, KV, preemptions...)",
+        show=False,
+        wide=True,
+    ),
     Key("sort_reverse", "S", "sort_reverse", "Reverse", "Reverse the sort order", show=False),
-    Key("add", "a", "add", "Add", "Add an instance to the layout (validated, then applied)",
-        show=False, wide=True, mutates=True),
-    Key("edit", "e", "edit", "Edit", "Edit the selected instance in the layout", show=False,
-        wide=True, mutates=True, selection=True),
-    Key("remove", "ctrl+d", "remove", "Remove",
+    Key(
+        "add",
+        "a",
+        "add",
+        "Add",
+        "Add an instance to the layout (validated, then applied)",
+        show=False,
+        wide=True,
+        mutates=True,
+    ),
+    Key(
+        "edit",
+        "e",
+        "edit",
+        "Edit",
+        "Edit the selected instance in the layout",
+        show=False,
+        wide=True,
+        mutates=True,
+        selection=True,
+    ),
+    Key(
+        "remove",
+        "ctrl+d",
+        "remove",
+        "Remove",
         "Remove the selected instance from the layout (asks first; it is stopped)",
-        show=False, mutates=True, confirm=True, selection=True),
-    Key("save", "w", "save", "Save", "Write the running layout as TOML (atomic; never invalid)",
-        show=False, wide=True, mutates=True),
+        show=False,
+        mutates=True,
+        confirm=True,
+        selection=True,
+    ),
+    Key(
+        "save",
+        "w",
+        "save",
+        "Save",
+        "Write the running layout as TOML (atomic; never invalid)",
+        show=False,
+        wide=True,
+        mutates=True,
+    ),
     Key("help", "question_mark", "help", "Help", "Keys and what the columns mean"),
     Key("detach", "q", "detach", "Detach", "Close the dashboard; instances keep running"),
 )
@@ -69,8 +153,7 @@ MUTATING_ACTIONS = frozenset(k.action for k in KEYS if k.mutates)
 def bindings() -> list[Binding]:
     """The dashboard's Textual bindings (ids = the keymap's names)."""
     return [
-        Binding(k.key, k.action, k.description, show=k.show, id=k.id, tooltip=k.help)
-        for k in KEYS
+        Binding(k.key, k.action, k.description, show=k.show, id=k.id, tooltip=k.help) for k in KEYS
     ]
 
 
@@ -120,5 +203,7 @@ def _check(table: Mapping[str, object], where: str) -> None:
     known = {k.id for k in KEYS}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ValueError(f"{where}: unknown key binding id(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"{where}: unknown key binding id(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )

@@ -25,7 +25,7 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "GPUs", "0 or 0,1; blank: CPU"),
     ("port", "port", "8000"),
     ("gpu_memory_utilization", "GPU memory util.", "0.45; blank: inherited"),
-    ("args", "vLLM args", 'max-model-len = 8192, enforce-eager = true'),
+    ("args", "vLLM args", "max-model-len = 8192, enforce-eager = true"),
     ("env", "env", 'VLLM_ROCM_USE_AITER = "1"'),
 )
 FORM_KEYS = tuple(key for key, _, _ in FIELDS)
@@ -67,7 +67,11 @@ def _inline(value: Any) -> str:
 
 
 def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else tomli_w.dumps({key: 0}).split("=", 1)[0].strip()
+    return (
+        key
+        if re.fullmatch(r"[A-Za-z0-9_-]+", key)
+        else tomli_w.dumps({key: 0}).split("=", 1)[0].strip()
+    )
 
 
 def inline_body(table: Mapping[str, Any]) -> str:
@@ -93,8 +97,11 @@ def _parse_inline(field: str, text: str) -> dict[str, Any]:
     try:
         return dict(tomllib.loads(f"v = {{ {text} }}")["v"]) if text.strip() else {}
     except tomllib.TOMLDecodeError as exc:
-        raise FieldError(field, f"not a TOML inline table body ({exc}); write e.g. "
-                         f"max-model-len = 8192, enforce-eager = true") from None
+        raise FieldError(
+            field,
+            f"not a TOML inline table body ({exc}); write e.g. "
+            f"max-model-len = 8192, enforce-eager = true",
+        ) from None
 
 
 def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
@@ -105,8 +112,11 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
     table: dict[str, Any] = {}
     name = values.get("name", "").strip()
     if not _NAME.match(name):
-        raise FieldError("name", f"{name!r} is not a name: use letters, digits, '.', '_' or '-'"
-                         " (up to 63, starting with a letter or digit)")
+        raise FieldError(
+            "name",
+            f"{name!r} is not a name: use letters, digits, '.', '_' or '-'"
+            " (up to 63, starting with a letter or digit)",
+        )
     table["name"] = name
     model = values.get("model", "").strip()
     if model:
@@ -115,8 +125,11 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
     try:
         table["gpus"] = [int(g) for g in re.split(r"[,\s]+", gpus_text) if g] if gpus_text else []
     except ValueError:
-        raise FieldError("gpus", f"{gpus_text!r} is not a list of GPU indices; write e.g. 0 or 0,1"
-                         " (blank for a CPU instance)") from None
+        raise FieldError(
+            "gpus",
+            f"{gpus_text!r} is not a list of GPU indices; write e.g. 0 or 0,1"
+            " (blank for a CPU instance)",
+        ) from None
     port_text = values.get("port", "").strip()
     try:
         port = int(port_text)
@@ -130,8 +143,9 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
         try:
             gmu = float(gmu_text)
         except ValueError:
-            raise FieldError("gpu_memory_utilization",
-                             f"{gmu_text!r} is not a fraction; write e.g. 0.45") from None
+            raise FieldError(
+                "gpu_memory_utilization", f"{gmu_text!r} is not a fraction; write e.g. 0.45"
+            ) from None
         if not 0 < gmu <= 1:
             raise FieldError("gpu_memory_utilization", f"{gmu} is not in (0, 1]")
         table["gpu_memory_utilization"] = gmu
@@ -141,13 +155,15 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
     env = _parse_inline("env", values.get("env", ""))
     for key, value in env.items():
         if isinstance(value, (dict, list)):
-            raise FieldError("env", f"{key} must be a string, e.g. {key} = \"1\"")
+            raise FieldError("env", f'{key} must be a string, e.g. {key} = "1"')
     if env:
         table["env"] = {k: str(v) for k, v in env.items()}
     return table
 
 
-def merged_table(existing: Mapping[str, Any] | None, form_table: Mapping[str, Any]) -> dict[str, Any]:
+def merged_table(
+    existing: Mapping[str, Any] | None, form_table: Mapping[str, Any]
+) -> dict[str, Any]:
     """An edited instance: the form's keys replace the old ones, a cleared field goes back to
     inheriting, and keys the form does not show are kept."""
     merged = {k: v for k, v in (existing or {}).items() if k not in FORM_KEYS}
@@ -155,8 +171,9 @@ def merged_table(existing: Mapping[str, Any] | None, form_table: Mapping[str, An
     return {**ordered, **merged}
 
 
-def with_instance(toml_text: str, table: Mapping[str, Any], replace: str | None = None,
-                  path: str | None = None) -> str:
+def with_instance(
+    toml_text: str, table: Mapping[str, Any], replace: str | None = None, path: str | None = None
+) -> str:
     """The layout with `table` added, or replacing the instance named `replace`."""
     layout = parse(toml_text, path)
     if replace is not None and layout.instance(replace) is None:

@@ -84,9 +84,13 @@ class MemoryClient:
             name = tomllib.loads(self.layout_toml).get("layout", {}).get("name")
         return {"path": self.layout_path, "toml": self.layout_toml, "name": name}
 
-    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+    async def apply(
+        self, toml: str, path: str | None = None, dry_run: bool = False
+    ) -> dict[str, Any]:
         self._record("apply", toml=toml, path=path, dry_run=dry_run)
-        errors, warnings = self.validate(toml, path or self.layout_path) if self.validate else ([], [])
+        errors, warnings = (
+            self.validate(toml, path or self.layout_path) if self.validate else ([], [])
+        )
         plan = _plan(self.layout_toml, toml)
         if not errors and not dry_run:
             self.layout_toml = toml
@@ -132,7 +136,10 @@ class MemoryClient:
         self._record("history", name=name)
         self._known(name)
         empty: dict[str, list[Any]] = {
-            "t": [], "kv_cache_usage": [], "generation_tokens_per_s": [], "preemptions_per_min": []
+            "t": [],
+            "kv_cache_usage": [],
+            "generation_tokens_per_s": [],
+            "preemptions_per_min": [],
         }
         return self.histories.get(name, empty)
 

@@ -66,8 +66,13 @@ def columns_for(width: int, has_gpus: bool) -> tuple[Column, ...]:
         if col.key not in keep:
             continue
         if col.key == "model":
-            col = Column(col.key, col.label, max(MODEL_MIN, width - used + col.width),
-                         col.right, col.priority)
+            col = Column(
+                col.key,
+                col.label,
+                max(MODEL_MIN, width - used + col.width),
+                col.right,
+                col.priority,
+            )
         out.append(col)
     return tuple(out)
 
@@ -123,8 +128,10 @@ def _cell(inst: InstanceStatus, key: str, width: int) -> Cell:  # noqa: C901 (on
         return (fmt.count(rate), style)
     if key == "run_wait":
         waiting = inst.requests_waiting or 0
-        return (fmt.running_waiting(inst.requests_running, inst.requests_waiting),
-                "yellow" if waiting > 0 else "")
+        return (
+            fmt.running_waiting(inst.requests_running, inst.requests_waiting),
+            "yellow" if waiting > 0 else "",
+        )
     if key == "tok_s":
         return (fmt.count(inst.generation_tokens_per_s), "")
     if key == "backend":
@@ -141,8 +148,12 @@ def row_cells(inst: InstanceStatus, columns: Sequence[Column]) -> Row:
 
 
 # Problems first when sorting by state: what on-call looks for.
-_STATE_RANK = {s: i for i, s in enumerate(
-    ("failed", "unhealthy", "backoff", "starting", "stopping", "stopped", "ready"))}
+_STATE_RANK = {
+    s: i
+    for i, s in enumerate(
+        ("failed", "unhealthy", "backoff", "starting", "stopping", "stopped", "ready")
+    )
+}
 
 
 def _num(value: float | None) -> float:
@@ -163,7 +174,9 @@ SORTS: dict[str, tuple[str, Callable[[InstanceStatus], Any], bool]] = {
 SORT_ORDER = tuple(SORTS)
 
 
-def sorted_names(instances: Iterable[InstanceStatus], sort: str, reverse: bool = False) -> list[str]:
+def sorted_names(
+    instances: Iterable[InstanceStatus], sort: str, reverse: bool = False
+) -> list[str]:
     """Instance names in display order; ties break by name so the order is stable."""
     _, key, descending = SORTS[sort]
     items = sorted(instances, key=lambda i: i.name)
@@ -195,7 +208,10 @@ class TableDiff:
 
 
 def diff_rows(
-    old: Mapping[str, Row], old_order: Sequence[str], new: Mapping[str, Row], new_order: Sequence[str]
+    old: Mapping[str, Row],
+    old_order: Sequence[str],
+    new: Mapping[str, Row],
+    new_order: Sequence[str],
 ) -> TableDiff:
     """The changes from `old` (rows by name, shown in `old_order`) to `new`."""
     diff = TableDiff()

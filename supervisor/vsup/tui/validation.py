@@ -40,23 +40,35 @@ def error_messages(exc: BaseException) -> list[str]:
 
 
 def _split(diagnostics: list[Diagnostic]) -> tuple[list[str], list[str]]:
-    return ([d.format() for d in diagnostics if d.is_error],
-            [d.format() for d in diagnostics if not d.is_error])
+    return (
+        [d.format() for d in diagnostics if d.is_error],
+        [d.format() for d in diagnostics if not d.is_error],
+    )
 
 
-def instance_rules(toml_text: str, path: str | None, table: Mapping[str, Any], replace: str | None,
-                   node_gpus: int | None) -> Verdict:
+def instance_rules(
+    toml_text: str,
+    path: str | None,
+    table: Mapping[str, Any],
+    replace: str | None,
+    node_gpus: int | None,
+) -> Verdict:
     """The layout with `table` added (or replacing `replace`) and what validation says about
     that instance. Blocking (reads files): run it in a thread."""
     layout = layout_edit.parse(toml_text, path)
     name = table.get("name")
     if name != replace and layout.instance(name) is not None:
-        return Verdict(toml_text, errors=[
-            f"{path or 'layout'}: instance '{name}': key 'name': another instance already has "
-            "this name; choose another name"])
+        return Verdict(
+            toml_text,
+            errors=[
+                f"{path or 'layout'}: instance '{name}': key 'name': another instance already has "
+                "this name; choose another name"
+            ],
+        )
     new_toml = layout_edit.with_instance(toml_text, table, replace, path)
-    errors, warnings = _split(validate_instance(layout, table, replace_name=replace,
-                                                node_gpus=node_gpus))
+    errors, warnings = _split(
+        validate_instance(layout, table, replace_name=replace, node_gpus=node_gpus)
+    )
     return Verdict(new_toml, errors, warnings)
 
 
@@ -77,26 +89,39 @@ async def dry_run(client: DashboardClient, verdict: Verdict, path: str | None) -
         return verdict
     verdict.errors += answer_errors(answer)
     seen = set(verdict.warnings)
-    verdict.warnings += [w for w in answer_errors({"errors": answer.get("warnings")})
-                         if w not in seen]
+    verdict.warnings += [
+        w for w in answer_errors({"errors": answer.get("warnings")}) if w not in seen
+    ]
     verdict.plan = dict(answer.get("plan") or {})
     return verdict
 
 
-async def check_instance(client: DashboardClient, toml_text: str, path: str | None,
-                         table: Mapping[str, Any], replace: str | None, node_gpus: int | None,
-                         local: bool = True) -> Verdict:
+async def check_instance(
+    client: DashboardClient,
+    toml_text: str,
+    path: str | None,
+    table: Mapping[str, Any],
+    replace: str | None,
+    node_gpus: int | None,
+    local: bool = True,
+) -> Verdict:
     """A form's instance: local rules in a thread, then the daemon's dry run."""
     if local:
-        verdict = await asyncio.to_thread(instance_rules, toml_text, path, table, replace,
-                                          node_gpus)
+        verdict = await asyncio.to_thread(
+            instance_rules, toml_text, path, table, replace, node_gpus
+        )
     else:
         verdict = Verdict(layout_edit.with_instance(toml_text, table, replace, path))
     return await dry_run(client, verdict, path)
 
 
-async def check_layout(client: DashboardClient, toml_text: str, path: str | None,
-                       node_gpus: int | None, local: bool = True) -> Verdict:
+async def check_layout(
+    client: DashboardClient,
+    toml_text: str,
+    path: str | None,
+    node_gpus: int | None,
+    local: bool = True,
+) -> Verdict:
     """A whole layout (after a removal): local rules in a thread, then the daemon's dry run."""
     if local:
         verdict = await asyncio.to_thread(layout_rules, toml_text, path, node_gpus)
@@ -107,6 +132,9 @@ async def check_layout(client: DashboardClient, toml_text: str, path: str | None
 
 def plan_text(plan: dict[str, list[str]]) -> str:
     """`start: a, b · restart: c · stop: d` (unchanged instances are not mentioned)."""
-    parts = [f"{what}: {', '.join(plan[what])}" for what in ("start", "restart", "stop")
-             if plan.get(what)]
+    parts = [
+        f"{what}: {', '.join(plan[what])}"
+        for what in ("start", "restart", "stop")
+        if plan.get(what)
+    ]
     return " · ".join(parts) if parts else "nothing to start, restart or stop"

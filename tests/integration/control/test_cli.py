@@ -28,7 +28,11 @@ def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.run(
         [sys.executable, "-m", "vsup", *args],
-        env=env, capture_output=True, text=True, timeout=timeout, cwd=outside_cwd(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=outside_cwd(),
     )
 
 
@@ -36,7 +40,11 @@ def popen(home: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.Popen(
         [sys.executable, "-m", "vsup", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=outside_cwd(),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=outside_cwd(),
     )
 
 
@@ -44,8 +52,11 @@ def daemons_of(home: Path) -> list[psutil.Process]:
     """Live daemon processes serving `home` (a spawned daemon runs in VSUP_HOME)."""
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
-        if (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"] \
-                and p.info["cwd"] == str(home) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if (
+            (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"]
+            and p.info["cwd"] == str(home)
+            and p.info["status"] != psutil.STATUS_ZOMBIE
+        ):
             out.append(p)
     return out
 
@@ -92,8 +103,10 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     layout.write_text(emulator_layout({"a": free_port(), "b": free_port()}))
 
     # Two `up` at once: one daemon wins the lock, both apply, each instance starts once.
-    first, second = popen(home, "up", str(layout), "--detach", "--wait", "--timeout", "60"), \
-        popen(home, "up", str(layout), "--detach", "--wait", "--timeout", "60")
+    first, second = (
+        popen(home, "up", str(layout), "--detach", "--wait", "--timeout", "60"),
+        popen(home, "up", str(layout), "--detach", "--wait", "--timeout", "60"),
+    )
     out1, err1 = first.communicate(timeout=90)
     out2, err2 = second.communicate(timeout=90)
     assert first.returncode == 0 and second.returncode == 0, err1 + err2
@@ -187,7 +200,7 @@ def test_invalid_layout_exits_2_with_every_error_and_starts_nothing(cli_home, tm
 
 def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     layout = tmp_path / "crash.toml"
-    never_ready = 'args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }'
+    never_ready = "args = { ready-after = 30, exit-after = 0.3, exit-code = 3 }"
     text = emulator_layout({"a": free_port()}, args=never_ready)
     layout.write_text(text.replace("max_failures = 3", "max_failures = 2"))
     res = vsup(cli_home, "up", str(layout), "--detach", "--wait", "--timeout", "60")

@@ -32,7 +32,10 @@ def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
     env = dict(os.environ, VSUP_HOME=str(home))
     proc = subprocess.run(
         [sys.executable, "-m", "vsup", *args],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         cwd=outside_cwd(),
     )
     if check and proc.returncode != 0:
@@ -46,7 +49,10 @@ def start_vsup(home: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, VSUP_HOME=str(home))
     return subprocess.Popen(
         [sys.executable, "-m", "vsup", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         cwd=outside_cwd(),
     )
 
@@ -57,8 +63,9 @@ def status(home: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def write_layout(path: Path, model: Path, ports: list[int], vllm_env: dict,
-                 metrics_port: int) -> None:
+def write_layout(
+    path: Path, model: Path, ports: list[int], vllm_env: dict, metrics_port: int
+) -> None:
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     text = f"""
@@ -88,8 +95,11 @@ def daemons_of(home: Path) -> list[psutil.Process]:
     """Live daemon processes serving `home` (a spawned daemon runs in VSUP_HOME)."""
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
-        if (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"] \
-                and p.info["cwd"] == str(home) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if (
+            (p.info["cmdline"] or [])[-3:] == ["-m", "vsup", "daemon"]
+            and p.info["cwd"] == str(home)
+            and p.info["status"] != psutil.STATUS_ZOMBIE
+        ):
             out.append(p)
     return out
 
@@ -150,10 +160,13 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         insts = {i["name"]: i for i in doc["instances"]}
         assert [insts[n]["state"] for n in ("cpu0", "cpu1")] == ["ready", "ready"]
         for port in ports:
-            servers = [p for p in psutil.process_iter(["cmdline"])
-                       if "--port" in (p.info["cmdline"] or [])
-                       and str(port) in (p.info["cmdline"] or [])]
+            servers = [
+                p
+                for p in psutil.process_iter(["cmdline"])
+                if "--port" in (p.info["cmdline"] or []) and str(port) in (p.info["cmdline"] or [])
+            ]
             assert len(servers) == 1, f"port {port}: {len(servers)} API servers"
+
         # Real telemetry reaches the status and the Prometheus export.
         def telemetry():
             i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
@@ -172,8 +185,14 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
 
         # SIGKILL the daemon: the instances keep serving.
         os.kill(old_daemon, signal.SIGKILL)
-        wait_for(lambda: not psutil.pid_exists(old_daemon)
-                 or psutil.Process(old_daemon).status() == psutil.STATUS_ZOMBIE, 10, "daemon death")
+        wait_for(
+            lambda: (
+                not psutil.pid_exists(old_daemon)
+                or psutil.Process(old_daemon).status() == psutil.STATUS_ZOMBIE
+            ),
+            10,
+            "daemon death",
+        )
         resp = completion(ports[0])
         assert resp.status_code == 200, resp.text
         # While no daemon watches, cpu1's whole process group dies.

@@ -47,7 +47,9 @@ async def tracked_core(eng, name):
     return core
 
 
-async def test_child_gets_argv_env_session_and_log_as_specified(engine, emulator_spec, events, token):
+async def test_child_gets_argv_env_session_and_log_as_specified(
+    engine, emulator_spec, events, token
+):
     os.environ["VSUP_TEST_SECRET"] = "s3cr3t-key-123"
     try:
         eng: Engine = engine()
@@ -135,7 +137,9 @@ async def test_exit_is_seen_within_100ms_p99(engine, emulator_spec, events):
     assert p99 <= 0.100
 
 
-async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(engine, emulator_spec, events):
+async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(
+    engine, emulator_spec, events
+):
     eng = engine()
     await eng.apply([emulator_spec("a", "--ignore-term", stop_grace_s=1.0)])
     await eng.wait("a", ("ready",), timeout=20)
@@ -185,7 +189,9 @@ async def test_descendant_that_left_the_group_is_swept(engine, emulator_spec, ev
     await eng.stop("a")
 
 
-async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine, emulator_spec, events):
+async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(
+    engine, emulator_spec, events
+):
     eng = engine()
     spec = emulator_spec(
         "a",
@@ -205,7 +211,9 @@ async def test_crash_loop_gives_up_after_max_failures_and_spawns_no_more(engine,
     assert inst.last_exit.code == 3 and inst.last_exit.reason == "unknown"
     (failed,) = events.of("failed", "a")
     assert failed["failures"] == 4
-    assert inst.failed_why == "the restart policy gave up: 4 consecutive failures (max_failures = 4)"
+    assert (
+        inst.failed_why == "the restart policy gave up: 4 consecutive failures (max_failures = 4)"
+    )
     assert inst.status_fields()["failed_why"] == inst.failed_why
     assert my_zombies() == []
     assert sorted(p.name for p in inst.log_path().parent.iterdir()) == [
@@ -308,7 +316,10 @@ async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, emulator_spe
     eng = engine()
     await eng.apply([emulator_spec("a")], wait=True)
     await eng.apply(
-        [emulator_spec("a", port=eng.instances["a"].spec.port), emulator_spec("b", "--ready-after", "1.0")]
+        [
+            emulator_spec("a", port=eng.instances["a"].spec.port),
+            emulator_spec("b", "--ready-after", "1.0"),
+        ]
     )
     await events.wait(lambda e: e["kind"] == "spawn" and e["instance"] == "b", timeout=10)
     stopping = asyncio.create_task(eng.stop("a"))
@@ -382,7 +393,9 @@ async def test_drain_waits_for_running_requests(engine, emulator_spec, events):
     assert drain["drained"] is True and drain["waited_s"] >= 0.9
 
 
-async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine, emulator_spec, events):
+async def test_apply_restarts_changed_updates_policy_and_removes_missing(
+    engine, emulator_spec, events
+):
     eng = engine()
     a, b, c = emulator_spec("a"), emulator_spec("b"), emulator_spec("c", gpus=(0,))
     await eng.apply([a, b, c], wait=True)
@@ -408,7 +421,9 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(engine,
     assert eng.diff([a2, b2, d]).empty
 
 
-async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, emulator_spec, events, tmp_path):
+async def test_detach_then_adopt_then_the_adopted_exit_is_seen(
+    engine, emulator_spec, events, tmp_path
+):
     first = engine()
     spec = emulator_spec("a", "--engine-child")
     await first.apply([spec], wait=True)
@@ -433,7 +448,9 @@ async def test_detach_then_adopt_then_the_adopted_exit_is_seen(engine, emulator_
     assert second.instances["a"].run == 2
 
 
-async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(engine, emulator_spec, events):
+async def test_adopt_refuses_a_reused_pid_and_leaves_that_process_alone(
+    engine, emulator_spec, events
+):
     import subprocess
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)

@@ -19,6 +19,7 @@ from vsup.control.daemon import Daemon
 from vsup.control.server import bind_unix_socket
 from vsup.telemetry.gpu import NoneProbe
 
+
 class DaemonRunner:
     """Starts daemons in this event loop; the teardown stops every process they spawned."""
 

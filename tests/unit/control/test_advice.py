@@ -50,7 +50,11 @@ def test_unknown_preemption_rate_is_not_a_rise():
 
 def test_hbm_above_the_planned_share_is_reported_with_numbers():
     inst = empty_instance(
-        "g0", state="ready", gpus=(3,), hbm_bytes=60 * GiB, planned_hbm_bytes=48 * GiB,
+        "g0",
+        state="ready",
+        gpus=(3,),
+        hbm_bytes=60 * GiB,
+        planned_hbm_bytes=48 * GiB,
         gpu_memory_utilization=0.25,
     )
     advice = compute_advice([inst], [], NONE)
@@ -59,8 +63,9 @@ def test_hbm_above_the_planned_share_is_reported_with_numbers():
 
 
 def test_small_hbm_excess_is_allocator_slack():
-    inst = empty_instance("g0", gpus=(0,), hbm_bytes=48 * GiB + 100 * 1024**2,
-                          planned_hbm_bytes=48 * GiB)
+    inst = empty_instance(
+        "g0", gpus=(0,), hbm_bytes=48 * GiB + 100 * 1024**2, planned_hbm_bytes=48 * GiB
+    )
     assert compute_advice([inst], [], NONE) == ()
 
 
@@ -70,8 +75,16 @@ def test_unknown_hbm_gives_no_advice():
 
 
 def test_foreign_process_on_a_gpu_is_named():
-    gpu = GpuStatus(2, "H200", 141 * GiB, 20 * GiB, 0.0, 30.0, 100.0,
-                    (GpuProcess(111, 10 * GiB, "g2"), GpuProcess(999, 8 * GiB, None)))
+    gpu = GpuStatus(
+        2,
+        "H200",
+        141 * GiB,
+        20 * GiB,
+        0.0,
+        30.0,
+        100.0,
+        (GpuProcess(111, 10 * GiB, "g2"), GpuProcess(999, 8 * GiB, None)),
+    )
     advice = compute_advice([], [gpu], NONE)
     assert kinds(advice) == [("foreign_process", None, 2)]
     assert "pid 999" in advice[0].message and "8.0 GiB" in advice[0].message
@@ -88,8 +101,10 @@ def test_failed_instance_is_critical_and_says_how_to_restart():
 
 def test_failed_instance_says_why_vsup_gave_up():
     le = LastExit(None, "SIGKILL", "unhealthy", "2026-01-01T00:00:00.000Z", None)
-    why = ("processes of g1 outlived SIGKILL: 28258 VLLM::Worker (R: running, exiting). They "
-           "hold their memory ...; `vsup start g1` once they are gone")
+    why = (
+        "processes of g1 outlived SIGKILL: 28258 VLLM::Worker (R: running, exiting). They "
+        "hold their memory ...; `vsup start g1` once they are gone"
+    )
     stuck = empty_instance("g1", state="failed", last_exit=le, restarts=0, failed_why=why)
     (advice,) = compute_advice([stuck], [], NONE)
     assert (advice.kind, advice.severity) == ("failed", "critical")

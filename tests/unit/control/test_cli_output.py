@@ -23,13 +23,29 @@ def doc():
         node=NodeInfo("n", "none", 0),
         gpus=(),
         instances=(
-            empty_instance("cpu0", state="ready", pid=100, port=8000, restarts=0, uptime_s=30,
-                           kv_cache_usage=0.5, requests_running=2.0, requests_waiting=0.0,
-                           backend="CPU_ATTN", backend_source="default"),
-            empty_instance("cpu1", state="backoff", port=8001, restarts=2,
-                           backoff_remaining_s=4.2,
-                           last_exit=LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z",
-                                              "a\nMemoryError: no room")),
+            empty_instance(
+                "cpu0",
+                state="ready",
+                pid=100,
+                port=8000,
+                restarts=0,
+                uptime_s=30,
+                kv_cache_usage=0.5,
+                requests_running=2.0,
+                requests_waiting=0.0,
+                backend="CPU_ATTN",
+                backend_source="default",
+            ),
+            empty_instance(
+                "cpu1",
+                state="backoff",
+                port=8001,
+                restarts=2,
+                backoff_remaining_s=4.2,
+                last_exit=LastExit(
+                    1, None, "oom", "2026-01-01T00:00:00.000Z", "a\nMemoryError: no room"
+                ),
+            ),
         ),
         advice=(Advice("crash_loop", "warning", "cpu1: crash loop", instance="cpu1"),),
     ).to_json()
@@ -60,12 +76,19 @@ def test_progress_is_silent_in_a_pipe_and_live_on_a_terminal():
 
 
 def test_waiting_line_names_what_is_loading_and_for_how_long():
-    line = describe_waiting([
-        {"name": "a", "state": "ready"},
-        {"name": "b", "state": "starting", "state_since_s": 12.3},
-        {"name": "c", "state": "backoff", "backoff_remaining_s": 8, "last_exit": {"reason": "oom"}},
-        {"name": "d", "state": "starting", "state_since_s": 12.3, "waiting_for": "b starting"},
-    ])
+    line = describe_waiting(
+        [
+            {"name": "a", "state": "ready"},
+            {"name": "b", "state": "starting", "state_since_s": 12.3},
+            {
+                "name": "c",
+                "state": "backoff",
+                "backoff_remaining_s": 8,
+                "last_exit": {"reason": "oom"},
+            },
+            {"name": "d", "state": "starting", "state_since_s": 12.3, "waiting_for": "b starting"},
+        ]
+    )
     assert line == "ready 1/4 · b loading 12s · c backoff 8s (oom) · d waits (b starting)"
     assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "-"
 

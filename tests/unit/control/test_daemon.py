@@ -60,8 +60,9 @@ async def test_status_of_an_empty_daemon_is_schema_1(daemons):
         ("GET", "/v1/events?sinse=3", None, "unknown query 'sinse'"),
     ],
 )
-async def test_bad_requests_get_400_saying_what_to_send(daemons, vsup_home, method, path, body,
-                                                        fragment):
+async def test_bad_requests_get_400_saying_what_to_send(
+    daemons, vsup_home, method, path, body, fragment
+):
     await daemons.start()
     kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body else {}
     resp = await raw(vsup_home, method, path, **kw)
@@ -121,8 +122,10 @@ async def test_apply_starts_instances_and_unknown_names_get_404(daemons, vsup_ho
 async def test_actions_logs_config_and_events(daemons, monkeypatch):
     monkeypatch.setenv("FAKE_KEY_VAR", "s3cret")
     daemon, client = await daemons.start()
-    text = emulator_layout({"a": free_port()}, args='api_key_env = "FAKE_KEY_VAR"\n'
-                       'env = { VLLM_CPU_KVCACHE_SPACE = "1" }')
+    text = emulator_layout(
+        {"a": free_port()},
+        args='api_key_env = "FAKE_KEY_VAR"\nenv = { VLLM_CPU_KVCACHE_SPACE = "1" }',
+    )
     assert (await client.apply(text, "/tmp/fakes.toml"))["applied"]
     await daemon.engine.wait("a", ("ready",), timeout=20)
     first_pid = (await client.status())["instances"][0]["pid"]
@@ -149,8 +152,10 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     answer = await client.action("stop", all=True)
     assert answer["done"] == ["a"]
     assert (await client.status())["instances"][0]["state"] == "stopped"
-    assert not psutil.pid_exists(inst["pid"]) or \
-        psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(inst["pid"])
+        or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
 
     page = await client.events(since=0)
     kinds = [e["kind"] for e in page["events"]]
@@ -272,7 +277,9 @@ async def test_prometheus_listener_follows_the_layout(daemons):
     assert 'vsup_instance_up{name="a"} 1.0' in body
     assert 'vsup_instance_state{name="a",state="ready"} 1.0' in body
     # A layout without it closes the listener.
-    await client.apply(emulator_layout({"a": daemon.engine.instances["a"].spec.port}), "/tmp/f.toml")
+    await client.apply(
+        emulator_layout({"a": daemon.engine.instances["a"].spec.port}), "/tmp/f.toml"
+    )
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as http:
             await http.get(f"http://127.0.0.1:{mport}/metrics")
@@ -313,18 +320,31 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
 
     text = emulator_layout({"a": free_port()})
     _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                start_new_session=True)
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         created = psutil.Process(stranger.pid).create_time()
-        StateFile(paths.state_path(vsup_home)).save(DaemonState(
-            layout_path="/tmp/fakes.toml", layout_toml=text, layout_name="fakes",
-            instances={"a": InstanceRecord(
-                name="a", spec=spec_to_dict(specs[0]), state="ready", pid=stranger.pid,
-                create_time=created - 3600, pgid=stranger.pid, port=specs[0].port, run=4,
-                restarts=1,
-            )},
-        ))
+        StateFile(paths.state_path(vsup_home)).save(
+            DaemonState(
+                layout_path="/tmp/fakes.toml",
+                layout_toml=text,
+                layout_name="fakes",
+                instances={
+                    "a": InstanceRecord(
+                        name="a",
+                        spec=spec_to_dict(specs[0]),
+                        state="ready",
+                        pid=stranger.pid,
+                        create_time=created - 3600,
+                        pgid=stranger.pid,
+                        port=specs[0].port,
+                        run=4,
+                        restarts=1,
+                    )
+                },
+            )
+        )
         daemon, client = await daemons.start()
         assert await daemon.engine.wait("a", ("ready",), timeout=20) == "ready"
         inst = daemon.engine.instances["a"]

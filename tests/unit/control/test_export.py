@@ -25,15 +25,38 @@ def snapshot() -> StatusSnapshot:
     return StatusSnapshot(
         supervisor=SupervisorInfo(pid=1, version="0.1.0", uptime_s=12.5, layout="l8"),
         node=NodeInfo(hostname="node1", gpu_vendor="nvidia", gpu_count=1),
-        gpus=(GpuStatus(0, "H200", 141 * GiB, 70 * GiB, 93.0, 61.0, 512.5,
-                        (GpuProcess(10, 60 * GiB, "g0"), GpuProcess(77, GiB, None))),),
+        gpus=(
+            GpuStatus(
+                0,
+                "H200",
+                141 * GiB,
+                70 * GiB,
+                93.0,
+                61.0,
+                512.5,
+                (GpuProcess(10, 60 * GiB, "g0"), GpuProcess(77, GiB, None)),
+            ),
+        ),
         instances=(
-            empty_instance("g0", state="ready", pid=10, port=8000, gpus=(0,), model="m",
-                           restarts=2, hbm_bytes=60 * GiB, hbm_source="process",
-                           planned_hbm_bytes=63 * GiB,
-                           kv_cache_usage=0.42, preemptions_total=7.0, requests_running=3.0,
-                           requests_waiting=0.0, generation_tokens_per_s=812.5,
-                           backend="FLASH_ATTN", backend_source="log"),
+            empty_instance(
+                "g0",
+                state="ready",
+                pid=10,
+                port=8000,
+                gpus=(0,),
+                model="m",
+                restarts=2,
+                hbm_bytes=60 * GiB,
+                hbm_source="process",
+                planned_hbm_bytes=63 * GiB,
+                kv_cache_usage=0.42,
+                preemptions_total=7.0,
+                requests_running=3.0,
+                requests_waiting=0.0,
+                generation_tokens_per_s=812.5,
+                backend="FLASH_ATTN",
+                backend_source="log",
+            ),
             empty_instance("g1", state="backoff", port=8001, gpus=(0,), restarts=1),
         ),
         advice=(Advice("foreign_process", "warning", "pid 77", gpu=0),),
@@ -82,8 +105,11 @@ def test_every_series_is_documented_and_prefixed():
 
 @pytest.mark.parametrize(
     "value,expected",
-    [("127.0.0.1:9400", ("127.0.0.1", 9400)), ("[::1]:9400", ("::1", 9400)),
-     ("0.0.0.0:1", ("0.0.0.0", 1))],
+    [
+        ("127.0.0.1:9400", ("127.0.0.1", 9400)),
+        ("[::1]:9400", ("::1", 9400)),
+        ("0.0.0.0:1", ("0.0.0.0", 1)),
+    ],
 )
 def test_listen_addresses_parse(value, expected):
     assert parse_listen(value) == expected

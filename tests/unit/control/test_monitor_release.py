@@ -12,11 +12,18 @@ from vsup.telemetry.gpu.base import GpuProcessSample, GpuSample
 
 def sample(index: int, pids: dict[int, int], per_process: bool = True) -> GpuSample:
     return GpuSample(
-        index=index, name="NVIDIA H200", uuid=f"GPU-{index}", bdf=None,
-        hbm_total_bytes=150754820096, hbm_used_bytes=sum(pids.values()), util_pct=0.0,
-        temp_c=30.0, power_w=100.0,
+        index=index,
+        name="NVIDIA H200",
+        uuid=f"GPU-{index}",
+        bdf=None,
+        hbm_total_bytes=150754820096,
+        hbm_used_bytes=sum(pids.values()),
+        util_pct=0.0,
+        temp_c=30.0,
+        power_w=100.0,
         processes=tuple(GpuProcessSample(pid, b) for pid, b in pids.items()),
-        per_process_supported=per_process, error=None,
+        per_process_supported=per_process,
+        error=None,
     )
 
 

@@ -58,8 +58,10 @@ def test_describe_names_a_process_and_its_kernel_state():
     import time
 
     # a name with a space and a parenthesis, as /proc/PID/stat's comm field may hold
-    program = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'VLLM::W (x)', 0, 0, 0); "
-               "print('go', flush=True); time.sleep(60)")
+    program = (
+        "import ctypes, time; ctypes.CDLL(None).prctl(15, b'VLLM::W (x)', 0, 0, 0); "
+        "print('go', flush=True); time.sleep(60)"
+    )
     child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline() == b"go\n"
@@ -74,7 +76,9 @@ def test_describe_names_a_process_and_its_kernel_state():
         while "(Z:" not in describe(child.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
         # a dead, unreaped child: its memory map is gone, so it reads as exiting
-        assert describe(child.pid) == f"{child.pid} VLLM::W (x) (Z: a zombie nobody reaped, exiting)"
+        assert (
+            describe(child.pid) == f"{child.pid} VLLM::W (x) (Z: a zombie nobody reaped, exiting)"
+        )
     finally:
         child.kill()
         child.wait()

@@ -47,8 +47,9 @@ class NvGpu:
 class FakeNvml:
     """State behind a fake `pynvml` module (see `module`)."""
 
-    def __init__(self, gpus: list[NvGpu], *, init_error: int | None = None,
-                 old_driver: bool = False) -> None:
+    def __init__(
+        self, gpus: list[NvGpu], *, init_error: int | None = None, old_driver: bool = False
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.old_driver = old_driver  # no nvmlDeviceGetMemoryInfo_v2, no ..._v3 process call
@@ -75,10 +76,11 @@ class FakeNvml:
         fake = self
         mod = types.ModuleType("pynvml")
         for name in dir(nv):
-            if (name.startswith(("NVMLError", "NVML_", "nvmlMemory_", "nvmlTemperature_"))
-                    or name.startswith("c_nvml") or name in ("NVMLLibraryMismatchError",
-                                                             "nvmlPciInfo_t",
-                                                             "nvmlFriendlyObject")):
+            if (
+                name.startswith(("NVMLError", "NVML_", "nvmlMemory_", "nvmlTemperature_"))
+                or name.startswith("c_nvml")
+                or name in ("NVMLLibraryMismatchError", "nvmlPciInfo_t", "nvmlFriendlyObject")
+            ):
                 setattr(mod, name, getattr(nv, name))
 
         class Handle:  # stands for pynvml's opaque c_nvmlDevice_t
@@ -144,7 +146,8 @@ class FakeNvml:
                 info = nv.c_nvmlProcessInfo_v2_t()
                 info.pid = pid
                 info.usedGpuMemory = (
-                    nv.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used)
+                    nv.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used
+                )
                 obj = nv.nvmlStructToFriendlyObject(info)
                 if obj.usedGpuMemory == nv.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
                     obj.usedGpuMemory = None  # what pynvml does with "not available"
@@ -155,17 +158,19 @@ class FakeNvml:
             return processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, True)
 
         def nvmlDeviceGetComputeRunningProcesses_v3(handle):
-            return processes("nvmlDeviceGetComputeRunningProcesses_v3", handle,
-                             not fake.old_driver)
+            return processes("nvmlDeviceGetComputeRunningProcesses_v3", handle, not fake.old_driver)
 
         def nvmlDeviceGetComputeRunningProcesses(handle):
             try:
-                return processes("nvmlDeviceGetComputeRunningProcesses", handle,
-                                 not fake.old_driver)
+                return processes(
+                    "nvmlDeviceGetComputeRunningProcesses", handle, not fake.old_driver
+                )
             except nv.NVMLError_FunctionNotFound:
                 # pynvml's @throwOnVersionMismatch on the unversioned call
-                raise nv.NVMLLibraryMismatchError("Unversioned function called and the pyNVML "
-                                                  "version does not match the NVML lib version.")
+                raise nv.NVMLLibraryMismatchError(
+                    "Unversioned function called and the pyNVML "
+                    "version does not match the NVML lib version."
+                )
 
         def nvmlDeviceGetUtilizationRates(handle):
             gpu = fake._check("nvmlDeviceGetUtilizationRates", handle)
@@ -186,23 +191,43 @@ class FakeNvml:
         def nvmlDeviceGetPowerUsage(handle):
             return fake._check("nvmlDeviceGetPowerUsage", handle).power_mw
 
-        for fn in (nvmlInit, nvmlShutdown, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex,
-                   nvmlDeviceGetName, nvmlDeviceGetUUID, nvmlDeviceGetPciInfo,
-                   nvmlDeviceGetMemoryInfo, nvmlDeviceGetComputeRunningProcesses,
-                   nvmlDeviceGetComputeRunningProcesses_v2,
-                   nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetUtilizationRates,
-                   nvmlDeviceGetTemperature, nvmlDeviceGetTemperatureV,
-                   nvmlDeviceGetPowerUsage):
+        for fn in (
+            nvmlInit,
+            nvmlShutdown,
+            nvmlDeviceGetCount,
+            nvmlDeviceGetHandleByIndex,
+            nvmlDeviceGetName,
+            nvmlDeviceGetUUID,
+            nvmlDeviceGetPciInfo,
+            nvmlDeviceGetMemoryInfo,
+            nvmlDeviceGetComputeRunningProcesses,
+            nvmlDeviceGetComputeRunningProcesses_v2,
+            nvmlDeviceGetComputeRunningProcesses_v3,
+            nvmlDeviceGetUtilizationRates,
+            nvmlDeviceGetTemperature,
+            nvmlDeviceGetTemperatureV,
+            nvmlDeviceGetPowerUsage,
+        ):
             setattr(mod, fn.__name__, fn)
         return mod
 
 
 NVML_FUNCTIONS = (
-    "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetPowerUsage",
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureV",
+    "nvmlDeviceGetPowerUsage",
 )
 
 # ---------------------------------------------------------------------------------- amdsmi
@@ -252,9 +277,17 @@ class AmdGpu:
     vram_total: int = 206_141_652_992
     vram_used: int = 290_000_000
     gfx_activity: int | str = 12
-    power: dict[str, Any] = field(default_factory=lambda: {
-        "socket_power": 250, "current_socket_power": 250, "average_socket_power": "N/A",
-        "gfx_voltage": "N/A", "soc_voltage": "N/A", "mem_voltage": "N/A", "power_limit": 750})
+    power: dict[str, Any] = field(
+        default_factory=lambda: {
+            "socket_power": 250,
+            "current_socket_power": 250,
+            "average_socket_power": "N/A",
+            "gfx_voltage": "N/A",
+            "soc_voltage": "N/A",
+            "mem_voltage": "N/A",
+            "power_limit": 750,
+        }
+    )
     temps: dict[str, int] = field(default_factory=lambda: {"HOTSPOT": 48, "EDGE": 40})
     processes: list[tuple[int, int]] = field(default_factory=list)
     # amdsmi status codes raised by a call, by call name
@@ -264,8 +297,13 @@ class AmdGpu:
 class FakeAmdSmi:
     """State behind a fake `amdsmi` module (see `module`)."""
 
-    def __init__(self, gpus: list[AmdGpu], *, init_error: int | None = None,
-                 has_enumeration_info: bool = True) -> None:
+    def __init__(
+        self,
+        gpus: list[AmdGpu],
+        *,
+        init_error: int | None = None,
+        has_enumeration_info: bool = True,
+    ) -> None:
         self.real = real_amdsmi()
         self.gpus = gpus
         self.init_error = init_error
@@ -319,7 +357,9 @@ class FakeAmdSmi:
             gpu = fake._gpu("amdsmi_get_gpu_enumeration_info", processor_handle)
             hip = gpu.hip_id
             return {
-                "drm_render": 128, "drm_card": 0, "hsa_id": 1,
+                "drm_render": 128,
+                "drm_card": 0,
+                "hsa_id": 1,
                 # the real call maps UINT32_MAX to "N/A" through _validate_if_max_uint
                 "hip_id": "N/A" if hip is None or hip == max32 else hip,
                 "hip_uuid": "GPU-0000",
@@ -327,12 +367,19 @@ class FakeAmdSmi:
 
         def amdsmi_get_gpu_asic_info(processor_handle):
             gpu = fake._gpu("amdsmi_get_gpu_asic_info", processor_handle)
-            return {"market_name": gpu.market_name or "N/A", "vendor_id": "0x1002",
-                    "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
-                    "subvendor_id": "0x1002", "device_id": "0x74a1", "rev_id": "0x00",
-                    "asic_serial": "0x0000000000000000", "oam_id": 0,
-                    "num_compute_units": 304, "target_graphics_version": "gfx942",
-                    "subsystem_id": "0x74a1"}
+            return {
+                "market_name": gpu.market_name or "N/A",
+                "vendor_id": "0x1002",
+                "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
+                "subvendor_id": "0x1002",
+                "device_id": "0x74a1",
+                "rev_id": "0x00",
+                "asic_serial": "0x0000000000000000",
+                "oam_id": 0,
+                "num_compute_units": 304,
+                "target_graphics_version": "gfx942",
+                "subsystem_id": "0x74a1",
+            }
 
         def _memory_type(mem_type):
             if not isinstance(mem_type, smi.AmdSmiMemoryType):
@@ -354,8 +401,7 @@ class FakeAmdSmi:
 
         def amdsmi_get_gpu_activity(processor_handle):
             gpu = fake._gpu("amdsmi_get_gpu_activity", processor_handle)
-            return {"gfx_activity": gpu.gfx_activity, "umc_activity": "N/A",
-                    "mm_activity": "N/A"}
+            return {"gfx_activity": gpu.gfx_activity, "umc_activity": "N/A", "mm_activity": "N/A"}
 
         def amdsmi_get_temp_metric(processor_handle, sensor_type, metric):
             gpu = fake._gpu("amdsmi_get_temp_metric", processor_handle)
@@ -373,18 +419,32 @@ class FakeAmdSmi:
         def amdsmi_get_gpu_process_list(processor_handle):
             gpu = fake._gpu("amdsmi_get_gpu_process_list", processor_handle)
             return [
-                {"name": "python3", "pid": pid, "mem": vram,
-                 "engine_usage": {"gfx": 0, "enc": 0},
-                 "memory_usage": {"gtt_mem": 2 * 2**20, "cpu_mem": 0, "vram_mem": vram},
-                 "cu_occupancy": "N/A"}
+                {
+                    "name": "python3",
+                    "pid": pid,
+                    "mem": vram,
+                    "engine_usage": {"gfx": 0, "enc": 0},
+                    "memory_usage": {"gtt_mem": 2 * 2**20, "cpu_mem": 0, "vram_mem": vram},
+                    "cu_occupancy": "N/A",
+                }
                 for pid, vram in gpu.processes
             ]
 
-        fns = [amdsmi_init, amdsmi_shut_down, amdsmi_get_processor_handles,
-               amdsmi_get_gpu_device_bdf, amdsmi_get_gpu_device_uuid, amdsmi_get_gpu_asic_info,
-               amdsmi_get_gpu_memory_total, amdsmi_get_gpu_memory_usage,
-               amdsmi_get_gpu_vram_usage, amdsmi_get_gpu_activity, amdsmi_get_temp_metric,
-               amdsmi_get_power_info, amdsmi_get_gpu_process_list]
+        fns = [
+            amdsmi_init,
+            amdsmi_shut_down,
+            amdsmi_get_processor_handles,
+            amdsmi_get_gpu_device_bdf,
+            amdsmi_get_gpu_device_uuid,
+            amdsmi_get_gpu_asic_info,
+            amdsmi_get_gpu_memory_total,
+            amdsmi_get_gpu_memory_usage,
+            amdsmi_get_gpu_vram_usage,
+            amdsmi_get_gpu_activity,
+            amdsmi_get_temp_metric,
+            amdsmi_get_power_info,
+            amdsmi_get_gpu_process_list,
+        ]
         if self.has_enumeration_info:
             fns.append(amdsmi_get_gpu_enumeration_info)
         for fn in fns:
@@ -393,9 +453,18 @@ class FakeAmdSmi:
 
 
 AMDSMI_FUNCTIONS = (
-    "amdsmi_init", "amdsmi_shut_down", "amdsmi_get_processor_handles",
-    "amdsmi_get_gpu_device_bdf", "amdsmi_get_gpu_device_uuid", "amdsmi_get_gpu_enumeration_info",
-    "amdsmi_get_gpu_asic_info", "amdsmi_get_gpu_memory_total", "amdsmi_get_gpu_memory_usage",
-    "amdsmi_get_gpu_vram_usage", "amdsmi_get_gpu_activity", "amdsmi_get_temp_metric",
-    "amdsmi_get_power_info", "amdsmi_get_gpu_process_list",
+    "amdsmi_init",
+    "amdsmi_shut_down",
+    "amdsmi_get_processor_handles",
+    "amdsmi_get_gpu_device_bdf",
+    "amdsmi_get_gpu_device_uuid",
+    "amdsmi_get_gpu_enumeration_info",
+    "amdsmi_get_gpu_asic_info",
+    "amdsmi_get_gpu_memory_total",
+    "amdsmi_get_gpu_memory_usage",
+    "amdsmi_get_gpu_vram_usage",
+    "amdsmi_get_gpu_activity",
+    "amdsmi_get_temp_metric",
+    "amdsmi_get_power_info",
+    "amdsmi_get_gpu_process_list",
 )

@@ -14,21 +14,39 @@ from vsup.telemetry.gpu.base import GpuSample
 
 MiB, GiB = 2**20, 2**30
 SMI_GPUS = [
-    {"index": "0", "pci.bus_id": "00000000:17:00.0", "memory.used": "15000",
-     "memory.total": "143771"},
-    {"index": "1", "pci.bus_id": "00000000:2A:00.0", "memory.used": "6700",
-     "memory.total": "143771"},
+    {
+        "index": "0",
+        "pci.bus_id": "00000000:17:00.0",
+        "memory.used": "15000",
+        "memory.total": "143771",
+    },
+    {
+        "index": "1",
+        "pci.bus_id": "00000000:2A:00.0",
+        "memory.used": "6700",
+        "memory.total": "143771",
+    },
 ]
 
 
 def samples(extra_pid_bytes: int = 0) -> list[GpuSample]:
     return [
-        GpuSample(0, bdf="0000:17:00.0", hbm_total_bytes=143771 * MiB,
-                  hbm_used_bytes=15000 * MiB + 300_000, per_process_supported=True,
-                  processes=(P(11, 4 * GiB + 500 * MiB + 123), P(12, 10 * GiB + 500 * MiB))),
-        GpuSample(1, bdf="0000:2a:00.0", hbm_total_bytes=143771 * MiB,
-                  hbm_used_bytes=6700 * MiB, per_process_supported=True,
-                  processes=(P(13, 6 * GiB + 500 * MiB + extra_pid_bytes),)),
+        GpuSample(
+            0,
+            bdf="0000:17:00.0",
+            hbm_total_bytes=143771 * MiB,
+            hbm_used_bytes=15000 * MiB + 300_000,
+            per_process_supported=True,
+            processes=(P(11, 4 * GiB + 500 * MiB + 123), P(12, 10 * GiB + 500 * MiB)),
+        ),
+        GpuSample(
+            1,
+            bdf="0000:2a:00.0",
+            hbm_total_bytes=143771 * MiB,
+            hbm_used_bytes=6700 * MiB,
+            per_process_supported=True,
+            processes=(P(13, 6 * GiB + 500 * MiB + extra_pid_bytes),),
+        ),
     ]
 
 

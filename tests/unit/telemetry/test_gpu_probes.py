@@ -46,10 +46,12 @@ def test_amdsmi_fake_has_the_real_signatures(name: str) -> None:
 
 
 def test_nvml_reads_every_gpu_in_one_pass() -> None:
-    fake = FakeNvml([
-        NvGpu(processes=[(4242, 10 * GiB), (4243, 512 * 2**20)], used=11 * GiB),
-        NvGpu(name="NVIDIA H200", bus_id="00000000:2A:00.0", uuid="GPU-1", processes=[]),
-    ])
+    fake = FakeNvml(
+        [
+            NvGpu(processes=[(4242, 10 * GiB), (4243, 512 * 2**20)], used=11 * GiB),
+            NvGpu(name="NVIDIA H200", bus_id="00000000:2A:00.0", uuid="GPU-1", processes=[]),
+        ]
+    )
     probe = NvmlProbe(fake.module)
     g0, g1 = probe.snapshot()
     assert (g0.index, g0.name, g0.bdf) == (0, "NVIDIA H200", "0000:17:00.0")
@@ -92,12 +94,14 @@ def test_nvml_process_list_not_supported_means_unknown_not_empty() -> None:
 
 
 def test_nvml_unsupported_sensors_are_none() -> None:
-    gpu = NvGpu(fail={
-        "nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED,
-        "nvmlDeviceGetTemperature": pynvml.NVML_ERROR_NOT_SUPPORTED,
-        "nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_NO_PERMISSION,
-        "nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_UNKNOWN,
-    })
+    gpu = NvGpu(
+        fail={
+            "nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED,
+            "nvmlDeviceGetTemperature": pynvml.NVML_ERROR_NOT_SUPPORTED,
+            "nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_NO_PERMISSION,
+            "nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_UNKNOWN,
+        }
+    )
     (g,) = NvmlProbe(FakeNvml([gpu]).module).snapshot()
     assert (g.power_w, g.temp_c, g.util_pct) == (None, None, None)
     assert (g.hbm_total_bytes, g.hbm_used_bytes) == (None, None)
@@ -121,8 +125,13 @@ def test_nvml_a_gpu_lost_before_the_probe_opened_does_not_stop_it() -> None:
 
 
 @pytest.mark.parametrize(
-    "code", [pynvml.NVML_ERROR_DRIVER_NOT_LOADED, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-             pynvml.NVML_ERROR_NO_PERMISSION])
+    "code",
+    [
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+    ],
+)
 def test_nvml_that_cannot_start_is_a_probe_error(code: int) -> None:
     with pytest.raises(GpuProbeError, match="NVML"):
         NvmlProbe(FakeNvml([], init_error=code).module)
@@ -141,10 +150,12 @@ def test_nvml_close_shuts_down_once_and_later_snapshots_are_empty() -> None:
 
 
 def test_amdsmi_orders_by_hip_id_and_reads_every_value() -> None:
-    fake = FakeAmdSmi([
-        AmdGpu(bdf="0000:75:00.0", hip_id=1, processes=[(900, 20 * GiB)]),
-        AmdGpu(bdf="0000:05:00.0", hip_id=0, processes=[(901, 30 * GiB), (902, 64 * 2**20)]),
-    ])
+    fake = FakeAmdSmi(
+        [
+            AmdGpu(bdf="0000:75:00.0", hip_id=1, processes=[(900, 20 * GiB)]),
+            AmdGpu(bdf="0000:05:00.0", hip_id=0, processes=[(901, 30 * GiB), (902, 64 * 2**20)]),
+        ]
+    )
     probe = AmdSmiProbe(fake.module)
     g0, g1 = probe.snapshot()
     assert (g0.index, g0.bdf, g1.index, g1.bdf) == (0, "0000:05:00.0", 1, "0000:75:00.0")
@@ -160,13 +171,16 @@ def test_amdsmi_without_hip_ids_numbers_gpus_in_pci_order(enumeration: str) -> N
     gpus = [AmdGpu(bdf="0000:75:00.0", hip_id=None), AmdGpu(bdf="0000:05:00.0", hip_id=None)]
     fake = FakeAmdSmi(gpus, has_enumeration_info=enumeration == "N/A")
     assert [(g.index, g.bdf) for g in AmdSmiProbe(fake.module).snapshot()] == [
-        (0, "0000:05:00.0"), (1, "0000:75:00.0")]
+        (0, "0000:05:00.0"),
+        (1, "0000:75:00.0"),
+    ]
 
 
 def test_amdsmi_memory_falls_back_to_vram_usage_in_mib() -> None:
     w = real_amdsmi().amdsmi_wrapper
-    gpu = AmdGpu(vram_used=3 * GiB, fail={
-        "amdsmi_get_gpu_memory_usage": w.AMDSMI_STATUS_NOT_SUPPORTED})
+    gpu = AmdGpu(
+        vram_used=3 * GiB, fail={"amdsmi_get_gpu_memory_usage": w.AMDSMI_STATUS_NOT_SUPPORTED}
+    )
     probe = AmdSmiProbe(FakeAmdSmi([gpu]).module)
     (g,) = probe.snapshot()
     assert g.hbm_used_bytes == 3 * GiB
@@ -177,8 +191,12 @@ def test_amdsmi_memory_falls_back_to_vram_usage_in_mib() -> None:
 def test_amdsmi_na_and_all_ones_values_are_unknown() -> None:
     gpu = AmdGpu(
         gfx_activity="N/A",
-        power={"socket_power": "N/A", "current_socket_power": 0xFFFF,
-               "average_socket_power": "N/A", "power_limit": "N/A"},
+        power={
+            "socket_power": "N/A",
+            "current_socket_power": 0xFFFF,
+            "average_socket_power": "N/A",
+            "power_limit": "N/A",
+        },
         processes=[(77, UINT64_MAX), (78, GiB)],
     )
     (g,) = AmdSmiProbe(FakeAmdSmi([gpu]).module).snapshot()
@@ -194,15 +212,17 @@ def test_amdsmi_without_a_hotspot_sensor_reads_the_edge_sensor() -> None:
 
 
 def test_amdsmi_older_gpus_report_average_socket_power() -> None:
-    gpu = AmdGpu(power={"socket_power": "N/A", "current_socket_power": "N/A",
-                        "average_socket_power": 300})
+    gpu = AmdGpu(
+        power={"socket_power": "N/A", "current_socket_power": "N/A", "average_socket_power": 300}
+    )
     assert AmdSmiProbe(FakeAmdSmi([gpu]).module).snapshot()[0].power_w == 300.0
 
 
 def test_amdsmi_process_list_refused_means_unknown() -> None:
     w = real_amdsmi().amdsmi_wrapper
-    gpu = AmdGpu(processes=[(1, GiB)],
-                 fail={"amdsmi_get_gpu_process_list": w.AMDSMI_STATUS_NO_PERM})
+    gpu = AmdGpu(
+        processes=[(1, GiB)], fail={"amdsmi_get_gpu_process_list": w.AMDSMI_STATUS_NO_PERM}
+    )
     (g,) = AmdSmiProbe(FakeAmdSmi([gpu]).module).snapshot()
     assert g.processes == () and not g.per_process_supported
 

@@ -25,19 +25,39 @@ from vsup.telemetry.hbm import (
 GiB = 2**30
 
 
-def gpu(index: int, *procs: P, used: int | None = 50 * GiB, supported: bool = True,
-        error: str | None = None) -> GpuSample:
-    return GpuSample(index=index, name="H200", hbm_total_bytes=141 * GiB, hbm_used_bytes=used,
-                     processes=tuple(procs), per_process_supported=supported, error=error)
+def gpu(
+    index: int,
+    *procs: P,
+    used: int | None = 50 * GiB,
+    supported: bool = True,
+    error: str | None = None,
+) -> GpuSample:
+    return GpuSample(
+        index=index,
+        name="H200",
+        hbm_total_bytes=141 * GiB,
+        hbm_used_bytes=used,
+        processes=tuple(procs),
+        per_process_supported=supported,
+        error=error,
+    )
 
 
 # Two instances as vLLM runs them: API server -> EngineCore (-> workers), one group each.
-TABLE = ProcessTable({
-    100: (1, 100), 101: (100, 100), 102: (101, 100),   # instance a: api, engine, worker
-    200: (1, 200), 201: (200, 200),                    # instance b: api, engine
-    300: (1, 300), 301: (300, 300), 302: (301, 300), 303: (301, 300),  # c, TP2 workers
-    900: (1, 900),                                     # someone else's job on this node
-})
+TABLE = ProcessTable(
+    {
+        100: (1, 100),
+        101: (100, 100),
+        102: (101, 100),  # instance a: api, engine, worker
+        200: (1, 200),
+        201: (200, 200),  # instance b: api, engine
+        300: (1, 300),
+        301: (300, 300),
+        302: (301, 300),
+        303: (301, 300),  # c, TP2 workers
+        900: (1, 900),  # someone else's job on this node
+    }
+)
 
 
 def test_per_process_figures_are_summed_over_the_process_tree() -> None:
@@ -52,8 +72,11 @@ def test_per_process_figures_are_summed_over_the_process_tree() -> None:
 
 
 def test_a_tensor_parallel_instance_sums_its_gpus() -> None:
-    att = attribute([InstanceRef("c", 300, (2, 3), 300)],
-                    [gpu(2, P(302, 60 * GiB)), gpu(3, P(303, 61 * GiB))], TABLE)
+    att = attribute(
+        [InstanceRef("c", 300, (2, 3), 300)],
+        [gpu(2, P(302, 60 * GiB)), gpu(3, P(303, 61 * GiB))],
+        TABLE,
+    )
     assert att.instances["c"] == HbmFigure(121 * GiB, PROCESS)
 
 
@@ -68,8 +91,9 @@ def test_co_tenants_each_get_their_own_processes_figure() -> None:
 
 def test_host_pids_in_a_container_fall_back_to_the_device_when_alone() -> None:
     # NVML lists host pids: none of them exists in this pid namespace
-    att = attribute([InstanceRef("a", 100, (0,), 100)],
-                    [gpu(0, P(4_123_456, 40 * GiB), used=41 * GiB)], TABLE)
+    att = attribute(
+        [InstanceRef("a", 100, (0,), 100)], [gpu(0, P(4_123_456, 40 * GiB), used=41 * GiB)], TABLE
+    )
     assert att.instances["a"] == HbmFigure(41 * GiB, DEVICE)
     assert att.foreign == () and [u.pid for u in att.unresolved] == [4_123_456]
 
@@ -105,20 +129,27 @@ def test_a_visible_foreign_process_is_reported_and_blocks_the_device_fallback() 
     assert att.instances["a"] == HbmFigure(10 * GiB, PROCESS)
     assert att.instances["b"] == HbmFigure(None, UNAVAILABLE)  # GPU 1: only a stranger listed
     assert sorted((f.gpu, f.pid, f.hbm_bytes) for f in att.foreign) == [
-        (0, 900, 5 * GiB), (1, 900, 1 * GiB)]
+        (0, 900, 5 * GiB),
+        (1, 900, 1 * GiB),
+    ]
 
 
 def test_a_failed_gpu_or_unknown_used_memory_is_unavailable() -> None:
-    att = attribute([InstanceRef("a", 100, (0,), 100), InstanceRef("b", 200, (1,), 200)],
-                    [gpu(0, error="GPU is lost", used=None), gpu(1, used=None, supported=False)],
-                    TABLE)
+    att = attribute(
+        [InstanceRef("a", 100, (0,), 100), InstanceRef("b", 200, (1,), 200)],
+        [gpu(0, error="GPU is lost", used=None), gpu(1, used=None, supported=False)],
+        TABLE,
+    )
     assert att.instances == {"a": HbmFigure(None, UNAVAILABLE), "b": HbmFigure(None, UNAVAILABLE)}
 
 
 def test_cpu_and_stopped_instances_have_no_hbm_and_are_no_co_tenants() -> None:
     att = attribute(
-        [InstanceRef("cpu", 100, ()), InstanceRef("stopped", None, (0,)),
-         InstanceRef("b", 200, (0,), 200)],
+        [
+            InstanceRef("cpu", 100, ()),
+            InstanceRef("stopped", None, (0,)),
+            InstanceRef("b", 200, (0,), 200),
+        ],
         [gpu(0, P(7_000_000, 3 * GiB), used=3 * GiB)],
         TABLE,
     )
@@ -141,7 +172,9 @@ def test_gpu_statuses_carry_owners_and_foreign_processes() -> None:
     (status,) = gpu_statuses(samples, att)
     assert status.index == 0 and status.hbm_used_bytes == 50 * GiB
     assert [(p.pid, p.hbm_bytes, p.instance) for p in status.processes] == [
-        (101, 10 * GiB, "a"), (900, GiB, None)]
+        (101, 10 * GiB, "a"),
+        (900, GiB, None),
+    ]
 
 
 def test_a_real_process_tree_and_its_group_are_found() -> None:
@@ -151,8 +184,9 @@ def test_a_real_process_tree_and_its_group_are_found() -> None:
         "print(p.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         child = int(parent.stdout.readline())  # the grandchild exists once this line arrives
         table = ProcessTable.scan()

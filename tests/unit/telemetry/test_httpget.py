@@ -81,8 +81,10 @@ async def test_content_length_answers_reuse_one_connection() -> None:
 
 
 async def test_chunked_body_with_a_trailer() -> None:
-    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-           b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    raw = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
     async with RawServer(lambda p: raw) as srv:
         g = HttpGetter()
         first = await g.get(srv.url(), 2)
@@ -96,7 +98,7 @@ async def test_body_until_close_and_connection_close_are_not_reused() -> None:
     answers = {
         "/eof": b"HTTP/1.0 200 OK\r\n\r\nall of it",
         "/close": b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
-                  b"Content-Length: 0\r\n\r\n",
+        b"Content-Length: 0\r\n\r\n",
     }
     async with RawServer(answers.get, close_after=1) as srv:
         g = HttpGetter()
@@ -123,8 +125,9 @@ async def test_a_kept_alive_connection_the_server_dropped_is_replaced() -> None:
 
 
 async def test_a_server_that_hangs_up_mid_answer_is_a_protocol_error() -> None:
-    async with RawServer(lambda p: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort",
-                         close_after=1) as srv:
+    async with RawServer(
+        lambda p: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", close_after=1
+    ) as srv:
         g = HttpGetter()
         with pytest.raises(ProtocolError, match="hung up"):
             await g.get(srv.url(), 2)
@@ -140,8 +143,9 @@ async def test_not_http_is_a_protocol_error() -> None:
 
 
 async def test_a_body_over_the_cap_is_refused() -> None:
-    async with RawServer(lambda p: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
-                         ) as srv:
+    async with RawServer(
+        lambda p: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+    ) as srv:
         g = HttpGetter(max_body=10)
         with pytest.raises(TooLarge):
             await g.get(srv.url(), 2)

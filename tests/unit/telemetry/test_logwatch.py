@@ -41,8 +41,10 @@ def test_a_line_is_taken_only_once_its_newline_arrived(tmp_path: Path) -> None:
     with open(log, "ab") as f:
         f.write(b"ver on http://0.0.0.0:8000\nINFO:     Application startup complete.\n")
     update = watcher.poll()
-    assert update.new_lines == ("INFO Starting vLLM API server on http://0.0.0.0:8000",
-                                "INFO:     Application startup complete.")
+    assert update.new_lines == (
+        "INFO Starting vLLM API server on http://0.0.0.0:8000",
+        "INFO:     Application startup complete.",
+    )
     assert watcher.listen_url == "http://0.0.0.0:8000" and watcher.ready_logged
 
 
@@ -71,7 +73,7 @@ def test_reads_are_bounded_per_poll(tmp_path: Path) -> None:
     log.write_bytes(b"a" * 99 + b"\n" + b"b" * 99 + b"\n")
     watcher = LogWatcher(log, max_read=64)
     sizes = []
-    while (n := watcher.poll().bytes_read):
+    while n := watcher.poll().bytes_read:
         sizes.append(n)
     assert max(sizes) <= 64 and sum(sizes) == 200
     assert list(watcher.tail) == ["a" * 99, "b" * 99]

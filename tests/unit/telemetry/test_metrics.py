@@ -72,8 +72,15 @@ def view(m: M.VllmMetrics) -> dict:
     return {k: getattr(m, k) for k in reference("")}
 
 
-@pytest.mark.parametrize("name", ["metrics_idle.txt", "metrics_load.txt",
-                                  "metrics_load_next.txt", "metrics_load_legacy_names.txt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "metrics_idle.txt",
+        "metrics_load.txt",
+        "metrics_load_next.txt",
+        "metrics_load_legacy_names.txt",
+    ],
+)
 def test_captured_payloads_read_the_same_as_a_full_prometheus_client_parse(name: str) -> None:
     text = (FIX / name).read_text()
     assert view(parse_metrics(text)) == pytest.approx(reference(text))
@@ -128,8 +135,11 @@ def test_current_name_wins_when_a_payload_has_both_eras() -> None:
 
 def _second_engine(text: str, engine: str = "1") -> str:
     """The real payload's vLLM lines again, for another engine (data parallelism)."""
-    lines = [ln.replace('engine="0"', f'engine="{engine}"') for ln in text.splitlines()
-             if ln.startswith("vllm:") and 'engine="0"' in ln]
+    lines = [
+        ln.replace('engine="0"', f'engine="{engine}"')
+        for ln in text.splitlines()
+        if ln.startswith("vllm:") and 'engine="0"' in ln
+    ]
     return text + "\n".join(lines) + "\n"
 
 
@@ -137,10 +147,17 @@ def test_several_engines_sum_counters_and_weigh_kv_usage_by_capacity() -> None:
     one = parse_metrics(LOAD)
     text = _second_engine(LOAD)
     # engine 1 has twice the blocks and an empty cache
-    line1 = next(ln for ln in text.splitlines()
-                 if ln.startswith("vllm:cache_config_info") and 'engine="1"' in ln)
-    text = text.replace(line1, line1.replace('num_gpu_blocks="6"', 'num_gpu_blocks="12"')
-                        .replace('kv_cache_size_tokens="768"', 'kv_cache_size_tokens="1536"'))
+    line1 = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("vllm:cache_config_info") and 'engine="1"' in ln
+    )
+    text = text.replace(
+        line1,
+        line1.replace('num_gpu_blocks="6"', 'num_gpu_blocks="12"').replace(
+            'kv_cache_size_tokens="768"', 'kv_cache_size_tokens="1536"'
+        ),
+    )
     text = re.sub(r'(vllm:kv_cache_usage_perc\{engine="1"[^}]*\}) \S+', r"\1 0.0", text)
     both = parse_metrics(text)
     assert both.engines == ("0", "1")
@@ -186,8 +203,15 @@ def test_kv_capacity_reads_cache_config_by_key(labels: dict, tokens: int | None)
 
 @pytest.mark.parametrize(
     "text",
-    ["", "garbage", "\x00\x01\x02", "<html><body>404</body></html>", "vllm:", "{{{{",
-     "# HELP vllm:kv_cache_usage_perc x\n# TYPE vllm:kv_cache_usage_perc gauge\n"],
+    [
+        "",
+        "garbage",
+        "\x00\x01\x02",
+        "<html><body>404</body></html>",
+        "vllm:",
+        "{{{{",
+        "# HELP vllm:kv_cache_usage_perc x\n# TYPE vllm:kv_cache_usage_perc gauge\n",
+    ],
 )
 def test_garbage_gives_nulls_without_raising(text: str) -> None:
     m = parse_metrics(text)
@@ -212,8 +236,8 @@ def test_only_exact_family_names_match() -> None:
     text = (
         "# HELP vllm:num_preemptions_total Cumulative number of preemption.\n"
         'vllm:num_preemptions_total_by_reason{engine="0"} 99\n'
-        'vllm:num_preemptions_totalx 98\n'
-        'xvllm:num_preemptions_total 97\n'
+        "vllm:num_preemptions_totalx 98\n"
+        "xvllm:num_preemptions_total 97\n"
         'other{msg="\\nvllm:num_preemptions_total 96"} 1\n'
         'vllm:num_preemptions_total{engine="0"} 4\n'
     )
@@ -239,13 +263,19 @@ TRICKY = [
 ]
 
 
-WANTED_REAL = [ln for ln in REAL_LINES
-               if ln.split("{")[0].split(" ")[0] in M.VLLM_FAMILIES + (M.START_TIME,)]
+WANTED_REAL = [
+    ln for ln in REAL_LINES if ln.split("{")[0].split(" ")[0] in M.VLLM_FAMILIES + (M.START_TIME,)
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from(REAL_LINES), st.sampled_from(WANTED_REAL + TRICKY)),
-                min_size=0, max_size=80))
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(REAL_LINES), st.sampled_from(WANTED_REAL + TRICKY)),
+        min_size=0,
+        max_size=80,
+    )
+)
 def test_any_mix_of_real_and_tricky_lines_matches_the_reference(lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     try:

@@ -26,8 +26,9 @@ def probe(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | N
 
 
 def test_a_captured_payload_and_log_give_the_instance_view(capsys) -> None:
-    code, doc, err = probe(capsys, "--metrics-file", str(FIX / "metrics_load.txt"),
-                           "--log-file", str(FIX / "load.log"))
+    code, doc, err = probe(
+        capsys, "--metrics-file", str(FIX / "metrics_load.txt"), "--log-file", str(FIX / "load.log")
+    )
     assert code == 0 and err == ""
     assert set(doc) == INSTANCE_KEYS
     assert doc["kv_cache_usage"] == 0.4 and doc["kv_capacity_tokens"] == 768
@@ -35,7 +36,10 @@ def test_a_captured_payload_and_log_give_the_instance_view(capsys) -> None:
     assert (doc["requests_running"], doc["requests_waiting"]) == (1.0, 9.0)
     assert doc["generation_tokens_per_s"] is None and doc["preemptions_per_min"] is None
     assert (doc["backend"], doc["backend_source"], doc["backend_name"]) == (
-        "CPU_ATTN", "default", "CPU_ATTN")
+        "CPU_ATTN",
+        "default",
+        "CPU_ATTN",
+    )
     assert doc["model"].endswith("tiny-llama")
     assert doc["hbm_bytes"] is None and doc["hbm_source"] == "unavailable"
 
@@ -44,20 +48,32 @@ def test_the_legacy_payload_reads_the_same(capsys) -> None:
     _c, new, _e = probe(capsys, "--metrics-file", str(FIX / "metrics_load.txt"))
     _c, old, _e = probe(capsys, "--metrics-file", str(FIX / "metrics_load_legacy_names.txt"))
     assert {k: v for k, v in old.items() if k != "name"} == {
-        k: v for k, v in new.items() if k != "name"}
+        k: v for k, v in new.items() if k != "name"
+    }
 
 
 def test_the_flag_is_reported_when_no_log_says(capsys) -> None:
-    _c, doc, _e = probe(capsys, "--metrics-file", str(FIX / "metrics_idle.txt"),
-                        "--attention-backend", "rocm_aiter_fa")
+    _c, doc, _e = probe(
+        capsys,
+        "--metrics-file",
+        str(FIX / "metrics_idle.txt"),
+        "--attention-backend",
+        "rocm_aiter_fa",
+    )
     assert (doc["backend"], doc["backend_source"], doc["backend_name"]) == (
-        "AITER MHA", "flag", "ROCM_AITER_FA")
+        "AITER MHA",
+        "flag",
+        "ROCM_AITER_FA",
+    )
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe garbage", b"<html>nope</html>",
-                                     b"vllm:kv_cache_usage_perc{{{ 1\n"])
-def test_garbage_gives_nulls_a_message_and_no_traceback(capsys, tmp_path: Path,
-                                                        content: bytes) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x00\xff\xfe garbage", b"<html>nope</html>", b"vllm:kv_cache_usage_perc{{{ 1\n"],
+)
+def test_garbage_gives_nulls_a_message_and_no_traceback(
+    capsys, tmp_path: Path, content: bytes
+) -> None:
     f = tmp_path / "junk.txt"
     f.write_bytes(content)
     code, doc, err = probe(capsys, "--metrics-file", str(f), "--log-file", str(f))
@@ -69,8 +85,13 @@ def test_garbage_gives_nulls_a_message_and_no_traceback(capsys, tmp_path: Path,
 def test_missing_files_are_usage_errors(capsys, tmp_path: Path) -> None:
     code, doc, err = probe(capsys, "--metrics-file", str(tmp_path / "none.txt"))
     assert code == 2 and doc is None and "none.txt" in err
-    code, doc, err = probe(capsys, "--metrics-file", str(FIX / "metrics_idle.txt"),
-                           "--log-file", str(tmp_path / "none.log"))
+    code, doc, err = probe(
+        capsys,
+        "--metrics-file",
+        str(FIX / "metrics_idle.txt"),
+        "--log-file",
+        str(tmp_path / "none.log"),
+    )
     assert code == 2 and "none.log" in err
 
 
@@ -90,8 +111,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/metrics":
-            body = self.server.payloads.pop(0) if len(self.server.payloads) > 1 else \
-                self.server.payloads[0]
+            body = (
+                self.server.payloads.pop(0)
+                if len(self.server.payloads) > 1
+                else self.server.payloads[0]
+            )
             status = 200
         elif self.path == "/health":
             body, status = b"", self.server.health
@@ -109,8 +133,10 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
-    srv.payloads = [(FIX / "metrics_load.txt").read_bytes(),
-                    (FIX / "metrics_load_next.txt").read_bytes()]
+    srv.payloads = [
+        (FIX / "metrics_load.txt").read_bytes(),
+        (FIX / "metrics_load_next.txt").read_bytes(),
+    ]
     srv.health = 200
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()

@@ -40,8 +40,26 @@ NUMBER = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False).map(lambda f: f"{f:.17g}"),
     st.integers(min_value=-(10**30), max_value=10**30).map(str),
     st.sampled_from(
-        ["NaN", "nan", "+Inf", "-Inf", "Inf", "inf", "1e3", "1E+3", "-1.5e-07", "+0", "-0.0",
-         "1.7959906667109358e+09", "0x10", "1_000", "", "1.2.3", "Infinity", "one"]
+        [
+            "NaN",
+            "nan",
+            "+Inf",
+            "-Inf",
+            "Inf",
+            "inf",
+            "1e3",
+            "1E+3",
+            "-1.5e-07",
+            "+0",
+            "-0.0",
+            "1.7959906667109358e+09",
+            "0x10",
+            "1_000",
+            "",
+            "1.2.3",
+            "Infinity",
+            "one",
+        ]
     ),
 )
 
@@ -53,7 +71,7 @@ def sample_lines(draw: st.DrawFn) -> str:
     line = name
     if labels or draw(st.booleans()):
         terms = [
-            f"{draw(SPACE)}{k}{draw(SPACE)}={draw(SPACE)}\"{v}\"{draw(SPACE)}"
+            f'{draw(SPACE)}{k}{draw(SPACE)}={draw(SPACE)}"{v}"{draw(SPACE)}'
             for k, v in labels.items()
         ]
         body = ",".join(terms)
@@ -121,7 +139,7 @@ TAIL = st.text(alphabet='ab=",{}\\ \t1e.+-_#nN:', max_size=30)
 
 
 @settings(max_examples=1500, deadline=None)
-@given(NAME, st.sampled_from(["", " ", "\t", "{", " {", '{a="'] ), TAIL)
+@given(NAME, st.sampled_from(["", " ", "\t", "{", " {", '{a="']), TAIL)
 def test_malformed_lines_are_never_read_differently_from_prometheus_client(
     name: str, joint: str, tail: str
 ) -> None:

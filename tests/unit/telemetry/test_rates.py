@@ -81,8 +81,14 @@ def test_a_counter_no_longer_read_has_no_rate() -> None:
     assert c.rate(now=12.0) is None
 
 
-def _m(gen: float, prompt: float = 0, preempt: float = 0, queries: float | None = None,
-       hits: float | None = None, start: float | None = 1000.0) -> VllmMetrics:
+def _m(
+    gen: float,
+    prompt: float = 0,
+    preempt: float = 0,
+    queries: float | None = None,
+    hits: float | None = None,
+    start: float | None = 1000.0,
+) -> VllmMetrics:
     return VllmMetrics(
         generation_tokens_total=gen,
         prompt_tokens_total=prompt,
@@ -143,10 +149,12 @@ def test_rates_from_two_real_scrapes_of_a_preempting_server() -> None:
     clock.advance(dt)
     r = rates.observe(second)
     assert r.preemptions_per_min == pytest.approx(
-        (second.preemptions_total - first.preemptions_total) / dt * 60)
+        (second.preemptions_total - first.preemptions_total) / dt * 60
+    )
     assert r.preemptions_per_min > 0
     assert r.generation_tokens_per_s == pytest.approx(
-        (second.generation_tokens_total - first.generation_tokens_total) / dt)
+        (second.generation_tokens_total - first.generation_tokens_total) / dt
+    )
 
 
 def test_clear_forgets_everything() -> None:
@@ -183,8 +191,12 @@ def test_history_is_bounded_by_count_too() -> None:
 def test_history_keeps_unknowns_as_none() -> None:
     h = History()
     h.append(1.0, None, 2.0, None)
-    assert h.to_json() == {"t": [1.0], "kv_cache_usage": [None],
-                           "generation_tokens_per_s": [2.0], "preemptions_per_min": [None]}
+    assert h.to_json() == {
+        "t": [1.0],
+        "kv_cache_usage": [None],
+        "generation_tokens_per_s": [2.0],
+        "preemptions_per_min": [None],
+    }
 
 
 def test_history_kv_peak_is_the_maximum_within_the_window_and_skips_gaps():

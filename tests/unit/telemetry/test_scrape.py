@@ -61,7 +61,8 @@ class HttpServer:
                 status, body = await self.handler(path)
                 writer.write(
                     f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n"
-                    "Content-Type: text/plain\r\n\r\n".encode() + body
+                    "Content-Type: text/plain\r\n\r\n".encode()
+                    + body
                 )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
@@ -163,6 +164,7 @@ async def test_a_slow_server_does_not_hold_back_the_others() -> None:
         HttpServer(slow) as laggard,
         Scraper(timeout_s=30) as scraper,
     ):
+
         async def on_result(name: str, result) -> None:
             order.append(name)
             if name == "fast":
@@ -184,7 +186,9 @@ async def test_health_all_reports_every_server() -> None:
 
     async with HttpServer(vllm_like) as up, HttpServer(engine_dead) as dead, Scraper() as s:
         seen: list[str] = []
-        results = await s.health_all({"up": up.url, "dead": dead.url, "gone": refused_url()},
-                                     lambda name, _r: seen.append(name))
+        results = await s.health_all(
+            {"up": up.url, "dead": dead.url, "gone": refused_url()},
+            lambda name, _r: seen.append(name),
+        )
     assert results["up"].ok and results["dead"].status == 503 and results["gone"].status is None
     assert sorted(seen) == ["dead", "gone", "up"]

@@ -141,8 +141,13 @@ class AmdSmiProbe:
         try:
             return self._sample(index, handle, facts)
         except Exception as exc:  # a library surprise must not take the daemon's poll down
-            return GpuSample(index=index, name=facts.get("name"), uuid=facts.get("uuid"),
-                             bdf=facts.get("bdf"), error=f"amdsmi: {type(exc).__name__}: {exc}")
+            return GpuSample(
+                index=index,
+                name=facts.get("name"),
+                uuid=facts.get("uuid"),
+                bdf=facts.get("bdf"),
+                error=f"amdsmi: {type(exc).__name__}: {exc}",
+            )
 
     def _sample(self, index: int, handle: Any, facts: dict[str, str | None]) -> GpuSample:
         smi = self._smi

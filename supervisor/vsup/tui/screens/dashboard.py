@@ -159,8 +159,11 @@ class Dashboard(Screen[None]):
         """Size the table to its rows (header and border: 3 more), leaving the panes below at
         least 8 lines (12 in a wide terminal); the panes take the rest."""
         fixed = 2 + (self.query_one(GpuPanel).styles.height.value or 1)
-        fixed += sum(1 for w in (self.query_one(Banner), self.query_one(FilterInput))
-                     if w.has_class("-shown"))
+        fixed += sum(
+            1
+            for w in (self.query_one(Banner), self.query_one(FilterInput))
+            if w.has_class("-shown")
+        )
         room = self.size.height - fixed - (8 if self.narrow else 12)
         height = int(max(5, min(rows_total + 3, room)))
         box = self.query_one("#table-box")
@@ -217,7 +220,8 @@ class Dashboard(Screen[None]):
             return active
         return {
             key: ab._replace(binding=dataclasses.replace(ab.binding, show=True))
-            if ab.binding.id in WIDE_FOOTER else ab
+            if ab.binding.id in WIDE_FOOTER
+            else ab
             for key, ab in active.items()
         }
 
@@ -242,8 +246,10 @@ class Dashboard(Screen[None]):
         if key is None:
             return
         if key.mutates and self.vsup.readonly:
-            self.notify(f"{key.description}: disabled, the dashboard runs with --readonly",
-                        severity="warning")
+            self.notify(
+                f"{key.description}: disabled, the dashboard runs with --readonly",
+                severity="warning",
+            )
         elif key.selection:
             inst = self.vsup.selected_instance()
             what = f"{inst.name} is {inst.state}" if inst else "no instance is selected"

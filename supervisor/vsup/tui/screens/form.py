@@ -62,8 +62,12 @@ class InstanceFormScreen(ReportsWorkerErrors, ModalScreen["Verdict | None"]):
                 for key, label, placeholder in FIELDS:
                     with Horizontal(classes="row"):
                         yield Label(label, id=f"label-{key}")
-                        yield Input(self.initial.get(key, ""), placeholder=placeholder,
-                                    id=f"field-{key}", compact=True)
+                        yield Input(
+                            self.initial.get(key, ""),
+                            placeholder=placeholder,
+                            id=f"field-{key}",
+                            compact=True,
+                        )
             yield Static("Enter or ctrl+s validates and applies; Escape cancels.", id="status")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)

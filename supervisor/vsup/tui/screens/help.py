@@ -32,8 +32,10 @@ def help_table(keys: Mapping[str, str], readonly: bool) -> Table:
         table.add_row(Text(symbol, style), state)
     table.add_row("", "")
     table.add_row(Text("HBM bar", "bold underline"), "")
-    table.add_row(f"{gpubar.INSTANCE_CHARS[0]} {gpubar.INSTANCE_CHARS[1]}",
-                  "memory of each instance on the GPU (alternating)")
+    table.add_row(
+        f"{gpubar.INSTANCE_CHARS[0]} {gpubar.INSTANCE_CHARS[1]}",
+        "memory of each instance on the GPU (alternating)",
+    )
     table.add_row(gpubar.FOREIGN[0], "held by processes no instance owns")
     table.add_row(gpubar.OTHER[0], "used but not attributed (driver, or no per-process figures)")
     table.add_row(gpubar.PLAN_MARK, "where an instance's planned share ends")
@@ -67,7 +69,8 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll() as box:
             box.border_title = escape(
-                "vsup dashboard · keys (remap: ~/.config/vsup/tui.toml [keymap] or VSUP_KEYMAP)")
+                "vsup dashboard · keys (remap: ~/.config/vsup/tui.toml [keymap] or VSUP_KEYMAP)"
+            )
             yield Static(help_table(self.keys, self.readonly))
 
     def action_close(self) -> None:

@@ -34,7 +34,9 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         Binding("end", "bottom", "End", show=False),
     ]
 
-    def __init__(self, client: DashboardClient, name: str, previous: bool, poll_s: float = 1.0) -> None:
+    def __init__(
+        self, client: DashboardClient, name: str, previous: bool, poll_s: float = 1.0
+    ) -> None:
         super().__init__()
         self.client = client
         self.instance = name
@@ -55,7 +57,11 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
 
     def _title(self) -> str:
         which = "previous run" if self.previous else "this run"
-        follow = " · following" if self.follow else (" · paused (f follows)" if not self.previous else "")
+        follow = (
+            " · following"
+            if self.follow
+            else (" · paused (f follows)" if not self.previous else "")
+        )
         where = f" · {self.log_path}" if self.log_path else ""
         probes = " · vsup's probes hidden (h)" if self.hide_probes else ""
         return f"log of {self.instance} · {which}{follow}{probes}{where}"
@@ -74,11 +80,11 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         log = self.query_one(Log)
         try:
             if self.log_offset is None:
-                doc = await self.client.logs(self.instance, previous=self.previous,
-                                             tail=FIRST_READ)
+                doc = await self.client.logs(self.instance, previous=self.previous, tail=FIRST_READ)
             else:
-                doc = await self.client.logs(self.instance, previous=self.previous,
-                                             offset=self.log_offset)
+                doc = await self.client.logs(
+                    self.instance, previous=self.previous, offset=self.log_offset
+                )
         except Exception as exc:
             if not is_missing(exc):
                 raise

@@ -29,8 +29,7 @@ def without_probes(text: str) -> str:
     """`text` without the access-log lines of vsup's own /health and /metrics requests."""
     if "HTTP/" not in text:
         return text
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not _PROBE_LINE.search(line))
+    return "".join(line for line in text.splitlines(keepends=True) if not _PROBE_LINE.search(line))
 
 
 class SparkPanel(Widget):
@@ -58,8 +57,12 @@ class SparkPanel(Widget):
         if inst is None:
             return (None, self.size.width)
         width = self._spark_width()
-        return (inst.name, self.size.width, inst.kv_capacity_tokens,
-                *(tuple(self.history.values(inst.name, k)[-width:]) for k, _ in METRICS))
+        return (
+            inst.name,
+            self.size.width,
+            inst.kv_capacity_tokens,
+            *(tuple(self.history.values(inst.name, k)[-width:]) for k, _ in METRICS),
+        )
 
     def _spark_width(self) -> int:
         return max(1, self.size.width - 6 - 13)
@@ -90,8 +93,9 @@ class SparkPanel(Widget):
 def advice_text(advice: Sequence[Advice], name: str | None) -> Text:
     """The advice for `name` and the node-wide advice, worst first."""
     order = {"critical": 0, "warning": 1, "info": 2}
-    relevant = sorted((a for a in advice if a.instance in (None, name)),
-                      key=lambda a: order.get(a.severity, 3))
+    relevant = sorted(
+        (a for a in advice if a.instance in (None, name)), key=lambda a: order.get(a.severity, 3)
+    )
     if not relevant:
         return Text("no advice: nothing needs attention", "dim")
     text = Text()
@@ -122,8 +126,14 @@ def exit_text(inst: InstanceStatus | None) -> Text:
     if inst.state == "backoff" and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
     if inst.state == "failed":
-        text.append("\n" + (inst.failed_why or "crash loop: the restart policy gave up; "
-                                                "start it by hand once fixed"), "bold red")
+        text.append(
+            "\n"
+            + (
+                inst.failed_why
+                or "crash loop: the restart policy gave up; start it by hand once fixed"
+            ),
+            "bold red",
+        )
     if inst.last_exit and inst.last_exit.log_excerpt:
         text.append("\n\n")
         text.append(inst.last_exit.log_excerpt, "italic")
@@ -132,8 +142,10 @@ def exit_text(inst: InstanceStatus | None) -> Text:
 
 def masked_env(env: Mapping[str, Any]) -> dict[str, str]:
     """The environment with secret-looking values masked (the daemon masks too)."""
-    return {k: (MASK if _SECRET.search(k) and not str(v).startswith("*") else str(v))
-            for k, v in env.items()}
+    return {
+        k: (MASK if _SECRET.search(k) and not str(v).startswith("*") else str(v))
+        for k, v in env.items()
+    }
 
 
 def config_text(config: Mapping[str, Any] | None) -> Text:
@@ -212,8 +224,9 @@ class DetailTabs(TabbedContent):
         """The tab panes, composed inside `with DetailTabs():` (TabbedContent's contract)."""
         return [
             TabPane("Log", Log(max_lines=2000, id="log-tail", auto_scroll=True), id="tab-log"),
-            TabPane("Config", VerticalScroll(Static(config_text(None), id="config")),
-                    id="tab-config"),
+            TabPane(
+                "Config", VerticalScroll(Static(config_text(None), id="config")), id="tab-config"
+            ),
             TabPane("Exit", VerticalScroll(Static(exit_text(None), id="exit")), id="tab-exit"),
         ]
 

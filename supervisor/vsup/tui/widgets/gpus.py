@@ -11,13 +11,16 @@ from vsup.snapshot import GpuStatus, InstanceStatus, StatusSnapshot
 from vsup.tui import gpubar
 
 
-def gpu_lines(gpus: Sequence[GpuStatus], instances: Sequence[InstanceStatus], width: int,
-              narrow: bool) -> Text:
+def gpu_lines(
+    gpus: Sequence[GpuStatus], instances: Sequence[InstanceStatus], width: int, narrow: bool
+) -> Text:
     """The panel's text for a content `width`."""
     if not gpus:
         cpu = sum(1 for i in instances if not i.gpus)
-        return Text.assemble(("no GPUs (CPU node)", "bold"),
-                             (f" · {cpu} instance{'s' if cpu != 1 else ''} on CPU", "dim"))
+        return Text.assemble(
+            ("no GPUs (CPU node)", "bold"),
+            (f" · {cpu} instance{'s' if cpu != 1 else ''} on CPU", "dim"),
+        )
     uses = [gpubar.gpu_use(g, instances) for g in gpus]
     lines: list[Text] = []
     if narrow:
@@ -28,7 +31,7 @@ def gpu_lines(gpus: Sequence[GpuStatus], instances: Sequence[InstanceStatus], wi
         bar_w = max(4, col - rest - 1)
         for i in range(0, len(uses), 2):
             row = Text()
-            for j, use in enumerate(uses[i:i + 2]):
+            for j, use in enumerate(uses[i : i + 2]):
                 cell = gpubar.line(use, bar_w, with_legend=False)
                 cell.truncate(col, pad=True)
                 if j:
@@ -71,9 +74,22 @@ class GpuPanel(Static):
             return
         width = self.content_size.width or (self.app.size.width - 2)
         # What the bars depend on; an unchanged key means no repaint.
-        key = (snap.gpus, tuple((i.name, i.gpus, i.hbm_bytes, i.hbm_source, i.planned_hbm_bytes,
-                                 i.gpu_memory_utilization) for i in snap.instances),
-               width, self.narrow)
+        key = (
+            snap.gpus,
+            tuple(
+                (
+                    i.name,
+                    i.gpus,
+                    i.hbm_bytes,
+                    i.hbm_source,
+                    i.planned_hbm_bytes,
+                    i.gpu_memory_utilization,
+                )
+                for i in snap.instances
+            ),
+            width,
+            self.narrow,
+        )
         if key == self._key:
             return
         self._key = key

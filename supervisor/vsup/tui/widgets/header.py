@@ -54,7 +54,11 @@ class NodeHeader(Static):
 
     def show(self, snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> None:
         text = header_text(snapshot, readonly, narrow)
-        if self._shown is None or text.plain != self._shown.plain or text.spans != self._shown.spans:
+        if (
+            self._shown is None
+            or text.plain != self._shown.plain
+            or text.spans != self._shown.spans
+        ):
             self._shown = text
             self.update(text, layout=False)  # one line, always: no relayout of the screen
 
@@ -71,7 +75,9 @@ class Banner(Static):
         if error is None:
             self.remove_class("-shown")
             return
-        self.update(Text.assemble(
-            ("✖ daemon unreachable: ", "bold"), error,
-            " — retrying; instances keep running."))
+        self.update(
+            Text.assemble(
+                ("✖ daemon unreachable: ", "bold"), error, " — retrying; instances keep running."
+            )
+        )
         self.add_class("-shown")

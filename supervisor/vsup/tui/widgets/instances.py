@@ -65,8 +65,15 @@ class InstanceTable(DataTable):
             return self  # update_cell's whole-table repaint; the row is refreshed instead
         return super().refresh(*regions, **kwargs)
 
-    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
-                     cursor: bool = False, hover: bool = False):
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ):
         # DataTable keys its cell cache on a table-wide update counter, so one update_cell
         # re-renders every visible cell. update_cell here always stores a new Text, so a cell
         # whose object is unchanged renders as before: cache by the cell object instead.
@@ -79,8 +86,16 @@ class InstanceTable(DataTable):
         else:
             row_key = self._row_locations.get_key(row_index)
             cell = self._data[row_key][column_key]
-        key = (row_key, column_key, base_style, width, cursor, hover, self._show_hover_cursor,
-               self._pseudo_class_state)
+        key = (
+            row_key,
+            column_key,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
         cached = self._cell_lines.get(key)
         if cached is not None and cached[0] is cell:
             return cached[1]
@@ -89,8 +104,13 @@ class InstanceTable(DataTable):
         return lines
 
     def _text(self, col: Column, cell: Cell) -> Text:
-        return Text(cell[0], style=cell[1], justify="right" if col.right else "left",
-                    no_wrap=True, overflow="ellipsis")
+        return Text(
+            cell[0],
+            style=cell[1],
+            justify="right" if col.right else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
 
     @property
     def order(self) -> list[str]:
@@ -102,7 +122,9 @@ class InstanceTable(DataTable):
             return None
         return self._order[self.cursor_row]
 
-    def show(self, instances: Sequence[InstanceStatus], order: Sequence[str], keep: str | None) -> bool:
+    def show(
+        self, instances: Sequence[InstanceStatus], order: Sequence[str], keep: str | None
+    ) -> bool:
         """Make the table show `instances` in `order` (names; rows not in it are removed).
         `keep` is the instance the cursor stays on. Returns whether anything changed."""
         by_name = {i.name: i for i in instances}
@@ -122,8 +144,7 @@ class InstanceTable(DataTable):
                 col = columns[index]
                 text = self._text(col, cell)
                 if index == 0:
-                    self._name_cells = {k: v for k, v in self._name_cells.items()
-                                        if v[0] != name}
+                    self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] != name}
                     self._name_cells[id(text)] = (name, text)
                 super().update_cell(name, col.key, text)
                 touched.add(name)
@@ -167,4 +188,3 @@ class InstanceTable(DataTable):
         index = self._order.index(name)
         if index != self.cursor_row:
             self.move_cursor(row=index, animate=False, scroll=False)
-

@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from vsup.clock import SystemClock  # noqa: E402
+from vsup.engine import Engine  # noqa: E402
+from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
+
 from benchmarks.common import (  # noqa: E402
     EMULATOR,
     PYTHON,
@@ -41,9 +45,6 @@ from benchmarks.common import (  # noqa: E402
     new_token,
     percentile,
 )
-from vsup.clock import SystemClock  # noqa: E402
-from vsup.engine import Engine  # noqa: E402
-from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 
 class Stamped:
@@ -102,7 +103,7 @@ async def engine_rounds(kills: int, token: str) -> tuple[list[float], list[float
                     t0, lambda e: e["kind"] == "state" and e.get("from") == "ready"
                 )
                 t_exit = await events.first_after(
-                    t0, lambda e: e["kind"] == "exit" and e.get("pid") == pid
+                    t0, lambda e, pid=pid: e["kind"] == "exit" and e.get("pid") == pid
                 )
                 state_ms.append((t_state - t0) * 1e3)
                 exit_ms.append((t_exit - t0) * 1e3)

@@ -28,8 +28,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpulib import (  # noqa: E402
-    alive,
     EMULATOR,
+    alive,
     check,
     journal,
     results,

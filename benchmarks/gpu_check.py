@@ -90,7 +90,7 @@ def smi(query: str, fields: str) -> list[dict[str, str]]:
     rows = []
     for row in csv.reader(io.StringIO(out)):
         if row:
-            rows.append({k: v.strip() for k, v in zip(names, row)})
+            rows.append({k: v.strip() for k, v in zip(names, row, strict=False)})
     return rows
 
 
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nattribution (each holder as an instance): name | bytes | source | expected")
         refs = [InstanceRef(f"holder{p.pid}", p.pid, (gpu,)) for gpu, _n, p in holders]
         att = attribute(refs, samples, ProcessTable.scan())
-        for (gpu, _n, p), ref in zip(holders, refs):
+        for (gpu, _n, p), ref in zip(holders, refs, strict=False):
             fig = att.instances[ref.name]
             want = expected_source(gpu, p.pid, held, visible)
             per_pid = next((x.hbm_bytes for x in by_index[gpu].processes if x.pid == p.pid), None)

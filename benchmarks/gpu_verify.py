@@ -37,9 +37,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpulib import (  # noqa: E402
-    alive,
     EMULATOR,
     MiB,
+    alive,
     check,
     journal,
     results,

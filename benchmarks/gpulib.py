@@ -4,6 +4,7 @@ Stdlib and psutil only, so they run on a bare GPU machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -70,10 +71,8 @@ def status() -> dict:
 def journal(home: Path) -> list[dict]:
     events = []
     for line in (home / "journal.jsonl").read_text().splitlines():
-        try:
+        with contextlib.suppress(ValueError):
             events.append(json.loads(line))
-        except ValueError:
-            pass
     return events
 
 

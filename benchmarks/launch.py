@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from vsup.clock import SystemClock  # noqa: E402
+from vsup.engine import Engine  # noqa: E402
+from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
+
 from benchmarks.common import (  # noqa: E402
     EMULATOR,
     PYTHON,
@@ -42,9 +46,6 @@ from benchmarks.common import (  # noqa: E402
     median,
     new_token,
 )
-from vsup.clock import SystemClock  # noqa: E402
-from vsup.engine import Engine  # noqa: E402
-from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 
 def specs(gpus: list[int], startup_s: float, token: str) -> list[InstanceSpec]:

@@ -287,7 +287,7 @@ def machine() -> str:
 
 
 def render(by: dict[str, Bench], quick: bool) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     head = [
         "## Benchmarks: what vsup itself costs and how fast it reacts",
         "",

@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import fcntl
 import json
-import os
 import sys
 import threading
 import time
@@ -36,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from vsup.engine.proc import process_table, read_stat, same_process  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     TOKEN_VAR,
@@ -48,7 +49,6 @@ from benchmarks.common import (  # noqa: E402
     median,
     new_token,
 )
-from vsup.engine.proc import process_table, read_stat, same_process  # noqa: E402
 
 VLLM_LOCK = "/tmp/vsup-vllm.lock"
 MODEL_DIR = ROOT / ".bench" / "models" / "tiny-llama"
@@ -128,11 +128,11 @@ def emulator_runs(runs: int, grace: float, token: str) -> dict[str, list[float]]
             )
             # e000 honours SIGTERM, e001 ignores it; both have an EngineCore child
             layout = layout.replace(
-                "port = %d\n" % ports[0], "port = %d\nargs = { engine-child = true }\n" % ports[0]
+                f"port = {ports[0]}\n", f"port = {ports[0]}\nargs = {{ engine-child = true }}\n"
             )
             layout = layout.replace(
-                "port = %d\n" % ports[1],
-                "port = %d\nargs = { engine-child = true, ignore-term = true }\n" % ports[1],
+                f"port = {ports[1]}\n",
+                f"port = {ports[1]}\nargs = {{ engine-child = true, ignore-term = true }}\n",
             )
             result = daemon.client.apply(layout)
             if not result.get("applied"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -46,7 +46,7 @@ class FakeClock:
 def iso_utc(wall: float) -> str:
     """Wall-clock seconds as ISO 8601 UTC with a Z, to the millisecond."""
     return (
-        datetime.fromtimestamp(wall, tz=timezone.utc)
+        datetime.fromtimestamp(wall, tz=UTC)
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )

@@ -155,7 +155,7 @@ class StatusSnapshot:
         return {"schema": doc.pop("schema"), **doc}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "StatusSnapshot":
+    def from_json(cls, doc: dict[str, Any]) -> StatusSnapshot:
         """Rebuild a snapshot from `to_json()` output; unknown keys are ignored."""
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"unsupported status schema {doc.get('schema')!r} (expected {SCHEMA})")

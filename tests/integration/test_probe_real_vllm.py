@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import outside_cwd
-
 from vsup.clock import SystemClock
 from vsup.telemetry.logwatch import LogWatcher
 from vsup.telemetry.rates import InstanceRates
 from vsup.telemetry.scrape import Scraper
+
+from tests.conftest import outside_cwd
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

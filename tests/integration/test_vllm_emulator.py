@@ -5,6 +5,7 @@ SIGTERM on to its EngineCore child."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from vsup.telemetry.metrics import parse_metrics
+
 from tests.conftest import free_port
 
 EMULATOR = Path(__file__).parents[1] / "programs" / "vllm_emulator.py"
@@ -49,10 +51,8 @@ def procs():
     started: list[subprocess.Popen] = []
     yield started
     for p in started:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         p.wait()
 
 

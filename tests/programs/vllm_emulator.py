@@ -117,7 +117,7 @@ class Payload:
             "process_start_time_seconds": round(self.started, 2),
         }
         out = [self.chunks[0]]
-        for slot, chunk in zip(self.slots, self.chunks[1:]):
+        for slot, chunk in zip(self.slots, self.chunks[1:], strict=False):
             out.append(repr(values[slot]))
             out.append(chunk)
         return "".join(out).encode()

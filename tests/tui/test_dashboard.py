@@ -13,6 +13,7 @@ from vsup.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
+
 from tests.tui.conftest import make_app, make_client, settle
 
 

@@ -14,6 +14,7 @@ from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.form import InstanceFormScreen
 from vsup.tui.screens.save import SaveScreen
+
 from tests.tui.conftest import make_app, make_client, settle
 
 # What a daemon that checks more than the layout rules can answer (the node it runs on).

@@ -13,6 +13,7 @@ from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
 from vsup.tui.screens.logs import LogScreen
 from vsup.tui.widgets.header import NodeHeader
+
 from tests.tui.conftest import make_app, make_client, settle
 
 

@@ -15,6 +15,7 @@ Run it alone, under the machine's vLLM lock:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import pytest
 
 from vsup.control.client import Client
 from vsup.tui import fmt
+
 from tests.conftest import free_port, outside_cwd
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tmux]
@@ -161,7 +163,7 @@ def load(port: int, requests: int = 12, max_tokens: int = 350) -> threading.Thre
     """Concurrent completions that overflow a 6-block KV cache: vLLM preempts."""
 
     def one() -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             httpx.post(
                 f"http://127.0.0.1:{port}/v1/completions",
                 timeout=120,
@@ -173,8 +175,6 @@ def load(port: int, requests: int = 12, max_tokens: int = 350) -> threading.Thre
                     "temperature": 1.0,
                 },
             )
-        except httpx.HTTPError:
-            pass
 
     def burst() -> None:
         threads = [threading.Thread(target=one) for _ in range(requests)]

@@ -8,6 +8,7 @@ import pytest
 from textual.widgets import Input
 
 from vsup.tui import samples
+
 from tests.tui.conftest import make_app, make_client, settle
 
 WIDE = (160, 45)
@@ -24,7 +25,7 @@ def _live(node):
         for tick in range(1, 11):
             client.snapshot = node(tick)
             app.tick()
-            await settle(pilot, lambda: app.renders >= tick + 1)
+            await settle(pilot, lambda tick=tick: app.renders >= tick + 1)
         await settle(pilot)
 
     return run

@@ -17,7 +17,9 @@ from vsup.tui.widgets.detail import config_text, exit_text, masked_env
 def test_unknown_values_render_as_a_dash_never_zero():
     assert fmt.size(None) == fmt.count(None) == fmt.percent(None) == fmt.duration(None) == "-"
     inst = empty_instance("a")
-    cells = dict(zip([c.key for c in rows.COLUMNS], rows.row_cells(inst, rows.COLUMNS)))
+    cells = dict(
+        zip([c.key for c in rows.COLUMNS], rows.row_cells(inst, rows.COLUMNS), strict=False)
+    )
     assert cells["kv"][0] == "-" and cells["tok_s"][0] == "-" and cells["hbm"][0] == "-"
     assert cells["run_wait"][0] == "-/-"
 

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vsup import paths
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import Client
+    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.daemon import daemon_lock_holder, recorded_live_instances
     from vsup.control.errors import DaemonUnavailable
     from vsup.control.progress import Progress, fmt_duration

@@ -104,7 +104,7 @@ def render(doc: dict[str, Any]) -> str:
         )
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for r in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip())
     if not insts:
         lines.append("(no instances: `vsup up LAYOUT` starts some)")
     for i in insts:

@@ -110,7 +110,7 @@ class ServedApp:
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout=5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.server.force_exit = True
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

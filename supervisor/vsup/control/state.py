@@ -73,7 +73,7 @@ class DaemonState:
         }
 
     @classmethod
-    def from_json(cls, doc: Any) -> "DaemonState":
+    def from_json(cls, doc: Any) -> DaemonState:
         """Parse a state document; raises ValueError naming what is wrong."""
         if not isinstance(doc, dict):
             raise ValueError("the top level is not an object")

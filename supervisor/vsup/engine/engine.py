@@ -23,7 +23,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-
 from vsup.clock import Clock, iso_utc
 from vsup.engine import health, stop
 from vsup.engine.exitreason import classify

@@ -21,6 +21,7 @@ slower); they are still called from a thread by the runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -166,20 +167,16 @@ def signal_tree(pgid: int | None, members: Mapping[int, ProcInfo], sig: int) -> 
     """Send `sig` to the group (atomically, so a process forked meanwhile gets it too) and to
     each member outside it. The group is signalled only while a member proves it is ours."""
     if pgid is not None and any(m.pgid == pgid for m in members.values()):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
     for m in members.values():
         if m.pgid == pgid:
             continue
         now = read_stat(m.pid)
         if now is None or not same_process(now.create_time, m.create_time):
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(m.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @dataclass(frozen=True)
@@ -284,10 +281,8 @@ class RunningProcess:
     def close(self) -> None:
         """Stop watching (the process keeps running: used when the daemon detaches)."""
         if self._pidfd is not None:
-            try:
+            with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._pidfd)
-            except RuntimeError:
-                pass
             os.close(self._pidfd)
             self._pidfd = None
         if self._poller is not None and self._poller is not asyncio.current_task():

@@ -16,6 +16,7 @@ pidfd turns readable (the engine's own part: about 1.3 ms).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -401,10 +402,8 @@ class Runner:
     async def _wait(self, timeout: float | None) -> None:
         if timeout is not None and timeout <= 0:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.inst._kick.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 def _kill_unrecorded(fut: asyncio.Future) -> None:
@@ -414,7 +413,5 @@ def _kill_unrecorded(fut: asyncio.Future) -> None:
         return
     result = fut.result()
     if isinstance(result, Launched):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(result.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

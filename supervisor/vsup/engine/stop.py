@@ -18,6 +18,7 @@ server leaves EngineCore and its workers alive, re-parented to PID 1, holding th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import signal
@@ -103,12 +104,10 @@ async def _wait_gone(
     """Wait until the tree is empty or the deadline passes; returns what is left."""
     if proc.alive:
         # the API server's exit is seen at once through its pidfd
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
                 asyncio.shield(proc.exited), max(0.0, deadline - time.monotonic())
             )
-        except TimeoutError:
-            pass
     last_kill = time.monotonic()
     while True:
         members = await _scan(proc)

@@ -14,6 +14,7 @@ Comments are not kept: tomllib does not report them and tomli-w cannot write the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -385,10 +386,8 @@ def write_atomic(path: Path, text: str) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     try:
         dir_fd = os.open(directory, os.O_RDONLY)

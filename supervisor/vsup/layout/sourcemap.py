@@ -10,6 +10,7 @@ nearest enclosing table, so every path inside the file gets some line.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 Path_ = tuple  # a path into the document: str keys and int indices into arrays of tables
@@ -32,10 +33,8 @@ def _parts(dotted: str) -> list[str]:
         if part[:1] in ('"', "'"):
             part = part[1:-1]
             if m.group(0)[0] == '"':
-                try:
+                with contextlib.suppress(UnicodeDecodeError, UnicodeEncodeError):
                     part = part.encode("latin-1", "backslashreplace").decode("unicode_escape")
-                except (UnicodeDecodeError, UnicodeEncodeError):
-                    pass
         out.append(part)
     return out
 

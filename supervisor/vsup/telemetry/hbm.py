@@ -81,7 +81,7 @@ class ProcessTable:
                 self._groups[pgid].append(pid)
 
     @classmethod
-    def scan(cls) -> "ProcessTable":
+    def scan(cls) -> ProcessTable:
         """Read every process of this node: from /proc/PID/stat (one read per process, about
         1 ms per 100 processes), else through psutil where there is no /proc."""
         try:

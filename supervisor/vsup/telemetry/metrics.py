@@ -253,7 +253,7 @@ def _weighted_mean(
     weights = [capacities.get(eng) for eng, _v in finite]
     if all(w for w in weights):
         total = sum(w for w in weights if w)
-        return sum(v * (w or 0) for (_e, v), w in zip(finite, weights)) / total
+        return sum(v * (w or 0) for (_e, v), w in zip(finite, weights, strict=False)) / total
     return sum(v for _e, v in finite) / len(finite)
 
 

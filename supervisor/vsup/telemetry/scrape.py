@@ -74,7 +74,7 @@ class Scraper:
         self._fast = httpget.HttpGetter(self._headers, max_body=MAX_PAYLOAD_BYTES)
         self._client: httpx.AsyncClient | None = None
 
-    async def __aenter__(self) -> "Scraper":
+    async def __aenter__(self) -> Scraper:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -33,7 +33,9 @@ class DashboardClient(Protocol):
     async def apply(
         self, toml: str, path: str | None = None, dry_run: bool = False
     ) -> dict[str, Any]:
-        """POST /v1/apply: `{"plan": {"start","restart","stop","unchanged"}, "errors", "warnings"}`."""
+        """POST /v1/apply.
+
+        Returns `{"plan": {"start","restart","stop","unchanged"}, "errors", "warnings"}`."""
         ...
 
     async def action(self, action: str, names: Sequence[str], all: bool = False) -> dict[str, Any]:
@@ -48,7 +50,9 @@ class DashboardClient(Protocol):
         ...
 
     async def config(self, name: str) -> dict[str, Any]:
-        """GET /v1/instances/{name}/config: `{"argv", "env" (secrets masked), "cache_config", "spec"}`."""
+        """GET /v1/instances/{name}/config.
+
+        Returns `{"argv", "env" (secrets masked), "cache_config", "spec"}`."""
         ...
 
     async def history(self, name: str) -> dict[str, Any]:

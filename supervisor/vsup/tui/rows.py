@@ -223,7 +223,7 @@ def diff_rows(
             diff.added.append((name, row))
             continue
         if before != row:
-            for index, (a, b) in enumerate(zip(before, row)):
+            for index, (a, b) in enumerate(zip(before, row, strict=False)):
                 if a != b:
                     diff.changed.append((name, index, b))
     kept = [n for n in old_order if n in new]

@@ -4,6 +4,7 @@ test_daemon_vllm.py does the same against real vLLM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import outside_cwd
-
 from vsup.control.daemon import daemon_lock_holder
+
+from tests.conftest import outside_cwd
 from tests.unit.control.helpers import emulator_layout, free_port
 
 ROOT = Path(__file__).parents[3]
@@ -91,10 +92,8 @@ def cli_home(vsup_home):
         for line in journal.read_text().splitlines():
             ev = json.loads(line)
             if ev.get("kind") == "spawn":
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(ev["pgid"], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
 
 
 def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):

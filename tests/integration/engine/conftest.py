@@ -23,6 +23,7 @@ from vsup.clock import SystemClock
 from vsup.engine import Engine
 from vsup.engine.proc import process_table, read_stat
 from vsup.layout.spec import InstanceSpec, RestartPolicy
+
 from tests.programs.proctoken import kill_token, token_pids  # noqa: F401 (re-exported)
 
 EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"

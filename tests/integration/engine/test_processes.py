@@ -15,6 +15,7 @@ import pytest
 
 from vsup.engine import AdoptRecord, Engine
 from vsup.layout.spec import RestartPolicy
+
 from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
 
 pytestmark = pytest.mark.timeout(120)

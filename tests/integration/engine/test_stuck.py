@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 
 from vsup.engine import stop
+
 from tests.integration.engine.conftest import pid_alive
 from tests.integration.engine.test_processes import until
 

@@ -22,6 +22,7 @@ import pytest_asyncio
 from vsup.clock import SystemClock
 from vsup.engine import Engine
 from vsup.layout.spec import InstanceSpec, RestartPolicy
+
 from tests.integration.engine.conftest import Events, group_members, kill_token, pid_alive
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]

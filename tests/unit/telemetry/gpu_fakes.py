@@ -170,7 +170,7 @@ class FakeNvml:
                 raise nv.NVMLLibraryMismatchError(
                     "Unversioned function called and the pyNVML "
                     "version does not match the NVML lib version."
-                )
+                ) from None
 
         def nvmlDeviceGetUtilizationRates(handle):
             gpu = fake._check("nvmlDeviceGetUtilizationRates", handle)

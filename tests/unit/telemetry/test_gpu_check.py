@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from vsup.telemetry.gpu.base import GpuProcessSample as P
+from vsup.telemetry.gpu.base import GpuSample
+
 from benchmarks.gpu_check import (
     close_enough,
     compare_all_pids,
@@ -9,8 +12,6 @@ from benchmarks.gpu_check import (
     compare_processes,
     expected_source,
 )
-from vsup.telemetry.gpu.base import GpuProcessSample as P
-from vsup.telemetry.gpu.base import GpuSample
 
 MiB, GiB = 2**20, 2**30
 SMI_GPUS = [

@@ -12,6 +12,7 @@ import pytest
 from vsup.telemetry.gpu import GpuProbeError, NoneProbe, open_probe
 from vsup.telemetry.gpu.amd import AmdSmiProbe
 from vsup.telemetry.gpu.nvml import NvmlProbe
+
 from tests.unit.telemetry.gpu_fakes import (
     AMDSMI_FUNCTIONS,
     NVML_FUNCTIONS,

@@ -31,7 +31,7 @@ class RawServer:
         self.connections = 0
         self.writers: list[asyncio.StreamWriter] = []
 
-    async def __aenter__(self) -> "RawServer":
+    async def __aenter__(self) -> RawServer:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self

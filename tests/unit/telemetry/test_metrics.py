@@ -43,7 +43,7 @@ def reference(text: str) -> dict:
         configs.setdefault(labels.get("engine", ""), labels)
     caps = {e: kv_capacity_tokens(c) for e, c in configs.items()}
     kv_rows = by_name.get(M.KV_USAGE) or by_name.get(M.KV_USAGE_LEGACY) or []
-    kv_rows = [(l.get("engine", ""), v) for l, v in kv_rows if math.isfinite(v)]
+    kv_rows = [(lab.get("engine", ""), v) for lab, v in kv_rows if math.isfinite(v)]
     if not kv_rows:
         kv = None
     elif len(kv_rows) == 1:

@@ -29,7 +29,7 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    async def __aenter__(self) -> "HttpServer":
+    async def __aenter__(self) -> HttpServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 

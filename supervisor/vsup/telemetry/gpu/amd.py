@@ -92,10 +92,8 @@ class AmdSmiProbe:
                 self._shut_down()
 
     def _shut_down(self) -> None:
-        try:
+        with contextlib.suppress(self._smi.AmdSmiException):
             self._smi.amdsmi_shut_down()
-        except self._smi.AmdSmiException:
-            pass
 
     def _try(self, fn: Any, *args: Any) -> Any:
         try:

@@ -16,6 +16,7 @@ Measured on an H200: `nvmlDeviceGetMemoryInfo` ~8 us, `nvmlDeviceGetComputeRunni
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import ModuleType
 from typing import Any
@@ -101,10 +102,8 @@ class NvmlProbe:
             if self._closed:
                 return
             self._closed = True
-            try:
+            with contextlib.suppress(self._nv.NVMLError):
                 self._nv.nvmlShutdown()
-            except self._nv.NVMLError:
-                pass
 
     def snapshot(self) -> tuple[GpuSample, ...]:
         """Every GPU once, in index order. Never raises."""

@@ -77,7 +77,7 @@ class Dashboard(Screen[None]):
         self._box_title = ""
 
     @property
-    def vsup(self) -> "DashboardApp":
+    def vsup(self) -> DashboardApp:
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:

@@ -152,7 +152,7 @@ class InstanceTable(DataTable):
         finally:
             self._row_refresh_only = False
         for name, row in diff.added:
-            cells = [self._text(c, cell) for c, cell in zip(columns, row)]
+            cells = [self._text(c, cell) for c, cell in zip(columns, row, strict=False)]
             self._name_cells[id(cells[0])] = (name, cells[0])
             self.add_row(*cells, key=name)
             self.updates += len(row)

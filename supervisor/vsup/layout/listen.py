@@ -20,12 +20,13 @@ def parse_listen(value: str) -> tuple[str, int]:
     m = _LISTEN.fullmatch(text)
     if not m:
         raise ValueError(
-            f'{value!r} is not HOST:PORT: write e.g. {EXAMPLE} (IPv6 in brackets: "[::1]:9400")'
+            f"metrics_listen {value!r} is not HOST:PORT: write e.g. {EXAMPLE} (IPv6 in "
+            'brackets: "[::1]:9400")'
         )
     host = m.group(1) or m.group(3)
     port = int(m.group(2) or m.group(4))
     if not 1 <= port <= 65535:
-        raise ValueError(f"{value!r}: port {port} is out of range: use 1-65535")
+        raise ValueError(f"metrics_listen {value!r}: port {port} is out of range: use 1-65535")
     return host, port
 
 

@@ -34,7 +34,7 @@ def _is_float(s: str) -> bool:
     return True
 
 
-def kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | None:
+def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | None:
     """(tokens the KV cache holds, how that was found, exact) where it can be computed: the
     block override, the CPU KV space, or an estimate from this node's GPU memory."""
     info = ctx.model_info(m)
@@ -96,7 +96,7 @@ def _max_model_len(ctx: Context, m: MergedInstance) -> int | None:
 def kv_below_max_model_len(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     """A KV cache that cannot hold one full-length request: vLLM refuses to start."""
     max_len = _max_model_len(ctx, m)
-    found = kv_capacity(ctx, m) if max_len is not None else None
+    found = _kv_capacity(ctx, m) if max_len is not None else None
     if found is None or found[0] >= max_len:  # type: ignore[operator]
         return []
     capacity, how, exact = found
@@ -117,7 +117,7 @@ def kv_below_concurrency(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     """max-num-seqs full-length requests beyond the KV capacity: they will be preempted."""
     max_len = _max_model_len(ctx, m)
     seqs = int_flag(m, "max-num-seqs")
-    found = kv_capacity(ctx, m) if max_len is not None and seqs is not None else None
+    found = _kv_capacity(ctx, m) if max_len is not None and seqs is not None else None
     if found is None:
         return []
     capacity, how, _ = found

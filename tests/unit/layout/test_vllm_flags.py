@@ -86,6 +86,14 @@ def test_interpreter_of_python_commands_and_of_script_shebangs(tmp_path):
     assert os.path.basename(interpreter_for([str(tmp_path / "env")])).startswith("python3")
     assert interpreter_for([str(tmp_path / "shell")]) is None
     assert interpreter_for(["no-such-program-here"]) is None
+    # the real `vllm` console script of this environment (found first on the engine's PATH):
+    # the Python its shebang names, which need not be this one (a copied venv keeps the old)
+    script = os.path.join(HERE, "vllm")
+    if os.path.exists(script):
+        with open(script) as fh:
+            shebang = fh.readline()[2:].strip()
+        if os.path.basename(shebang).startswith("python"):
+            assert interpreter_for(["vllm", "serve"]) == shebang
 
 
 def test_the_venvs_vllm_is_found_from_its_dist_info_without_importing_it(home):

@@ -32,8 +32,8 @@ class Context:
     node_gpus: int | None  # None: unknown (no GPU found and no --node-gpus)
     probed: bool  # node_gpus came from this node's probe, not from the caller
     gpu_memory_bytes: int | None
-    _models: dict[str, ModelInfo] = field(default_factory=dict)
-    _flags: dict[tuple, FlagList] = field(default_factory=dict)
+    _models: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False)
+    _flags: dict[tuple, FlagList] = field(default_factory=dict, init=False, repr=False)
 
     def model_info(self, m: MergedInstance) -> ModelInfo | None:
         """What is known offline of the instance's model; None when it has no usable model

@@ -178,8 +178,9 @@ def _short(version: str) -> str:
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
 
 
-def _search_path() -> str:
-    # What the engine gives an instance: the daemon's interpreter's directory first.
+def instance_path() -> str:
+    """The PATH the engine gives an instance: the daemon's interpreter's directory first
+    (engine/spawn.py), so `python` and a `vllm` script beside vsup are the ones that run."""
     here = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", os.defpath)
     return here + os.pathsep + path if path else here
@@ -191,7 +192,7 @@ def interpreter_for(command: Sequence[str]) -> str | None:
     if not command or not isinstance(command[0], str) or not command[0]:
         return None
     program = command[0]
-    found = shutil.which(os.path.expanduser(program), path=_search_path())
+    found = shutil.which(os.path.expanduser(program), path=instance_path())
     if found is None:
         return None
     if _PYTHON_NAME.fullmatch(os.path.basename(found)):
@@ -217,7 +218,7 @@ def _shebang_interpreter(script: str) -> str | None:
         words = [w for w in words[1:] if not w.startswith("-")]
         if not words:
             return None
-        resolved = shutil.which(words[0], path=_search_path())
+        resolved = shutil.which(words[0], path=instance_path())
         words = [resolved] if resolved else []
     if words and _PYTHON_NAME.fullmatch(os.path.basename(words[0])):
         return words[0]

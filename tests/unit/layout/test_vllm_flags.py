@@ -189,3 +189,13 @@ def test_an_unwritable_cache_never_fails_the_lookup(tmp_path, monkeypatch):
     exe = fake_python(tmp_path / "env", "exit 1")
     result = flags_of(InstalledVllm("vllm", "9.9.2", exe))
     assert result.frozen and result.flags
+
+
+def test_a_program_beside_vsups_python_is_found_as_the_engine_finds_it(home, tmp_path, monkeypatch):
+    """The engine puts the daemon's interpreter's directory first on an instance's PATH."""
+    if not os.path.exists(os.path.join(HERE, "vllm")):
+        pytest.skip("no vllm script beside this Python")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    text = '[defaults]\nmodel = "org/m"\n\n[[instance]]\nname = "a"\ngpus = []\nport = 8101\n'
+    diagnostics = validate(loads_layout(text, tmp_path / "l.toml"), node_gpus=0, profile_dirs=[])
+    assert not [d for d in diagnostics if "not found on this node" in d.message], diagnostics

@@ -11,6 +11,7 @@ from vsup.layout.modelinfo import quantized_by_name
 from vsup.layout.modelpath import is_local_model
 from vsup.layout.rules.context import Context, origin_diag
 from vsup.layout.schema import is_number
+from vsup.layout.vllm_flags import instance_path
 
 # Below this start timeout, on-the-fly quantization (minutes of extra start-up) risks a timeout.
 QUANTIZE_START_TIMEOUT_S = 1800
@@ -55,7 +56,8 @@ def command_not_found(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     if not (isinstance(command, list) and command and command[0]):
         return []
     program = command[0]
-    if program in ("python", "python3") or shutil.which(program) or Path(program).is_file():
+    found = shutil.which(program, path=instance_path())
+    if program in ("python", "python3") or found or Path(program).is_file():
         return []
     return [
         origin_diag(

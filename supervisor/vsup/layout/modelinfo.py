@@ -278,6 +278,17 @@ class ModelInfo:
         return self.kv_lora_rank is not None
 
     @property
+    def num_experts(self) -> int | None:
+        return _num(
+            self.arch, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"
+        )
+
+    @property
+    def is_moe(self) -> bool | None:
+        """A mixture-of-experts model; None without a config to tell."""
+        return None if self.config is None else self.num_experts is not None
+
+    @property
     def max_position_embeddings(self) -> int | None:
         return _num(self.arch, "max_position_embeddings", "n_positions", "max_sequence_length")
 

@@ -420,6 +420,8 @@ def render_budget(plan: Plan) -> str:
     params = info.params
     p = f"{params / 1e9:.2f}B params ({info.params_source})" if params else "parameters unknown"
     lines.append(f"model      {info.model}: {p}")
+    if info.source:
+        lines.append(f"files      {info.source}")
     lines.append(f"weights    {_gib(plan.weight_bytes)} GiB ({plan.weight_source})")
     if plan.kv_bytes_per_token:
         lines.append(
@@ -437,17 +439,19 @@ def render_budget(plan: Plan) -> str:
         f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
     )
     lines.append("")
+    dp = plan.dp > 1
     head = (
         "GPU",
         "instance",
         "port",
         "TP",
+        *(("DP",) if dp else ()),
         "util",
         "budget GiB",
         "weights GiB",
         "overhead GiB",
         "KV GiB",
-        "KV tokens",
+        "KV tokens" + (" per rank" if dp else ""),
         f"max conc @{plan.max_model_len}",
     )
     rows = []
@@ -463,6 +467,7 @@ def render_budget(plan: Plan) -> str:
                     b.name,
                     str(b.port),
                     str(b.tp),
+                    *((str(b.dp),) if dp else ()),
                     f"{b.utilization:.2f}",
                     _gib(b.budget_bytes),
                     _gib(b.weight_bytes),
@@ -473,15 +478,128 @@ def render_budget(plan: Plan) -> str:
                 )
             )
         total = sum(b.utilization for b in by_gpu[g])
-        rows.append(("", f"(GPU {g} total)", "", "", f"{total:.2f}", "", "", "", "", "", ""))
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    left = {1}
-    for r in (head, *rows):
-        lines.append(
-            "  ".join(
-                c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
-            ).rstrip()
-        )
+        first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
+        rows.append((*first, *[""] * (len(head) - len(first))))
+    lines += _table(head, rows, left={1})
     for n in plan.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    return [
+        "  ".join(
+            c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
+        for r in (head, *rows)
+    ]
+
+
+def render_explain(plan: Plan) -> str:
+    """`vsup plan --explain`: each GPU's memory, item by item, and why each number is what it is.
+    GPUs whose instances have the same figures are shown once."""
+    out: list[str] = []
+    by_gpu: dict[int, list[InstanceBudget]] = {}
+    for b in plan.budgets:
+        for g in b.gpus:
+            by_gpu.setdefault(g, []).append(b)
+    seen: dict[tuple, list[int]] = {}
+    for g in sorted(by_gpu):
+        key = tuple(
+            (b.utilization, b.weight_bytes, b.overhead_bytes, b.kv_bytes) for b in by_gpu[g]
+        )
+        seen.setdefault(key, []).append(g)
+    mem = plan.gpu_memory_bytes
+    for gpus in seen.values():
+        tenants = by_gpu[gpus[0]]
+        names = ", ".join(f"{b.name} (GPU {g})" for b in tenants for g in [gpus[0]])
+        label = "GPU " + _ranges(gpus)
+        out.append(
+            f"{label}: {mem / GIB:.1f} GiB ({plan.gpu_memory_source}); "
+            f"{len(tenants)} instance(s) per GPU" + (f": {names}" if len(tenants) > 1 else "")
+        )
+        rows: list[tuple[str, str, str]] = []
+        used = 0
+        for b in tenants:
+            prefix = f"{b.name}: " if len(tenants) > 1 else ""
+            rows += _explain_rows(plan, b, prefix)
+            used += b.budget_bytes
+        rows.append(
+            (
+                "not given to vLLM",
+                _gib(mem - used),
+                f"1 - {sum(b.utilization for b in tenants):.2f} of the GPU: outside every "
+                "instance's gpu_memory_utilization (the driver's own use, other processes, "
+                "headroom)",
+            )
+        )
+        out += _table(("item", "GiB", "why"), rows, left={0, 2})
+        out.append("")
+    return "\n".join(out)
+
+
+def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str, str, str]]:
+    mem = plan.gpu_memory_bytes
+    rows = [
+        (
+            f"{prefix}budget",
+            _gib(b.budget_bytes),
+            f"gpu_memory_utilization {b.utilization:.2f} x {mem / GIB:.1f} GiB: all vLLM may use "
+            "on this GPU (weights, activations and graphs, KV cache)",
+        )
+    ]
+    tp_note = f" / TP {b.tp}: each GPU of a TP group holds 1/{b.tp}" if b.tp > 1 else ""
+    dp_note = "; every DP rank holds its own copy" if b.dp > 1 else ""
+    rows.append(
+        (
+            f"{prefix}weights",
+            _gib(b.weight_bytes),
+            f"{_gib(plan.weight_bytes)} GiB from {plan.weight_source}{tp_note}{dp_note}",
+        )
+    )
+    rows.append(
+        (
+            f"{prefix}activation/graph reserve",
+            _gib(b.overhead_bytes),
+            f"an estimate: {OVERHEAD_BYTES / GIB:.1f} GiB for the peak activations of a "
+            "max-num-batched-tokens step, CUDA/HIP graphs and allocator slack"
+            + (
+                f", +{COMM_OVERHEAD_BYTES / GIB:.1f} GiB of TP communication buffers"
+                if b.tp > 1
+                else ""
+            )
+            + "; vLLM measures the real figure by profiling at start-up and gives the KV cache the "
+            "rest",
+        )
+    )
+    if b.kv_tokens is not None and plan.kv_bytes_per_token and plan.kv_layout is not None:
+        kv = plan.kv_layout
+        per_req = kv.blocks_per_request(plan.max_model_len, plan.block_size, plan.batched_tokens)
+        blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
+        why = (
+            f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "
+            f"tokens x {plan.kv_bytes_per_token / 1024:.1f} KiB per token; a "
+            f"{plan.max_model_len:,}-token request takes {per_req:,} blocks, so vLLM reports "
+            f"{b.kv_tokens:,} tokens"
+        )
+        if b.dp > 1:
+            why += f" per rank ({b.instance_kv_tokens:,} for the instance's {b.dp} ranks)"
+        why += f", {b.max_concurrency:.1f} full-length requests at once"
+    else:
+        why = "what is left: budget - weights - reserve (tokens unknown without a config.json)"
+    rows.append((f"{prefix}KV cache", _gib(b.kv_bytes), why))
+    return rows
+
+
+def _ranges(gpus: list[int]) -> str:
+    out = []
+    start = prev = gpus[0]
+    for g in [*gpus[1:], None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if g is not None:
+            start = prev = g
+    return ",".join(out)

@@ -105,7 +105,8 @@ def test_budget_figures(llama8b):
     assert b.utilization == 0.45
     assert b.budget_bytes == int(0.45 * 192 * GIB)
     assert b.kv_bytes == b.budget_bytes - plan.weight_bytes - overhead_bytes(1)
-    assert b.kv_tokens == b.kv_bytes // 131072
+    # whole blocks of 16 tokens: vLLM's KV cache is a pool of blocks
+    assert b.kv_tokens == b.kv_bytes // (131072 * 16) * 16
     assert b.max_concurrency == pytest.approx(b.kv_tokens / 8192)
     text = render_budget(plan)
     assert "128.0 KiB per token" in text and "(GPU 0 total)" in text and f"{b.kv_tokens:,}" in text

@@ -17,12 +17,14 @@ import contextlib
 import json
 import os
 import re
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from vsup import paths
 
@@ -129,6 +131,22 @@ def _offline(env: Mapping[str, str]) -> bool:
     return str(env.get("HF_HUB_OFFLINE", "")).strip().lower() in ("1", "true", "yes", "on")
 
 
+def _unreachable(endpoint: str, timeout: float = 3.0) -> str | None:
+    """Why a TCP connection to the hub fails at once (None: it connects, or a proxy is set).
+    huggingface_hub retries a refused connection with back-off for about half a minute."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return None
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{parts.hostname}:{port}: {exc.strerror or exc}"
+
+
 def summarize_metadata(meta: Any) -> WeightSummary:
     """A `SafetensorsRepoMetadata` as byte, element and dtype totals."""
     total = params = 0
@@ -148,6 +166,7 @@ def fetch(model: str, timeout: float = 20.0) -> HubModel:
     """config.json and the safetensors headers from the hub (no cache involved)."""
     try:
         import huggingface_hub as hf
+        from huggingface_hub import constants as hf_constants
         from huggingface_hub import errors as hf_errors
     except ImportError:
         return HubModel(
@@ -157,11 +176,18 @@ def fetch(model: str, timeout: float = 20.0) -> HubModel:
             "huggingface_hub is not installed here, so the hub cannot be asked (pip install "
             "huggingface_hub)",
         )
-    endpoint = hf.constants.ENDPOINT
+    endpoint = hf_constants.ENDPOINT
+    unreachable = _unreachable(endpoint)
+    if unreachable:
+        return HubModel(None, None, "", f"the hub ({endpoint}) cannot be reached: {unreachable}")
     try:
         with tempfile.TemporaryDirectory(prefix="vsup-hub-") as tmp:
             path = hf.hf_hub_download(model, "config.json", cache_dir=tmp, etag_timeout=timeout)
             config = json.loads(Path(path).read_text())
+    except hf_errors.LocalEntryNotFoundError as exc:
+        # raised after the retries when the hub did not answer
+        reason = str(exc).splitlines()[0][:200]
+        return HubModel(None, None, "", f"the hub ({endpoint}) cannot be reached: {reason}")
     except hf_errors.GatedRepoError:
         return HubModel(
             None,
@@ -209,9 +235,8 @@ def hub_model(model: str, env: Mapping[str, str] | None = None) -> HubModel:
             None,
             None,
             "",
-            f"{model} is not in the Hugging Face cache nor in vsup's, and HF_HUB_OFFLINE is set: "
-            "unset it to ask the hub, download the model (`hf download "
-            f"{model} config.json`), or give --params and --dtype",
+            f"{model} is in neither the Hugging Face cache nor vsup's, and HF_HUB_OFFLINE is set: "
+            f"unset it to ask the hub, or fetch the config (`hf download {model} config.json`)",
         )
     found = fetch(model)
     if found.config is None:
@@ -219,8 +244,7 @@ def hub_model(model: str, env: Mapping[str, str] | None = None) -> HubModel:
             None,
             None,
             "",
-            f"{model} is in neither the Hugging Face cache nor vsup's, and {found.problem}; "
-            "or give --params B and --dtype D",
+            f"{model} is in neither the Hugging Face cache nor vsup's, and {found.problem}",
         )
     path = _write_cache(model, found)
     if path is not None:

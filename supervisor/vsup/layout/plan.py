@@ -216,8 +216,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     if info.config is None and info.safetensors is None and not (req.params and req.dtype):
         why = info.missing or f"{req.model} has no local files here (no config.json)"
         raise PlanError(
-            f"{why}. Without them give --params B (billions) and --dtype D (e.g. --params 8 "
-            "--dtype bfloat16), or point --model at a local directory"
+            f"{why}. Or give --params B (billions) and --dtype D (e.g. --params 8 --dtype "
+            "bfloat16), or point --model at a local directory"
         )
     gpu_mem, gpu_source, kind = _gpu_memory(req)
     weights, weight_source = info.weight_bytes()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vsup.layout.hub import hub_model
+from vsup.layout.hub import hub_model, read_cached
 from vsup.layout.kvcache import KVLayout, kv_layout
 from vsup.layout.modelpath import is_local_model, resolve_model_path
 
@@ -544,8 +544,8 @@ def model_info(
 
     Local files first (a directory, or the hub id's snapshot in the Hugging Face cache); with
     `hub`, a hub id without one is looked up in vsup's cache, then on the hub itself (config.json
-    and safetensors headers only: vsup.layout.hub). Validation never passes `hub`: it stays
-    offline and fast."""
+    and safetensors headers only: vsup.layout.hub). Without `hub` (validation) only vsup's cache
+    is read: offline and fast."""
     directory = model_dir(model, base_dir)
     config = None
     summary = None
@@ -566,10 +566,11 @@ def model_info(
                 summary = summarize_safetensors(directory)
             except (OSError, ValueError, TypeError) as exc:
                 problems.append(f"safetensors headers in {directory}: {exc}")
-    elif hub and not is_local_model(model) and model.count("/") == 1:
-        found = hub_model(model)
-        config, source, missing = found.config, found.source, found.problem
-        if found.weights is not None:
+    elif not is_local_model(model) and model.count("/") == 1:
+        found = hub_model(model) if hub else read_cached(model)
+        if found is not None:
+            config, source, missing = found.config, found.source, found.problem
+        if found is not None and found.weights is not None:
             w = found.weights
             summary = SafetensorsSummary(w.files, w.bytes, w.params, w.dominant_dtype)
     return ModelInfo(

@@ -248,3 +248,17 @@ def test_the_local_hf_cache_comes_first(hub, env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"local files ({snap})" in r.stderr and FakeHub.served == {}
     assert "1 full + 1 sliding" in r.stderr
+
+
+def test_validation_reads_vsups_cache_but_never_the_hub(tmp_path, monkeypatch):
+    from vsup.layout.hub import HubModel, WeightSummary, _write_cache
+    from vsup.layout.modelinfo import model_info
+
+    monkeypatch.setenv("VSUP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    assert model_info("org/tiny-oss").config is None  # nothing cached: no network either
+    _write_cache("org/tiny-oss", HubModel(CONFIG, WeightSummary(1, 10, 5, "BF16"), "test"))
+    info = model_info("org/tiny-oss")
+    assert info.config == CONFIG and info.safetensors.bytes == 10
+    assert "vsup's cache" in info.source

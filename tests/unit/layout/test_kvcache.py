@@ -83,6 +83,16 @@ def test_tokens_match_what_vllm_logged(family):
     assert kv.tokens(GIB, max_len=2048, block_size=block, in_flight=2048) == logged
 
 
+def test_the_window_pays_off_on_long_requests():
+    # vLLM logged 883,011 for the tiny gpt-oss at max-model-len 4096, max-num-batched-tokens
+    # 512: the sliding layers hold 639 tokens per request, not 4096. Every layer holding every
+    # token would say 1 GiB / 2 KiB = 524,288.
+    cfg = MEASURED["gpt-oss"][0]
+    kv = kv_layout(cfg, width=4)
+    assert kv.tokens(GIB, max_len=4096, block_size=128, in_flight=512) == 883_011
+    assert GIB // kv.naive_bytes_per_token == 524_288
+
+
 GPT_OSS_20B = {
     "model_type": "gpt_oss",
     "hidden_size": 2880,

@@ -262,3 +262,13 @@ def test_validation_reads_vsups_cache_but_never_the_hub(tmp_path, monkeypatch):
     info = model_info("org/tiny-oss")
     assert info.config == CONFIG and info.safetensors.bytes == 10
     assert "vsup's cache" in info.source
+
+
+def test_without_huggingface_hub_the_message_says_so(tmp_path, monkeypatch):
+    from vsup.layout.hub import hub_model
+
+    monkeypatch.setenv("VSUP_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails as on a bare node
+    found = hub_model("org/tiny-oss")
+    assert found.config is None and "huggingface_hub is not installed" in found.problem

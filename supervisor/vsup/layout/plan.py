@@ -513,7 +513,7 @@ def render_explain(plan: Plan) -> str:
     mem = plan.gpu_memory_bytes
     for gpus in seen.values():
         tenants = by_gpu[gpus[0]]
-        names = ", ".join(f"{b.name} (GPU {g})" for b in tenants for g in [gpus[0]])
+        names = ", ".join(b.name for b in tenants)
         label = "GPU " + _ranges(gpus)
         out.append(
             f"{label}: {mem / GIB:.1f} GiB ({plan.gpu_memory_source}); "

@@ -14,8 +14,8 @@ groups the layers:
 
 So a pool block costs `size x page` bytes, and one request of L tokens takes, per group,
 `ceil(L / block)` blocks (full, MLA) or `ceil(min(window - 1 + in_flight, L) / block) + 1`
-(sliding window; `in_flight` = max-num-batched-tokens). vLLM logs
-`KV cache size: N tokens` with N = blocks / (blocks per request of max-model-len) x
+(sliding window; `in_flight`: max-num-batched-tokens per concurrent batch, `in_flight_tokens`).
+vLLM logs `KV cache size: N tokens` with N = blocks / (blocks per request of max-model-len) x
 max-model-len, so for windowed models N exceeds the bytes / bytes-per-token of full attention.
 
 `KVLayout.bytes_per_token` is the pool's bytes per token slot (what a token of a full-attention
@@ -41,6 +41,15 @@ CPU_BLOCK_SIZE = 128
 # GPUs like the H200 and MI300X, 2048 on the CPU build per CPU socket)
 DEFAULT_BATCHED_TOKENS_GPU = 8192
 DEFAULT_BATCHED_TOKENS_CPU = 2048
+
+
+def in_flight_tokens(batched_tokens: int, gpu: bool, pp: int = 1) -> int:
+    """Tokens scheduled but not yet freed (vLLM's `max_in_flight_tokens`): one batch per
+    concurrent step. GPUs schedule asynchronously (2 batches at once; PP stages otherwise), the
+    CPU build does not. Seen on the H200 with vLLM 0.26: a 1024-window model held
+    1023 + 2 x 8192 tokens per request."""
+    batches = (2 if pp <= 1 else pp) if gpu else max(1, pp)
+    return batches * batched_tokens
 
 
 @dataclass(frozen=True)

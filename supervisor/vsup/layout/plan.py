@@ -31,7 +31,12 @@ from vsup.layout.budget import (
     OVERHEAD_BYTES,
     overhead_bytes,
 )
-from vsup.layout.kvcache import DEFAULT_BATCHED_TOKENS_GPU, GPU_BLOCK_SIZE, KVLayout
+from vsup.layout.kvcache import (
+    DEFAULT_BATCHED_TOKENS_GPU,
+    GPU_BLOCK_SIZE,
+    KVLayout,
+    in_flight_tokens,
+)
 from vsup.layout.model import Layout
 from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
 from vsup.layout.modelpath import is_local_model, resolve_model_path
@@ -297,7 +302,9 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             over = overhead_bytes(req.tp)
             kv = budget - w - over
             tokens = (
-                layout_kv.tokens(kv, max_len, GPU_BLOCK_SIZE, DEFAULT_BATCHED_TOKENS_GPU)
+                layout_kv.tokens(
+                    kv, max_len, GPU_BLOCK_SIZE, in_flight_tokens(DEFAULT_BATCHED_TOKENS_GPU, True)
+                )
                 if layout_kv is not None and per_token
                 else None
             )
@@ -575,7 +582,9 @@ def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str,
     )
     if b.kv_tokens is not None and plan.kv_bytes_per_token and plan.kv_layout is not None:
         kv = plan.kv_layout
-        per_req = kv.blocks_per_request(plan.max_model_len, plan.block_size, plan.batched_tokens)
+        per_req = kv.blocks_per_request(
+            plan.max_model_len, plan.block_size, in_flight_tokens(plan.batched_tokens, True)
+        )
         blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
         why = (
             f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from vsup.layout.kvcache import FULL, LINEAR, MLA, SLIDING, kv_layout, layer_kinds
+from vsup.layout.kvcache import FULL, LINEAR, MLA, SLIDING, in_flight_tokens, kv_layout, layer_kinds
 from vsup.layout.modelinfo import ModelInfo
 
 TINY = {
@@ -189,3 +189,22 @@ def test_mla_and_per_layer_kv_heads():
 def test_disabling_the_hybrid_manager_makes_windows_full():
     kv = kv_layout(GPT_OSS_20B, width=2, hybrid_manager=False)
     assert kv.kinds == {FULL: 24} and kv.bytes_per_token == 48 * 1024
+
+
+def test_gpu_schedules_two_batches_ahead():
+    # vLLM 0.26 on the H200 (async scheduling): a Mistral-shaped model (16 layers, 8 KV heads x
+    # 64, bf16, window 1024) at 0.45, max-model-len 32768, max-num-batched-tokens 8192 logged
+    # "Available KV cache memory: 59.39 GiB" and "GPU KV cache size: 3,659,755 tokens"
+    cfg = {
+        "model_type": "mistral",
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 16,
+        "sliding_window": 1024,
+    }
+    kv = kv_layout(cfg, width=2)
+    in_flight = in_flight_tokens(8192, gpu=True)
+    assert in_flight == 16384 and in_flight_tokens(2048, gpu=False) == 2048
+    tokens = kv.tokens(59.39 * GIB, max_len=32768, block_size=16, in_flight=in_flight)
+    assert tokens == pytest.approx(3_659_755, rel=1e-4)  # the log rounds the GiB

@@ -9,6 +9,7 @@ from vsup.layout.kvcache import (
     DEFAULT_BATCHED_TOKENS_CPU,
     DEFAULT_BATCHED_TOKENS_GPU,
     GPU_BLOCK_SIZE,
+    in_flight_tokens,
 )
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules.context import Context, int_arg, int_flag, origin_diag, parallelism
@@ -72,9 +73,10 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
     max_len = _max_model_len(ctx, m)
     if layout is None or not layout.bytes_per_token or not max_len:
         return None
-    in_flight = int_flag(m, "max-num-batched-tokens") or (
+    batched = int_flag(m, "max-num-batched-tokens") or (
         DEFAULT_BATCHED_TOKENS_CPU if gpus == [] else DEFAULT_BATCHED_TOKENS_GPU
     )
+    in_flight = in_flight_tokens(batched, gpu=gpus != [], pp=parallelism(m).pp or 1)
     per_token = layout.bytes_per_token
     if gpus == []:
         space = m.env.get("VLLM_CPU_KVCACHE_SPACE")

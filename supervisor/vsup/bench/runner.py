@@ -153,6 +153,9 @@ class BenchRunner:
         run["plan"] = answer.get("plan")
         names = [s.name for s in lay.specs]
         self.say(f"{tag}: waiting until {len(names)} instance(s) are ready")
+        # Removed instances must be gone too: they would share the node (CPU, HBM) with the
+        # layout under test.
+        self._wait_stopped((run["plan"] or {}).get("stop", ()))
         ok, doc = self._wait_ready(names)
         run["ready_after_s"] = round(time.monotonic() - t0, 1)
         by_name = {i["name"]: i for i in doc.get("instances", ())}
@@ -184,6 +187,16 @@ class BenchRunner:
             if not ok or rollout.get("state") != "running" or time.monotonic() >= deadline:
                 return ok and rollout.get("state") != "running", doc
             time.sleep(0.5)
+
+    def _wait_stopped(self, names: Any) -> None:
+        """Wait (up to the ready timeout) until `names` are stopped or gone from the status."""
+        names = set(names)
+        deadline = time.monotonic() + self.ready_timeout
+        while names and time.monotonic() < deadline:
+            insts = self.client.status().get("instances", ())
+            if not any(i["name"] in names and i["state"] != "stopped" for i in insts):
+                return
+            time.sleep(0.3)
 
     def _load(self, tag: str, k: int, lay: LayoutToRun, run: dict, insts: list[dict]) -> None:
         specs = {s.name: s for s in lay.specs}
@@ -369,7 +382,8 @@ class BenchRunner:
                 return {"outcome": "kept", "layout": self._applied}
             if self._applied and original.toml:
                 self.say(f"restoring the original layout {original.name}")
-                self.client.apply(original.toml, original.path)
+                answer = self.client.apply(original.toml, original.path)
+                self._wait_stopped((answer.get("plan") or {}).get("stop", ()))
                 ok, doc = self._wait_ready(original.serving)
                 if not ok:
                     states = {i["name"]: i["state"] for i in doc.get("instances", ())}

@@ -261,7 +261,8 @@ class BenchRunner:
         for c in self._clients:
             if c not in started:
                 c.stop()
-        self._sampler = Sampler(self.make_client().status, interval=self.poll_interval)
+        poller = self.make_client()
+        self._sampler = Sampler(poller.status, interval=self.poll_interval)
         self._sampler.sample()
         self._sampler.start()
         for c in started:
@@ -272,7 +273,8 @@ class BenchRunner:
         time.sleep(2 * self.poll_interval + 0.2)
         self._sampler.stop()
         self._sampler.sample()
-        self._record(run, records, insts)
+        poller.close()
+        self._record(run, records)
         t = run["totals"]
         self.say(
             f"{tag}: done: {t['completed']}/{t['prompts']} requests, "
@@ -307,7 +309,7 @@ class BenchRunner:
             except Exception:
                 c.stop()
 
-    def _record(self, run: dict, records: list[dict], insts: list[dict]) -> None:
+    def _record(self, run: dict, records: list[dict]) -> None:
         assert self._sampler is not None
         tel = summarize(self._sampler.samples, [r["name"] for r in records])
         by_client = {c.instance: c for c in self._clients}

@@ -48,6 +48,7 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.interval + 30)
+            self._thread = None
 
     def latest(self) -> dict[str, Any] | None:
         return self.samples[-1][1] if self.samples else None

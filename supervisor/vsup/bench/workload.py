@@ -76,10 +76,12 @@ class Workload:
         flags = ["--dataset-name", self.dataset, "--num-prompts", str(num_prompts)]
         if self.dataset_path:
             flags += ["--dataset-path", str(Path(self.dataset_path).absolute())]
+        # The dataset's own length flags: the general --input-len/--output-len are recent
+        # (vLLM 0.26 has only these).
         if self.input_len is not None and self.dataset == "random":
-            flags += ["--input-len", str(self.input_len)]
+            flags += ["--random-input-len", str(self.input_len)]
         if self.output_len is not None:
-            flags += ["--output-len", str(self.output_len)]
+            flags += [f"--{self.dataset}-output-len", str(self.output_len)]
         flags += ["--request-rate", "inf" if math.isinf(request_rate) else repr(request_rate)]
         flags += ["--seed", str(seed)]
         return flags

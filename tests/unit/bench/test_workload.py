@@ -73,8 +73,13 @@ def test_client_flags_of_one_share():
     wl = Workload(num_prompts=16, input_len=32, output_len=16, request_rate=4.0)
     flags = wl.client_flags(8, 2.0, 3)
     assert flags == [
-        "--dataset-name", "random", "--num-prompts", "8", "--input-len", "32",
-        "--output-len", "16", "--request-rate", "2.0", "--seed", "3",
+        "--dataset-name", "random", "--num-prompts", "8", "--random-input-len", "32",
+        "--random-output-len", "16", "--request-rate", "2.0", "--seed", "3",
     ]  # fmt: skip
     assert wl.client_flags(8, math.inf, 0)[-3] == "inf"
     assert Workload().to_json()["request_rate"] == "inf"
+    sharegpt = Workload(dataset="sharegpt", dataset_path="/d.json", output_len=64)
+    assert sharegpt.client_flags(4, math.inf, 0)[:8] == [
+        "--dataset-name", "sharegpt", "--num-prompts", "4", "--dataset-path", "/d.json",
+        "--sharegpt-output-len", "64",
+    ]  # fmt: skip

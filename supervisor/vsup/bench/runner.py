@@ -311,7 +311,11 @@ class BenchRunner:
 
     def _record(self, run: dict, records: list[dict]) -> None:
         assert self._sampler is not None
-        tel = summarize(self._sampler.samples, [r["name"] for r in records])
+        starts = [c.started_at for c in self._clients if c.started_at]
+        ends = [c.ended_at for c in self._clients if c.ended_at]
+        # The rates vsup shows lag a poll behind: one interval past the end still counts.
+        window = (min(starts), max(ends) + self.poll_interval) if starts and ends else None
+        tel = summarize(self._sampler.samples, [r["name"] for r in records], window)
         by_client = {c.instance: c for c in self._clients}
         results: list[dict | None] = []
         prompts: list[int] = []

@@ -64,10 +64,22 @@ def _mean(values: Sequence[Any]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def summarize(samples: Sequence[tuple[float, dict[str, Any]]], names: Sequence[str]) -> dict:
+def summarize(
+    samples: Sequence[tuple[float, dict[str, Any]]],
+    names: Sequence[str],
+    window: tuple[float, float] | None = None,
+) -> dict:
     """Per instance: KV peak, preemptions during the run (counter delta), tokens/s (mean and
     peak of vsup's rate), HBM peak, and whether it stopped serving or restarted (`died`); per
-    GPU: HBM used peak, utilisation mean and peak. Unknown figures are None."""
+    GPU: HBM used peak, utilisation mean and peak. Unknown figures are None.
+
+    `window` (wall-clock start, end of the load) limits the means to the samples taken while
+    the clients ran; peaks and counters use every sample (the last one is taken after the
+    end so the counters include it)."""
+
+    def inside(t: float) -> bool:
+        return window is None or window[0] <= t <= window[1]
+
     per: dict[str, dict[str, Any]] = {}
     for name in names:
         points = [
@@ -94,7 +106,7 @@ def summarize(samples: Sequence[tuple[float, dict[str, Any]]], names: Sequence[s
         pre = [i.get("preemptions_total") for i in serving]
         pre = [p for p in pre if p is not None]
         preemptions = max(pre) - pre[0] if pre else None
-        tok = [i.get("generation_tokens_per_s") for i in serving]
+        tok = [i.get("generation_tokens_per_s") for t, i in alive if inside(t)]
         per[name] = {
             "samples": len(points),
             "kv_peak": _max([i.get("kv_cache_usage") for i in serving]),
@@ -109,11 +121,14 @@ def summarize(samples: Sequence[tuple[float, dict[str, Any]]], names: Sequence[s
             "died": died,
         }
     gpus: dict[int, dict[str, list]] = {}
-    for _, doc in samples:
+    for t, doc in samples:
         for g in doc.get("gpus", ()):
-            acc = gpus.setdefault(g["index"], {"hbm": [], "util": [], "total": [], "name": []})
+            acc = gpus.setdefault(
+                g["index"], {"hbm": [], "util": [], "util_in": [], "total": [], "name": []}
+            )
             acc["hbm"].append(g.get("hbm_used_bytes"))
             acc["util"].append(g.get("util_pct"))
+            acc["util_in"].append(g.get("util_pct") if inside(t) else None)
             acc["total"].append(g.get("hbm_total_bytes"))
             acc["name"].append(g.get("name"))
     gpu_out = [
@@ -122,7 +137,7 @@ def summarize(samples: Sequence[tuple[float, dict[str, Any]]], names: Sequence[s
             "name": next((n for n in acc["name"] if n), None),
             "hbm_total_bytes": _max(acc["total"]),
             "hbm_used_peak_bytes": _max(acc["hbm"]),
-            "util_mean_pct": _mean(acc["util"]),
+            "util_mean_pct": _mean(acc["util_in"]),
             "util_peak_pct": _max(acc["util"]),
         }
         for idx, acc in sorted(gpus.items())

@@ -100,3 +100,17 @@ def test_the_sampler_survives_a_failing_status_call():
     s = Sampler(status, interval=0.01)
     assert s.sample() is None and s.errors == 1
     assert s.sample() == {"instances": []} and len(s.samples) == 1
+
+
+def test_means_count_only_the_samples_taken_while_the_clients_ran():
+    samples = [
+        (1.0, doc(inst("a", tok=0.0, pre=0), gpus=[gpu(0, 20, 0)])),
+        (2.0, doc(inst("a", tok=400.0, pre=1), gpus=[gpu(0, 20, 100)])),
+        (3.0, doc(inst("a", tok=200.0, pre=3), gpus=[gpu(0, 20, 80)])),
+        (6.0, doc(inst("a", tok=0.0, pre=4), gpus=[gpu(0, 20, 0)])),  # after the end
+    ]
+    s = summarize(samples, ["a"], window=(1.5, 3.5))
+    a = s["instances"]["a"]
+    assert a["tokens_per_s_mean"] == 300.0 and a["tokens_per_s_peak"] == 400.0
+    assert a["preemptions"] == 4  # counters use every sample, the last one included
+    assert s["gpus"][0]["util_mean_pct"] == 90.0 and s["gpus"][0]["util_peak_pct"] == 100

@@ -168,6 +168,51 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
     assert not bench_clients()
 
 
+def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, tmp_path):
+    home, paths, _ = node
+    out_json = tmp_path / "bench.json"
+    # long enough (a few seconds here) to be killed while it runs
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vsup", "bench", str(paths["one"]), "--num-prompts", "96",
+         "--input-len", "64", "--output-len", "400", "--yes", "--json", str(out_json)],
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=outside_cwd(),
+    )  # fmt: skip
+    try:
+        seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if line.rstrip().endswith("one: running") or not line:
+                break
+        assert "running" in seen[-1], "".join(seen)
+        time.sleep(1.0)
+        pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, "".join(seen) + err
+    run = json.loads(out_json.read_text())["runs"][0]
+    assert run["outcome"] in ("partial", "failed")
+    died = run["instances"][0]["telemetry"]["died"]
+    assert died is not None and died["state"] != "ready"
+    assert any("cpu0 stopped serving during the run" in p for p in run["problems"])
+    t = run["totals"]
+    assert t["failed"] > 0 or run["instances"][0]["client"]["error"]
+    assert "cpu0 stopped serving during the run" in out  # below the table
+    # the restore waited for cpu0 to be back (restarted by its policy)
+    assert json.loads(out_json.read_text())["restore"]["outcome"] == "restored"
+    insts = {i["name"]: i for i in status(home)["instances"]}
+    assert insts["cpu0"]["state"] == "ready" and insts["cpu0"]["pid"] != pid
+
+
 def test_sigterm_mid_run_stops_the_clients_and_restores(node, tmp_path):
     home, paths, _ = node
     out_json = tmp_path / "bench.json"

@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "split in proportion), record vsup's telemetry; then restore the layout that ran "
         "before. Prints the layouts side by side.",
     )
-    p.add_argument("layouts", nargs="+", metavar="LAYOUT", help="layout TOML files, in order")
+    # "*" and checked in run: a greedy `--dataset sharegpt FILE` may take the layouts after it
+    p.add_argument("layouts", nargs="*", metavar="LAYOUT", help="layout TOML files, in order")
     w = p.add_argument_group("workload (flags override the --workload file)")
     w.add_argument("--workload", metavar="FILE", help="a TOML file with a [bench] table")
     w.add_argument("--num-prompts", type=int, metavar="N", help="prompts per layout (200)")
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument(
         "--dataset",
         nargs="+",
-        metavar="NAME [FILE]",
+        metavar=("random|sharegpt", "FILE"),
         help="random (default), or sharegpt FILE",
     )
     w.add_argument("--seed", type=int, help="the client's seed (instance i gets seed + i)")
@@ -100,12 +101,10 @@ def workload_from_args(args: argparse.Namespace):
     """The workload: the --workload file's [bench] table, then the flags over it."""
     from dataclasses import replace
 
-    from vsup.bench.workload import Workload, WorkloadError, load_workload
+    from vsup.bench.workload import Workload, load_workload
 
     base = load_workload(args.workload) if args.workload else Workload()
     if args.dataset:
-        if len(args.dataset) > 2:
-            raise WorkloadError("--dataset takes a name and at most one file: sharegpt FILE")
         # The flag replaces the file's dataset and its path together.
         path = args.dataset[1] if len(args.dataset) == 2 else None
         base = replace(base, dataset=args.dataset[0], dataset_path=path)
@@ -156,6 +155,16 @@ def read_layouts(paths: list[str]):
     return out
 
 
+def take_back_layouts(args: argparse.Namespace) -> None:
+    """`--dataset sharegpt FILE a.toml b.toml`: argparse gives --dataset every word after it;
+    the words beyond its name (and file, for sharegpt) are the layouts."""
+    if not args.dataset:
+        return
+    keep = 2 if args.dataset[0] == "sharegpt" else 1
+    args.layouts = [*args.dataset[keep:], *args.layouts]
+    args.dataset = args.dataset[:keep]
+
+
 def _bench(args: argparse.Namespace) -> int:
     import signal
     from datetime import UTC, datetime
@@ -168,6 +177,9 @@ def _bench(args: argparse.Namespace) -> int:
     from vsup.control.client import Client
     from vsup.control.cliutil import CommandFailed, client_for_cli
 
+    take_back_layouts(args)
+    if not args.layouts:
+        raise CommandFailed("vsup bench: name one or more layout files to compare", 2)
     try:
         workload = workload_from_args(args)
     except WorkloadError as exc:

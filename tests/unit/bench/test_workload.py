@@ -10,7 +10,7 @@ import pytest
 
 from vsup.bench.workload import Workload, WorkloadError, load_workload
 from vsup.cli import build_parser
-from vsup.commands.bench import workload_from_args
+from vsup.commands.bench import take_back_layouts, workload_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -58,8 +58,14 @@ def test_flags_override_the_file_and_dataset_replaces_its_path(tmp_path: Path):
     assert (wl.num_prompts, wl.dataset, wl.dataset_path) == (8, "sharegpt", str(data))
     wl = workload_from_args(parse("--workload", str(f), "--dataset", "random"))
     assert (wl.dataset, wl.dataset_path) == ("random", None)
+    args = parse("--dataset", "random", "b.toml")
+    take_back_layouts(args)  # the layouts after --dataset are layouts
+    assert args.layouts == ["b.toml", "a.toml"] and args.dataset == ["random"]
+    args = build_parser().parse_args(["bench", "--dataset", "sharegpt", str(data), "a.toml"])
+    take_back_layouts(args)
+    assert args.layouts == ["a.toml"] and workload_from_args(args).dataset_path == str(data)
     with pytest.raises(WorkloadError, match="random dataset takes no file"):
-        workload_from_args(parse("--dataset", "random", str(data)))
+        load_workload_text(tmp_path, "[bench]\ndataset_path = 'sg.json'\n")
     with pytest.raises(WorkloadError, match="does not exist"):
         workload_from_args(parse("--dataset", "sharegpt", str(tmp_path / "nope.json")))
 
@@ -83,3 +89,9 @@ def test_client_flags_of_one_share():
         "--dataset-name", "sharegpt", "--num-prompts", "4", "--dataset-path", "/d.json",
         "--sharegpt-output-len", "64",
     ]  # fmt: skip
+
+
+def load_workload_text(tmp_path: Path, text: str) -> Workload:
+    f = tmp_path / "x.toml"
+    f.write_text(text)
+    return load_workload(f)

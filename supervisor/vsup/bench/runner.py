@@ -85,7 +85,15 @@ class BenchRunner:
         restore: dict[str, Any] = {}
         try:
             for k, lay in enumerate(layouts, 1):
-                self.run_layout(k, len(layouts), lay)
+                try:
+                    self.run_layout(k, len(layouts), lay)
+                except ControlError as exc:
+                    # The daemon refused this layout (e.g. it is shutting down): say so, go on.
+                    self._abort_current()
+                    run = self.runs[-1]
+                    run["outcome"] = "failed"
+                    run["problems"].append(f"the daemon refused it: {exc.message}")
+                    self.say(f"[{k}/{len(layouts)}] {lay.name}: the daemon refused it: {exc}")
         except KeyboardInterrupt:
             interrupted = True
             if self.runs and self.runs[-1]["outcome"] == "running":

@@ -663,10 +663,14 @@ def phase_control(ctx: Ctx) -> None:
     for n, (_, _, log) in procs.items():
         text = read_text(log)
         facts = log_facts(text)
-        err = facts["value_error"] or next(
-            (ln for ln in reversed(text.splitlines()) if "Error" in ln), None
-        )
-        rows[n] = {**outcome.get(n, {"ready": False, "timeout": True}), **facts, "error": err}
+        row = outcome.get(n, {"ready": False, "timeout": True})
+        # Only a failed start has an error to show; every start warns about ulimit's OSError.
+        err = None
+        if not row.get("ready"):
+            err = facts["value_error"] or next(
+                (ln for ln in reversed(text.splitlines()) if "Error" in ln), None
+            )
+        rows[n] = {**row, **facts, "error": err}
         rows[n]["hbm_mib_smi"] = hbm.get(n)
     figures["control"] = rows
     save_json(ctx, "control.json", rows)

@@ -21,8 +21,9 @@ directory (e.g. a random-weight Llama made by `mk_model.py` of the GPU kit); the
  kvload   one instance with a small KV (num-gpu-blocks-override) under load: KV use,
           preemptions and the advice as vsup shows them vs vLLM's /metrics read directly.
  foreign  a foreign torch process holds most of the GPU while an instance at 0.90 starts:
-          what vsup does (its exit classification, the EngineCore's ValueError line), and
-          what happens once the holder exits.
+          what vsup does (spawns and vLLM refuses: the exit classification and the
+          EngineCore's ValueError line; or, with the memory wait, waits and names the holder),
+          and that the instance comes up once the holder exits.
 
 Everything (vLLM logs with their raw bytes, journal, status snapshots, /metrics payloads) is
 packed into --out/logs.tar.gz; the record is --out/gpu_real.txt.
@@ -818,6 +819,14 @@ def phase_foreign(ctx: Ctx) -> None:
         env=env,
         start_new_session=True,
     )
+    try:
+        _foreign_run(ctx, holder, flog)
+    finally:
+        stop_group(holder, 5)  # never leave the holder on the GPU
+    phase_down(ctx, "foreign down")
+
+
+def _foreign_run(ctx: Ctx, holder: subprocess.Popen, flog: Path) -> None:
     wait_for(lambda: "holding" in read_text(flog), 60, "the foreign process's allocation")
     held = smi_by_pids({holder.pid})[0]
     layout = write_layout(
@@ -836,29 +845,39 @@ def phase_foreign(ctx: Ctx) -> None:
     )
     seq0 = last_seq(ctx)
     vsup("up", str(layout), "--detach", check_rc=False, timeout=120)
-    ex = wait_for(
-        lambda: next(iter(events(ctx, "big0", after=seq0, kind="exit")), None),
+    # vsup either spawns and vLLM refuses (an `exit`), or - with the memory wait of the engine
+    # work - spawns nothing and says who holds the memory (a `memory_wait` event).
+    first = wait_for(
+        lambda: next(
+            (e for e in events(ctx, "big0", after=seq0) if e["kind"] in ("exit", "memory_wait")),
+            None,
+        ),
         150,
-        "big0's first exit",
+        "big0's first exit or memory wait",
     )
+    time.sleep(1.5)  # the next status carries the advice and the wait
     d = st(ctx)
     i = inst_of(d, "big0")
-    text = read_text(run_log(ctx, "big0", ex["run"]))
-    (ctx.work / "memory_refusal.log").write_text(text)
-    facts = log_facts(text)
-    figures["foreign"] = {
-        "held_mib": held,
-        "exit": {k: ex.get(k) for k in ("reason", "code", "signal", "log_excerpt")},
-        "state_after": i["state"],
-        "value_error": facts["value_error"],
-        "advice": [a["kind"] for a in d.get("advice", [])],
-    }
+    advice = [a["kind"] for a in d.get("advice", [])]
+    figures["foreign"] = {"held_mib": held, "first": first, "state_after": i["state"]}
+    figures["foreign"]["advice"] = advice
+    if first["kind"] == "exit":
+        text = read_text(run_log(ctx, "big0", first["run"]))
+        (ctx.work / "memory_refusal.log").write_text(text)
+        facts = log_facts(text)
+        figures["foreign"]["value_error"] = facts["value_error"]
+        what = (
+            f"spawned; exit reason {first['reason']} (code {first['code']}); EngineCore: "
+            f"{(facts['value_error'] or '').split('] ')[-1][:300]}"
+        )
+    else:
+        figures["foreign"]["waiting_for"] = i.get("waiting_for")
+        what = f"waits without spawning: {first.get('message')}; waiting_for {i.get('waiting_for')}"
     check(
-        "foreign: what vsup does today when the GPU is held (recorded)",
+        "foreign: what vsup does when the GPU is held (recorded)",
         True,
-        f"holder pid {holder.pid} holds {held} MiB; big0 exit reason {ex['reason']} "
-        f"(code {ex['code']}), state now {i['state']}; advice {figures['foreign']['advice']}; "
-        f"EngineCore: {(facts['value_error'] or '').split('] ')[-1][:300]}",
+        f"holder pid {holder.pid} holds {held} MiB; big0 {what}; state now {i['state']}; "
+        f"advice {advice}",
     )
     t_free = time.time()
     stop_group(holder, 5)
@@ -882,7 +901,6 @@ def phase_foreign(ctx: Ctx) -> None:
         )
     except SystemExit as exc:
         check("foreign: big0 comes up once the holder has gone", False, str(exc))
-    phase_down(ctx, "foreign down")
 
 
 # ----------------------------------------------------------------------------- main

@@ -20,6 +20,8 @@ directory (e.g. a random-weight Llama made by `mk_model.py` of the GPU kit); the
           capacity each got, or which failed (the measured reason for the serialized start).
  kvload   one instance with a small KV (num-gpu-blocks-override) under load: KV use,
           preemptions and the advice as vsup shows them vs vLLM's /metrics read directly.
+ alltp1   (2+ GPUs) one TP1 instance per GPU started at once: all-ready vs one start, pinning.
+ tp2      (2+ GPUs) one TP2 instance on GPUs 0, 1 (NCCL): HBM summed and per GPU vs nvidia-smi.
  foreign  a foreign torch process holds most of the GPU while an instance at 0.90 starts:
           what vsup does (spawns and vLLM refuses: the exit classification and the
           EngineCore's ValueError line; or, with the memory wait, waits and names the holder),
@@ -68,9 +70,18 @@ from benchmarks.gpulib import (  # noqa: E402
     wait_for,
 )
 
-PHASES = ("pair", "kills", "down", "control", "kvload", "foreign")
+PHASES = ("pair", "kills", "down", "control", "kvload", "alltp1", "tp2", "foreign")
 # What each phase needs at least, in seconds, to be worth starting before the deadline.
-PHASE_MIN_S = {"pair": 120, "kills": 90, "down": 15, "control": 80, "kvload": 70, "foreign": 60}
+PHASE_MIN_S = {
+    "pair": 120,
+    "kills": 90,
+    "down": 15,
+    "control": 80,
+    "kvload": 70,
+    "foreign": 60,
+    "alltp1": 150,
+    "tp2": 150,
+}
 SERVED = "m"
 
 KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
@@ -903,6 +914,93 @@ def _foreign_run(ctx: Ctx, holder: subprocess.Popen, flog: Path) -> None:
         check("foreign: big0 comes up once the holder has gone", False, str(exc))
 
 
+def gpu_indices(ctx: Ctx) -> list[int]:
+    return sorted(g["index"] for g in ctx.before.values())
+
+
+def phase_alltp1(ctx: Ctx) -> None:
+    """One TP1 instance per GPU, all started at once: all-ready vs one start, pinning."""
+    gpus = gpu_indices(ctx)
+    if len(gpus) < 2:
+        note(f"alltp1: not run, needs 2 or more GPUs ({len(gpus)} here)")
+        return
+    insts = [
+        {"name": f"g{g}", "gpus": [g], "port": 8440 + g, "gpu_memory_utilization": 0.9}
+        for g in gpus
+    ]
+    layout = write_layout(ctx, "real-alltp1", insts)
+    seq0 = last_seq(ctx)
+    t0 = time.time()
+    vsup("up", str(layout), "--detach", "--wait", "--timeout", "500", timeout=560)
+    all_ready = time.time() - t0
+    spawn = [ts(e) for e in events(ctx, after=seq0, kind="spawn")]
+    starts = sorted(e["startup_s"] for e in events(ctx, after=seq0, kind="ready"))
+    median = starts[len(starts) // 2]
+    figures["alltp1"] = {"gpus": len(gpus), "all_ready_s": round(all_ready, 1)}
+    figures["alltp1"]["startup_s"] = starts
+    check(
+        f"alltp1: {len(gpus)} TP1 instances start in parallel",
+        max(spawn) - min(spawn) < 2.0,
+        f"spawns within {max(spawn) - min(spawn):.3f}s; all ready {all_ready:.1f}s vs the median "
+        f"start {median:.1f}s (x{all_ready / median:.2f}); one start in the pair phase: "
+        f"{figures.get('one_start_s')}",
+    )
+    apps = smi_apps()
+    for i in st(ctx)["instances"]:
+        pids = tree_pids(i["pid"])
+        on = sorted({a["gpu"] for a in apps if a["pid"] in pids})
+        check(f"alltp1: {i['name']} only on GPU {i['gpus']}", on == i["gpus"], f"on GPUs {on}")
+    phase_down(ctx, "alltp1 down")
+
+
+def phase_tp2(ctx: Ctx) -> None:
+    """One TP2 instance on GPUs 0 and 1 (NCCL): HBM summed over both and per GPU."""
+    gpus = gpu_indices(ctx)
+    if len(gpus) < 2:
+        note(f"tp2: not run, needs 2 GPUs ({len(gpus)} here)")
+        return
+    pair = gpus[:2]
+    layout = write_layout(
+        ctx,
+        "real-tp2",
+        [{"name": "tp2", "gpus": pair, "port": 8450, "gpu_memory_utilization": 0.45}],
+    )
+    seq0 = last_seq(ctx)
+    vsup("up", str(layout), "--detach", "--wait", "--timeout", "500", timeout=560)
+    time.sleep(3)
+    doc = st(ctx)
+    i = inst_of(doc, "tp2")
+    (ctx.work / "tp2_startup.log").write_bytes(read_text(run_log(ctx, "tp2", 1)).encode())
+    pids = tree_pids(i["pid"])
+    apps = [a for a in smi_apps() if a["pid"] in pids]
+    per_gpu_smi = {g: sum(a["used_mib"] for a in apps if a["gpu"] == g) for g in pair}
+    per_gpu_vsup = {
+        g["index"]: round(
+            sum(p["hbm_bytes"] or 0 for p in g.get("processes", []) if p["instance"] == "tp2") / MiB
+        )
+        for g in doc["gpus"]
+        if g["index"] in pair
+    }
+    total = round((i["hbm_bytes"] or 0) / MiB)
+    figures["tp2"] = {"hbm_mib_vsup": total, "per_gpu_vsup": per_gpu_vsup}
+    figures["tp2"]["per_gpu_smi"] = per_gpu_smi
+    figures["tp2"]["startup_s"] = next(
+        (e["startup_s"] for e in events(ctx, "tp2", after=seq0, kind="ready")), None
+    )
+    check(
+        "tp2: HBM summed over both GPUs == nvidia-smi over its pids",
+        abs(total - sum(per_gpu_smi.values())) <= len(pids) and all(per_gpu_smi.values()),
+        f"vsup {total} MiB; nvidia-smi per GPU {per_gpu_smi}; vsup per GPU {per_gpu_vsup}; "
+        f"workers {[a['pid'] for a in apps]}",
+    )
+    check(
+        "tp2: per-GPU figures (the bars) == nvidia-smi per GPU",
+        all(abs(per_gpu_vsup.get(g, 0) - per_gpu_smi[g]) <= len(pids) for g in pair),
+        f"vsup {per_gpu_vsup}, nvidia-smi {per_gpu_smi}",
+    )
+    phase_down(ctx, "tp2 down")
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -968,6 +1066,8 @@ def main() -> int:
         "control": phase_control,
         "kvload": phase_kvload,
         "foreign": phase_foreign,
+        "alltp1": phase_alltp1,
+        "tp2": phase_tp2,
     }
     timing = {}
     broken: set[str] = set()

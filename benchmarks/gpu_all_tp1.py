@@ -50,7 +50,7 @@ CHILD_GIB = 3.0
 
 def emulator_layout(planned: Path, out: Path, startup_s: float, only: list[str] | None) -> None:
     """The planned layout, its command swapped for the emulator (the only change)."""
-    from vsup.layout.model import load_layout, save_layout
+    from vsup.layout import load_layout, save_layout
 
     layout = load_layout(planned)
     cmd = [

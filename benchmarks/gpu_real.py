@@ -1092,9 +1092,9 @@ def main() -> int:
                     vsup("down", check_rc=False, timeout=120)
             timing[name] = round(time.monotonic() - t0, 1)
     finally:
+        # Unconditionally: any status call starts a daemon, and `down` also ends an idle one.
         with contextlib.suppress(Exception, SystemExit):
-            if (ctx.home / "vsup.sock").exists() or st(ctx)["instances"]:
-                vsup("down", check_rc=False, timeout=120)
+            vsup("down", check_rc=False, timeout=120)
         figures["phase_s"] = timing
         failed = [r for r in results if not r[1]]
         body = [f"{'PASS' if ok else 'FAIL'} {n}: {d}" for n, ok, d in results]

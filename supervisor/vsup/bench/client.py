@@ -114,7 +114,7 @@ def client_flags(
         flags += ["--served-model-name", str(name)]
     tokenizer = spec.arg("tokenizer")
     flags += ["--tokenizer", str(tokenizer or spec.model)]
-    if spec.has_flag("trust-remote-code"):
+    if spec.arg("trust-remote-code") not in (None, False):
         flags.append("--trust-remote-code")
     flags += workload_flags
     flags += [

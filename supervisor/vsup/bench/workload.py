@@ -77,7 +77,7 @@ class Workload:
         if self.dataset_path:
             flags += ["--dataset-path", str(Path(self.dataset_path).absolute())]
         # The dataset's own length flags: the general --input-len/--output-len are recent
-        # (vLLM 0.26 has only these).
+        # (the GPU kit's vLLM 0.26 was run with these; --input-len is not checked there).
         if self.input_len is not None and self.dataset == "random":
             flags += ["--random-input-len", str(self.input_len)]
         if self.output_len is not None:

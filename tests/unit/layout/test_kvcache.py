@@ -3,7 +3,7 @@
 The `MEASURED` figures are what the CPU build of vLLM 0.32 logged (`CPU KV cache size: N
 tokens`) for tiny random-weight models of each kind, generated with transformers and run with
 VLLM_CPU_KVCACHE_SPACE=1 (1 GiB), float32, max-model-len 2048, max-num-batched-tokens 2048,
-block size 128 (the CPU default). How to reproduce: docs/layout.md, "KV cache per token".
+block size 128 (the CPU default). To reproduce: `python -m benchmarks.kv_families`.
 """
 
 from __future__ import annotations

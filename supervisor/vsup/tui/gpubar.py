@@ -3,6 +3,9 @@
 The bar reads without colour: instances alternate `█` and `▓`, memory held by processes no
 instance owns is `░`, memory in use but not attributed (driver, context, or no per-process
 figures) is `▒`, free memory is `·`, and `┊` marks where an instance's planned share ends.
+Right after the GPU index, `!` marks a fault that needs a person (uncorrectable ECC errors, a
+failed or pending row remap / page retirement, a hardware XID) and `↓` clocks that heat or
+hardware hold down; the mark takes the space that follows the index, so widths never change.
 Pure (Rich text only), so the widget renders it and tests read it.
 """
 
@@ -29,6 +32,11 @@ FOREIGN = ("░", "red")
 OTHER = ("▒", "grey50")
 FREE = ("·", "grey35")
 PLAN_MARK = "┊"
+FAULT_MARK = ("!", "bold red")
+SLOW_MARK = ("↓", "bold yellow")
+# Power-capped clocks are normal under full load; heat, hardware and unexplained ones are not.
+_SLOW_REASONS = ("thermal", "hw_thermal", "hw_slowdown", "hw_power_brake", "vr_thermal",
+                 "hbm_thermal", "unspecified")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,39 @@ def legend(use: GpuUse) -> Text:
     return text
 
 
+def health_mark(gpu: GpuStatus) -> tuple[str, str] | None:
+    """`!` (a fault), `↓` (clocks held down by heat or hardware) or None (nothing to say)."""
+    h = gpu.health
+    if h is None:
+        return None
+    if h.faults():
+        return FAULT_MARK
+    if any(r in _SLOW_REASONS for r in h.slowdowns()):
+        return SLOW_MARK
+    return None
+
+
+def health_note(gpu: GpuStatus) -> Text:
+    """What the mark means, for the legend: `!2 uncorrectable ECC, XID 79`,
+    `↓thermal 1410/1980MHz`; empty for a healthy GPU."""
+    text = Text()
+    h = gpu.health
+    if h is None:
+        return text
+    faults = h.faults()
+    if faults:
+        text.append(FAULT_MARK[0] + ", ".join(faults), FAULT_MARK[1])
+    slow = [r for r in h.slowdowns() if r in _SLOW_REASONS]
+    if slow:
+        if faults:
+            text.append(" ")
+        clock = ""
+        if h.sm_clock_mhz is not None and h.sm_clock_max_mhz:
+            clock = f" {h.sm_clock_mhz:.0f}/{h.sm_clock_max_mhz:.0f}MHz"
+        text.append(SLOW_MARK[0] + ",".join(r.replace("_", " ") for r in slow) + clock, "yellow")
+    return text
+
+
 def short_name(name: str | None) -> str:
     """`NVIDIA H200` -> `H200`, `AMD Instinct MI300X` -> `MI300X`: the vendor is in the header."""
     if not name:
@@ -156,7 +197,9 @@ def line(use: GpuUse, bar_width: int, with_legend: bool) -> Text:
     """A GPU's whole row: index, name, bar, used/total, util, temperature, power, legend."""
     gpu = use.gpu
     name = fmt.truncate(short_name(gpu.name), 10)
-    text = Text(f"{gpu.index:>2} ", "bold")
+    text = Text(f"{gpu.index:>2}", "bold")
+    mark = health_mark(gpu)
+    text.append(*(mark or (" ", "")))
     if with_legend:
         text.append(f"{name:<10} ", "dim")
     text.append_text(bar(use, bar_width))
@@ -165,5 +208,9 @@ def line(use: GpuUse, bar_width: int, with_legend: bool) -> Text:
     text.append(gauges(gpu, compact=not with_legend))
     if with_legend:
         text.append("  ")
+        note = health_note(gpu)
+        if note:
+            text.append_text(note)
+            text.append("  ")
         text.append_text(legend(use))
     return text

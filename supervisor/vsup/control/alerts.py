@@ -134,7 +134,8 @@ class Alerts:
         self._http: httpx.AsyncClient | None = None
         self.delivered = 0
         self.failed = 0  # failed attempts (each retry counts)
-        self.idle = asyncio.Event()
+        self._busy = False
+        self.idle = asyncio.Event()  # set when nothing is queued, being sent or waiting a retry
         self.idle.set()
 
     # ------------------------------------------------------------------ config and input
@@ -230,12 +231,18 @@ class Alerts:
     async def _deliver_loop(self) -> None:
         while True:
             item = await self._queue.get()
+            self._busy = True
             try:
                 await self._deliver(item, self._targets())
             except Exception:  # a bug here must not end alerting
                 log.exception("alerts: delivering %r failed", item.text)
-            if self._queue.empty() and not self._retries:
-                self.idle.set()
+            finally:
+                self._busy = False
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self._queue.empty() and not self._retries and not self._busy:
+            self.idle.set()
 
     def _targets(self) -> list[str]:
         cfg = self.config
@@ -279,8 +286,7 @@ class Alerts:
 
         def done(t: asyncio.Task) -> None:
             self._retries.discard(t)
-            if self._queue.empty() and not self._retries:
-                self.idle.set()
+            self._check_idle()
 
         task.add_done_callback(done)
 

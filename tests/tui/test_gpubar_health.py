@@ -40,3 +40,38 @@ def test_thermal_throttling_marks_the_index_with_the_clock_in_the_legend() -> No
     assert gpubar.health_mark(g) == gpubar.SLOW_MARK
     assert line(g).startswith(" 3↓H200")
     assert "↓thermal 1410/1980MHz" in line(g)
+
+
+def test_health_details_list_what_the_driver_gave() -> None:
+    xid = XidEvent(79, "2026-12-01T01:05:00.000Z", "GPU has fallen off the bus", True)
+    g = gpu(
+        GpuHealth(
+            ecc_enabled=True,
+            ecc_volatile_corrected=5,
+            ecc_volatile_uncorrected=2,
+            ecc_aggregate_corrected=40,
+            ecc_aggregate_uncorrected=2,
+            rows_remapped_correctable=1,
+            rows_remapped_uncorrectable=0,
+            row_remap_pending=False,
+            row_remap_failed=False,
+            xid_count=3,
+            xid_recent=(xid,),
+            throttle_reasons=("power_cap",),
+            sm_clock_mhz=1755.0,
+            sm_clock_max_mhz=1980.0,
+            power_limit_w=700.0,
+        )
+    )
+    rows = dict(gpubar.health_details(g))
+    assert rows["ECC errors since boot"] == "2 uncorrectable, 5 corrected"
+    assert rows["ECC errors, lifetime"] == "2 uncorrectable, 40 corrected"
+    assert rows["rows remapped"] == "0 uncorrectable, 1 correctable; pending no, failed no"
+    assert "retired pages" not in rows  # Hopper remaps rows instead
+    assert rows["XID errors since vsup started"] == (
+        "3; last: XID 79 (GPU has fallen off the bus) at 2026-12-01T01:05:00.000Z"
+    )
+    assert rows["clocks held by"] == "power cap"
+    assert rows["SM clock"] == "1755/1980 MHz" and rows["memory clock"] == "-/- MHz"
+    assert rows["power"] == "650/700 W" and rows["temperature"] == "85°C"
+    assert gpubar.health_details(gpu(None)) == [("health", "not reported by this driver")]

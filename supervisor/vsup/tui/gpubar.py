@@ -185,6 +185,87 @@ def health_note(gpu: GpuStatus) -> Text:
     return text
 
 
+def health_details(gpu: GpuStatus) -> list[tuple[str, str]]:
+    """(label, value) rows for a GPU's own view: every health figure the driver gave, `-` for
+    the rest of the common ones, vendor-only rows only when present."""
+    h = gpu.health
+    if h is None:
+        return [("health", "not reported by this driver")]
+
+    def n(v: object) -> str:
+        return fmt.UNKNOWN if v is None else str(v)
+
+    def yes(v: bool | None) -> str:
+        return fmt.UNKNOWN if v is None else ("yes" if v else "no")
+
+    def mhz(now: float | None, top: float | None) -> str:
+        return (
+            f"{n(None if now is None else round(now))}/{n(None if top is None else round(top))} MHz"
+        )
+
+    rows = [
+        ("ECC", {True: "on", False: "off", None: fmt.UNKNOWN}[h.ecc_enabled]),
+        (
+            "ECC errors since boot",
+            f"{n(h.ecc_volatile_uncorrected)} uncorrectable, "
+            f"{n(h.ecc_volatile_corrected)} corrected",
+        ),
+    ]
+    if h.ecc_aggregate_corrected is not None or h.ecc_aggregate_uncorrected is not None:
+        rows.append(
+            (
+                "ECC errors, lifetime",
+                f"{n(h.ecc_aggregate_uncorrected)} uncorrectable, "
+                f"{n(h.ecc_aggregate_corrected)} corrected",
+            )
+        )
+    if h.ecc_deferred is not None:
+        rows.append(("ECC deferred", n(h.ecc_deferred)))
+    if h.rows_remapped_correctable is not None or h.row_remap_pending is not None:
+        rows.append(
+            (
+                "rows remapped",
+                f"{n(h.rows_remapped_uncorrectable)} uncorrectable, "
+                f"{n(h.rows_remapped_correctable)} correctable; pending {yes(h.row_remap_pending)}"
+                f", failed {yes(h.row_remap_failed)}",
+            )
+        )
+    if h.retired_pages is not None or h.retired_pages_pending is not None:
+        rows.append(
+            (
+                "retired pages",
+                f"{n(h.retired_pages)}; pending {yes(h.retired_pages_pending)}"
+                + (
+                    f"; {h.bad_pages_unreservable} could not be retired"
+                    if h.bad_pages_unreservable
+                    else ""
+                ),
+            )
+        )
+    if h.xid_count is not None:
+        last = h.xid_recent[-1] if h.xid_recent else None
+        recent = f"; last: XID {last.xid} ({last.what or 'unknown'}) at {last.at}" if last else ""
+        rows.append(("XID errors since vsup started", f"{h.xid_count}{recent}"))
+    reasons = h.throttle_reasons
+    rows += [
+        (
+            "clocks held by",
+            fmt.UNKNOWN
+            if reasons is None
+            else (", ".join(r.replace("_", " ") for r in reasons) or "nothing"),
+        ),
+        ("SM clock", mhz(h.sm_clock_mhz, h.sm_clock_max_mhz)),
+        ("memory clock", mhz(h.mem_clock_mhz, h.mem_clock_max_mhz)),
+        (
+            "power",
+            f"{n(None if gpu.power_w is None else round(gpu.power_w))}/"
+            f"{n(None if h.power_limit_w is None else round(h.power_limit_w))} W",
+        ),
+        ("temperature", fmt.UNKNOWN if gpu.temp_c is None else f"{gpu.temp_c:.0f}°C"),
+    ]
+    return rows
+
+
 def short_name(name: str | None) -> str:
     """`NVIDIA H200` -> `H200`, `AMD Instinct MI300X` -> `MI300X`: the vendor is in the header."""
     if not name:

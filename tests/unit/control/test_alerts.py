@@ -255,6 +255,11 @@ def test_a_valid_alerts_table_passes_and_is_read_back() -> None:
         ('webhook_env = "H"\nmin_severity = "high"\n', "must be one of info, warning, critical"),
         ('webhook_env = "H"\nretries = 3\n', "unknown key"),
         ("command = []\n", "must name the program"),
+        (
+            'command = ["page", "--api-key", "k"]\n',
+            "--api-key takes a secret; a secret must not be written in the layout",
+        ),
+        ('command = ["page", "xoxb-1234567890-abcdefghij"]\n', "the value looks like"),
     ],
 )
 def test_a_bad_alerts_table_is_an_error_naming_the_key(table: str, says: str) -> None:

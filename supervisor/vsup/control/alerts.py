@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -330,10 +331,13 @@ class Alerts:
                 proc.communicate(json.dumps(item.payload).encode() + b"\n"),
                 self.command_timeout_s,
             )
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            # its own session: the group goes too, nothing it started is left behind
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await asyncio.shield(proc.wait())
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise RuntimeError(
                 f"{cfg.command[0]} ran over {self.command_timeout_s:.0f} s"
             ) from None

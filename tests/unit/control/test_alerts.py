@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 
+import psutil
 import pytest
 
 from vsup.clock import FakeClock
@@ -208,6 +209,34 @@ async def test_a_failing_command_is_retried(tmp_path) -> None:
         alerts.observe([ECC])
         await settle(alerts)
         assert (alerts.failed, alerts.delivered) == (1, 1)
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_command_that_hangs_is_killed_with_what_it_started(tmp_path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    alerts = Alerts(FakeClock(), "n", retry_delays_s=(), command_timeout_s=1.0)
+    alerts.configure(AlertConfig(command=(sys.executable, "-c", script)))
+    await alerts.start()
+    try:
+        alerts.observe([ECC])
+        await settle(alerts)
+        assert (alerts.failed, alerts.delivered) == (1, 0)
+        child = int(pidfile.read_text())
+        for _ in range(50):  # the kernel reaps it a moment after SIGKILL
+            try:
+                if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"pid {child} outlived the alert command")
     finally:
         await alerts.aclose()
 

@@ -178,6 +178,11 @@ def foreign_processes(gpu: GpuStatus) -> list[Advice]:
     return out
 
 
+# Hardware XIDs after which the GPU goes on working: a row remap recorded (63), a rising rate
+# of corrected errors (92), an uncorrectable error contained to the process it killed (94).
+# Worth a look, not a page at night; the others (48 DBE, 64 remap failure, 79 off the bus, 95
+# uncontained, 119/120 GSP, ...) mean the GPU cannot be trusted until someone checks it.
+XID_WARNING_ONLY = frozenset({63, 92, 94})
 # A power-capped GPU whose SM clock stays above this share of its maximum loses little.
 POWER_CAP_CLOCK_SHARE = 0.9
 
@@ -230,9 +235,10 @@ def gpu_health(gpu: GpuStatus, instances: Iterable[InstanceStatus] = ()) -> list
     if hardware:
         last = hardware[-1]
         more = f" ({len(hardware)} in the last hour)" if len(hardware) > 1 else ""
+        serious = any(e.xid not in XID_WARNING_ONLY for e in hardware)
         add(
             "gpu_xid",
-            "critical",
+            "critical" if serious else "warning",
             f"{where}: XID {last.xid} ({last.what or 'hardware error'}) at {last.at}{more}: "
             f"{drain}have the node checked.",
         )

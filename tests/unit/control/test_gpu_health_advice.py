@@ -82,6 +82,12 @@ def test_hardware_xids_of_the_last_hour_are_critical_application_ones_are_not() 
     assert "drain gpu3" in a.message
 
 
+def test_xids_after_which_the_gpu_keeps_working_are_a_warning() -> None:
+    remap = XidEvent(63, "2026-12-01T01:05:00.000Z", "ECC page retirement or row remap", True)
+    (a,) = gpu_health(gpu(xid_count=1, xid_recent=(remap,)))
+    assert (a.kind, a.severity) == ("gpu_xid", "warning")
+
+
 def test_thermal_throttling_names_the_temperature_and_the_clock() -> None:
     g = gpu(temp=88.0, throttle_reasons=("thermal",), sm_clock_mhz=1410.0)
     (a,) = gpu_health(g)

@@ -142,8 +142,12 @@ class Alerts:
     # ------------------------------------------------------------------ config and input
 
     def configure(self, config: AlertConfig | None) -> None:
-        """Take a new `[alerts]` config (None: alerts off). Open incidents carry over."""
+        """Take a new `[alerts]` config (None: alerts off). Open incidents of kinds it still
+        sends carry over; the others are forgotten without a "resolved" they did not earn."""
         self.config = config
+        for key, inc in list(self._incidents.items()):
+            if config is None or inc.alert_kind not in config.kinds:
+                del self._incidents[key]
 
     def observe(self, advice: Iterable[Advice]) -> None:
         """One poll's advice: send what appeared, escalated or cleared. Never blocks."""

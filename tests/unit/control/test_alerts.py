@@ -87,6 +87,20 @@ async def test_an_alert_that_comes_back_soon_waits_for_the_minimum_interval(rece
         await alerts.aclose()
 
 
+async def test_a_kind_no_longer_chosen_is_dropped_without_a_resolved_message(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock, resolve_after_s=0)
+    try:
+        alerts.observe([CRASH])
+        alerts.configure(AlertConfig.from_table({"webhook_env": "HOOK", "kinds": ["failed"]}))
+        clock.advance(5)
+        alerts.observe([CRASH])
+        await settle(alerts)
+        assert [t.split(" ")[2] for t in receiver.texts] == ["WARNING"]
+    finally:
+        await alerts.aclose()
+
+
 async def test_a_rise_in_severity_is_sent_at_once(receiver) -> None:
     clock = FakeClock()
     alerts = await alerts_for(receiver.url, clock)

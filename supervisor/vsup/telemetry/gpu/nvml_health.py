@@ -127,19 +127,18 @@ class NvmlHealth:
         timer = self._timers.setdefault(gpu, SlowTimer(self._slow_every_s, self._monotonic))
         if timer.due():
             self._slow[gpu] = self._read_slow(gpu, handle)
-        slow = self._slow.get(gpu, {})
         nv = self._nv
+        sm = self._call(gpu, "clock_sm", "nvmlDeviceGetClockInfo", handle, nv.NVML_CLOCK_SM)
+        mem = self._call(gpu, "clock_mem", "nvmlDeviceGetClockInfo", handle, nv.NVML_CLOCK_MEM)
         xids = self._read_xids(gpu, handle)
         return GpuHealth(
-            **slow,
+            **self._slow.get(gpu, {}),
             xid_count=None if xids is None else xids.count,
             xid_recent=() if xids is None else xids.recent(),
             throttle_reasons=self._throttle(gpu, handle),
-            sm_clock_mhz=_num(self._call(gpu, "clock_sm", "nvmlDeviceGetClockInfo", handle,
-                                         nv.NVML_CLOCK_SM)),
-            mem_clock_mhz=_num(self._call(gpu, "clock_mem", "nvmlDeviceGetClockInfo", handle,
-                                          nv.NVML_CLOCK_MEM)),
-        )  # fmt: skip
+            sm_clock_mhz=_num(sm),
+            mem_clock_mhz=_num(mem),
+        )
 
     def _read_slow(self, gpu: int, handle: Any) -> dict[str, Any]:
         nv = self._nv

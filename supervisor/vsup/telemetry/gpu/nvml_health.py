@@ -12,7 +12,9 @@ Calls (pynvml, nvidia-ml-py 12/13):
 - XID errors: an event set per GPU (`nvmlEventSetCreate`, `nvmlDeviceRegisterEvents(h,
   nvmlEventTypeXidCriticalError, set)`), drained each snapshot with `nvmlEventSetWait(set, 0)`:
   a zero timeout returns at once (NVMLError_Timeout when nothing is queued), so the worker
-  thread never waits. NVML keeps no history: only XIDs after the probe opened are seen.
+  thread never waits. NVML keeps no history: only XIDs after the probe opened are seen. On
+  Linux each XID is its own event; in MIG mode an unprivileged caller sees only those that
+  affect the whole GPU.
 - Throttle: `nvmlDeviceGetCurrentClocksEventReasons(h)` (drivers >= 535), else the older
   `nvmlDeviceGetCurrentClocksThrottleReasons(h)`: a bit mask.
 - Clocks: `nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM|NVML_CLOCK_MEM)` and

@@ -132,7 +132,7 @@ class Dashboard(Screen[None]):
             table.set_columns(self._columns(snap))
             shown = [i for i in snap.instances if rows.matches(i, app.filter_text)]
             order = rows.sorted_names(shown, app.sort_key, app.sort_reverse)
-            table.show(shown, order, keep=app.selected)
+            table.show(shown, order, keep=app.selected, over_plan=rows.over_plan_names(snap.advice))
             self._update_title(len(shown), len(snap.instances))
             self._fit_table(len(snap.instances))
             # the same instance again refreshes its panes (config, log after a new run)

@@ -12,17 +12,23 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Log, Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
+from vsup.tui.widgets.livelog import LiveLog
 
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 MASK = "****"
 # uvicorn's access lines for the requests vsup itself makes every second (health checks and
 # metric scrapes): they would bury everything else in the log tail.
 _PROBE_LINE = re.compile(r'"(GET|HEAD) /(health|metrics|load|version)\b[^"]*" \d{3}')
+
+
+def is_shown(line: str) -> bool:
+    """False for the access-log line of one of vsup's own /health or /metrics requests."""
+    return "HTTP/" not in line or not _PROBE_LINE.search(line)
 
 
 def without_probes(text: str) -> str:
@@ -223,7 +229,11 @@ class DetailTabs(TabbedContent):
     def panes() -> list[TabPane]:
         """The tab panes, composed inside `with DetailTabs():` (TabbedContent's contract)."""
         return [
-            TabPane("Log", Log(max_lines=2000, id="log-tail", auto_scroll=True), id="tab-log"),
+            TabPane(
+                "Log",
+                LiveLog(max_lines=2000, id="log-tail", auto_scroll=True, keep=is_shown),
+                id="tab-log",
+            ),
             TabPane(
                 "Config", VerticalScroll(Static(config_text(None), id="config")), id="tab-config"
             ),
@@ -237,9 +247,8 @@ class DetailTabs(TabbedContent):
         _update_if_changed(self.query_one("#config", Static), config_text(config))
 
     def log_write(self, text: str, reset: bool) -> None:
-        log = self.query_one("#log-tail", Log)
+        """Append a chunk of the selected instance's log (`reset`: a new log)."""
+        log = self.query_one("#log-tail", LiveLog)
         if reset:
-            log.clear()
-        text = without_probes(text)
-        if text:
-            log.write(text)
+            log.reset()
+        log.feed(text)

@@ -226,16 +226,20 @@ class Dashboard(Screen[None]):
             self.refit()
 
     def show_log(self, text: str, reset: bool) -> None:
-        """Log text of the selected instance (`reset`: a new log)."""
-        self.query_one(DetailTabs).log_write(text, reset)
+        """Log text of the selected instance (`reset`: a new log). An answer that arrives
+        while the app shuts down finds no widgets and is dropped."""
+        for tabs in self.query(DetailTabs):
+            tabs.log_write(text, reset)
 
     def show_config(self, config: Mapping[str, Any] | None) -> None:
-        self.query_one(DetailTabs).show_config(config)
+        for tabs in self.query(DetailTabs):
+            tabs.show_config(config)
 
     def show_history(self) -> None:
         """The history of the selected instance changed (seeded from the daemon)."""
         advice = self.snapshot.advice if self.snapshot else ()
-        self.query_one(SidePanel).show(self.selected_instance(), advice)
+        for panel in self.query(SidePanel):
+            panel.show(self.selected_instance(), advice)
 
     def refit(self) -> None:
         """Re-size the table after a line appeared or went (banner, filter)."""

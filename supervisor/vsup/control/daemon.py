@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -54,6 +53,7 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import AdoptRecord, Engine
+from vsup.layout.secrets import SECRET_NAME as SECRET_KEY
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
@@ -73,7 +73,6 @@ LOCK_RETRY_S = 2.0
 # psutil's create_time is boot time + start ticks, and the boot time moves when the clock is
 # stepped; the engine's adoption check allows 1 s too. A reused pid started later than that.
 CREATE_TIME_TOLERANCE_S = 1.0
-SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 # Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
 FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
 # How long a restarted daemon waits for adopted instances' first health check before serving.
@@ -800,13 +799,10 @@ def layout_diagnostics(path: Path | str) -> list:
 
 
 def _metrics_listen(toml: str) -> str | None:
-    import tomllib
+    from vsup.layout import loads_layout
 
-    try:
-        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
-    except tomllib.TOMLDecodeError:
-        return None
-    return str(value) if value else None
+    value = loads_layout(toml).header.get("metrics_listen")
+    return value if isinstance(value, str) and value else None
 
 
 def _last_exit(value: Any) -> LastExit | None:

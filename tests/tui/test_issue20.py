@@ -90,6 +90,12 @@ async def test_real_drift_is_flagged_with_the_advice():
         assert cells["b"][6][0].startswith("▲") and not cells["a"][6][0].startswith("▲")
         assert "b 70.0/63.2 ▲over plan" in _plain(app.screen.query_one(GpuPanel))
         assert "1 alert" in _plain(app.screen.query_one(NodeHeader))
+        await pilot.press("down")
+        await settle(pilot, lambda: app.selected == "b")
+        side = app.screen.query_one("#advice")
+        assert "b: holds 70.0 GiB HBM" in _plain(side) and "grew by" in _plain(side)
+        memory = _plain(app.screen.query_one("#memory"))
+        assert "vLLM memory target 62.91" in memory and "non-torch 0.22" in memory
 
 
 def _bars(lines, desc):

@@ -177,6 +177,29 @@ def config_text(config: Mapping[str, Any] | None) -> Text:
     return text
 
 
+def memory_text(inst: InstanceStatus | None) -> Text:
+    """What vLLM's start-up log said about its GPU memory (empty when it said nothing):
+    what the over-plan advice weighs the HBM figure against."""
+    if inst is None:
+        return Text("")
+    parts = [
+        ("target", inst.vllm_requested_hbm_bytes),
+        ("weights", inst.vllm_weights_bytes),
+        ("KV", inst.vllm_kv_cache_bytes),
+        ("activation", inst.vllm_activation_bytes),
+        ("non-torch", inst.vllm_non_torch_bytes),
+        ("CUDA graphs", inst.vllm_cudagraph_bytes),
+    ]
+    known = [(label, n) for label, n in parts if n is not None]
+    if not known:
+        return Text("")
+    text = Text("vLLM memory ", "bold")
+    text.append(" · ".join(f"{label} {n / 2**30:.2f}" for label, n in known) + " GiB", "dim")
+    if inst.hbm_start_bytes is not None:
+        text.append(f" · held at start {inst.hbm_start_bytes / 2**30:.1f} GiB", "dim")
+    return text
+
+
 class SidePanel(Vertical):
     """Sparklines, then advice and the last exit of the selected instance."""
 
@@ -184,6 +207,7 @@ class SidePanel(Vertical):
     SidePanel { border: round $primary 50%; padding: 0 1; }
     SidePanel #advice { height: auto; margin-top: 1; }
     SidePanel #exit-line { height: auto; margin-top: 1; }
+    SidePanel #memory { height: auto; margin-top: 1; }
     """
 
     def __init__(self, history: History, **kwargs) -> None:
@@ -194,6 +218,7 @@ class SidePanel(Vertical):
         yield SparkPanel(self.history, id="sparks")
         with VerticalScroll(id="side-scroll"):
             yield Static(id="advice")
+            yield Static(id="memory")
             yield Static(id="exit-line")
 
     def show(self, inst: InstanceStatus | None, advice: Sequence[Advice]) -> None:
@@ -203,6 +228,10 @@ class SidePanel(Vertical):
         if self.border_title != title:
             self.border_title = title
         _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
+        memory = self.query_one("#memory", Static)
+        memory_line = memory_text(inst)
+        memory.display = bool(memory_line.plain)
+        _update_if_changed(memory, memory_line)
         exit_line = Text("")
         if inst is not None and inst.last_exit is not None:
             exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))

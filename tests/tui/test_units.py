@@ -273,3 +273,29 @@ def test_exit_pane_of_a_failed_instance_says_why_vsup_gave_up():
     assert why in text and "crash loop" not in text
     # an older daemon's status has no why: the generic line stays
     assert "crash loop" in exit_text(empty_instance("g1", state="failed")).plain
+
+
+def test_screens_and_widgets_never_import_the_app():
+    """Issue 13: the dashboard reports up with messages; nothing below the app imports it
+    (TYPE_CHECKING imports included), so tui/app.py <-> screens/dashboard.py stays untied."""
+    import ast
+    from pathlib import Path
+
+    import vsup.tui
+
+    root = Path(vsup.tui.__file__).parent
+    offenders = []
+    for path in [*root.glob("screens/*.py"), *root.glob("widgets/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n == "vsup.tui.app" for n in names):
+                offenders.append(path.name)
+    assert offenders == []
+    source = (root / "screens" / "dashboard.py").read_text()
+    assert "self.app." not in source.replace("self.app.size", "").replace(
+        "self.app.batch_update", ""
+    )

@@ -8,6 +8,7 @@ into a pipe, only finished lines are written. `--raw` writes the bytes as logged
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 
@@ -67,6 +68,7 @@ class _Screen:
         self.live = live  # redraw pending lines in place (following, on a terminal)
         self.lines = TerminalLines()
         self._shown = 0  # pending lines on screen, the last one without its newline
+        self._pending: list[str] = []
 
     def write(self, text: str) -> None:
         if self.raw:
@@ -74,12 +76,16 @@ class _Screen:
             return
         done = self.lines.feed(text)
         pending = self.lines.pending() if self.live else []
-        if not done and not self._shown and not pending:
-            return
+        if not done and pending == self._pending:
+            return  # nothing new to draw
         self._erase()
+        self._pending = pending
         self.out.write("".join(line + "\n" for line in done))
         if pending:
-            self.out.write("\n".join(pending))
+            # A line wider than the terminal would wrap and the erase would miss its first
+            # part: a moving line is shown cut to the width (its final state is written whole).
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            self.out.write("\n".join(line[:width] for line in pending))
             self._shown = len(pending)
 
     def end(self, marker: str | None = None) -> None:
@@ -92,6 +98,7 @@ class _Screen:
             self.out.write(marker)
 
     def _erase(self) -> None:
+        self._pending = []
         if self._shown:
             self.out.write(_ERASE_LINE + (_UP + _ERASE_LINE) * (self._shown - 1))
             self._shown = 0

@@ -66,10 +66,11 @@ def _requests(result: dict[str, Any]) -> list[dict[str, float]]:
 
 
 def _stats_ms(values: Sequence[float]) -> dict[str, float | None]:
+    p50, p99 = percentile(values, 50), percentile(values, 99)  # None for no values
     return {
         "mean": sum(values) / len(values) * 1000 if values else None,
-        "p50": None if not values else percentile(values, 50) * 1000,
-        "p99": None if not values else percentile(values, 99) * 1000,
+        "p50": None if p50 is None else p50 * 1000,
+        "p99": None if p99 is None else p99 * 1000,
     }
 
 

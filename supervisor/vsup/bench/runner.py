@@ -112,11 +112,12 @@ class BenchRunner:
         from vsup.bench.report import SCHEMA, ratio_to_first
 
         ratio_to_first(self.runs)
-        versions = {
+        reported = (
             (i.get("client") or {}).get("vllm_version")
             for r in self.runs
             for i in r.get("instances", ())
-        } - {None}
+        )
+        versions = {v for v in reported if v is not None}
         return {
             "schema": SCHEMA,
             "vsup_version": __version__,

@@ -51,6 +51,7 @@ def weights_for(instances: Sequence[dict]) -> tuple[list[float], str]:
     """(weights, basis) for the instances' status entries: KV capacity when every one has it,
     else GPU count."""
     kv = [i.get("kv_capacity_tokens") for i in instances]
-    if instances and all(isinstance(k, int | float) and k > 0 for k in kv):
-        return [float(k) for k in kv], "kv_capacity_tokens"
+    capacities = [float(k) for k in kv if isinstance(k, int | float) and k > 0]
+    if instances and len(capacities) == len(instances):
+        return capacities, "kv_capacity_tokens"
     return [float(max(1, len(i.get("gpus") or ()))) for i in instances], "gpus"

@@ -90,7 +90,10 @@ def merge_repeats(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
     instances listed, keeps 64 identical lines out of the operator's way.
     """
     out: list[Diagnostic] = []
-    index: dict[tuple, int] = {}
+    # (severity, file, line, key, table, message, scope): scope None for a layout-wide
+    # diagnostic, "instance" for one that folds across instances
+    index: dict[tuple[str | int | None, ...], int] = {}
+    key: tuple[str | int | None, ...]
     for d in diagnostics:
         if d.instance is None:
             key = (d.severity, d.file, d.line, d.key, d.table, d.message, None)

@@ -157,7 +157,7 @@ def layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[tuple[str, int | No
         return out
     pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: "M-M*-..."
     if isinstance(pattern, str) and len(pattern) >= layers:
-        kinds = []
+        kinds: list[tuple[str, int | None]] = []
         for ch in pattern[:layers]:
             if ch == "*":
                 kinds.append((FULL, None))

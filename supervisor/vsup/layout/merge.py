@@ -12,7 +12,7 @@ profile set points at the profile's line, not at the instance.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +172,7 @@ def _env_value_ok(v: Any) -> bool:
     return isinstance(v, str) or is_number(v)
 
 
-_RESTART_TYPES = {
+_RESTART_TYPES: dict[str, Callable[[Any], bool]] = {
     "policy": lambda v: isinstance(v, str),
     "backoff_s": is_number,
     "backoff_max_s": is_number,

@@ -95,7 +95,8 @@ class Layout:
         raw = self.document.get("instance")
         if not isinstance(raw, list):
             return []
-        return [t for t in raw if isinstance(t, Mapping)]
+        # tables are dicts: the document is tomllib's (or built from dicts by the edit helpers)
+        return [t for t in raw if isinstance(t, dict)]
 
     @property
     def name(self) -> str:

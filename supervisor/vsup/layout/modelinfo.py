@@ -368,10 +368,9 @@ class ModelInfo:
         on_the_fly = quantization if quantization and not self.is_prequantized else None
         if self.safetensors and not on_the_fly:
             st = self.safetensors
-            if dtype and not self.is_prequantized and dtype_bytes(dtype):
-                return int(
-                    st.params * dtype_bytes(dtype)
-                ), f"safetensors headers ({st.files} files), as {dtype}"
+            width = dtype_bytes(dtype) if dtype and not self.is_prequantized else None
+            if width:
+                return int(st.params * width), f"safetensors headers ({st.files} files), as {dtype}"
             return st.bytes, f"safetensors headers ({st.files} files)"
         params = self.params
         if not params:

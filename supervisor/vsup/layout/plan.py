@@ -493,7 +493,7 @@ def render_budget(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     return [
         "  ".join(

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from vsup.layout.listen import parse_listen
 from vsup.layout.spec import RESTART_POLICIES, InstanceSpec, RestartPolicy
@@ -29,11 +29,12 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
+    """An int, not a bool (TOML's `true` is no count or port)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[int | float]:
     """An int or float, not a bool and not NaN."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 

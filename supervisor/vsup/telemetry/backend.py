@@ -153,8 +153,8 @@ def resolve_backend(
     if log_name:
         return BackendInfo(log_name, label_for(log_name), "log", log_line)
     if platform == "cpu" and cpu_rejected:
-        default = PLATFORM_DEFAULTS["cpu"]
-        return BackendInfo(default, label_for(default), "log", log_line)
+        cpu_default = PLATFORM_DEFAULTS["cpu"]
+        return BackendInfo(cpu_default, label_for(cpu_default), "log", log_line)
     flag_name = normalize_flag(flag)
     if flag_name:
         return BackendInfo(flag_name, label_for(flag_name), "flag")

@@ -176,7 +176,8 @@ class HttpGetter:
         self, reader: asyncio.StreamReader, headers: dict[str, str]
     ) -> tuple[bytes, bool]:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            parts, size = [], 0
+            parts: list[bytes] = []
+            size = 0
             while True:
                 line = await reader.readuntil(b"\r\n")
                 n = int(line.split(b";", 1)[0].strip(), 16)

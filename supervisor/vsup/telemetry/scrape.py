@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 
@@ -25,6 +26,7 @@ from vsup.telemetry.metrics import EMPTY, VllmMetrics, parse_metrics
 DEFAULT_TIMEOUT_S = 2.0
 # A /metrics payload is ~50 KB; a server answering megabytes is not a vLLM to trust.
 MAX_PAYLOAD_BYTES = 8 << 20
+_R = TypeVar("_R")  # what one fetch returns: a ScrapeResult or a HealthResult
 
 
 @dataclass(frozen=True)
@@ -208,8 +210,13 @@ class Scraper:
         """`/health` of every `name -> base_url`, concurrently, like `scrape_all`."""
         return await self._all(targets, self.health, on_result)
 
-    async def _all(self, targets, fetch, on_result):  # type: ignore[no-untyped-def]
-        results = {}
+    async def _all(
+        self,
+        targets: Mapping[str, str],
+        fetch: Callable[[str], Awaitable[_R]],
+        on_result: Callable[[str, _R], Awaitable[None] | None] | None,
+    ) -> dict[str, _R]:
+        results: dict[str, _R] = {}
 
         async def one(name: str, base_url: str) -> None:
             result = await fetch(base_url)

@@ -333,11 +333,17 @@ class DashboardApp(App[None]):
         if KEY_BY_ACTION[verb].confirm:
             question, details = _CONFIRM[verb]
             fields = {"name": inst.name, "port": inst.port}
+            name = inst.name
+
+            def confirmed(ok: bool | None) -> None:  # None: the screen was dismissed
+                if ok:
+                    self._send_action(verb, name)
+
             self.push_screen(
                 ConfirmScreen(
                     question.format(**fields), details.format(**fields), yes=verb.title()
                 ),
-                callback=lambda ok: self._send_action(verb, inst.name) if ok else None,
+                callback=confirmed,
             )
         else:
             self._send_action(verb, inst.name)

@@ -12,7 +12,6 @@ as any other exception (the dashboard shows its text in the banner and keeps ret
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from vsup.snapshot import StatusSnapshot
@@ -38,8 +37,11 @@ class DashboardClient(Protocol):
         Returns `{"plan": {"start","restart","stop","unchanged"}, "errors", "warnings"}`."""
         ...
 
-    async def action(self, action: str, names: Sequence[str], all: bool = False) -> dict[str, Any]:
-        """POST /v1/actions (start|stop|restart|drain): `{"done": [...], "errors": [...]}`."""
+    async def action(self, action: str, names: list[str], all: bool = False) -> dict[str, Any]:
+        """POST /v1/actions (start|stop|restart|drain): `{"done": [...], "errors": [...]}`.
+
+        `names` is a list because AsyncClient's parameter is one (a Sequence here would be
+        wider than what it accepts)."""
         ...
 
     async def logs(

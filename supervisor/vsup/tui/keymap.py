@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ WIDE_FOOTER = frozenset(k.id for k in KEYS if k.wide)
 MUTATING_ACTIONS = frozenset(k.action for k in KEYS if k.mutates)
 
 
-def bindings() -> list[Binding]:
+def bindings() -> list[BindingType]:
     """The dashboard's Textual bindings (ids = the keymap's names)."""
     return [
         Binding(k.key, k.action, k.description, show=k.show, id=k.id, tooltip=k.help) for k in KEYS

@@ -286,7 +286,9 @@ def big_node(n: int = 64, tick: int = 0) -> StatusSnapshot:
             temp_c=63.0,
             power_w=600.0,
             processes=tuple(
-                GpuProcess(i.pid, i.hbm_bytes, i.name) for i in instances if g in i.gpus
+                GpuProcess(i.pid, i.hbm_bytes, i.name)
+                for i in instances
+                if g in i.gpus and i.pid is not None  # every sample instance runs
             ),
         )
         for g in range(8)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from vsup.tui.client import DashboardClient
+
 
 async def screenshot_live(
     path: str | Path,
@@ -17,7 +19,7 @@ async def screenshot_live(
     *,
     select: str | None = None,
     timeout_s: float = 30.0,
-    client=None,
+    client: DashboardClient | None = None,
 ) -> Path:
     """Save the dashboard as `path` (SVG). `select` picks the instance shown in the detail
     pane (default: the first). Raises TimeoutError when no snapshot arrives in `timeout_s`."""

@@ -57,7 +57,8 @@ def instance_rules(
     that instance. Blocking (reads files): run it in a thread."""
     layout = layout_edit.parse(toml_text, path)
     name = table.get("name")
-    if name != replace and layout.instance(name) is not None:
+    # a table without a string name is validate_instance's to report, not a duplicate
+    if isinstance(name, str) and name != replace and layout.instance(name) is not None:
         return Verdict(
             toml_text,
             errors=[

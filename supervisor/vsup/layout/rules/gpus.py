@@ -81,7 +81,7 @@ def gpu_overcommitted(ctx: Context) -> list[Diagnostic]:
             continue
         util = m.values.get("gpu_memory_utilization")
         explicit = util is not None
-        share = float(util) if explicit else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        share = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util is None else float(util)
         if 0 < share <= 1:  # an out-of-range value is reported on its own
             for g in set(m.gpus):
                 shares.setdefault(g, []).append((m, share, explicit))

@@ -137,11 +137,13 @@ def kv_below_concurrency(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     """max-num-seqs full-length requests beyond the KV capacity: they will be preempted."""
     max_len = _max_model_len(ctx, m)
     seqs = int_flag(m, "max-num-seqs")
-    found = _kv_capacity(ctx, m) if max_len is not None and seqs is not None else None
+    if max_len is None or seqs is None:  # neither known: nothing to compare
+        return []
+    found = _kv_capacity(ctx, m)
     if found is None:
         return []
     capacity, how, _ = found
-    if capacity < max_len or seqs * max_len <= capacity:  # type: ignore[operator]
+    if capacity < max_len or seqs * max_len <= capacity:
         return []
     return [
         origin_diag(

@@ -97,7 +97,9 @@ def tp_for_small_model(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     """The tuning guides: N TP1 replicas beat one TP-N instance for a model that fits."""
     tp = parallelism(m).effective_tp
     info = ctx.model_info(m) if tp > 1 else None
-    params = info.params if info is not None else None
+    if info is None:  # already TP1, or the model is unknown
+        return []
+    params = info.params
     if params is None or params > TP1_PARAMS_LIMIT:
         return []
     return [

@@ -138,10 +138,9 @@ class AmdSmiProbe:
                 "uuid": uuid if isinstance(uuid, str) and uuid not in ("", "N/A") else None,
             }
             rows.append((hip_id, handle, facts))
-        hip_ids = [r[0] for r in rows]
-        if rows and all(isinstance(h, int) for h in hip_ids) and len(set(hip_ids)) == len(rows):
-            rows.sort(key=lambda r: r[0])
-            return [(int(r[0]), r[1], r[2]) for r in rows]
+        by_hip = [(h, handle, facts) for h, handle, facts in rows if isinstance(h, int)]
+        if rows and len(by_hip) == len(rows) and len({r[0] for r in by_hip}) == len(rows):
+            return sorted(by_hip, key=lambda r: r[0])
         rows.sort(key=lambda r: r[2]["bdf"] or "~")
         return [(i, r[1], r[2]) for i, r in enumerate(rows)]
 

@@ -86,8 +86,9 @@ class NvmlHealth:
             )
             if hasattr(nv, name)
         )
+        # (bit, reason) for the reasons this pynvml names; older bindings lack some
         self._reason_masks = [
-            (self._mask(attr), name) for attr, name in _REASON_BITS if self._mask(attr) is not None
+            (bit, name) for attr, name in _REASON_BITS if (bit := self._mask(attr)) is not None
         ]
 
     def _mask(self, attr: str) -> int | None:

@@ -249,7 +249,8 @@ class Dashboard(Screen[None]):
     def _fit_table(self, rows_total: int) -> None:
         """Size the table to its rows (header and border: 3 more), leaving the panes below at
         least 8 lines (12 in a wide terminal); the panes take the rest."""
-        fixed = 2 + (self.query_one(GpuPanel).styles.height.value or 1)
+        gpu_height = self.query_one(GpuPanel).styles.height  # None: no height set in CSS
+        fixed = 2 + (gpu_height.value if gpu_height is not None and gpu_height.value else 1)
         fixed += sum(
             1
             for w in (self.query_one(Banner), self.query_one(FilterInput))

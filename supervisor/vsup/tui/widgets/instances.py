@@ -32,7 +32,8 @@ class InstanceTable(DataTable):
         # id of each row's name cell -> row key: DataTable.sort's key function sees only cells
         self._name_cells: dict[int, tuple[str, Text]] = {}
         self._cell_lines: LRUCache[tuple, tuple[object, list]] = LRUCache(8192)
-        self._row_of: dict[str, tuple[InstanceStatus, Row]] = {}  # rows of unchanged instances
+        # name -> ((status, over the GPU), row): rows of unchanged instances
+        self._row_of: dict[str, tuple[tuple[InstanceStatus, bool], Row]] = {}
         self.updates = 0  # cells touched since mount (tests and benchmarks read it)
 
     def set_columns(self, columns: Sequence[Column]) -> None:
@@ -80,11 +81,14 @@ class InstanceTable(DataTable):
         if column_index < 0:
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         column_key = self._column_locations.get_key(column_index)
-        if row_index < 0:
-            row_key = None  # the header: its cells are the column labels
+        # row -1 is the header: its cells are the column labels
+        row_key = None if row_index < 0 else self._row_locations.get_key(row_index)
+        if column_key is None or (row_index >= 0 and row_key is None):
+            # a location DataTable does not map to a cell: nothing to cache it by
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        if row_key is None:
             cell = self.columns[column_key].label
         else:
-            row_key = self._row_locations.get_key(row_index)
             cell = self._data[row_key][column_key]
         key = (
             row_key,

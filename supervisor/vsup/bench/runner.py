@@ -107,7 +107,9 @@ class BenchRunner:
             restore = self.restore(original)
         return self.document(started, original, restore, interrupted)
 
-    def document(self, started: str, original: Original, restore: dict, interrupted: bool):
+    def document(
+        self, started: str, original: Original, restore: dict, interrupted: bool
+    ) -> dict[str, Any]:
         from vsup import __version__
         from vsup.bench.report import SCHEMA, ratio_to_first
 

@@ -17,6 +17,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
+    from pathlib import Path
+    from types import FrameType
+
+    from vsup.bench.runner import LayoutToRun, Original
+    from vsup.bench.workload import Workload
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
 EXIT_NOT_CONFIRMED = 3
@@ -97,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     return run_command(_bench, args)
 
 
-def workload_from_args(args: argparse.Namespace):
+def workload_from_args(args: argparse.Namespace) -> Workload:
     """The workload: the --workload file's [bench] table, then the flags over it."""
     from dataclasses import replace
 
@@ -118,7 +126,7 @@ def workload_from_args(args: argparse.Namespace):
     return wl.check("vsup bench")
 
 
-def read_layouts(paths: list[str]):
+def read_layouts(paths: list[str]) -> list[LayoutToRun]:
     """Each layout read, validated on this node, resolved; invalid ones carry their errors."""
     from pathlib import Path
 
@@ -127,7 +135,7 @@ def read_layouts(paths: list[str]):
     from vsup.control.cliutil import print_diagnostics
     from vsup.layout import LayoutError, load_layout
 
-    out = []
+    out: list[LayoutToRun] = []
     for raw in paths:
         path = Path(raw).expanduser().absolute()
         try:
@@ -237,7 +245,7 @@ def _bench(args: argparse.Namespace) -> int:
             say=say,
         )
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             if runner.restoring:
                 say("the original layout is being restored; wait for it")
                 return
@@ -269,7 +277,7 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if clean and restored else 1
 
 
-def announce(layouts, original, keep: bool) -> None:
+def announce(layouts: list[LayoutToRun], original: Original, keep: bool) -> None:
     """Say up front what the bench will replace and what comes back."""
     names = ", ".join(lay.name for lay in layouts if not lay.errors)
     print(f"vsup bench: layouts in turn: {names}", file=sys.stderr)
@@ -302,7 +310,7 @@ def confirm(serving: list[str]) -> None:
         raise CommandFailed("vsup bench: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
 
 
-def write_file(path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     """Write atomically (temp file + rename): a crash never leaves half a report."""
     import os
     import tempfile

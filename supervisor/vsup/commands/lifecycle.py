@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vsup.control.client import Client
 
 PAST = {
     "start": "started",
@@ -75,7 +79,7 @@ def progress_note(args: argparse.Namespace) -> None:
         print(f"{args.action}: {who} ...", file=sys.stderr)
 
 
-def wait_and_report(client, names: list[str], timeout: float) -> int:
+def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
     from vsup.control.progress import Progress, wait_ready
 

@@ -11,8 +11,12 @@ import argparse
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING, TextIO
 
 from vsup.logtext import TerminalLines
+
+if TYPE_CHECKING:
+    from vsup.control.client import Client
 
 # Cursor to the start of the line and erase it; and one line up.
 _ERASE_LINE = "\r\x1b[K"
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 class _Screen:
     """Writes display lines; on a terminal the still-moving ones are redrawn in place."""
 
-    def __init__(self, out, raw: bool, live: bool) -> None:
+    def __init__(self, out: TextIO, raw: bool, live: bool) -> None:
         self.out = out
         self.raw = raw
         self.live = live  # redraw pending lines in place (following, on a terminal)
@@ -105,13 +109,13 @@ class _Screen:
 
 
 def follow(
-    client,
+    client: Client,
     name: str,
     previous: bool,
     keep: bool,
     tail: int | None,
     interval: float = 0.5,
-    out=None,
+    out: TextIO | None = None,
     raw: bool = False,
 ) -> None:
     """Print the log from the start (or the last `tail` bytes); with `keep`, follow it and

@@ -64,7 +64,7 @@ def _weights(seed: int) -> dict:
 
     rng = np.random.default_rng(seed)
 
-    def w(*shape: int):
+    def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     head_dim = HIDDEN // HEADS

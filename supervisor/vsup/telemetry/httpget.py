@@ -113,7 +113,7 @@ class HttpGetter:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _take(self, key: tuple[str, int]):
+    def _take(self, key: tuple[str, int]) -> _Conn | None:
         conns = self._idle.get(key)
         while conns:
             reader, writer = conns.pop()
@@ -124,7 +124,7 @@ class HttpGetter:
             return reader, writer
         return None
 
-    async def _connect(self, host: str, port: int, timeout: float):
+    async def _connect(self, host: str, port: int, timeout: float) -> _Conn:
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.open_connection(host, port, limit=_HEAD_LIMIT)
@@ -135,7 +135,7 @@ class HttpGetter:
                 f"connection to {host}:{port} refused or unreachable ({exc.strerror or exc})"
             ) from None
 
-    async def _exchange(self, key, conn, request: bytes) -> Response:
+    async def _exchange(self, key: tuple[str, int], conn: _Conn, request: bytes) -> Response:
         reader, writer = conn
         keep = False
         try:

@@ -6,6 +6,7 @@ live metrics the way a loaded node's would."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from vsup.snapshot import (
     Advice,
@@ -30,7 +31,7 @@ def _live(
     gpus: tuple[int, ...],
     gmu: float | None,
     total: int | None,
-    **over,
+    **over: Any,
 ) -> InstanceStatus:
     """A ready instance under a steady load that drifts with `tick`."""
     phase = index * 0.7 + tick * 0.15

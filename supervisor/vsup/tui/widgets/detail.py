@@ -45,7 +45,7 @@ class SparkPanel(Widget):
     SparkPanel { height: 3; }
     """
 
-    def __init__(self, history: History, **kwargs) -> None:
+    def __init__(self, history: History, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.history = history
         self.instance: InstanceStatus | None = None
@@ -210,7 +210,7 @@ class SidePanel(Vertical):
     SidePanel #memory { height: auto; margin-top: 1; }
     """
 
-    def __init__(self, history: History, **kwargs) -> None:
+    def __init__(self, history: History, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.history = history
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
@@ -58,7 +59,7 @@ class GpuPanel(Static):
     GpuPanel { height: 1; padding: 0 1; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__("", **kwargs)
         self._key: tuple | None = None
         self._snapshot: StatusSnapshot | None = None

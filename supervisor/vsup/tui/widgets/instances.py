@@ -4,11 +4,15 @@ by key, the order changes only when the sort says so, and the cursor stays on it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Self
 
 from rich.style import Style
 from rich.text import Text
+from textual._types import SegmentLines
 from textual.cache import LRUCache
+from textual.geometry import Region
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from vsup.snapshot import InstanceStatus
 from vsup.tui import rows
@@ -24,7 +28,7 @@ class InstanceTable(DataTable):
 
     _row_refresh_only = False  # set while update_cell runs (DataTable refreshes in __init__)
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.columns_shown: tuple[Column, ...] = ()
         self._rows: dict[str, Row] = {}
@@ -51,7 +55,14 @@ class InstanceTable(DataTable):
             label = Text(col.label, justify="right" if col.right else "left")
             self.add_column(label, width=col.width, key=col.key)
 
-    def update_cell(self, row_key, column_key, value, *, update_width: bool = False) -> None:
+    def update_cell(
+        self,
+        row_key: RowKey | str,
+        column_key: ColumnKey | str,
+        value: Any,
+        *,
+        update_width: bool = False,
+    ) -> None:
         """DataTable.update_cell, repainting only that cell's row: DataTable repaints the
         whole table for any cell, so a refresh where a few values moved cost every row."""
         self._row_refresh_only = True
@@ -61,7 +72,7 @@ class InstanceTable(DataTable):
             self._row_refresh_only = False
         self.refresh_row(self.get_row_index(row_key))
 
-    def refresh(self, *regions, **kwargs):
+    def refresh(self, *regions: Region, **kwargs: Any) -> Self:
         if self._row_refresh_only and not regions and not kwargs:
             return self  # update_cell's whole-table repaint; the row is refreshed instead
         return super().refresh(*regions, **kwargs)
@@ -74,7 +85,7 @@ class InstanceTable(DataTable):
         width: int,
         cursor: bool = False,
         hover: bool = False,
-    ):
+    ) -> SegmentLines:
         # DataTable keys its cell cache on a table-wide update counter, so one update_cell
         # re-renders every visible cell. update_cell here always stores a new Text, so a cell
         # whose object is unchanged renders as before: cache by the cell object instead.

@@ -9,6 +9,7 @@ sit at the end and are replaced by the next chunk.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from textual.geometry import Size
 from textual.widgets import Log
@@ -19,7 +20,9 @@ from vsup.logtext import TerminalLines
 class LiveLog(Log):
     """`feed(text)` appends a chunk of a log; `reset()` starts a new one."""
 
-    def __init__(self, *args, keep: Callable[[str], bool] | None = None, **kwargs) -> None:
+    def __init__(
+        self, *args: Any, keep: Callable[[str], bool] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.keep = keep  # which display lines to show (None: all)
         self._terminal = TerminalLines()

@@ -51,9 +51,11 @@ test-fast: venv
 	$(PYTEST) -m "not vllm and not tmux and not install" $(addprefix $(CURDIR)/,$(TESTS)) \
 		$(PYTEST_ARGS)
 
+# mypy checks the checkout's source (not the installed copy), with pyproject.toml's [tool.mypy].
 lint: deps
 	$(PY) -m ruff format --check supervisor tests benchmarks
 	$(PY) -m ruff check supervisor tests benchmarks
+	cd supervisor && $(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p vsup
 
 demo: venv
 	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup.demo

@@ -4,7 +4,7 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `env`, `secrets`, `flags`, `model`, `attention`, `kv`,
-`instances`. The structure checks (unknown keys, types, profiles) come before them, in
+`instances`, `router`. The structure checks (unknown keys, types, profiles) come before them, in
 `vsup.layout.structure`.
 """
 
@@ -24,6 +24,7 @@ from vsup.layout.rules import (
     model,
     parallelism,
     ports,
+    router,
     secrets,
 )
 from vsup.layout.rules.context import Context
@@ -40,6 +41,8 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     ports.port_used_twice,
     ports.port_of_metrics_exporter,
     ports.port_privileged,
+    router.router_ports,
+    router.router_models,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )

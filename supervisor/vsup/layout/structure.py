@@ -37,6 +37,7 @@ from vsup.layout.schema import (
     toml_type,
     type_problem,
 )
+from vsup.layout.secrets import is_secret_name
 from vsup.layout.sourcemap import SourceMap
 from vsup.layout.vllm_flags import frozen_flags
 
@@ -269,6 +270,16 @@ def _check_router_args(args: Mapping[str, Any], where: Where) -> list[Diagnostic
                     ERROR,
                     f"vsup sets --{flag} itself: remove it from args and use the [router] key "
                     f"'{owner}'",
+                    key,
+                    (key,),
+                )
+            )
+        elif is_secret_name(flag):
+            out.append(
+                where.diag(
+                    ERROR,
+                    f"--{flag} takes a secret, and the router's command line shows in ps: "
+                    "remove it (vsup does not pass secrets to the router yet)",
                     key,
                     (key,),
                 )

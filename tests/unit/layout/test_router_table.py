@@ -52,6 +52,7 @@ def test_a_router_with_its_own_ports_validates():
         ("port = 8080\nargs = { worker-urls = ['http://x:1'] }", "args.worker-urls", "vsup sets"),
         ("port = 8080\nargs = { prometheus_port = 9 }", "args.prometheus_port", "metrics_port"),
         ('host = "0.0.0.0"', "port", "missing: add port"),
+        ('port = 8080\nargs = { api-key = "x" }', "args.api-key", "shows in ps"),
         ("port = 8080\nweight = 2", "weight", "unknown key"),
         ('port = 8080\nmodel = "org/other"', "model", "no instance serves model 'org/other'"),
     ],

@@ -40,6 +40,9 @@ def test_a_router_with_its_own_ports_validates():
         BASE + '\n[router]\nport = 8080\npolicy = "round_robin"\nargs = { retry-max-retries = 3 }\n'
     )
     assert errors(text) == []
+    warnings = [d for d in diagnostics(text) if not d.is_error]
+    assert [d.table for d in warnings] == ["[router]"]
+    assert "does not start vllm-router yet" in warnings[0].message
 
 
 @pytest.mark.parametrize(

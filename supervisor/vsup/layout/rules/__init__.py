@@ -43,6 +43,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     ports.port_privileged,
     router.router_ports,
     router.router_models,
+    router.router_not_started_yet,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )

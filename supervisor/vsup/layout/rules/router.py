@@ -6,17 +6,17 @@ merged instances.
 
 from __future__ import annotations
 
-from vsup.layout.diagnostics import ERROR, Diagnostic
+from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.rules.context import Context
 from vsup.layout.schema import is_int
 
 
-def _diag(ctx: Context, message: str, key: str) -> Diagnostic:
+def _diag(ctx: Context, message: str, key: str | None, severity: str = ERROR) -> Diagnostic:
     return Diagnostic(
-        ERROR,
+        severity,
         message,
         file=ctx.layout.file,
-        line=ctx.layout.line("router", key) or ctx.layout.line("router"),
+        line=(key and ctx.layout.line("router", key)) or ctx.layout.line("router"),
         key=key,
         table="[router]",
     )
@@ -83,3 +83,18 @@ def router_models(ctx: Context) -> list[Diagnostic]:
             )
         ]
     return []
+
+
+def router_not_started_yet(ctx: Context) -> list[Diagnostic]:
+    """Until the engine runs the router (issue 17), say so rather than let a layout imply it."""
+    if ctx.layout.router is None:
+        return []
+    return [
+        _diag(
+            ctx,
+            "this vsup checks [router] but does not start vllm-router yet: run it yourself "
+            "(docs/router.md) or remove the table",
+            None,
+            WARNING,
+        )
+    ]

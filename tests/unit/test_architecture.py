@@ -26,6 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
+    "bench": {"layout", "control.client", "control.errors", "control.progress"},
     "cli": {"*"},
     "__main__": {"cli"},
 }

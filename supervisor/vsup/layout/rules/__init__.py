@@ -37,6 +37,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     secrets.secret_flags,
     secrets.secret_env,
     secrets.secret_values,
+    secrets.secret_in_alerts,
     flags.unknown_flags,
     ports.port_used_twice,
     ports.port_of_metrics_exporter,

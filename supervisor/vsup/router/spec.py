@@ -61,8 +61,9 @@ class RouterSpec:
             str(self.port),
             "--policy",
             self.policy,
+            # vsup reads and re-exports the figures; the router's own port stays on loopback
             "--prometheus-host",
-            self.host,
+            self.client_host,
             "--prometheus-port",
             str(self.metrics_port),
         ]

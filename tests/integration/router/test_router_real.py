@@ -148,7 +148,10 @@ async def test_requests_through_the_router_reach_both_replicas(fleet: Fleet, rou
     client = router.client()
     try:
         metrics = await client.metrics()
-        assert await client.list_workers() != []
+        assert await client.add_worker(fleet.urls["r0"]) is False  # already there
+        await client.remove_worker("http://127.0.0.1:9")  # unknown: a no-op, not an error
+        assert sorted(await client.list_workers()) == sorted(fleet.urls.values())
+        assert await client.alive()
     finally:
         await client.aclose()
     share = metrics.worker_share()

@@ -73,7 +73,7 @@ def test_argv_sets_ports_policy_and_fast_startup_checks_then_args_then_workers()
         "--policy",
         "cache_aware",
         "--prometheus-host",
-        "0.0.0.0",
+        "127.0.0.1",
         "--prometheus-port",
         "8081",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.rules.context import Context
+from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
 from vsup.layout.schema import is_int
 
 
@@ -36,6 +37,8 @@ def router_ports(ctx: Context) -> list[Diagnostic]:
         p = m.values.get("port")
         if is_int(p):
             taken.setdefault(p, f"instance '{m.label}'")
+        for extra, what, _key in extra_ports(m):
+            taken.setdefault(extra, f"{what} (instance '{m.label}')")
     listen = ctx.layout.metrics_listen
     if listen:
         taken.setdefault(listen[1], "the metrics exporter ([layout] metrics_listen)")

@@ -34,6 +34,7 @@ from vsup.engine.proc import (
     read_stat,
     same_process,
 )
+from vsup.engine.rollout import Rollout, RolloutState
 from vsup.engine.runlog import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RunLogs
 from vsup.engine.runner import Runner
 from vsup.engine.scheduler import DeviceScheduler
@@ -74,6 +75,8 @@ class ApplyPlan:
     (model, command, host, port, gpus, utilization, args, env, api_key_env); update: instances
     whose other fields changed (restart policy, timeouts): taken without a restart; stop:
     instances the layout no longer has (they are removed once stopped); unchanged: the rest.
+    rolling: the part of `restart` that is serving (ready) and restarts in waves (rollout.py);
+    the rest of `restart` restarts at once.
     """
 
     start: tuple[str, ...] = ()
@@ -81,11 +84,11 @@ class ApplyPlan:
     stop: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     update: tuple[str, ...] = ()
+    rolling: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, list[str]]:
-        return {
-            k: list(getattr(self, k)) for k in ("start", "restart", "stop", "unchanged", "update")
-        }
+        keys = ("start", "restart", "stop", "unchanged", "update", "rolling")
+        return {k: list(getattr(self, k)) for k in keys}
 
     @property
     def empty(self) -> bool:
@@ -155,6 +158,7 @@ class Instance:
         self._restart = False
         self._drain = False
         self._next_spec: InstanceSpec | None = None
+        self._drain_timeout_s: float | None = None  # a rollout's limit for the next drain
         self._stale_sweep: asyncio.Task | None = None
         self._kick = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -330,6 +334,8 @@ class Engine:
         self._table: dict[int, ProcInfo] | None = None
         self._table_at = 0.0
         self._table_scan: asyncio.Future | None = None
+        self.rollout: Rollout | None = None  # the latest rolling apply (status JSON `rollout`)
+        self._rollout_task: asyncio.Task | None = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -338,8 +344,8 @@ class Engine:
         """name -> Instance, in the order they were added (a read-only view)."""
         return MappingProxyType(self._instances)
 
-    def diff(self, specs: Iterable[InstanceSpec]) -> ApplyPlan:
-        """What `apply(specs)` would do; changes nothing."""
+    def diff(self, specs: Iterable[InstanceSpec], rolling: bool = True) -> ApplyPlan:
+        """What `apply(specs, rolling=...)` would do; changes nothing."""
         new = _by_name(specs)
         start, restart, update, unchanged = [], [], [], []
         for name, spec in new.items():
@@ -359,20 +365,48 @@ class Engine:
             else:
                 unchanged.append(name)
         gone = [n for n in self._instances if n not in new]
-        return ApplyPlan(tuple(start), tuple(restart), tuple(gone), tuple(unchanged), tuple(update))
+        waves = [n for n in restart if self._instances[n].state == "ready"] if rolling else []
+        return ApplyPlan(
+            tuple(start), tuple(restart), tuple(gone), tuple(unchanged), tuple(update), tuple(waves)
+        )
 
     # -- acting -----------------------------------------------------------------------------
 
-    async def apply(self, specs: Iterable[InstanceSpec], wait: bool = False) -> ApplyPlan:
+    async def apply(
+        self,
+        specs: Iterable[InstanceSpec],
+        wait: bool = False,
+        *,
+        rolling: bool = True,
+        max_unavailable: int = 1,
+        drain_timeout_s: float | None = None,
+    ) -> ApplyPlan:
         """Make the running set match `specs` (see ApplyPlan) and return the plan at once;
-        with `wait`, return when every stop has finished and every start is ready or failed.
+        with `wait`, return when every stop has finished, every start is ready or failed and
+        the rollout has ended.
+
+        With `rolling` (the default) serving instances that must restart do so in waves of at
+        most `max_unavailable`, each drained (at most `drain_timeout_s`, default each
+        instance's own) and ready before the next (rollout.py; `self.rollout` shows its
+        progress); the other changes happen at once. A rollout still under way is superseded:
+        its wave in flight finishes before the new one takes anything down.
 
         A new instance on a device that a removed one used starts only after that one has
         stopped (its memory is free), whatever the order of the layout."""
         specs = list(specs)
-        plan = self.diff(specs)
+        if max_unavailable < 1:
+            raise ValueError(f"max_unavailable must be 1 or more (it is {max_unavailable})")
+        plan = self.diff(specs, rolling=rolling)
         new = _by_name(specs)
         self._emit(None, "action", action="apply", plan=plan.to_json())
+        in_flight: tuple[str, ...] = ()
+        previous = self.rollout
+        if previous is not None and previous.active:
+            in_flight = previous.current
+            if self._rollout_task is not None:
+                self._rollout_task.cancel()
+            previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
+            self._emit(None, "rollout", **previous.to_json())
         removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
         removals: dict[str, asyncio.Task] = {
             name: self._spawn_task(self._remove(name)) for name in plan.stop
@@ -381,6 +415,8 @@ class Engine:
             self._instances[name]._set_spec(new[name])
         waits: list[asyncio.Task] = list(removals.values())
         for name in plan.restart:
+            if name in plan.rolling:
+                continue
             inst = self._instances[name]
             inst._next_spec = new[name]
             await self.restart(name)
@@ -396,11 +432,66 @@ class Engine:
                 waits.append(self._spawn_task(self._start_after(name, blocking)))
             else:
                 await self.start(name)
+        if plan.rolling:
+            rollout = Rollout(
+                plan.rolling, max_unavailable, drain_timeout_s, iso_utc(self.clock.wall())
+            )
+            self.rollout = rollout
+            self._rollout_task = self._spawn_task(self._roll(rollout, new, in_flight))
+            waits.append(self._rollout_task)
         if wait:
-            await asyncio.gather(*waits)
+            await asyncio.gather(*waits, return_exceptions=True)
             for name in (*plan.start, *plan.restart):
-                await self.wait(name, ("ready", "failed", "stopped"))
+                if name in self._instances:
+                    await self.wait(name, ("ready", "failed", "stopped"))
         return plan
+
+    async def _roll(
+        self, rollout: Rollout, new: Mapping[str, InstanceSpec], after: tuple[str, ...] = ()
+    ) -> None:
+        """Drive `rollout` wave by wave (see rollout.py). `after`: instances a superseded
+        rollout has down; they count against `max_unavailable` until they are back."""
+        try:
+            for name in after:
+                if name in self._instances:
+                    await self._restarted(self._instances[name])
+            self._emit(None, "rollout", **rollout.to_json())
+            for number in range(1, len(rollout.waves) + 1):
+                wave = [
+                    self._instances[n]
+                    for n in rollout.begin_wave(number)
+                    if n in self._instances and self._instances[n]._want
+                ]
+                self._emit(None, "rollout", **rollout.to_json())
+                for inst in wave:
+                    inst._next_spec = new[inst.name]
+                    inst._drain_timeout_s = rollout.drain_timeout_s
+                    await self.restart(inst.name, drain=True)
+                outcomes = [(inst, await self._restarted(inst)) for inst in wave]
+                bad = [(inst, state) for inst, state in outcomes if state != "ready"]
+                if bad:
+                    rollout.end(
+                        RolloutState.FAILED,
+                        iso_utc(self.clock.wall()),
+                        _wave_failure(number, rollout, bad),
+                    )
+                    self._emit(None, "rollout", **rollout.to_json())
+                    return
+                rollout.wave_ready()
+            rollout.end(RolloutState.DONE, iso_utc(self.clock.wall()))
+            self._emit(None, "rollout", **rollout.to_json())
+        except asyncio.CancelledError:
+            if rollout.active:
+                rollout.end(RolloutState.CANCELLED, iso_utc(self.clock.wall()))
+            raise
+        finally:
+            self._notify()
+
+    async def _restarted(self, inst: Instance) -> str:
+        """Wait until a restart of `inst` has come to an end: ready, failed or stopped."""
+        await self._until(lambda: not inst._restart and inst.state != "stopping")
+        await self._until(lambda: inst.state in ("ready", "failed", "stopped"))
+        return inst.state
 
     async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None:
         """Run the instance (a failed one too: the breaker resets); with `wait`, return once it
@@ -768,3 +859,18 @@ def _not_adoptable(record: AdoptRecord) -> str | None:
     if info.pgid != record.pgid:
         return f"pid {record.pid} is in process group {info.pgid}, not {record.pgid}"
     return None
+
+
+def _wave_failure(number: int, rollout: Rollout, bad: list[tuple[Instance, str]]) -> str:
+    """One line: which instance of the wave did not come back, why, and what keeps serving."""
+    parts = []
+    for inst, state in bad:
+        why = inst.failed_why or (inst.last_exit.reason if inst.last_exit else None)
+        parts.append(f"{inst.name} is {state}" + (f" ({why})" if why else ""))
+    rest = rollout.pending
+    keep = (
+        f"; {', '.join(rest)} keep their old config and keep serving"
+        if rest
+        else "; no instance was left to change"
+    )
+    return f"wave {number}/{len(rollout.waves)} failed: " + "; ".join(parts) + keep

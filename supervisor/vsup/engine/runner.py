@@ -172,9 +172,13 @@ class Runner:
         if cause == "stopped":
             was_ready = lc.ready_since is not None
             lc.begin_stop()
+            limit = inst._drain_timeout_s
+            inst._drain_timeout_s = None
             if inst._drain and was_ready and proc.alive:
                 drained, waited = await stop.drain(
-                    e.requests_running, inst.name, inst.spec.drain_timeout_s
+                    e.requests_running,
+                    inst.name,
+                    inst.spec.drain_timeout_s if limit is None else limit,
                 )
                 e._emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
         await self._acquire("stop")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup.clock import Clock
+from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
 from vsup.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
 from vsup.telemetry.instance import InstanceTelemetry
@@ -237,6 +238,19 @@ class Monitor:
             if not held:
                 return True
             await asyncio.sleep(GPU_RELEASE_POLL_S)
+
+    def gpu_memory(self, gpus: tuple[int, ...]) -> list[GpuMemory] | None:
+        """The GPUs' memory and who holds it, as of the last poll (the engine's
+        `gpu_memory` view: engine/memory.py); None when a GPU has no figures."""
+        by_index = {g.index: g for g in self.gpus}
+        out = []
+        for index in gpus:
+            g = by_index.get(index)
+            if g is None or g.hbm_total_bytes is None or g.hbm_used_bytes is None:
+                return None
+            holders = tuple(Holder(p.pid, p.hbm_bytes, p.instance) for p in g.processes)
+            out.append(GpuMemory(index, g.hbm_total_bytes, g.hbm_used_bytes, holders))
+        return out
 
     def _forget(self, name: str) -> None:
         self._tel.pop(name, None)

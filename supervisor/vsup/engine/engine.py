@@ -27,6 +27,7 @@ from vsup.clock import Clock, iso_utc
 from vsup.engine import health, stop
 from vsup.engine.exitreason import classify
 from vsup.engine.lifecycle import RUNNING, Lifecycle
+from vsup.engine.memory import GpuMemoryView
 from vsup.engine.proc import (
     ProcInfo,
     RunningProcess,
@@ -304,12 +305,18 @@ class Engine:
         log_max_bytes: int = DEFAULT_MAX_BYTES,
         deterministic_spawns: int = 1,
         chores_interval_s: float = 5.0,
+        gpu_memory: GpuMemoryView | None = None,
+        memory_poll_s: float = 1.0,
     ) -> None:
         """`gpu_release_check(pids, gpus)` answers whether those GPUs no longer hold memory of
         those pids (the telemetry's; awaited at most `gpu_release_timeout_s` after every
         exit of a GPU instance). `requests_running(name)` gives the latest
         `vllm:num_requests_running` of an instance (None if unknown), for drains. `base_env`
-        is the environment children start from (default: the daemon's, read at each spawn)."""
+        is the environment children start from (default: the daemon's, read at each spawn).
+        `gpu_memory(gpus)` gives the GPUs' memory and who holds it (the telemetry's latest
+        figures, memory.GpuMemory; None when unknown): with it a start waits while processes
+        that are no instance's hold the memory it needs (re-read every `memory_poll_s`), and a
+        `gpu_memory_insufficient` exit fails fast when the layout's own instances hold it."""
         self.clock = clock
         self.logs_dir = Path(logs_dir)
         self.on_event = on_event
@@ -323,6 +330,8 @@ class Engine:
         self.log_max_bytes = log_max_bytes
         self.deterministic_spawns = deterministic_spawns
         self.chores_interval_s = chores_interval_s
+        self.gpu_memory = gpu_memory
+        self.memory_poll_s = memory_poll_s
         self.stuck_poll_s = 1.0  # how often processes that outlived SIGKILL are looked for
         self._instances: dict[str, Instance] = {}
         self._scheduler = DeviceScheduler(on_change=self._kick_waiting)

@@ -13,14 +13,19 @@ The reasons (snapshot.EXIT_REASONS) and what decides each, first match wins:
     directory without config.json), transformers' `does not appear to have a file named
     config.json` / `is not a local folder and is not a valid model identifier`, and
     `No such file or directory` on a line naming the model.
+  - `gpu_memory_insufficient`: vLLM's start-up refusals for want of GPU memory: `Free memory
+    on device cuda:0 (38.77/139.8 GiB) on startup is less than desired GPU memory utilization`
+    (and 0.32's `... less than the engine's budget`), `No available memory for the cache
+    blocks`, and a CUDA/HIP out-of-memory while the run was starting (`starting=True`).
+    The EngineCore logs the ValueError; the APIServer's `RuntimeError: Engine core
+    initialization failed` that follows is only its echo, so the ValueError is the excerpt.
+    What the engine does next depends on who holds the memory (memory.py).
   - `kv_cache_too_small`: `To serve at least one request with the model's max seq len`, the
-    older `... is larger than the maximum number of tokens that can be stored in KV cache`, and
-    `No available memory for the cache blocks`. The last one is here, not under `oom`: nothing
-    failed to allocate; the weights left no room for a KV cache within
-    `gpu_memory_utilization`, and the fix is the same configuration change as for the others.
-  - `oom`: an allocation really failed: `CUDA out of memory`, `HIP out of memory`,
-    `torch.OutOfMemoryError`, `CUDA error: out of memory`, `hipErrorOutOfMemory`,
-    `DefaultCPUAllocator: can't allocate memory`.
+    older `... is larger than the maximum number of tokens that can be stored in KV cache`:
+    the configuration (max-model-len) does not fit the KV cache vLLM could make.
+  - `oom`: an allocation failed while serving: `CUDA out of memory`, `HIP out of memory`,
+    `torch.OutOfMemoryError`, `CUDA error: out of memory`, `hipErrorOutOfMemory`, and
+    `DefaultCPUAllocator: can't allocate memory` (host memory) at any time.
   - `engine_dead`: `EngineDeadError`, `EngineCore encountered an issue`, `Engine core
     initialization failed` (the excerpt then adds the root-cause exception above it). Not after
     `[shutdown] API server: shutdown triggered`: vLLM 0.32 logs `EngineDeadError` on every
@@ -49,6 +54,12 @@ EXCERPT_MAX = 500
 # vLLM's log prefix: "(APIServer pid=7267) INFO 11-29 22:17:16 [file.py:12] message".
 _QUIET_LEVEL = re.compile(r"^(?:\([\w:\-]+ pid=\d+\) )?(?:INFO|WARNING|DEBUG) \d\d-\d\d ")
 
+GPU_MEMORY_INSUFFICIENT = "gpu_memory_insufficient"
+# An out-of-memory of the GPU itself (not the host's allocator): at start-up, a memory refusal.
+_GPU_OOM = re.compile(
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|hipErrorOutOfMemory"
+)
+
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "port_in_use",
@@ -72,11 +83,17 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        GPU_MEMORY_INSUFFICIENT,
+        re.compile(
+            r"Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than"
+            r"|No available memory for the cache blocks"
+        ),
+    ),
+    (
         "kv_cache_too_small",
         re.compile(
             r"To serve at least one request with the model's max seq len"
             r"|is larger than the maximum number of tokens that can be stored in KV cache"
-            r"|No available memory for the cache blocks"
         ),
     ),
     (
@@ -133,12 +150,14 @@ def classify(
     *,
     model: str | None = None,
     cause: str | None = None,
+    starting: bool = False,
 ) -> Classified:
     """The exit reason and the decisive log line(s).
 
     `code` is the exit status when the process exited by itself, `signum` the signal that ended
     it (both None when unknown, e.g. for an adopted process); `cause` is why vsup ended it, if
-    it did (one of CAUSES).
+    it did (one of CAUSES); `starting`: the run never became ready (a GPU out-of-memory then
+    is a start-up refusal, `gpu_memory_insufficient`, not `oom`).
     """
     if cause is not None and cause not in CAUSES:
         raise ValueError(f"unknown cause {cause!r}")
@@ -148,6 +167,8 @@ def classify(
     shutdown_at = next((i for i, line in enumerate(lines) if _SHUTDOWN.search(line)), None)
     found = _decisive(lines, model, shutdown_at)
     if found is not None:
+        if starting and found.reason == "oom" and _GPU_OOM.search(found.excerpt or ""):
+            return Classified(GPU_MEMORY_INSUFFICIENT, found.excerpt)
         return found
     if cause is not None:
         return Classified(cause, _last_exception(lines))

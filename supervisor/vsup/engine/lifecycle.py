@@ -178,11 +178,15 @@ class Lifecycle:
         remaining = self.start_remaining_s()
         return remaining is not None and remaining <= 0
 
-    def exited(self, last_exit: LastExit) -> Decision:
+    def exited(
+        self, last_exit: LastExit, *, hold: str | None = None, fail_fast: str | None = None
+    ) -> Decision:
         """The process ended (or was never spawned: `port_in_use` found before spawning).
 
         During a stop the state stays `stopping` until `finish_stop`; otherwise the restart
-        policy decides between `backoff`, `failed` and `stopped`.
+        policy decides between `backoff`, `failed` and `stopped` - unless the runner knows
+        better (memory.py): `hold` (why) restarts at once without counting a failure (the
+        start will wait for memory other processes hold); `fail_fast` (why) fails now.
         """
         now = self.clock.monotonic()
         ready_for = now - self.ready_since if self.ready_since is not None else None
@@ -191,6 +195,18 @@ class Lifecycle:
         self.ready_since = None
         if self.state == "stopping" or last_exit.reason == "stopped":
             return Decision("stopped", failures=self.tracker.failures, why="stopped by request")
+        if fail_fast is not None:
+            self.tracker.failures += 1
+            self.backoff_until = None
+            self._restart_pending = False
+            self.failed_why = fail_fast
+            self._enter("failed")
+            return Decision("failed", failures=self.tracker.failures, why=fail_fast)
+        if hold is not None:
+            self.backoff_until = now
+            self._restart_pending = True
+            self._enter("backoff")
+            return Decision("restart", 0.0, self.tracker.failures, why=hold)
         code = last_exit.code
         decision = self.tracker.decide(last_exit.reason, code, ready_for)
         if decision.action == "restart":

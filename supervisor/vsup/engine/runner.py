@@ -20,11 +20,13 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from vsup.clock import iso_utc
 from vsup.engine import health, stop
-from vsup.engine.exitreason import Classified, classify, signal_name
+from vsup.engine.exitreason import GPU_MEMORY_INSUFFICIENT, Classified, classify, signal_name
+from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.restart import Decision
 from vsup.engine.spawn import Launched, launch
@@ -88,6 +90,8 @@ class Runner:
                 # orphans of the run that died unwatched left memory the GPU still lists
                 self._unreleased()
                 return
+        if not await self._await_memory():
+            return
         if not await self._acquire("start"):
             return
         run = lc.run + 1
@@ -199,9 +203,10 @@ class Runner:
             inst._logs.tail(proc.run),
             model=inst.spec.model,
             cause=cause,
+            starting=lc.ready_since is None,
         )
         inst.process = None
-        self._exited(proc.run, proc.pid, status, classified)
+        self._exited(proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys())
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
@@ -233,7 +238,12 @@ class Runner:
                 lc.finish_stop()
 
     def _exited(
-        self, run: int | None, pid: int | None, status: ExitStatus, classified: Classified
+        self,
+        run: int | None,
+        pid: int | None,
+        status: ExitStatus,
+        classified: Classified,
+        own_pids: Collection[int] = (),
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -243,7 +253,15 @@ class Runner:
             at=iso_utc(e.clock.wall()),
             log_excerpt=classified.excerpt,
         )
-        decision = lc.exited(last)
+        hold = fail_fast = None
+        if last.reason == GPU_MEMORY_INSUFFICIENT and lc.state != "stopping":
+            verdict = self._memory_verdict(own_pids)
+            if verdict is not None and verdict.fit == Fit.WAIT:
+                hold = verdict.message
+            elif verdict is not None and verdict.fit == Fit.SHORT:
+                vllm_said = (last.log_excerpt or "").split("\n")[0]
+                fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+        decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
         e._emit(
             inst,
             "exit",
@@ -261,6 +279,7 @@ class Runner:
                 delay_s=decision.delay_s,
                 failures=decision.failures,
                 reason=last.reason,
+                **({"why": decision.why} if decision.why else {}),
             )
         elif decision.action == "failed":
             inst._want = False
@@ -270,6 +289,46 @@ class Runner:
         elif lc.state == "stopped":
             inst._want = False  # a clean exit the policy does not restart
         return decision
+
+    def _memory_verdict(self, own_pids: Collection[int] = ()) -> Verdict | None:
+        """Whether the instance's GPUs have the memory it asks for (memory.py); None when
+        nothing can tell (a CPU instance, no GPU telemetry)."""
+        inst, e = self.inst, self.e
+        if e.gpu_memory is None or not inst.spec.gpus:
+            return None
+        spec = inst._next_spec or inst.spec
+        return judge(inst.name, spec.gpu_memory_utilization, e.gpu_memory(spec.gpus), own_pids)
+
+    async def _await_memory(self) -> bool:
+        """Before a start: while processes that are no instance's hold the memory this start
+        needs, wait (`waiting_for` says who holds how much; nothing is spawned, no failure
+        counted). False when the start is no longer wanted meanwhile."""
+        inst, lc, e = self.inst, self.lc, self.e
+        told: str | None = None
+        t0 = e.clock.monotonic()
+        try:
+            while True:
+                verdict = self._memory_verdict()
+                if verdict is None or verdict.fit != Fit.WAIT:
+                    if told is not None:
+                        e._emit(
+                            inst,
+                            "memory_wait",
+                            done=True,
+                            waited_s=round(e.clock.monotonic() - t0, 3),
+                        )
+                    return True
+                if verdict.message != told:
+                    told = verdict.message
+                    e._emit(inst, "memory_wait", done=False, message=told)
+                inst.waiting_for = told
+                inst._kick.clear()
+                await self._wait(e.memory_poll_s)
+                if not inst._want or inst._next_spec is not None or lc.state != "starting":
+                    return False
+        finally:
+            if told is not None:
+                inst.waiting_for = None
 
     def _unreleased(self) -> None:
         inst, e = self.inst, self.e

@@ -277,11 +277,17 @@ class Engine:
                     await self._restarted(self._instances[name])
             self.emit(None, "rollout", **rollout.to_json())
             for number in range(1, len(rollout.waves) + 1):
-                wave = [
-                    self._instances[n]
-                    for n in rollout.begin_wave(number)
-                    if n in self._instances and self._instances[n].control.want
-                ]
+                wave = []
+                for name in rollout.begin_wave(number):
+                    inst = self._instances.get(name)
+                    if inst is None:
+                        continue  # removed by a later apply
+                    if inst.control.want:
+                        wave.append(inst)
+                    elif not inst.supervised:
+                        # a person stopped it meanwhile: it stays stopped, with the layout's
+                        # spec for whenever it starts again
+                        inst.set_spec(new[name])
                 self.emit(None, "rollout", **rollout.to_json())
                 for inst in wave:
                     inst.control.next_spec = new[inst.name]

@@ -191,3 +191,27 @@ async def test_new_and_idle_instances_start_at_once_beside_a_rollout(engine, emu
     await eng.apply(new, wait=True)
     assert all(eng.instances[n].state == "ready" for n in ("b0", "b1", "b2", "c0"))
     assert eng.rollout.total == 2 and eng.rollout.state == RolloutState.DONE
+
+
+async def test_an_instance_a_person_stopped_meanwhile_is_left_stopped_with_the_new_spec(
+    engine, emulator_spec, events
+):
+    eng: Engine = engine()
+    specs = await three(eng, emulator_spec)
+    new = [changed(s, "--say", "v2") for s in specs]
+    await eng.apply(new)
+    await eng.stop("b2")  # before its wave
+    await eng.settle("b2", timeout=20)
+    await until_rollout_ends(eng)
+    assert eng.rollout.state == RolloutState.DONE
+    b2 = eng.instances["b2"]
+    assert b2.state == "stopped" and b2.spec.args["say"] == "v2"
+    assert eng.diff(new).start == ("b2",)
+
+
+async def until_rollout_ends(eng, timeout=30.0):
+    async def loop():
+        while eng.rollout.active:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(loop(), timeout)

@@ -143,6 +143,11 @@ def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
         assert len(during) > 20, "too few rounds to judge"
         answered = [sum(oks) for _, oks in during]
         worst = min(answered)
+        print(
+            f"\nrolling apply under load: {len(during)} rounds of {N} requests, "
+            f"{sum(1 for a in answered if a < N)} with a replica down, fewest answers {worst}/{N}, "
+            f"rollout {time.monotonic() - t_apply:.0f} s"
+        )
         assert worst >= N - MAX_UNAVAILABLE, (
             f"a round got only {worst} answers of {N}: "
             f"{[(round(t - t_apply, 1), oks) for t, oks in during if sum(oks) < N - 1]}"

@@ -75,6 +75,7 @@ class Monitor:
         self._live: dict[str, bool] = {}
         self._hbm: dict[str, HbmFigure] = {}
         self._inflight: dict[str, asyncio.Task] = {}
+        self._unresolved: set[tuple[int, int]] = set()
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -213,6 +214,8 @@ class Monitor:
         samples, attribution = await asyncio.to_thread(work)
         self.gpus = gpu_statuses(samples, attribution)
         self._hbm = dict(attribution.instances)
+        # pids the GPU lists that this node's process table lacks (another pid namespace)
+        self._unresolved = {(u.gpu, u.pid) for u in attribution.unresolved}
 
     async def gpu_released(self, pids: frozenset[int], gpus: tuple[int, ...]) -> bool:
         """Wait until none of `pids` holds memory on `gpus` (the engine asks after an exit,
@@ -248,7 +251,10 @@ class Monitor:
             g = by_index.get(index)
             if g is None or g.hbm_total_bytes is None or g.hbm_used_bytes is None:
                 return None
-            holders = tuple(Holder(p.pid, p.hbm_bytes, p.instance) for p in g.processes)
+            holders = tuple(
+                Holder(p.pid, p.hbm_bytes, p.instance, (index, p.pid) not in self._unresolved)
+                for p in g.processes
+            )
             out.append(GpuMemory(index, g.hbm_total_bytes, g.hbm_used_bytes, holders))
         return out
 

@@ -29,11 +29,14 @@ VLLM_DEFAULT_UTILIZATION = 0.9
 
 @dataclass(frozen=True)
 class Holder:
-    """A process holding memory on a GPU; `instance` None: no instance's (foreign)."""
+    """A process holding memory on a GPU; `instance` None: no instance's (foreign).
+    `known` False: the pid is not in this node's process table (a container without the
+    host's pid namespace), so whose it is cannot be told."""
 
     pid: int
     bytes: int | None
     instance: str | None
+    known: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,8 @@ def judge(
         if free >= needed:
             continue
         others = [h for h in g.holders if h.pid not in own_pids and h.instance != name]
-        foreign = [h for h in others if h.instance is None]
-        listed = sum(h.bytes or 0 for h in others)
+        foreign = [h for h in others if h.instance is None and h.known]
+        listed = sum(h.bytes or 0 for h in others if h.known)
         unlisted = g.used_bytes - own - listed
         want = (
             f"{name} needs {_gib(needed)} free ({util:g} of {_gib(g.total_bytes)}), {_gib(free)} is"

@@ -52,3 +52,9 @@ def test_foreign_holders_win_over_co_tenants_on_any_gpu():
     b = gpu(80, Holder(8, 79 * GiB, None), index=1)
     v = judge("tp2", 0.9, [a, b])
     assert v.fit == Fit.WAIT and "GPU 1: pid 8" in v.message
+
+
+def test_pids_of_another_pid_namespace_cannot_be_told_apart():
+    # NVML lists host pids inside a container: neither foreign nor the layout's, so no verdict
+    unknown = Holder(31337, 100 * GiB, None, known=False)
+    assert judge("b1", 0.9, [gpu(101, unknown)]) is None

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -40,6 +39,7 @@ from vsup.control.advice import (
     compute_advice,
     problem,
 )
+from vsup.control.alerts import AlertConfig, Alerts
 from vsup.control.api import LogFile, build_app
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.export import MetricsListener, parse_listen
@@ -54,6 +54,7 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import AdoptRecord, Engine
+from vsup.layout.secrets import SECRET_NAME as SECRET_KEY
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
@@ -73,7 +74,6 @@ LOCK_RETRY_S = 2.0
 # psutil's create_time is boot time + start ticks, and the boot time moves when the clock is
 # stepped; the engine's adoption check allows 1 s too. A reused pid started later than that.
 CREATE_TIME_TOLERANCE_S = 1.0
-SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 # Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
 FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
 # How long a restarted daemon waits for adopted instances' first health check before serving.
@@ -232,6 +232,7 @@ class Daemon:
         self._apply_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
+        self.alerts = Alerts(self.clock, self.node.hostname)
         self.engine = Engine(
             self.clock,
             self.logs_dir,
@@ -287,6 +288,7 @@ class Daemon:
             cpu_count=self.node.cpu_count,
         )
         await self.restore()
+        await self.alerts.start()
         api = ServedApp(build_app(self), sock, name="control API")
         await api.start()
         log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
@@ -297,6 +299,7 @@ class Daemon:
         finally:
             await api.stop()
             await self.metrics.stop()
+            await self.alerts.aclose()
             poller.cancel()
             writer.cancel()
             for t in (poller, writer):
@@ -345,6 +348,8 @@ class Daemon:
         self.layout_name = state.layout_name
         if state.layout_toml:
             self.metrics_listen = _metrics_listen(state.layout_toml)
+            self.alerts.configure(_alert_config(state.layout_toml))
+        vanished: list[str] = []
         for name, rec in state.instances.items():
             try:
                 spec = spec_from_dict(rec.spec)
@@ -370,14 +375,33 @@ class Daemon:
                 reason = gone.last_exit.reason if gone.last_exit else "unknown"
                 self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
                 log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
+                vanished.append(name)
                 if spec.restart.policy != "never" and reason not in FAIL_FAST:
                     await self.engine.start(name, automatic=True)
                 continue
             self._register_idle(spec, rec)
         await self._settle_adopted()
+        self._alert_restart(vanished)
         if self.metrics_listen:
             await self._start_metrics()
         self._state_dirty.set()
+
+    def _alert_restart(self, vanished: list[str]) -> None:
+        """`daemon_restarted`: this daemon took over instances a previous one left."""
+        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
+        if not adopted and not vanished:
+            return
+        parts = []
+        if adopted:
+            parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
+        if vanished:
+            parts.append(f"{len(vanished)} had exited meanwhile ({', '.join(vanished)})")
+        self.alerts.notify(
+            "daemon_restarted",
+            f"vsup daemon restarted on {self.node.hostname} (pid {os.getpid()}): "
+            + "; ".join(parts)
+            + ". See daemon.log in VSUP_HOME for why the previous one ended.",
+        )
 
     async def _settle_adopted(self) -> None:
         """Give adopted instances one health check before the API answers, so that the first
@@ -528,7 +552,9 @@ class Daemon:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
         await self.monitor.poll(self._targets())
         self.poll_count += 1
-        return self.build_snapshot()
+        snap = self.build_snapshot()
+        self.alerts.observe(snap.advice)
+        return snap
 
     # ----------------------------------------------------------------- snapshot
 
@@ -618,6 +644,7 @@ class Daemon:
             "action", None, action="apply", layout=self.layout_name, path=path, plan=plan
         )
         self._state_dirty.set()
+        self.alerts.configure(_alert_config(toml))
         self.metrics_listen = _metrics_listen(toml)
         if self.metrics_listen:
             if not await self._start_metrics():
@@ -819,13 +846,16 @@ def _rollout_keys(layout_obj: Any) -> dict[str, Any]:
 
 
 def _metrics_listen(toml: str) -> str | None:
-    import tomllib
+    from vsup.layout import loads_layout
 
-    try:
-        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
-    except tomllib.TOMLDecodeError:
-        return None
-    return str(value) if value else None
+    value = loads_layout(toml).header.get("metrics_listen")
+    return value if isinstance(value, str) and value else None
+
+
+def _alert_config(toml: str) -> AlertConfig | None:
+    from vsup.layout import loads_layout
+
+    return AlertConfig.from_table(loads_layout(toml).alerts)
 
 
 def _last_exit(value: Any) -> LastExit | None:

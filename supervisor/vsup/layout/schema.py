@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from vsup.layout.listen import parse_listen
 from vsup.layout.spec import RESTART_POLICIES, InstanceSpec, RestartPolicy
 
 # vLLM 0.32's own default for --gpu-memory-utilization (vllm/config/cache.py): what an instance
@@ -57,7 +58,8 @@ def toml_type(v: Any) -> str:
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # str | int | number | str_list | int_list | table | env_table | restart | profiles
+    # str | bool | int | number | str_list | int_list | table | env_table | restart | profiles
+    kind: str
     doc: str
     # extra check on a well-typed value: returns what to change, or None when fine
     check: Callable[[Any], str | None] | None = None
@@ -127,26 +129,11 @@ def _api_key_env(v: Any) -> str | None:
 
 
 def _metrics_listen(v: Any) -> str | None:
-    return (
-        None
-        if parse_listen(v)
-        else (
-            f'{v!r} is not HOST:PORT: write e.g. "127.0.0.1:9400" (the Prometheus exporter\'s '
-            "address)"
-        )
-    )
-
-
-def parse_listen(v: str) -> tuple[str, int] | None:
-    """`"127.0.0.1:9400"` -> ("127.0.0.1", 9400); `"[::1]:9400"` -> ("::1", 9400)."""
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", v.strip())
-    if not m:
-        return None
-    host = m.group(1) or m.group(3)
-    port = int(m.group(2) or m.group(4))
-    if not 1 <= port <= 65535:
-        return None
-    return host, port
+    try:
+        parse_listen(v)
+    except ValueError as exc:
+        return f"{exc} (the Prometheus exporter's address)"
+    return None
 
 
 RESTART_KEYS: dict[str, Key] = {
@@ -189,6 +176,47 @@ LAYOUT_KEYS: dict[str, Key] = {
             "it (default: the instance's own drain_timeout_s)",
             _positive,
         ),
+        Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
+    )
+}
+
+# What `[alerts] kinds` may name (control/alerts.py maps advice and daemon events onto them).
+ALERT_KINDS = ("crash_loop", "failed", "preempting", "gpu_health", "daemon_restarted", "stalled")
+SEVERITIES = ("info", "warning", "critical")
+
+
+def _webhook_env(v: Any) -> str | None:
+    if ENV_NAME_RE.match(v):
+        return None
+    return (
+        f"{v!r} is not an environment variable name: webhook_env names the daemon's variable "
+        'that holds the webhook URL (e.g. "VSUP_ALERT_WEBHOOK"), never the URL itself'
+    )
+
+
+def _alert_kinds(v: Any) -> str | None:
+    unknown = [k for k in v if k not in ALERT_KINDS]
+    if not unknown:
+        return None
+    return f"unknown alert kind {unknown[0]!r}: use any of " + ", ".join(ALERT_KINDS)
+
+
+def _severity(v: Any) -> str | None:
+    return None if v in SEVERITIES else "must be one of " + ", ".join(SEVERITIES)
+
+
+ALERTS_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("webhook_env", "str", "the daemon's variable holding a webhook URL", _webhook_env),
+        Key("command", "str_list", "a program to run per alert (JSON on stdin)", _command),
+        Key("kinds", "str_list", "which alerts to send (default: all)", _alert_kinds),
+        Key("min_severity", "str", "info | warning (default) | critical", _severity),
+        Key(
+            "min_interval_s", "number", "seconds before the same alert is sent again", _not_negative
+        ),
+        Key("resolve_after_s", "number", "seconds clear before 'resolved' is sent", _not_negative),
+        Key("resolved", "bool", "send a message when an alert clears (default true)"),
     )
 }
 
@@ -233,7 +261,7 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
 
 INSTANCE_KEYS: dict[str, Key] = {**INSTANCE_ONLY_KEYS, **COMMON_KEYS}
 DEFAULTS_KEYS: dict[str, Key] = dict(COMMON_KEYS)
-TOP_KEYS = ("layout", "defaults", "instance")
+TOP_KEYS = ("layout", "defaults", "instance", "alerts")
 PROFILE_TOP_KEYS = ("profile", "defaults")
 PROFILE_HEADER_KEYS: dict[str, Key] = {
     k.name: k for k in (Key("description", "str", "what the profile is for"),)
@@ -273,6 +301,9 @@ def type_problem(key: Key, value: Any) -> str | None:
     if kind == "str":
         ok = isinstance(value, str)
         want = "a string"
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+        want = "a boolean (true or false)"
     elif kind == "int":
         ok = is_int(value)
         want = "an integer"

@@ -195,3 +195,14 @@ def test_cuda_oom_is_a_memory_refusal_at_start_and_oom_while_serving():
 def test_the_kv_cache_config_refusal_stays_kv_cache_too_small():
     got = classify(1, None, log("kv_cache_too_small.log"), starting=True)
     assert got.reason == "kv_cache_too_small"
+
+
+def test_the_captured_h200_refusal_is_classified_with_the_engine_cores_line():
+    # a real vLLM 0.26 capture (tests/fixtures/vllm-0.26-cuda/README.md): a torch process held
+    # 86412 MiB of the GPU while an instance at 0.90 started
+    real = Path(__file__).parents[2] / "fixtures" / "vllm-0.26-cuda" / "exits"
+    text = (real / "gpu_memory_refused_foreign_process.log").read_text()
+    got = classify(1, None, text, starting=True)
+    assert got.reason == "gpu_memory_insufficient"
+    assert got.excerpt.startswith("(EngineCore pid=3185) ValueError: Free memory on device cuda:0")
+    assert "RuntimeError" not in got.excerpt

@@ -163,6 +163,19 @@ LAYOUT_KEYS: dict[str, Key] = {
         Key(
             "metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen
         ),
+        Key(
+            "max_unavailable",
+            "int",
+            "serving instances a rolling apply takes down at a time (default 1)",
+            _at_least_one,
+        ),
+        Key(
+            "drain_timeout_s",
+            "number",
+            "seconds a rolling apply waits for an instance's requests to end before restarting "
+            "it (default: the instance's own drain_timeout_s)",
+            _positive,
+        ),
         Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
     )
 }

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
     from vsup.bench.workload import Workload
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
-EXIT_NOT_CONFIRMED = 3
+from vsup.commands.up import EXIT_NOT_CONFIRMED
 
 
 def _rate(text: str) -> float:

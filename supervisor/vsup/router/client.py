@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -77,7 +78,14 @@ def parse_router_metrics(text: str) -> RouterMetrics:
             table = per_worker[_PER_WORKER[name]]
             url = sample.labels["worker"]
             table[url] = table.get(url, 0.0) + sample.value
-    return RouterMetrics(**sums, **per_worker)
+    return RouterMetrics(
+        requests_total=sums.get("requests_total"),
+        errors_total=sums.get("errors_total"),
+        retries_total=sums.get("retries_total"),
+        active_workers=sums.get("active_workers"),
+        worker_requests=per_worker["worker_requests"],
+        worker_health=per_worker["worker_health"],
+    )
 
 
 class RouterClient:
@@ -92,11 +100,12 @@ class RouterClient:
         await self._http.aclose()
 
     async def _call(
-        self, method: str, path: str, timeout: float | None = None, **kw
+        self, method: str, path: str, timeout: float | None = None, **kw: Any
     ) -> httpx.Response:
         url = f"{self.base_url}{path}"
         try:
-            kwargs = {"timeout": timeout} if timeout is not None else {}
+            # no timeout given: the client's own (timeout=None would mean "wait forever")
+            kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
             return await self._http.request(method, url, **kwargs, **kw)
         except httpx.HTTPError as exc:
             raise RouterError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc

@@ -68,7 +68,8 @@ def router_models(ctx: Context) -> list[Diagnostic]:
     router = ctx.layout.router
     if router is None:
         return []
-    models = {m.values.get("model") for m in ctx.merged if isinstance(m.values.get("model"), str)}
+    served = (m.values.get("model") for m in ctx.merged)
+    models = {x for x in served if isinstance(x, str)}
     wanted = router.get("model")
     if isinstance(wanted, str):
         if models and wanted not in models:

@@ -19,7 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vsup.control.client import Client
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
 EXIT_NOT_CONFIRMED = 3
@@ -174,7 +179,11 @@ def describe_rollout(r: dict[str, Any]) -> str:
 
 
 def follow_rollout(
-    client, timeout: float, interval: float = 0.5, clock=time.monotonic, sleep=time.sleep
+    client: Client,
+    timeout: float,
+    interval: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Print the rollout's progress (a line per change) until it ends; 1 if it failed or
     time ran out, else 0."""
@@ -196,7 +205,7 @@ def follow_rollout(
         sleep(interval)
 
 
-def validate_locally(path) -> tuple[list, list]:
+def validate_locally(path: Path) -> tuple[list, list]:
     """(errors, warnings) of the layout file, checked here before the daemon sees it."""
     from vsup.control.daemon import layout_diagnostics
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -167,7 +167,10 @@ class Engine:
     def diff(self, specs: Iterable[InstanceSpec], rolling: bool = True) -> ApplyPlan:
         """What `apply(specs, rolling=...)` would do; changes nothing."""
         new = _by_name(specs)
-        start, restart, update, unchanged = [], [], [], []
+        start: list[str] = []
+        restart: list[str] = []
+        update: list[str] = []
+        unchanged: list[str] = []
         for name, spec in new.items():
             inst = self._instances.get(name)
             if inst is None:
@@ -241,10 +244,11 @@ class Engine:
             inst.control.next_spec = new[name]
             await self.restart(name)
         for name in plan.start:
-            inst = self._instances.get(name)
-            if inst is None:
+            known = self._instances.get(name)
+            if known is None:
                 inst = self._instances[name] = self._new_instance(new[name])
             else:
+                inst = known
                 inst.set_spec(new[name])
             devices = set(new[name].devices)
             blocking = [task for gone, task in removals.items() if devices & removed_devices[gone]]
@@ -506,7 +510,7 @@ class Engine:
             if inst is not None:
                 inst.control.kick.set()
 
-    def spawn_background(self, coro) -> asyncio.Task:
+    def spawn_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run `coro` as a task that shutdown() cancels."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)

@@ -218,6 +218,14 @@ class RunningProcess:
     def alive(self) -> bool:
         return self.exited is not None and not self.exited.done()
 
+    @property
+    def exit_future(self) -> asyncio.Future:
+        """`exited` of a watched process: a process is always watched before it is supervised,
+        so None here is a bug, not a state."""
+        if self.exited is None:
+            raise RuntimeError(f"process {self.pid} is supervised before it is watched")
+        return self.exited
+
     def watch(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future:
         """Start watching for the exit; `exited` resolves to an ExitStatus.
 

@@ -120,7 +120,7 @@ class Runner:
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
-        proc.exited.add_done_callback(lambda _f: inst.control.kick.set())
+        proc.exit_future.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
         lc.spawned(run)
@@ -137,7 +137,7 @@ class Runner:
     async def _adopted(self, proc: RunningProcess) -> None:
         """Take over a process an earlier daemon started: hold a start turn if it is not
         ready yet (co-tenants must not start beside it)."""
-        proc.exited.add_done_callback(lambda _f: self.inst.control.kick.set())
+        proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
         h = await health.check(
             self.e.http_client(), self.inst.spec.health_url, self.e.health_timeout_s
         )
@@ -155,7 +155,7 @@ class Runner:
         try:
             while True:
                 inst.control.kick.clear()
-                if proc.exited.done():
+                if proc.exit_future.done():
                     break
                 if not inst.control.want or inst.control.restart or lc.state == "stopping":
                     cause = "stopped"
@@ -196,11 +196,11 @@ class Runner:
         self, proc: RunningProcess, cause: str | None, ended: stop.Ended | None
     ) -> None:
         inst, lc, e = self.inst, self.lc, self.e
-        if not proc.exited.done():
+        if not proc.exit_future.done():
             # it outlived SIGKILL (uninterruptible sleep): nothing may start beside it
             self._stuck(proc, ended.survivors if ended else (proc.pid,))
             return
-        status: ExitStatus = proc.exited.result()
+        status: ExitStatus = proc.exit_future.result()
         classified = classify(
             status.code,
             status.signum,
@@ -350,7 +350,7 @@ class Runner:
                 if inst.process is proc:
                     inst.process = None
 
-            proc.exited.add_done_callback(gone)
+            proc.exit_future.add_done_callback(gone)
         pids = pids or (proc.pid,)
         who = ", ".join(describe(p) for p in pids)
         then = (
@@ -383,8 +383,13 @@ class Runner:
                 return
             if lc.state == "starting":
                 if h.ok and lc.became_ready():
-                    started = lc.ready_since - lc.spawned_at
-                    e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=round(started, 3))
+                    # both are set once a spawned run became ready; an adopted one has no spawn
+                    startup_s = (
+                        round(lc.ready_since - lc.spawned_at, 3)
+                        if lc.ready_since is not None and lc.spawned_at is not None
+                        else None
+                    )
+                    e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=startup_s)
                     inst.control.kick.set()
                     next_chores = loop.time()  # the engine's processes exist now: scan them
             elif lc.state == "ready":

@@ -32,7 +32,7 @@ class _Hold:
     name: str
     devices: frozenset[str]
     mode: str
-    granted: asyncio.Future | None = field(default=None, repr=False)
+    granted: asyncio.Future = field(repr=False)
 
 
 def _conflict(a: _Hold, b: _Hold) -> bool:

@@ -29,6 +29,7 @@ import psutil
 
 from vsup.engine.proc import read_stat
 from vsup.engine.runlog import RunLogs
+from vsup.engine.states import ExitReason
 from vsup.layout.spec import InstanceSpec
 
 
@@ -44,7 +45,7 @@ class Launched:
 class Refused:
     """No process was started; `reason` and `excerpt` become the run's last_exit."""
 
-    reason: str
+    reason: ExitReason
     excerpt: str
 
 
@@ -102,7 +103,7 @@ def launch(
     holder = port_holder(spec.host, spec.port)
     if holder is not None:
         return Refused(
-            "port_in_use",
+            ExitReason.PORT_IN_USE,
             f"port {spec.port} on {spec.host} is in use by {holder}: give instance "
             f"{spec.name!r} another `port` in the layout, or stop that process",
         )
@@ -126,7 +127,7 @@ def launch(
                 f"{spec.name!r} in the layout"
             )
             out.write(f"[vsup] {why}\n".encode())
-            return Refused("bad_args", why)
+            return Refused(ExitReason.BAD_ARGS, why)
     info = read_stat(popen.pid)
     # read_stat finds the child even if it exited already: nothing reaps it before our pidfd
     create_time = info.create_time if info is not None else 0.0

@@ -106,7 +106,7 @@ async def _wait_gone(
         # the API server's exit is seen at once through its pidfd
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
-                asyncio.shield(proc.exited), max(0.0, deadline - time.monotonic())
+                asyncio.shield(proc.exit_future), max(0.0, deadline - time.monotonic())
             )
     last_kill = time.monotonic()
     while True:

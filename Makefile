@@ -15,7 +15,7 @@ DEMO_HOME ?= .demo/home
 # What `make test` runs, relative to the checkout; PYTEST_ARGS are passed on (e.g. -k, -x).
 TESTS ?= tests
 PYTEST_ARGS ?=
-SRC := $(shell find supervisor configs -type f ! -name '*.pyc' ! -path '*/__pycache__/*')
+SRC := $(shell find supervisor configs -type f ! -name "*.pyc" ! -path "*/__pycache__/*" ! -path "*/.mypy_cache/*")
 # The suite runs from a directory outside the checkout: nothing may depend on the cwd.
 PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && $(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
@@ -55,10 +55,11 @@ test-fast: venv
 lint: deps
 	$(PY) -m ruff format --check supervisor tests benchmarks
 	$(PY) -m ruff check supervisor tests benchmarks
-	cd supervisor && $(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p vsup
+	cd supervisor && $(PY) -m mypy --config-file $(CURDIR)/pyproject.toml \
+		--cache-dir $(CURDIR)/.mypy_cache -p vsup
 
 demo: venv
-	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup.demo
+	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup.demo --layout $(CURDIR)/layouts/cpu-demo.toml
 
 demo-attach: venv
 	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup tui

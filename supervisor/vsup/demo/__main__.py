@@ -18,8 +18,8 @@ from pathlib import Path
 
 from vsup.demo.tinymodel import generate
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_LAYOUT = REPO / "layouts" / "cpu-demo.toml"
+# `make demo` passes the checkout's layout; run by hand from a checkout, this finds it too.
+DEFAULT_LAYOUT = Path("layouts") / "cpu-demo.toml"
 
 
 def _demo_targets(layout_path: Path) -> tuple[list[Path], list[int]]:
@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-load", action="store_true", help="don't start the loopback load")
     p.add_argument("--no-tui", action="store_true", help="start everything, don't attach")
     args = p.parse_args(argv)
+    if not args.layout.is_file():
+        p.error(
+            f"no demo layout at {args.layout}: run `make demo` from the checkout, or pass "
+            "--layout with the path of layouts/cpu-demo.toml"
+        )
 
     models, ports = _demo_targets(args.layout)
     for model in models:

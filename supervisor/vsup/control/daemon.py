@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import re
 import signal
 import socket
 import sys
-import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from vsup import __version__, paths
 from vsup.clock import Clock, SystemClock
@@ -44,6 +40,7 @@ from vsup.control.api import LogFile, build_app
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.export import MetricsListener, parse_listen
 from vsup.control.journal import Journal, replay
+from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.state import (
@@ -54,6 +51,7 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import AdoptRecord, Engine
+from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
@@ -66,16 +64,7 @@ from vsup.snapshot import (
 
 log = logging.getLogger("vsup.daemon")
 
-LOCK_NAME = "daemon.lock"
-# A client probing the lock holds it for microseconds; a starting daemon retries this long
-# before concluding that another daemon owns VSUP_HOME.
-LOCK_RETRY_S = 2.0
-# psutil's create_time is boot time + start ticks, and the boot time moves when the clock is
-# stepped; the engine's adoption check allows 1 s too. A reused pid started later than that.
-CREATE_TIME_TOLERANCE_S = 1.0
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
-# Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
-FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
 # How long a restarted daemon waits for adopted instances' first health check before serving.
 ADOPT_SETTLE_S = 5.0
 # Engine events also written to daemon.log (all of them are in the journal), with these keys.
@@ -89,107 +78,6 @@ LOGGED_EVENTS = {
     "stuck_gone": ("run", "pids"),
     "error": ("message",),
 }
-
-
-# --------------------------------------------------------------------------- lock and process
-
-
-def acquire_lock(home: Path, retry_s: float = LOCK_RETRY_S) -> int | None:
-    """Take the daemon lock; the fd (keep it open) or None when another daemon holds it."""
-    path = home / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + retry_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline or _is_daemon(_read_pid(fd)):
-                os.close(fd)
-                return None
-            time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _is_daemon(pid: int | None) -> bool:
-    """Whether `pid` is a live vsup daemon (the lock's holder, not a client probing it)."""
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        cmd = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return is_daemon_cmdline(cmd)
-
-
-# `-m supervisor daemon` is what vsup before 0.2 ran (its import package was `supervisor`): a
-# node upgraded while that daemon runs keeps it as the lock holder until it stops, and the new
-# client must see it as the daemon it talks to, not as a stranger holding the lock.
-DAEMON_MODULES = ("vsup", "supervisor")
-
-
-def is_daemon_cmdline(cmd: list[str]) -> bool:
-    """Whether a command line is a vsup daemon's: `PYTHON -m vsup daemon` (or the pre-0.2
-    `-m supervisor daemon`), or the console script's `vsup daemon`."""
-    if len(cmd) >= 3 and cmd[-3] == "-m" and cmd[-2] in DAEMON_MODULES and cmd[-1] == "daemon":
-        return True
-    return len(cmd) >= 2 and cmd[-1] == "daemon" and os.path.basename(cmd[-2]) == "vsup"
-
-
-def daemon_lock_holder(home: Path) -> int | None:
-    """The pid of the daemon holding `home`'s lock, or None when no daemon holds it."""
-    path = home / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            # Shared and non-blocking: a starting daemon that meets it retries (LOCK_RETRY_S).
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_pid(fd)
-            return pid if pid is not None else -1  # -1: held, no pid written yet
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def process_matches(pid: int | None, create_time: float | None) -> bool:
-    """Whether `pid` is alive and is the very process that started at `create_time`."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if create_time is None:
-            return True
-        return abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def recorded_live_instances(home: Path) -> list[str]:
-    """Instances the state file says are running and whose process is alive."""
-    result = StateFile(paths.state_path(home)).load_quietly()
-    if result is None:
-        return []
-    return [
-        name
-        for name, rec in result.instances.items()
-        if rec.pid and process_matches(rec.pid, rec.create_time)
-    ]
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -370,7 +258,7 @@ class Daemon:
                 reason = gone.last_exit.reason if gone.last_exit else "unknown"
                 self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
                 log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
-                if spec.restart.policy != "never" and reason not in FAIL_FAST:
+                if spec.restart.policy != "never" and reason not in DETERMINISTIC:
                     await self.engine.start(name, automatic=True)
                 continue
             self._register_idle(spec, rec)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vsup.control.daemon import daemon_lock_holder
+from vsup.control.lock import daemon_lock_holder
 
 from tests.conftest import outside_cwd
 from tests.unit.control.helpers import emulator_layout, free_port

@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-PAST = {
-    "start": "started",
-    "stop": "stopped",
-    "restart": "restarted",
-    "drain": "drained and stopped",
-}
+# What start and restart can truthfully say without --wait: the daemon only began them.
+ASKED = {"start": "start requested", "restart": "restart requested"}
+# stop and drain answer once nothing of the instance runs: their outcome is known.
+PAST = {"stop": "stopped", "drain": "drained and stopped"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +51,13 @@ def run(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
             progress_note(args)
             answer = client.action(args.action, args.names, all=args.all)
+            waiting = getattr(args, "wait", False)
             for name in answer.get("done", ()):
-                print(f"{name}: {PAST[args.action]}")
+                if args.action in ASKED and not waiting:
+                    # The daemon took the request; the outcome (ready or failed) comes later.
+                    print(f"{name}: {ASKED[args.action]} (not waited for; --wait waits for ready)")
+                elif args.action in PAST:
+                    print(f"{name}: {PAST[args.action]}")
             errors = answer.get("errors", ())
             for err in errors:
                 text = err.get("error", err) if isinstance(err, dict) else err

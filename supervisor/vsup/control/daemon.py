@@ -65,6 +65,8 @@ from vsup.snapshot import (
 log = logging.getLogger("vsup.daemon")
 
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+# A state file write the disk refused is retried this often.
+STATE_RETRY_S = 1.0
 # How long a restarted daemon waits for adopted instances' first health check before serving.
 ADOPT_SETTLE_S = 5.0
 # Engine events also written to daemon.log (all of them are in the journal), with these keys.
@@ -108,6 +110,7 @@ class Daemon:
         self.layout_name: str | None = None
         self.metrics_listen: str | None = None
         self.problems: list[Advice] = []
+        self.state_write_error: str | None = None
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
@@ -356,11 +359,41 @@ class Daemon:
             journal_seq=self.journal.next_seq,
         )
 
-    def _write_state(self, doc: DaemonState | None = None) -> None:
+    def _write_state(self, doc: DaemonState | None = None) -> bool:
+        """Write the state file; False (and `state_write_error` set) when the disk refused."""
         try:
             self.state_file.save(doc or self.state_document())
         except OSError as exc:
-            log.error("cannot write %s: %s", self.state_file.path, exc)
+            why = f"cannot write {self.state_file.path}: {exc.strerror or exc}"
+            if why != self.state_write_error:
+                log.error("%s", why)
+            self.state_write_error = why
+            return False
+        self.state_write_error = None
+        return True
+
+    def _check_writes(self) -> None:
+        """Retry the journal's pending events; keep the write alerts in step with the disk.
+
+        Supervision never waits on these writes: a failure is an alert (advice in status and
+        the dashboard) and a retry, each poll, until the disk takes them again."""
+        self.journal.flush_pending()
+        for kind, error, what in (
+            ("journal_write", self.journal.write_error, "events are kept in memory"),
+            ("state_write", self.state_write_error, "the last good state file stays"),
+        ):
+            if error is None:
+                if any(p.kind == kind for p in self.problems):
+                    log.info("%s works again", kind.replace("_", " "))
+                    self.problems = [p for p in self.problems if p.kind != kind]
+                continue
+            message = (
+                f"{error}; {what} and the write is retried each second - free space in "
+                f"{self.home} (instances are supervised meanwhile)"
+            )
+            if not any(p.kind == kind and p.message == message for p in self.problems):
+                self.problems = [p for p in self.problems if p.kind != kind]
+                self.problems.append(problem(kind, message, severity="error"))
 
     async def flush_state(self) -> None:
         """Write the state file now (it is otherwise written shortly after each change)."""
@@ -368,12 +401,16 @@ class Daemon:
         await asyncio.to_thread(self._write_state, doc)
 
     async def _state_writer(self) -> None:
-        """Write the state file whenever something changed, at most 10 times a second."""
+        """Write the state file whenever something changed, at most 10 times a second; a
+        write the disk refused is retried each second until it goes through."""
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
             doc = self.state_document()  # read on the loop; written in a thread
-            await asyncio.to_thread(self._write_state, doc)
+            if not await asyncio.to_thread(self._write_state, doc):
+                self._check_writes()
+                await asyncio.sleep(STATE_RETRY_S)
+                self._state_dirty.set()
             await asyncio.sleep(0.1)
 
     # ----------------------------------------------------------------- polling
@@ -414,6 +451,7 @@ class Daemon:
 
     async def poll_once(self) -> StatusSnapshot:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
+        self._check_writes()
         await self.monitor.poll(self._targets())
         self.poll_count += 1
         return self.build_snapshot()

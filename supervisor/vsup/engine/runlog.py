@@ -15,6 +15,7 @@ Limits, so 64 instances that crash-loop or log every request cannot fill the dis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -66,7 +67,8 @@ class RunLogs:
                     p.unlink(missing_ok=True)
         fd = os.open(self.path(run), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         f = os.fdopen(fd, "ab", buffering=0)
-        f.write(header.rstrip("\n").encode() + b"\n")
+        with contextlib.suppress(OSError):  # a full disk must not stop a start (issue 14)
+            f.write(header.rstrip("\n").encode() + b"\n")
         return f
 
     def over_cap(self, run: int) -> bool:

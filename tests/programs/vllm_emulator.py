@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import re
@@ -253,10 +254,8 @@ class _Lossy:
             return len(text)
 
     def flush(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._stream.flush()
-        except OSError:
-            pass
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

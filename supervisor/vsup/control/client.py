@@ -20,11 +20,14 @@ import httpx
 
 from vsup import paths
 from vsup.control.errors import ControlError, DaemonUnavailable
+from vsup.control.lock import live_daemon_holder
 
 # Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
 ACTION_TIMEOUT_S = 3600.0
 DEFAULT_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 30.0
+# A live daemon whose socket file is missing binds it again within its check period (2 s).
+REBIND_WAIT_S = 8.0
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
 
@@ -266,8 +269,10 @@ def connect(
     """A client for the running daemon, starting one if `start` and none answers.
 
     Waits at most `timeout` seconds for a new daemon's socket to answer; `on_wait(elapsed)` is
-    called while waiting (progress on a terminal). Raises DaemonUnavailable with the end of
-    daemon.log when no daemon comes up.
+    called while waiting (progress on a terminal). A live daemon that holds the lock but does
+    not answer is not doubled: while its socket file is missing (it re-binds one within
+    seconds) the wait is REBIND_WAIT_S, and while it starts up, `timeout`. Raises
+    DaemonUnavailable with what to do (or the end of daemon.log) when no daemon comes up.
     """
     client = Client(home)
     if client.alive() is not None:
@@ -275,27 +280,45 @@ def connect(
     if not start:
         client.close()
         raise DaemonUnavailable(f"no vsup daemon is running for {client.home}")
-    proc = spawn_daemon(client.home)
+    holder = live_daemon_holder(client.home)
+    proc = spawn_daemon(client.home) if holder is None else None
     t0 = time.monotonic()
     delay = 0.02
     while True:
         if client.alive(timeout=1.0) is not None:
             return client
         elapsed = time.monotonic() - t0
-        code = proc.poll()
-        if elapsed > timeout:
-            client.close()
-            raise DaemonUnavailable(
-                f"the vsup daemon did not answer within {timeout:.0f} s"
-                + (f" (it exited with status {code})" if code is not None else "")
-                + _log_tail(client.home)
-            )
-        if code is not None and code != 0 and client.alive() is None:
-            # 0 is a daemon that lost the lock race to another; anything else is a failure.
-            client.close()
-            raise DaemonUnavailable(
-                f"the vsup daemon exited with status {code} while starting" + _log_tail(client.home)
-            )
+        if proc is None:
+            # Waiting on a daemon that is already there: it answers, re-binds or exits.
+            holder = live_daemon_holder(client.home)
+            if holder is None:
+                proc = spawn_daemon(client.home)  # it exited meanwhile: start a new one
+                t0 = time.monotonic()
+                continue
+            limit = timeout if client.socket.exists() else REBIND_WAIT_S
+            if elapsed > limit:
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon (pid {holder}) serves {client.home} but does not answer on "
+                    f"{client.socket}; see {client.home / 'daemon.log'}, or `kill -TERM {holder}`"
+                    " (its instances keep running) and run the command again"
+                )
+        else:
+            code = proc.poll()
+            if elapsed > timeout:
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon did not answer within {timeout:.0f} s"
+                    + (f" (it exited with status {code})" if code is not None else "")
+                    + _log_tail(client.home)
+                )
+            if code is not None and code != 0 and client.alive() is None:
+                # 0 is a daemon that lost the lock race to another; anything else is a failure.
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon exited with status {code} while starting"
+                    + _log_tail(client.home)
+                )
         if on_wait is not None:
             on_wait(elapsed)
         # A spawned daemon that lost the lock race exits 0 at once; the winner answers soon.

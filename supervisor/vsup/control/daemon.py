@@ -65,6 +65,8 @@ from vsup.snapshot import (
 log = logging.getLogger("vsup.daemon")
 
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+# How often the daemon checks that its socket file is still the one it bound.
+SOCKET_CHECK_S = 2.0
 # A state file write the disk refused is retried this often.
 STATE_RETRY_S = 1.0
 # How long a restarted daemon waits for adopted instances' first health check before serving.
@@ -121,6 +123,8 @@ class Daemon:
         self._shutting_down = False
         self._state_dirty = asyncio.Event()
         self._apply_lock = asyncio.Lock()
+        self._api: ServedApp | None = None
+        self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
         self.engine = Engine(
@@ -178,15 +182,18 @@ class Daemon:
             cpu_count=self.node.cpu_count,
         )
         await self.restore()
-        api = ServedApp(build_app(self), sock, name="control API")
-        await api.start()
+        self._api = ServedApp(build_app(self), sock, name="control API")
+        self._socket_id = _file_id(paths.socket_path(self.home))
+        await self._api.start()
         log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
         poller = self._spawn(self._poll_loop(), "poll")
         writer = self._spawn(self._state_writer(), "state writer")
+        watcher = self._spawn(self._socket_watch(), "socket watch")
         try:
             await self._stopping.wait()
         finally:
-            await api.stop()
+            watcher.cancel()
+            await self._api.stop()
             await self.metrics.stop()
             poller.cancel()
             writer.cancel()
@@ -202,8 +209,40 @@ class Daemon:
             left = [n for n, i in self.engine.instances.items() if i.pid]
             self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
             self.journal.close()
-            with contextlib.suppress(OSError):
-                paths.socket_path(self.home).unlink()
+            sock_path = paths.socket_path(self.home)
+            if _file_id(sock_path) == self._socket_id:  # ours, not a successor's
+                with contextlib.suppress(OSError):
+                    sock_path.unlink()
+
+    async def _socket_watch(self) -> None:
+        """Bind the control socket again when its file is gone or replaced (`rm vsup.sock`, a
+        cleaner of /tmp): a live daemon nobody can reach is worse than none. Checked every
+        SOCKET_CHECK_S by comparing the file's inode with the one bound."""
+        path = paths.socket_path(self.home)
+        while True:
+            await asyncio.sleep(SOCKET_CHECK_S)
+            now = _file_id(path)
+            if now == self._socket_id or self._stopping.is_set():
+                continue
+            what = "gone" if now is None else "replaced"
+            try:
+                sock = bind_unix_socket(path)
+            except OSError as exc:
+                self._report_problem(
+                    "control_socket",
+                    f"the control socket {path} is {what} and cannot be bound again ({exc}); "
+                    f"remove what is in its place (clients cannot reach this daemon meanwhile)",
+                )
+                continue
+            api = ServedApp(build_app(self), sock, name="control API")
+            await api.start()
+            old, self._api = self._api, api
+            self._socket_id = _file_id(path)
+            self.problems = [p for p in self.problems if p.kind != "control_socket"]
+            log.warning("the control socket %s was %s; bound it again", path, what)
+            self.journal.append("socket_rebound", None, path=str(path), was=what)
+            # Answers in flight on the old socket finish; then it closes.
+            self._spawn(old.stop(), "old control API")
 
     def request_stop(self, why: str = "request") -> None:
         """Stop the daemon, leaving instances running (SIGTERM, SIGINT)."""
@@ -733,6 +772,15 @@ def _metrics_listen(toml: str) -> str | None:
     except tomllib.TOMLDecodeError:
         return None
     return str(value) if value else None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path` itself (not a link's target), or None when it is missing."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _last_exit(value: Any) -> LastExit | None:

@@ -63,7 +63,7 @@ class ControlService(Protocol):
 
     def events(self, since: int, limit: int) -> dict[str, Any]: ...
 
-    async def save(self, path: str) -> dict[str, Any]: ...
+    async def save(self, path: str, parents: bool = False) -> dict[str, Any]: ...
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]: ...
 
@@ -148,10 +148,10 @@ def build_app(service: ControlService) -> Starlette:
         return JSONResponse(service.events(since, limit))
 
     async def save(request: Request) -> JSONResponse:
-        body = await _body(request, required={"path": str})
+        body = await _body(request, required={"path": str}, optional={"parents": bool})
         if not os.path.isabs(body["path"]):
             raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
-        return JSONResponse(await service.save(body["path"]))
+        return JSONResponse(await service.save(body["path"], body.get("parents", False)))
 
     async def shutdown(request: Request) -> JSONResponse:
         body = await _body(request, optional={"stop_instances": bool})

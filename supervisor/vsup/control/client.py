@@ -145,8 +145,9 @@ class Client:
             params["limit"] = limit
         return self._call("GET", "/v1/events", params=params)
 
-    def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        return self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+    def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+        body = {"path": os.path.abspath(path), "parents": parents}
+        return self._call("POST", "/v1/save", json=body)
 
     def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
         return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
@@ -225,8 +226,9 @@ class AsyncClient:
             params["limit"] = limit
         return await self._call("GET", "/v1/events", params=params)
 
-    async def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        return await self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+    async def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+        body = {"path": os.path.abspath(path), "parents": parents}
+        return await self._call("POST", "/v1/save", json=body)
 
     async def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
         return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})

@@ -683,15 +683,22 @@ class Daemon:
         events, nxt = self.journal.read(since, limit)
         return {"events": events, "next": nxt}
 
-    async def save(self, path: str) -> dict[str, Any]:
+    async def save(self, path: str, parents: bool = False) -> dict[str, Any]:
         if not self.layout_toml:
             raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
+        from vsup.fsutil import UnsafeTarget, regular_target
         from vsup.layout import LayoutError, loads_layout, save_layout
 
+        try:
+            target = regular_target(path, parents=parents)
+        except UnsafeTarget as exc:
+            raise ControlError(f"not saved: {exc}", status=400) from None
         layout_obj = loads_layout(self.layout_toml, self.layout_path)
         try:
+            if parents:
+                target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(
-                save_layout, layout_obj, Path(path), node_gpus=self.node.gpu_count or None
+                save_layout, layout_obj, target, node_gpus=self.node.gpu_count or None
             )
         except LayoutError as exc:
             raise ControlError(
@@ -700,9 +707,11 @@ class Daemon:
                 body={"errors": [d.to_json() for d in exc.diagnostics if d.is_error]},
             ) from None
         except OSError as exc:
-            raise ControlError(f"cannot write {path}: {exc.strerror or exc}", status=400) from None
-        self.journal.append("action", None, action="save", path=path)
-        return {"path": path}
+            raise ControlError(
+                f"cannot write {target}: {exc.strerror or exc}", status=400
+            ) from None
+        self.journal.append("action", None, action="save", path=path, written=str(target))
+        return {"path": path, "written": str(target)}
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self._shutting_down:

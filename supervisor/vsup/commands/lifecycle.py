@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.control.client import check_name
     from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
             raise CommandFailed(f"vsup {args.action}: name one or more instances, or --all", 2)
         if args.names and args.all:
             raise CommandFailed(f"vsup {args.action}: give names or --all, not both", 2)
+        for name in args.names:
+            check_name(name)  # before a daemon is started or asked
         with client_for_cli() as client:
             progress_note(args)
             answer = client.action(args.action, args.names, all=args.all)

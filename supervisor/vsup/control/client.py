@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -39,6 +40,28 @@ def check_socket_path(sock: Path) -> None:
             f"the control socket path {sock} is {n} bytes, over the {MAX_SOCKET_PATH}-byte limit "
             "of unix sockets; set VSUP_HOME to a shorter directory"
         )
+
+
+class BadName(ControlError):
+    """An instance name that no layout can hold, refused before any request is made."""
+
+
+def check_name(name: str) -> str:
+    """`name` if it can be an instance name (the layout's rule); else BadName, on one line."""
+    from vsup.layout.schema import NAME_RE  # here: the layout package is heavy for every CLI call
+
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise BadName(
+            f"{name!r} is not an instance name: names are 1-64 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit (`vsup status` lists them)",
+            status=400,
+        )
+    return name
+
+
+def _instance_path(name: str, what: str) -> str:
+    """The route of one instance's resource, its name checked and URL-encoded."""
+    return f"/v1/instances/{quote(check_name(name), safe='')}/{what}"
 
 
 def _raise_for(resp: httpx.Response) -> Any:
@@ -123,21 +146,22 @@ class Client:
     def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body["wait"] = wait
         return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
         return self._call(
-            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
         )
 
     def config(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/instances/{name}/config")
+        return self._call("GET", _instance_path(name, "config"))
 
     def history(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/instances/{name}/history")
+        return self._call("GET", _instance_path(name, "history"))
 
     def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}
@@ -204,21 +228,22 @@ class AsyncClient:
     async def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body["wait"] = wait
         return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     async def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
         return await self._call(
-            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
         )
 
     async def config(self, name: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/instances/{name}/config")
+        return await self._call("GET", _instance_path(name, "config"))
 
     async def history(self, name: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/instances/{name}/history")
+        return await self._call("GET", _instance_path(name, "history"))
 
     async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}

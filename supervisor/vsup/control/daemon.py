@@ -39,7 +39,7 @@ from vsup.control.advice import (
 from vsup.control.api import LogFile, build_app
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.export import MetricsListener, parse_listen
-from vsup.control.journal import Journal, replay
+from vsup.control.journal import Journal, last_layout, replay
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
 from vsup.control.server import ServedApp, bind_unix_socket
@@ -270,6 +270,13 @@ class Daemon:
             self._report_problem("state_file", result.problem)
         state = result.state or DaemonState()
         self._replay_journal(state)
+        applied = last_layout(self.journal.iter_file())
+        if applied is not None and (applied.seq >= state.journal_seq or not state.layout_toml):
+            # Applied after the state was written, or the state files lost it.
+            state.layout_toml, state.layout_path = applied.toml, applied.path
+            state.layout_name = applied.name
+            if result.problem:
+                log.info("the running layout comes back from journal event %d", applied.seq)
         self.layout_path = state.layout_path
         self.layout_toml = state.layout_toml
         self.layout_name = state.layout_name
@@ -573,8 +580,16 @@ class Daemon:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.layout_toml, self.layout_path = toml, path
         self.layout_name = layout_obj.name
+        # The layout's text rides with the event: a daemon that finds both state files bad
+        # takes the running layout back from the journal (`last_layout`).
         self.journal.append(
-            "action", None, action="apply", layout=self.layout_name, path=path, plan=plan
+            "action",
+            None,
+            action="apply",
+            layout=self.layout_name,
+            path=path,
+            plan=plan,
+            toml=toml,
         )
         self._state_dirty.set()
         self.metrics_listen = _metrics_listen(toml)

@@ -251,3 +251,31 @@ def replay(events: Iterable[dict[str, Any]], after_seq: int = 0) -> dict[str, Re
         elif kind == "restart_scheduled":
             rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
     return out
+
+
+@dataclass
+class AppliedLayout:
+    """The layout of the last `apply` the journal holds."""
+
+    seq: int
+    toml: str
+    path: str | None
+    name: str | None
+
+
+def last_layout(events: Iterable[dict[str, Any]]) -> AppliedLayout | None:
+    """The layout of the last `apply` event that carries its text (None when there is none)."""
+    found = None
+    for ev in events:
+        if ev.get("kind") != "action" or ev.get("action") != "apply":
+            continue
+        toml, seq = ev.get("toml"), ev.get("seq")
+        if isinstance(toml, str) and isinstance(seq, int):
+            path, name = ev.get("path"), ev.get("layout")
+            found = AppliedLayout(
+                seq=seq,
+                toml=toml,
+                path=path if isinstance(path, str) else None,
+                name=name if isinstance(name, str) else None,
+            )
+    return found

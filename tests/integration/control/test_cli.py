@@ -34,6 +34,7 @@ def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
         text=True,
         timeout=timeout,
         cwd=outside_cwd(),
+        stdin=subprocess.DEVNULL,  # no terminal: `vsup down` must not ask
     )
 
 

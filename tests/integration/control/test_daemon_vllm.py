@@ -37,6 +37,7 @@ def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
         text=True,
         timeout=timeout,
         cwd=outside_cwd(),
+        stdin=subprocess.DEVNULL,  # no terminal: `vsup down` must not ask
     )
     if check and proc.returncode != 0:
         raise AssertionError(

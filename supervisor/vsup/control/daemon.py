@@ -1,5 +1,9 @@
 """The vsup daemon: one per VSUP_HOME, owner of every instance process.
 
+This module is the daemon's life: start, the engine's events, the state file, polling and
+snapshots, the socket watch, signals. Its parts: the lock (lock.py), liveness checks for
+clients (liveness.py), restore and adoption (restore.py), the API methods (service.py).
+
 It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
 watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
 advice and history, keeps the state file and journal, and serves the control API on
@@ -18,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -36,26 +39,25 @@ from vsup.control.advice import (
     compute_advice,
     problem,
 )
-from vsup.control.api import LogFile, build_app
-from vsup.control.errors import Conflict, ControlError, UnknownInstances
-from vsup.control.export import MetricsListener, parse_listen
-from vsup.control.journal import Journal, last_layout, replay
+from vsup.control.api import build_app
+from vsup.control.export import MetricsListener
+from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.restore import Restore
 from vsup.control.server import ServedApp, bind_unix_socket
+from vsup.control.service import ControlMethods
+from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
+from vsup.control.service import parse_layout as parse_layout
 from vsup.control.state import (
     DaemonState,
     InstanceRecord,
     StateFile,
-    spec_from_dict,
     spec_to_dict,
 )
-from vsup.engine import AdoptRecord, Engine
-from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
-from vsup.layout.spec import InstanceSpec
+from vsup.engine import Engine
 from vsup.snapshot import (
     Advice,
-    LastExit,
     NodeInfo,
     StatusSnapshot,
     SupervisorInfo,
@@ -64,13 +66,10 @@ from vsup.snapshot import (
 
 log = logging.getLogger("vsup.daemon")
 
-SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 # How often the daemon checks that its socket file is still the one it bound.
 SOCKET_CHECK_S = 2.0
 # A state file write the disk refused is retried this often.
 STATE_RETRY_S = 1.0
-# How long a restarted daemon waits for adopted instances' first health check before serving.
-ADOPT_SETTLE_S = 5.0
 # Engine events also written to daemon.log (all of them are in the journal), with these keys.
 LOGGED_EVENTS = {
     "spawn": ("run", "pid"),
@@ -87,8 +86,9 @@ LOGGED_EVENTS = {
 # --------------------------------------------------------------------------- the daemon
 
 
-class Daemon:
-    """The daemon's state and the `ControlService` the API calls."""
+class Daemon(Restore, ControlMethods):
+    """The daemon's state and the `ControlService` the API calls (its restore and its API
+    methods live in restore.py and service.py)."""
 
     def __init__(
         self,
@@ -259,113 +259,6 @@ class Daemon:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
-
-    # ----------------------------------------------------------------- restore and adoption
-
-    async def restore(self) -> None:
-        """Bring back what the last daemon left: the layout, live instances (adopted), and
-        instances that vanished meanwhile (their exit goes through the restart policy)."""
-        result = self.state_file.load()
-        if result.problem:
-            self._report_problem("state_file", result.problem)
-        state = result.state or DaemonState()
-        self._replay_journal(state)
-        applied = last_layout(self.journal.iter_file())
-        if applied is not None and (applied.seq >= state.journal_seq or not state.layout_toml):
-            # Applied after the state was written, or the state files lost it.
-            state.layout_toml, state.layout_path = applied.toml, applied.path
-            state.layout_name = applied.name
-            if result.problem:
-                log.info("the running layout comes back from journal event %d", applied.seq)
-        self.layout_path = state.layout_path
-        self.layout_toml = state.layout_toml
-        self.layout_name = state.layout_name
-        if state.layout_toml:
-            self.metrics_listen = _metrics_listen(state.layout_toml)
-        for name, rec in state.instances.items():
-            try:
-                spec = spec_from_dict(rec.spec)
-            except ValueError as exc:
-                self._report_problem("state_file", f"instance {name}: {exc}")
-                continue
-            if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
-                record = AdoptRecord(
-                    pid=rec.pid,
-                    create_time=rec.create_time,
-                    pgid=rec.pgid,
-                    port=rec.port or spec.port,
-                    run=rec.run,
-                    restarts=rec.restarts,
-                    descendants={int(p): t for p, t in rec.descendants.items()},
-                )
-                inst = self.engine.adopt(spec, record)
-                if inst is not None:
-                    log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
-                    continue
-                # It died while no daemon watched: an exit like any other.
-                gone = self.engine.instances[name]
-                reason = gone.last_exit.reason if gone.last_exit else "unknown"
-                self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
-                log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
-                if spec.restart.policy != "never" and reason not in DETERMINISTIC:
-                    await self.engine.start(name, automatic=True)
-                continue
-            self._register_idle(spec, rec)
-        await self._settle_adopted()
-        if self.metrics_listen:
-            await self._start_metrics()
-        self._state_dirty.set()
-
-    async def _settle_adopted(self) -> None:
-        """Give adopted instances one health check before the API answers, so that the first
-        status after a daemon restart says `ready` for servers that are (bounded wait)."""
-        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
-        if not adopted:
-            return
-        settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(self.engine.wait(n, settled) for n in adopted)),
-                ADOPT_SETTLE_S,
-            )
-
-    def _replay_journal(self, state: DaemonState) -> None:
-        """Bring `state` up to date with journal events written after it (a daemon killed
-        between an event and the next state write, or a state file restored from its backup)."""
-        after = state.journal_seq - 1 if state.journal_seq else 0
-        if state.written_at is None and state.instances:
-            after = 0
-        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
-            rec = state.instances.get(name)
-            if rec is None:
-                if rep.spec is None:
-                    continue
-                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
-            if rep.spec is not None:
-                rec.spec = rep.spec
-            if rep.running and rep.pid:
-                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
-                rec.port = rep.port or rec.port
-                rec.run = max(rec.run, rep.run)
-                rec.descendants = {}
-                rec.state = "starting"
-            elif not rep.running and rep.last_exit is not None:
-                rec.pid = rec.pgid = rec.create_time = None
-                rec.last_exit = rep.last_exit
-                rec.state = "stopped"
-            rec.restarts = max(rec.restarts, rep.restarts)
-
-    def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
-        """An instance with no process (stopped or failed): known again, not started, with
-        its run number, restarts and last exit as they were."""
-        self.engine.restore(
-            spec,
-            state="failed" if rec.state == "failed" else "stopped",
-            run=rec.run,
-            restarts=rec.restarts,
-            last_exit=_last_exit(rec.last_exit),
-            failed_why=rec.failed_why,
-        )
 
     def _report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
@@ -551,251 +444,8 @@ class Daemon:
         self._snapshot = snap
         return snap
 
-    # ----------------------------------------------------------------- ControlService
-
-    def instance_names(self) -> list[str]:
-        return list(self.engine.instances)
-
-    def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "version": __version__, "home": str(self.home)}
-
-    def status(self) -> dict[str, Any]:
-        return self.build_snapshot().to_json()
-
-    def layout(self) -> dict[str, Any]:
-        return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}
-
-    async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]:
-        if self._shutting_down:
-            raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
-        layout_obj, specs, diags = await asyncio.to_thread(
-            parse_layout, toml, path, self.node.gpu_count
-        )
-        errors = [d.to_json() for d in diags if d.is_error]
-        warnings = [d.to_json() for d in diags if not d.is_error]
-        if errors:
-            return _refused(errors, warnings)
-        plan = self.engine.diff(specs).to_json()
-        if dry_run:
-            return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-        self.layout_toml, self.layout_path = toml, path
-        self.layout_name = layout_obj.name
-        # The layout's text rides with the event: a daemon that finds both state files bad
-        # takes the running layout back from the journal (`last_layout`).
-        self.journal.append(
-            "action",
-            None,
-            action="apply",
-            layout=self.layout_name,
-            path=path,
-            plan=plan,
-            toml=toml,
-        )
-        self._state_dirty.set()
-        self.metrics_listen = _metrics_listen(toml)
-        if self.metrics_listen:
-            if not await self._start_metrics():
-                warnings.append(
-                    {
-                        "severity": "warning",
-                        "message": self.problems[-1].message,
-                        "text": self.problems[-1].message,
-                    }
-                )
-        else:
-            await self.metrics.stop()
-        async with self._apply_lock:
-            # Returns once every start is under way (stops of removed instances continue).
-            plan = (await self.engine.apply(specs)).to_json()
-        self._state_dirty.set()
-        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
-
-    async def _start_metrics(self) -> bool:
-        try:
-            await self.metrics.start(self.metrics_listen)
-            self.problems = [p for p in self.problems if p.kind != "metrics_listen"]
-            return True
-        except (OSError, ValueError) as exc:
-            self._report_problem(
-                "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
-                "[layout] metrics_listen and run `vsup up` again",
-            )
-            return False
-
-    async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
-        if self._shutting_down:
-            raise Conflict("the daemon is shutting down (vsup down)")
-        self.journal.append("action", None, action=action, names=names, by="operator")
-
-        async def one(name: str) -> None:
-            if action == "start":
-                await self.engine.start(name)
-            elif action == "stop":
-                await self.engine.stop(name)
-            elif action == "drain":
-                await self.engine.stop(name, drain=True)
-            elif action == "restart":
-                await self.engine.restart(name)
-            self._state_dirty.set()
-
-        tasks = {name: self._spawn(one(name), f"{action} {name}") for name in names}
-        if not wait:
-            return {"done": [], "pending": names, "errors": []}
-        # Shielded: a client that hangs up does not cancel a stop half-way.
-        await asyncio.wait([asyncio.shield(t) for t in tasks.values()])
-        done, errors = [], []
-        for name, task in tasks.items():
-            exc = task.exception()
-            if exc is None:
-                done.append(name)
-            else:
-                errors.append({"name": name, "error": str(exc) or type(exc).__name__})
-        return {"done": done, "errors": errors}
-
-    def _instance(self, name: str):
-        inst = self.engine.instances.get(name)
-        if inst is None:
-            raise UnknownInstances([name], self.engine.instances)
-        return inst
-
-    def log_file(self, name: str, previous: bool) -> LogFile:
-        inst = self._instance(name)
-        if previous:
-            path = inst.previous_log_path
-            run = inst.run - 1 if path is not None else None
-        else:
-            run = inst.run or None
-            path = inst.log_path() if run else None
-        if path is not None and not Path(path).exists():
-            path = None
-        return LogFile(run=run, path=Path(path) if path else None)
-
-    def config(self, name: str) -> dict[str, Any]:
-        inst = self._instance(name)
-        spec = inst.spec
-        env = spec.child_env({})
-        if spec.api_key_env:
-            where = "" if os.environ.get(spec.api_key_env) else ", which is not set"
-            env["VLLM_API_KEY"] = f"*** (from ${spec.api_key_env}{where})"
-        masked = {
-            k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
-            for k, v in env.items()
-        }
-        cache = self.monitor.cache_config(name)
-        return {
-            "argv": spec.argv(),
-            "env": masked,
-            "cache_config": dict(cache) if cache else None,
-            "spec": spec_to_dict(spec),
-        }
-
-    def history(self, name: str) -> dict[str, Any]:
-        self._instance(name)
-        return self.monitor.history_json(name)
-
-    def events(self, since: int, limit: int) -> dict[str, Any]:
-        events, nxt = self.journal.read(since, limit)
-        return {"events": events, "next": nxt}
-
-    async def save(self, path: str, parents: bool = False) -> dict[str, Any]:
-        if not self.layout_toml:
-            raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
-        from vsup.fsutil import UnsafeTarget, regular_target
-        from vsup.layout import LayoutError, loads_layout, save_layout
-
-        try:
-            target = regular_target(path, parents=parents)
-        except UnsafeTarget as exc:
-            raise ControlError(f"not saved: {exc}", status=400) from None
-        layout_obj = loads_layout(self.layout_toml, self.layout_path)
-        try:
-            if parents:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(
-                save_layout, layout_obj, target, node_gpus=self.node.gpu_count or None
-            )
-        except LayoutError as exc:
-            raise ControlError(
-                f"the running layout does not validate; nothing was written to {path}",
-                status=422,
-                body={"errors": [d.to_json() for d in exc.diagnostics if d.is_error]},
-            ) from None
-        except OSError as exc:
-            raise ControlError(
-                f"cannot write {target}: {exc.strerror or exc}", status=400
-            ) from None
-        self.journal.append("action", None, action="save", path=path, written=str(target))
-        return {"path": path, "written": str(target)}
-
-    async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
-        if self._shutting_down:
-            return {"stopping": [], "already": True}
-        self._shutting_down = True
-        names = [n for n, i in self.engine.instances.items() if i.state != "stopped"]
-        if not stop_instances:
-            names = []
-        self.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
-        self._spawn(self._shutdown(stop_instances), "shutdown")
-        return {"stopping": names}
-
-    async def _shutdown(self, stop_instances: bool) -> None:
-        try:
-            if stop_instances:
-                async with self._apply_lock:
-                    await asyncio.gather(
-                        *(self.engine.stop(n) for n in list(self.engine.instances)),
-                        return_exceptions=True,
-                    )
-                self._state_dirty.set()
-        finally:
-            self._stopping.set()
-
 
 # --------------------------------------------------------------------------- helpers
-
-
-def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
-    """(layout, specs, diagnostics) of a layout text; specs is [] when it has errors."""
-    from vsup.layout import LayoutError, loads_layout, validate
-
-    layout_obj = loads_layout(toml, path)
-    diags = list(validate(layout_obj, node_gpus=node_gpus or None))
-    listen = layout_obj.header.get("metrics_listen")
-    if listen is not None and not any(d.is_error for d in diags):
-        try:
-            parse_listen(str(listen))
-        except ValueError as exc:
-            from vsup.layout.diagnostics import Diagnostic
-
-            diags.insert(
-                0, Diagnostic("error", str(exc), file=path, table="[layout]", key="metrics_listen")
-            )
-    if any(d.is_error for d in diags):
-        return layout_obj, [], diags
-    try:
-        specs = layout_obj.resolve()
-    except LayoutError as exc:
-        return layout_obj, [], list(exc.diagnostics)
-    return layout_obj, specs, diags
-
-
-def layout_diagnostics(path: Path | str) -> list:
-    """Validation of a layout file on this node (what `vsup up` checks before applying)."""
-    from vsup.layout.validate import validate_file
-
-    _layout, diags = validate_file(str(path))
-    return list(diags)
-
-
-def _metrics_listen(toml: str) -> str | None:
-    import tomllib
-
-    try:
-        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
-    except tomllib.TOMLDecodeError:
-        return None
-    return str(value) if value else None
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -805,22 +455,6 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _last_exit(value: Any) -> LastExit | None:
-    if not isinstance(value, dict):
-        return None
-    return LastExit(
-        code=value.get("code"),
-        signal=value.get("signal"),
-        reason=value.get("reason") or "unknown",
-        at=value.get("at") or "",
-        log_excerpt=value.get("log_excerpt"),
-    )
-
-
-def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:
-    return {"plan": None, "errors": errors, "warnings": warnings or [], "applied": False}
 
 
 # --------------------------------------------------------------------------- entry point

@@ -315,7 +315,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     import subprocess
     import sys
 
-    from vsup.control.daemon import parse_layout
+    from vsup.control.service import parse_layout
     from vsup.control.state import DaemonState, InstanceRecord, spec_to_dict
 
     text = emulator_layout({"a": free_port()})

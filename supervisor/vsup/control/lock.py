@@ -66,10 +66,16 @@ DAEMON_MODULES = ("vsup", "supervisor")
 
 def is_daemon_cmdline(cmd: list[str]) -> bool:
     """Whether a command line is a vsup daemon's: `PYTHON -m vsup daemon` (or the pre-0.2
-    `-m supervisor daemon`), or the console script's `vsup daemon`."""
-    if len(cmd) >= 3 and cmd[-3] == "-m" and cmd[-2] in DAEMON_MODULES and cmd[-1] == "daemon":
-        return True
-    return len(cmd) >= 2 and cmd[-1] == "daemon" and os.path.basename(cmd[-2]) == "vsup"
+    `-m supervisor daemon`), or the console script's `vsup daemon`, with or without options
+    after it (`--poll-interval S`)."""
+    for i, word in enumerate(cmd):
+        if word != "daemon" or i == 0:
+            continue
+        if i >= 2 and cmd[i - 2] == "-m" and cmd[i - 1] in DAEMON_MODULES:
+            return True
+        if os.path.basename(cmd[i - 1]) == "vsup":
+            return True
+    return False
 
 
 def daemon_lock_holder(home: Path) -> int | None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import os
 import re
@@ -240,29 +239,7 @@ async def _serve(args: argparse.Namespace, core: subprocess.Popen | None) -> Non
     await loop.create_future()  # until a signal or --exit-after ends the process
 
 
-class _Lossy:
-    """stdout/stderr that drop what the disk refuses, as vLLM's logging handlers do: a full
-    disk under the log file must not end the server (tests/faults)."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except OSError:
-            return len(text)
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError):
-            self._stream.flush()
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    sys.stdout, sys.stderr = _Lossy(sys.stdout), _Lossy(sys.stderr)
     p = argparse.ArgumentParser(description="vLLM emulator (not vLLM)", allow_abbrev=False)
     p.add_argument("--model", default="emulated-model")
     p.add_argument("--host", default="127.0.0.1")

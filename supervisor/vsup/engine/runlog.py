@@ -15,7 +15,6 @@ Limits, so 64 instances that crash-loop or log every request cannot fill the dis
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -67,8 +66,13 @@ class RunLogs:
                     p.unlink(missing_ok=True)
         fd = os.open(self.path(run), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         f = os.fdopen(fd, "ab", buffering=0)
-        with contextlib.suppress(OSError):  # a full disk must not stop a start (issue 14)
+        try:
             f.write(header.rstrip("\n").encode() + b"\n")
+        except OSError:
+            # A full disk: vLLM dies on its first stderr write that fails (tqdm), so this run
+            # writes to /dev/null and serves; the daemon's disk alert says why logs are missing.
+            f.close()
+            return open(os.devnull, "ab", buffering=0)
         return f
 
     def over_cap(self, run: int) -> bool:

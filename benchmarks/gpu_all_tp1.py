@@ -1,9 +1,10 @@
 """One TP1 instance per GPU on a real NVIDIA node, planned by `vsup plan --gpus all --per-gpu 1`.
 
 The run the 8-GPU issue asks for, written for any GPU count (it runs on the lent 2-GPU machine
-today and unchanged on an 8-GPU one). vLLM cannot be installed on the GPU machine, so the
-instances are the vLLM *emulator* (tests/programs/vllm_emulator.py) with a set start-up time and
-HBM held with torch by the server and by its EngineCore-like child.
+today and unchanged on an 8-GPU one). The instances are the vLLM *emulator*
+(tests/programs/vllm_emulator.py) with a set start-up time and HBM held with torch by the server
+and by its EngineCore-like child: the parallel-start figure needs start-up times that do not
+vary, which only the emulator gives. Real vLLM on the GPU: benchmarks/gpu_real.py.
 
     python3 benchmarks/gpu_all_tp1.py --out DIR [--startup-s 8]
 
@@ -49,7 +50,7 @@ CHILD_GIB = 3.0
 
 def emulator_layout(planned: Path, out: Path, startup_s: float, only: list[str] | None) -> None:
     """The planned layout, its command swapped for the emulator (the only change)."""
-    from vsup.layout.model import load_layout, save_layout
+    from vsup.layout import load_layout, save_layout
 
     layout = load_layout(planned)
     cmd = [

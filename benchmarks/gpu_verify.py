@@ -1,10 +1,12 @@
 """GPU verification on a real NVIDIA node: pinning, HBM attribution, co-tenant start order, memory
 release after an orphaning SIGKILL, and `vsup down` releasing everything.
 
-vLLM cannot be installed on the lent GPU machine, so the instances are the vLLM *emulator*
-(tests/programs/vllm_emulator.py): it allocates a set amount of HBM with torch on the GPU it is
-given, starts a child that holds more (as EngineCore does, in the same process group, alive
-after its parent is SIGKILLed), answers /health and serves a recorded vLLM /metrics payload.
+The same checks against real vLLM are in benchmarks/gpu_real.py (run that one first). This
+script keeps the vLLM *emulator* (tests/programs/vllm_emulator.py) for what only it can do:
+a set HBM per process and a set start-up time, on cue, on any number of GPUs, in seconds. It
+allocates a set amount of HBM with torch on the GPU it is given, starts a child that holds more
+(as EngineCore does, in the same process group, alive after its parent is SIGKILLed), answers
+/health and serves a recorded vLLM /metrics payload.
 Everything else is the real vsup: CLI, daemon, engine, NVML probe, journal.
 
     python3 benchmarks/gpu_verify.py --out DIR

@@ -97,9 +97,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vsup.layout.diagnostics import LayoutError
-    from vsup.layout.model import dumps_layout, save_layout
+    from vsup.layout.model import dumps_layout
     from vsup.layout.node import GIB, node_gpu_count
     from vsup.layout.plan import PlanError, PlanRequest, make_plan, parse_gpus, render_budget
+    from vsup.layout.store import save_layout
     from vsup.layout.validate import validate
 
     out_path = Path(args.output) if args.output else None

@@ -48,10 +48,13 @@ def _up(args: argparse.Namespace) -> int:
     from vsup.control.cliutil import CommandFailed, client_for_cli, print_diagnostics
 
     path = Path(args.layout).expanduser().absolute()
+    from vsup.layout.files import UnreadableFile, read_text
+
     try:
-        toml = path.read_text()
-    except OSError as exc:
-        raise CommandFailed(f"vsup up: cannot read {path}: {exc.strerror or exc}", 2) from None
+        # The layout loader's reader: a regular UTF-8 file of at most 1 MiB (not /dev/zero).
+        toml = read_text(path)
+    except UnreadableFile as exc:
+        raise CommandFailed(f"vsup up: {exc}", 2) from None
     errors, warnings = validate_locally(path)
     print_diagnostics(warnings)
     if errors:

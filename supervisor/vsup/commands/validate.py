@@ -1,7 +1,9 @@
-"""`vsup validate LAYOUT [--node-gpus N]`: every error at once, warnings on stderr.
+"""`vsup validate LAYOUT.. [--node-gpus N]`: every error at once, warnings on stderr.
 
-Exit 0 when the layout is valid (warnings may still be printed on stderr), 2 when it has
-errors. Each line reads `FILE:LINE: error: instance 'gpu0': key 'port': ... (what to change)`.
+Exit 0 when every layout is valid (warnings may still be printed on stderr), 2 when any has
+errors. Each line reads `FILE:LINE: error: instance 'gpu0': key 'port': ... (what to change)`;
+with several layouts, a problem found in another file (a profile) is prefixed with the layout
+it concerns, and each layout ends with its own summary line.
 """
 
 from __future__ import annotations
@@ -9,23 +11,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "validate",
-        help="check a layout: exit 0 if valid (warnings on stderr), 2 with every error",
+        help="check layouts: exit 0 if all are valid (warnings on stderr), 2 with every error",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("layout", metavar="LAYOUT", help="the layout TOML file")
+    p.add_argument("layouts", nargs="+", metavar="LAYOUT", help="layout TOML files")
     p.add_argument(
         "--node-gpus",
         type=int,
         metavar="N",
         help="check GPU indices against a node with N GPUs (default: this node's GPUs)",
     )
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON on stdout (several layouts: {'valid', 'layouts': [...]})",
+    )
     p.set_defaults(func=run)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,30 +45,36 @@ def run(args: argparse.Namespace) -> int:
     if args.node_gpus is not None and args.node_gpus < 0:
         print("vsup validate: --node-gpus must be 0 or more", file=sys.stderr)
         return 2
-    layout, diagnostics = validate_file(args.layout, node_gpus=args.node_gpus)
-    errors = [d for d in diagnostics if d.is_error]
-    warnings = [d for d in diagnostics if not d.is_error]
-    if args.json:
-        doc = {
-            "path": args.layout,
-            "valid": not errors,
-            "name": layout.name,
-            "instances": layout.instance_names,
-            "errors": [d.to_json() for d in errors],
-            "warnings": [d.to_json() for d in warnings],
-        }
-        print(json.dumps(doc, indent=2))
-        return 2 if errors else 0
-    for d in diagnostics:
-        print(d.format(), file=sys.stderr)
-    if errors:
-        print(
-            f"{args.layout}: {len(errors)} error{'s' if len(errors) != 1 else ''}"
-            + (f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""),
-            file=sys.stderr,
+    docs: list[dict[str, Any]] = []
+    several = len(args.layouts) > 1
+    for path in args.layouts:
+        layout, diagnostics = validate_file(path, node_gpus=args.node_gpus)
+        errors = [d for d in diagnostics if d.is_error]
+        warnings = [d for d in diagnostics if not d.is_error]
+        docs.append(
+            {
+                "path": path,
+                "valid": not errors,
+                "name": layout.name,
+                "instances": layout.instance_names,
+                "errors": [d.to_json() for d in errors],
+                "warnings": [d.to_json() for d in warnings],
+            }
         )
-        return 2
-    n = len(layout.instances)
-    note = f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
-    print(f"{args.layout}: valid ({n} instance{'s' if n != 1 else ''}{note})")
-    return 0
+        if args.json:
+            continue
+        for d in diagnostics:
+            line = d.format()
+            if several and d.file != str(layout.path):
+                line = f"{path}: {line}"
+            print(line, file=sys.stderr)
+        note = f", {_plural(len(warnings), 'warning')}" if warnings else ""
+        if errors:
+            print(f"{path}: {_plural(len(errors), 'error')}{note}", file=sys.stderr)
+        else:
+            print(f"{path}: valid ({_plural(len(layout.instances), 'instance')}{note})")
+    invalid = any(not doc["valid"] for doc in docs)
+    if args.json:
+        out = docs[0] if not several else {"valid": not invalid, "layouts": docs}
+        print(json.dumps(out, indent=2))
+    return 2 if invalid else 0

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from vsup.layout.listen import parse_listen
 from vsup.snapshot import STATES, StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -186,22 +187,6 @@ def render(snap: StatusSnapshot) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: snap))
     return generate_latest(registry)
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """`"127.0.0.1:9400"` -> ("127.0.0.1", 9400); `"[::1]:9400"` works too. ValueError if bad."""
-    text = str(value).strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f'metrics_listen {value!r} is not HOST:PORT (e.g. "127.0.0.1:9400")')
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"metrics_listen {value!r}: port {port_text!r} is not a number") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"metrics_listen {value!r}: port {port} is out of range 1-65535")
-    return host, port
 
 
 class MetricsListener:

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from vsup import __version__
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
-from vsup.control.export import parse_listen
 from vsup.control.state import spec_to_dict
-
-SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+from vsup.layout.listen import parse_listen
+from vsup.layout.secrets import SECRET_NAME as SECRET_KEY
 
 
 class ControlMethods:
@@ -257,13 +255,11 @@ def layout_diagnostics(path: Path | str) -> list:
 
 
 def metrics_listen_of(toml: str) -> str | None:
-    import tomllib
+    """`[layout] metrics_listen` of a layout text, read through the layout loader."""
+    from vsup.layout import loads_layout
 
-    try:
-        value = (tomllib.loads(toml).get("layout") or {}).get("metrics_listen")
-    except tomllib.TOMLDecodeError:
-        return None
-    return str(value) if value else None
+    value = loads_layout(toml).header.get("metrics_listen")
+    return value if isinstance(value, str) and value else None
 
 
 def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:

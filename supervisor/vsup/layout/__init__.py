@@ -9,14 +9,9 @@ The names other packages use:
 """
 
 from vsup.layout.diagnostics import Diagnostic, LayoutError
-from vsup.layout.model import (
-    Layout,
-    dumps_layout,
-    load_layout,
-    loads_layout,
-    save_layout,
-)
+from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
 from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.store import save_layout
 from vsup.layout.validate import validate
 
 __all__ = [

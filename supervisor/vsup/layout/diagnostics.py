@@ -83,14 +83,6 @@ class LayoutError(ValueError):
         return tuple(d for d in self.diagnostics if d.is_error)
 
 
-def errors_of(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
-    return [d for d in diagnostics if d.is_error]
-
-
-def warnings_of(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
-    return [d for d in diagnostics if not d.is_error]
-
-
 def merge_repeats(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
     """Fold diagnostics that differ only by instance into one naming them all.
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vsup.layout.diagnostics import LayoutError
 from vsup.layout.flags import flag_name
-from vsup.layout.model import Layout, resolve_model_path
+from vsup.layout.model import Layout
 from vsup.layout.profiles import ProfileCache, search_dirs
 from vsup.layout.schema import (
     COMMON_KEYS,
@@ -30,7 +29,6 @@ from vsup.layout.schema import (
     type_problem,
 )
 from vsup.layout.sourcemap import SourceMap
-from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 MERGED_TABLES = ("args", "env", "restart")
 
@@ -204,58 +202,7 @@ def merge_instances(layout: Layout, profiles: ProfileCache) -> list[MergedInstan
     return merged
 
 
-def _env_str(v: Any) -> str:
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    return str(v)
-
-
-def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
-    """The engine's InstanceSpec for one merged instance (assumes its structure checked out)."""
-    v = m.values
-    restart = dict(v.get("restart", {}))
-    args = {k: a for k, a in v.get("args", {}).items() if a is not False}
-    util = v.get("gpu_memory_utilization")
-    return InstanceSpec(
-        name=v["name"],
-        model=resolve_model_path(v["model"], layout.base_dir),
-        command=tuple(v["command"]),
-        host=v["host"],
-        port=v["port"],
-        gpus=tuple(v["gpus"]),
-        gpu_memory_utilization=float(util) if util is not None else None,
-        args=args,
-        env={k: _env_str(e) for k, e in v.get("env", {}).items()},
-        api_key_env=v.get("api_key_env"),
-        restart=RestartPolicy(
-            policy=restart.get("policy", RestartPolicy.policy),
-            backoff_s=float(restart.get("backoff_s", RestartPolicy.backoff_s)),
-            backoff_max_s=float(restart.get("backoff_max_s", RestartPolicy.backoff_max_s)),
-            stable_s=float(restart.get("stable_s", RestartPolicy.stable_s)),
-            max_failures=int(restart.get("max_failures", RestartPolicy.max_failures)),
-        ),
-        start_timeout_s=float(v["start_timeout_s"]),
-        stop_grace_s=float(v["stop_grace_s"]),
-        drain_timeout_s=float(v["drain_timeout_s"]),
-        health_interval_s=float(v["health_interval_s"]),
-        unhealthy_after=int(v["unhealthy_after"]),
-        unhealthy_grace_s=float(v["unhealthy_grace_s"]),
-        profiles=tuple(layout.profiles),
-    )
-
-
 def profile_cache_for(layout: Layout, profile_dirs: Sequence[Path] | None) -> ProfileCache:
+    """The profiles a layout can use: `profile_dirs`, else the search path (docs/layout.md)."""
     dirs = list(profile_dirs) if profile_dirs is not None else search_dirs(layout.path)
     return ProfileCache(dirs, layout.base_dir)
-
-
-def resolve_specs(layout: Layout, profile_dirs: Sequence[Path] | None = None) -> list[InstanceSpec]:
-    """Layout.resolve: the specs, or LayoutError with every error that prevents building them."""
-    from vsup.layout.validate import check_structure
-
-    cache = profile_cache_for(layout, profile_dirs)
-    merged = merge_instances(layout, cache)
-    diagnostics = check_structure(layout, cache, merged)
-    if any(d.is_error for d in diagnostics):
-        raise LayoutError(diagnostics)
-    return [spec_from_merged(m, layout) for m in merged]

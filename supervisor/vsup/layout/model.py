@@ -1,4 +1,4 @@
-"""The layout document: what the TOML file says, kept whole, plus loading, saving and resolving.
+"""The layout document: what the TOML file says, kept whole; loading it and writing it as TOML.
 
 A `Layout` holds the parsed document exactly as the file gave it - every table and key, unknown
 ones included, in the file's order - so load -> save -> load is the identity and `vsup save`
@@ -6,8 +6,8 @@ never drops what an operator wrote. Typed views (`name`, `profiles`, `instances`
 `with_instance` / `without_instance` return new layouts for the dashboard's forms.
 
 Loading never raises: TOML syntax errors and unreadable files become `load_errors`
-(diagnostics with the file and line). Saving refuses a layout that does not validate, and writes
-atomically (temporary file in the same directory, fsync, rename).
+(diagnostics with the file and line). Saving (`vsup.layout.store`) refuses a layout that does
+not validate and writes atomically; it sits above validation, this module below it.
 
 Comments are not kept: tomllib does not report them and tomli-w cannot write them.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,27 +25,24 @@ from typing import Any
 
 import tomli_w
 
-from vsup.fsutil import write_atomic  # the one atomic writer of the package
-from vsup.layout.diagnostics import ERROR, Diagnostic, LayoutError
+from vsup.layout.diagnostics import ERROR, Diagnostic
+from vsup.layout.files import UnreadableFile, read_text, toml_error_diagnostic
+from vsup.layout.listen import listen_address
+from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.sourcemap import SourceMap
 from vsup.layout.spec import InstanceSpec
 
-LOCAL_PREFIXES = ("/", "./", "../", "~")
-
-
-def is_local_model(model: str) -> bool:
-    """A model is a local path when it starts with `/`, `./`, `../` or `~` (else a hub id)."""
-    return model.startswith(LOCAL_PREFIXES) or model in (".", "..")
-
-
-def resolve_model_path(model: str, base_dir: Path | None) -> str:
-    """A local model path made absolute: `~` expanded, `./x` and `../x` against `base_dir`."""
-    if not is_local_model(model):
-        return model
-    p = Path(model).expanduser()
-    if not p.is_absolute():
-        p = (base_dir or Path.cwd()) / p
-    return os.path.normpath(p)
+__all__ = [
+    "Layout",
+    "dumps_document",
+    "dumps_layout",
+    "is_local_model",
+    "load_layout",
+    "loads_layout",
+    "ordered",
+    "resolve_model_path",
+    "toml_error_diagnostic",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,10 +116,12 @@ class Layout:
     @property
     def metrics_listen(self) -> tuple[str, int] | None:
         """(host, port) of the opt-in Prometheus exporter, or None when not set or malformed."""
-        from vsup.layout.schema import parse_listen
+        return listen_address(self.header.get("metrics_listen"))
 
-        value = self.header.get("metrics_listen")
-        return parse_listen(value) if isinstance(value, str) else None
+    @property
+    def empty_ok(self) -> bool:
+        """`[layout] empty = true`: the layout means to run no instance (see validation)."""
+        return self.header.get("empty") is True
 
     @property
     def instance_names(self) -> list[str]:
@@ -252,23 +250,15 @@ class Layout:
         `args` entries set to `false` remove the flag. Raises LayoutError when the layout has
         errors that stop it from being built (unknown profile, wrong type, missing key...).
         """
-        from vsup.layout.merge import resolve_specs
+        # The one import inside a function in vsup.layout: resolving needs the layers above
+        # the document (structure checks, merge), which import this module. The method is the
+        # API every caller uses; `vsup.layout.resolve.resolve_specs` is the same without it.
+        from vsup.layout.resolve import resolve_specs
 
         return resolve_specs(self, profile_dirs)
 
 
 # -- load -------------------------------------------------------------------------------------
-
-
-def toml_error_diagnostic(exc: Exception, file: str | None) -> Diagnostic:
-    """A TOMLDecodeError as a diagnostic with its line: `(at line 3, column 7)`."""
-    text = str(exc)
-    m = re.search(r"\(at line (\d+), column (\d+)\)", text)
-    line = int(m.group(1)) if m else None
-    message = re.sub(r"\s*\(at line \d+, column \d+\)", "", text).strip()
-    if m:
-        message += f" (column {m.group(2)})"
-    return Diagnostic(ERROR, f"TOML syntax: {message}; fix the file's syntax", file=file, line=line)
 
 
 def loads_layout(text: str, path: Path | str | None = None) -> Layout:
@@ -288,27 +278,13 @@ def loads_layout(text: str, path: Path | str | None = None) -> Layout:
 
 
 def load_layout(path: Path | str) -> Layout:
-    """Read a layout file. Never raises: an unreadable file or bad TOML becomes `load_errors`."""
+    """Read a layout file. Never raises: an unreadable, oversized, non-regular or non-UTF-8
+    file, or bad TOML, becomes `load_errors` (see `vsup.layout.files`)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        diag = Diagnostic(
-            ERROR, f"cannot read the layout: {reason}; check the path", file=str(path)
-        )
-        return Layout(path=path, load_errors=(diag,))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        diag = Diagnostic(
-            ERROR,
-            f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8",
-            file=str(path),
-            line=line,
-        )
-        return Layout(path=path, load_errors=(diag,))
+        text = read_text(path, "layout")
+    except UnreadableFile as exc:
+        return Layout(path=path, load_errors=(exc.diagnostic,))
     return loads_layout(text, path)
 
 
@@ -328,44 +304,6 @@ def dumps_document(doc: Mapping[str, Any]) -> str:
     _emit_table(doc, (), out, top=True)
     text = "\n".join(out).strip("\n") + "\n"
     return text
-
-
-def save_layout(
-    layout: Layout,
-    path: Path | str,
-    *,
-    node_gpus: int | None = None,
-    profile_dirs: Sequence[Path] | None = None,
-    check: bool = True,
-) -> Path:
-    """Write the layout to `path` atomically; refuses (LayoutError) a layout that does not validate.
-
-    Relative local model paths are rewritten for the new location (see `Layout.relocated`).
-    """
-    path = Path(path)
-    target = layout.relocated(path)
-    if target.load_errors:
-        raise LayoutError(target.load_errors)
-    if check:
-        from vsup.layout.validate import validate
-
-        diagnostics = validate(target, node_gpus=node_gpus, profile_dirs=profile_dirs)
-        if any(d.is_error for d in diagnostics):
-            raise LayoutError(diagnostics)
-    text = dumps_layout(target)
-    # A writer bug must never replace a good file with one that reads back differently.
-    if loads_layout(text) != target:
-        raise LayoutError(
-            [
-                Diagnostic(
-                    ERROR,
-                    "internal error: the TOML written does not read back the same",
-                    file=str(path),
-                )
-            ]
-        )
-    write_atomic(path, text)
-    return path
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vsup.layout.modelpath import is_local_model, resolve_model_path
+
 # Bytes per parameter for a weight dtype or quantization. 4-bit formats carry group scales
 # (awq/gptq: fp16 scale + packed zero per 128 weights; mxfp4: one byte per 32; nvfp4: one per 16).
 DTYPE_BYTES: dict[str, float] = {
@@ -496,8 +498,6 @@ def estimate_params(cfg: Mapping[str, Any]) -> int | None:
 
 def model_dir(model: str, base_dir: Path | None = None) -> Path | None:
     """The local directory holding a model: a local path, or a hub id's cached snapshot."""
-    from vsup.layout.model import is_local_model, resolve_model_path
-
     if is_local_model(model):
         p = Path(resolve_model_path(model, base_dir))
         return p if p.is_dir() else None

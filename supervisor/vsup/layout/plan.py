@@ -23,29 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vsup.layout.model import Layout, is_local_model
+from vsup.layout.budget import (
+    COMM_OVERHEAD_BYTES,
+    OVERHEAD_BYTES,
+    overhead_bytes,
+)
+from vsup.layout.model import Layout
 from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
+from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.node import GIB, KNOWN_GPUS, PLATFORM_PROFILES, gpu_kind, node_gpus
 from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
 
-OVERHEAD_BYTES = 2 * GIB
-COMM_OVERHEAD_BYTES = GIB // 2
 DEFAULT_UTILIZATION = 0.90
 DEFAULT_PORT_BASE = 8000
 FALLBACK_MAX_MODEL_LEN = 8192
-
-
-def overhead_bytes(tp: int) -> int:
-    """Memory an instance uses per GPU beyond weights and KV cache (estimate)."""
-    return OVERHEAD_BYTES + (COMM_OVERHEAD_BYTES if tp > 1 else 0)
-
-
-def estimate_kv_tokens(
-    gpu_memory_bytes: int, utilization: float, weight_bytes: int, tp: int, kv_bytes_per_token: int
-) -> int:
-    """KV-cache tokens an instance is left with (see the module docstring)."""
-    kv = utilization * gpu_memory_bytes - weight_bytes / max(1, tp) - overhead_bytes(tp)
-    return max(0, int(kv // kv_bytes_per_token)) if kv_bytes_per_token > 0 else 0
 
 
 def split_utilization(total: float, tenants: int) -> float:
@@ -199,11 +190,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
             "awq or gptq"
         )
-    if is_local_model(req.model):
-        from vsup.layout.model import resolve_model_path
-
-        if not Path(resolve_model_path(req.model, base_dir)).is_dir():
-            raise PlanError(f"--model {req.model}: no such directory")
+    if is_local_model(req.model) and not Path(resolve_model_path(req.model, base_dir)).is_dir():
+        raise PlanError(f"--model {req.model}: no such directory")
     info = model_info(req.model, base_dir, params=req.params, dtype=req.dtype)
     if info.config is None and info.safetensors is None and not (req.params and req.dtype):
         raise PlanError(

@@ -22,6 +22,7 @@ from typing import Any
 
 from vsup import paths
 from vsup.layout.diagnostics import ERROR, Diagnostic
+from vsup.layout.files import UnreadableFile, read_text, toml_error_diagnostic
 from vsup.layout.sourcemap import SourceMap
 
 PROFILE_PATH_ENV = "VSUP_PROFILE_PATH"
@@ -109,18 +110,12 @@ def available_profiles(dirs: Iterable[Path]) -> list[str]:
 def read_profile(name: str, path: Path) -> Profile:
     """Read one profile file. Never raises: problems land in `load_errors`."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return Profile(
-            name,
-            path,
-            load_errors=(Diagnostic(ERROR, f"cannot read profile: {exc}", file=str(path)),),
-        )
+        text = read_text(path, "profile")
+    except UnreadableFile as exc:
+        return Profile(name, path, load_errors=(exc.diagnostic,))
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        from vsup.layout.model import toml_error_diagnostic
-
         return Profile(
             name, path, source=text, load_errors=(toml_error_diagnostic(exc, str(path)),)
         )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from vsup.layout.listen import parse_listen
 from vsup.layout.spec import RESTART_POLICIES, InstanceSpec, RestartPolicy
 
 # vLLM 0.32's own default for --gpu-memory-utilization (vllm/config/cache.py): what an instance
@@ -57,7 +58,8 @@ def toml_type(v: Any) -> str:
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # str | int | number | str_list | int_list | table | env_table | restart | profiles
+    # str | bool | int | number | str_list | int_list | table | env_table | restart | profiles
+    kind: str
     doc: str
     # extra check on a well-typed value: returns what to change, or None when fine
     check: Callable[[Any], str | None] | None = None
@@ -127,26 +129,11 @@ def _api_key_env(v: Any) -> str | None:
 
 
 def _metrics_listen(v: Any) -> str | None:
-    return (
-        None
-        if parse_listen(v)
-        else (
-            f'{v!r} is not HOST:PORT: write e.g. "127.0.0.1:9400" (the Prometheus exporter\'s '
-            "address)"
-        )
-    )
-
-
-def parse_listen(v: str) -> tuple[str, int] | None:
-    """`"127.0.0.1:9400"` -> ("127.0.0.1", 9400); `"[::1]:9400"` -> ("::1", 9400)."""
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", v.strip())
-    if not m:
-        return None
-    host = m.group(1) or m.group(3)
-    port = int(m.group(2) or m.group(4))
-    if not 1 <= port <= 65535:
-        return None
-    return host, port
+    try:
+        parse_listen(v)
+    except ValueError as exc:
+        return f"{exc} (the Prometheus exporter's address)"
+    return None
 
 
 RESTART_KEYS: dict[str, Key] = {
@@ -176,6 +163,7 @@ LAYOUT_KEYS: dict[str, Key] = {
         Key(
             "metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen
         ),
+        Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
     )
 }
 
@@ -260,6 +248,9 @@ def type_problem(key: Key, value: Any) -> str | None:
     if kind == "str":
         ok = isinstance(value, str)
         want = "a string"
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+        want = "a boolean (true or false)"
     elif kind == "int":
         ok = is_int(value)
         want = "an integer"

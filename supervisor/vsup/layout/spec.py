@@ -115,10 +115,6 @@ class InstanceSpec:
                 env["VLLM_API_KEY"] = secret
         return env
 
-    def has_flag(self, name: str) -> bool:
-        want = flag_name(name)
-        return any(flag_name(k) == want for k, v in self.args.items() if v is not False)
-
     def arg(self, name: str, default: Any = None) -> Any:
         want = flag_name(name)
         for k, v in self.args.items():

@@ -19,9 +19,9 @@ from vsup.layout.model import (
     load_layout,
     loads_layout,
     ordered,
-    save_layout,
 )
 from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.store import save_layout
 
 CPU_LAYOUT = """\
 [layout]

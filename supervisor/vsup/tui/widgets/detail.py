@@ -14,11 +14,11 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Log, Static, TabbedContent, TabPane
 
+from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 MASK = "****"
 # uvicorn's access lines for the requests vsup itself makes every second (health checks and
 # metric scrapes): they would bury everything else in the log tail.

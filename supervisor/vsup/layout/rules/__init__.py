@@ -1,0 +1,82 @@
+"""Validation rules: what a layout that builds means, one named function per rule.
+
+Each rule returns its diagnostics (errors: vLLM would not start, or two instances would fight
+over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
+the whole layout; instance rules at one merged instance. A rule lives in the module of its
+concern: `ports`, `gpus`, `parallelism`, `env`, `secrets`, `flags`, `model`, `attention`, `kv`,
+`instances`. The structure checks (unknown keys, types, profiles) come before them, in
+`vsup.layout.structure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vsup.layout.diagnostics import Diagnostic
+from vsup.layout.merge import MergedInstance
+from vsup.layout.rules import (
+    attention,
+    env,
+    flags,
+    gpus,
+    instances,
+    kv,
+    model,
+    parallelism,
+    ports,
+    secrets,
+)
+from vsup.layout.rules.context import Context
+
+LayoutRule = Callable[[Context], list[Diagnostic]]
+InstanceRule = Callable[[Context, MergedInstance], list[Diagnostic]]
+
+LAYOUT_RULES: tuple[LayoutRule, ...] = (
+    instances.no_instances,
+    secrets.secret_flags,
+    secrets.secret_env,
+    secrets.secret_values,
+    flags.unknown_flags,
+    ports.port_used_twice,
+    ports.port_of_metrics_exporter,
+    ports.port_privileged,
+    gpus.no_gpu_on_node,
+    gpus.gpu_overcommitted,
+)
+
+INSTANCE_RULES: tuple[InstanceRule, ...] = (
+    gpus.gpu_index_negative,
+    gpus.gpu_beyond_node,
+    gpus.gpu_listed_twice,
+    gpus.utilization_on_cpu,
+    model.model_empty,
+    model.local_model_missing,
+    model.command_not_found,
+    parallelism.tp_not_positive,
+    parallelism.pp_not_positive,
+    parallelism.tp_gpus_mismatch,
+    env.hip_visible_devices,
+    env.cuda_visible_devices,
+    env.attention_backend_env,
+    env.nccl_on_tp1,
+    parallelism.tp_for_small_model,
+    attention.mla_aiter_block_size,
+    model.on_the_fly_quantization,
+    kv.batched_below_seqs,
+    kv.kv_below_max_model_len,
+    kv.kv_below_concurrency,
+)
+
+
+def run_rules(ctx: Context) -> list[Diagnostic]:
+    """Every rule's diagnostics, layout rules first, then instance rules per instance."""
+    out: list[Diagnostic] = []
+    for rule in LAYOUT_RULES:
+        out += rule(ctx)
+    for m in ctx.merged:
+        for instance_rule in INSTANCE_RULES:
+            out += instance_rule(ctx, m)
+    return out
+
+
+__all__ = ["INSTANCE_RULES", "LAYOUT_RULES", "Context", "run_rules"]

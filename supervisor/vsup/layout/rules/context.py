@@ -1,0 +1,126 @@
+"""What every rule reads: the layout, its merged instances, the tables as written, the node;
+plus the helpers rules share (a diagnostic pointed at where a merged value was set, flag
+values read as vLLM reads them)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vsup.layout.diagnostics import Diagnostic
+from vsup.layout.merge import MergedInstance, Origin
+from vsup.layout.model import Layout
+from vsup.layout.modelinfo import ModelInfo, model_info
+from vsup.layout.modelpath import is_local_model, resolve_model_path
+from vsup.layout.profiles import ProfileCache
+from vsup.layout.schema import is_int
+from vsup.layout.structure import WrittenTable
+from vsup.layout.vllm_flags import FlagList, flags_for_command
+
+
+@dataclass
+class Context:
+    """One validation's inputs. Model facts and flag lists are looked up once per validation."""
+
+    layout: Layout
+    cache: ProfileCache
+    merged: Sequence[MergedInstance]
+    tables: Sequence[WrittenTable]  # the tables of instance keys as written, lowest first
+    node_gpus: int | None  # None: unknown (no GPU found and no --node-gpus)
+    probed: bool  # node_gpus came from this node's probe, not from the caller
+    gpu_memory_bytes: int | None
+    _models: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False)
+    _flags: dict[tuple, FlagList] = field(default_factory=dict, init=False, repr=False)
+
+    def model_info(self, m: MergedInstance) -> ModelInfo | None:
+        """What is known offline of the instance's model; None when it has no usable model
+        (empty, or a local path that does not exist: rules of their own say so)."""
+        model = m.values.get("model")
+        if not isinstance(model, str) or not model.strip():
+            return None
+        if is_local_model(model) and not Path(self.local_model_path(model)).exists():
+            return None
+        if model not in self._models:
+            self._models[model] = model_info(model, self.layout.base_dir)
+        return self._models[model]
+
+    def local_model_path(self, model: str) -> str:
+        return resolve_model_path(model, self.layout.base_dir)
+
+    def flags(self, m: MergedInstance) -> FlagList:
+        """The `vllm serve` flags of the vLLM the instance's command runs."""
+        command = m.values.get("command")
+        key = tuple(command) if isinstance(command, list) else ()
+        if key not in self._flags:
+            self._flags[key] = flags_for_command(list(key) or None)
+        return self._flags[key]
+
+
+def origin_diag(severity: str, message: str, m: MergedInstance, *key: str) -> Diagnostic:
+    """A diagnostic about a merged value, pointed at the file and line that set it."""
+    key = tuple(k for k in key if k)
+    origin: Origin = m.origin(*key)
+    if origin.label == "built-in":
+        origin = m.instance_origin  # vsup's own default: point at the instance using it
+    suffix = (
+        "" if origin.is_instance or origin.label == "[defaults]" else f" (set in {origin.label})"
+    )
+    return Diagnostic(
+        severity,
+        message + suffix,
+        file=origin.file,
+        line=origin.line,
+        instance=m.label,
+        key=".".join(key) or None,
+    )
+
+
+def int_arg(value: Any) -> int | None:
+    """An integer flag value as vLLM reads it: 8192, "8192", "8k" (1000s), "8K" (1024s)."""
+    if is_int(value):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([kKmMgG]?)\s*", value)
+        if m:
+            number, suffix = m.groups()
+            if not suffix:
+                return int(float(number))
+            if suffix.islower():
+                return int(float(number) * {"k": 10**3, "m": 10**6, "g": 10**9}[suffix])
+            if "." not in number:
+                return int(number) * {"K": 2**10, "M": 2**20, "G": 2**30}[suffix]
+    return None
+
+
+def int_flag(m: MergedInstance, name: str) -> int | None:
+    """`int_arg` of a flag's merged value; None when unset or not an integer."""
+    value = m.arg(name)
+    return int_arg(value) if value is not None else None
+
+
+def env_flag_on(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Tensor and pipeline parallel sizes as the flags give them (None: set but unusable)."""
+
+    tp: int | None  # --tensor-parallel-size, None when unset or not an integer
+    pp: int | None  # --pipeline-parallel-size (1 when unset), None when not a positive integer
+    effective_tp: int  # the TP vLLM will run: the flag, else one per GPU
+
+
+def parallelism(m: MergedInstance) -> Parallelism:
+    tp_raw = m.arg("tensor-parallel-size")
+    pp_raw = m.arg("pipeline-parallel-size")
+    tp = int_arg(tp_raw) if tp_raw is not None else None
+    pp = int_arg(pp_raw) if pp_raw is not None else 1
+    if pp_raw is not None and (pp is None or pp < 1):
+        pp = None
+    gpus = m.gpus
+    effective = tp if tp is not None else (max(1, len(gpus)) if gpus else 1)
+    return Parallelism(tp, pp, effective)

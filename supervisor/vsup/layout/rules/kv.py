@@ -1,0 +1,137 @@
+"""Rules about the KV cache and the scheduler limits vLLM checks at start-up."""
+
+from __future__ import annotations
+
+from vsup.layout.budget import estimate_kv_tokens
+from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.merge import MergedInstance
+from vsup.layout.rules.context import Context, int_arg, int_flag, origin_diag, parallelism
+from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_number
+
+
+def batched_below_seqs(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    seqs = int_flag(m, "max-num-seqs")
+    batched = int_flag(m, "max-num-batched-tokens")
+    if seqs is None or batched is None or batched >= seqs:
+        return []
+    return [
+        origin_diag(
+            ERROR,
+            f"max-num-batched-tokens ({batched}) is below max-num-seqs ({seqs}); vLLM refuses to "
+            "start: raise max-num-batched-tokens or lower max-num-seqs",
+            m,
+            "args",
+            m.arg_key("max-num-batched-tokens") or "",
+        )
+    ]
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | None:
+    """(tokens the KV cache holds, how that was found, exact) where it can be computed: the
+    block override, the CPU KV space, or an estimate from this node's GPU memory."""
+    info = ctx.model_info(m)
+    gpus = m.gpus
+    block_raw = m.arg("block-size")
+    block_size = int_arg(block_raw) if block_raw is not None else (128 if gpus == [] else 16)
+    blocks = int_flag(m, "num-gpu-blocks-override")
+    if blocks is not None and block_size:
+        # vLLM keeps one block aside (the null block): usable = (blocks - 1) x block size.
+        how = (
+            f"num-gpu-blocks-override {blocks} x block size {block_size}, less vLLM's reserved "
+            "block"
+        )
+        return max(0, (blocks - 1) * block_size), how, True
+    if info is None:
+        return None
+    kv_dtype = m.arg("kv-cache-dtype")
+    dtype = m.arg("dtype")
+    tp = parallelism(m).effective_tp
+    per_token = info.kv_bytes_per_token(
+        str(kv_dtype) if kv_dtype else None, tp, str(dtype) if dtype else None
+    )
+    if not per_token:
+        return None
+    if gpus == []:
+        space = m.env.get("VLLM_CPU_KVCACHE_SPACE")
+        gib = (
+            float(space)
+            if is_number(space) or (isinstance(space, str) and _is_float(space))
+            else None
+        )
+        if not gib:
+            return None
+        how = f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
+        return int(gib * 1024**3 // per_token), how, False
+    memory = ctx.gpu_memory_bytes
+    if not gpus or not memory:
+        return None
+    util = m.values.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+    weights, _ = info.weight_bytes(
+        str(dtype) if dtype else None, str(m.arg("quantization") or "") or None
+    )
+    if weights is None:
+        return None
+    how = f"estimate: {float(util):g} of {memory / 1024**3:.0f} GiB, less weights and overhead"
+    return estimate_kv_tokens(memory, float(util), weights, tp, per_token), how, False
+
+
+def _max_model_len(ctx: Context, m: MergedInstance) -> int | None:
+    max_len = int_flag(m, "max-model-len")
+    if max_len is not None and max_len < 0:
+        max_len = None  # -1 / "auto": vLLM fits it to the memory
+    if max_len is None:
+        info = ctx.model_info(m)
+        max_len = info.max_position_embeddings if info is not None else None
+    return max_len
+
+
+def kv_below_max_model_len(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """A KV cache that cannot hold one full-length request: vLLM refuses to start."""
+    max_len = _max_model_len(ctx, m)
+    found = _kv_capacity(ctx, m) if max_len is not None else None
+    if found is None or found[0] >= max_len:  # type: ignore[operator]
+        return []
+    capacity, how, exact = found
+    verb = "vLLM refuses to start" if exact else "vLLM will likely refuse to start"
+    return [
+        origin_diag(
+            ERROR if exact else WARNING,
+            f"the KV cache holds {capacity} tokens ({how}) but max-model-len is {max_len}: "
+            f"{verb}; lower max-model-len or give the instance more KV cache",
+            m,
+            "args",
+            m.arg_key("max-model-len") or m.arg_key("num-gpu-blocks-override") or "",
+        )
+    ]
+
+
+def kv_below_concurrency(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """max-num-seqs full-length requests beyond the KV capacity: they will be preempted."""
+    max_len = _max_model_len(ctx, m)
+    seqs = int_flag(m, "max-num-seqs")
+    found = _kv_capacity(ctx, m) if max_len is not None and seqs is not None else None
+    if found is None:
+        return []
+    capacity, how, _ = found
+    if capacity < max_len or seqs * max_len <= capacity:  # type: ignore[operator]
+        return []
+    return [
+        origin_diag(
+            WARNING,
+            f"max-num-seqs {seqs} x max-model-len {max_len} = {seqs * max_len} tokens, beyond the "
+            f"KV cache's {capacity} ({how}): full-length requests will be preempted; lower "
+            f"max-num-seqs to {max(1, capacity // max_len)} or max-model-len, or give it more KV "
+            "cache",
+            m,
+            "args",
+            m.arg_key("max-num-seqs") or "",
+        )
+    ]

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "vsup.commands.save",
     "vsup.commands.probe",
     "vsup.commands.down",
+    "vsup.commands.bench",
     "vsup.commands.daemon",
 )
 

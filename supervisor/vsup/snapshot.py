@@ -101,6 +101,93 @@ class GpuProcess:
     instance: str | None  # the instance owning this pid, or None for a foreign process
 
 
+# Clock-event reasons a GPU can report (`GpuHealth.throttle_reasons`), vendor-neutral names.
+# NVML: nvmlClocksEventReason*; amdsmi: amdsmi_get_violation_status active_* (MI300 and newer),
+# else gpu_metrics throttle_status (a bare yes/no: `unspecified`).
+THROTTLE_REASONS = (
+    "power_cap",  # software power cap: drawing the enforced power limit
+    "thermal",  # software thermal slowdown (GPU or memory above its target)
+    "hw_thermal",  # hardware thermal slowdown (PROCHOT on AMD)
+    "hw_slowdown",  # hardware slowdown: thermal, power brake or power supply
+    "hw_power_brake",  # an external power-brake signal (the node's power supply)
+    "vr_thermal",  # AMD: voltage regulator too hot
+    "hbm_thermal",  # AMD: HBM too hot
+    "sync_boost",  # held with other GPUs in a sync-boost group
+    "app_clocks",  # applications clocks setting
+    "display_clocks",
+    "idle",  # nothing to run: clocks low on purpose
+    "unspecified",  # the driver says "throttled" without a reason
+)
+# Reasons that cost throughput and are not the GPU doing what it was told.
+THROTTLE_HARDWARE = ("hw_slowdown", "hw_power_brake", "hw_thermal")
+THROTTLE_THERMAL = ("thermal", "vr_thermal", "hbm_thermal")
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One NVIDIA XID error as NVML delivered it (critical-error events)."""
+
+    xid: int
+    at: str  # ISO 8601 UTC, when vsup read the event
+    what: str | None = None  # NVIDIA's description, for the XIDs vsup knows
+    hardware: bool = False  # one NVIDIA attributes to the GPU, its memory or the bus
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """What the driver says about a GPU's health. None: the driver does not give it (or not
+    yet read). Counts are as the driver keeps them."""
+
+    ecc_enabled: bool | None = None
+    # volatile: since the driver loaded (NVML volatile; amdsmi's counts); aggregate: the
+    # GPU's lifetime (NVML's InfoROM count; amdsmi has none)
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    ecc_deferred: int | None = None  # AMD: errors whose correction was deferred
+    retired_pages: int | None = None  # NVML retired pages (pre-Ampere); amdsmi bad pages
+    retired_pages_pending: bool | None = None  # retirement waits for a GPU reset
+    rows_remapped_correctable: int | None = None  # NVML row remapping (Ampere and newer)
+    rows_remapped_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None  # a remap waits for a GPU reset
+    row_remap_failed: bool | None = None  # a remap failed: the GPU needs service
+    bad_pages_unreservable: int | None = None  # AMD: bad pages it could not retire
+    xid_count: int | None = None  # XID errors seen since vsup began watching; None: no events
+    xid_recent: tuple[XidEvent, ...] = ()  # those of the last hour, oldest first (at most 16)
+    throttle_reasons: tuple[str, ...] | None = None  # THROTTLE_REASONS active now
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    mem_clock_max_mhz: float | None = None
+    power_limit_w: float | None = None  # the enforced power cap
+
+    @property
+    def hardware_xids(self) -> tuple[XidEvent, ...]:
+        return tuple(e for e in self.xid_recent if e.hardware)
+
+    def faults(self) -> tuple[str, ...]:
+        """Short labels for what needs a person: memory errors and hardware XIDs."""
+        out = []
+        if self.ecc_volatile_uncorrected:
+            out.append(f"{self.ecc_volatile_uncorrected} uncorrectable ECC")
+        if self.row_remap_failed:
+            out.append("row remap failed")
+        if self.row_remap_pending or self.retired_pages_pending:
+            out.append("page retirement pending")
+        if self.bad_pages_unreservable:
+            out.append(f"{self.bad_pages_unreservable} unretirable bad pages")
+        hw = self.hardware_xids
+        if hw:
+            out.append(f"XID {hw[-1].xid}")
+        return tuple(out)
+
+    def slowdowns(self) -> tuple[str, ...]:
+        """The throttle reasons active now that cost throughput (not idle, app or sync)."""
+        costly = (*THROTTLE_HARDWARE, *THROTTLE_THERMAL, "power_cap", "unspecified")
+        return tuple(r for r in self.throttle_reasons or () if r in costly)
+
+
 @dataclass(frozen=True)
 class GpuStatus:
     index: int
@@ -111,6 +198,7 @@ class GpuStatus:
     temp_c: float | None
     power_w: float | None
     processes: tuple[GpuProcess, ...] = ()
+    health: GpuHealth | None = None  # None: no health figures from this driver (or no GPU)
 
 
 @dataclass(frozen=True)
@@ -167,6 +255,7 @@ class StatusSnapshot:
                     GpuStatus,
                     g,
                     processes=tuple(_build(GpuProcess, p) for p in g.get("processes", ())),
+                    health=_health(g.get("health")),
                 )
                 for g in doc.get("gpus", ())
             ),
@@ -188,6 +277,18 @@ def _build(cls: type, data: dict[str, Any], **override: Any) -> Any:
     kwargs = {k: v for k, v in data.items() if k in names}
     kwargs.update(override)
     return cls(**kwargs)
+
+
+def _health(doc: dict[str, Any] | None) -> GpuHealth | None:
+    if not doc:
+        return None
+    reasons = doc.get("throttle_reasons")
+    return _build(
+        GpuHealth,
+        doc,
+        xid_recent=tuple(_build(XidEvent, e) for e in doc.get("xid_recent") or ()),
+        throttle_reasons=None if reasons is None else tuple(reasons),
+    )
 
 
 def empty_instance(name: str, **values: Any) -> InstanceStatus:

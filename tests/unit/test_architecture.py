@@ -25,6 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "tui": {"control.client", "layout"},
     "commands": {"*"},
     "demo": {"layout"},
+    "bench": {"layout", "control.client", "control.errors", "control.progress"},
     "cli": {"*"},
     "__main__": {"cli"},
 }

@@ -1,5 +1,8 @@
 """`vsup plan`: write a layout for one model on this node's GPUs and print its memory budget.
 
+A hub id without local files is sized from its config.json and safetensors headers, fetched
+from the hub (never the weights) and cached under $VSUP_HOME/cache/hub.
+
 With `-o FILE` the layout goes to FILE and the budget to stdout; without it the layout goes to
 stdout and the budget to stderr, so `vsup plan ... > layout.toml` works. Exit 2 when the plan
 is impossible (an instance could not hold one full-length request, unknown sizes, bad flags).
@@ -35,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="tensor-parallel size; groups of N consecutive GPUs",
+    )
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel ranks per instance: one server (one port) over TP x N GPUs",
     )
     p.add_argument(
         "--port-base",
@@ -91,6 +101,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="share of each GPU for all its instances (default 0.90, at most 0.95)",
     )
     p.add_argument("--name", help="the layout's name (default: from the model and shape)")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print each GPU's memory item by item (weights, activation/graph reserve, KV, "
+        "what is left) and why each number is what it is",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="never ask the hub for a hub id's config (the local caches only)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write the layout here (default: stdout)")
     p.set_defaults(func=run)
 
@@ -99,7 +120,14 @@ def run(args: argparse.Namespace) -> int:
     from vsup.layout.diagnostics import LayoutError
     from vsup.layout.model import dumps_layout
     from vsup.layout.node import GIB, node_gpu_count
-    from vsup.layout.plan import PlanError, PlanRequest, make_plan, parse_gpus, render_budget
+    from vsup.layout.plan import (
+        PlanError,
+        PlanRequest,
+        make_plan,
+        parse_gpus,
+        render_budget,
+        render_explain,
+    )
     from vsup.layout.store import save_layout
     from vsup.layout.validate import validate
 
@@ -111,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             gpus=gpus,
             per_gpu=args.per_gpu,
             tp=args.tp,
+            dp=args.dp,
             port_base=args.port_base,
             profiles=args.profile,
             gpu=args.gpu,
@@ -121,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             utilization=args.utilization,
             kv_cache_dtype=args.kv_cache_dtype,
             name=args.name,
+            hub=not args.offline,
         )
         plan = make_plan(req, base_dir=Path.cwd(), out_path=out_path)
     except PlanError as exc:
@@ -128,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report = sys.stdout if out_path else sys.stderr
     print(render_budget(plan), file=report, end="")
+    if args.explain:
+        print("", file=report)
+        print(render_explain(plan), file=report, end="")
     if not plan.ok:
         for problem in plan.problems:
             print(f"vsup plan: refused: {problem}", file=sys.stderr)

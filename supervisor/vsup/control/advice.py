@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vsup.snapshot import Advice, GpuStatus, InstanceStatus
+from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -43,6 +43,7 @@ def compute_advice(
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
     for gpu in gpus:
         out += foreign_processes(gpu)
+        out += gpu_health(gpu, instances)
     order = {"critical": 0, "warning": 1, "info": 2}
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
 
@@ -175,6 +176,125 @@ def foreign_processes(gpu: GpuStatus) -> list[Advice]:
             )
         )
     return out
+
+
+# Hardware XIDs after which the GPU goes on working: a row remap recorded (63), a rising rate
+# of corrected errors (92), an uncorrectable error contained to the process it killed (94).
+# Worth a look, not a page at night; the others (48 DBE, 64 remap failure, 79 off the bus, 95
+# uncontained, 119/120 GSP, ...) mean the GPU cannot be trusted until someone checks it.
+XID_WARNING_ONLY = frozenset({63, 92, 94})
+# A power-capped GPU whose SM clock stays above this share of its maximum loses little.
+POWER_CAP_CLOCK_SHARE = 0.9
+
+
+def gpu_health(gpu: GpuStatus, instances: Iterable[InstanceStatus] = ()) -> list[Advice]:
+    """What the driver's health figures say needs a person: uncorrectable memory errors, page
+    retirement or row remapping waiting for a reset or failed, hardware XID errors of the last
+    hour, and clocks held down by heat, hardware or the power cap. Kinds: `gpu_ecc`,
+    `gpu_memory`, `gpu_xid`, `gpu_throttle`."""
+    h = gpu.health
+    if h is None:
+        return []
+    names = sorted(i.name for i in instances if gpu.index in i.gpus)
+    drain = f"drain {', '.join(names)} and " if names else ""
+    where = f"GPU {gpu.index}"
+    out: list[Advice] = []
+
+    def add(kind: str, severity: str, message: str) -> None:
+        out.append(Advice(kind=kind, severity=severity, gpu=gpu.index, message=message))
+
+    if h.ecc_volatile_uncorrected:
+        n = h.ecc_volatile_uncorrected
+        add(
+            "gpu_ecc",
+            "critical",
+            f"{where}: {n} uncorrectable ECC error{'s' if n != 1 else ''} since boot: "
+            f"{drain}have the node checked (results computed on it may be wrong).",
+        )
+    if h.row_remap_failed or h.bad_pages_unreservable:
+        what = (
+            "row remapping failed"
+            if h.row_remap_failed
+            else f"{h.bad_pages_unreservable} bad memory pages could not be retired"
+        )
+        add(
+            "gpu_memory",
+            "critical",
+            f"{where}: {what}: its memory can no longer hide bad cells; {drain}have the GPU "
+            "serviced (field diagnostics, RMA).",
+        )
+    elif h.row_remap_pending or h.retired_pages_pending:
+        what = "a row remap" if h.row_remap_pending else "a page retirement"
+        add(
+            "gpu_memory",
+            "warning",
+            f"{where}: {what} waits for a GPU reset: {drain}reset the GPU or reboot the node "
+            "when convenient; until then the bad memory stays in use.",
+        )
+    hardware = h.hardware_xids
+    if hardware:
+        last = hardware[-1]
+        more = f" ({len(hardware)} in the last hour)" if len(hardware) > 1 else ""
+        serious = any(e.xid not in XID_WARNING_ONLY for e in hardware)
+        add(
+            "gpu_xid",
+            "critical" if serious else "warning",
+            f"{where}: XID {last.xid} ({last.what or 'hardware error'}) at {last.at}{more}: "
+            f"{drain}have the node checked.",
+        )
+    out += _throttle_advice(gpu, drain)
+    return out
+
+
+def _throttle_advice(gpu: GpuStatus, drain: str) -> list[Advice]:
+    h = gpu.health
+    assert h is not None
+    reasons = set(h.slowdowns())
+    if not reasons:
+        return []
+    clock = ""
+    share = None
+    if h.sm_clock_mhz is not None and h.sm_clock_max_mhz:
+        share = h.sm_clock_mhz / h.sm_clock_max_mhz
+        clock = f"SM clock {h.sm_clock_mhz:.0f}/{h.sm_clock_max_mhz:.0f} MHz"
+    temp = f"{gpu.temp_c:.0f}°C" if gpu.temp_c is not None else ""
+    figures = ", ".join(x for x in (temp, clock) if x)
+    figures = f" ({figures})" if figures else ""
+    where = f"GPU {gpu.index}"
+
+    def advice(severity: str, message: str) -> list[Advice]:
+        return [Advice(kind="gpu_throttle", severity=severity, gpu=gpu.index, message=message)]
+
+    if reasons & set(THROTTLE_HARDWARE):
+        named = ", ".join(sorted(reasons & set(THROTTLE_HARDWARE))).replace("_", " ")
+        return advice(
+            "critical",
+            f"{where}: hardware slowdown ({named}){figures}: the GPU runs far below its clocks "
+            f"because of overheating or the node's power supply; {drain}have cooling and power "
+            "checked.",
+        )
+    if reasons & set(THROTTLE_THERMAL):
+        named = ", ".join(sorted(reasons & set(THROTTLE_THERMAL))).replace("_", " ")
+        return advice(
+            "warning",
+            f"{where}: thermal throttling ({named}){figures}: throughput drops; check the "
+            "node's cooling and airflow.",
+        )
+    if "unspecified" in reasons:
+        return advice(
+            "warning",
+            f"{where}: throttled (the driver gives no reason){figures}; throughput drops.",
+        )
+    if share is not None and share >= POWER_CAP_CLOCK_SHARE:
+        return []
+    power = ""
+    if gpu.power_w is not None and h.power_limit_w:
+        power = f"{gpu.power_w:.0f}/{h.power_limit_w:.0f} W, "
+    return advice(
+        "info",
+        f"{where}: held at its power cap ({power}{clock or 'clocks unknown'}): throughput is "
+        "power-bound; raise the cap if the node allows it.",
+    )
 
 
 def problem(kind: str, message: str, severity: str = "warning") -> Advice:

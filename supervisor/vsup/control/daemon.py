@@ -39,6 +39,7 @@ from vsup.control.advice import (
     compute_advice,
     problem,
 )
+from vsup.control.alerts import Alerts
 from vsup.control.api import build_app
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
@@ -127,6 +128,7 @@ class Daemon(Restore, ControlMethods):
         self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
+        self.alerts = Alerts(self.clock, self.node.hostname)
         self.engine = Engine(
             self.clock,
             self.logs_dir,
@@ -182,6 +184,7 @@ class Daemon(Restore, ControlMethods):
             cpu_count=self.node.cpu_count,
         )
         await self.restore()
+        await self.alerts.start()
         self._api = ServedApp(build_app(self), sock, name="control API")
         self._socket_id = _file_id(paths.socket_path(self.home))
         await self._api.start()
@@ -195,6 +198,7 @@ class Daemon(Restore, ControlMethods):
             watcher.cancel()
             await self._api.stop()
             await self.metrics.stop()
+            await self.alerts.aclose()
             poller.cancel()
             writer.cancel()
             for t in (poller, writer):
@@ -393,7 +397,9 @@ class Daemon(Restore, ControlMethods):
         self._check_writes()
         await self.monitor.poll(self._targets())
         self.poll_count += 1
-        return self.build_snapshot()
+        snap = self.build_snapshot()
+        self.alerts.observe(snap.advice)
+        return snap
 
     # ----------------------------------------------------------------- snapshot
 

@@ -21,7 +21,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
-from vsup.snapshot import STATES, StatusSnapshot
+from vsup.snapshot import STATES, THROTTLE_REASONS, StatusSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,7 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         foreign.add_metric(lv, sum(1 for p in gpu.processes if p.instance is None))
     yield from gpu_fams.values()
     yield foreign
+    yield from gpu_health_metrics(snap)
 
     advice = GaugeMetricFamily(
         "vsup_advice_active",
@@ -180,6 +181,114 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             [a.kind, a.severity, a.instance or "", "" if a.gpu is None else str(a.gpu)], 1
         )
     yield advice
+
+
+def gpu_health_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """The GPUs' health series (snapshot `gpus[].health`); unknown figures are left out."""
+    glabels = ["gpu", "gpu_name"]
+    ecc = CounterMetricFamily(
+        "vsup_gpu_ecc_errors",
+        "ECC errors; scope volatile: since the driver loaded, aggregate: the GPU's lifetime",
+        labels=[*glabels, "kind", "scope"],
+    )
+    xid = CounterMetricFamily(
+        "vsup_gpu_xid_errors", "XID errors NVML reported since vsup began watching", labels=glabels
+    )
+    throttle = GaugeMetricFamily(
+        "vsup_gpu_throttle_active",
+        "1 while the clocks are held down for this reason",
+        labels=[*glabels, "reason"],
+    )
+    rows = GaugeMetricFamily(
+        "vsup_gpu_remapped_rows", "Memory rows remapped", labels=[*glabels, "kind"]
+    )
+    clock = GaugeMetricFamily(
+        "vsup_gpu_clock_megahertz", "Current clock", labels=[*glabels, "clock"]
+    )
+    clock_max = GaugeMetricFamily(
+        "vsup_gpu_clock_max_megahertz", "Maximum clock", labels=[*glabels, "clock"]
+    )
+    flags = {
+        "ecc_enabled": GaugeMetricFamily(
+            "vsup_gpu_ecc_enabled", "1 when ECC is on", labels=glabels
+        ),
+        "retired_pages_pending": GaugeMetricFamily(
+            "vsup_gpu_retired_pages_pending",
+            "1 while a page retirement waits for a GPU reset",
+            labels=glabels,
+        ),
+        "row_remap_pending": GaugeMetricFamily(
+            "vsup_gpu_row_remap_pending",
+            "1 while a row remap waits for a GPU reset",
+            labels=glabels,
+        ),
+        "row_remap_failed": GaugeMetricFamily(
+            "vsup_gpu_row_remap_failed", "1 when a row remap failed", labels=glabels
+        ),
+    }
+    gauges = {
+        "retired_pages": GaugeMetricFamily(
+            "vsup_gpu_retired_pages", "Memory pages retired (bad pages on AMD)", labels=glabels
+        ),
+        "bad_pages_unreservable": GaugeMetricFamily(
+            "vsup_gpu_bad_pages_unreservable", "Bad pages that could not be retired", labels=glabels
+        ),
+        "power_limit_w": GaugeMetricFamily(
+            "vsup_gpu_power_limit_watts", "The enforced power cap", labels=glabels
+        ),
+    }
+    ecc_keys = (
+        ("ecc_volatile_corrected", "corrected", "volatile"),
+        ("ecc_volatile_uncorrected", "uncorrected", "volatile"),
+        ("ecc_aggregate_corrected", "corrected", "aggregate"),
+        ("ecc_aggregate_uncorrected", "uncorrected", "aggregate"),
+        ("ecc_deferred", "deferred", "volatile"),
+    )
+    for gpu in snap.gpus:
+        h = gpu.health
+        if h is None:
+            continue
+        lv = [str(gpu.index), gpu.name or ""]
+        for key, kind, scope in ecc_keys:
+            value = getattr(h, key)
+            if value is not None:
+                ecc.add_metric([*lv, kind, scope], float(value))
+        if h.xid_count is not None:
+            xid.add_metric(lv, float(h.xid_count))
+        if h.throttle_reasons is not None:
+            for reason in THROTTLE_REASONS:
+                throttle.add_metric([*lv, reason], 1 if reason in h.throttle_reasons else 0)
+        for key, kind in (
+            ("rows_remapped_correctable", "correctable"),
+            ("rows_remapped_uncorrectable", "uncorrectable"),
+        ):
+            value = getattr(h, key)
+            if value is not None:
+                rows.add_metric([*lv, kind], float(value))
+        for name, now, top in (
+            ("sm", h.sm_clock_mhz, h.sm_clock_max_mhz),
+            ("mem", h.mem_clock_mhz, h.mem_clock_max_mhz),
+        ):
+            if now is not None:
+                clock.add_metric([*lv, name], now)
+            if top is not None:
+                clock_max.add_metric([*lv, name], top)
+        for key, fam in flags.items():
+            value = getattr(h, key)
+            if value is not None:
+                fam.add_metric(lv, 1 if value else 0)
+        for key, fam in gauges.items():
+            value = getattr(h, key)
+            if value is not None:
+                fam.add_metric(lv, float(value))
+    yield ecc
+    yield xid
+    yield throttle
+    yield rows
+    yield clock
+    yield clock_max
+    yield from flags.values()
+    yield from gauges.values()
 
 
 def render(snap: StatusSnapshot) -> bytes:

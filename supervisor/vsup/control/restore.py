@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from typing import Any
 
 from vsup.control.journal import last_layout, replay
-from vsup.control.service import metrics_listen_of
+from vsup.control.service import alert_config_of, metrics_listen_of
 from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
 from vsup.engine import AdoptRecord
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
@@ -55,6 +56,8 @@ class Restore:
         self.layout_name = state.layout_name
         if state.layout_toml:
             self.metrics_listen = metrics_listen_of(state.layout_toml)
+            self.alerts.configure(alert_config_of(state.layout_toml))
+        vanished: list[str] = []
         for name, rec in state.instances.items():
             try:
                 spec = spec_from_dict(rec.spec)
@@ -80,14 +83,33 @@ class Restore:
                 reason = gone.last_exit.reason if gone.last_exit else "unknown"
                 self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
                 log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
+                vanished.append(name)
                 if spec.restart.policy != "never" and reason not in DETERMINISTIC:
                     await self.engine.start(name, automatic=True)
                 continue
             self._register_idle(spec, rec)
         await self._settle_adopted()
+        self._alert_restart(vanished)
         if self.metrics_listen:
             await self._start_metrics()
         self._state_dirty.set()
+
+    def _alert_restart(self, vanished: list[str]) -> None:
+        """`daemon_restarted`: this daemon took over instances a previous one left."""
+        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
+        if not adopted and not vanished:
+            return
+        parts = []
+        if adopted:
+            parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
+        if vanished:
+            parts.append(f"{len(vanished)} had exited meanwhile ({', '.join(vanished)})")
+        self.alerts.notify(
+            "daemon_restarted",
+            f"vsup daemon restarted on {self.node.hostname} (pid {os.getpid()}): "
+            + "; ".join(parts)
+            + ". See daemon.log in VSUP_HOME for why the previous one ended.",
+        )
 
     async def _settle_adopted(self) -> None:
         """Give adopted instances one health check before the API answers, so that the first

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup import __version__
+from vsup.control.alerts import AlertConfig
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.state import spec_to_dict
@@ -61,6 +62,7 @@ class ControlMethods:
             toml=toml,
         )
         self._state_dirty.set()
+        self.alerts.configure(alert_config_of(toml))
         self.metrics_listen = metrics_listen_of(toml)
         if self.metrics_listen:
             if not await self._start_metrics():
@@ -260,6 +262,13 @@ def metrics_listen_of(toml: str) -> str | None:
 
     value = loads_layout(toml).header.get("metrics_listen")
     return value if isinstance(value, str) and value else None
+
+
+def alert_config_of(toml: str) -> AlertConfig | None:
+    """`[alerts]` of a layout text, as the alerts take it (None when the table is absent)."""
+    from vsup.layout import loads_layout
+
+    return AlertConfig.from_table(loads_layout(toml).alerts)
 
 
 def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:

@@ -22,9 +22,6 @@ def overhead_bytes(tp: int) -> int:
     return OVERHEAD_BYTES + (COMM_OVERHEAD_BYTES if tp > 1 else 0)
 
 
-def estimate_kv_tokens(
-    gpu_memory_bytes: int, utilization: float, weight_bytes: int, tp: int, kv_bytes_per_token: int
-) -> int:
-    """KV-cache tokens an instance is left with (see the module docstring)."""
-    kv = utilization * gpu_memory_bytes - weight_bytes / max(1, tp) - overhead_bytes(tp)
-    return max(0, int(kv // kv_bytes_per_token)) if kv_bytes_per_token > 0 else 0
+def kv_budget_bytes(gpu_memory_bytes: int, utilization: float, weight_bytes: int, tp: int) -> int:
+    """Bytes left for the KV cache on one GPU of an instance (see the module docstring)."""
+    return int(utilization * gpu_memory_bytes - weight_bytes / max(1, tp) - overhead_bytes(tp))

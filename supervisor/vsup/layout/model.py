@@ -80,6 +80,11 @@ class Layout:
         return _table(self.document.get("layout"))
 
     @property
+    def alerts(self) -> dict[str, Any]:
+        """The `[alerts]` table ({} when absent or not a table)."""
+        return _table(self.document.get("alerts"))
+
+    @property
     def defaults(self) -> dict[str, Any]:
         """The `[defaults]` table ({} when absent or not a table)."""
         return _table(self.document.get("defaults"))

@@ -4,12 +4,12 @@
   is read, never the tensors), else parameters x bytes per parameter, quantization aware.
 - Parameters: from `config.json` (dense, MoE and MLA attention), else the safetensors headers,
   else `--params`, else the model's name ("Llama-3.1-8B" -> 8e9).
-- KV cache bytes per token: layers x KV heads x head dim x 2 (K and V) x dtype bytes; with MLA
-  (DeepSeek-style `kv_lora_rank`): (kv_lora_rank + qk_rope_head_dim) x layers x dtype bytes.
+- KV cache: per layer type (full, sliding window, MLA, linear), grouped the way vLLM's KV cache
+  manager groups them (vsup.layout.kvcache).
 
 A hub id is looked up in the local Hugging Face cache (`$HF_HUB_CACHE`, `$HF_HOME/hub`,
-`~/.cache/huggingface/hub`) so a model downloaded once counts as local. Nothing here touches
-the network.
+`~/.cache/huggingface/hub`) so a model downloaded once counts as local. Only `model_info(...,
+hub=True)` (the planner) goes further: vsup's cache, then the hub (vsup.layout.hub).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vsup.layout.hub import hub_model, read_cached
+from vsup.layout.kvcache import KVLayout, kv_layout
 from vsup.layout.modelpath import is_local_model, resolve_model_path
 
 # Bytes per parameter for a weight dtype or quantization. 4-bit formats carry group scales
@@ -233,6 +235,8 @@ class ModelInfo:
     explicit_params: float | None = None  # --params, in parameters
     explicit_dtype: str | None = None  # --dtype
     problems: tuple[str, ...] = field(default=())  # files that could not be read
+    source: str = ""  # where the config and weight sizes came from
+    missing: str | None = None  # why a hub id has no config: what to do about it
 
     # -- architecture ---------------------------------------------------------------------
 
@@ -276,6 +280,17 @@ class ModelInfo:
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek V2/V3, Kimi K2...): a config with kv_lora_rank."""
         return self.kv_lora_rank is not None
+
+    @property
+    def num_experts(self) -> int | None:
+        return _num(
+            self.arch, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"
+        )
+
+    @property
+    def is_moe(self) -> bool | None:
+        """A mixture-of-experts model; None without a config to tell."""
+        return None if self.config is None else self.num_experts is not None
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -381,33 +396,45 @@ class ModelInfo:
             ), source + f" ({quant}; embeddings 16-bit)"
         return int(params * per_param), source
 
+    def kv_width(self, kv_cache_dtype: str | None = None, dtype: str | None = None) -> int:
+        """Bytes per cached element: the KV cache dtype, else the model's compute dtype."""
+        kv_dt = (kv_cache_dtype or "auto").lower()
+        if kv_dt.startswith(("fp8", "int8")):
+            return 1
+        if kv_dt != "auto":
+            return int(dtype_bytes(kv_dt) or 2)
+        width = dtype_bytes(dtype if dtype not in (None, "auto") else None) or dtype_bytes(
+            self.torch_dtype
+        )
+        if width is None or width < 2:
+            width = 2  # quantized checkpoints compute (and cache) in 16 bits
+        return int(width)
+
+    def kv_layout(
+        self,
+        kv_cache_dtype: str | None = None,
+        tp: int = 1,
+        dtype: str | None = None,
+        hybrid_manager: bool = True,
+    ) -> KVLayout | None:
+        """The KV cache layout on one GPU of a TP-`tp` instance (vsup.layout.kvcache)."""
+        if not self.config:
+            return None
+        return kv_layout(
+            self.arch,
+            width=self.kv_width(kv_cache_dtype, dtype),
+            tp=tp,
+            hybrid_manager=hybrid_manager,
+        )
+
     def kv_bytes_per_token(
         self, kv_cache_dtype: str | None = None, tp: int = 1, dtype: str | None = None
     ) -> int | None:
-        """KV-cache bytes one token takes on one GPU of a TP-`tp` instance (None when unknown)."""
-        layers = self.num_layers
-        if not layers:
-            return None
-        kv_dt = (kv_cache_dtype or "auto").lower()
-        if kv_dt == "auto":
-            width = dtype_bytes(dtype if dtype not in (None, "auto") else None) or dtype_bytes(
-                self.torch_dtype
-            )
-            if width is None or width < 2:
-                width = 2  # quantized checkpoints compute (and cache) in 16 bits
-        elif kv_dt.startswith(("fp8", "int8")):
-            width = 1
-        else:
-            width = dtype_bytes(kv_dt) or 2
-        if self.is_mla:
-            rope = _num(self.arch, "qk_rope_head_dim") or 0
-            return int((self.kv_lora_rank + rope) * layers * width)  # type: ignore[operator]
-        kv_heads, head_dim = self.num_kv_heads, self.head_dim
-        if not kv_heads or not head_dim:
-            return None
-        # KV heads are split across TP ranks; with fewer heads than ranks each rank keeps one.
-        per_rank = max(1, kv_heads // max(1, tp))
-        return int(layers * per_rank * head_dim * 2 * width)
+        """KV-cache bytes one token slot takes on one GPU of a TP-`tp` instance, as vLLM's
+        pool counts them (a sliding-window model's windowed layers share slots with its full
+        ones: see vsup.layout.kvcache). None when unknown."""
+        layout = self.kv_layout(kv_cache_dtype, tp, dtype)
+        return layout.bytes_per_token or None if layout is not None else None
 
 
 def canonical_quantization(qc: Mapping[str, Any]) -> str:
@@ -511,13 +538,22 @@ def model_info(
     params: float | None = None,
     dtype: str | None = None,
     read_weights: bool = True,
+    hub: bool = False,
 ) -> ModelInfo:
-    """Everything knowable offline about `model`. Never raises on unreadable files."""
+    """Everything knowable about `model`. Never raises on unreadable files.
+
+    Local files first (a directory, or the hub id's snapshot in the Hugging Face cache); with
+    `hub`, a hub id without one is looked up in vsup's cache, then on the hub itself (config.json
+    and safetensors headers only: vsup.layout.hub). Without `hub` (validation) only vsup's cache
+    is read: offline and fast."""
     directory = model_dir(model, base_dir)
     config = None
     summary = None
     problems: list[str] = []
+    source = ""
+    missing = None
     if directory is not None:
+        source = f"local files ({directory})"
         cfg_path = directory / "config.json"
         if cfg_path.is_file():
             try:
@@ -530,6 +566,13 @@ def model_info(
                 summary = summarize_safetensors(directory)
             except (OSError, ValueError, TypeError) as exc:
                 problems.append(f"safetensors headers in {directory}: {exc}")
+    elif not is_local_model(model) and model.count("/") == 1:
+        found = hub_model(model) if hub else read_cached(model)
+        if found is not None:
+            config, source, missing = found.config, found.source, found.problem
+        if found is not None and found.weights is not None:
+            w = found.weights
+            summary = SafetensorsSummary(w.files, w.bytes, w.params, w.dominant_dtype)
     return ModelInfo(
         model=model,
         local_dir=directory,
@@ -538,4 +581,6 @@ def model_info(
         explicit_params=params,
         explicit_dtype=dtype,
         problems=tuple(problems),
+        source=source,
+        missing=missing,
     )

@@ -1,15 +1,18 @@
 """`vsup plan`: a layout packing one model onto a node's GPUs, and its memory budget per GPU.
 
-N TP1 replicas per GPU, or TP-N groups of consecutive GPUs (N instances per group with
-`per_gpu`). Each GPU's memory share is split evenly: `utilization` (0.90 by default) divided by
-the instances on it, rounded down to 0.01, so the sum stays at or below 0.95.
+N TP1 replicas per GPU, or groups of TP x DP consecutive GPUs (N instances per group with
+`per_gpu`): with `dp` > 1 each instance is one vLLM data-parallel server (one port, DP engine
+ranks of TP GPUs each; vsup.layout.parallel). Each GPU's memory share is split evenly:
+`utilization` (0.90 by default) divided by the instances on it, rounded down to 0.01, so the
+sum stays at or below 0.95.
 
 The budget per instance (one GPU of it):
     budget   = utilization x GPU memory
     weights  = model weights / TP
     overhead = activations, CUDA/HIP graphs and allocator slack (an estimate, OVERHEAD_BYTES,
                plus COMM_OVERHEAD_BYTES for TP > 1)
-    KV       = budget - weights - overhead;  KV tokens = KV / KV bytes per token (per GPU)
+    KV       = budget - weights - overhead;  KV tokens: as vLLM counts them from its KV groups
+               (vsup.layout.kvcache), per DP rank; the instance holds DP times that
     max concurrency at max-model-len = KV tokens / max-model-len
 A plan in which an instance cannot hold one request of max-model-len tokens is refused.
 """
@@ -27,6 +30,12 @@ from vsup.layout.budget import (
     COMM_OVERHEAD_BYTES,
     OVERHEAD_BYTES,
     overhead_bytes,
+)
+from vsup.layout.kvcache import (
+    DEFAULT_BATCHED_TOKENS_GPU,
+    GPU_BLOCK_SIZE,
+    KVLayout,
+    in_flight_tokens,
 )
 from vsup.layout.model import Layout
 from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
@@ -54,6 +63,7 @@ class PlanRequest:
     gpus: Sequence[int]
     per_gpu: int = 1
     tp: int = 1
+    dp: int = 1  # data-parallel ranks per instance (each of `tp` GPUs)
     port_base: int = DEFAULT_PORT_BASE
     profiles: Sequence[str] | None = None  # None: the platform profile of the GPU, if known
     gpu: str | None = None  # MI300X | MI325X | MI355X | H200 | H100
@@ -64,6 +74,7 @@ class PlanRequest:
     utilization: float = DEFAULT_UTILIZATION  # per GPU, all its instances together
     kv_cache_dtype: str | None = None
     name: str | None = None
+    hub: bool = True  # may ask the hub (or vsup's cache of it) for a hub id's config
 
 
 @dataclass(frozen=True)
@@ -77,8 +88,13 @@ class InstanceBudget:
     weight_bytes: int | None  # per GPU
     overhead_bytes: int
     kv_bytes: int | None  # per GPU
-    kv_tokens: int | None
-    max_concurrency: float | None  # at max-model-len
+    kv_tokens: int | None  # per DP rank: the figure each engine core logs
+    max_concurrency: float | None  # at max-model-len, the whole instance
+    dp: int = 1
+
+    @property
+    def instance_kv_tokens(self) -> int | None:
+        return None if self.kv_tokens is None else self.kv_tokens * self.dp
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ class Plan:
     info: ModelInfo
     weight_bytes: int | None  # the whole model
     weight_source: str
-    kv_bytes_per_token: int | None  # per GPU of one instance
+    kv_bytes_per_token: int | None  # per GPU of one instance: a slot of vLLM's KV pool
     kv_source: str
     max_model_len: int
     max_model_len_source: str
@@ -96,6 +112,11 @@ class Plan:
     gpu_memory_source: str
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = field(default=())  # why the plan is refused
+    kv_layout: KVLayout | None = None
+    tp: int = 1
+    dp: int = 1
+    block_size: int = GPU_BLOCK_SIZE
+    batched_tokens: int = DEFAULT_BATCHED_TOKENS_GPU
 
     @property
     def ok(self) -> bool:
@@ -172,14 +193,18 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         raise PlanError(f"--per-gpu {req.per_gpu}: use 1 to 26 instances per GPU")
     if req.tp < 1:
         raise PlanError(f"--tp {req.tp}: use 1 or more")
+    if req.dp < 1:
+        raise PlanError(f"--dp {req.dp}: use 1 or more")
     if not req.gpus:
         raise PlanError("--gpus: name at least one GPU")
     if any(g < 0 for g in req.gpus):
         raise PlanError("--gpus: GPU indices start at 0")
-    if len(req.gpus) % req.tp:
+    group_size = req.tp * req.dp
+    if len(req.gpus) % group_size:
+        what = f"--tp {req.tp}" + (f" x --dp {req.dp}" if req.dp > 1 else "")
         raise PlanError(
-            f"--tp {req.tp} does not divide the {len(req.gpus)} GPUs given: use a multiple of "
-            f"{req.tp} GPUs"
+            f"{what} = {group_size} GPUs per instance does not divide the {len(req.gpus)} GPUs "
+            f"given: use a multiple of {group_size} GPUs"
         )
     if not 0 < req.utilization <= MAX_GPU_UTILIZATION_SUM:
         raise PlanError(
@@ -192,11 +217,12 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         )
     if is_local_model(req.model) and not Path(resolve_model_path(req.model, base_dir)).is_dir():
         raise PlanError(f"--model {req.model}: no such directory")
-    info = model_info(req.model, base_dir, params=req.params, dtype=req.dtype)
+    info = model_info(req.model, base_dir, params=req.params, dtype=req.dtype, hub=req.hub)
     if info.config is None and info.safetensors is None and not (req.params and req.dtype):
+        why = info.missing or f"{req.model} has no local files here (no config.json)"
         raise PlanError(
-            f"{req.model} has no local files here (no config.json): give --params B (billions) and "
-            "--dtype D (e.g. --params 8 --dtype bfloat16), or point --model at a local directory"
+            f"{why}. Or give --params B (billions) and --dtype D (e.g. --params 8 --dtype "
+            "bfloat16), or point --model at a local directory"
         )
     gpu_mem, gpu_source, kind = _gpu_memory(req)
     weights, weight_source = info.weight_bytes()
@@ -215,30 +241,34 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             FALLBACK_MAX_MODEL_LEN,
             "default (no config: pass --max-model-len)",
         )
-    per_token = info.kv_bytes_per_token(req.kv_cache_dtype, req.tp)
+    layout_kv = info.kv_layout(req.kv_cache_dtype, req.tp)
+    per_token = layout_kv.bytes_per_token if layout_kv is not None else None
+    per_token = per_token or None
     if per_token is None:
         kv_source = "unknown without the model's config.json"
         notes.append(
             "KV tokens are unknown: the model's config.json is needed for the KV bytes per token"
         )
-    elif info.is_mla:
-        rope = info.arch.get("qk_rope_head_dim") or 0
-        kv_source = (
-            f"MLA: (kv_lora_rank {info.kv_lora_rank} + qk_rope_head_dim {rope}) x "
-            f"{info.num_layers} layers x {_kv_width(info, req)} bytes, the same on every TP rank"
-        )
     else:
-        kv_per_rank = max(1, (info.num_kv_heads or 1) // req.tp)
-        kv_source = (
-            f"{info.num_layers} layers x {kv_per_rank} KV heads x {info.head_dim} head dim x 2 x "
-            f"{_kv_width(info, req)} bytes"
+        kv_source = _kv_source(info, layout_kv, req)  # type: ignore[arg-type]
+    if req.dp > 1 and info.is_moe:
+        notes.append(
+            "a mixture-of-experts model with --dp: the layout sets enable-expert-parallel, so the "
+            "experts spread over all TP x DP GPUs; the weights per GPU below count each rank "
+            "holding all of them / TP (an upper bound)"
+        )
+    if req.dp > 1:
+        notes.append(
+            f"each instance is one vLLM server with {req.dp} data-parallel ranks behind one port: "
+            "vsup supervises it as one process group (a dead rank takes the instance down and "
+            "vsup restarts it whole; docs/layout.md)"
         )
     profiles = list(req.profiles) if req.profiles is not None else []
     if req.profiles is None and kind and kind in PLATFORM_PROFILES:
         profiles = [PLATFORM_PROFILES[kind]]
         notes.append(f"profile {profiles[0]} chosen for {kind}; pass --profile to choose others")
 
-    groups = [list(req.gpus[i : i + req.tp]) for i in range(0, len(req.gpus), req.tp)]
+    groups = [list(req.gpus[i : i + group_size]) for i in range(0, len(req.gpus), group_size)]
     share = split_utilization(req.utilization, req.per_gpu)
     if share <= 0:
         raise PlanError(
@@ -249,7 +279,14 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     problems: list[str] = []
     port = req.port_base
     for k, group in enumerate(groups):
-        base = f"gpu{group[0]}" if req.tp == 1 else f"tp{req.tp}-{k}"
+        if req.tp == 1 and req.dp == 1:
+            base = f"gpu{group[0]}"
+        elif req.dp == 1:
+            base = f"tp{req.tp}-{k}"
+        elif req.tp == 1:
+            base = f"dp{req.dp}-{k}"
+        else:
+            base = f"tp{req.tp}dp{req.dp}-{k}"
         for j in range(req.per_gpu):
             name = base + _suffix(j, req.per_gpu)
             if not 1 <= port <= 65535:
@@ -264,11 +301,28 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             w = weights // req.tp
             over = overhead_bytes(req.tp)
             kv = budget - w - over
-            tokens = max(0, int(kv // per_token)) if per_token else None
-            conc = tokens / max_len if tokens is not None else None
+            tokens = (
+                layout_kv.tokens(
+                    kv, max_len, GPU_BLOCK_SIZE, in_flight_tokens(DEFAULT_BATCHED_TOKENS_GPU, True)
+                )
+                if layout_kv is not None and per_token
+                else None
+            )
+            conc = tokens * req.dp / max_len if tokens is not None else None
             budgets.append(
                 InstanceBudget(
-                    name, tuple(group), port, req.tp, share, budget, w, over, kv, tokens, conc
+                    name,
+                    tuple(group),
+                    port,
+                    req.tp,
+                    share,
+                    budget,
+                    w,
+                    over,
+                    kv,
+                    tokens,
+                    conc,
+                    req.dp,
                 )
             )
             if kv <= 0:
@@ -281,22 +335,28 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
                 )
             elif tokens is not None and tokens < max_len:
                 problems.append(
-                    f"{name}: its KV cache holds {tokens} tokens, less than one request of "
-                    "max-model-len "
-                    f"{max_len}: lower --max-model-len (to {tokens} or less), use fewer instances "
-                    "per GPU, "
-                    "a larger --tp, or --kv-cache-dtype fp8"
+                    f"{name}: its KV cache holds {tokens} tokens"
+                    + (" per data-parallel rank" if req.dp > 1 else "")
+                    + f", less than one request of max-model-len {max_len}: lower "
+                    f"--max-model-len (to {tokens} or less), use fewer instances per GPU, a "
+                    "larger --tp, or --kv-cache-dtype fp8"
                 )
             port += 1
     args: dict[str, Any] = {"max-model-len": max_len}
     if req.tp > 1:
         args["tensor-parallel-size"] = req.tp
+    if req.dp > 1:
+        args["data-parallel-size"] = req.dp
+        if info.is_moe:
+            args["enable-expert-parallel"] = True
     if req.kv_cache_dtype:
         args["kv-cache-dtype"] = req.kv_cache_dtype
+    shape = f"TP{req.tp}" + (f" x DP{req.dp}" if req.dp > 1 else "")
     header: dict[str, Any] = {
-        "name": req.name or f"{_slug(req.model)}-{len(tables)}x-tp{req.tp}",
+        "name": req.name
+        or f"{_slug(req.model)}-{len(tables)}x-tp{req.tp}" + (f"dp{req.dp}" if req.dp > 1 else ""),
         "description": f"vsup plan: {req.model} on GPUs {','.join(map(str, req.gpus))}, "
-        f"{req.per_gpu} per {'GPU' if req.tp == 1 else 'group'}, TP{req.tp}",
+        f"{req.per_gpu} per {'GPU' if group_size == 1 else 'group'}, {shape}",
     }
     if profiles:
         header["profiles"] = profiles
@@ -320,15 +380,40 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         gpu_memory_source=gpu_source,
         notes=tuple(notes),
         problems=tuple(problems),
+        kv_layout=layout_kv,
+        tp=req.tp,
+        dp=req.dp,
     )
 
 
-def _kv_width(info: ModelInfo, req: PlanRequest) -> int:
-    kv = (req.kv_cache_dtype or "auto").lower()
-    if kv.startswith(("fp8", "int8")):
-        return 1
-    width = dtype_bytes(info.torch_dtype) or 2
-    return int(width) if width >= 2 else 2
+def _kv_source(info: ModelInfo, kv: KVLayout, req: PlanRequest) -> str:
+    """How the KV bytes per token follow from the config, in words."""
+    width = kv.width
+    if info.is_mla:
+        rope = info.arch.get("qk_rope_head_dim") or 0
+        per_layer = f"MLA: (kv_lora_rank {info.kv_lora_rank} + qk_rope_head_dim {rope}) x {width}"
+        per_layer += " bytes per layer, the same on every TP rank"
+    else:
+        kv_per_rank = max(1, (info.num_kv_heads or 1) // req.tp)
+        per_layer = (
+            f"{kv_per_rank} KV heads x {info.head_dim} head dim x 2 x {width} bytes per layer"
+        )
+    text = f"{kv.describe()}; {per_layer}"
+    if len(kv.groups) > 1:
+        size = kv.groups[0].size
+        text += (
+            f"; vLLM groups them {len(kv.groups)} ways of {size} layers sharing one block pool, so "
+            f"a token slot is {size} layers, not all {sum(kv.kinds.values())}, and a windowed "
+            "request holds only its window's blocks"
+        )
+    if kv.state_bytes_per_sequence:
+        text += (
+            f"; linear layers keep {kv.state_bytes_per_sequence / 2**20:.1f} MiB of state per "
+            "sequence besides"
+        )
+    for note in kv.notes:
+        text += f"; {note}"
+    return text
 
 
 def _gib(n: int | None) -> str:
@@ -342,6 +427,8 @@ def render_budget(plan: Plan) -> str:
     params = info.params
     p = f"{params / 1e9:.2f}B params ({info.params_source})" if params else "parameters unknown"
     lines.append(f"model      {info.model}: {p}")
+    if info.source:
+        lines.append(f"files      {info.source}")
     lines.append(f"weights    {_gib(plan.weight_bytes)} GiB ({plan.weight_source})")
     if plan.kv_bytes_per_token:
         lines.append(
@@ -359,17 +446,19 @@ def render_budget(plan: Plan) -> str:
         f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
     )
     lines.append("")
+    dp = plan.dp > 1
     head = (
         "GPU",
         "instance",
         "port",
         "TP",
+        *(("DP",) if dp else ()),
         "util",
         "budget GiB",
         "weights GiB",
         "overhead GiB",
         "KV GiB",
-        "KV tokens",
+        "KV tokens" + (" per rank" if dp else ""),
         f"max conc @{plan.max_model_len}",
     )
     rows = []
@@ -385,6 +474,7 @@ def render_budget(plan: Plan) -> str:
                     b.name,
                     str(b.port),
                     str(b.tp),
+                    *((str(b.dp),) if dp else ()),
                     f"{b.utilization:.2f}",
                     _gib(b.budget_bytes),
                     _gib(b.weight_bytes),
@@ -395,15 +485,130 @@ def render_budget(plan: Plan) -> str:
                 )
             )
         total = sum(b.utilization for b in by_gpu[g])
-        rows.append(("", f"(GPU {g} total)", "", "", f"{total:.2f}", "", "", "", "", "", ""))
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    left = {1}
-    for r in (head, *rows):
-        lines.append(
-            "  ".join(
-                c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
-            ).rstrip()
-        )
+        first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
+        rows.append((*first, *[""] * (len(head) - len(first))))
+    lines += _table(head, rows, left={1})
     for n in plan.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    return [
+        "  ".join(
+            c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
+        for r in (head, *rows)
+    ]
+
+
+def render_explain(plan: Plan) -> str:
+    """`vsup plan --explain`: each GPU's memory, item by item, and why each number is what it is.
+    GPUs whose instances have the same figures are shown once."""
+    out: list[str] = []
+    by_gpu: dict[int, list[InstanceBudget]] = {}
+    for b in plan.budgets:
+        for g in b.gpus:
+            by_gpu.setdefault(g, []).append(b)
+    seen: dict[tuple, list[int]] = {}
+    for g in sorted(by_gpu):
+        key = tuple(
+            (b.utilization, b.weight_bytes, b.overhead_bytes, b.kv_bytes) for b in by_gpu[g]
+        )
+        seen.setdefault(key, []).append(g)
+    mem = plan.gpu_memory_bytes
+    for gpus in seen.values():
+        tenants = by_gpu[gpus[0]]
+        names = ", ".join(b.name for b in tenants)
+        label = "GPU " + _ranges(gpus)
+        out.append(
+            f"{label}: {mem / GIB:.1f} GiB ({plan.gpu_memory_source}); "
+            f"{len(tenants)} instance(s) per GPU" + (f": {names}" if len(tenants) > 1 else "")
+        )
+        rows: list[tuple[str, str, str]] = []
+        used = 0
+        for b in tenants:
+            prefix = f"{b.name}: " if len(tenants) > 1 else ""
+            rows += _explain_rows(plan, b, prefix)
+            used += b.budget_bytes
+        rows.append(
+            (
+                "not given to vLLM",
+                _gib(mem - used),
+                f"1 - {sum(b.utilization for b in tenants):.2f} of the GPU: outside every "
+                "instance's gpu_memory_utilization (the driver's own use, other processes, "
+                "headroom)",
+            )
+        )
+        out += _table(("item", "GiB", "why"), rows, left={0, 2})
+        out.append("")
+    return "\n".join(out)
+
+
+def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str, str, str]]:
+    mem = plan.gpu_memory_bytes
+    rows = [
+        (
+            f"{prefix}budget",
+            _gib(b.budget_bytes),
+            f"gpu_memory_utilization {b.utilization:.2f} x {mem / GIB:.1f} GiB: all vLLM may use "
+            "on this GPU (weights, activations and graphs, KV cache)",
+        )
+    ]
+    tp_note = f" / TP {b.tp}: each GPU of a TP group holds 1/{b.tp}" if b.tp > 1 else ""
+    dp_note = "; every DP rank holds its own copy" if b.dp > 1 else ""
+    rows.append(
+        (
+            f"{prefix}weights",
+            _gib(b.weight_bytes),
+            f"{_gib(plan.weight_bytes)} GiB from {plan.weight_source}{tp_note}{dp_note}",
+        )
+    )
+    rows.append(
+        (
+            f"{prefix}activation/graph reserve",
+            _gib(b.overhead_bytes),
+            f"an estimate: {OVERHEAD_BYTES / GIB:.1f} GiB for the peak activations of a "
+            "max-num-batched-tokens step, CUDA/HIP graphs and allocator slack"
+            + (
+                f", +{COMM_OVERHEAD_BYTES / GIB:.1f} GiB of TP communication buffers"
+                if b.tp > 1
+                else ""
+            )
+            + "; vLLM measures the real figure by profiling at start-up and gives the KV cache the "
+            "rest",
+        )
+    )
+    if b.kv_tokens is not None and plan.kv_bytes_per_token and plan.kv_layout is not None:
+        kv = plan.kv_layout
+        per_req = kv.blocks_per_request(
+            plan.max_model_len, plan.block_size, in_flight_tokens(plan.batched_tokens, True)
+        )
+        blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
+        why = (
+            f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "
+            f"tokens x {plan.kv_bytes_per_token / 1024:.1f} KiB per token; a "
+            f"{plan.max_model_len:,}-token request takes {per_req:,} blocks, so vLLM reports "
+            f"{b.kv_tokens:,} tokens"
+        )
+        if b.dp > 1:
+            why += f" per rank ({b.instance_kv_tokens:,} for the instance's {b.dp} ranks)"
+        why += f", {b.max_concurrency:.1f} full-length requests at once"
+    else:
+        why = "what is left: budget - weights - reserve (tokens unknown without a config.json)"
+    rows.append((f"{prefix}KV cache", _gib(b.kv_bytes), why))
+    return rows
+
+
+def _ranges(gpus: list[int]) -> str:
+    out = []
+    start = prev = gpus[0]
+    for g in [*gpus[1:], None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if g is not None:
+            start = prev = g
+    return ",".join(out)

@@ -167,6 +167,46 @@ LAYOUT_KEYS: dict[str, Key] = {
     )
 }
 
+# What `[alerts] kinds` may name (control/alerts.py maps advice and daemon events onto them).
+ALERT_KINDS = ("crash_loop", "failed", "preempting", "gpu_health", "daemon_restarted", "stalled")
+SEVERITIES = ("info", "warning", "critical")
+
+
+def _webhook_env(v: Any) -> str | None:
+    if ENV_NAME_RE.match(v):
+        return None
+    return (
+        f"{v!r} is not an environment variable name: webhook_env names the daemon's variable "
+        'that holds the webhook URL (e.g. "VSUP_ALERT_WEBHOOK"), never the URL itself'
+    )
+
+
+def _alert_kinds(v: Any) -> str | None:
+    unknown = [k for k in v if k not in ALERT_KINDS]
+    if not unknown:
+        return None
+    return f"unknown alert kind {unknown[0]!r}: use any of " + ", ".join(ALERT_KINDS)
+
+
+def _severity(v: Any) -> str | None:
+    return None if v in SEVERITIES else "must be one of " + ", ".join(SEVERITIES)
+
+
+ALERTS_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("webhook_env", "str", "the daemon's variable holding a webhook URL", _webhook_env),
+        Key("command", "str_list", "a program to run per alert (JSON on stdin)", _command),
+        Key("kinds", "str_list", "which alerts to send (default: all)", _alert_kinds),
+        Key("min_severity", "str", "info | warning (default) | critical", _severity),
+        Key(
+            "min_interval_s", "number", "seconds before the same alert is sent again", _not_negative
+        ),
+        Key("resolve_after_s", "number", "seconds clear before 'resolved' is sent", _not_negative),
+        Key("resolved", "bool", "send a message when an alert clears (default true)"),
+    )
+}
+
 COMMON_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
@@ -208,7 +248,7 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
 
 INSTANCE_KEYS: dict[str, Key] = {**INSTANCE_ONLY_KEYS, **COMMON_KEYS}
 DEFAULTS_KEYS: dict[str, Key] = dict(COMMON_KEYS)
-TOP_KEYS = ("layout", "defaults", "instance")
+TOP_KEYS = ("layout", "defaults", "instance", "alerts")
 PROFILE_TOP_KEYS = ("profile", "defaults")
 PROFILE_HEADER_KEYS: dict[str, Key] = {
     k.name: k for k in (Key("description", "str", "what the profile is for"),)

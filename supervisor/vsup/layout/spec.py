@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vsup.layout.flags import args_to_flags, flag_name
+from vsup.layout.parallel import TP_FLAG, ParallelShape, find_arg, parallel_shape
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 
@@ -65,11 +66,18 @@ class InstanceSpec:
         return tuple(f"gpu{g}" for g in self.gpus) if self.gpus else ("cpu",)
 
     @property
+    def parallel(self) -> ParallelShape:
+        """TP x PP x DP as this instance runs them (see vsup.layout.parallel)."""
+        return parallel_shape(self.args, len(self.gpus))
+
+    @property
     def tensor_parallel_size(self) -> int:
-        for key in ("tensor-parallel-size", "tensor_parallel_size", "tp"):
-            if key in self.args:
-                return int(self.args[key])
-        return max(1, len(self.gpus))
+        return self.parallel.tp
+
+    @property
+    def data_parallel_size(self) -> int:
+        """DP ranks (engine cores) behind this instance's one API server; 1 without DP."""
+        return self.parallel.dp
 
     @property
     def health_url(self) -> str:
@@ -92,10 +100,12 @@ class InstanceSpec:
         if self.gpus and self.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
         args = dict(self.args)
-        if len(self.gpus) > 1 and not any(
-            k in args for k in ("tensor-parallel-size", "tensor_parallel_size", "tp")
-        ):
-            args["tensor-parallel-size"] = len(self.gpus)
+        shape = self.parallel
+        # The TP size follows from the GPUs: all of them, or each DP rank's (and PP stage's)
+        # share. Writing --tensor-parallel-size len(gpus) beside --data-parallel-size N would ask
+        # for N x len(gpus) GPUs.
+        if shape.tp > 1 and find_arg(args, TP_FLAG) is None:
+            args["tensor-parallel-size"] = shape.tp
         argv += args_to_flags(args)
         return argv
 

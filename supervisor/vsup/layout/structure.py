@@ -18,6 +18,7 @@ from vsup.layout.flags import flag_name
 from vsup.layout.model import Layout
 from vsup.layout.profiles import ProfileCache, is_path_like
 from vsup.layout.schema import (
+    ALERTS_KEYS,
     ARGS_OWNED_BY_KEYS,
     COMMON_KEYS,
     DEFAULTS_KEYS,
@@ -461,6 +462,27 @@ def _instance_structure(layout: Layout, cache: ProfileCache) -> list[Diagnostic]
     return out
 
 
+def _check_alerts(doc: Mapping[str, Any], where: Where) -> list[Diagnostic]:
+    """`[alerts]`: a table of ALERTS_KEYS naming at least one way to reach a person."""
+    if "alerts" not in doc:
+        return []
+    table = doc["alerts"]
+    if not isinstance(table, Mapping):
+        return [where.diag(ERROR, f"must be the [alerts] table, not {toml_type(table)}", None, ())]
+    out = check_table(table, ALERTS_KEYS, where, "alerts")
+    if "webhook_env" not in table and "command" not in table:
+        out.append(
+            where.diag(
+                ERROR,
+                'says nowhere to send alerts: add webhook_env = "VSUP_ALERT_WEBHOOK" (the '
+                "variable holding the URL) or command = [...]",
+                None,
+                (),
+            )
+        )
+    return out
+
+
 def check_structure(layout: Layout, cache: ProfileCache) -> list[Diagnostic]:
     """Problems that stop the layout from being built (see the module docstring)."""
     if layout.load_errors:
@@ -472,6 +494,7 @@ def check_structure(layout: Layout, cache: ProfileCache) -> list[Diagnostic]:
         out += check_table(
             doc["layout"], LAYOUT_KEYS, Where(file, smap, ("layout",), table="[layout]"), "layout"
         )
+    out += _check_alerts(doc, Where(file, smap, ("alerts",), table="[alerts]"))
     out += _check_profiles(layout, cache)
     if isinstance(doc.get("defaults"), Mapping):
         out += check_table(

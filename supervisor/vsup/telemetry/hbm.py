@@ -236,6 +236,7 @@ def gpu_statuses(gpus: Sequence[GpuSample], attribution: Attribution) -> tuple[G
                 GpuProcess(p.pid, p.hbm_bytes, attribution.owners.get((g.index, p.pid)))
                 for p in g.processes
             ),
+            health=g.health,
         )
         for g in gpus
     )

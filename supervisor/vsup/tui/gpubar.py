@@ -3,6 +3,9 @@
 The bar reads without colour: instances alternate `█` and `▓`, memory held by processes no
 instance owns is `░`, memory in use but not attributed (driver, context, or no per-process
 figures) is `▒`, free memory is `·`, and `┊` marks where an instance's planned share ends.
+Right after the GPU index, `!` marks a fault that needs a person (uncorrectable ECC errors, a
+failed or pending row remap / page retirement, a hardware XID) and `↓` clocks that heat or
+hardware hold down; the mark takes the space that follows the index, so widths never change.
 Pure (Rich text only), so the widget renders it and tests read it.
 """
 
@@ -29,6 +32,11 @@ FOREIGN = ("░", "red")
 OTHER = ("▒", "grey50")
 FREE = ("·", "grey35")
 PLAN_MARK = "┊"
+FAULT_MARK = ("!", "bold red")
+SLOW_MARK = ("↓", "bold yellow")
+# Power-capped clocks are normal under full load; heat, hardware and unexplained ones are not.
+_SLOW_REASONS = ("thermal", "hw_thermal", "hw_slowdown", "hw_power_brake", "vr_thermal",
+                 "hbm_thermal", "unspecified")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,120 @@ def legend(use: GpuUse) -> Text:
     return text
 
 
+def health_mark(gpu: GpuStatus) -> tuple[str, str] | None:
+    """`!` (a fault), `↓` (clocks held down by heat or hardware) or None (nothing to say)."""
+    h = gpu.health
+    if h is None:
+        return None
+    if h.faults():
+        return FAULT_MARK
+    if any(r in _SLOW_REASONS for r in h.slowdowns()):
+        return SLOW_MARK
+    return None
+
+
+def health_note(gpu: GpuStatus) -> Text:
+    """What the mark means, for the legend: `!2 uncorrectable ECC, XID 79`,
+    `↓thermal 1410/1980MHz`; empty for a healthy GPU."""
+    text = Text()
+    h = gpu.health
+    if h is None:
+        return text
+    faults = h.faults()
+    if faults:
+        text.append(FAULT_MARK[0] + ", ".join(faults), FAULT_MARK[1])
+    slow = [r for r in h.slowdowns() if r in _SLOW_REASONS]
+    if slow:
+        if faults:
+            text.append(" ")
+        clock = ""
+        if h.sm_clock_mhz is not None and h.sm_clock_max_mhz:
+            clock = f" {h.sm_clock_mhz:.0f}/{h.sm_clock_max_mhz:.0f}MHz"
+        text.append(SLOW_MARK[0] + ",".join(r.replace("_", " ") for r in slow) + clock, "yellow")
+    return text
+
+
+def health_details(gpu: GpuStatus) -> list[tuple[str, str]]:
+    """(label, value) rows for a GPU's own view: every health figure the driver gave, `-` for
+    the rest of the common ones, vendor-only rows only when present."""
+    h = gpu.health
+    if h is None:
+        return [("health", "not reported by this driver")]
+
+    def n(v: object) -> str:
+        return fmt.UNKNOWN if v is None else str(v)
+
+    def yes(v: bool | None) -> str:
+        return fmt.UNKNOWN if v is None else ("yes" if v else "no")
+
+    def mhz(now: float | None, top: float | None) -> str:
+        return (
+            f"{n(None if now is None else round(now))}/{n(None if top is None else round(top))} MHz"
+        )
+
+    rows = [
+        ("ECC", {True: "on", False: "off", None: fmt.UNKNOWN}[h.ecc_enabled]),
+        (
+            "ECC errors since boot",
+            f"{n(h.ecc_volatile_uncorrected)} uncorrectable, "
+            f"{n(h.ecc_volatile_corrected)} corrected",
+        ),
+    ]
+    if h.ecc_aggregate_corrected is not None or h.ecc_aggregate_uncorrected is not None:
+        rows.append(
+            (
+                "ECC errors, lifetime",
+                f"{n(h.ecc_aggregate_uncorrected)} uncorrectable, "
+                f"{n(h.ecc_aggregate_corrected)} corrected",
+            )
+        )
+    if h.ecc_deferred is not None:
+        rows.append(("ECC deferred", n(h.ecc_deferred)))
+    if h.rows_remapped_correctable is not None or h.row_remap_pending is not None:
+        rows.append(
+            (
+                "rows remapped",
+                f"{n(h.rows_remapped_uncorrectable)} uncorrectable, "
+                f"{n(h.rows_remapped_correctable)} correctable; pending {yes(h.row_remap_pending)}"
+                f", failed {yes(h.row_remap_failed)}",
+            )
+        )
+    if h.retired_pages is not None or h.retired_pages_pending is not None:
+        rows.append(
+            (
+                "retired pages",
+                f"{n(h.retired_pages)}; pending {yes(h.retired_pages_pending)}"
+                + (
+                    f"; {h.bad_pages_unreservable} could not be retired"
+                    if h.bad_pages_unreservable
+                    else ""
+                ),
+            )
+        )
+    if h.xid_count is not None:
+        last = h.xid_recent[-1] if h.xid_recent else None
+        recent = f"; last: XID {last.xid} ({last.what or 'unknown'}) at {last.at}" if last else ""
+        rows.append(("XID errors since vsup started", f"{h.xid_count}{recent}"))
+    reasons = h.throttle_reasons
+    rows += [
+        (
+            "clocks held by",
+            fmt.UNKNOWN
+            if reasons is None
+            else (", ".join(r.replace("_", " ") for r in reasons) or "nothing"),
+        ),
+        ("SM clock", mhz(h.sm_clock_mhz, h.sm_clock_max_mhz)),
+        ("memory clock", mhz(h.mem_clock_mhz, h.mem_clock_max_mhz)),
+        (
+            "power",
+            f"{n(None if gpu.power_w is None else round(gpu.power_w))}/"
+            f"{n(None if h.power_limit_w is None else round(h.power_limit_w))} W",
+        ),
+        ("temperature", fmt.UNKNOWN if gpu.temp_c is None else f"{gpu.temp_c:.0f}°C"),
+    ]
+    return rows
+
+
 def short_name(name: str | None) -> str:
     """`NVIDIA H200` -> `H200`, `AMD Instinct MI300X` -> `MI300X`: the vendor is in the header."""
     if not name:
@@ -156,7 +278,9 @@ def line(use: GpuUse, bar_width: int, with_legend: bool) -> Text:
     """A GPU's whole row: index, name, bar, used/total, util, temperature, power, legend."""
     gpu = use.gpu
     name = fmt.truncate(short_name(gpu.name), 10)
-    text = Text(f"{gpu.index:>2} ", "bold")
+    text = Text(f"{gpu.index:>2}", "bold")
+    mark = health_mark(gpu)
+    text.append(*(mark or (" ", "")))
     if with_legend:
         text.append(f"{name:<10} ", "dim")
     text.append_text(bar(use, bar_width))
@@ -165,5 +289,9 @@ def line(use: GpuUse, bar_width: int, with_legend: bool) -> Text:
     text.append(gauges(gpu, compact=not with_legend))
     if with_legend:
         text.append("  ")
+        note = health_note(gpu)
+        if note:
+            text.append_text(note)
+            text.append("  ")
         text.append_text(legend(use))
     return text

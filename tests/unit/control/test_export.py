@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vsup.control.export import MetricsListener, parse_listen, render
 from vsup.snapshot import (
     Advice,
+    GpuHealth,
     GpuProcess,
     GpuStatus,
     NodeInfo,
@@ -34,6 +35,13 @@ def snapshot() -> StatusSnapshot:
                 61.0,
                 512.5,
                 (GpuProcess(10, 60 * GiB, "g0"), GpuProcess(77, GiB, None)),
+                health=GpuHealth(
+                    ecc_volatile_uncorrected=0,
+                    xid_count=0,
+                    throttle_reasons=("power_cap",),
+                    sm_clock_mhz=1800.0,
+                    sm_clock_max_mhz=1980.0,
+                ),
             ),
         ),
         instances=(

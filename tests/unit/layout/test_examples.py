@@ -64,6 +64,9 @@ def test_shapes_of_the_gpu_examples():
     big = by_name["llama405b-fp8-2xtp4-mi300x.toml"].resolve()
     assert [s.gpus for s in big] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert all("FP8" in s.model and s.tensor_parallel_size == 4 for s in big)
+    (dp,) = by_name["qwen3-moe-dp8-ep-h200.toml"].resolve()
+    assert dp.gpus == tuple(range(8)) and dp.data_parallel_size == 8
+    assert dp.tensor_parallel_size == 1 and "--tensor-parallel-size" not in dp.argv()
 
 
 def test_cpu_demo_validates_with_the_generated_model(tiny_model, tmp_path):

@@ -18,6 +18,7 @@ from vsup.layout.plan import (
     overhead_bytes,
     parse_gpus,
     render_budget,
+    render_explain,
     split_utilization,
 )
 from vsup.layout.validate import validate
@@ -105,7 +106,8 @@ def test_budget_figures(llama8b):
     assert b.utilization == 0.45
     assert b.budget_bytes == int(0.45 * 192 * GIB)
     assert b.kv_bytes == b.budget_bytes - plan.weight_bytes - overhead_bytes(1)
-    assert b.kv_tokens == b.kv_bytes // 131072
+    # whole blocks of 16 tokens: vLLM's KV cache is a pool of blocks
+    assert b.kv_tokens == b.kv_bytes // (131072 * 16) * 16
     assert b.max_concurrency == pytest.approx(b.kv_tokens / 8192)
     text = render_budget(plan)
     assert "128.0 KiB per token" in text and "(GPU 0 total)" in text and f"{b.kv_tokens:,}" in text
@@ -285,3 +287,19 @@ def test_relative_model_path_is_rewritten_for_the_output(llama8b, tmp_path, monk
     )
     spec = load_layout(out).resolve(profile_dirs=[CONFIGS])[0]
     assert spec.model == str(llama8b)
+
+
+def test_explain_gives_every_item_of_a_shared_gpu_and_why(llama8b):
+    plan = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0, 1], per_gpu=2, gpu="MI300X", max_model_len=8192)
+    )
+    text = render_explain(plan)
+    assert text.startswith("GPU 0-1: 192.0 GiB (MI300X (--gpu)); 2 instance(s) per GPU")
+    for item in ("budget", "weights", "activation/graph reserve", "KV cache"):
+        assert f"gpu0a: {item}" in text and f"gpu0b: {item}" in text
+    assert "gpu_memory_utilization 0.45 x 192.0 GiB" in text
+    assert "not given to vLLM" in text and "1 - 0.90 of the GPU" in text
+    left = 192 * GIB - 2 * int(0.45 * 192 * GIB)
+    assert f"{left / GIB:.2f}" in text
+    b = plan.budgets[0]
+    assert f"vLLM reports {b.kv_tokens:,} tokens" in text

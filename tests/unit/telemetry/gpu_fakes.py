@@ -39,6 +39,24 @@ class NvGpu:
     temp: int = 41
     power_mw: int = 123_456
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # health (an H200's figures by default)
+    ecc_mode: tuple[int, int] = (1, 1)  # (current, pending): NVML_FEATURE_ENABLED
+    # (NVML_MEMORY_ERROR_TYPE_*, NVML_{VOLATILE,AGGREGATE}_ECC) -> count; missing ones are 0
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)
+    # Ampere and newer remap rows and answer NotSupported for page retirement; older GPUs
+    # the other way round
+    remaps_rows: bool = True
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    retired_pages: dict[int, list[int]] = field(default_factory=dict)  # cause -> addresses
+    retired_pending: int = 0  # NVML_FEATURE_ENABLED when a retirement waits for a reset
+    clocks_event_mask: int = 0  # nvmlClocksEventReason* bits
+    sm_clock: int = 1980
+    mem_clock: int = 3201
+    sm_clock_max: int = 1980
+    mem_clock_max: int = 3201
+    power_limit_mw: int = 700_000
+    supported_events: int = 0x7FF  # every nvmlEventType* bit, XID critical errors included
+    xids: list[int] = field(default_factory=list)  # XID events queued for the event set
     # failure modes: NVML error codes raised by a call, by call name; "lost" fails them all
     fail: dict[str, int] = field(default_factory=dict)
     lost: bool = False
@@ -52,7 +70,11 @@ class FakeNvml:
     ) -> None:
         self.gpus = gpus
         self.init_error = init_error
-        self.old_driver = old_driver  # no nvmlDeviceGetMemoryInfo_v2, no ..._v3 process call
+        # no nvmlDeviceGetMemoryInfo_v2, no ..._v3 process call, no ClocksEventReasons (< 535)
+        self.old_driver = old_driver
+        self.event_sets: dict[int, list[int]] = {}  # event set id -> GPU indices registered
+        self.freed_sets: list[int] = []
+        self.wait_timeouts: list[int] = []
         self.initialised = False
         self.calls: list[str] = []
         self.module = self._build()
@@ -77,7 +99,17 @@ class FakeNvml:
         mod = types.ModuleType("pynvml")
         for name in dir(nv):
             if (
-                name.startswith(("NVMLError", "NVML_", "nvmlMemory_", "nvmlTemperature_"))
+                name.startswith(
+                    (
+                        "NVMLError",
+                        "NVML_",
+                        "nvmlMemory_",
+                        "nvmlTemperature_",
+                        "nvmlEventType",
+                        "nvmlClocksEventReason",
+                        "nvmlClocksThrottleReason",
+                    )
+                )
                 or name.startswith("c_nvml")
                 or name in ("NVMLLibraryMismatchError", "nvmlPciInfo_t", "nvmlFriendlyObject")
             ):
@@ -191,6 +223,118 @@ class FakeNvml:
         def nvmlDeviceGetPowerUsage(handle):
             return fake._check("nvmlDeviceGetPowerUsage", handle).power_mw
 
+        def nvmlDeviceGetEccMode(handle):
+            return list(fake._check("nvmlDeviceGetEccMode", handle).ecc_mode)
+
+        def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
+            gpu = fake._check("nvmlDeviceGetTotalEccErrors", handle)
+            if gpu.ecc_mode[0] != nv.NVML_FEATURE_ENABLED:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            if errorType not in (0, 1) or counterType not in (0, 1):
+                raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+            return gpu.ecc.get((errorType, counterType), 0)
+
+        def nvmlDeviceGetRetiredPages(device, sourceFilter):
+            gpu = fake._check("nvmlDeviceGetRetiredPages", device)
+            if gpu.remaps_rows:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return list(gpu.retired_pages.get(sourceFilter, []))
+
+        def nvmlDeviceGetRetiredPagesPendingStatus(device):
+            gpu = fake._check("nvmlDeviceGetRetiredPagesPendingStatus", device)
+            if gpu.remaps_rows:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return int(gpu.retired_pending)
+
+        def nvmlDeviceGetRemappedRows(device):
+            gpu = fake._check("nvmlDeviceGetRemappedRows", device)
+            if not gpu.remaps_rows:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return tuple(gpu.remapped_rows)
+
+        def nvmlDeviceGetCurrentClocksEventReasons(handle):
+            gpu = fake._check("nvmlDeviceGetCurrentClocksEventReasons", handle)
+            if fake.old_driver:  # pynvml's _nvmlGetFunctionPointer on a driver without it
+                raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return gpu.clocks_event_mask
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
+            return fake._check(
+                "nvmlDeviceGetCurrentClocksThrottleReasons", handle
+            ).clocks_event_mask
+
+        def nvmlDeviceGetClockInfo(handle, type):
+            gpu = fake._check("nvmlDeviceGetClockInfo", handle)
+            clocks = {nv.NVML_CLOCK_SM: gpu.sm_clock, nv.NVML_CLOCK_MEM: gpu.mem_clock}
+            if type not in clocks:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return clocks[type]
+
+        def nvmlDeviceGetMaxClockInfo(handle, type):
+            gpu = fake._check("nvmlDeviceGetMaxClockInfo", handle)
+            clocks = {nv.NVML_CLOCK_SM: gpu.sm_clock_max, nv.NVML_CLOCK_MEM: gpu.mem_clock_max}
+            if type not in clocks:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return clocks[type]
+
+        def nvmlDeviceGetEnforcedPowerLimit(handle):
+            return fake._check("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
+
+        class EventSet:  # stands for pynvml's opaque c_nvmlEventSet_t
+            def __init__(self, ident: int) -> None:
+                self.ident = ident
+
+        def nvmlDeviceGetSupportedEventTypes(handle):
+            return fake._check("nvmlDeviceGetSupportedEventTypes", handle).supported_events
+
+        def nvmlEventSetCreate():
+            fake._check("nvmlEventSetCreate")
+            ident = len(fake.event_sets) + len(fake.freed_sets) + 1
+            fake.event_sets[ident] = []
+            return EventSet(ident)
+
+        def nvmlDeviceRegisterEvents(handle, eventTypes, eventSet):
+            gpu = fake._check("nvmlDeviceRegisterEvents", handle)
+            if eventTypes & ~gpu.supported_events:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            fake.event_sets[eventSet.ident].append(handle.index)
+            return None
+
+        def nvmlEventSetWait(eventSet, timeoutms):
+            fake._check("nvmlEventSetWait")
+            fake.wait_timeouts.append(timeoutms)
+            for index in fake.event_sets[eventSet.ident]:
+                gpu = fake.gpus[index]
+                if gpu.xids:
+                    data = nv.c_nvmlEventData_t()
+                    data.eventType = nv.nvmlEventTypeXidCriticalError
+                    data.eventData = gpu.xids.pop(0)
+                    return data
+            raise nv.NVMLError(nv.NVML_ERROR_TIMEOUT)  # what a zero timeout gives when idle
+
+        def nvmlEventSetFree(eventSet):
+            fake._check("nvmlEventSetFree")
+            del fake.event_sets[eventSet.ident]
+            fake.freed_sets.append(eventSet.ident)
+            return None
+
+        HEALTH_FNS = (
+            nvmlDeviceGetEccMode,
+            nvmlDeviceGetTotalEccErrors,
+            nvmlDeviceGetRetiredPages,
+            nvmlDeviceGetRetiredPagesPendingStatus,
+            nvmlDeviceGetRemappedRows,
+            nvmlDeviceGetCurrentClocksEventReasons,
+            nvmlDeviceGetCurrentClocksThrottleReasons,
+            nvmlDeviceGetClockInfo,
+            nvmlDeviceGetMaxClockInfo,
+            nvmlDeviceGetEnforcedPowerLimit,
+            nvmlDeviceGetSupportedEventTypes,
+            nvmlEventSetCreate,
+            nvmlDeviceRegisterEvents,
+            nvmlEventSetWait,
+            nvmlEventSetFree,
+        )
         for fn in (
             nvmlInit,
             nvmlShutdown,
@@ -207,6 +351,7 @@ class FakeNvml:
             nvmlDeviceGetTemperature,
             nvmlDeviceGetTemperatureV,
             nvmlDeviceGetPowerUsage,
+            *HEALTH_FNS,
         ):
             setattr(mod, fn.__name__, fn)
         return mod
@@ -228,6 +373,21 @@ NVML_FUNCTIONS = (
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetTemperatureV",
     "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait",
+    "nvmlEventSetFree",
 )
 
 # ---------------------------------------------------------------------------------- amdsmi
@@ -290,6 +450,16 @@ class AmdGpu:
     )
     temps: dict[str, int] = field(default_factory=lambda: {"HOTSPOT": 48, "EDGE": 40})
     processes: list[tuple[int, int]] = field(default_factory=list)
+    # health (an MI300X's figures by default)
+    ecc_enabled_blocks: int = 0x3FFF  # blocks with ECC on (0: off)
+    ecc_counts: tuple[int, int, int] = (0, 0, 0)  # correctable, uncorrectable, deferred
+    bad_pages: list[tuple[int, int]] = field(default_factory=list)  # (address, status)
+    # amdsmi_get_violation_status active_* flags; None: the call is not supported here
+    violations: dict[str, bool] | None = field(default_factory=dict)
+    throttle_status: bool | str = "N/A"  # gpu_metrics; MI300 gives N/A, older GPUs a bool
+    gfx_clock: tuple[int, int] = (2100, 2100)  # (clk, max_clk) MHz
+    mem_clock: tuple[int, int] = (1300, 1300)
+    power_cap_uw: int = 750_000_000
     # amdsmi status codes raised by a call, by call name
     fail: dict[str, int] = field(default_factory=dict)
 
@@ -416,6 +586,92 @@ class FakeAmdSmi:
         def amdsmi_get_power_info(processor_handle):
             return dict(fake._gpu("amdsmi_get_power_info", processor_handle).power)
 
+        def amdsmi_get_gpu_ecc_enabled(processor_handle):
+            return fake._gpu("amdsmi_get_gpu_ecc_enabled", processor_handle).ecc_enabled_blocks
+
+        def amdsmi_get_gpu_total_ecc_count(processor_handle):
+            gpu = fake._gpu("amdsmi_get_gpu_total_ecc_count", processor_handle)
+            corr, unc, deferred = gpu.ecc_counts
+            return {
+                "correctable_count": corr,
+                "uncorrectable_count": unc,
+                "deferred_count": deferred,
+            }
+
+        def amdsmi_get_gpu_bad_page_info(processor_handle):
+            gpu = fake._gpu("amdsmi_get_gpu_bad_page_info", processor_handle)
+            return [
+                {"value": i, "page_address": addr, "page_size": 4096, "status": status}
+                for i, (addr, status) in enumerate(gpu.bad_pages)
+            ]
+
+        def amdsmi_get_violation_status(processor_handle):
+            gpu = fake._gpu("amdsmi_get_violation_status", processor_handle)
+            if gpu.violations is None:
+                raise smi.AmdSmiLibraryException(w.AMDSMI_STATUS_NOT_SUPPORTED)
+            out: dict[str, Any] = {
+                key: "N/A"
+                for key in (
+                    "reference_timestamp",
+                    "violation_timestamp",
+                    "acc_counter",
+                    "acc_prochot_thrm",
+                    "acc_ppt_pwr",
+                    "acc_socket_thrm",
+                    "acc_vr_thrm",
+                    "acc_hbm_thrm",
+                    "per_prochot_thrm",
+                    "per_ppt_pwr",
+                    "per_socket_thrm",
+                    "per_vr_thrm",
+                    "per_hbm_thrm",
+                )
+            }
+            for key in (
+                "active_prochot_thrm",
+                "active_ppt_pwr",
+                "active_socket_thrm",
+                "active_vr_thrm",
+                "active_hbm_thrm",
+            ):
+                out[key] = bool(gpu.violations.get(key, False))
+            return out
+
+        def amdsmi_get_gpu_metrics_info(processor_handle):
+            gpu = fake._gpu("amdsmi_get_gpu_metrics_info", processor_handle)
+            # every key the real call returns, "N/A" where the GPU does not fill it
+            metrics = smi.amdsmi_interface._NA_amdsmi_get_gpu_metrics_info()
+            metrics["throttle_status"] = gpu.throttle_status
+            metrics["temperature_hotspot"] = gpu.temps.get("HOTSPOT", "N/A")
+            metrics["current_gfxclk"] = gpu.gfx_clock[0]
+            return metrics
+
+        def amdsmi_get_clock_info(processor_handle, clock_type):
+            gpu = fake._gpu("amdsmi_get_clock_info", processor_handle)
+            if not isinstance(clock_type, smi.AmdSmiClkType):
+                raise smi.AmdSmiParameterException(clock_type, smi.AmdSmiClkType)
+            clocks = {smi.AmdSmiClkType.GFX: gpu.gfx_clock, smi.AmdSmiClkType.MEM: gpu.mem_clock}
+            if clock_type not in clocks:
+                raise smi.AmdSmiLibraryException(w.AMDSMI_STATUS_NOT_SUPPORTED)
+            clk, max_clk = clocks[clock_type]
+            return {
+                "clk": clk,
+                "min_clk": 500,
+                "max_clk": max_clk,
+                "clk_locked": False,
+                "clk_deep_sleep": 0,
+            }
+
+        def amdsmi_get_power_cap_info(processor_handle):
+            gpu = fake._gpu("amdsmi_get_power_cap_info", processor_handle)
+            return {
+                "power_cap": gpu.power_cap_uw,
+                "default_power_cap": gpu.power_cap_uw,
+                "dpm_cap": 2100,
+                "min_power_cap": 0,
+                "max_power_cap": gpu.power_cap_uw,
+            }
+
         def amdsmi_get_gpu_process_list(processor_handle):
             gpu = fake._gpu("amdsmi_get_gpu_process_list", processor_handle)
             return [
@@ -444,6 +700,13 @@ class FakeAmdSmi:
             amdsmi_get_temp_metric,
             amdsmi_get_power_info,
             amdsmi_get_gpu_process_list,
+            amdsmi_get_gpu_ecc_enabled,
+            amdsmi_get_gpu_total_ecc_count,
+            amdsmi_get_gpu_bad_page_info,
+            amdsmi_get_violation_status,
+            amdsmi_get_gpu_metrics_info,
+            amdsmi_get_clock_info,
+            amdsmi_get_power_cap_info,
         ]
         if self.has_enumeration_info:
             fns.append(amdsmi_get_gpu_enumeration_info)
@@ -467,4 +730,11 @@ AMDSMI_FUNCTIONS = (
     "amdsmi_get_temp_metric",
     "amdsmi_get_power_info",
     "amdsmi_get_gpu_process_list",
+    "amdsmi_get_gpu_ecc_enabled",
+    "amdsmi_get_gpu_total_ecc_count",
+    "amdsmi_get_gpu_bad_page_info",
+    "amdsmi_get_violation_status",
+    "amdsmi_get_gpu_metrics_info",
+    "amdsmi_get_clock_info",
+    "amdsmi_get_power_cap_info",
 )

@@ -3,9 +3,9 @@
 Each rule returns its diagnostics (errors: vLLM would not start, or two instances would fight
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
-concern: `ports`, `gpus`, `parallelism`, `env`, `secrets`, `flags`, `model`, `attention`, `kv`,
-`instances`. The structure checks (unknown keys, types, profiles) come before them, in
-`vsup.layout.structure`.
+concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
+`attention`, `kv`, `instances`. The structure checks (unknown keys, types, profiles) come
+before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vsup.layout.diagnostics import Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules import (
     attention,
+    dataparallel,
     env,
     flags,
     gpus,
@@ -36,10 +37,12 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     secrets.secret_flags,
     secrets.secret_env,
     secrets.secret_values,
+    secrets.secret_in_alerts,
     flags.unknown_flags,
     ports.port_used_twice,
     ports.port_of_metrics_exporter,
     ports.port_privileged,
+    dataparallel.dp_port_clash,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )
@@ -54,7 +57,14 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     model.command_not_found,
     parallelism.tp_not_positive,
     parallelism.pp_not_positive,
+    dataparallel.dp_not_positive,
     parallelism.tp_gpus_mismatch,
+    dataparallel.dp_hybrid_lb_without_local,
+    dataparallel.dp_external_lb_dense,
+    dataparallel.dp_spans_nodes,
+    dataparallel.dp_expert_parallel_dense,
+    dataparallel.dp_moe_without_expert_parallel,
+    dataparallel.dp_env_ignored,
     env.hip_visible_devices,
     env.cuda_visible_devices,
     env.attention_backend_env,

@@ -15,6 +15,7 @@ from vsup.layout.merge import MergedInstance, Origin
 from vsup.layout.model import Layout
 from vsup.layout.modelinfo import ModelInfo, model_info
 from vsup.layout.modelpath import is_local_model, resolve_model_path
+from vsup.layout.parallel import ParallelShape, parallel_shape
 from vsup.layout.profiles import ProfileCache
 from vsup.layout.schema import is_int
 from vsup.layout.structure import WrittenTable
@@ -107,11 +108,12 @@ def env_flag_on(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """Tensor and pipeline parallel sizes as the flags give them (None: set but unusable)."""
+    """Tensor, pipeline and data parallel sizes as the flags give them (None: set but unusable)."""
 
     tp: int | None  # --tensor-parallel-size, None when unset or not an integer
     pp: int | None  # --pipeline-parallel-size (1 when unset), None when not a positive integer
-    effective_tp: int  # the TP vLLM will run: the flag, else one per GPU
+    effective_tp: int  # the TP vLLM will run: the flag, else the GPUs / (PP x DP_local)
+    shape: ParallelShape  # the whole shape as the instance runs it (unusable values as 1)
 
 
 def parallelism(m: MergedInstance) -> Parallelism:
@@ -121,6 +123,6 @@ def parallelism(m: MergedInstance) -> Parallelism:
     pp = int_arg(pp_raw) if pp_raw is not None else 1
     if pp_raw is not None and (pp is None or pp < 1):
         pp = None
-    gpus = m.gpus
-    effective = tp if tp is not None else (max(1, len(gpus)) if gpus else 1)
-    return Parallelism(tp, pp, effective)
+    shape = parallel_shape(m.args, len(m.gpus or ()))
+    effective = tp if tp is not None else shape.tp
+    return Parallelism(tp, pp, effective, shape)

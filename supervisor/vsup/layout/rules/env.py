@@ -38,7 +38,13 @@ def attention_backend_env(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
 
 def nccl_on_tp1(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     p = parallelism(m)
-    if not ("NCCL_MIN_NCHANNELS" in m.env and m.gpus and p.effective_tp == 1 and (p.pp or 1) == 1):
+    if not (
+        "NCCL_MIN_NCHANNELS" in m.env
+        and m.gpus
+        and p.effective_tp == 1
+        and (p.pp or 1) == 1
+        and p.shape.dp == 1
+    ):
         return []
     return [
         origin_diag(

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from vsup.layout.budget import estimate_kv_tokens
+from vsup.layout.budget import kv_budget_bytes
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.kvcache import (
+    CPU_BLOCK_SIZE,
+    DEFAULT_BATCHED_TOKENS_CPU,
+    DEFAULT_BATCHED_TOKENS_GPU,
+    GPU_BLOCK_SIZE,
+    in_flight_tokens,
+)
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules.context import Context, int_arg, int_flag, origin_diag, parallelism
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_number
@@ -36,11 +43,14 @@ def _is_float(s: str) -> bool:
 
 def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | None:
     """(tokens the KV cache holds, how that was found, exact) where it can be computed: the
-    block override, the CPU KV space, or an estimate from this node's GPU memory."""
+    block override, the CPU KV space, or an estimate from this node's GPU memory. Tokens are
+    the figure vLLM logs (`KV cache size: N tokens`): for sliding-window models more than the
+    bytes / bytes-per-token of full attention (vsup.layout.kvcache)."""
     info = ctx.model_info(m)
     gpus = m.gpus
     block_raw = m.arg("block-size")
-    block_size = int_arg(block_raw) if block_raw is not None else (128 if gpus == [] else 16)
+    default_block = CPU_BLOCK_SIZE if gpus == [] else GPU_BLOCK_SIZE
+    block_size = int_arg(block_raw) if block_raw is not None else default_block
     blocks = int_flag(m, "num-gpu-blocks-override")
     if blocks is not None and block_size:
         # vLLM keeps one block aside (the null block): usable = (blocks - 1) x block size.
@@ -49,16 +59,25 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
             "block"
         )
         return max(0, (blocks - 1) * block_size), how, True
-    if info is None:
+    if info is None or not block_size:
         return None
     kv_dtype = m.arg("kv-cache-dtype")
     dtype = m.arg("dtype")
     tp = parallelism(m).effective_tp
-    per_token = info.kv_bytes_per_token(
-        str(kv_dtype) if kv_dtype else None, tp, str(dtype) if dtype else None
+    layout = info.kv_layout(
+        str(kv_dtype) if kv_dtype else None,
+        tp,
+        str(dtype) if dtype else None,
+        hybrid_manager=not m.arg("disable-hybrid-kv-cache-manager", False),
     )
-    if not per_token:
+    max_len = _max_model_len(ctx, m)
+    if layout is None or not layout.bytes_per_token or not max_len:
         return None
+    batched = int_flag(m, "max-num-batched-tokens") or (
+        DEFAULT_BATCHED_TOKENS_CPU if gpus == [] else DEFAULT_BATCHED_TOKENS_GPU
+    )
+    in_flight = in_flight_tokens(batched, gpu=gpus != [], pp=parallelism(m).pp or 1)
+    per_token = layout.bytes_per_token
     if gpus == []:
         space = m.env.get("VLLM_CPU_KVCACHE_SPACE")
         gib = (
@@ -69,7 +88,7 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
         if not gib:
             return None
         how = f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
-        return int(gib * 1024**3 // per_token), how, False
+        return layout.tokens(gib * 1024**3, max_len, block_size, in_flight), how, False
     memory = ctx.gpu_memory_bytes
     if not gpus or not memory:
         return None
@@ -80,7 +99,8 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
     if weights is None:
         return None
     how = f"estimate: {float(util):g} of {memory / 1024**3:.0f} GiB, less weights and overhead"
-    return estimate_kv_tokens(memory, float(util), weights, tp, per_token), how, False
+    kv = kv_budget_bytes(memory, float(util), weights, tp)
+    return layout.tokens(kv, max_len, block_size, in_flight), how, False
 
 
 def _max_model_len(ctx: Context, m: MergedInstance) -> int | None:

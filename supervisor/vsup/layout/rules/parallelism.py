@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.merge import MergedInstance
+from vsup.layout.parallel import ParallelShape
 from vsup.layout.rules.context import Context, int_arg, origin_diag, parallelism
 
 # A model this small runs fastest as TP1 replicas (AMD's MI300X guide: <= 30B in TP1).
@@ -42,23 +43,54 @@ def pp_not_positive(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
 
 
 def tp_gpus_mismatch(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """TP x PP x DP_local must use exactly the GPUs listed: vLLM would look for more GPUs than
+    the instance may see, or leave some idle."""
     p = parallelism(m)
     gpus = m.gpus
-    if not gpus or p.tp is None or p.pp is None or p.tp * p.pp == len(gpus):
+    shape = p.shape
+    if not gpus or p.pp is None or (p.tp is None and m.arg("tensor-parallel-size") is not None):
         return []
-    what = f"tensor-parallel-size {p.tp}" + (
-        f" x pipeline-parallel-size {p.pp}" if p.pp != 1 else ""
-    )
+    if p.tp is None:
+        # TP derived from the GPUs: they must split evenly over the PP stages and DP ranks.
+        per = shape.pp * shape.dp_local
+        if per <= 1 or len(gpus) % per == 0:
+            return []
+        return [
+            origin_diag(
+                ERROR,
+                f"gpus lists {len(gpus)} GPU(s), which do not split into {_ranks(shape)}: list "
+                f"a multiple of {per} GPUs (each rank gets len(gpus) / {per} for its TP)",
+                m,
+                "gpus",
+            )
+        ]
+    if p.tp * p.pp * shape.dp_local == len(gpus):
+        return []
+    what = f"tensor-parallel-size {p.tp}"
+    if p.pp != 1:
+        what += f" x pipeline-parallel-size {p.pp}"
+    if shape.dp_local != 1:
+        what += f" x {'data-parallel-size-local' if shape.spans_nodes else 'data-parallel-size'} "
+        what += str(shape.dp_local)
     return [
         origin_diag(
             ERROR,
-            f"{what} needs {p.tp * p.pp} GPU(s) but gpus lists {len(gpus)}: make them match "
-            "(or drop tensor-parallel-size: vsup sets it from gpus)",
+            f"{what} needs {p.tp * p.pp * shape.dp_local} GPU(s) but gpus lists {len(gpus)}: make "
+            "them match (or drop tensor-parallel-size: vsup sets it from gpus)",
             m,
             "args",
             m.arg_key("tensor-parallel-size") or "",
         )
     ]
+
+
+def _ranks(shape: ParallelShape) -> str:
+    parts = []
+    if shape.dp_local > 1:
+        parts.append(f"{shape.dp_local} data-parallel ranks")
+    if shape.pp > 1:
+        parts.append(f"{shape.pp} pipeline stages")
+    return " x ".join(parts)
 
 
 def tp_for_small_model(ctx: Context, m: MergedInstance) -> list[Diagnostic]:

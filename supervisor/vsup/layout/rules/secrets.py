@@ -111,6 +111,16 @@ def secret_values(ctx: Context) -> list[Diagnostic]:
     return out
 
 
+def secret_in_alerts(ctx: Context) -> list[Diagnostic]:
+    """A token in `[alerts] command` (e.g. a pager's API key as an argument): the layout is in
+    git and the command line in `ps`. The webhook URL is named by `webhook_env` already."""
+    command = ctx.layout.alerts.get("command")
+    if not isinstance(command, list):
+        return []
+    where = Where(ctx.layout.file, ctx.layout.source_map, ("alerts",), table="[alerts]")
+    return _command_secrets(command, where)
+
+
 def _looks_like(kind: str) -> str:
     return f"the value looks like {kind}; {NOT_HERE}: {VALUE_FIX}"
 

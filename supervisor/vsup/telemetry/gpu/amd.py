@@ -13,6 +13,7 @@
 - Utilisation `amdsmi_get_gpu_activity(h)["gfx_activity"]`; temperature
   `amdsmi_get_temp_metric(h, HOTSPOT, CURRENT)` (MI300-class GPUs have no EDGE sensor), EDGE
   otherwise; power from `amdsmi_get_power_info(h)` in W.
+- Health (RAS/ECC counts, bad pages, throttling, clocks, power cap): `amd_health.py`.
 - "N/A", and all-ones integers (UINT16/32/64_MAX) that some calls pass through, are unknown.
 - Every AmdSmiException degrades to None for that value; nothing raises out of `snapshot()`.
 """
@@ -21,11 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from vsup.snapshot import GpuHealth
+from vsup.telemetry.gpu.amd_health import AmdSmiHealth
 from vsup.telemetry.gpu.base import GpuProbeError, GpuProcessSample, GpuSample
+from vsup.telemetry.gpu.health import SLOW_EVERY_S
+
+log = logging.getLogger(__name__)
 
 _SENTINELS = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
 _MIB = 1024 * 1024
@@ -59,11 +68,18 @@ def known(value: Any, *, percent: bool = False) -> float | int | None:
 
 
 class AmdSmiProbe:
-    """GPU snapshots from amdsmi. `amdsmi` is the module (tests pass a fake of it)."""
+    """GPU snapshots from amdsmi. `amdsmi` is the module (tests pass a fake of it);
+    `health_every_s` is how often the slow health counters are read (amd_health.py)."""
 
     vendor = "amd"
 
-    def __init__(self, amdsmi: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        amdsmi: ModuleType | None = None,
+        *,
+        health_every_s: float = SLOW_EVERY_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._smi = amdsmi if amdsmi is not None else _load()
         smi = self._smi
         try:
@@ -80,6 +96,7 @@ class AmdSmiProbe:
         self._devices = self._order(handles)
         self._temp_sensors = [smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureType.EDGE]
         self._memory_bytes_api = True
+        self._health = AmdSmiHealth(smi, slow_every_s=health_every_s, monotonic=monotonic)
 
     @property
     def count(self) -> int:
@@ -168,7 +185,15 @@ class AmdSmiProbe:
             processes=procs,
             per_process_supported=supported,
             error=mem_error if total is None and used is None and activity is None else None,
+            health=self._read_health(index, handle),
         )
+
+    def _read_health(self, index: int, handle: Any) -> GpuHealth | None:
+        try:
+            return self._health.read(index, handle)
+        except Exception:  # health is extra: a surprise there must not blank the sample
+            log.exception("amdsmi health read failed for GPU %d", index)
+            return None
 
     def _memory(self, handle: Any) -> tuple[int | None, int | None, str | None]:
         smi = self._smi

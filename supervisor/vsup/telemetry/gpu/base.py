@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from vsup.snapshot import GpuHealth
+
 
 class GpuProbeError(Exception):
     """A GPU library could not be opened (missing, no driver, no device)."""
@@ -31,6 +33,7 @@ class GpuSample:
     # then an empty `processes` means "unknown", not "no process".
     per_process_supported: bool = False
     error: str | None = None  # the GPU failed this poll (e.g. "GPU is lost")
+    health: GpuHealth | None = None  # None: this driver gives no health figures
 
 
 class GpuProbe(Protocol):

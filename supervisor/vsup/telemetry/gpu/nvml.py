@@ -10,6 +10,8 @@ Measured on an H200: `nvmlDeviceGetMemoryInfo` ~8 us, `nvmlDeviceGetComputeRunni
   call and `NVMLError_FunctionNotFound` for the versioned ones; both mean "try the next".
   `usedGpuMemory` is None where NVML reports NVML_VALUE_NOT_AVAILABLE (pynvml maps it).
 - Static facts (name, UUID, PCI bus id) are read once when the probe opens.
+- Health (ECC, retired pages / row remaps, XID events, throttle reasons, clocks, power cap):
+  `nvml_health.py`; fast figures each snapshot, slow counters every `health_every_s`.
 - Errors degrade to None for that value; `NVMLError_GpuIsLost` marks the whole GPU failed for
   this poll. Nothing raises out of `snapshot()`.
 """
@@ -17,11 +19,19 @@ Measured on an H200: `nvmlDeviceGetMemoryInfo` ~8 us, `nvmlDeviceGetComputeRunni
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from vsup.snapshot import GpuHealth
 from vsup.telemetry.gpu.base import GpuProbeError, GpuProcessSample, GpuSample
+from vsup.telemetry.gpu.health import SLOW_EVERY_S
+from vsup.telemetry.gpu.nvml_health import NvmlHealth
+
+log = logging.getLogger(__name__)
 
 _PROCESS_CALLS = (
     "nvmlDeviceGetComputeRunningProcesses",
@@ -39,11 +49,19 @@ def _load() -> ModuleType:
 
 
 class NvmlProbe:
-    """GPU snapshots from NVML. `nvml` is the pynvml module (tests pass a fake of it)."""
+    """GPU snapshots from NVML. `nvml` is the pynvml module (tests pass a fake of it);
+    `health_every_s` is how often the slow health counters are read (nvml_health.py)."""
 
     vendor = "nvidia"
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        *,
+        health_every_s: float = SLOW_EVERY_S,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._nv = nvml if nvml is not None else _load()
         nv = self._nv
         try:
@@ -92,6 +110,7 @@ class NvmlProbe:
             for name in ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
             if hasattr(nv, name)
         ]
+        self._health = NvmlHealth(nv, slow_every_s=health_every_s, monotonic=monotonic, wall=wall)
 
     @property
     def count(self) -> int:
@@ -102,6 +121,7 @@ class NvmlProbe:
             if self._closed:
                 return
             self._closed = True
+            self._health.close()
             with contextlib.suppress(self._nv.NVMLError):
                 self._nv.nvmlShutdown()
 
@@ -148,6 +168,7 @@ class NvmlProbe:
             util = self._try(nv.nvmlDeviceGetUtilizationRates, handle)
             temp = self._temperature(handle)
             power_mw = self._try(nv.nvmlDeviceGetPowerUsage, handle)
+            health = self._read_health(i, handle)
         except nv.NVMLError_GpuIsLost as exc:
             return GpuSample(
                 index=i,
@@ -168,7 +189,17 @@ class NvmlProbe:
             power_w=None if power_mw is None else float(power_mw) / 1000.0,
             processes=procs,
             per_process_supported=supported,
+            health=health,
         )
+
+    def _read_health(self, i: int, handle: Any) -> GpuHealth | None:
+        try:
+            return self._health.read(i, handle)
+        except self._nv.NVMLError_GpuIsLost:
+            raise
+        except Exception:  # health is extra: a surprise there must not blank the sample
+            log.exception("NVML health read failed for GPU %d", i)
+            return None
 
     def _memory(self, handle: Any) -> tuple[int | None, int | None]:
         nv = self._nv

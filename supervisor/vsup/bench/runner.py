@@ -1,0 +1,463 @@
+"""The bench sequence: for each layout apply it, wait until every instance is ready, run one
+vLLM client per instance (started together), record vsup's telemetry meanwhile; at the end,
+and on Ctrl-C/SIGTERM, restore what ran before.
+
+Problems of one layout (it does not validate on this node, an instance does not come up, a
+client fails, an instance dies mid-run) are recorded in its run and the next layout runs; the
+original layout comes back in every case.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from vsup.bench import results as res
+from vsup.bench.client import (
+    ClientRun,
+    client_argv,
+    client_env,
+    client_flags,
+    equivalent_command,
+    find_vllm_python,
+)
+from vsup.bench.sampler import Sampler, summarize
+from vsup.bench.split import split_prompts, split_rate, weights_for
+from vsup.bench.workload import Workload
+from vsup.control.errors import ControlError, DaemonUnavailable
+from vsup.control.progress import Progress, fmt_duration, wait_ready
+from vsup.layout.spec import InstanceSpec
+
+# How long the clients may take to import vLLM and parse their flags before the barrier.
+CLIENT_START_TIMEOUT_S = 300.0
+
+
+@dataclass
+class LayoutToRun:
+    """A layout file as read and checked here; `errors` non-empty means it is not run."""
+
+    path: Path
+    name: str
+    toml: str
+    specs: list[InstanceSpec] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Original:
+    """What ran before the bench, to restore."""
+
+    toml: str | None
+    path: str | None
+    name: str | None
+    serving: list[str]
+    daemon_was_running: bool
+
+
+@dataclass
+class BenchRunner:
+    client: Any  # vsup.control.client.Client
+    make_client: Callable[[], Any]  # a second client for the sampler's thread
+    workload: Workload
+    out_dir: Path
+    ready_timeout: float = 1200.0
+    run_timeout: float = 3600.0
+    keep: bool = False
+    poll_interval: float = 1.0
+    say: Callable[[str], None] = print
+    progress: Progress = field(default_factory=Progress)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    _clients: list[ClientRun] = field(default_factory=list)
+    _sampler: Sampler | None = None
+    _applied: str | None = None  # the last layout this bench applied
+    restoring: bool = False  # signal handlers let a restore finish
+
+    # -- the whole sequence ------------------------------------------------------------------
+
+    def run(self, layouts: list[LayoutToRun], original: Original) -> dict[str, Any]:
+        """Run every layout, restore, and return the run document (see report.py)."""
+        started = _now()
+        interrupted = False
+        restore: dict[str, Any] = {}
+        try:
+            for k, lay in enumerate(layouts, 1):
+                try:
+                    self.run_layout(k, len(layouts), lay)
+                except ControlError as exc:
+                    # The daemon refused this layout (e.g. it is shutting down): say so, go on.
+                    self._abort_current()
+                    run = self.runs[-1]
+                    run["outcome"] = "failed"
+                    run["problems"].append(f"the daemon refused it: {exc.message}")
+                    self.say(f"[{k}/{len(layouts)}] {lay.name}: the daemon refused it: {exc}")
+        except KeyboardInterrupt:
+            interrupted = True
+            if self.runs and self.runs[-1]["outcome"] == "running":
+                self.runs[-1]["outcome"] = "interrupted"
+                self.runs[-1]["problems"].append("interrupted (Ctrl-C or SIGTERM)")
+            self.progress.clear()
+            self.say("interrupted: stopping the clients, then restoring the original layout")
+            self._abort_current()
+        finally:
+            self.progress.clear()
+            restore = self.restore(original)
+        return self.document(started, original, restore, interrupted)
+
+    def document(self, started: str, original: Original, restore: dict, interrupted: bool):
+        from vsup import __version__
+        from vsup.bench.report import SCHEMA, ratio_to_first
+
+        ratio_to_first(self.runs)
+        versions = {
+            (i.get("client") or {}).get("vllm_version")
+            for r in self.runs
+            for i in r.get("instances", ())
+        } - {None}
+        return {
+            "schema": SCHEMA,
+            "vsup_version": __version__,
+            "vllm_version": ", ".join(sorted(versions)) or None,
+            "started_at": started,
+            "ended_at": _now(),
+            "workload": self.workload.to_json(),
+            "original_layout": {"name": original.name, "path": original.path},
+            "restore": restore,
+            "interrupted": interrupted,
+            "out_dir": str(self.out_dir),
+            "runs": self.runs,
+        }
+
+    # -- one layout ------------------------------------------------------------------------
+
+    def run_layout(self, k: int, n: int, lay: LayoutToRun) -> dict[str, Any]:
+        tag = f"[{k}/{n}] {lay.name}"
+        run: dict[str, Any] = {
+            "layout": {"name": lay.name, "path": str(lay.path)},
+            "outcome": "invalid",
+            "problems": [],
+            "instances": [],
+            "totals": None,
+        }
+        self.runs.append(run)
+        if lay.errors:
+            run["problems"] = [f"does not validate: {e}" for e in lay.errors]
+            self.say(f"{tag}: skipped, it does not validate ({lay.errors[0]})")
+            return run
+        dry = self.client.apply(lay.toml, str(lay.path), dry_run=True)
+        if dry.get("errors"):
+            errs = [e.get("text") or e.get("message") for e in dry["errors"]]
+            run["problems"] = [f"does not validate on this node: {e}" for e in errs]
+            self.say(f"{tag}: skipped, it does not validate on this node ({errs[0]})")
+            return run
+        self.say(f"{tag}: applying ({_plan_words(dry.get('plan') or {})})")
+        t0 = time.monotonic()
+        run["outcome"] = "running"
+        self._applied = lay.name
+        answer = self.client.apply(lay.toml, str(lay.path))
+        run["plan"] = answer.get("plan")
+        names = [s.name for s in lay.specs]
+        self.say(f"{tag}: waiting until {len(names)} instance(s) are ready")
+        # Removed instances must be gone too: they would share the node (CPU, HBM) with the
+        # layout under test.
+        self._wait_stopped((run["plan"] or {}).get("stop", ()))
+        ok, doc = self._wait_ready(names)
+        run["ready_after_s"] = round(time.monotonic() - t0, 1)
+        by_name = {i["name"]: i for i in doc.get("instances", ())}
+        if not ok:
+            run["outcome"] = "not_ready"
+            for name in names:
+                inst = by_name.get(name) or {}
+                if inst.get("state") != "ready":
+                    le = inst.get("last_exit") or {}
+                    why = f" (last exit: {le['reason']})" if le.get("reason") else ""
+                    run["problems"].append(
+                        f"{name}: {inst.get('state', 'missing')}{why} after "
+                        f"{run['ready_after_s']:.0f} s; not loaded"
+                    )
+            self.say(f"{tag}: not every instance became ready; this layout is not loaded")
+            return run
+        self.say(f"{tag}: ready after {fmt_duration(run['ready_after_s'])}")
+        self._load(tag, k, lay, run, [by_name[nm] for nm in names])
+        return run
+
+    def _wait_ready(self, names: list[str]) -> tuple[bool, dict[str, Any]]:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            ok, doc = wait_ready(
+                self.client, names, max(1.0, deadline - time.monotonic()), self.progress
+            )
+            # A rolling apply (where the daemon does them) is over only when its last wave is.
+            rollout = doc.get("rollout") or {}
+            if not ok or rollout.get("state") != "running" or time.monotonic() >= deadline:
+                return ok and rollout.get("state") != "running", doc
+            time.sleep(0.5)
+
+    def _wait_stopped(self, names: Any) -> None:
+        """Wait (up to the ready timeout) until `names` are stopped or gone from the status."""
+        names = set(names)
+        deadline = time.monotonic() + self.ready_timeout
+        while names and time.monotonic() < deadline:
+            insts = self.client.status().get("instances", ())
+            if not any(i["name"] in names and i["state"] != "stopped" for i in insts):
+                return
+            time.sleep(0.3)
+
+    def _load(self, tag: str, k: int, lay: LayoutToRun, run: dict, insts: list[dict]) -> None:
+        specs = {s.name: s for s in lay.specs}
+        weights, basis = weights_for(insts)
+        shares = split_prompts(self.workload.num_prompts, weights)
+        rates = split_rate(self.workload.request_rate, shares)
+        run["split_basis"] = basis
+        folder = self.out_dir / f"{k:02d}-{_safe(lay.name)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._clients = []
+        records = []
+        for idx, (inst, share, rate, weight) in enumerate(
+            zip(insts, shares, rates, weights, strict=True)
+        ):
+            spec = specs[inst["name"]]
+            rec: dict[str, Any] = {
+                "name": spec.name,
+                "gpus": list(spec.gpus),
+                "port": spec.port,
+                "model": spec.model,
+                "weight": weight,
+                "prompts": share,
+                "request_rate": rate,
+                "seed": self.workload.seed + idx,
+                "client": None,
+                "telemetry": None,
+            }
+            records.append(rec)
+            if share == 0:
+                continue
+            py = find_vllm_python(spec)
+            flags = client_flags(
+                spec,
+                self.workload.client_flags(share, rate, self.workload.seed + idx),
+                folder,
+                f"{_safe(spec.name)}.json",
+            )
+            c = ClientRun(
+                instance=spec.name,
+                argv=client_argv(py.python, flags),
+                env=client_env(spec),
+                log_path=folder / f"{_safe(spec.name)}.log",
+                result_path=folder / f"{_safe(spec.name)}.json",
+                total=share,
+            )
+            rec["client"] = {
+                "python": py.python,
+                "python_from": py.how,
+                "argv": c.argv,
+                "command": c.command_line,
+                "equivalent": equivalent_command(flags),
+                "log": str(c.log_path),
+                "result_file": str(c.result_path),
+            }
+            self._clients.append(c)
+        run["instances"] = records
+        split = ", ".join(f"{r['name']} {r['prompts']}" for r in records)
+        self.say(f"{tag}: starting {len(self._clients)} vLLM client(s) (prompts: {split})")
+        for c in self._clients:
+            c.start()
+        started = [c for c in self._clients if c.wait_ready(CLIENT_START_TIMEOUT_S)]
+        for c in self._clients:
+            if c not in started:
+                c.stop()
+        poller = self.make_client()
+        self._sampler = Sampler(poller.status, interval=self.poll_interval)
+        self._sampler.sample()
+        self._sampler.start()
+        for c in started:
+            c.go()
+        self.say(f"{tag}: running")
+        self._follow(tag, started)
+        # The daemon scrapes once a poll: wait for the counters to catch up with the end.
+        time.sleep(2 * self.poll_interval + 0.2)
+        self._sampler.stop()
+        self._sampler.sample()
+        poller.close()
+        self._record(run, records)
+        t = run["totals"]
+        self.say(
+            f"{tag}: done: {t['completed']}/{t['prompts']} requests, "
+            f"{_num(t['output_throughput'])} output tok/s, {t['failed']} failed"
+            + (f", {len(run['problems'])} problem(s)" if run["problems"] else "")
+        )
+
+    def _follow(self, tag: str, clients: list[ClientRun]) -> None:
+        t0 = time.monotonic()
+        total = sum(c.total for c in clients)
+        last_line = 0.0
+        while any(c.poll() is None for c in clients):
+            elapsed = time.monotonic() - t0
+            if elapsed > self.run_timeout:
+                self.progress.clear()
+                self.say(f"{tag}: the clients ran past {self.run_timeout:.0f} s; stopping them")
+                for c in clients:
+                    c.stop()
+                break
+            done = sum(c.done_requests for c in clients)
+            line = f"{tag}: running {fmt_duration(elapsed)}, requests done {done}/{total}"
+            if self.progress.live:
+                self.progress.update(line)
+            elif time.monotonic() - last_line >= 15:
+                self.say(line)
+                last_line = time.monotonic()
+            time.sleep(0.25)
+        self.progress.clear()
+        for c in clients:
+            try:
+                c.wait(30)
+            except Exception:
+                c.stop()
+
+    def _record(self, run: dict, records: list[dict]) -> None:
+        assert self._sampler is not None
+        starts = [c.started_at for c in self._clients if c.started_at]
+        ends = [c.ended_at for c in self._clients if c.ended_at]
+        # The rates vsup shows lag a poll behind: one interval past the end still counts.
+        window = (min(starts), max(ends) + self.poll_interval) if starts and ends else None
+        tel = summarize(self._sampler.samples, [r["name"] for r in records], window)
+        by_client = {c.instance: c for c in self._clients}
+        results: list[dict | None] = []
+        prompts: list[int] = []
+        for rec in records:
+            rec["telemetry"] = tel["instances"].get(rec["name"])
+            died = (rec["telemetry"] or {}).get("died")
+            if died:
+                why = f" ({died['reason']})" if died.get("reason") else ""
+                line = f": {died['log_line']}" if died.get("log_line") else ""
+                run["problems"].append(
+                    f"{rec['name']} stopped serving during the run: {died['state']}{why}{line}"
+                )
+            c = by_client.get(rec["name"])
+            if c is None:
+                continue
+            result = c.result() if c.poll() == 0 else None
+            rec["client"]["exit_code"] = c.poll()
+            rec["client"]["vllm_version"] = c.vllm_version
+            rec["client"]["started_at"] = c.started_at
+            rec["client"]["ended_at"] = c.ended_at
+            if result is None:
+                why = c.failure() if c.ready.is_set() else ("it did not start: " + c.failure())
+                rec["client"]["error"] = why
+                run["problems"].append(f"{rec['name']}: the vLLM client failed: {why}")
+            else:
+                rec["client"]["error"] = None
+                rec["client"]["summary"] = res.client_summary(result)
+                if result.get("failed"):
+                    run["problems"].append(
+                        f"{rec['name']}: {result['failed']} request(s) failed "
+                        f"(log: {rec['client']['log']})"
+                    )
+            results.append(result)
+            prompts.append(rec["prompts"])
+        totals = res.pool(results, prompts)
+        per = [r["telemetry"] or {} for r in records]
+        totals["preemptions"] = _sum([p.get("preemptions") for p in per])
+        totals["kv_peak"] = max(
+            (p["kv_peak"] for p in per if p.get("kv_peak") is not None), default=None
+        )
+        totals["tokens_per_s_vsup"] = _sum([p.get("tokens_per_s_mean") for p in per])
+        hbm = [p.get("hbm_peak_bytes") for p in per]
+        totals["hbm_peak_bytes"] = sum(hbm) if hbm and all(h is not None for h in hbm) else None
+        run["gpus"] = [
+            g for g in tel["gpus"] if any(g["index"] in (r.get("gpus") or ()) for r in records)
+        ]
+        run["totals"] = totals
+        run["telemetry_samples"] = len(self._sampler.samples)
+        if not any(results):
+            run["outcome"] = "failed"
+        elif run["problems"]:
+            run["outcome"] = "partial"
+        else:
+            run["outcome"] = "ok"
+
+    def _abort_current(self) -> None:
+        for c in self._clients:
+            c.stop(grace=2.0)
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    # -- restore ---------------------------------------------------------------------------
+
+    def restore(self, original: Original) -> dict[str, Any]:
+        """Put back what ran before (or keep the last layout with `keep`)."""
+        self.restoring = True
+        try:
+            if self._applied and self.keep:
+                self.say(f"keeping layout {self._applied} (--keep)")
+                return {"outcome": "kept", "layout": self._applied}
+            if self._applied and original.toml:
+                self.say(f"restoring the original layout {original.name}")
+                answer = self.client.apply(original.toml, original.path)
+                self._wait_stopped((answer.get("plan") or {}).get("stop", ()))
+                ok, doc = self._wait_ready(original.serving)
+                if not ok:
+                    states = {i["name"]: i["state"] for i in doc.get("instances", ())}
+                    not_ready = {
+                        n: states.get(n) for n in original.serving if states.get(n) != "ready"
+                    }
+                    self.say(f"the original layout is back but not ready: {not_ready}")
+                    return {
+                        "outcome": "restored_not_ready",
+                        "layout": original.name,
+                        "not_ready": not_ready,
+                    }
+                self.say(f"the original layout {original.name} is back")
+                return {"outcome": "restored", "layout": original.name}
+            if not original.daemon_was_running:
+                if self._applied:
+                    self.say("nothing ran before the bench: stopping its instances and the daemon")
+                self.client.shutdown(stop_instances=True)
+                _wait_daemon_gone(self.client, 300)
+                return {"outcome": "daemon_stopped"}
+            if self._applied:
+                self.say("no layout ran before the bench: stopping its instances")
+                self.client.action("stop", all=True)
+                return {"outcome": "stopped"}
+            return {"outcome": "untouched"}
+        except (ControlError, DaemonUnavailable) as exc:
+            self.say(f"could not restore the original layout: {exc}")
+            return {"outcome": "failed", "error": str(exc)}
+
+
+def _wait_daemon_gone(client: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.status()
+        except DaemonUnavailable:
+            return
+        time.sleep(0.2)
+
+
+def _plan_words(plan: dict[str, Any]) -> str:
+    words = []
+    for key in ("start", "restart", "stop", "update", "unchanged"):
+        if plan.get(key):
+            words.append(f"{key} {', '.join(plan[key])}")
+    return "; ".join(words) or "no change"
+
+
+def _sum(values: list[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "x"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

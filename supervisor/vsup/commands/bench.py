@@ -1,0 +1,318 @@
+"""`vsup bench LAYOUT [LAYOUT ...]`: A/B layouts on this node with vLLM's own benchmark client.
+
+For each layout in turn: apply it, wait until every instance is ready, send the same workload
+(split across the instances in proportion, one `vllm bench serve` client each, started
+together) while recording vsup's telemetry; then restore the layout that ran before (or keep
+the last with `--keep`), also on Ctrl-C or SIGTERM. Prints the layouts side by side; `--json`
+and `--markdown` save every figure and the exact client command lines.
+
+Replacing a layout that serves needs consent: a terminal's yes or `--yes`; without either the
+bench changes nothing and exits 3 (as `vsup up` does). Exit status: 0 every layout ran cleanly;
+1 a layout did not run cleanly (not ready, a client failed, an instance died, requests failed)
+or the original did not come back; 2 bad input (no valid layout, a bad workload);
+3 not confirmed; 130 interrupted (after restoring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# The same status `vsup up` uses when nobody confirmed stopping serving instances.
+EXIT_NOT_CONFIRMED = 3
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (requests/s, or inf)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0 (requests/s, or inf for all at once)")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="apply layouts in turn, load each with vLLM's own bench client, compare them",
+        description="For each LAYOUT: apply it, wait until every instance is ready, run the "
+        "workload with vLLM's own client (`vllm bench serve`, one per instance, the prompts "
+        "split in proportion), record vsup's telemetry; then restore the layout that ran "
+        "before. Prints the layouts side by side.",
+    )
+    # "*" and checked in run: a greedy `--dataset sharegpt FILE` may take the layouts after it
+    p.add_argument("layouts", nargs="*", metavar="LAYOUT", help="layout TOML files, in order")
+    w = p.add_argument_group("workload (flags override the --workload file)")
+    w.add_argument("--workload", metavar="FILE", help="a TOML file with a [bench] table")
+    w.add_argument("--num-prompts", type=int, metavar="N", help="prompts per layout (200)")
+    w.add_argument("--input-len", type=int, metavar="N", help="prompt tokens, random (512)")
+    w.add_argument("--output-len", type=int, metavar="N", help="output tokens (128)")
+    w.add_argument(
+        "--request-rate",
+        type=_rate,
+        metavar="R",
+        help="requests/s over the whole layout (default inf: all at once)",
+    )
+    w.add_argument(
+        "--dataset",
+        nargs="+",
+        metavar=("random|sharegpt", "FILE"),
+        help="random (default), or sharegpt FILE",
+    )
+    w.add_argument("--seed", type=int, help="the client's seed (instance i gets seed + i)")
+    p.add_argument("--json", metavar="FILE", help="write every figure and client command here")
+    p.add_argument("--markdown", metavar="FILE", help="write the table as markdown here")
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="replace the running layout without asking"
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="leave the last layout running instead of restoring"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help="how long a layout may take to become ready (default 1200 s)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="how long one layout's clients may run (default 3600 s)",
+    )
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="where the clients' logs and result files go (default $VSUP_HOME/bench/TIME)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup.control.cliutil import run_command
+
+    return run_command(_bench, args)
+
+
+def workload_from_args(args: argparse.Namespace):
+    """The workload: the --workload file's [bench] table, then the flags over it."""
+    from dataclasses import replace
+
+    from vsup.bench.workload import Workload, load_workload
+
+    base = load_workload(args.workload) if args.workload else Workload()
+    if args.dataset:
+        # The flag replaces the file's dataset and its path together.
+        path = args.dataset[1] if len(args.dataset) == 2 else None
+        base = replace(base, dataset=args.dataset[0], dataset_path=path)
+    wl = base.with_overrides(
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        request_rate=args.request_rate,
+        seed=args.seed,
+    )
+    return wl.check("vsup bench")
+
+
+def read_layouts(paths: list[str]):
+    """Each layout read, validated on this node, resolved; invalid ones carry their errors."""
+    from pathlib import Path
+
+    from vsup.bench.runner import LayoutToRun
+    from vsup.commands.up import validate_locally
+    from vsup.control.cliutil import print_diagnostics
+    from vsup.layout import LayoutError, load_layout
+
+    out = []
+    for raw in paths:
+        path = Path(raw).expanduser().absolute()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            out.append(
+                LayoutToRun(
+                    path, path.stem, "", errors=[f"cannot read {path}: {exc.strerror or exc}"]
+                )
+            )
+            continue
+        errors, warnings = validate_locally(path)
+        print_diagnostics(warnings)
+        layout = load_layout(path)
+        lay = LayoutToRun(path, layout.name or path.stem, text)
+        lay.errors = [d.format() for d in errors]
+        if not lay.errors:
+            try:
+                lay.specs = layout.resolve()
+            except LayoutError as exc:
+                lay.errors = [d.format() for d in exc.diagnostics if d.is_error] or [str(exc)]
+        if not lay.errors and not lay.specs:
+            lay.errors = [f"{path}: the layout has no instances to load"]
+        out.append(lay)
+    return out
+
+
+def take_back_layouts(args: argparse.Namespace) -> None:
+    """`--dataset sharegpt FILE a.toml b.toml`: argparse gives --dataset every word after it;
+    the words beyond its name (and file, for sharegpt) are the layouts."""
+    if not args.dataset:
+        return
+    keep = 2 if args.dataset[0] == "sharegpt" else 1
+    args.layouts = [*args.dataset[keep:], *args.layouts]
+    args.dataset = args.dataset[:keep]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import signal
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from vsup import paths
+    from vsup.bench.report import dump_json, render_markdown, render_table
+    from vsup.bench.runner import BenchRunner, Original
+    from vsup.bench.workload import WorkloadError
+    from vsup.control.client import Client
+    from vsup.control.cliutil import CommandFailed, client_for_cli
+
+    take_back_layouts(args)
+    if not args.layouts:
+        raise CommandFailed("vsup bench: name one or more layout files to compare", 2)
+    try:
+        workload = workload_from_args(args)
+    except WorkloadError as exc:
+        raise CommandFailed(f"vsup bench: {exc}", 2) from None
+    for opt in ("json", "markdown"):
+        target = getattr(args, opt)
+        if target and not Path(target).expanduser().absolute().parent.is_dir():
+            raise CommandFailed(f"vsup bench: --{opt} {target}: its directory does not exist", 2)
+    layouts = read_layouts(args.layouts)
+    for lay in layouts:
+        for e in lay.errors:
+            print(f"vsup bench: layout {lay.path.name} does not validate: {e}", file=sys.stderr)
+    if not any(not lay.errors for lay in layouts):
+        raise CommandFailed("vsup bench: no layout is valid; nothing was changed", 2)
+
+    home = paths.vsup_home()
+    probe = Client(home)
+    daemon_was_running = probe.alive() is not None
+    probe.close()
+    with client_for_cli() as client:
+        current = client.layout()
+        serving = [
+            i["name"]
+            for i in client.status().get("instances", ())
+            if i.get("state") in ("ready", "unhealthy")
+        ]
+        original = Original(
+            toml=current.get("toml"),
+            path=current.get("path"),
+            name=current.get("name"),
+            serving=serving,
+            daemon_was_running=daemon_was_running,
+        )
+        announce(layouts, original, args.keep)
+        if serving and not args.yes:
+            confirm(serving)
+        out_dir = (
+            Path(args.out_dir).expanduser().absolute()
+            if args.out_dir
+            else (home / "bench" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
+        )
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+        def say(line: str) -> None:
+            print(f"vsup bench: {line}", file=sys.stderr, flush=True)
+
+        runner = BenchRunner(
+            client=client,
+            make_client=lambda: Client(home),
+            workload=workload,
+            out_dir=out_dir,
+            ready_timeout=args.timeout,
+            run_timeout=args.run_timeout,
+            keep=args.keep,
+            say=say,
+        )
+
+        def on_signal(signum, frame):
+            if runner.restoring:
+                say("the original layout is being restored; wait for it")
+                return
+            raise KeyboardInterrupt
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            doc = runner.run(layouts, original)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+    sys.stdout.write(render_table(doc["runs"]))
+    for opt, text in (("json", dump_json(doc)), ("markdown", render_markdown(doc))):
+        target = getattr(args, opt)
+        if target:
+            write_file(Path(target).expanduser().absolute(), text)
+            print(f"vsup bench: wrote {target}", file=sys.stderr)
+    print(f"vsup bench: client logs and results in {out_dir}", file=sys.stderr)
+    if doc["interrupted"]:
+        return 130
+    restored = doc["restore"].get("outcome") in (
+        "restored",
+        "kept",
+        "stopped",
+        "daemon_stopped",
+        "untouched",
+    )
+    clean = all(r["outcome"] == "ok" for r in doc["runs"])
+    return 0 if clean and restored else 1
+
+
+def announce(layouts, original, keep: bool) -> None:
+    """Say up front what the bench will replace and what comes back."""
+    names = ", ".join(lay.name for lay in layouts if not lay.errors)
+    print(f"vsup bench: layouts in turn: {names}", file=sys.stderr)
+    if original.name or original.serving:
+        who = f" (serving: {', '.join(original.serving)})" if original.serving else ""
+        after = "the last bench layout stays (--keep)" if keep else "it is restored at the end"
+        print(
+            f"vsup bench: this replaces the running layout {original.name or '(unnamed)'}{who} "
+            f"while it runs; {after}",
+            file=sys.stderr,
+        )
+
+
+def confirm(serving: list[str]) -> None:
+    """Ask on a terminal; refuse without one (nothing changed). Returns on yes."""
+    from vsup.control.cliutil import CommandFailed
+
+    what = ", ".join(serving)
+    if not sys.stdin.isatty():
+        raise CommandFailed(
+            f"vsup bench: this replaces serving instances ({what}) and there is no terminal to "
+            "confirm it; nothing was changed. Run again with --yes",
+            EXIT_NOT_CONFIRMED,
+        )
+    try:
+        answer = input(f"replace the running layout (serving {what}) for the bench? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CommandFailed("vsup bench: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
+
+
+def write_file(path, text: str) -> None:
+    """Write atomically (temp file + rename): a crash never leaves half a report."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with __import__("contextlib").suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,271 @@
+"""`vsup bench` against real vLLM servers (CPU build, tiny model), through the real CLI.
+
+One daemon for the module, serving the "orig" layout (cpu0). The bench compares "one" (cpu0
+alone, the same spec: it keeps running) with "two" (cpu0 + cpu1), with an invalid layout in
+between; afterwards "orig" is back with cpu0 never restarted. Then SIGTERM mid-run restores
+it too, and `--keep` leaves the last layout. Each vLLM start costs ~30 s and 2 GiB here: at
+most two servers run at once, and the workload is tiny (16 prompts of 32 in / 16 out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import free_port, outside_cwd
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+WORKLOAD = ["--num-prompts", "16", "--input-len", "32", "--output-len", "16"]
+
+
+def vsup(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vsup", *args],
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=outside_cwd(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def layout_text(name: str, model: Path, ports: list[int], env: dict) -> str:
+    env_t = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
+    text = f"""
+[layout]
+name = "{name}"
+
+[defaults]
+model = "{model}"
+command = {cmd}
+host = "127.0.0.1"
+args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512 }}
+env = {{ {env_t} }}
+restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s = 600, max_failures = 3 }}
+"""
+    for i, port in enumerate(ports):
+        text += f'\n[[instance]]\nname = "cpu{i}"\ngpus = []\nport = {port}\n'
+    return text
+
+
+def status(home: Path) -> dict:
+    proc = vsup(home, "status", "--json", timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def bench_clients() -> list[psutil.Process]:
+    """Live vLLM bench clients started by vsup (their bootstrap carries the ready marker)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        marked = len(cmd) > 2 and cmd[1] == "-c" and "vsup-bench-ready" in cmd[2]
+        if marked and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def node(tiny_model: Path, vllm_env: dict):
+    """A daemon serving "orig" (cpu0), and the layout files; everything stopped at the end."""
+    home = Path(tempfile.mkdtemp(prefix="vsup-b-", dir="/tmp"))
+    files = Path(tempfile.mkdtemp(prefix="vsup-bench-layouts-"))
+    ports = [free_port(), free_port()]
+    paths = {}
+    for name, used in (("orig", ports[:1]), ("one", ports[:1]), ("two", ports)):
+        paths[name] = files / f"{name}.toml"
+        paths[name].write_text(layout_text(name, tiny_model, used, vllm_env))
+    # Two instances on one port: does not validate.
+    paths["bad"] = files / "bad.toml"
+    paths["bad"].write_text(layout_text("bad", tiny_model, [ports[0], ports[0]], vllm_env))
+    try:
+        up = vsup(home, "up", str(paths["orig"]), "--detach", "--wait", "--timeout", "400")
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield home, paths, ports
+    finally:
+        vsup(home, "down", timeout=300)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def test_without_a_terminal_the_bench_needs_yes_and_changes_nothing(node):
+    home, paths, _ = node
+    before = status(home)
+    proc = vsup(home, "bench", str(paths["one"]), str(paths["two"]), *WORKLOAD)
+    assert proc.returncode == 3, proc.stderr
+    assert "replaces the running layout orig (serving: cpu0)" in proc.stderr
+    assert "--yes" in proc.stderr
+    after = status(home)
+    assert after["supervisor"]["layout"] == "orig"
+    assert [i["pid"] for i in after["instances"]] == [i["pid"] for i in before["instances"]]
+
+
+def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_path):
+    home, paths, ports = node
+    cpu0_pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    proc = vsup(
+        home, "bench", str(paths["one"]), str(paths["bad"]), str(paths["two"]), *WORKLOAD,
+        "--yes", "--json", str(out_json), "--markdown", str(out_md),
+    )  # fmt: skip
+    # exit 1: one layout did not validate; the two others ran
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "layout bad.toml does not validate" in proc.stderr
+    assert "[3/3] two: running" in proc.stderr  # progress while it runs
+    doc = json.loads(out_json.read_text())
+    one, bad, two = doc["runs"]
+    assert bad["outcome"] == "invalid" and "port" in bad["problems"][0]
+    assert one["outcome"] == "ok" and two["outcome"] == "ok", (one["problems"], two["problems"])
+    assert [i["name"] for i in one["instances"]] == ["cpu0"]
+    assert [i["name"] for i in two["instances"]] == ["cpu0", "cpu1"]
+    assert [i["prompts"] for i in two["instances"]] == [8, 8]
+    for run in (one, two):
+        t = run["totals"]
+        assert t["completed"] == 16 and t["failed"] == 0 and t["output_tokens"] > 0
+        assert t["output_throughput"] > 0 and t["ttft_ms"]["p50"] > 0
+        assert t["tpot_ms"]["p99"] >= t["tpot_ms"]["p50"]
+        for inst in run["instances"]:
+            c = inst["client"]
+            assert c["exit_code"] == 0 and c["error"] is None
+            assert c["argv"][0] == sys.executable and c["argv"][1] == "-c"
+            assert f"--base-url http://127.0.0.1:{inst['port']}" in c["command"]
+            assert c["equivalent"].startswith("vllm bench serve ")
+            assert c["summary"]["completed"] == inst["prompts"]
+            assert inst["telemetry"]["samples"] >= 2
+            assert inst["telemetry"]["kv_capacity_tokens"] > 0
+            assert inst["telemetry"]["preemptions"] == 0
+            assert inst["telemetry"]["died"] is None
+    assert one["ratio_to_first"] == 1.0 and two["ratio_to_first"] > 0
+    assert doc["vllm_version"] and doc["workload"]["num_prompts"] == 16
+    assert doc["restore"] == {"outcome": "restored", "layout": "orig"}
+    # the table on stdout, a column per layout
+    header = proc.stdout.splitlines()[0].split()
+    assert header == ["one", "bad", "two"]
+    assert "ratio to first" in proc.stdout
+    md = out_md.read_text()
+    assert "| outcome | ok | invalid | ok |" in md and "vllm bench serve" in md
+    # the original layout is back; cpu0 kept serving throughout; cpu1 is gone
+    after = status(home)
+    assert after["supervisor"]["layout"] == "orig"
+    insts = {i["name"]: i for i in after["instances"]}
+    # the bench waited for cpu1's stop; the daemon drops a removed instance once stopped
+    assert insts.get("cpu1", {"state": "stopped"})["state"] == "stopped"
+    assert insts["cpu0"]["state"] == "ready"
+    assert insts["cpu0"]["pid"] == cpu0_pid
+    assert not bench_clients()
+
+
+def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, tmp_path):
+    home, paths, _ = node
+    out_json = tmp_path / "bench.json"
+    # long enough (a few seconds here) to be killed while it runs
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vsup", "bench", str(paths["one"]), "--num-prompts", "96",
+         "--input-len", "64", "--output-len", "400", "--yes", "--json", str(out_json)],
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=outside_cwd(),
+    )  # fmt: skip
+    try:
+        seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if line.rstrip().endswith("one: running") or not line:
+                break
+        assert "running" in seen[-1], "".join(seen)
+        time.sleep(1.0)
+        pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, "".join(seen) + err
+    run = json.loads(out_json.read_text())["runs"][0]
+    assert run["outcome"] in ("partial", "failed")
+    died = run["instances"][0]["telemetry"]["died"]
+    assert died is not None and died["state"] != "ready"
+    assert any("cpu0 stopped serving during the run" in p for p in run["problems"])
+    t = run["totals"]
+    assert t["failed"] > 0 or run["instances"][0]["client"]["error"]
+    assert "cpu0 stopped serving during the run" in out  # below the table
+    # the restore waited for cpu0 to be back (restarted by its policy)
+    assert json.loads(out_json.read_text())["restore"]["outcome"] == "restored"
+    insts = {i["name"]: i for i in status(home)["instances"]}
+    assert insts["cpu0"]["state"] == "ready" and insts["cpu0"]["pid"] != pid
+
+
+def test_sigterm_mid_run_stops_the_clients_and_restores(node, tmp_path):
+    home, paths, _ = node
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vsup",
+            "bench",
+            str(paths["one"]),
+            *WORKLOAD,
+            "--yes",
+            "--json",
+            str(out_json),
+        ],  # fmt: skip
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=outside_cwd(),
+    )
+    try:
+        seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "vLLM client(s)" in line or not line:
+                break
+        assert "vLLM client(s)" in seen[-1], "".join(seen)
+        # the client is importing vLLM (before its barrier): stop the bench now
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "interrupted" in err and "the original layout orig is back" in err
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] and doc["runs"][0]["outcome"] == "interrupted"
+    assert doc["restore"]["outcome"] == "restored"
+    assert status(home)["supervisor"]["layout"] == "orig"
+    deadline = time.monotonic() + 15
+    while bench_clients() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not bench_clients()
+
+
+def test_keep_leaves_the_last_layout_running(node):
+    home, paths, _ = node
+    proc = vsup(home, "bench", str(paths["one"]), "--num-prompts", "4", "--input-len", "32",
+                "--output-len", "8", "--yes", "--keep")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "keeping layout one (--keep)" in proc.stderr
+    assert status(home)["supervisor"]["layout"] == "one"

@@ -1,0 +1,311 @@
+"""Alerts: incidents from advice, de-duplication, minimum interval, resolved messages, delivery
+to a real HTTP receiver on 127.0.0.1 and to a real command, retries, and the `[alerts]` table's
+validation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+
+import psutil
+import pytest
+
+from vsup.clock import FakeClock
+from vsup.control.alerts import AlertConfig, Alerts
+from vsup.layout.model import loads_layout
+from vsup.layout.validate import validate
+from vsup.snapshot import Advice
+
+from tests.unit.control.webhook_receiver import Receiver
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+async def alerts_for(url: str, clock: FakeClock, **table) -> Alerts:
+    alerts = Alerts(clock, "node1", env={"HOOK": url}, retry_delays_s=(0.05, 0.05))
+    alerts.configure(AlertConfig.from_table({"webhook_env": "HOOK", **table}))
+    await alerts.start()
+    return alerts
+
+
+async def settle(alerts: Alerts) -> None:
+    await asyncio.wait_for(alerts.idle.wait(), 10)
+
+
+CRASH = Advice("crash_loop", "warning", "a: crash loop, 3 failures in the last 10 min", "a")
+ECC = Advice("gpu_ecc", "critical", "GPU 3: 2 uncorrectable ECC errors since boot: ...", gpu=3)
+
+
+async def test_an_incident_is_sent_once_while_it_lasts_then_resolved(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock, resolve_after_s=60)
+    try:
+        for _ in range(5):
+            alerts.observe([ECC])
+            clock.advance(1)
+        await settle(alerts)
+        assert receiver.texts == [
+            "[vsup node1] CRITICAL gpu_health: GPU 3: 2 uncorrectable ECC errors since boot: ..."
+        ]
+        assert set(receiver.bodies[0]) == {"text"}  # Slack's incoming-webhook body
+        clock.advance(30)
+        alerts.observe([])  # gone for 30 s: maybe flapping, not resolved yet
+        await settle(alerts)
+        assert len(receiver.texts) == 1
+        clock.advance(31)
+        alerts.observe([])
+        await settle(alerts)
+        assert receiver.texts[1].startswith("[vsup node1] RESOLVED gpu_health: GPU 3: 2 uncorr")
+    finally:
+        await alerts.aclose()
+
+
+async def test_an_alert_that_comes_back_soon_waits_for_the_minimum_interval(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock, min_interval_s=300, resolve_after_s=0)
+    try:
+        alerts.observe([CRASH])
+        clock.advance(10)
+        alerts.observe([])  # resolved at once (resolve_after_s = 0)
+        clock.advance(10)
+        alerts.observe([CRASH])  # back within 300 s of the last message: held back
+        await settle(alerts)
+        assert [t.split(" ")[2] for t in receiver.texts] == ["WARNING", "RESOLVED"]
+        clock.advance(281)
+        alerts.observe([CRASH])  # still there once the interval has passed: sent
+        await settle(alerts)
+        assert [t.split(" ")[2] for t in receiver.texts] == ["WARNING", "RESOLVED", "WARNING"]
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_kind_no_longer_chosen_is_dropped_without_a_resolved_message(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock, resolve_after_s=0)
+    try:
+        alerts.observe([CRASH])
+        alerts.configure(AlertConfig.from_table({"webhook_env": "HOOK", "kinds": ["failed"]}))
+        clock.advance(5)
+        alerts.observe([CRASH])
+        await settle(alerts)
+        assert [t.split(" ")[2] for t in receiver.texts] == ["WARNING"]
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_rise_in_severity_is_sent_at_once(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock)
+    try:
+        kv = Advice("kv_exhausted", "warning", "a: preempting (4/min)", "a")
+        alerts.observe([kv])
+        clock.advance(5)
+        alerts.observe([Advice("kv_exhausted", "critical", "a: preempting (40/min)", "a")])
+        await settle(alerts)
+        assert receiver.texts == [
+            "[vsup node1] WARNING preempting: a: preempting (4/min)",
+            "[vsup node1] CRITICAL preempting: a: preempting (40/min)",
+        ]
+    finally:
+        await alerts.aclose()
+
+
+async def test_only_the_chosen_kinds_at_or_above_the_minimum_severity_are_sent(receiver) -> None:
+    clock = FakeClock()
+    alerts = await alerts_for(receiver.url, clock, kinds=["gpu_health"], min_severity="warning")
+    try:
+        alerts.observe(
+            [
+                CRASH,  # kind not chosen
+                Advice("gpu_throttle", "info", "GPU 1: held at its power cap", gpu=1),  # info
+                Advice("hbm_over_plan", "warning", "a: over plan", "a"),  # no alert kind
+                ECC,
+            ]
+        )
+        await settle(alerts)
+        assert len(receiver.texts) == 1 and "gpu_health: GPU 3" in receiver.texts[0]
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_failing_receiver_is_retried_and_supervision_never_waits_for_it() -> None:
+    slow = Receiver(statuses=[500, 503], delay_s=0.3)
+    clock = FakeClock()
+    alerts = await alerts_for(slow.url, clock)
+    try:
+        started = time.perf_counter()
+        alerts.observe([ECC])
+        alerts.observe([ECC, CRASH])
+        assert time.perf_counter() - started < 0.05  # observe only queues
+        await settle(alerts)
+        assert sorted(t.split(": ")[0] for t in slow.texts) == [
+            "[vsup node1] CRITICAL gpu_health",
+            "[vsup node1] WARNING crash_loop",
+        ]
+        assert alerts.failed == 2 and alerts.delivered == 2
+    finally:
+        await alerts.aclose()
+        slow.close()
+
+
+async def test_a_receiver_that_keeps_failing_is_given_up_on_and_logged(caplog) -> None:
+    down = Receiver(statuses=[500] * 10)
+    alerts = await alerts_for(down.url, FakeClock())
+    try:
+        with caplog.at_level(logging.WARNING, logger="vsup.control.alerts"):
+            alerts.observe([ECC])
+            await settle(alerts)
+        assert alerts.failed == 3 and alerts.delivered == 0  # one try + two retries
+        assert "gave up after 3 attempts (RuntimeError: HTTP 500" in caplog.text
+    finally:
+        await alerts.aclose()
+        down.close()
+
+
+async def test_an_unset_webhook_variable_is_logged_with_what_to_do(caplog) -> None:
+    alerts = Alerts(FakeClock(), "node1", env={}, retry_delays_s=(0.01,))
+    alerts.configure(AlertConfig.from_table({"webhook_env": "VSUP_ALERT_WEBHOOK"}))
+    await alerts.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="vsup.control.alerts"):
+            alerts.observe([ECC])
+            await settle(alerts)
+        assert "$VSUP_ALERT_WEBHOOK is not set in the daemon's environment" in caplog.text
+        assert alerts.failed == 1  # not retried: retrying cannot set it
+    finally:
+        await alerts.aclose()
+
+
+async def test_the_command_gets_the_alert_as_json_on_stdin_and_in_its_environment(
+    tmp_path,
+) -> None:
+    out = tmp_path / "alert.json"
+    script = (
+        "import json, os, sys; d = json.load(sys.stdin); "
+        "d['env_kind'] = os.environ['VSUP_ALERT_KIND']; "
+        f"open({str(out)!r}, 'w').write(json.dumps(d))"
+    )
+    clock = FakeClock()
+    alerts = Alerts(clock, "node1", retry_delays_s=(0.05,))
+    alerts.configure(AlertConfig.from_table({"command": [sys.executable, "-c", script]}))
+    await alerts.start()
+    try:
+        alerts.notify("daemon_restarted", "vsup daemon restarted on node1: re-adopted 2")
+        await settle(alerts)
+        doc = json.loads(out.read_text())
+        assert doc["state"] == "firing" and doc["kind"] == "daemon_restarted"
+        assert doc["env_kind"] == "daemon_restarted"
+        assert doc["message"] == "vsup daemon restarted on node1: re-adopted 2"
+        assert doc["node"] == "node1" and doc["at"].endswith("Z")
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_failing_command_is_retried(tmp_path) -> None:
+    marker = tmp_path / "tried"
+    # fails the first time, succeeds the second
+    script = (
+        "import os, sys; p = sys.argv[1]; "
+        "sys.exit(0) if os.path.exists(p) else (open(p, 'w').close(), sys.exit('busy'))"
+    )
+    alerts = Alerts(FakeClock(), "n", retry_delays_s=(0.05,))
+    alerts.configure(AlertConfig(command=(sys.executable, "-c", script, str(marker))))
+    await alerts.start()
+    try:
+        alerts.observe([ECC])
+        await settle(alerts)
+        assert (alerts.failed, alerts.delivered) == (1, 1)
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_command_that_hangs_is_killed_with_what_it_started(tmp_path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    alerts = Alerts(FakeClock(), "n", retry_delays_s=(), command_timeout_s=1.0)
+    alerts.configure(AlertConfig(command=(sys.executable, "-c", script)))
+    await alerts.start()
+    try:
+        alerts.observe([ECC])
+        await settle(alerts)
+        assert (alerts.failed, alerts.delivered) == (1, 0)
+        child = int(pidfile.read_text())
+        for _ in range(50):  # the kernel reaps it a moment after SIGKILL
+            try:
+                if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"pid {child} outlived the alert command")
+    finally:
+        await alerts.aclose()
+
+
+def test_alerts_are_off_without_a_table_or_a_target() -> None:
+    assert AlertConfig.from_table(None) is None
+    assert AlertConfig.from_table({"kinds": ["failed"]}) is None
+    cfg = AlertConfig.from_table({"webhook_env": "H", "kinds": ["failed"], "resolved": False})
+    assert cfg is not None and cfg.kinds == {"failed"} and cfg.resolved is False
+
+
+# ---------------------------------------------------------------------------------- layout
+
+LAYOUT = """\
+[defaults]
+model = "org/model"
+
+[[instance]]
+name = "c0"
+gpus = []
+port = 8101
+
+[alerts]
+"""
+
+
+def errors(alerts_table: str) -> list[str]:
+    layout = loads_layout(LAYOUT + alerts_table, "/tmp/l.toml")
+    return [d.format() for d in validate(layout, node_gpus=0) if d.is_error]
+
+
+def test_a_valid_alerts_table_passes_and_is_read_back() -> None:
+    table = 'webhook_env = "VSUP_ALERT_WEBHOOK"\nkinds = ["failed", "gpu_health"]\n'
+    assert errors(table) == []
+    layout = loads_layout(LAYOUT + table)
+    assert AlertConfig.from_table(layout.alerts).kinds == {"failed", "gpu_health"}
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ("min_interval_s = 60\n", "says nowhere to send alerts"),
+        ('webhook_env = "https://hooks.slack.com/x"\n', "not an environment variable name"),
+        ('webhook_env = "H"\nkinds = ["crashloop"]\n', "unknown alert kind 'crashloop'"),
+        ('webhook_env = "H"\nmin_severity = "high"\n', "must be one of info, warning, critical"),
+        ('webhook_env = "H"\nretries = 3\n', "unknown key"),
+        ("command = []\n", "must name the program"),
+        (
+            'command = ["page", "--api-key", "k"]\n',
+            "--api-key takes a secret; a secret must not be written in the layout",
+        ),
+        ('command = ["page", "xoxb-1234567890-abcdefghij"]\n', "the value looks like"),
+    ],
+)
+def test_a_bad_alerts_table_is_an_error_naming_the_key(table: str, says: str) -> None:
+    found = errors(table)
+    assert found and says in found[0], found
+    assert "[alerts]" in found[0] or "alerts" in found[0]

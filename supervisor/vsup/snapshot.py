@@ -88,6 +88,15 @@ class InstanceStatus:
     backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend` (AITER MHA)
     waiting_for: str | None = None  # a start waiting for its turn on a device, e.g. "a starting"
     failed_why: str | None = None  # state `failed`: why vsup will not start it again by itself
+    # vLLM's own account of its GPU memory, from its start-up log (telemetry/memprofile.py),
+    # summed over its worker processes; None where the log did not say (CPU, not started yet).
+    vllm_requested_hbm_bytes: int | None = None  # gpu_memory_utilization x what CUDA reports
+    vllm_weights_bytes: int | None = None
+    vllm_activation_bytes: int | None = None  # peak activation of its profile run
+    vllm_non_torch_bytes: int | None = None  # allocations its torch allocator does not see
+    vllm_cudagraph_bytes: int | None = None
+    vllm_kv_cache_bytes: int | None = None
+    hbm_start_bytes: int | None = None  # HBM held when it first served (growth baseline)
 
     @property
     def is_ready(self) -> bool:

@@ -121,7 +121,7 @@ async def test_sort_key_cycles_and_the_table_is_resorted_only_when_order_changes
         original = table.sort
         table.sort = lambda *a, **k: (sorts.append(a), original(*a, **k))[1]
         await pilot.press("s")  # name -> state, problems first
-        assert app.sort_key == "state"
+        assert app.dashboard.sort_key == "state"
         assert table.order[:2] == ["gpu7", "gpu3"]  # backoff, starting
         assert len(sorts) == 1
         client.snapshot = _replace(client.snapshot, "gpu0", generation_tokens_per_s=1.0)
@@ -147,7 +147,7 @@ async def test_slash_filters_rows_and_escape_clears_the_filter(client):
         await pilot.press("enter")
         assert table.has_focus and table.order == ["gpu6a", "gpu6b"]
         await pilot.press("slash", "escape")
-        assert len(table.order) == 9 and app.filter_text == ""
+        assert len(table.order) == 9 and app.dashboard.filter_text == ""
 
 
 async def test_daemon_gone_shows_a_banner_and_recovers_when_it_answers(client):

@@ -225,5 +225,5 @@ async def test_letters_typed_into_the_filter_are_text_not_commands(client):
         await _ready(pilot, app)
         await pilot.press("slash", "q", "r", "x", "s")
         await settle(pilot)
-        assert app.filter_text == "qrxs" and isinstance(app.screen, Dashboard)
+        assert app.dashboard.filter_text == "qrxs" and isinstance(app.screen, Dashboard)
         assert app.return_code is None and client.calls_to("action") == []

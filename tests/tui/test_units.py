@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from vsup.snapshot import GpuProcess, GpuStatus, empty_instance
+from vsup.snapshot import Advice, GpuProcess, GpuStatus, empty_instance
 from vsup.tui import fmt, gpubar, layout_edit, rows, samples
 from vsup.tui.history import History, spark
 from vsup.tui.validation import plan_text
@@ -126,17 +126,23 @@ def test_hbm_bar_splits_instances_foreign_and_unattributed_memory():
     assert "foreign 10.0G" in gpubar.legend(use).plain
 
 
-def test_instance_above_its_planned_share_is_flagged():
+def test_instance_is_flagged_over_plan_only_when_the_advice_says_so():
     gib = 2**30
     gpu = GpuStatus(
         0, "H200", 100 * gib, 60 * gib, None, None, None, processes=(GpuProcess(1, 50 * gib, "a"),)
     )
     a = empty_instance("a", gpus=(0,), gpu_memory_utilization=0.45)
-    use = gpubar.gpu_use(gpu, [a])
+    advice = [Advice("hbm_over_plan", "warning", "a: holds ...", instance="a", gpu=0)]
+    over = rows.over_plan_names(advice)
+    use = gpubar.gpu_use(gpu, [a], over)
     assert use.shares[0].over_plan
     assert "▲over plan" in gpubar.legend(use).plain
     inst = empty_instance("a", hbm_bytes=50 * gib, planned_hbm_bytes=45 * gib, hbm_source="process")
-    assert rows.hbm_cell(inst) == ("▲50.0/45.0G", "bold red")
+    assert rows.hbm_cell(inst, "a" in over) == ("▲50.0/45.0G", "bold red")
+    # issue 20: above the share by vLLM's own overhead, no advice: no alarm
+    assert not gpubar.gpu_use(gpu, [a]).shares[0].over_plan
+    assert "over plan" not in gpubar.legend(gpubar.gpu_use(gpu, [a])).plain
+    assert rows.hbm_cell(inst) == ("50.0/45.0G", "")
 
 
 def test_sparkline_scales_to_a_fixed_top_and_shows_gaps():
@@ -267,3 +273,29 @@ def test_exit_pane_of_a_failed_instance_says_why_vsup_gave_up():
     assert why in text and "crash loop" not in text
     # an older daemon's status has no why: the generic line stays
     assert "crash loop" in exit_text(empty_instance("g1", state="failed")).plain
+
+
+def test_screens_and_widgets_never_import_the_app():
+    """Issue 13: the dashboard reports up with messages; nothing below the app imports it
+    (TYPE_CHECKING imports included), so tui/app.py <-> screens/dashboard.py stays untied."""
+    import ast
+    from pathlib import Path
+
+    import vsup.tui
+
+    root = Path(vsup.tui.__file__).parent
+    offenders = []
+    for path in [*root.glob("screens/*.py"), *root.glob("widgets/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n == "vsup.tui.app" for n in names):
+                offenders.append(path.name)
+    assert offenders == []
+    source = (root / "screens" / "dashboard.py").read_text()
+    assert "self.app." not in source.replace("self.app.size", "").replace(
+        "self.app.batch_update", ""
+    )

@@ -86,6 +86,12 @@ def _backend(args: argparse.Namespace, watcher: Any) -> Any:
     return resolve_backend(None, args.attention_backend, None)
 
 
+def _memory(watcher: Any) -> dict[str, Any]:
+    """vLLM's own memory account from the log (`vllm_*` keys), when the log has it."""
+    profile = watcher.memory.profile() if watcher is not None else None
+    return profile.fields() if profile is not None else {}
+
+
 def _instance(
     name: str, state: str | None, metrics: Any, rates: Any, backend: Any, **known: Any
 ) -> dict[str, Any]:
@@ -123,7 +129,10 @@ def _from_file(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, Any] |
         )
         code = 1
     model = metrics.model_names[0] if metrics.model_names else None
-    return _instance(path.stem, None, metrics, None, _backend(args, watcher), model=model), code
+    doc = _instance(
+        path.stem, None, metrics, None, _backend(args, watcher), model=model, **_memory(watcher)
+    )
+    return doc, code
 
 
 async def _from_url(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, Any] | None, int]:
@@ -175,6 +184,7 @@ async def _from_url(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, A
         host=parts.hostname,
         model=model,
         uptime_s=uptime,
+        **_memory(watcher),
     )
     return doc, code
 

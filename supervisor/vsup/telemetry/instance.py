@@ -10,6 +10,10 @@ status = dataclasses.replace(status, **tel.fields(hbm_figure))
 tel.history_json()                      # GET /v1/instances/{name}/history
 tel.stopped()                           # the instance stopped: nothing current to show
 ```
+`fields()` also carries what vLLM's start-up log said about its memory (memprofile.py) and
+`hbm_start_bytes`: the HBM the instance held when its log first said it serves (per-process
+figures only), the baseline against which growth is judged (control/advice.py).
+
 A failed scrape keeps the last good figures for `stale_after_s` (a blip does not blank the
 dashboard), then they become unknown (a dead server's last KV usage is not its current one).
 The history gets a point per scrape, with gaps (None) for failed ones.
@@ -24,6 +28,7 @@ from vsup.clock import Clock
 from vsup.telemetry.backend import BackendInfo, resolve_backend
 from vsup.telemetry.hbm import HbmFigure
 from vsup.telemetry.logwatch import LogUpdate, LogWatcher
+from vsup.telemetry.memprofile import EMPTY_FIELDS
 from vsup.telemetry.metrics import VllmMetrics
 from vsup.telemetry.rates import History, InstanceRates, Rates
 from vsup.telemetry.scrape import ScrapeResult
@@ -53,6 +58,7 @@ class InstanceTelemetry:
         self._metrics: VllmMetrics | None = None
         self._metrics_at: float | None = None
         self._cache_config: dict[str, str] | None = None
+        self._hbm_start: int | None = None
         self.last_error: str | None = None
 
     def start_run(
@@ -65,6 +71,7 @@ class InstanceTelemetry:
         self._metrics = None
         self._metrics_at = None
         self._cache_config = None
+        self._hbm_start = None
 
     def poll_log(self) -> LogUpdate | None:
         """Read the log's new lines (blocking file I/O: call it from a worker thread)."""
@@ -128,8 +135,28 @@ class InstanceTelemetry:
         return self.watcher.tail_text() if self.watcher is not None else ""
 
     def fields(self, hbm: HbmFigure | None = None) -> dict[str, Any]:
-        """The `InstanceStatus` fields telemetry owns (see view.telemetry_fields)."""
-        return telemetry_fields(self.metrics, self.current_rates, self.backend, hbm)
+        """The `InstanceStatus` fields telemetry owns (see view.telemetry_fields), the memory
+        figures of vLLM's start-up log and the HBM held once it served."""
+        out = telemetry_fields(self.metrics, self.current_rates, self.backend, hbm)
+        self._note_hbm(hbm)
+        profile = self.watcher.memory.profile() if self.watcher is not None else None
+        out.update(profile.fields() if profile is not None else EMPTY_FIELDS)
+        out["hbm_start_bytes"] = self._hbm_start
+        return out
+
+    def _note_hbm(self, hbm: HbmFigure | None) -> None:
+        # The first per-process figure once the log says the server is up: vLLM has allocated
+        # its KV cache and captured its CUDA graphs by then, so later growth is drift. A
+        # per-device figure would count co-tenants and is no baseline.
+        if (
+            self._hbm_start is None
+            and hbm is not None
+            and hbm.bytes
+            and hbm.source == "process"
+            and self.watcher is not None
+            and self.watcher.ready_logged
+        ):
+            self._hbm_start = hbm.bytes
 
     def history_json(self) -> dict[str, list[float | None]]:
         return self.history.to_json()

@@ -1,5 +1,5 @@
 """Following a vLLM log file as it grows: the tail for exit classification, the attention
-backend line, the platform and the readiness lines.
+backend line, the platform, the memory lines (memprofile.py) and the readiness lines.
 
 `LogWatcher.poll()` reads the bytes appended since the last call (at most `max_read` of them,
 so a burst never stalls the caller; the next poll continues), from a regular file, without
@@ -21,13 +21,14 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from vsup.logtext import render_line
 from vsup.telemetry.backend import BackendDetector, BackendInfo
+from vsup.telemetry.memprofile import MemoryLines
 
 DEFAULT_TAIL_LINES = 200
 MAX_LINE_CHARS = 4096  # vLLM's engine-config line is ~4 KB; longer lines are cut
 DEFAULT_MAX_READ = 1 << 20
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SERVER_ON = re.compile(r"Starting vLLM (?:API )?server on (\S+)")
 _STARTUP_COMPLETE = "Application startup complete."
 
@@ -59,6 +60,7 @@ class LogWatcher:
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self._partial = b""
         self.backend = BackendDetector()
+        self.memory = MemoryLines()
         self.listen_url: str | None = None  # from "Starting vLLM (API )server on URL"
         self.server_line: str | None = None
         self.startup_complete = False
@@ -112,12 +114,8 @@ class LogWatcher:
         return LogUpdate(lines, len(data), self.offset, restarted)
 
     def _take(self, raw: bytes) -> str:
-        text = raw.decode("utf-8", errors="replace")
-        if "\r" in text:
-            # Progress bars redraw with carriage returns; a terminal would show the last one.
-            text = text.rstrip("\r").rsplit("\r", 1)[-1]
-        if "\x1b" in text:
-            text = _ANSI.sub("", text)
+        # Progress bars redraw with carriage returns: keep what a terminal would show.
+        text = render_line(raw.decode("utf-8", errors="replace"))
         if len(text) > MAX_LINE_CHARS:
             text = text[:MAX_LINE_CHARS] + "..."
         self.tail.append(text)
@@ -126,6 +124,7 @@ class LogWatcher:
 
     def _detect(self, line: str) -> None:
         self.backend.feed(line)
+        self.memory.feed(line)
         if self.listen_url is None and "Starting vLLM" in line:
             m = _SERVER_ON.search(line)
             if m:

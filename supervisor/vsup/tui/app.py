@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from textual import work
+from textual import on, work
 from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding
 from textual.markup import escape
@@ -46,8 +46,6 @@ from vsup.tui.validation import (
     error_messages,
     plan_text,
 )
-from vsup.tui.widgets.detail import DetailTabs, SidePanel
-from vsup.tui.widgets.header import Banner
 
 LOG_TAIL = 16 * 1024  # bytes of a log shown when an instance is selected
 
@@ -103,10 +101,9 @@ class DashboardApp(App[None]):
         self.local_checks = local_checks
         self.node_gpus = node_gpus
         self.snapshot: StatusSnapshot | None = None
+        # The instance whose log, config and history are fetched: the dashboard's selection,
+        # as its last `Dashboard.Selected` message said.
         self.selected: str | None = None
-        self.filter_text = ""
-        self.sort_key = "name"
-        self.sort_reverse = False
         self.history = History()
         self.daemon_error: str | None = None
         self.last_snapshot_at: float | None = None
@@ -122,7 +119,7 @@ class DashboardApp(App[None]):
     # -- screens ----------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen:
-        self._dashboard = Dashboard()
+        self._dashboard = Dashboard(self.history, readonly=self.readonly)
         return self._dashboard
 
     @property
@@ -139,17 +136,20 @@ class DashboardApp(App[None]):
         if close is not None:
             await close()
 
+    @on(Dashboard.Ready)
     def start_polling(self) -> None:
-        """Called once the dashboard's widgets exist: the refresh timer starts."""
+        """The dashboard's widgets exist: the refresh timer starts."""
         self.set_interval(self.refresh_s, self.tick)
         self.tick()
 
+    @on(Dashboard.Resumed)
     def dashboard_resumed(self) -> None:
         """Back on the dashboard: show what arrived meanwhile, then fetch at once."""
         if self._pending and self.snapshot is not None:
             self._pending = False
             self.dashboard.render_snapshot(self.snapshot)
             self.renders += 1
+            self._refresh_config_if_needed()
         self.tick()
 
     @property
@@ -184,8 +184,7 @@ class DashboardApp(App[None]):
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         if self.daemon_error is not None:
             self.daemon_error = None
-            self.dashboard.query_one(Banner).show_error(None)
-            self.dashboard.refit()
+            self.dashboard.show_daemon_error(None)
         self.last_snapshot_at = self.clock.monotonic()
         snap = message.snapshot
         if snap == self.snapshot:
@@ -197,13 +196,11 @@ class DashboardApp(App[None]):
             return
         self.dashboard.render_snapshot(snap)
         self.renders += 1
+        self._refresh_config_if_needed()
 
     def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
-        first = self.daemon_error is None
         self.daemon_error = message.error
-        self.dashboard.query_one(Banner).show_error(message.error)
-        if first:
-            self.dashboard.refit()
+        self.dashboard.show_daemon_error(message.error)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
@@ -226,18 +223,15 @@ class DashboardApp(App[None]):
             return None
         return self.snapshot.instance(self.selected)
 
-    def select(self, name: str | None) -> None:
-        """Make `name` the selected instance: its log, config and history follow."""
+    @on(Dashboard.Selected)
+    def _selected(self, message: Dashboard.Selected) -> None:
+        """The dashboard selected another instance: its log, config and history follow."""
+        name = message.name
         if name == self.selected:
-            self._refresh_config_if_needed()
-            self.dashboard.show_selected()
             return
         self.selected = name
         self._log_pos = None
-        self.dashboard.query_one(DetailTabs).log_write("", reset=True)
-        self.dashboard.query_one(DetailTabs).show_config(None)
         self._config_key = None
-        self.dashboard.show_selected()
         if name is None:
             return
         self._log_worker = self._fetch_log(name)
@@ -286,7 +280,7 @@ class DashboardApp(App[None]):
     def on_log_chunk(self, message: LogChunk) -> None:
         if message.name != self.selected:
             return
-        self.dashboard.query_one(DetailTabs).log_write(message.text, message.reset)
+        self.dashboard.show_log(message.text, message.reset)
 
     @work(name="config", group="config", exclusive=True, exit_on_error=False)
     async def _fetch_config(self, name: str) -> None:
@@ -294,7 +288,7 @@ class DashboardApp(App[None]):
 
     def on_config_arrived(self, message: ConfigArrived) -> None:
         if message.name == self.selected:
-            self.dashboard.query_one(DetailTabs).show_config(message.config)
+            self.dashboard.show_config(message.config)
 
     @work(name="history", group="history", exit_on_error=False)
     async def _fetch_history(self, name: str) -> None:
@@ -305,13 +299,35 @@ class DashboardApp(App[None]):
             return
         self.history.seed(message.name, message.history)
         if message.name == self.selected and self.on_dashboard:
-            self.dashboard.query_one(SidePanel).show(self.selected_instance(), self.snapshot.advice)
+            self.dashboard.show_history()
+
+    # -- what the dashboard asks for ----------------------------------------------------------
+
+    @on(Dashboard.Requested)
+    def _requested(self, message: Dashboard.Requested) -> None:
+        action, name = message.action, message.name
+        if action in ("restart", "stop", "start", "drain"):
+            self.lifecycle(action, name)
+        elif action in ("logs", "previous_logs"):
+            self.open_logs(name, previous=action == "previous_logs")
+        elif action == "add":
+            self.edit_instance(None)
+        elif action == "edit":
+            self.edit_instance(name)
+        elif action == "remove":
+            self.remove_instance(name)
+        elif action == "save":
+            self.save_layout()
+        elif action == "help":
+            self.show_help()
+        elif action == "detach":
+            self.detach()
 
     # -- lifecycle actions ----------------------------------------------------------------------
 
-    def lifecycle(self, verb: str) -> None:
-        """start/stop/restart/drain the selected instance; destructive verbs ask first."""
-        inst = self.selected_instance()
+    def lifecycle(self, verb: str, name: str | None) -> None:
+        """start/stop/restart/drain instance `name`; destructive verbs ask first."""
+        inst = self.snapshot.instance(name) if self.snapshot and name else None
         if inst is None:
             return
         if KEY_BY_ACTION[verb].confirm:
@@ -337,9 +353,9 @@ class DashboardApp(App[None]):
             self.notify(f"{verb}: {name} done", timeout=3)
         self.tick()
 
-    def open_logs(self, previous: bool) -> None:
-        if self.selected is not None:
-            self.push_screen(LogScreen(self.client, self.selected, previous, poll_s=self.refresh_s))
+    def open_logs(self, name: str | None, previous: bool) -> None:
+        if name is not None:
+            self.push_screen(LogScreen(self.client, name, previous, poll_s=self.refresh_s))
 
     def show_help(self) -> None:
         keys = {k.id: self.key_display(k.id) for k in KEYS}
@@ -511,7 +527,4 @@ class DashboardApp(App[None]):
         yield from super().get_system_commands(screen)
 
     def _sort_by(self, sort: str) -> None:
-        self.sort_key = sort
-        self.sort_reverse = False
-        if self.snapshot is not None:
-            self.dashboard.render_snapshot(self.snapshot)
+        self.dashboard.sort_by(sort)

@@ -11,7 +11,7 @@ Pure (Rich text only), so the widget renders it and tests read it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -46,10 +46,7 @@ class Share:
     name: str
     actual: int | None  # bytes on this GPU, None when not known per process
     planned: int | None  # bytes the layout planned on this GPU
-
-    @property
-    def over_plan(self) -> bool:
-        return self.actual is not None and self.planned is not None and self.actual > self.planned
+    over_plan: bool = False  # the daemon's advice says it holds more than planned
 
 
 @dataclass(frozen=True)
@@ -60,8 +57,11 @@ class GpuUse:
     other: int  # used bytes not attributed to an instance or a foreign process
 
 
-def gpu_use(gpu: GpuStatus, instances: Sequence[InstanceStatus]) -> GpuUse:
-    """Split a GPU's used memory by the instances placed on it."""
+def gpu_use(
+    gpu: GpuStatus, instances: Sequence[InstanceStatus], over_plan: Set[str] = frozenset()
+) -> GpuUse:
+    """Split a GPU's used memory by the instances placed on it; `over_plan` names the ones the
+    advice flags (rows.over_plan_names)."""
     on_gpu = sorted((i for i in instances if gpu.index in i.gpus), key=lambda i: i.name)
     by_instance: dict[str, int] = {}
     foreign = 0
@@ -82,7 +82,7 @@ def gpu_use(gpu: GpuStatus, instances: Sequence[InstanceStatus]) -> GpuUse:
             planned = int(inst.gpu_memory_utilization * gpu.hbm_total_bytes)
         elif inst.planned_hbm_bytes is not None:
             planned = inst.planned_hbm_bytes // max(1, len(inst.gpus))
-        shares.append(Share(inst.name, actual, planned))
+        shares.append(Share(inst.name, actual, planned, inst.name in over_plan))
     attributed = sum(s.actual or 0 for s in shares) + foreign
     other = max(0, (gpu.hbm_used_bytes or 0) - attributed)
     return GpuUse(gpu, tuple(shares), foreign, other)

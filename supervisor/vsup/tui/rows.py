@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vsup.snapshot import InstanceStatus
+from vsup.snapshot import Advice, InstanceStatus
 from vsup.tui import fmt
 
 # A cell is its text and a Rich style; comparing these tuples is the whole diff.
@@ -87,21 +87,27 @@ def _kv_style(usage: float | None) -> str:
     return ""
 
 
-def hbm_cell(inst: InstanceStatus) -> Cell:
-    """`60.1/63.5G` (actual/planned); `▲` and red when above the planned share; `~` when the
-    figure is per device rather than per process."""
+def over_plan_names(advice: Iterable[Advice]) -> frozenset[str]:
+    """The instances the daemon's advice says hold more HBM than planned. The dashboard shows
+    that verdict rather than comparing figures itself: vLLM keeps some memory outside its
+    planned share by design, and only the advice knows how much (control/advice.py)."""
+    return frozenset(a.instance for a in advice if a.kind == "hbm_over_plan" and a.instance)
+
+
+def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
+    """`60.1/63.5G` (actual/planned); `▲` and red when `over` (the advice says it holds more
+    than planned); `~` when the figure is per device rather than per process."""
     if inst.hbm_bytes is None:
         return (fmt.UNKNOWN, "dim")
     approx = "~" if inst.hbm_source == "device" else ""
     planned = inst.planned_hbm_bytes
     if planned:
-        over = inst.hbm_bytes > planned
         text = f"{approx}{fmt.gib(inst.hbm_bytes)}/{fmt.gib(planned)}G"
         return (("▲" if over else "") + text, "bold red" if over else "")
     return (f"{approx}{fmt.size(inst.hbm_bytes)}", "")
 
 
-def _cell(inst: InstanceStatus, key: str, width: int) -> Cell:  # noqa: C901 (one branch a column)
+def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # noqa: C901 (one branch a column)
     if key == "name":
         return (fmt.truncate(inst.name, width), "bold")
     if key == "gpus":
@@ -115,7 +121,7 @@ def _cell(inst: InstanceStatus, key: str, width: int) -> Cell:  # noqa: C901 (on
     if key == "restarts":
         return (str(inst.restarts), "yellow" if inst.restarts else "")
     if key == "hbm":
-        return hbm_cell(inst)
+        return hbm_cell(inst, over)
     if key == "kv":
         return (fmt.percent(inst.kv_cache_usage), _kv_style(inst.kv_cache_usage))
     if key == "kv_cap":
@@ -142,9 +148,10 @@ def _cell(inst: InstanceStatus, key: str, width: int) -> Cell:  # noqa: C901 (on
     raise KeyError(key)
 
 
-def row_cells(inst: InstanceStatus, columns: Sequence[Column]) -> Row:
-    """The cells of one instance's row, in column order."""
-    return tuple(_cell(inst, c.key, c.width) for c in columns)
+def row_cells(inst: InstanceStatus, columns: Sequence[Column], over_plan: bool = False) -> Row:
+    """The cells of one instance's row, in column order; `over_plan`: the advice flags its
+    HBM."""
+    return tuple(_cell(inst, c.key, c.width, over_plan) for c in columns)
 
 
 # Problems first when sorting by state: what on-call looks for.

@@ -69,6 +69,60 @@ def test_small_hbm_excess_is_allocator_slack():
     assert compute_advice([inst], [], NONE) == ()
 
 
+MiB = 1024**2
+# The real H200 run (tests/fixtures/vllm-0.26-cuda): 0.45 x 143771 MiB planned, 66142 MiB held,
+# the log naming 0.22 GiB non-torch and 0.45 GiB CUDA graphs.
+H200_PLAN = int(0.45 * 143771 * MiB)
+H200_LOGGED = dict(vllm_non_torch_bytes=int(0.22 * GiB), vllm_cudagraph_bytes=int(0.45 * GiB))
+
+
+def h200(**values):
+    base = dict(
+        state="ready",
+        gpus=(0,),
+        hbm_source="process",
+        hbm_bytes=66142 * MiB,
+        planned_hbm_bytes=H200_PLAN,
+        gpu_memory_utilization=0.45,
+    )
+    return empty_instance("g0", **{**base, **values})
+
+
+def test_healthy_instance_above_its_share_by_vllms_own_overhead_is_not_an_alert():
+    # issue 20: 64.6 GiB held of 63.2 GiB planned on a healthy instance
+    assert compute_advice([h200(**H200_LOGGED)], [], NONE) == ()
+    assert compute_advice([h200()], [], NONE) == ()  # no memory line: the default allowance
+
+
+def test_hbm_beyond_share_plus_logged_overhead_says_by_how_much_and_why():
+    inst = h200(hbm_bytes=H200_PLAN + 4 * GiB, **H200_LOGGED)
+    advice = compute_advice([inst], [], NONE)
+    assert kinds(advice) == [("hbm_over_plan", "g0", 0)]
+    text = advice[0].message
+    # 4 GiB above the share, less 0.67 GiB logged and 1 GiB CUDA context
+    assert "2.3 GiB above its planned share of 63.2 GiB" in text
+    assert "non-torch 0.22 GiB" in text and "CUDA graphs 0.45 GiB" in text
+
+
+def test_without_the_memory_line_the_default_allowance_is_named():
+    advice = compute_advice([h200(hbm_bytes=H200_PLAN + 4 * GiB)], [], NONE)
+    assert kinds(advice) == [("hbm_over_plan", "g0", 0)]
+    assert "no memory line" in advice[0].message
+    # tensor parallel: NCCL buffers on top, per GPU
+    tp2 = h200(gpus=(0, 1), planned_hbm_bytes=2 * H200_PLAN, hbm_bytes=2 * H200_PLAN + 4 * GiB)
+    assert compute_advice([tp2], [], NONE) == ()
+
+
+def test_growth_since_the_instance_started_serving_is_drift():
+    start = 66142 * MiB
+    steady = h200(hbm_start_bytes=start, hbm_bytes=start + 512 * MiB, **H200_LOGGED)
+    assert compute_advice([steady], [], NONE) == ()
+    grown = h200(hbm_start_bytes=start, hbm_bytes=start + 2 * GiB, **H200_LOGGED)
+    advice = compute_advice([grown], [], NONE)
+    assert kinds(advice) == [("hbm_over_plan", "g0", 0)]
+    assert "grew by 2.0 GiB since it started serving" in advice[0].message
+
+
 def test_unknown_hbm_gives_no_advice():
     inst = empty_instance("g0", gpus=(0,), hbm_bytes=None, planned_hbm_bytes=48 * GiB)
     assert compute_advice([inst], [], NONE) == ()

@@ -44,6 +44,26 @@ def test_a_captured_payload_and_log_give_the_instance_view(capsys) -> None:
     assert doc["hbm_bytes"] is None and doc["hbm_source"] == "unavailable"
 
 
+def test_a_real_cuda_log_adds_vllms_memory_account(capsys) -> None:
+    cuda = FIX.parent / "vllm-0.26-cuda"
+    code, doc, _ = probe(
+        capsys,
+        "--metrics-file",
+        str(cuda / "metrics_kvload.txt"),
+        "--log-file",
+        str(cuda / "startup.log"),
+    )
+    assert code == 0 and set(doc) == INSTANCE_KEYS
+    assert doc["backend"] == "FLASH_ATTN"
+    for key in ("vllm_requested_hbm_bytes", "vllm_non_torch_bytes", "vllm_cudagraph_bytes"):
+        assert doc[key] and doc[key] > 0
+    # the CPU build logs no memory line: unknown, not zero
+    _, cpu, _ = probe(
+        capsys, "--metrics-file", str(FIX / "metrics_load.txt"), "--log-file", str(FIX / "load.log")
+    )
+    assert cpu["vllm_non_torch_bytes"] is None
+
+
 def test_the_legacy_payload_reads_the_same(capsys) -> None:
     _c, new, _e = probe(capsys, "--metrics-file", str(FIX / "metrics_load.txt"))
     _c, old, _e = probe(capsys, "--metrics-file", str(FIX / "metrics_load_legacy_names.txt"))

@@ -1,32 +1,35 @@
 """The main screen: header, GPUs, the instances table, the selected instance's panes.
 
-Presentation only: the app's workers fetch from the daemon and hand snapshots here;
-`render_snapshot` diffs them into the widgets. The keys live on this screen so that modal
-screens and the full-screen log shadow them.
+Presentation only, and the owner of its view state: the filter, the sort and the selection are
+reactives here. It reports up with messages (`Dashboard.Selected`, `Dashboard.Requested`,
+`Dashboard.Ready`, `Dashboard.Resumed`) and never calls into the app; the app's workers fetch
+from the daemon and hand the answers down through the public `render_snapshot`, `show_*`
+methods. The keys live on this screen so that modal screens and the full-screen log shadow them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any
 
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import ActiveBinding, Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
 
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.tui import keymap, rows
+from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
 from vsup.tui.widgets.detail import DetailTabs, SidePanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
-
-if TYPE_CHECKING:
-    from vsup.tui.app import DashboardApp
 
 NARROW_BELOW = 120  # columns
 
@@ -54,7 +57,10 @@ class FilterInput(Input):
 
     def action_clear(self) -> None:
         self.value = ""
-        self.screen.close_filter()
+        self.post_message(self.Cleared())
+
+    class Cleared(Message):
+        """Escape in the filter: the dashboard closes it."""
 
 
 class Dashboard(Screen[None]):
@@ -70,15 +76,42 @@ class Dashboard(Screen[None]):
 
     BINDINGS = keymap.bindings()
 
-    def __init__(self) -> None:
+    # The view state: what the table shows and which instance the panes follow.
+    filter_text: reactive[str] = reactive("", init=False)
+    sort_key: reactive[str] = reactive("name", init=False)
+    sort_reverse: reactive[bool] = reactive(False, init=False)
+    selected: reactive[str | None] = reactive(None, init=False)
+
+    class Ready(Message):
+        """The widgets exist: the app may start fetching."""
+
+    class Resumed(Message):
+        """The dashboard is on top again (a modal or the full-screen log closed)."""
+
+    class Selected(Message):
+        """Another instance is selected (None: none); its log, config and history follow."""
+
+        def __init__(self, name: str | None) -> None:
+            super().__init__()
+            self.name = name
+
+    class Requested(Message):
+        """A key or the palette asked for `action` (keymap ids: restart, logs, edit, ...) on
+        `name`, the instance selected then."""
+
+        def __init__(self, action: str, name: str | None) -> None:
+            super().__init__()
+            self.action = action
+            self.name = name
+
+    def __init__(self, history: History, readonly: bool = False) -> None:
         super().__init__(id="dashboard")
+        self.history = history
+        self.readonly = readonly
+        self.snapshot: StatusSnapshot | None = None
         self.narrow = False
         self._bindings_key: tuple | None = None
         self._box_title = ""
-
-    @property
-    def vsup(self) -> DashboardApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield NodeHeader(id="header")
@@ -87,7 +120,7 @@ class Dashboard(Screen[None]):
         with Vertical(id="table-box"):
             yield InstanceTable(id="instances")
         with Horizontal(id="bottom"):
-            yield SidePanel(self.vsup.history, id="side")
+            yield SidePanel(self.history, id="side")
             with DetailTabs(id="detail"):
                 yield from DetailTabs.panes()
         yield FilterInput(placeholder="filter: name, model, state, backend, port", id="filter")
@@ -96,14 +129,13 @@ class Dashboard(Screen[None]):
     def on_mount(self) -> None:
         self._set_narrow(self.app.size.width < NARROW_BELOW)
         self.query_one(InstanceTable).set_columns(self._columns(None))
-        self.query_one(NodeHeader).show(None, self.vsup.readonly, self.narrow)
+        self.query_one(NodeHeader).show(None, self.readonly, self.narrow)
         self.query_one(InstanceTable).focus()
-        self.vsup.start_polling()
+        self.post_message(self.Ready())
 
     def on_resize(self, event: events.Resize) -> None:
         self._set_narrow(event.size.width < NARROW_BELOW)
-        if self.vsup.snapshot is not None:
-            self.render_snapshot(self.vsup.snapshot)
+        self._rerender()
 
     def _set_narrow(self, narrow: bool) -> None:
         if narrow == self.narrow:
@@ -118,31 +150,66 @@ class Dashboard(Screen[None]):
         return rows.columns_for(self.app.size.width - 4, bool(snap and snap.gpus))
 
     def on_screen_resume(self) -> None:
-        self.vsup.dashboard_resumed()
+        self.post_message(self.Resumed())
 
-    # -- rendering --------------------------------------------------------------------------
+    # -- view state -------------------------------------------------------------------------
+
+    def watch_filter_text(self) -> None:
+        self._rerender()
+
+    def watch_sort_key(self) -> None:
+        self._rerender()
+
+    def watch_sort_reverse(self) -> None:
+        self._rerender()
+
+    def watch_selected(self, name: str | None) -> None:
+        self.query_one(DetailTabs).log_write("", reset=True)
+        self.query_one(DetailTabs).show_config(None)
+        self.show_selected()
+        self.post_message(self.Selected(name))
+
+    def sort_by(self, sort: str) -> None:
+        """Order the table by `sort` (a key of rows.SORTS), in its natural direction."""
+        self.sort_key = sort
+        self.sort_reverse = False
+
+    def selected_instance(self) -> InstanceStatus | None:
+        if self.snapshot is None or self.selected is None:
+            return None
+        return self.snapshot.instance(self.selected)
+
+    def _rerender(self) -> None:
+        if self.snapshot is not None:
+            self.render_snapshot(self.snapshot)
+
+    # -- rendering: what the app hands down ---------------------------------------------------
 
     def render_snapshot(self, snap: StatusSnapshot) -> None:
         """Bring every widget up to `snap`, touching only what changed."""
-        app = self.vsup
+        self.snapshot = snap
         table = self.query_one(InstanceTable)
-        with app.batch_update():
-            self.query_one(NodeHeader).show(snap, app.readonly, self.narrow)
+        with self.app.batch_update():
+            self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
             self.query_one(GpuPanel).show(snap, self.narrow)
             table.set_columns(self._columns(snap))
-            shown = [i for i in snap.instances if rows.matches(i, app.filter_text)]
-            order = rows.sorted_names(shown, app.sort_key, app.sort_reverse)
-            table.show(shown, order, keep=app.selected)
+            shown = [i for i in snap.instances if rows.matches(i, self.filter_text)]
+            order = rows.sorted_names(shown, self.sort_key, self.sort_reverse)
+            table.show(
+                shown, order, keep=self.selected, over_plan=rows.over_plan_names(snap.advice)
+            )
             self._update_title(len(shown), len(snap.instances))
             self._fit_table(len(snap.instances))
-            # the same instance again refreshes its panes (config, log after a new run)
-            app.select(app.selected if app.selected in order else table.selected_name)
+            keep = self.selected if self.selected in order else table.selected_name
+            if keep != self.selected:
+                self.selected = keep
+            else:
+                self.show_selected()  # the same instance: its panes follow the snapshot
 
     def show_selected(self) -> None:
         """The panes of the selected instance (from the current snapshot)."""
-        app = self.vsup
-        inst = app.selected_instance()
-        advice = app.snapshot.advice if app.snapshot else ()
+        inst = self.selected_instance()
+        advice = self.snapshot.advice if self.snapshot else ()
         self.query_one(SidePanel).show(inst, advice)
         self.query_one(DetailTabs).show_instance(inst)
         key = (inst.name, inst.state, applicable("previous_logs", inst)) if inst else None
@@ -150,10 +217,34 @@ class Dashboard(Screen[None]):
             self._bindings_key = key
             self.refresh_bindings()
 
+    def show_daemon_error(self, error: str | None) -> None:
+        """The banner: why the daemon does not answer (None: it answers again)."""
+        banner = self.query_one(Banner)
+        shown = banner.has_class("-shown")
+        banner.show_error(error)
+        if shown != (error is not None):
+            self.refit()
+
+    def show_log(self, text: str, reset: bool) -> None:
+        """Log text of the selected instance (`reset`: a new log). An answer that arrives
+        while the app shuts down finds no widgets and is dropped."""
+        for tabs in self.query(DetailTabs):
+            tabs.log_write(text, reset)
+
+    def show_config(self, config: Mapping[str, Any] | None) -> None:
+        for tabs in self.query(DetailTabs):
+            tabs.show_config(config)
+
+    def show_history(self) -> None:
+        """The history of the selected instance changed (seeded from the daemon)."""
+        advice = self.snapshot.advice if self.snapshot else ()
+        for panel in self.query(SidePanel):
+            panel.show(self.selected_instance(), advice)
+
     def refit(self) -> None:
         """Re-size the table after a line appeared or went (banner, filter)."""
-        if self.vsup.snapshot is not None:
-            self._fit_table(len(self.vsup.snapshot.instances))
+        if self.snapshot is not None:
+            self._fit_table(len(self.snapshot.instances))
 
     def _fit_table(self, rows_total: int) -> None:
         """Size the table to its rows (header and border: 3 more), leaving the panes below at
@@ -171,13 +262,12 @@ class Dashboard(Screen[None]):
             box.styles.height = height
 
     def _update_title(self, shown: int, total: int) -> None:
-        app = self.vsup
-        label, _, _ = rows.SORTS[app.sort_key]
-        arrow = "▼" if (rows.SORTS[app.sort_key][2] != app.sort_reverse) else "▲"
+        label, _, _ = rows.SORTS[self.sort_key]
+        arrow = "▼" if (rows.SORTS[self.sort_key][2] != self.sort_reverse) else "▲"
         title = f"instances {shown}/{total}" if shown != total else f"instances {total}"
         title += f" · sort: {label} {arrow}"
-        if app.filter_text:
-            title += f" · filter: {app.filter_text!r}"
+        if self.filter_text:
+            title += f" · filter: {self.filter_text!r}"
         if title != self._box_title:
             self._box_title = title
             self.query_one("#table-box").border_title = title
@@ -186,13 +276,11 @@ class Dashboard(Screen[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key is not None and event.row_key.value is not None:
-            self.vsup.select(event.row_key.value)
+            self.selected = event.row_key.value
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
-            self.vsup.filter_text = event.value.strip()
-            if self.vsup.snapshot is not None:
-                self.render_snapshot(self.vsup.snapshot)
+            self.filter_text = event.value.strip()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
@@ -201,13 +289,14 @@ class Dashboard(Screen[None]):
             else:
                 self.query_one(InstanceTable).focus()
 
+    def on_filter_input_cleared(self) -> None:
+        self.close_filter()
+
     def close_filter(self) -> None:
         box = self.query_one(FilterInput)
         box.remove_class("-shown")
         self.refit()
-        self.vsup.filter_text = ""
-        if self.vsup.snapshot is not None:
-            self.render_snapshot(self.vsup.snapshot)
+        self.filter_text = ""
         self.query_one(InstanceTable).focus()
 
     # -- keys -------------------------------------------------------------------------------
@@ -229,10 +318,10 @@ class Dashboard(Screen[None]):
         key = KEY_BY_ACTION.get(action)
         if key is None:
             return True
-        if key.mutates and self.vsup.readonly:
+        if key.mutates and self.readonly:
             return None
         if key.selection:
-            inst = self.vsup.selected_instance()
+            inst = self.selected_instance()
             if inst is None or not applicable(action, inst):
                 return None
         return True
@@ -245,69 +334,66 @@ class Dashboard(Screen[None]):
         key = KEY_BY_ACTION.get(active.binding.action)
         if key is None:
             return
-        if key.mutates and self.vsup.readonly:
+        if key.mutates and self.readonly:
             self.notify(
                 f"{key.description}: disabled, the dashboard runs with --readonly",
                 severity="warning",
             )
         elif key.selection:
-            inst = self.vsup.selected_instance()
+            inst = self.selected_instance()
             what = f"{inst.name} is {inst.state}" if inst else "no instance is selected"
             self.notify(f"{key.description}: not applicable, {what}", severity="warning")
         event.stop()
 
+    def _request(self, action: str) -> None:
+        self.post_message(self.Requested(action, self.selected))
+
     def action_restart(self) -> None:
-        self.vsup.lifecycle("restart")
+        self._request("restart")
 
     def action_stop(self) -> None:
-        self.vsup.lifecycle("stop")
+        self._request("stop")
 
     def action_start(self) -> None:
-        self.vsup.lifecycle("start")
+        self._request("start")
 
     def action_drain(self) -> None:
-        self.vsup.lifecycle("drain")
+        self._request("drain")
 
     def action_logs(self) -> None:
-        self.vsup.open_logs(previous=False)
+        self._request("logs")
 
     def action_previous_logs(self) -> None:
-        self.vsup.open_logs(previous=True)
+        self._request("previous_logs")
 
     def action_filter(self) -> None:
         box = self.query_one(FilterInput)
         box.add_class("-shown")
         self.refit()
-        box.value = self.vsup.filter_text
+        box.value = self.filter_text
         box.focus()
 
     def action_sort(self) -> None:
-        app = self.vsup
         order = rows.SORT_ORDER
-        app.sort_key = order[(order.index(app.sort_key) + 1) % len(order)]
-        app.sort_reverse = False
-        if app.snapshot is not None:
-            self.render_snapshot(app.snapshot)
+        self.sort_by(order[(order.index(self.sort_key) + 1) % len(order)])
 
     def action_sort_reverse(self) -> None:
-        self.vsup.sort_reverse = not self.vsup.sort_reverse
-        if self.vsup.snapshot is not None:
-            self.render_snapshot(self.vsup.snapshot)
+        self.sort_reverse = not self.sort_reverse
 
     def action_add(self) -> None:
-        self.vsup.edit_instance(None)
+        self.post_message(self.Requested("add", None))
 
     def action_edit(self) -> None:
-        self.vsup.edit_instance(self.vsup.selected)
+        self._request("edit")
 
     def action_remove(self) -> None:
-        self.vsup.remove_instance(self.vsup.selected)
+        self._request("remove")
 
     def action_save(self) -> None:
-        self.vsup.save_layout()
+        self._request("save")
 
     def action_help(self) -> None:
-        self.vsup.show_help()
+        self._request("help")
 
     def action_detach(self) -> None:
-        self.vsup.detach()
+        self._request("detach")

@@ -39,7 +39,7 @@ def help_table(keys: Mapping[str, str], readonly: bool) -> Table:
     table.add_row(gpubar.FOREIGN[0], "held by processes no instance owns")
     table.add_row(gpubar.OTHER[0], "used but not attributed (driver, or no per-process figures)")
     table.add_row(gpubar.PLAN_MARK, "where an instance's planned share ends")
-    table.add_row("▲ 61.0/56.4G", "HBM above the planned share (actual/planned)")
+    table.add_row("▲ 61.0/56.4G", "HBM past plan + vLLM's own overhead, or growing (advice)")
     table.add_row("~", "HBM read per device, not per process")
     table.add_row("", "")
     table.add_row(Text("columns", "bold underline"), "")

@@ -8,11 +8,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Log, Static
+from textual.widgets import Footer, Static
 
 from vsup.tui.client import DashboardClient, is_missing
 from vsup.tui.screens.base import ReportsWorkerErrors
-from vsup.tui.widgets.detail import without_probes
+from vsup.tui.widgets.detail import is_shown
+from vsup.tui.widgets.livelog import LiveLog
 
 FIRST_READ = 256 * 1024  # bytes of the end of the file shown on open
 MAX_LINES = 50_000
@@ -48,11 +49,16 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         self.log_path: str | None = None
         self.reads = 0
         self.hide_probes = True  # uvicorn access lines of vsup's own /health, /metrics
-        self._raw: deque[str] = deque(maxlen=MAX_LINES)
+        self._raw: deque[str] = deque(maxlen=MAX_LINES)  # what was read, to show it again
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="log-title")
-        yield Log(max_lines=MAX_LINES, auto_scroll=True, id="log-full")
+        yield LiveLog(
+            max_lines=MAX_LINES,
+            auto_scroll=True,
+            id="log-full",
+            keep=is_shown if self.hide_probes else None,
+        )
         yield Footer()
 
     def _title(self) -> str:
@@ -77,7 +83,7 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
 
     @work(name="log", exclusive=True, group="log-screen", exit_on_error=False)
     async def _read(self) -> None:
-        log = self.query_one(Log)
+        log = self.query_one(LiveLog)
         try:
             if self.log_offset is None:
                 doc = await self.client.logs(self.instance, previous=self.previous, tail=FIRST_READ)
@@ -90,12 +96,13 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
                 raise
             self.reads += 1
             if self.reads == 1:
-                log.write_line(f"({exc})")
+                log.note(f"({exc})")
             return
         self.reads += 1
         if self.log_offset is not None and doc.get("run") != self.log_run:
             # the instance restarted: its new run is a new file, read from its start
-            log.write_line(f"──── new run {doc.get('run')} ────")
+            log.note(f"──── new run {doc.get('run')} ────")
+            self._raw.clear()
             doc = await self.client.logs(self.instance, previous=self.previous, offset=0)
         self.log_run = doc.get("run")
         self.log_path = doc.get("path")
@@ -103,11 +110,9 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         text = doc.get("text") or ""
         if text:
             self._raw.extend(text.splitlines(keepends=True))
-            shown = without_probes(text) if self.hide_probes else text
-            if shown:
-                log.write(shown)
+            log.feed(text)
         elif self.reads == 1:
-            log.write_line("(empty)" if not self.previous else "(no previous run)")
+            log.note("(empty)" if not self.previous else "(no previous run)")
         self.query_one("#log-title", Static).update(self._title())
 
     def action_close(self) -> None:
@@ -123,14 +128,13 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
 
     def action_toggle_probes(self) -> None:
         self.hide_probes = not self.hide_probes
-        log = self.query_one(Log)
-        log.clear()
-        text = "".join(self._raw)
-        log.write(without_probes(text) if self.hide_probes else text)
+        log = self.query_one(LiveLog)
+        log.keep = is_shown if self.hide_probes else None
+        log.rewrite("".join(self._raw))
         self.query_one("#log-title", Static).update(self._title())
 
     def action_top(self) -> None:
-        self.query_one(Log).scroll_home(animate=False)
+        self.query_one(LiveLog).scroll_home(animate=False)
 
     def action_bottom(self) -> None:
-        self.query_one(Log).scroll_end(animate=False)
+        self.query_one(LiveLog).scroll_end(animate=False)

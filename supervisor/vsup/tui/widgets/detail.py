@@ -12,17 +12,23 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Log, Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
+from vsup.tui.widgets.livelog import LiveLog
 
 MASK = "****"
 # uvicorn's access lines for the requests vsup itself makes every second (health checks and
 # metric scrapes): they would bury everything else in the log tail.
 _PROBE_LINE = re.compile(r'"(GET|HEAD) /(health|metrics|load|version)\b[^"]*" \d{3}')
+
+
+def is_shown(line: str) -> bool:
+    """False for the access-log line of one of vsup's own /health or /metrics requests."""
+    return "HTTP/" not in line or not _PROBE_LINE.search(line)
 
 
 def without_probes(text: str) -> str:
@@ -171,6 +177,29 @@ def config_text(config: Mapping[str, Any] | None) -> Text:
     return text
 
 
+def memory_text(inst: InstanceStatus | None) -> Text:
+    """What vLLM's start-up log said about its GPU memory (empty when it said nothing):
+    what the over-plan advice weighs the HBM figure against."""
+    if inst is None:
+        return Text("")
+    parts = [
+        ("target", inst.vllm_requested_hbm_bytes),
+        ("weights", inst.vllm_weights_bytes),
+        ("KV", inst.vllm_kv_cache_bytes),
+        ("activation", inst.vllm_activation_bytes),
+        ("non-torch", inst.vllm_non_torch_bytes),
+        ("CUDA graphs", inst.vllm_cudagraph_bytes),
+    ]
+    known = [(label, n) for label, n in parts if n is not None]
+    if not known:
+        return Text("")
+    text = Text("vLLM memory ", "bold")
+    text.append(" · ".join(f"{label} {n / 2**30:.2f}" for label, n in known) + " GiB", "dim")
+    if inst.hbm_start_bytes is not None:
+        text.append(f" · held at start {inst.hbm_start_bytes / 2**30:.1f} GiB", "dim")
+    return text
+
+
 class SidePanel(Vertical):
     """Sparklines, then advice and the last exit of the selected instance."""
 
@@ -178,6 +207,7 @@ class SidePanel(Vertical):
     SidePanel { border: round $primary 50%; padding: 0 1; }
     SidePanel #advice { height: auto; margin-top: 1; }
     SidePanel #exit-line { height: auto; margin-top: 1; }
+    SidePanel #memory { height: auto; margin-top: 1; }
     """
 
     def __init__(self, history: History, **kwargs) -> None:
@@ -188,6 +218,7 @@ class SidePanel(Vertical):
         yield SparkPanel(self.history, id="sparks")
         with VerticalScroll(id="side-scroll"):
             yield Static(id="advice")
+            yield Static(id="memory")
             yield Static(id="exit-line")
 
     def show(self, inst: InstanceStatus | None, advice: Sequence[Advice]) -> None:
@@ -197,6 +228,10 @@ class SidePanel(Vertical):
         if self.border_title != title:
             self.border_title = title
         _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
+        memory = self.query_one("#memory", Static)
+        memory_line = memory_text(inst)
+        memory.display = bool(memory_line.plain)
+        _update_if_changed(memory, memory_line)
         exit_line = Text("")
         if inst is not None and inst.last_exit is not None:
             exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))
@@ -223,7 +258,11 @@ class DetailTabs(TabbedContent):
     def panes() -> list[TabPane]:
         """The tab panes, composed inside `with DetailTabs():` (TabbedContent's contract)."""
         return [
-            TabPane("Log", Log(max_lines=2000, id="log-tail", auto_scroll=True), id="tab-log"),
+            TabPane(
+                "Log",
+                LiveLog(max_lines=2000, id="log-tail", auto_scroll=True, keep=is_shown),
+                id="tab-log",
+            ),
             TabPane(
                 "Config", VerticalScroll(Static(config_text(None), id="config")), id="tab-config"
             ),
@@ -237,9 +276,8 @@ class DetailTabs(TabbedContent):
         _update_if_changed(self.query_one("#config", Static), config_text(config))
 
     def log_write(self, text: str, reset: bool) -> None:
-        log = self.query_one("#log-tail", Log)
+        """Append a chunk of the selected instance's log (`reset`: a new log)."""
+        log = self.query_one("#log-tail", LiveLog)
         if reset:
-            log.clear()
-        text = without_probes(text)
-        if text:
-            log.write(text)
+            log.reset()
+        log.feed(text)

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import GpuStatus, InstanceStatus, StatusSnapshot
-from vsup.tui import gpubar
+from vsup.tui import gpubar, rows
 
 
 def gpu_lines(
-    gpus: Sequence[GpuStatus], instances: Sequence[InstanceStatus], width: int, narrow: bool
+    gpus: Sequence[GpuStatus],
+    instances: Sequence[InstanceStatus],
+    width: int,
+    narrow: bool,
+    over_plan: Set[str] = frozenset(),
 ) -> Text:
-    """The panel's text for a content `width`."""
+    """The panel's text for a content `width`; `over_plan` as in gpubar.gpu_use."""
     if not gpus:
         cpu = sum(1 for i in instances if not i.gpus)
         return Text.assemble(
             ("no GPUs (CPU node)", "bold"),
             (f" · {cpu} instance{'s' if cpu != 1 else ''} on CPU", "dim"),
         )
-    uses = [gpubar.gpu_use(g, instances) for g in gpus]
+    uses = [gpubar.gpu_use(g, instances, over_plan) for g in gpus]
     lines: list[Text] = []
     if narrow:
         # two GPUs per line: index, bar, used/total, gauges
@@ -73,6 +77,7 @@ class GpuPanel(Static):
         if snap is None:
             return
         width = self.content_size.width or (self.app.size.width - 2)
+        over = rows.over_plan_names(snap.advice)
         # What the bars depend on; an unchanged key means no repaint.
         key = (
             snap.gpus,
@@ -87,13 +92,14 @@ class GpuPanel(Static):
                 )
                 for i in snap.instances
             ),
+            over,
             width,
             self.narrow,
         )
         if key == self._key:
             return
         self._key = key
-        text = gpu_lines(snap.gpus, snap.instances, width, self.narrow)
+        text = gpu_lines(snap.gpus, snap.instances, width, self.narrow, over)
         # An explicit height: the panel's line count is known, no measuring needed.
         height = text.plain.count("\n") + 1
         if self.styles.height is None or self.styles.height.value != height:

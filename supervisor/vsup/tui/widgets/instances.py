@@ -123,12 +123,17 @@ class InstanceTable(DataTable):
         return self._order[self.cursor_row]
 
     def show(
-        self, instances: Sequence[InstanceStatus], order: Sequence[str], keep: str | None
+        self,
+        instances: Sequence[InstanceStatus],
+        order: Sequence[str],
+        keep: str | None,
+        over_plan: frozenset[str] = frozenset(),
     ) -> bool:
         """Make the table show `instances` in `order` (names; rows not in it are removed).
-        `keep` is the instance the cursor stays on. Returns whether anything changed."""
+        `keep` is the instance the cursor stays on; `over_plan` the instances whose HBM the
+        advice flags. Returns whether anything changed."""
         by_name = {i.name: i for i in instances}
-        new_rows = {name: self._cells_of(by_name[name]) for name in order}
+        new_rows = {name: self._cells_of(by_name[name], name in over_plan) for name in order}
         diff = rows.diff_rows(self._rows, self._order, new_rows, order)
         if diff.empty:
             return False
@@ -174,12 +179,12 @@ class InstanceTable(DataTable):
                     self.refresh_row(index)
         return True
 
-    def _cells_of(self, inst: InstanceStatus) -> Row:
+    def _cells_of(self, inst: InstanceStatus, over: bool) -> Row:
         known = self._row_of.get(inst.name)
-        if known is not None and known[0] == inst:
+        if known is not None and known[0] == (inst, over):
             return known[1]
-        row = rows.row_cells(inst, self.columns_shown)
-        self._row_of[inst.name] = (inst, row)
+        row = rows.row_cells(inst, self.columns_shown, over)
+        self._row_of[inst.name] = ((inst, over), row)
         return row
 
     def _keep_cursor(self, name: str | None) -> None:

@@ -33,7 +33,7 @@ $(DEPS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q 'hatchling>=1.24' build
-	$(PY) -m pip install -q --no-build-isolation '.[test,lint,cpu]'
+	$(PY) -m pip install -q --no-build-isolation '.[test,lint,cpu,router]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(DEPS)
 

@@ -26,6 +26,7 @@ EXIT_REASONS = (
     "unhealthy",
     "stopped",
     "unknown",
+    "gpu_memory_insufficient",
 )
 
 # Where a per-instance HBM figure came from.

@@ -25,12 +25,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "tui": {"control.client", "layout"},
     "commands": {"*"},
     "demo": {"layout"},
+    "router": {"layout", "telemetry.promtext"},
     "bench": {"layout", "control.client", "control.errors", "control.progress"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
 # areas that must run without a terminal UI library loaded (the daemon imports them)
-NO_UI = {"layout", "telemetry", "engine", "control"}
+NO_UI = {"layout", "telemetry", "engine", "control", "router"}
 UI_LIBRARIES = {"textual", "rich"}
 
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
-EXIT_NOT_CONFIRMED = 3
+from vsup.commands.up import EXIT_NOT_CONFIRMED
 
 
 def _rate(text: str) -> float:

@@ -1,14 +1,30 @@
-"""`vsup up LAYOUT [--detach] [--wait] [--timeout S]`: apply a layout, then watch it.
+"""`vsup up LAYOUT [--detach] [--wait] [--timeout S] [--yes] [--dry-run] [--all-at-once]`.
 
-Validates first (exit 2 with every error), says which instances will start, restart and stop,
-applies the layout through the daemon (starting one if needed), optionally waits until every
-instance is ready, then opens the dashboard unless `--detach`.
+Validates first (exit 2 with every error), prints the plan (what starts, restarts - in rolling
+waves or at once - and stops), applies the layout through the daemon (starting one if needed),
+optionally waits until the rollout has ended and every instance is ready, then opens the
+dashboard unless `--detach`.
+
+A plan that stops or restarts an instance that is serving needs consent: on a terminal vsup
+asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) and changes nothing, unless
+`--yes`. This is what keeps a half-written or empty layout from silently stopping the
+instances it leaves out. `--dry-run` prints the plan and changes nothing.
+
+Exit status: 0 done; 1 an instance failed, the rollout failed or --wait timed out; 2 the
+layout is not valid; 3 not confirmed (no terminal and no --yes, or the answer was no).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from typing import Any
+
+# `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
+EXIT_NOT_CONFIRMED = 3
+# States in which an instance answers requests: stopping or restarting it interrupts service.
+SERVING = ("ready", "unhealthy")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +47,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1200.0,
         metavar="S",
         help="how long --wait waits (default 1200 s)",
+    )
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="do not ask before stopping or restarting serving instances (needed without a "
+        "terminal when the plan does so; else exit 3)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan and change nothing (exit 0)"
+    )
+    p.add_argument(
+        "--all-at-once",
+        action="store_true",
+        help="restart every changed instance together instead of in rolling waves "
+        "([layout] max_unavailable at a time, each drained and ready before the next)",
     )
     p.set_defaults(func=run)
 
@@ -62,13 +94,19 @@ def _up(args: argparse.Namespace) -> int:
         raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", 2)
 
     with client_for_cli() as client:
-        dry = client.apply(toml, str(path), dry_run=True)
+        dry = client.apply(toml, str(path), dry_run=True, all_at_once=args.all_at_once)
         if dry.get("errors"):
             # The daemon checks against this node (GPU count) and what runs now.
             print_diagnostics(dry["errors"])
             raise CommandFailed(f"vsup up: {path} is not valid on this node; nothing changed", 2)
-        print_plan(dry["plan"])
-        answer = client.apply(toml, str(path))
+        serving = serving_names(client.status())
+        print_plan(dry["plan"], serving)
+        if args.dry_run:
+            return 0
+        interrupts = interrupted(dry["plan"], serving)
+        if interrupts and not args.yes:
+            confirm(interrupts)
+        answer = client.apply(toml, str(path), all_at_once=args.all_at_once)
         if answer.get("errors"):
             print_diagnostics(answer["errors"])
             raise CommandFailed("vsup up: the daemon refused the layout", 2)
@@ -77,13 +115,85 @@ def _up(args: argparse.Namespace) -> int:
             if w not in dry.get("warnings", ()) and w not in warnings:
                 print_diagnostics([w])
         code = 0
+        if plan.get("rolling"):
+            print(
+                f"rolling restart of {len(plan['rolling'])} serving instance(s) under way"
+                + ("" if args.wait else " (`vsup status` shows its progress)")
+            )
         if args.wait:
+            if plan.get("rolling"):
+                code = follow_rollout(client, args.timeout)
             keys = ("start", "restart", "update", "unchanged")
             names = [n for k in keys for n in plan.get(k, ())]
-            code = wait_and_report(client, names, args.timeout)
+            if code == 0:
+                code = wait_and_report(client, names, args.timeout)
     if args.detach:
         return code
     return open_dashboard() or code
+
+
+def serving_names(status: dict[str, Any]) -> set[str]:
+    """Names of the instances that answer requests now."""
+    return {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+
+
+def interrupted(plan: dict[str, Any], serving: set[str]) -> list[str]:
+    """The serving instances the plan stops or restarts, in plan order."""
+    return [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in serving]
+
+
+def confirm(names: list[str]) -> None:
+    """Ask on a terminal; refuse without one. Returns only when the operator said yes."""
+    from vsup.control.cliutil import CommandFailed
+
+    what = ", ".join(names)
+    if not sys.stdin.isatty():
+        raise CommandFailed(
+            f"vsup up: this stops or restarts serving instances ({what}) and there is no "
+            "terminal to confirm it; nothing was changed. Check the plan above, then run again "
+            "with --yes",
+            EXIT_NOT_CONFIRMED,
+        )
+    try:
+        answer = input(f"stop or restart serving instances {what}? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CommandFailed("vsup up: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
+
+
+def describe_rollout(r: dict[str, Any]) -> str:
+    """'rollout wave 2/3: restarting b1 (1/3 done)'."""
+    head = f"rollout wave {r['wave']}/{r['waves']}"
+    if r["state"] == "running":
+        doing = f"restarting {', '.join(r['current'])}" if r["current"] else "waiting"
+        return f"{head}: {doing} ({r['done']}/{r['total']} done)"
+    if r["state"] == "failed":
+        return f"rollout failed: {r['failure']}"
+    return f"rollout {r['state']} ({r['done']}/{r['total']} restarted)"
+
+
+def follow_rollout(
+    client, timeout: float, interval: float = 0.5, clock=time.monotonic, sleep=time.sleep
+) -> int:
+    """Print the rollout's progress (a line per change) until it ends; 1 if it failed or
+    time ran out, else 0."""
+    deadline = clock() + timeout
+    shown = None
+    while True:
+        r = client.status().get("rollout")
+        if r is None:
+            return 0
+        line = describe_rollout(r)
+        if line != shown:
+            print(line, flush=True)
+            shown = line
+        if r["state"] != "running":
+            return 1 if r["state"] == "failed" else 0
+        if clock() >= deadline:
+            print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
+            return 1
+        sleep(interval)
 
 
 def validate_locally(path) -> tuple[list, list]:
@@ -96,21 +206,32 @@ def validate_locally(path) -> tuple[list, list]:
     return errors, warnings
 
 
-def print_plan(plan: dict) -> None:
-    """Say what applying will do, before it is done."""
-    words = (
-        ("start", "start"),
-        ("restart", "restart (changed)"),
-        ("stop", "stop (removed)"),
-        ("update", "update without restart"),
-        ("unchanged", "unchanged"),
-    )
-    if not any(plan.get(k) for k, _ in words):
+def print_plan(plan: dict, serving: set[str] | None = None) -> None:
+    """Say what applying will do, before it is done (serving instances marked)."""
+    serving = serving or set()
+    rolling = set(plan.get("rolling", ()))
+
+    def names(key: str) -> str:
+        return ", ".join(n + (" (serving)" if n in serving else "") for n in plan[key])
+
+    if not any(plan.get(k) for k in ("start", "restart", "stop", "update", "unchanged")):
         print("the layout has no instances")
-        return
-    for key, label in words:
-        if plan.get(key):
-            print(f"{label}: {', '.join(plan[key])}")
+    if plan.get("start"):
+        print(f"start: {names('start')}")
+    if plan.get("restart"):
+        waves = [n for n in plan["restart"] if n in rolling]
+        at_once = [n for n in plan["restart"] if n not in rolling]
+        if waves:
+            print(f"restart (changed, rolling): {', '.join(waves)}")
+        if at_once:
+            marked = ", ".join(n + (" (serving)" if n in serving else "") for n in at_once)
+            print(f"restart (changed, at once): {marked}")
+    if plan.get("stop"):
+        print(f"stop (removed): {names('stop')}")
+    if plan.get("update"):
+        print(f"update without restart: {', '.join(plan['update'])}")
+    if plan.get("unchanged"):
+        print(f"unchanged: {', '.join(plan['unchanged'])}")
 
 
 def open_dashboard() -> int:

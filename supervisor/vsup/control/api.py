@@ -53,7 +53,9 @@ class ControlService(Protocol):
 
     def layout(self) -> dict[str, Any]: ...
 
-    async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]: ...
+    async def apply(
+        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
+    ) -> dict[str, Any]: ...
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
 
@@ -86,12 +88,17 @@ def build_app(service: ControlService) -> Starlette:
         body = await _body(
             request,
             required={"toml": str},
-            optional={"path": (str, type(None)), "dry_run": bool},
+            optional={"path": (str, type(None)), "dry_run": bool, "all_at_once": bool},
         )
         path = body.get("path")
         if path is not None and not os.path.isabs(path):
             raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
-        return JSONResponse(await service.apply(body["toml"], path, body.get("dry_run", False)))
+        dry_run = body.get("dry_run", False)
+        if body.get("all_at_once", False):
+            answer = await service.apply(body["toml"], path, dry_run, all_at_once=True)
+        else:
+            answer = await service.apply(body["toml"], path, dry_run)
+        return JSONResponse(answer)
 
     async def actions(request: Request) -> JSONResponse:
         body = await _body(

@@ -138,10 +138,13 @@ class Client:
     def layout(self) -> dict[str, Any]:
         return self._call("GET", "/v1/layout")
 
-    def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> dict[str, Any]:
-        return self._call(
-            "POST", "/v1/apply", json={"toml": toml, "path": path, "dry_run": dry_run}
-        )
+    def apply(
+        self, toml: str, path: str | None = None, dry_run: bool = False, all_at_once: bool = False
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
+        if all_at_once:
+            body["all_at_once"] = True  # restart serving instances together, not in waves
+        return self._call("POST", "/v1/apply", json=body)
 
     def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True

@@ -135,7 +135,7 @@ class Daemon(Restore, ControlMethods):
             on_event=self._on_event,
             gpu_release_check=self.monitor.gpu_released,
             requests_running=self._requests_running,
-            **(engine_options or {}),
+            **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
         )
 
     # ----------------------------------------------------------------- engine events

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup.clock import Clock
+from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
 from vsup.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
 from vsup.telemetry.instance import InstanceTelemetry
@@ -74,6 +75,7 @@ class Monitor:
         self._live: dict[str, bool] = {}
         self._hbm: dict[str, HbmFigure] = {}
         self._inflight: dict[str, asyncio.Task] = {}
+        self._unresolved: set[tuple[int, int]] = set()
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -212,6 +214,8 @@ class Monitor:
         samples, attribution = await asyncio.to_thread(work)
         self.gpus = gpu_statuses(samples, attribution)
         self._hbm = dict(attribution.instances)
+        # pids the GPU lists that this node's process table lacks (another pid namespace)
+        self._unresolved = {(u.gpu, u.pid) for u in attribution.unresolved}
 
     async def gpu_released(self, pids: frozenset[int], gpus: tuple[int, ...]) -> bool:
         """Wait until none of `pids` holds memory on `gpus` (the engine asks after an exit,
@@ -237,6 +241,22 @@ class Monitor:
             if not held:
                 return True
             await asyncio.sleep(GPU_RELEASE_POLL_S)
+
+    def gpu_memory(self, gpus: tuple[int, ...]) -> list[GpuMemory] | None:
+        """The GPUs' memory and who holds it, as of the last poll (the engine's
+        `gpu_memory` view: engine/memory.py); None when a GPU has no figures."""
+        by_index = {g.index: g for g in self.gpus}
+        out = []
+        for index in gpus:
+            g = by_index.get(index)
+            if g is None or g.hbm_total_bytes is None or g.hbm_used_bytes is None:
+                return None
+            holders = tuple(
+                Holder(p.pid, p.hbm_bytes, p.instance, (index, p.pid) not in self._unresolved)
+                for p in g.processes
+            )
+            out.append(GpuMemory(index, g.hbm_total_bytes, g.hbm_used_bytes, holders))
+        return out
 
     def _forget(self, name: str) -> None:
         self._tel.pop(name, None)

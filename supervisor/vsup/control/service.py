@@ -30,12 +30,18 @@ class ControlMethods:
         return {"pid": os.getpid(), "version": __version__, "home": str(self.home)}
 
     def status(self) -> dict[str, Any]:
-        return self.build_snapshot().to_json()
+        doc = self.build_snapshot().to_json()
+        # the latest rolling apply (engine/rollout.py); additive to schema 1
+        rollout = self.engine.rollout
+        doc["rollout"] = rollout.to_json() if rollout is not None else None
+        return doc
 
     def layout(self) -> dict[str, Any]:
         return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}
 
-    async def apply(self, toml: str, path: str | None, dry_run: bool) -> dict[str, Any]:
+    async def apply(
+        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
+    ) -> dict[str, Any]:
         if self._shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
         layout_obj, specs, diags = await asyncio.to_thread(
@@ -45,7 +51,7 @@ class ControlMethods:
         warnings = [d.to_json() for d in diags if not d.is_error]
         if errors:
             return _refused(errors, warnings)
-        plan = self.engine.diff(specs).to_json()
+        plan = self.engine.diff(specs, rolling=not all_at_once).to_json()
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.layout_toml, self.layout_path = toml, path
@@ -77,7 +83,9 @@ class ControlMethods:
             await self.metrics.stop()
         async with self._apply_lock:
             # Returns once every start is under way (stops of removed instances continue).
-            plan = (await self.engine.apply(specs)).to_json()
+            plan = (
+                await self.engine.apply(specs, rolling=not all_at_once, **_rollout_keys(layout_obj))
+            ).to_json()
         self._state_dirty.set()
         return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
@@ -254,6 +262,17 @@ def layout_diagnostics(path: Path | str) -> list:
 
     _layout, diags = validate_file(str(path))
     return list(diags)
+
+
+def _rollout_keys(layout_obj: Any) -> dict[str, Any]:
+    """[layout] max_unavailable / drain_timeout_s as Engine.apply's keywords."""
+    header = layout_obj.header
+    return {
+        "max_unavailable": int(header.get("max_unavailable", 1)),
+        "drain_timeout_s": (
+            float(header["drain_timeout_s"]) if "drain_timeout_s" in header else None
+        ),
+    }
 
 
 def metrics_listen_of(toml: str) -> str | None:

@@ -13,14 +13,19 @@ The reasons (snapshot.EXIT_REASONS) and what decides each, first match wins:
     directory without config.json), transformers' `does not appear to have a file named
     config.json` / `is not a local folder and is not a valid model identifier`, and
     `No such file or directory` on a line naming the model.
+  - `gpu_memory_insufficient`: vLLM's start-up refusals for want of GPU memory: `Free memory
+    on device cuda:0 (38.77/139.8 GiB) on startup is less than desired GPU memory utilization`
+    (and 0.32's `... less than the engine's budget`), `No available memory for the cache
+    blocks`, and a CUDA/HIP out-of-memory while the run was starting (`starting=True`).
+    The EngineCore logs the ValueError; the APIServer's `RuntimeError: Engine core
+    initialization failed` that follows is only its echo, so the ValueError is the excerpt.
+    What the engine does next depends on who holds the memory (memory.py).
   - `kv_cache_too_small`: `To serve at least one request with the model's max seq len`, the
-    older `... is larger than the maximum number of tokens that can be stored in KV cache`, and
-    `No available memory for the cache blocks`. The last one is here, not under `oom`: nothing
-    failed to allocate; the weights left no room for a KV cache within
-    `gpu_memory_utilization`, and the fix is the same configuration change as for the others.
-  - `oom`: an allocation really failed: `CUDA out of memory`, `HIP out of memory`,
-    `torch.OutOfMemoryError`, `CUDA error: out of memory`, `hipErrorOutOfMemory`,
-    `DefaultCPUAllocator: can't allocate memory`.
+    older `... is larger than the maximum number of tokens that can be stored in KV cache`:
+    the configuration (max-model-len) does not fit the KV cache vLLM could make.
+  - `oom`: an allocation failed while serving: `CUDA out of memory`, `HIP out of memory`,
+    `torch.OutOfMemoryError`, `CUDA error: out of memory`, `hipErrorOutOfMemory`, and
+    `DefaultCPUAllocator: can't allocate memory` (host memory) at any time.
   - `engine_dead`: `EngineDeadError`, `EngineCore encountered an issue`, `Engine core
     initialization failed` (the excerpt then adds the root-cause exception above it). Not after
     `[shutdown] API server: shutdown triggered`: vLLM 0.32 logs `EngineDeadError` on every
@@ -44,23 +49,32 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 
+from vsup.engine.states import ExitReason
+
 EXCERPT_MAX = 500
 
 # vLLM's log prefix: "(APIServer pid=7267) INFO 11-29 22:17:16 [file.py:12] message".
 _QUIET_LEVEL = re.compile(r"^(?:\([\w:\-]+ pid=\d+\) )?(?:INFO|WARNING|DEBUG) \d\d-\d\d ")
 
-_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+R = ExitReason
+GPU_MEMORY_INSUFFICIENT = R.GPU_MEMORY_INSUFFICIENT
+# An out-of-memory of the GPU itself (not the host's allocator): at start-up, a memory refusal.
+_GPU_OOM = re.compile(
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|hipErrorOutOfMemory"
+)
+
+_RULES: tuple[tuple[ExitReason, re.Pattern[str]], ...] = (
     (
-        "port_in_use",
+        R.PORT_IN_USE,
         re.compile(
             r"\[Errno 98\][^\n]*address already in use"
             r"|error while attempting to bind on address[^\n]*address already in use",
             re.IGNORECASE,
         ),
     ),
-    ("bad_args", re.compile(r"^[\w./\- ]{1,60}: error: ")),
+    (R.BAD_ARGS, re.compile(r"^[\w./\- ]{1,60}: error: ")),
     (
-        "model_not_found",
+        R.MODEL_NOT_FOUND,
         re.compile(
             r"Repo id must be in the form"
             r"|LocalEntryNotFoundError"
@@ -72,15 +86,21 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     (
-        "kv_cache_too_small",
+        GPU_MEMORY_INSUFFICIENT,
         re.compile(
-            r"To serve at least one request with the model's max seq len"
-            r"|is larger than the maximum number of tokens that can be stored in KV cache"
+            r"Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than"
             r"|No available memory for the cache blocks"
         ),
     ),
     (
-        "oom",
+        R.KV_CACHE_TOO_SMALL,
+        re.compile(
+            r"To serve at least one request with the model's max seq len"
+            r"|is larger than the maximum number of tokens that can be stored in KV cache"
+        ),
+    ),
+    (
+        R.OOM,
         re.compile(
             r"(?:CUDA|HIP) out of memory"
             r"|OutOfMemoryError"
@@ -90,7 +110,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     (
-        "engine_dead",
+        R.ENGINE_DEAD,
         re.compile(
             r"EngineDeadError|EngineCore encountered an issue|Engine core initialization failed"
         ),
@@ -107,12 +127,12 @@ _WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed")
 _SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
 
 # Causes for which vsup itself ended the process.
-CAUSES = ("stopped", "startup_timeout", "unhealthy", "engine_dead")
+CAUSES = (R.STOPPED, R.STARTUP_TIMEOUT, R.UNHEALTHY, R.ENGINE_DEAD)
 
 
 @dataclass(frozen=True)
 class Classified:
-    reason: str
+    reason: ExitReason
     excerpt: str | None
 
 
@@ -133,46 +153,50 @@ def classify(
     *,
     model: str | None = None,
     cause: str | None = None,
+    starting: bool = False,
 ) -> Classified:
     """The exit reason and the decisive log line(s).
 
     `code` is the exit status when the process exited by itself, `signum` the signal that ended
     it (both None when unknown, e.g. for an adopted process); `cause` is why vsup ended it, if
-    it did (one of CAUSES).
+    it did (one of CAUSES); `starting`: the run never became ready (a GPU out-of-memory then
+    is a start-up refusal, `gpu_memory_insufficient`, not `oom`).
     """
     if cause is not None and cause not in CAUSES:
         raise ValueError(f"unknown cause {cause!r}")
-    if cause == "stopped":
-        return Classified("stopped", None)
+    if cause == R.STOPPED:
+        return Classified(R.STOPPED, None)
     lines = [line.rstrip() for line in log_tail.splitlines()]
     shutdown_at = next((i for i, line in enumerate(lines) if _SHUTDOWN.search(line)), None)
     found = _decisive(lines, model, shutdown_at)
     if found is not None:
+        if starting and found.reason == R.OOM and _GPU_OOM.search(found.excerpt or ""):
+            return Classified(GPU_MEMORY_INSUFFICIENT, found.excerpt)
         return found
     if cause is not None:
-        return Classified(cause, _last_exception(lines))
+        return Classified(ExitReason(cause), _last_exception(lines))
     if signum is not None:
-        return Classified("killed", None)
+        return Classified(R.KILLED, None)
     if shutdown_at is not None:
-        return Classified("killed", _clip(lines[shutdown_at].strip()))
+        return Classified(R.KILLED, _clip(lines[shutdown_at].strip()))
     if code == 2:
-        return Classified("bad_args", _last_exception(lines))
-    return Classified("unknown", _last_exception(lines))
+        return Classified(R.BAD_ARGS, _last_exception(lines))
+    return Classified(R.UNKNOWN, _last_exception(lines))
 
 
 def _decisive(lines: list[str], model: str | None, shutdown_at: int | None) -> Classified | None:
     missing_model = _missing_model_rule(model)
     for reason, rule in _RULES:
-        last = len(lines) if reason != "engine_dead" or shutdown_at is None else shutdown_at
+        last = len(lines) if reason != R.ENGINE_DEAD or shutdown_at is None else shutdown_at
         for i in range(last - 1, -1, -1):
             line = lines[i]
             if not line or _QUIET_LEVEL.match(line):
                 continue
             if rule.search(line) or (
-                reason == "model_not_found" and missing_model and missing_model.search(line)
+                reason == R.MODEL_NOT_FOUND and missing_model and missing_model.search(line)
             ):
                 excerpt = _clip(line.strip())
-                if reason == "engine_dead" and _WRAPPERS.search(line):
+                if reason == R.ENGINE_DEAD and _WRAPPERS.search(line):
                     root = _root_cause(lines, i)
                     if root:
                         excerpt = _clip(root) + "\n" + excerpt

@@ -23,6 +23,7 @@ Moves, called by the runner (runner.py) that does the I/O:
     starting|ready|unhealthy --exited-->        backoff | failed | stopped   (restart.py decides)
     stopping                --exited-->         stopping, then --finish_stop--> stopped
 
+Every change is checked against states.TRANSITIONS (IllegalTransition on a move it lacks).
 Time comes from an injected clock (supervisor/vsup/clock.py), so tests drive every timeout without
 sleeping. `on_change(old, new)` is called after every change of state.
 """
@@ -33,10 +34,11 @@ from collections.abc import Callable
 
 from vsup.clock import Clock
 from vsup.engine.restart import Decision, RestartTracker
+from vsup.engine.states import RUNNING, State, check_transition
 from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import STATES, LastExit
+from vsup.snapshot import LastExit
 
-RUNNING = ("starting", "ready", "unhealthy")
+__all__ = ["RUNNING", "Lifecycle", "State"]
 
 
 class Lifecycle:
@@ -55,7 +57,7 @@ class Lifecycle:
         self.start_timeout_s = spec.start_timeout_s
         self.unhealthy_after = max(1, spec.unhealthy_after)
         self.unhealthy_grace_s = spec.unhealthy_grace_s
-        self.state = "stopped"
+        self.state = State.STOPPED
         self.state_since = clock.monotonic()
         self.run = 0  # spawns so far; the run number names the log file
         self.restarts = 0  # automatic restarts (not those a person asked for)
@@ -90,20 +92,20 @@ class Lifecycle:
             self._restart_pending = False
         if self.state in ("stopped", "failed", "backoff"):
             self.backoff_until = None
-            self._enter("starting")
+            self._enter(State.STARTING)
 
     def begin_stop(self) -> None:
         """A person wants the instance stopped (or restarted); a process may still be running."""
         self.backoff_until = None
         self._restart_pending = False
         if self.state not in ("stopped", "failed"):
-            self._enter("stopping")
+            self._enter(State.STOPPING)
 
     def finish_stop(self) -> None:
         """Nothing of the instance is left running."""
         self.spawned_at = None
         self.ready_since = None
-        self._enter("stopped")
+        self._enter(State.STOPPED)
 
     # -- the runner's observations ----------------------------------------------------------
 
@@ -111,7 +113,7 @@ class Lifecycle:
         """The runner begins a start attempt (after backoff, or after a restart's stop)."""
         if self.state != "starting":
             self.backoff_until = None
-            self._enter("starting")
+            self._enter(State.STARTING)
 
     def spawned(self, run: int, started_ago_s: float = 0.0) -> None:
         """A process was spawned (or adopted) as run `run`, `started_ago_s` seconds ago."""
@@ -125,7 +127,7 @@ class Lifecycle:
             self._restart_pending = False
         # a stop asked for while the spawn was under way stays a stop
         if self.state not in ("starting", "stopping"):
-            self._enter("starting")
+            self._enter(State.STARTING)
 
     def became_ready(self) -> bool:
         """/health answered 200 while starting; True if that made the instance ready."""
@@ -133,7 +135,7 @@ class Lifecycle:
         if self.state != "starting" or self.spawned_at is None:
             return False
         self.ready_since = self.last_answer_at = self.clock.monotonic()
-        self._enter("ready")
+        self._enter(State.READY)
         return True
 
     def health_ok(self) -> None:
@@ -160,7 +162,7 @@ class Lifecycle:
         silent_for = now - last if last is not None else float("inf")
         if status is None and silent_for < self.unhealthy_grace_s:
             return False
-        self._enter("unhealthy")
+        self._enter(State.UNHEALTHY)
         return True
 
     @property
@@ -178,11 +180,15 @@ class Lifecycle:
         remaining = self.start_remaining_s()
         return remaining is not None and remaining <= 0
 
-    def exited(self, last_exit: LastExit) -> Decision:
+    def exited(
+        self, last_exit: LastExit, *, hold: str | None = None, fail_fast: str | None = None
+    ) -> Decision:
         """The process ended (or was never spawned: `port_in_use` found before spawning).
 
         During a stop the state stays `stopping` until `finish_stop`; otherwise the restart
-        policy decides between `backoff`, `failed` and `stopped`.
+        policy decides between `backoff`, `failed` and `stopped` - unless the runner knows
+        better (memory.py): `hold` (why) restarts at once without counting a failure (the
+        start will wait for memory other processes hold); `fail_fast` (why) fails now.
         """
         now = self.clock.monotonic()
         ready_for = now - self.ready_since if self.ready_since is not None else None
@@ -191,17 +197,29 @@ class Lifecycle:
         self.ready_since = None
         if self.state == "stopping" or last_exit.reason == "stopped":
             return Decision("stopped", failures=self.tracker.failures, why="stopped by request")
+        if fail_fast is not None:
+            self.tracker.failures += 1
+            self.backoff_until = None
+            self._restart_pending = False
+            self.failed_why = fail_fast
+            self._enter(State.FAILED)
+            return Decision("failed", failures=self.tracker.failures, why=fail_fast)
+        if hold is not None:
+            self.backoff_until = now
+            self._restart_pending = True
+            self._enter(State.BACKOFF)
+            return Decision("restart", 0.0, self.tracker.failures, why=hold)
         code = last_exit.code
         decision = self.tracker.decide(last_exit.reason, code, ready_for)
         if decision.action == "restart":
             self.backoff_until = now + decision.delay_s
             self._restart_pending = True
-            self._enter("backoff")
+            self._enter(State.BACKOFF)
         elif decision.action == "failed":
             self.failed_why = f"the restart policy gave up: {decision.why}"
-            self._enter("failed")
+            self._enter(State.FAILED)
         else:
-            self._enter("stopped")
+            self._enter(State.STOPPED)
         return decision
 
     def fail(self, why: str) -> None:
@@ -210,7 +228,7 @@ class Lifecycle:
         self.backoff_until = None
         self._restart_pending = False
         self.failed_why = why
-        self._enter("failed")
+        self._enter(State.FAILED)
 
     def backoff_remaining_s(self) -> float | None:
         if self.state != "backoff" or self.backoff_until is None:
@@ -226,11 +244,11 @@ class Lifecycle:
         """Consecutive failures counted by the restart policy."""
         return self.tracker.failures
 
-    def _enter(self, state: str) -> None:
-        assert state in STATES, state
+    def _enter(self, state: State) -> None:
         old = self.state
         if old == state:
             return
+        check_transition(old, state)
         if state != "failed":
             self.failed_why = None
         self.state = state

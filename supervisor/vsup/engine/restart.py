@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vsup.engine.states import ExitReason as R
 from vsup.layout.spec import RestartPolicy
 
 # Exit reasons that recur on every spawn until a person changes something.
-DETERMINISTIC = frozenset({"bad_args", "model_not_found", "port_in_use"})
+DETERMINISTIC = frozenset({R.BAD_ARGS, R.MODEL_NOT_FOUND, R.PORT_IN_USE})
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ class Decision:
 
 def is_failure(reason: str, code: int | None) -> bool:
     """Whether an exit counts against the instance (a clean exit or an operator stop does not)."""
-    if reason == "stopped":
+    if reason == R.STOPPED:
         return False
-    return not (reason == "unknown" and code == 0)
+    return not (reason == R.UNKNOWN and code == 0)
 
 
 def backoff_delay(policy: RestartPolicy, failures: int) -> float:

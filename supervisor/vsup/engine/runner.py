@@ -20,18 +20,18 @@ import contextlib
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Collection
 
 from vsup.clock import iso_utc
-from vsup.engine import health, stop
-from vsup.engine.exitreason import Classified, classify, signal_name
+from vsup.engine import health, stop, teardown
+from vsup.engine.exitreason import GPU_MEMORY_INSUFFICIENT, Classified, classify, signal_name
+from vsup.engine.host import RunnerHost
+from vsup.engine.instance import Instance
+from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.restart import Decision
 from vsup.engine.spawn import Launched, launch
 from vsup.snapshot import LastExit
-
-if TYPE_CHECKING:
-    from vsup.engine.engine import Engine, Instance
 
 log = logging.getLogger("vsup.engine")
 
@@ -39,18 +39,18 @@ _DOING = {"start": "starting", "stop": "stopping"}
 
 
 class Runner:
-    def __init__(self, engine: Engine, inst: Instance) -> None:
-        self.e = engine
+    def __init__(self, host: RunnerHost, inst: Instance) -> None:
+        self.e = host
         self.inst = inst
-        self.lc = inst._lc
+        self.lc = inst.lifecycle
 
     async def run(self) -> None:
         inst, lc = self.inst, self.lc
         try:
             if inst.process is not None:
                 await self._adopted(inst.process)
-            while inst._want:
-                inst._kick.clear()
+            while inst.control.want:
+                inst.control.kick.clear()
                 if lc.state == "backoff" and not lc.backoff_due():
                     await self._wait(lc.backoff_remaining_s())
                     continue
@@ -61,39 +61,45 @@ class Runner:
             raise
         except Exception as exc:
             log.exception("runner of %s failed", inst.name)
-            self.e._emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
-            inst._want = False
+            self.e.emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
+            inst.control.want = False
             lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
             self._release()
             inst.waiting_for = None
-            inst._task = None
-            # no await since `inst._want` was last read: a start() meanwhile made a new runner
-            if not self.e._detached and not inst._want and lc.state not in ("stopped", "failed"):
+            inst.control.task = None
+            # no await since `control.want` was last read: a start() meanwhile made a new runner
+            if (
+                not self.e.detached
+                and not inst.control.want
+                and lc.state not in ("stopped", "failed")
+            ):
                 lc.finish_stop()
-            self.e._notify()
+            self.e.notify()
 
     # -- phases -------------------------------------------------------------------------------
 
     async def _attempt(self) -> None:
         inst, lc, e = self.inst, self.lc, self.e
         lc.attempt()
-        if inst._next_spec is not None:
-            inst._set_spec(inst._next_spec)
-        inst._restart = False
-        if inst._stale_sweep is not None:
-            await inst._stale_sweep
-            inst._stale_sweep = None
+        if inst.control.next_spec is not None:
+            inst.set_spec(inst.control.next_spec)
+        inst.control.restart = False
+        if inst.control.stale_sweep is not None:
+            await inst.control.stale_sweep
+            inst.control.stale_sweep = None
             if inst.gpu_released is False:
                 # orphans of the run that died unwatched left memory the GPU still lists
                 self._unreleased()
                 return
+        if not await self._await_memory():
+            return
         if not await self._acquire("start"):
             return
         run = lc.run + 1
         at = iso_utc(e.clock.wall())
         pending = asyncio.ensure_future(
-            asyncio.to_thread(launch, inst.spec, inst._logs, run, at, e.base_env)
+            asyncio.to_thread(launch, inst.spec, inst.logs, run, at, e.base_env)
         )
         try:
             result = await asyncio.shield(pending)
@@ -114,25 +120,27 @@ class Runner:
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
-        proc.exited.add_done_callback(lambda _f: inst._kick.set())
+        proc.exited.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
         lc.spawned(run)
-        e._emit(
+        e.emit(
             inst,
             "spawn",
             run=run,
             pid=proc.pid,
             pgid=proc.pgid,
             create_time=proc.create_time,
-            log=str(inst._logs.path(run)),
+            log=str(inst.logs.path(run)),
         )
 
     async def _adopted(self, proc: RunningProcess) -> None:
         """Take over a process an earlier daemon started: hold a start turn if it is not
         ready yet (co-tenants must not start beside it)."""
-        proc.exited.add_done_callback(lambda _f: self.inst._kick.set())
-        h = await health.check(self.e._client(), self.inst.spec.health_url, self.e.health_timeout_s)
+        proc.exited.add_done_callback(lambda _f: self.inst.control.kick.set())
+        h = await health.check(
+            self.e.http_client(), self.inst.spec.health_url, self.e.health_timeout_s
+        )
         if h.status is not None:
             # it answers, so it is past start-up; the health loop judges the answers from now
             self.lc.became_ready()
@@ -146,10 +154,10 @@ class Runner:
         cause: str | None = None
         try:
             while True:
-                inst._kick.clear()
+                inst.control.kick.clear()
                 if proc.exited.done():
                     break
-                if not inst._want or inst._restart or lc.state == "stopping":
+                if not inst.control.want or inst.control.restart or lc.state == "stopping":
                     cause = "stopped"
                     break
                 if lc.state == "unhealthy":
@@ -158,7 +166,7 @@ class Runner:
                 if lc.start_timed_out():
                     cause = "startup_timeout"
                     break
-                if lc.state == "ready" and self.e._scheduler.mode(inst.name) == "start":
+                if lc.state == "ready" and self.e.scheduler.mode(inst.name) == "start":
                     self._release()
                 await self._wait(lc.start_remaining_s())
         finally:
@@ -172,11 +180,15 @@ class Runner:
         if cause == "stopped":
             was_ready = lc.ready_since is not None
             lc.begin_stop()
-            if inst._drain and was_ready and proc.alive:
+            limit = inst.control.drain_timeout_s
+            inst.control.drain_timeout_s = None
+            if inst.control.drain and was_ready and proc.alive:
                 drained, waited = await stop.drain(
-                    e.requests_running, inst.name, inst.spec.drain_timeout_s
+                    e.requests_running,
+                    inst.name,
+                    inst.spec.drain_timeout_s if limit is None else limit,
                 )
-                e._emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
+                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
         await self._acquire("stop")
         return await stop.end_tree(proc, inst.spec.stop_grace_s, e.kill_wait_s)
 
@@ -192,20 +204,21 @@ class Runner:
         classified = classify(
             status.code,
             status.signum,
-            inst._logs.tail(proc.run),
+            inst.logs.tail(proc.run),
             model=inst.spec.model,
             cause=cause,
+            starting=lc.ready_since is None,
         )
         inst.process = None
-        self._exited(proc.run, proc.pid, status, classified)
+        self._exited(proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys())
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
-            ended = await e._end_tree(inst, proc)
+            ended = await teardown.end_tree(e, inst, proc)
         if ended.survivors:
             self._stuck(proc, ended.survivors)
             return
-        released = await e._await_release(inst, proc)
+        released = await teardown.await_release(e, inst, proc)
         if released is False:
             # Its processes are gone but the GPU still lists their memory: starting again (or
             # letting a co-tenant start) would profile memory that is not there. A person looks.
@@ -214,7 +227,7 @@ class Runner:
             return
         self._release()
         if lc.state == "stopping":
-            e._emit(
+            e.emit(
                 inst,
                 "stop",
                 run=proc.run,
@@ -223,13 +236,18 @@ class Runner:
                 kill=ended.kill_sent,
                 waited_s=round(ended.waited_s, 3),
             )
-            if inst._want:
+            if inst.control.want:
                 lc.attempt()  # a restart: straight from stopping to starting
             else:
                 lc.finish_stop()
 
     def _exited(
-        self, run: int | None, pid: int | None, status: ExitStatus, classified: Classified
+        self,
+        run: int | None,
+        pid: int | None,
+        status: ExitStatus,
+        classified: Classified,
+        own_pids: Collection[int] = (),
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -239,8 +257,16 @@ class Runner:
             at=iso_utc(e.clock.wall()),
             log_excerpt=classified.excerpt,
         )
-        decision = lc.exited(last)
-        e._emit(
+        hold = fail_fast = None
+        if last.reason == GPU_MEMORY_INSUFFICIENT and lc.state != "stopping":
+            verdict = self._memory_verdict(own_pids)
+            if verdict is not None and verdict.fit == Fit.WAIT:
+                hold = verdict.message
+            elif verdict is not None and verdict.fit == Fit.SHORT:
+                vllm_said = (last.log_excerpt or "").split("\n")[0]
+                fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+        decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
+        e.emit(
             inst,
             "exit",
             run=run,
@@ -251,41 +277,73 @@ class Runner:
             log_excerpt=last.log_excerpt,
         )
         if decision.action == "restart":
-            e._emit(
+            e.emit(
                 inst,
                 "restart_scheduled",
                 delay_s=decision.delay_s,
                 failures=decision.failures,
                 reason=last.reason,
+                **({"why": decision.why} if decision.why else {}),
             )
         elif decision.action == "failed":
-            inst._want = False
-            e._emit(
-                inst, "failed", reason=last.reason, failures=decision.failures, why=decision.why
-            )
+            inst.control.want = False
+            e.emit(inst, "failed", reason=last.reason, failures=decision.failures, why=decision.why)
         elif lc.state == "stopped":
-            inst._want = False  # a clean exit the policy does not restart
+            inst.control.want = False  # a clean exit the policy does not restart
         return decision
 
-    def _unreleased(self) -> None:
+    def _memory_verdict(self, own_pids: Collection[int] = ()) -> Verdict | None:
+        """Whether the instance's GPUs have the memory it asks for (memory.py); None when
+        nothing can tell (a CPU instance, no GPU telemetry)."""
         inst, e = self.inst, self.e
-        inst._want = False
-        gpus = ", ".join(str(g) for g in inst.spec.gpus)
-        why = (
-            f"GPU {gpus} still lists memory of {inst.name}'s ended processes after "
-            f"{e.gpu_release_timeout_s:.0f} s; not starting it there again until a person does "
-            f"(vsup start {inst.name})"
-        )
-        e._emit(
-            inst, "failed", reason="gpu_memory_not_released", failures=self.lc.failures, why=why
-        )
-        self.lc.fail(why)
+        if e.gpu_memory is None or not inst.spec.gpus:
+            return None
+        spec = inst.control.next_spec or inst.spec
+        return judge(inst.name, spec.gpu_memory_utilization, e.gpu_memory(spec.gpus), own_pids)
+
+    async def _await_memory(self) -> bool:
+        """Before a start: while processes that are no instance's hold the memory this start
+        needs, wait (`waiting_for` says who holds how much; nothing is spawned, no failure
+        counted). False when the start is no longer wanted meanwhile."""
+        inst, lc, e = self.inst, self.lc, self.e
+        told: str | None = None
+        t0 = e.clock.monotonic()
+        try:
+            while True:
+                verdict = self._memory_verdict()
+                if verdict is None or verdict.fit != Fit.WAIT:
+                    if told is not None:
+                        e.emit(
+                            inst,
+                            "memory_wait",
+                            done=True,
+                            waited_s=round(e.clock.monotonic() - t0, 3),
+                        )
+                    return True
+                if verdict.message != told:
+                    told = verdict.message
+                    e.emit(inst, "memory_wait", done=False, message=told)
+                inst.waiting_for = told
+                inst.control.kick.clear()
+                await self._wait(e.memory_poll_s)
+                if (
+                    not inst.control.want
+                    or inst.control.next_spec is not None
+                    or lc.state != "starting"
+                ):
+                    return False
+        finally:
+            if told is not None:
+                inst.waiting_for = None
+
+    def _unreleased(self) -> None:
+        teardown.fail_unreleased(self.e, self.inst, f"{self.inst.name}'s ended processes")
 
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst
         # a crash, an unhealthy end or a person's restart: it should run again, once it can
-        resume = inst._want and inst.spec.restart.policy != "never"
-        inst._want = False
+        resume = inst.control.want and inst.spec.restart.policy != "never"
+        inst.control.want = False
         if proc.alive:
             # no runner will see it end: clear the pid then
             def gone(_f: asyncio.Future) -> None:
@@ -306,12 +364,12 @@ class Runner:
             f"the kernel lets them go (`cat /proc/{pids[0]}/stack` shows where they are stuck); "
             f"vsup will not start {inst.name} beside them: {then}"
         )
-        self.e._emit(
+        self.e.emit(
             inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message, resume=resume
         )
         self.lc.fail(message)
         if resume:
-            self.e._spawn_task(self.e._resume_when_gone(inst, proc, pids, message))
+            self.e.spawn_background(teardown.resume_when_gone(self.e, inst, proc, pids, message))
 
     # -- health -------------------------------------------------------------------------------
 
@@ -320,20 +378,20 @@ class Runner:
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
         while proc.alive:
-            h = await health.check(e._client(), inst.spec.health_url, e.health_timeout_s)
+            h = await health.check(e.http_client(), inst.spec.health_url, e.health_timeout_s)
             if not proc.alive or inst.process is not proc:
                 return
             if lc.state == "starting":
                 if h.ok and lc.became_ready():
                     started = lc.ready_since - lc.spawned_at
-                    e._emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=round(started, 3))
-                    inst._kick.set()
+                    e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=round(started, 3))
+                    inst.control.kick.set()
                     next_chores = loop.time()  # the engine's processes exist now: scan them
             elif lc.state == "ready":
                 if h.ok:
                     lc.health_ok()
                 elif lc.health_failed(h.status):
-                    e._emit(
+                    e.emit(
                         inst,
                         "unhealthy",
                         run=proc.run,
@@ -342,7 +400,7 @@ class Runner:
                         status=h.status,
                         error=h.error,
                     )
-                    inst._kick.set()
+                    inst.control.kick.set()
             if loop.time() >= next_chores:
                 await self._chores(proc)
                 next_chores = loop.time() + e.chores_interval_s
@@ -351,17 +409,17 @@ class Runner:
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
         and keep the run log under its cap."""
-        table = await self.e._process_table()
+        table = await self.e.scan_processes()
         proc.remember(proc.tree(table))
-        if self.inst._logs.over_cap(proc.run):
-            await asyncio.to_thread(self.inst._logs.cap, proc.run)
+        if self.inst.logs.over_cap(proc.run):
+            await asyncio.to_thread(self.inst.logs.cap, proc.run)
 
     # -- device turns -------------------------------------------------------------------------
 
     async def _acquire(self, mode: str, proc: RunningProcess | None = None) -> bool:
         """Take a start or stop turn on the instance's devices. A start turn is given up (False)
         when the instance is no longer wanted, its spec changed, or `proc` ended meanwhile."""
-        inst, sched = self.inst, self.e._scheduler
+        inst, sched = self.inst, self.e.scheduler
         held = sched.mode(inst.name)
         if held == mode:
             return True
@@ -372,10 +430,10 @@ class Runner:
         granted = sched.request(inst.name, inst.spec.devices, mode)
         try:
             while not granted.done():
-                inst._kick.clear()
+                inst.control.kick.clear()
                 if mode == "start" and (
-                    not inst._want
-                    or inst._next_spec is not None
+                    not inst.control.want
+                    or inst.control.next_spec is not None
                     or (proc is not None and not proc.alive)
                 ):
                     sched.withdraw(inst.name)
@@ -384,7 +442,7 @@ class Runner:
                     ", ".join(f"{name} {_DOING[m]}" for name, m in sched.blockers(inst.name))
                     or None
                 )
-                kicked = asyncio.ensure_future(inst._kick.wait())
+                kicked = asyncio.ensure_future(inst.control.kick.wait())
                 try:
                     await asyncio.wait({granted, kicked}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -397,13 +455,13 @@ class Runner:
         return True
 
     def _release(self) -> None:
-        self.e._scheduler.release(self.inst.name)
+        self.e.scheduler.release(self.inst.name)
 
     async def _wait(self, timeout: float | None) -> None:
         if timeout is not None and timeout <= 0:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.inst._kick.wait(), timeout)
+            await asyncio.wait_for(self.inst.control.kick.wait(), timeout)
 
 
 def _kill_unrecorded(fut: asyncio.Future) -> None:

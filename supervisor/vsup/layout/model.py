@@ -124,6 +124,12 @@ class Layout:
         return listen_address(self.header.get("metrics_listen"))
 
     @property
+    def router(self) -> dict[str, Any] | None:
+        """The `[router]` table as written, or None when the layout runs no router."""
+        value = self.document.get("router")
+        return dict(value) if isinstance(value, Mapping) else None
+
+    @property
     def empty_ok(self) -> bool:
         """`[layout] empty = true`: the layout means to run no instance (see validation)."""
         return self.header.get("empty") is True

@@ -163,6 +163,19 @@ LAYOUT_KEYS: dict[str, Key] = {
         Key(
             "metrics_listen", "str", "HOST:PORT of the opt-in Prometheus exporter", _metrics_listen
         ),
+        Key(
+            "max_unavailable",
+            "int",
+            "serving instances a rolling apply takes down at a time (default 1)",
+            _at_least_one,
+        ),
+        Key(
+            "drain_timeout_s",
+            "number",
+            "seconds a rolling apply waits for an instance's requests to end before restarting "
+            "it (default: the instance's own drain_timeout_s)",
+            _positive,
+        ),
         Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
     )
 }
@@ -248,7 +261,59 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
 
 INSTANCE_KEYS: dict[str, Key] = {**INSTANCE_ONLY_KEYS, **COMMON_KEYS}
 DEFAULTS_KEYS: dict[str, Key] = dict(COMMON_KEYS)
-TOP_KEYS = ("layout", "defaults", "instance", "alerts")
+
+# vllm-router 0.1.17's `--policy` choices (`vllm-router --help`).
+ROUTER_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
+# Flags vsup sets on the router's command line itself, and the [router] key that sets each.
+ROUTER_ARGS_OWNED_BY_KEYS = {
+    "host": "host",
+    "port": "port",
+    "policy": "policy",
+    "prometheus-port": "metrics_port",
+    "prometheus-host": "host",
+    "worker-urls": "(the instances: vsup lists them)",
+}
+
+
+def _router_policy(v: Any) -> str | None:
+    if v in ROUTER_POLICIES:
+        return None
+    close = difflib.get_close_matches(v, ROUTER_POLICIES, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown router policy {v!r}{hint}: use one of " + ", ".join(
+        f"'{p}'" for p in ROUTER_POLICIES
+    )
+
+
+ROUTER_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("port", "int", "the one port clients send requests to", _port),
+        Key("host", "str", "the address the router listens on"),
+        Key("metrics_port", "int", "the router's Prometheus port (default: port + 1)", _port),
+        Key("policy", "str", "vllm-router's load-balancing policy", _router_policy),
+        Key("model", "str", "route only the instances serving this model (default: all)"),
+        Key("command", "str_list", "how vllm-router runs on this node", _command),
+        Key("args", "table", "more vllm-router flags: retry-max-retries = 3"),
+        Key("env", "env_table", "environment variables for the router"),
+        Key("restart", "restart", "restart policy table"),
+    )
+}
+ROUTER_DEFAULTS: dict[str, Any] = {
+    "host": "0.0.0.0",
+    "policy": "cache_aware",  # the router's own default; good for shared prompt prefixes
+    "command": ["vllm-router"],
+}
+
+TOP_KEYS = ("layout", "defaults", "instance", "alerts", "router")
 PROFILE_TOP_KEYS = ("profile", "defaults")
 PROFILE_HEADER_KEYS: dict[str, Key] = {
     k.name: k for k in (Key("description", "str", "what the profile is for"),)

@@ -29,6 +29,8 @@ from vsup.layout.schema import (
     PROFILE_HEADER_KEYS,
     PROFILE_TOP_KEYS,
     RESTART_KEYS,
+    ROUTER_ARGS_OWNED_BY_KEYS,
+    ROUTER_KEYS,
     TOP_KEYS,
     Key,
     is_number,
@@ -36,6 +38,7 @@ from vsup.layout.schema import (
     toml_type,
     type_problem,
 )
+from vsup.layout.secrets import is_secret_name
 from vsup.layout.sourcemap import SourceMap
 from vsup.layout.vllm_flags import frozen_flags
 
@@ -182,6 +185,8 @@ def check_table(
         if spec.kind == "restart":
             out += check_table(value, RESTART_KEYS, where.sub(key), "restart")
             out += _check_restart(value, where.sub(key))
+        elif spec.kind == "table" and key == "args" and section == "router":
+            out += _check_router_args(value, where.sub(key))
         elif spec.kind == "table" and key == "args":
             out += _check_args(value, where.sub(key))
         elif spec.kind == "env_table":
@@ -250,6 +255,44 @@ def _check_args(args: Mapping[str, Any], where: Where) -> list[Diagnostic]:
                     f"'{ARG_ALIASES[flag]}' instead",
                     key,
                     sub,
+                )
+            )
+    return out
+
+
+def _check_router_args(args: Mapping[str, Any], where: Where) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for key, value in args.items():
+        flag = flag_name(key)[2:]
+        if flag in ROUTER_ARGS_OWNED_BY_KEYS:
+            owner = ROUTER_ARGS_OWNED_BY_KEYS[flag]
+            out.append(
+                where.diag(
+                    ERROR,
+                    f"vsup sets --{flag} itself: remove it from args and use the [router] key "
+                    f"'{owner}'",
+                    key,
+                    (key,),
+                )
+            )
+        elif is_secret_name(flag):
+            out.append(
+                where.diag(
+                    ERROR,
+                    f"--{flag} takes a secret, and the router's command line shows in ps: "
+                    "remove it (vsup does not pass secrets to the router yet)",
+                    key,
+                    (key,),
+                )
+            )
+        elif not flag_value_ok(value):
+            out.append(
+                where.diag(
+                    ERROR,
+                    f"{toml_type(value)} cannot be a flag value: use a string, number, boolean "
+                    "or array",
+                    key,
+                    (key,),
                 )
             )
     return out
@@ -504,4 +547,25 @@ def check_structure(layout: Layout, cache: ProfileCache) -> list[Diagnostic]:
             "defaults",
         )
     out += _instance_structure(layout, cache)
+    if "router" in doc:
+        out += _router_structure(layout)
+    return out
+
+
+def _router_structure(layout: Layout) -> list[Diagnostic]:
+    table = layout.document["router"]
+    where = Where(layout.file, layout.source_map, ("router",), table="[router]")
+    if not isinstance(table, Mapping):
+        top = Where(layout.file, layout.source_map, ())
+        return [
+            top.diag(
+                ERROR,
+                f"must be the [router] table, not {toml_type(table)}, e.g. [router] port = 8080",
+                "router",
+                ("router",),
+            )
+        ]
+    out = check_table(table, ROUTER_KEYS, where, "router")
+    if "port" not in table:
+        out.append(where.diag(ERROR, "missing: add port = 8080 (the port clients use)", "port"))
     return out

@@ -153,9 +153,9 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     before = {i["name"]: i for i in json.loads(vsup(home, "status", "--json").stdout)["instances"]}
     ports = {name: i["port"] for name, i in before.items()}
     changed.write_text(emulator_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
-    up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30")
+    up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30", "--yes")
     assert up2.returncode == 0, up2.stderr
-    assert up2.stdout.index("restart (changed): a") < up2.stdout.index("a: ready")
+    assert up2.stdout.index("restart (changed, rolling): a") < up2.stdout.index("a: ready")
     assert "stop (removed): b" in up2.stdout
     doc = json.loads(vsup(home, "status", "--json").stdout)
     assert [i["name"] for i in doc["instances"]] == ["a"]

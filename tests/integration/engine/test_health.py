@@ -37,11 +37,11 @@ async def test_a_server_silent_for_less_than_the_grace_is_left_alone(engine, emu
     try:
         # checks every 0.05 s, each timing out after 0.2 s: well past unhealthy_after (2)
         await asyncio.sleep(2.0)
-        assert eng.instances["a"]._lc.health_failures >= 2
+        assert eng.instances["a"].lifecycle.health_failures >= 2
         assert eng.instances["a"].state == "ready"
     finally:
         os.kill(pid, signal.SIGCONT)
-    await until(lambda: eng.instances["a"]._lc.health_failures == 0)
+    await until(lambda: eng.instances["a"].lifecycle.health_failures == 0)
     await asyncio.sleep(0.3)
     assert eng.instances["a"].state == "ready" and eng.instances["a"].pid == pid
     assert events.of("unhealthy", "a") == [] and len(events.of("spawn", "a")) == 1

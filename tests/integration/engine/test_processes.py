@@ -412,6 +412,7 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(
         "stop": ["c"],
         "unchanged": [],
         "update": ["b"],
+        "rolling": ["a"],  # a serves: it restarts in a wave (test_rollout.py)
     }
     await eng.apply([a2, b2, d], wait=True)
     assert "c" not in eng.instances

@@ -39,6 +39,7 @@ def test_diff_of_an_empty_engine_starts_everything_in_layout_order(tmp_path):
         "stop": [],
         "unchanged": [],
         "update": [],
+        "rolling": [],
     }
 
 

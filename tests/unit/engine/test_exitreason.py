@@ -103,12 +103,13 @@ def test_oom_in_the_engine_outranks_the_engine_dead_that_follows():
     assert classify(0, None, tail).reason == "oom"
 
 
-def test_no_available_memory_for_cache_blocks_is_kv_cache_too_small():
+def test_no_available_memory_for_cache_blocks_is_a_memory_refusal():
+    # issue 14: a start-up memory refusal, whoever holds the memory (memory.py decides what next)
     tail = (
         "ValueError: No available memory for the cache blocks. Try increasing "
         "`gpu_memory_utilization` when initializing the engine.\n"
     )
-    assert classify(1, None, tail).reason == "kv_cache_too_small"
+    assert classify(1, None, tail).reason == "gpu_memory_insufficient"
 
 
 def test_warning_lines_mentioning_memory_do_not_decide():
@@ -153,3 +154,55 @@ def test_unknown_keeps_the_last_exception_line():
 
 def test_signal_names():
     assert signal_name(9) == "SIGKILL" and signal_name(None) is None
+
+
+GPU = Path(__file__).parents[2] / "fixtures" / "vllm-0.26-h200" / "exits"
+ISSUE_14_VALUE_ERROR = (
+    "ValueError: Free memory on device cuda:0 (38.77/139.8 GiB) on startup is less than desired "
+    "GPU memory utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU "
+    "memory used by other processes."
+)
+
+
+def test_free_memory_below_utilization_is_its_own_reason_with_the_engine_cores_line():
+    text = (GPU / "gpu_memory_free_below_utilization.log").read_text()
+    assert "RuntimeError: Engine core initialization failed" in text  # the APIServer's echo
+    got = classify(1, None, text, model="/models/Qwen2.5-7B-Instruct", starting=True)
+    assert got.reason == "gpu_memory_insufficient"
+    assert got.excerpt == ISSUE_14_VALUE_ERROR
+    # the same without knowing the run was starting: the refusal only happens at start-up
+    assert classify(1, None, text).reason == "gpu_memory_insufficient"
+
+
+def test_no_cache_blocks_is_a_memory_refusal():
+    got = classify(1, None, (GPU / "gpu_memory_no_cache_blocks.log").read_text(), starting=True)
+    assert got.reason == "gpu_memory_insufficient"
+    assert got.excerpt.startswith("ValueError: No available memory for the cache blocks")
+
+
+def test_cuda_oom_is_a_memory_refusal_at_start_and_oom_while_serving():
+    text = (GPU / "gpu_memory_cuda_oom_at_start.log").read_text()
+    at_start = classify(1, None, text, starting=True)
+    assert at_start.reason == "gpu_memory_insufficient"
+    assert at_start.excerpt.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert classify(1, None, text, starting=False).reason == "oom"
+    hip = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB."
+    assert classify(1, None, hip, starting=True).reason == "gpu_memory_insufficient"
+    host = "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"
+    assert classify(1, None, host, starting=True).reason == "oom"
+
+
+def test_the_kv_cache_config_refusal_stays_kv_cache_too_small():
+    got = classify(1, None, log("kv_cache_too_small.log"), starting=True)
+    assert got.reason == "kv_cache_too_small"
+
+
+def test_the_captured_h200_refusal_is_classified_with_the_engine_cores_line():
+    # a real vLLM 0.26 capture (tests/fixtures/vllm-0.26-cuda/README.md): a torch process held
+    # 86412 MiB of the GPU while an instance at 0.90 started
+    real = Path(__file__).parents[2] / "fixtures" / "vllm-0.26-cuda" / "exits"
+    text = (real / "gpu_memory_refused_foreign_process.log").read_text()
+    got = classify(1, None, text, starting=True)
+    assert got.reason == "gpu_memory_insufficient"
+    assert got.excerpt.startswith("(EngineCore pid=3185) ValueError: Free memory on device cuda:0")
+    assert "RuntimeError" not in got.excerpt

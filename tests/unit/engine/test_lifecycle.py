@@ -246,3 +246,31 @@ def test_a_stop_asked_for_during_the_spawn_stays_a_stop(lc, changes):
     lc.spawned(1)
     assert lc.state == "stopping" and lc.run == 1
     assert changes == [("stopped", "starting"), ("starting", "stopping")]
+
+
+def test_state_and_exit_reason_enums_are_the_wire_strings():
+    import json
+
+    from vsup.engine.states import ExitReason, State
+    from vsup.snapshot import EXIT_REASONS, STATES
+
+    assert tuple(State) == STATES
+    assert set(ExitReason) == set(EXIT_REASONS)
+    assert json.dumps({"state": State.READY, "reason": ExitReason.OOM}) == (
+        '{"state": "ready", "reason": "oom"}'
+    )
+
+
+def test_every_move_is_checked_against_the_transition_table():
+    import pytest
+
+    from vsup.engine.states import TRANSITIONS, IllegalTransition, State, check_transition
+
+    assert set(TRANSITIONS) == set(State)
+    for old in State:
+        check_transition(old, old)  # staying is no move
+    check_transition(State.STOPPING, State.STARTING)  # a restart goes straight on
+    with pytest.raises(IllegalTransition, match="illegal state change stopped -> ready"):
+        check_transition(State.STOPPED, State.READY)
+    with pytest.raises(IllegalTransition):
+        check_transition(State.FAILED, State.READY)

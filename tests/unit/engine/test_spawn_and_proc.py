@@ -65,6 +65,10 @@ def test_describe_names_a_process_and_its_kernel_state():
     child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline() == b"go\n"
+        # on a loaded machine it may still be running on its way into sleep()
+        deadline = time.monotonic() + 5
+        while "(S:" not in describe(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert describe(child.pid) == f"{child.pid} VLLM::W (x) (S: sleeping)"
         os.kill(child.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 5

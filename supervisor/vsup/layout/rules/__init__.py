@@ -4,8 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`. The structure checks (unknown keys, types, profiles) come
-before them, in `vsup.layout.structure`.
+`attention`, `kv`, `instances`, `router`. The structure checks (unknown keys, types, profiles)
+come before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from vsup.layout.rules import (
     model,
     parallelism,
     ports,
+    router,
     secrets,
 )
 from vsup.layout.rules.context import Context
@@ -43,6 +44,9 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     ports.port_of_metrics_exporter,
     ports.port_privileged,
     dataparallel.dp_port_clash,
+    router.router_ports,
+    router.router_models,
+    router.router_not_started_yet,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )

@@ -1,0 +1,227 @@
+"""An instance as the engine keeps it: its spec, Lifecycle, run logs, process and the
+`Control` record through which the engine and the instance's runner talk, plus the
+`AdoptRecord` a state file keeps to take a running process over. A leaf of the engine: it
+imports neither the engine nor the runner."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vsup.clock import Clock
+from vsup.engine.lifecycle import Lifecycle
+from vsup.engine.proc import RunningProcess
+from vsup.engine.runlog import RunLogs
+from vsup.layout.spec import InstanceSpec
+from vsup.snapshot import LastExit
+
+
+@dataclass(frozen=True)
+class AdoptRecord:
+    """What the daemon's state file keeps of a running instance to take it over later.
+
+    `create_time` is the process start time as psutil gives it (the `spawn` event carries it);
+    `descendants` maps pids seen in the tree to their start times, so orphans that left the
+    process group are still found.
+    """
+
+    pid: int
+    create_time: float
+    pgid: int
+    port: int
+    run: int
+    restarts: int = 0
+    descendants: Mapping[int, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "pgid": self.pgid,
+            "port": self.port,
+            "run": self.run,
+            "restarts": self.restarts,
+            "descendants": {str(p): t for p, t in self.descendants.items()},
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> AdoptRecord:
+        return cls(
+            pid=int(doc["pid"]),
+            create_time=float(doc["create_time"]),
+            pgid=int(doc["pgid"]),
+            port=int(doc["port"]),
+            run=int(doc["run"]),
+            restarts=int(doc.get("restarts", 0)),
+            descendants={int(p): float(t) for p, t in (doc.get("descendants") or {}).items()},
+        )
+
+
+@dataclass(eq=False)
+class Control:
+    """What is wanted of an instance and the handles of the work on it: the engine sets the
+    wishes (a person's start/stop/restart, an apply) and wakes `kick`; the instance's runner
+    acts on them. The only mutable state the engine and the runner share besides the
+    Lifecycle."""
+
+    want: bool = False  # it should run
+    restart: bool = False  # end the running process, then start again
+    drain: bool = False  # wait for running requests before the next stop
+    drain_timeout_s: float | None = None  # a rollout's limit for that drain (else the spec's)
+    next_spec: InstanceSpec | None = None  # the spec of the next start (an apply's change)
+    stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
+    task: asyncio.Task | None = None  # the runner
+    kick: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the runner
+
+
+class Instance:
+    """One supervised instance as the daemon sees it. Read its attributes; change it only
+    through the Engine (`control`, `lifecycle` and `logs` are the engine's and its runner's
+    handles)."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        clock: Clock,
+        logs: RunLogs,
+        on_state: Callable[[Instance, str, str], None],
+        deterministic_spawns: int = 1,
+    ) -> None:
+        self.spec = spec
+        self.lifecycle = Lifecycle(
+            spec,
+            clock,
+            on_change=lambda old, new: on_state(self, old, new),
+            deterministic_spawns=deterministic_spawns,
+        )
+        self.logs = logs
+        self.control = Control()
+        self.process: RunningProcess | None = None
+        self.adopted = False
+        self.waiting_for: str | None = None  # e.g. "b starting": whose turn it waits for
+        self.gpu_released: bool | None = None  # after the last exit, on GPUs with a check
+
+    def set_spec(self, spec: InstanceSpec) -> None:
+        """Take `spec` now (its live fields apply from the next decision)."""
+        self.spec = spec
+        self.control.next_spec = None
+        self.lifecycle.configure(spec)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def state(self) -> str:
+        return self.lifecycle.state
+
+    @property
+    def state_since(self) -> float:
+        """Clock monotonic time of the last change of state."""
+        return self.lifecycle.state_since
+
+    @property
+    def ready_since(self) -> float | None:
+        return self.lifecycle.ready_since
+
+    @property
+    def started_at(self) -> float | None:
+        """Clock monotonic time the current process was spawned."""
+        return self.lifecycle.spawned_at
+
+    @property
+    def run(self) -> int:
+        return self.lifecycle.run
+
+    @property
+    def restarts(self) -> int:
+        return self.lifecycle.restarts
+
+    @property
+    def failures(self) -> int:
+        return self.lifecycle.failures
+
+    @property
+    def last_exit(self) -> LastExit | None:
+        return self.lifecycle.last_exit
+
+    @property
+    def failed_why(self) -> str | None:
+        """Why the instance is `failed`; None in any other state."""
+        return self.lifecycle.failed_why
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        return self.process.pgid if self.process is not None else None
+
+    @property
+    def descendants(self) -> frozenset[int]:
+        """Pids seen in the current process's tree, the API server excluded."""
+        return self.process.descendants() if self.process is not None else frozenset()
+
+    @property
+    def supervised(self) -> bool:
+        """A runner is at work (starting, watching, backing off or stopping)."""
+        return self.control.task is not None
+
+    def backoff_remaining_s(self) -> float | None:
+        return self.lifecycle.backoff_remaining_s()
+
+    def log_path(self, run: int | None = None) -> Path | None:
+        """The log file of run `run` (default: the latest), or None before the first run."""
+        run = self.run if run is None else run
+        return self.logs.path(run) if run > 0 else None
+
+    @property
+    def previous_log_path(self) -> Path | None:
+        """The log of the run before the latest, if it is still kept."""
+        if self.run <= 1:
+            return None
+        path = self.logs.path(self.run - 1)
+        return path if path.exists() else None
+
+    def status_fields(self) -> dict[str, Any]:
+        """The InstanceStatus fields the engine knows (snapshot.empty_instance(**these))."""
+        now = self.lifecycle.clock.monotonic()
+        return {
+            "name": self.name,
+            "state": self.state,
+            "pid": self.pid,
+            "port": self.spec.port,
+            "gpus": tuple(self.spec.gpus),
+            "model": self.spec.model,
+            "restarts": self.restarts,
+            "uptime_s": round(now - self.started_at, 3) if self.started_at is not None else None,
+            "last_exit": self.last_exit,
+            "gpu_memory_utilization": self.spec.gpu_memory_utilization,
+            "state_since_s": round(now - self.state_since, 3),
+            "run": self.run or None,
+            "host": self.spec.host,
+            "backoff_remaining_s": self.backoff_remaining_s(),
+            "failed_why": self.failed_why,
+        }
+
+    def adopt_record(self) -> AdoptRecord | None:
+        """What the state file needs to adopt the running process later; None if none runs."""
+        p = self.process
+        if p is None:
+            return None
+        return AdoptRecord(
+            pid=p.pid,
+            create_time=p.create_time,
+            pgid=p.pgid,
+            port=self.spec.port,
+            run=p.run,
+            restarts=self.restarts,
+            descendants={q: t for q, t in p.tracked.items() if q != p.pid},
+        )
+
+    def __repr__(self) -> str:
+        return f"<Instance {self.name} {self.state} pid={self.pid} run={self.run}>"

@@ -1,0 +1,103 @@
+"""Rules about the `[router]` table: its ports and which instances it can route to.
+
+The router's keys and types are structure checks (`vsup.layout.structure`); these rules need the
+merged instances.
+"""
+
+from __future__ import annotations
+
+from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.rules.context import Context
+from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
+from vsup.layout.schema import is_int
+
+
+def _diag(ctx: Context, message: str, key: str | None, severity: str = ERROR) -> Diagnostic:
+    return Diagnostic(
+        severity,
+        message,
+        file=ctx.layout.file,
+        line=(key and ctx.layout.line("router", key)) or ctx.layout.line("router"),
+        key=key,
+        table="[router]",
+    )
+
+
+def router_ports(ctx: Context) -> list[Diagnostic]:
+    """The router's port and metrics port are its own: no instance, no exporter, not each other."""
+    router = ctx.layout.router
+    if router is None:
+        return []
+    port = router.get("port")
+    if not is_int(port):
+        return []  # missing or mistyped: a structure error says so
+    metrics_port = router.get("metrics_port", port + 1)
+    taken: dict[int, str] = {}
+    for m in ctx.merged:
+        p = m.values.get("port")
+        if is_int(p):
+            taken.setdefault(p, f"instance '{m.label}'")
+        for extra, what, _key in extra_ports(m):
+            taken.setdefault(extra, f"{what} (instance '{m.label}')")
+    listen = ctx.layout.metrics_listen
+    if listen:
+        taken.setdefault(listen[1], "the metrics exporter ([layout] metrics_listen)")
+    out: list[Diagnostic] = []
+    for key, value in (("port", port), ("metrics_port", metrics_port)):
+        if not is_int(value):
+            continue
+        implicit = key == "metrics_port" and "metrics_port" not in router
+        if value in taken:
+            fix = f"set metrics_port to a free port (it defaults to port + 1 = {value})"
+            out.append(
+                _diag(
+                    ctx,
+                    f"the router's {key.replace('_', ' ')} {value} is also used by "
+                    f"{taken[value]}: " + (fix if implicit else "give the router its own port"),
+                    key,
+                )
+            )
+    if is_int(metrics_port) and metrics_port == port:
+        out.append(_diag(ctx, f"metrics_port {port} is the router's port: use another", "port"))
+    return out
+
+
+def router_models(ctx: Context) -> list[Diagnostic]:
+    """vllm-router's regular mode sends any request to any worker: its workers must serve one
+    model. Several models need one router per model (`model` picks the instances)."""
+    router = ctx.layout.router
+    if router is None:
+        return []
+    models = {m.values.get("model") for m in ctx.merged if isinstance(m.values.get("model"), str)}
+    wanted = router.get("model")
+    if isinstance(wanted, str):
+        if models and wanted not in models:
+            shown = ", ".join(f"'{x}'" for x in sorted(models))
+            return [_diag(ctx, f"no instance serves model '{wanted}': use one of {shown}", "model")]
+        return []
+    if len(models) > 1:
+        shown = ", ".join(f"'{x}'" for x in sorted(models))
+        return [
+            _diag(
+                ctx,
+                f"the instances serve {len(models)} models ({shown}) and the router would send "
+                "any request to any of them: set model = one of them",
+                "model",
+            )
+        ]
+    return []
+
+
+def router_not_started_yet(ctx: Context) -> list[Diagnostic]:
+    """Until the engine runs the router (issue 17), say so rather than let a layout imply it."""
+    if ctx.layout.router is None:
+        return []
+    return [
+        _diag(
+            ctx,
+            "this vsup checks [router] but does not start vllm-router yet: run it yourself "
+            "(docs/router.md) or remove the table",
+            None,
+            WARNING,
+        )
+    ]

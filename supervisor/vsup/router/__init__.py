@@ -1,0 +1,18 @@
+"""vllm-router in front of the instances: its spec and command line, a client for its worker
+API and metrics, and the membership logic that keeps its worker set equal to vsup's ready
+instances. No engine, control or UI code: the engine drives it (see docs/router.md)."""
+
+from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
+from vsup.router.membership import MembershipChange, RouterMembership
+from vsup.router.spec import RouterSpec, router_spec
+
+__all__ = [
+    "MembershipChange",
+    "RouterClient",
+    "RouterError",
+    "RouterMembership",
+    "RouterMetrics",
+    "RouterSpec",
+    "parse_router_metrics",
+    "router_spec",
+]

@@ -1,0 +1,77 @@
+"""Which instances the router routes to, from vsup's view of them.
+
+Only a `ready` instance is a worker. Every other state (starting, unhealthy, backoff, stopping,
+stopped, failed, and a drain that the engine marks before it stops one) leaves the set: the
+engine calls `leave` before it touches an instance, so the router sends it no new request while
+its running ones finish, and `reconcile` after each state change. Pure except `reconcile`,
+which talks to the router through a `RouterClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vsup.router.client import RouterClient
+
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """Worker URLs to add and to remove (removals go first)."""
+
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.add or self.remove)
+
+
+class RouterMembership:
+    """The worker set for one router. `workers` maps instance name -> worker URL."""
+
+    def __init__(self, workers: Mapping[str, str]):
+        self.workers = dict(workers)
+        self._leaving: set[str] = set()
+
+    def desired(self, states: Mapping[str, str]) -> list[str]:
+        """URLs of the member instances that are ready and not leaving, in layout order."""
+        return [
+            url
+            for name, url in self.workers.items()
+            if states.get(name) == READY and name not in self._leaving
+        ]
+
+    def plan(self, states: Mapping[str, str], current: Iterable[str]) -> MembershipChange:
+        """What to add and remove so the router's `current` workers match `states`. A URL vsup
+        did not put there (added by hand through the router's API) is removed too: vsup owns
+        this router's worker set."""
+        want = self.desired(states)
+        have = list(dict.fromkeys(current))
+        return MembershipChange(
+            add=tuple(u for u in want if u not in have),
+            remove=tuple(u for u in have if u not in want),
+        )
+
+    def leave(self, name: str) -> str | None:
+        """Mark `name` as leaving (a drain, stop or restart is about to start): it stays out
+        of the set until `rejoin`, whatever its state. Returns its URL, None if not a member."""
+        if name not in self.workers:
+            return None
+        self._leaving.add(name)
+        return self.workers[name]
+
+    def rejoin(self, name: str) -> None:
+        """`name` may be a worker again once it is ready (after its restart, say)."""
+        self._leaving.discard(name)
+
+    async def reconcile(self, client: RouterClient, states: Mapping[str, str]) -> MembershipChange:
+        """Read the router's workers and make them match `states`; returns what it changed.
+        Raises `RouterError` when the router does not answer (the caller retries later)."""
+        change = self.plan(states, await client.list_workers())
+        for url in change.remove:
+            await client.remove_worker(url)
+        for url in change.add:
+            await client.add_worker(url)
+        return change

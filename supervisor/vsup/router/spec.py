@@ -1,0 +1,102 @@
+"""The router a layout asks for: `[router]` resolved against the layout's instances."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vsup.layout.flags import args_to_flags
+from vsup.layout.model import Layout
+from vsup.layout.schema import ROUTER_DEFAULTS
+from vsup.layout.spec import InstanceSpec, RestartPolicy
+
+# vllm-router polls a starting worker list every 30 s by default and binds its port only once
+# they all answer /health: a 30 s stall for nothing. vsup hands it ready workers only.
+STARTUP_CHECK_INTERVAL_S = 1
+# ... and if one of them dies in that instant, the router exits after this long instead of
+# waiting its default 600 s; the restart policy then starts it again with the new list.
+STARTUP_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """One vllm-router process: where it listens and which instances it may route to."""
+
+    port: int
+    metrics_port: int
+    host: str = "0.0.0.0"
+    policy: str = "cache_aware"
+    model: str | None = None
+    command: tuple[str, ...] = ("vllm-router",)
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    # instance name -> the worker URL the router reaches it at, for the instances it routes to
+    workers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def client_host(self) -> str:
+        """Where vsup (and a client on this node) connects: loopback for a wildcard bind."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+
+    @property
+    def base_url(self) -> str:
+        """The one endpoint to give to clients (from this node)."""
+        return f"http://{self.client_host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
+
+    def argv(self, worker_urls: Sequence[str] = ()) -> list[str]:
+        """The router's command line, starting with `worker_urls` (ready workers only: the
+        router binds its port only once every listed worker answers /health). An empty list
+        starts it at once with no worker; `RouterMembership` adds them through its API."""
+        argv = [
+            *self.command,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--policy",
+            self.policy,
+            # vsup reads and re-exports the figures; the router's own port stays on loopback
+            "--prometheus-host",
+            self.client_host,
+            "--prometheus-port",
+            str(self.metrics_port),
+        ]
+        args: dict[str, Any] = {
+            "worker-startup-check-interval": STARTUP_CHECK_INTERVAL_S,
+            "worker-startup-timeout-secs": STARTUP_TIMEOUT_S,
+        }
+        args.update((k.replace("_", "-"), v) for k, v in self.args.items())
+        argv += args_to_flags(args)
+        if worker_urls:
+            argv += ["--worker-urls", *worker_urls]
+        return argv
+
+
+def router_spec(layout: Layout, specs: Sequence[InstanceSpec]) -> RouterSpec | None:
+    """The layout's router, or None when it has no `[router]` table. `specs` are the layout's
+    resolved instances; call it on a layout that validated (the keys are not checked here)."""
+    table = layout.router
+    if table is None:
+        return None
+    values = {**ROUTER_DEFAULTS, **table}
+    model = values.get("model")
+    members = [s for s in specs if model is None or s.model == model]
+    restart = RestartPolicy(**values["restart"]) if "restart" in values else RestartPolicy()
+    return RouterSpec(
+        port=values["port"],
+        metrics_port=values.get("metrics_port", values["port"] + 1),
+        host=values["host"],
+        policy=values["policy"],
+        model=model,
+        command=tuple(values["command"]),
+        args=dict(values.get("args", {})),
+        env={k: str(v) for k, v in values.get("env", {}).items()},
+        restart=restart,
+        workers={s.name: s.base_url for s in members},
+    )

@@ -1,17 +1,24 @@
 """What the benchmarks share: paths, the emulator, loopback ports, a daemon of their own, and
 the key=value last line.
 
-Every process a benchmark starts carries `VSUP_BENCH_TOKEN=<token>` in its environment (children
+Every process a benchmark starts carries `VSUP_BENCH_RUN=<token>` in its environment (children
 inherit it whatever group or session they move to), so `kill_token` finds and ends all of them
 even when a benchmark fails half-way.
+
+A benchmark killed mid-run stops what it started: `install_cleanup` (done by `new_token` and
+`Daemon`) turns SIGTERM and SIGHUP into SystemExit, so the benchmark's `finally` blocks run
+(SIGINT already raises KeyboardInterrupt), and `at_exit` cleanups (daemons still open, then
+every process carrying a token) run when the interpreter exits, whatever ended it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
 import shutil
+import signal
 import socket
 import statistics
 import sys
@@ -29,7 +36,9 @@ if str(ROOT) not in sys.path:
 
 EMULATOR = ROOT / "tests" / "programs" / "vllm_emulator.py"
 PYTHON = sys.executable
-TOKEN_VAR = "VSUP_BENCH_TOKEN"
+# Not *_TOKEN: the layout rules refuse secret-named variables, and this one is written in the
+# benchmark layouts (its value, a hex uuid, does not look like a credential).
+TOKEN_VAR = "VSUP_BENCH_RUN"
 
 
 def free_ports(n: int) -> list[int]:
@@ -68,8 +77,46 @@ def free_port_range(n: int, tries: int = 200) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found")
 
 
+_cleanups: list = []
+_installed = False
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    # Once: a second signal during the cleanup must not cut it short.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def _run_cleanups() -> None:
+    while _cleanups:
+        fn = _cleanups.pop()
+        with contextlib.suppress(Exception):
+            fn()
+
+
+def install_cleanup() -> None:
+    """Make SIGTERM/SIGHUP end this process through its `finally` blocks and `at_exit`."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
+    atexit.register(_run_cleanups)
+
+
+def at_exit(fn) -> None:
+    """Run `fn()` when this process exits (last registered, first run); errors are ignored."""
+    install_cleanup()
+    _cleanups.append(fn)
+
+
 def new_token() -> str:
-    return uuid.uuid4().hex
+    """A fresh process token; every process carrying it is killed when this process exits."""
+    token = uuid.uuid4().hex
+    at_exit(lambda: kill_token(token))
+    return token
 
 
 def token_pids(token: str) -> list[int]:
@@ -150,6 +197,8 @@ class Daemon:
             env=env,
         )
         self.pid = self.proc.pid
+        self._closed = False
+        at_exit(self.close)  # stops its instances even if the benchmark is killed (SIGTERM)
         self.client = Client(home, timeout=120)
         deadline = time.monotonic() + 30
         while self.client.alive(timeout=1.0) is None:
@@ -174,6 +223,10 @@ class Daemon:
             time.sleep(0.2)
 
     def close(self) -> None:
+        """Stop its instances, then it (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.suppress(Exception):
             self.client.shutdown(stop_instances=True)
         try:

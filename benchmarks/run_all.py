@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import parse_last_line  # noqa: E402
+from benchmarks.common import at_exit, parse_last_line  # noqa: E402
 
 TIMEOUT_S = 1200  # one benchmark process, at most
 
@@ -111,18 +111,24 @@ def run_bench(b: Bench, quick: bool) -> None:
     for i in range(runs):
         t0 = time.monotonic()
         print(f"== {b.command(quick)}  (run {i + 1}/{runs})", flush=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", f"benchmarks.{b.name}", *args],
+            cwd=str(ROOT),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Killed mid-run, run_all passes SIGTERM on: the benchmark then cleans up after itself.
+        at_exit(lambda c=child: c.poll() is None and (c.terminate(), c.wait(90)))
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", f"benchmarks.{b.name}", *args],
-                cwd=str(ROOT),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-            )
+            stdout, stderr = child.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            child.terminate()
+            child.communicate(timeout=90)
             b.error = f"timed out after {TIMEOUT_S} s"
             return
+        proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
         out = proc.stdout.strip()
         last = out.splitlines()[-1] if out else ""
         print(f"   {last}  ({time.monotonic() - t0:.0f} s)", flush=True)

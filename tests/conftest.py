@@ -31,8 +31,18 @@ def outside_cwd() -> Path:
     return _OUTSIDE[0]
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    import signal
+
     import vsup
+
+    # A run killed with SIGTERM (CI cancelling, `timeout`) ends like Ctrl-C: pytest then tears
+    # fixtures down, so daemons and instances that tests started are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, _interrupted)
 
     where = Path(vsup.__file__).resolve()
     if "site-packages" not in where.parts:

@@ -4,6 +4,11 @@ Each command lives in its own module under `supervisor/vsup/commands/` with two 
 `register(subparsers)` adds its parser (cheap: no heavy imports at module level) and
 `run(args) -> int` does the work. Exit codes: 0 success, 1 "not all ready" (status) or a
 failed operation, 2 bad input (usage, invalid layout).
+
+Every error reaches the terminal as one line, never a traceback: vsup's own errors (a bad
+VSUP_HOME, a refusal of the daemon, an unsafe file) as their message, anything unexpected as
+`vsup: internal error: ...` with the traceback written to a file it names (`VSUP_DEBUG=1`
+lets it through instead, for a developer).
 """
 
 from __future__ import annotations
@@ -39,27 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vsup {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # a command not written yet
-            raise
-        module.register(sub)
+        # A module that fails to import is a broken install or rename: it must show, not
+        # quietly remove its command.
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if not argv or argv[0] in ("--readonly",):
-        # bare `vsup` attaches the dashboard
-        argv = ["tui", *argv]
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()
+        if not argv or argv[0] in ("--readonly",):
+            # bare `vsup` attaches the dashboard
+            argv = ["tui", *argv]
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
@@ -69,3 +70,60 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:
+        return report_error(exc)
+
+
+def report_error(exc: BaseException) -> int:
+    """One line on stderr for an error no command handled; its exit status."""
+    import os
+
+    from vsup.control.errors import ControlError, DaemonUnavailable
+    from vsup.fsutil import UnsafeTarget
+    from vsup.paths import HomeError
+
+    if isinstance(exc, (HomeError, UnsafeTarget, ControlError, DaemonUnavailable)):
+        print(f"vsup: {one_line(str(exc))}", file=sys.stderr)
+        return 1 if isinstance(exc, DaemonUnavailable) else 2
+    if os.environ.get("VSUP_DEBUG"):
+        raise exc
+    where = _write_traceback(exc)
+    hint = f" (traceback in {where})" if where else ""
+    print(
+        f"vsup: internal error: {type(exc).__name__}: {one_line(str(exc))}{hint}", file=sys.stderr
+    )
+    return 1
+
+
+def one_line(text: str) -> str:
+    """`text` on one line (a message that spans lines is joined with ' | ')."""
+    return " | ".join(part.strip() for part in text.splitlines() if part.strip()) or "(no message)"
+
+
+def _write_traceback(exc: BaseException) -> str | None:
+    """Append the traceback to a file a person can send with a report; its path, or None."""
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        from vsup import paths
+
+        path = paths.vsup_home() / "cli-errors.log"
+    except Exception:
+        path = None
+    for candidate in (path, None):
+        try:
+            if candidate is None:
+                fd, name = tempfile.mkstemp(prefix="vsup-error-", suffix=".log")
+                with open(fd, "w") as fh:
+                    fh.write(f"{stamp} {sys.argv!r}\n{text}")
+                return name
+            with open(candidate, "a") as fh:
+                fh.write(f"{stamp} {sys.argv!r}\n{text}")
+            return str(candidate)
+        except OSError:
+            continue
+    return None

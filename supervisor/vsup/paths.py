@@ -1,22 +1,75 @@
-"""Where vsup keeps its state: VSUP_HOME, else an XDG state directory."""
+"""Where vsup keeps its state: VSUP_HOME, else an XDG state directory.
+
+vsup never changes the mode of a directory it did not create. The home it uses is:
+- the directory named, when it is missing (vsup creates it, 0700) or when it is already this
+  user's and nobody else can write to it (used as it is);
+- `vsup-<uid>` inside it when the directory named is shared: owned by someone else, or
+  writable by the group or by everyone (`VSUP_HOME=/tmp` uses `/tmp/vsup-<uid>`, 0700). That
+  private directory must be a real directory of this user that no one else can write to;
+  anything else there is refused (HomeError), never taken over.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
+class HomeError(OSError):
+    """VSUP_HOME cannot be used safely; the message says what to change."""
+
+
 def vsup_home() -> Path:
-    """The directory for the socket, state file, journal and logs (created 0700)."""
+    """The directory for the socket, state file, journal and logs (see the module's rules)."""
     env = os.environ.get("VSUP_HOME")
     if env:
         home = Path(env).expanduser()
     else:
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         home = Path(state) / "vsup"
-    home = home.absolute()
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return home
+    return private_home(home.absolute())
+
+
+def private_home(home: Path) -> Path:
+    """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring)."""
+    uid = os.getuid()
+    try:
+        st = os.stat(home)
+    except FileNotFoundError:
+        _make_private(home)
+        return home
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeError(f"VSUP_HOME {home} is not a directory; point VSUP_HOME at a directory")
+    if st.st_uid == uid and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return home
+    inner = home / f"vsup-{uid}"
+    try:
+        ist = os.lstat(inner)
+    except FileNotFoundError:
+        _make_private(inner)
+        return inner
+    if not stat.S_ISDIR(ist.st_mode) or ist.st_uid != uid:
+        raise HomeError(
+            f"{home} is shared, so vsup uses {inner}, but that is not a directory of user {uid} "
+            f"(a symlink, a file or someone else's); remove it or set VSUP_HOME elsewhere"
+        )
+    if ist.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise HomeError(
+            f"{inner} is writable by other users; `chmod 700 {inner}` or set VSUP_HOME elsewhere"
+        )
+    return inner
+
+
+def _make_private(path: Path) -> None:
+    """Create `path` (and missing parents, with the default mode) as a 0700 directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return  # another vsup made it just now; its checks apply next time
+    # mkdir's mode goes through the umask; this directory is vsup's own, so 0700 exactly.
+    os.chmod(path, 0o700)
 
 
 def socket_path(home: Path | None = None) -> Path:

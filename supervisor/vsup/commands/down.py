@@ -1,4 +1,7 @@
-"""`vsup down`: stop every instance, then the daemon; no process is left."""
+"""`vsup down [--yes]`: stop every instance, then the daemon; no process is left.
+
+On a terminal it says what it will stop and asks first (`--yes` skips the question); without
+one (scripts, CI) it goes ahead, saying what it does."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "grace period), then the daemon. Instances a killed daemon left running are re-adopted "
         "first, so they are stopped too.",
     )
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
     p.add_argument(
         "--timeout",
         type=float,
@@ -29,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     from vsup import paths
     from vsup.control.client import Client
     from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
-    from vsup.control.daemon import daemon_lock_holder, recorded_live_instances
     from vsup.control.errors import DaemonUnavailable
+    from vsup.control.liveness import recorded_live_instances
+    from vsup.control.lock import daemon_lock_holder
     from vsup.control.progress import Progress, fmt_duration
 
     def body(args: argparse.Namespace) -> int:
@@ -44,6 +49,20 @@ def run(args: argparse.Namespace) -> int:
         # A daemon that is not answering but holds the lock is still starting: connect waits.
         with client_for_cli() as client:
             daemon_pid = client.ping()["pid"]
+            doc = client.status()
+            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != "stopped"]
+            what = (
+                f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
+                if live
+                else "no instance is running; "
+            ) + f"the vsup daemon (pid {daemon_pid}) of {home}"
+            if not args.yes and sys.stdin.isatty():
+                print(f"vsup down stops {what}.", file=sys.stderr)
+                if not confirm("Stop them? [y/N] "):
+                    print("vsup down: nothing was stopped", file=sys.stderr)
+                    return 1
+            else:
+                print(f"stopping {what}", flush=True)
             answer = client.shutdown(stop_instances=True)
             stopping = answer.get("stopping", [])
             progress = Progress()
@@ -88,6 +107,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     return run_command(body, args)
+
+
+def confirm(prompt: str) -> bool:
+    """Ask on the terminal; True only for an explicit yes (end of input is a no)."""
+    print(prompt, end="", file=sys.stderr, flush=True)
+    try:
+        reply = sys.stdin.readline()
+    except (OSError, KeyboardInterrupt):
+        return False
+    return reply.strip().lower() in ("y", "yes")
 
 
 def _wait_gone(pid: int, deadline: float) -> None:

@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vsup.control.client import Client
 
-PAST = {
-    "start": "started",
-    "stop": "stopped",
-    "restart": "restarted",
-    "drain": "drained and stopped",
-}
+# What start and restart can truthfully say without --wait: the daemon only began them.
+ASKED = {"start": "start requested", "restart": "restart requested"}
+# stop and drain answer once nothing of the instance runs: their outcome is known.
+PAST = {"stop": "stopped", "drain": "drained and stopped"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.control.client import check_name
     from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
@@ -54,11 +53,18 @@ def run(args: argparse.Namespace) -> int:
             raise CommandFailed(f"vsup {args.action}: name one or more instances, or --all", 2)
         if args.names and args.all:
             raise CommandFailed(f"vsup {args.action}: give names or --all, not both", 2)
+        for name in args.names:
+            check_name(name)  # before a daemon is started or asked
         with client_for_cli() as client:
             progress_note(args)
             answer = client.action(args.action, args.names, all=args.all)
+            waiting = getattr(args, "wait", False)
             for name in answer.get("done", ()):
-                print(f"{name}: {PAST[args.action]}")
+                if args.action in ASKED and not waiting:
+                    # The daemon took the request; the outcome (ready or failed) comes later.
+                    print(f"{name}: {ASKED[args.action]} (not waited for; --wait waits for ready)")
+                elif args.action in PAST:
+                    print(f"{name}: {PAST[args.action]}")
             errors = answer.get("errors", ())
             for err in errors:
                 text = err.get("error", err) if isinstance(err, dict) else err

@@ -1,4 +1,6 @@
-"""`vsup save FILE`: write the running layout as TOML (atomically; never an invalid one)."""
+"""`vsup save FILE [--parents]`: write the running layout as TOML (atomically; never an invalid
+one; only a regular file: FIFOs, devices and directories are refused, a symlink's target is
+replaced and the link kept; a missing directory is created only with --parents)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "save",
         help="write the running layout as TOML",
         description="Write the layout the daemon runs to FILE (temp file + rename). A layout "
-        "that does not validate is never written.",
+        "that does not validate is never written. FILE must be a regular file or a new name "
+        "(FIFOs, devices and directories are refused); when FILE is a symlink, its target is "
+        "replaced and the link stays.",
     )
     p.add_argument("file", metavar="FILE", help="where to write the layout")
+    p.add_argument(
+        "--parents", action="store_true", help="create FILE's missing parent directories"
+    )
     p.set_defaults(func=run)
 
 
@@ -24,12 +31,14 @@ def run(args: argparse.Namespace) -> int:
     def body(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
             try:
-                answer = client.save(args.file)
+                answer = client.save(args.file, parents=args.parents)
             except ControlError as exc:
                 print(f"vsup save: {exc.message}", file=sys.stderr)
                 print_diagnostics(exc.body.get("errors", []))
-                return 2 if exc.status == 422 else 1
-        print(f"saved the running layout to {answer['path']}")
+                return 2 if exc.status in (400, 422) else 1
+        written = answer.get("written") or answer["path"]
+        via = f" (through the symlink {answer['path']})" if written != answer["path"] else ""
+        print(f"saved the running layout to {written}{via}")
         return 0
 
     return run_command(body, args)

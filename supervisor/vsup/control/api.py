@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ ACTIONS = ("start", "stop", "restart", "drain")
 MAX_LOG_CHUNK = 1024 * 1024  # bytes of log text in one answer
 DEFAULT_TAIL = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024  # a layout TOML is a few KB
+MAX_DEPTH = 32  # request bodies nest two levels; JSON's parser recurses per level
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class ControlService(Protocol):
 
     def events(self, since: int, limit: int) -> dict[str, Any]: ...
 
-    async def save(self, path: str) -> dict[str, Any]: ...
+    async def save(self, path: str, parents: bool = False) -> dict[str, Any]: ...
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]: ...
 
@@ -155,10 +157,10 @@ def build_app(service: ControlService) -> Starlette:
         return JSONResponse(service.events(since, limit))
 
     async def save(request: Request) -> JSONResponse:
-        body = await _body(request, required={"path": str})
+        body = await _body(request, required={"path": str}, optional={"parents": bool})
         if not os.path.isabs(body["path"]):
             raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
-        return JSONResponse(await service.save(body["path"]))
+        return JSONResponse(await service.save(body["path"], body.get("parents", False)))
 
     async def shutdown(request: Request) -> JSONResponse:
         body = await _body(request, optional={"stop_instances": bool})
@@ -218,15 +220,16 @@ async def _body(
     """The JSON object body, with key presence and types checked."""
     required = required or {}
     optional = optional or {}
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ControlError(f"request body over {MAX_BODY} bytes", status=413)
+    raw = await read_body(request)
     if not raw.strip():
         data: Any = {}
     else:
+        depth = json_depth(raw)
+        if depth > MAX_DEPTH:
+            raise BadRequest(f"the body nests {depth} levels deep; at most {MAX_DEPTH} are allowed")
         try:
             data = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BadRequest(f"the body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
@@ -242,6 +245,43 @@ async def _body(
             want = _type_names(types)
             raise BadRequest(f"{key!r} must be {want} (got {type(value).__name__})")
     return data
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) as soon as it passes MAX_BODY: a declared length over it
+    is refused before reading, and a streamed one stops being read at the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise ControlError(f"request body over {MAX_BODY} bytes (declared {declared})", status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ControlError(f"request body over {MAX_BODY} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply a JSON text nests (strings skipped), without parsing it: the parser recurses,
+    and a body 100,000 levels deep must get a 400, not a RecursionError."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    depth = deepest = 0
+    for b in brackets:
+        if b in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    return deepest
+        else:
+            depth -= 1
+    return deepest
 
 
 def _type_names(types: Any) -> str:

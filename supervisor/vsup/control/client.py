@@ -15,16 +15,20 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from vsup import paths
 from vsup.control.errors import ControlError, DaemonUnavailable
+from vsup.control.lock import live_daemon_holder
 
 # Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
 ACTION_TIMEOUT_S = 3600.0
 DEFAULT_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 30.0
+# A live daemon whose socket file is missing binds it again within its check period (2 s).
+REBIND_WAIT_S = 8.0
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
 
@@ -36,6 +40,28 @@ def check_socket_path(sock: Path) -> None:
             f"the control socket path {sock} is {n} bytes, over the {MAX_SOCKET_PATH}-byte limit "
             "of unix sockets; set VSUP_HOME to a shorter directory"
         )
+
+
+class BadName(ControlError):
+    """An instance name that no layout can hold, refused before any request is made."""
+
+
+def check_name(name: str) -> str:
+    """`name` if it can be an instance name (the layout's rule); else BadName, on one line."""
+    from vsup.layout.schema import NAME_RE  # here: the layout package is heavy for every CLI call
+
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise BadName(
+            f"{name!r} is not an instance name: names are 1-64 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit (`vsup status` lists them)",
+            status=400,
+        )
+    return name
+
+
+def _instance_path(name: str, what: str) -> str:
+    """The route of one instance's resource, its name checked and URL-encoded."""
+    return f"/v1/instances/{quote(check_name(name), safe='')}/{what}"
 
 
 def _raise_for(resp: httpx.Response) -> Any:
@@ -123,21 +149,22 @@ class Client:
     def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body["wait"] = wait
         return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
         return self._call(
-            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
         )
 
     def config(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/instances/{name}/config")
+        return self._call("GET", _instance_path(name, "config"))
 
     def history(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/instances/{name}/history")
+        return self._call("GET", _instance_path(name, "history"))
 
     def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}
@@ -145,8 +172,9 @@ class Client:
             params["limit"] = limit
         return self._call("GET", "/v1/events", params=params)
 
-    def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        return self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+    def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+        body = {"path": os.path.abspath(path), "parents": parents}
+        return self._call("POST", "/v1/save", json=body)
 
     def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
         return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
@@ -203,21 +231,22 @@ class AsyncClient:
     async def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": list(names or []), "all": all, "wait": wait}
+        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body["wait"] = wait
         return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     async def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
         return await self._call(
-            "GET", f"/v1/instances/{name}/logs", params=_logs_params(previous, offset, tail)
+            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
         )
 
     async def config(self, name: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/instances/{name}/config")
+        return await self._call("GET", _instance_path(name, "config"))
 
     async def history(self, name: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/instances/{name}/history")
+        return await self._call("GET", _instance_path(name, "history"))
 
     async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}
@@ -225,8 +254,9 @@ class AsyncClient:
             params["limit"] = limit
         return await self._call("GET", "/v1/events", params=params)
 
-    async def save(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        return await self._call("POST", "/v1/save", json={"path": os.path.abspath(path)})
+    async def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+        body = {"path": os.path.abspath(path), "parents": parents}
+        return await self._call("POST", "/v1/save", json=body)
 
     async def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
         return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
@@ -269,8 +299,10 @@ def connect(
     """A client for the running daemon, starting one if `start` and none answers.
 
     Waits at most `timeout` seconds for a new daemon's socket to answer; `on_wait(elapsed)` is
-    called while waiting (progress on a terminal). Raises DaemonUnavailable with the end of
-    daemon.log when no daemon comes up.
+    called while waiting (progress on a terminal). A live daemon that holds the lock but does
+    not answer is not doubled: while its socket file is missing (it re-binds one within
+    seconds) the wait is REBIND_WAIT_S, and while it starts up, `timeout`. Raises
+    DaemonUnavailable with what to do (or the end of daemon.log) when no daemon comes up.
     """
     client = Client(home)
     if client.alive() is not None:
@@ -278,27 +310,45 @@ def connect(
     if not start:
         client.close()
         raise DaemonUnavailable(f"no vsup daemon is running for {client.home}")
-    proc = spawn_daemon(client.home)
+    holder = live_daemon_holder(client.home)
+    proc = spawn_daemon(client.home) if holder is None else None
     t0 = time.monotonic()
     delay = 0.02
     while True:
         if client.alive(timeout=1.0) is not None:
             return client
         elapsed = time.monotonic() - t0
-        code = proc.poll()
-        if elapsed > timeout:
-            client.close()
-            raise DaemonUnavailable(
-                f"the vsup daemon did not answer within {timeout:.0f} s"
-                + (f" (it exited with status {code})" if code is not None else "")
-                + _log_tail(client.home)
-            )
-        if code is not None and code != 0 and client.alive() is None:
-            # 0 is a daemon that lost the lock race to another; anything else is a failure.
-            client.close()
-            raise DaemonUnavailable(
-                f"the vsup daemon exited with status {code} while starting" + _log_tail(client.home)
-            )
+        if proc is None:
+            # Waiting on a daemon that is already there: it answers, re-binds or exits.
+            holder = live_daemon_holder(client.home)
+            if holder is None:
+                proc = spawn_daemon(client.home)  # it exited meanwhile: start a new one
+                t0 = time.monotonic()
+                continue
+            limit = timeout if client.socket.exists() else REBIND_WAIT_S
+            if elapsed > limit:
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon (pid {holder}) serves {client.home} but does not answer on "
+                    f"{client.socket}; see {client.home / 'daemon.log'}, or `kill -TERM {holder}`"
+                    " (its instances keep running) and run the command again"
+                )
+        else:
+            code = proc.poll()
+            if elapsed > timeout:
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon did not answer within {timeout:.0f} s"
+                    + (f" (it exited with status {code})" if code is not None else "")
+                    + _log_tail(client.home)
+                )
+            if code is not None and code != 0 and client.alive() is None:
+                # 0 is a daemon that lost the lock race to another; anything else is a failure.
+                client.close()
+                raise DaemonUnavailable(
+                    f"the vsup daemon exited with status {code} while starting"
+                    + _log_tail(client.home)
+                )
         if on_wait is not None:
             on_wait(elapsed)
         # A spawned daemon that lost the lock race exits 0 at once; the winner answers soon.

@@ -1,5 +1,9 @@
 """The vsup daemon: one per VSUP_HOME, owner of every instance process.
 
+This module is the daemon's life: start, the engine's events, the state file, polling and
+snapshots, the socket watch, signals. Its parts: the lock (lock.py), liveness checks for
+clients (liveness.py), restore and adoption (restore.py), the API methods (service.py).
+
 It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
 watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
 advice and history, keeps the state file and journal, and serves the control API on
@@ -16,19 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 import socket
 import sys
-import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from vsup import __version__, paths
 from vsup.clock import Clock, SystemClock
@@ -39,26 +39,26 @@ from vsup.control.advice import (
     compute_advice,
     problem,
 )
-from vsup.control.alerts import AlertConfig, Alerts
-from vsup.control.api import LogFile, build_app
-from vsup.control.errors import Conflict, ControlError, UnknownInstances
-from vsup.control.export import MetricsListener, parse_listen
-from vsup.control.journal import Journal, replay
+from vsup.control.alerts import Alerts
+from vsup.control.api import build_app
+from vsup.control.export import MetricsListener
+from vsup.control.journal import Journal
+from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.restore import Restore
 from vsup.control.server import ServedApp, bind_unix_socket
+from vsup.control.service import ControlMethods
+from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
+from vsup.control.service import parse_layout as parse_layout
 from vsup.control.state import (
     DaemonState,
     InstanceRecord,
     StateFile,
-    spec_from_dict,
     spec_to_dict,
 )
-from vsup.engine import AdoptRecord, Engine
-from vsup.layout.secrets import SECRET_NAME as SECRET_KEY
-from vsup.layout.spec import InstanceSpec
+from vsup.engine import Engine
 from vsup.snapshot import (
     Advice,
-    LastExit,
     NodeInfo,
     StatusSnapshot,
     SupervisorInfo,
@@ -67,17 +67,10 @@ from vsup.snapshot import (
 
 log = logging.getLogger("vsup.daemon")
 
-LOCK_NAME = "daemon.lock"
-# A client probing the lock holds it for microseconds; a starting daemon retries this long
-# before concluding that another daemon owns VSUP_HOME.
-LOCK_RETRY_S = 2.0
-# psutil's create_time is boot time + start ticks, and the boot time moves when the clock is
-# stepped; the engine's adoption check allows 1 s too. A reused pid started later than that.
-CREATE_TIME_TOLERANCE_S = 1.0
-# Exits that will recur whatever is restarted: a vanished instance with one is not restarted.
-FAIL_FAST = ("bad_args", "model_not_found", "port_in_use")
-# How long a restarted daemon waits for adopted instances' first health check before serving.
-ADOPT_SETTLE_S = 5.0
+# How often the daemon checks that its socket file is still the one it bound.
+SOCKET_CHECK_S = 2.0
+# A state file write the disk refused is retried this often.
+STATE_RETRY_S = 1.0
 # Engine events also written to daemon.log (all of them are in the journal), with these keys.
 LOGGED_EVENTS = {
     "spawn": ("run", "pid"),
@@ -91,112 +84,12 @@ LOGGED_EVENTS = {
 }
 
 
-# --------------------------------------------------------------------------- lock and process
-
-
-def acquire_lock(home: Path, retry_s: float = LOCK_RETRY_S) -> int | None:
-    """Take the daemon lock; the fd (keep it open) or None when another daemon holds it."""
-    path = home / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + retry_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline or _is_daemon(_read_pid(fd)):
-                os.close(fd)
-                return None
-            time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _is_daemon(pid: int | None) -> bool:
-    """Whether `pid` is a live vsup daemon (the lock's holder, not a client probing it)."""
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        cmd = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return is_daemon_cmdline(cmd)
-
-
-# `-m supervisor daemon` is what vsup before 0.2 ran (its import package was `supervisor`): a
-# node upgraded while that daemon runs keeps it as the lock holder until it stops, and the new
-# client must see it as the daemon it talks to, not as a stranger holding the lock.
-DAEMON_MODULES = ("vsup", "supervisor")
-
-
-def is_daemon_cmdline(cmd: list[str]) -> bool:
-    """Whether a command line is a vsup daemon's: `PYTHON -m vsup daemon` (or the pre-0.2
-    `-m supervisor daemon`), or the console script's `vsup daemon`."""
-    if len(cmd) >= 3 and cmd[-3] == "-m" and cmd[-2] in DAEMON_MODULES and cmd[-1] == "daemon":
-        return True
-    return len(cmd) >= 2 and cmd[-1] == "daemon" and os.path.basename(cmd[-2]) == "vsup"
-
-
-def daemon_lock_holder(home: Path) -> int | None:
-    """The pid of the daemon holding `home`'s lock, or None when no daemon holds it."""
-    path = home / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            # Shared and non-blocking: a starting daemon that meets it retries (LOCK_RETRY_S).
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_pid(fd)
-            return pid if pid is not None else -1  # -1: held, no pid written yet
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def process_matches(pid: int | None, create_time: float | None) -> bool:
-    """Whether `pid` is alive and is the very process that started at `create_time`."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if create_time is None:
-            return True
-        return abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def recorded_live_instances(home: Path) -> list[str]:
-    """Instances the state file says are running and whose process is alive."""
-    result = StateFile(paths.state_path(home)).load_quietly()
-    if result is None:
-        return []
-    return [
-        name
-        for name, rec in result.instances.items()
-        if rec.pid and process_matches(rec.pid, rec.create_time)
-    ]
-
-
 # --------------------------------------------------------------------------- the daemon
 
 
-class Daemon:
-    """The daemon's state and the `ControlService` the API calls."""
+class Daemon(Restore, ControlMethods):
+    """The daemon's state and the `ControlService` the API calls (its restore and its API
+    methods live in restore.py and service.py)."""
 
     def __init__(
         self,
@@ -220,6 +113,7 @@ class Daemon:
         self.layout_name: str | None = None
         self.metrics_listen: str | None = None
         self.problems: list[Advice] = []
+        self.state_write_error: str | None = None
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
@@ -230,6 +124,8 @@ class Daemon:
         self._shutting_down = False
         self._state_dirty = asyncio.Event()
         self._apply_lock = asyncio.Lock()
+        self._api: ServedApp | None = None
+        self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
         self.alerts = Alerts(self.clock, self.node.hostname)
@@ -289,15 +185,18 @@ class Daemon:
         )
         await self.restore()
         await self.alerts.start()
-        api = ServedApp(build_app(self), sock, name="control API")
-        await api.start()
+        self._api = ServedApp(build_app(self), sock, name="control API")
+        self._socket_id = _file_id(paths.socket_path(self.home))
+        await self._api.start()
         log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
         poller = self._spawn(self._poll_loop(), "poll")
         writer = self._spawn(self._state_writer(), "state writer")
+        watcher = self._spawn(self._socket_watch(), "socket watch")
         try:
             await self._stopping.wait()
         finally:
-            await api.stop()
+            watcher.cancel()
+            await self._api.stop()
             await self.metrics.stop()
             await self.alerts.aclose()
             poller.cancel()
@@ -314,8 +213,40 @@ class Daemon:
             left = [n for n, i in self.engine.instances.items() if i.pid]
             self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
             self.journal.close()
-            with contextlib.suppress(OSError):
-                paths.socket_path(self.home).unlink()
+            sock_path = paths.socket_path(self.home)
+            if _file_id(sock_path) == self._socket_id:  # ours, not a successor's
+                with contextlib.suppress(OSError):
+                    sock_path.unlink()
+
+    async def _socket_watch(self) -> None:
+        """Bind the control socket again when its file is gone or replaced (`rm vsup.sock`, a
+        cleaner of /tmp): a live daemon nobody can reach is worse than none. Checked every
+        SOCKET_CHECK_S by comparing the file's inode with the one bound."""
+        path = paths.socket_path(self.home)
+        while True:
+            await asyncio.sleep(SOCKET_CHECK_S)
+            now = _file_id(path)
+            if now == self._socket_id or self._stopping.is_set():
+                continue
+            what = "gone" if now is None else "replaced"
+            try:
+                sock = bind_unix_socket(path)
+            except OSError as exc:
+                self._report_problem(
+                    "control_socket",
+                    f"the control socket {path} is {what} and cannot be bound again ({exc}); "
+                    f"remove what is in its place (clients cannot reach this daemon meanwhile)",
+                )
+                continue
+            api = ServedApp(build_app(self), sock, name="control API")
+            await api.start()
+            old, self._api = self._api, api
+            self._socket_id = _file_id(path)
+            self.problems = [p for p in self.problems if p.kind != "control_socket"]
+            log.warning("the control socket %s was %s; bound it again", path, what)
+            self.journal.append("socket_rebound", None, path=str(path), was=what)
+            # Answers in flight on the old socket finish; then it closes.
+            self._spawn(old.stop(), "old control API")
 
     def request_stop(self, why: str = "request") -> None:
         """Stop the daemon, leaving instances running (SIGTERM, SIGINT)."""
@@ -332,127 +263,6 @@ class Daemon:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
-
-    # ----------------------------------------------------------------- restore and adoption
-
-    async def restore(self) -> None:
-        """Bring back what the last daemon left: the layout, live instances (adopted), and
-        instances that vanished meanwhile (their exit goes through the restart policy)."""
-        result = self.state_file.load()
-        if result.problem:
-            self._report_problem("state_file", result.problem)
-        state = result.state or DaemonState()
-        self._replay_journal(state)
-        self.layout_path = state.layout_path
-        self.layout_toml = state.layout_toml
-        self.layout_name = state.layout_name
-        if state.layout_toml:
-            self.metrics_listen = _metrics_listen(state.layout_toml)
-            self.alerts.configure(_alert_config(state.layout_toml))
-        vanished: list[str] = []
-        for name, rec in state.instances.items():
-            try:
-                spec = spec_from_dict(rec.spec)
-            except ValueError as exc:
-                self._report_problem("state_file", f"instance {name}: {exc}")
-                continue
-            if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
-                record = AdoptRecord(
-                    pid=rec.pid,
-                    create_time=rec.create_time,
-                    pgid=rec.pgid,
-                    port=rec.port or spec.port,
-                    run=rec.run,
-                    restarts=rec.restarts,
-                    descendants={int(p): t for p, t in rec.descendants.items()},
-                )
-                inst = self.engine.adopt(spec, record)
-                if inst is not None:
-                    log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
-                    continue
-                # It died while no daemon watched: an exit like any other.
-                gone = self.engine.instances[name]
-                reason = gone.last_exit.reason if gone.last_exit else "unknown"
-                self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
-                log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
-                vanished.append(name)
-                if spec.restart.policy != "never" and reason not in FAIL_FAST:
-                    await self.engine.start(name, automatic=True)
-                continue
-            self._register_idle(spec, rec)
-        await self._settle_adopted()
-        self._alert_restart(vanished)
-        if self.metrics_listen:
-            await self._start_metrics()
-        self._state_dirty.set()
-
-    def _alert_restart(self, vanished: list[str]) -> None:
-        """`daemon_restarted`: this daemon took over instances a previous one left."""
-        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
-        if not adopted and not vanished:
-            return
-        parts = []
-        if adopted:
-            parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
-        if vanished:
-            parts.append(f"{len(vanished)} had exited meanwhile ({', '.join(vanished)})")
-        self.alerts.notify(
-            "daemon_restarted",
-            f"vsup daemon restarted on {self.node.hostname} (pid {os.getpid()}): "
-            + "; ".join(parts)
-            + ". See daemon.log in VSUP_HOME for why the previous one ended.",
-        )
-
-    async def _settle_adopted(self) -> None:
-        """Give adopted instances one health check before the API answers, so that the first
-        status after a daemon restart says `ready` for servers that are (bounded wait)."""
-        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
-        if not adopted:
-            return
-        settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(self.engine.wait(n, settled) for n in adopted)),
-                ADOPT_SETTLE_S,
-            )
-
-    def _replay_journal(self, state: DaemonState) -> None:
-        """Bring `state` up to date with journal events written after it (a daemon killed
-        between an event and the next state write, or a state file restored from its backup)."""
-        after = state.journal_seq - 1 if state.journal_seq else 0
-        if state.written_at is None and state.instances:
-            after = 0
-        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
-            rec = state.instances.get(name)
-            if rec is None:
-                if rep.spec is None:
-                    continue
-                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
-            if rep.spec is not None:
-                rec.spec = rep.spec
-            if rep.running and rep.pid:
-                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
-                rec.port = rep.port or rec.port
-                rec.run = max(rec.run, rep.run)
-                rec.descendants = {}
-                rec.state = "starting"
-            elif not rep.running and rep.last_exit is not None:
-                rec.pid = rec.pgid = rec.create_time = None
-                rec.last_exit = rep.last_exit
-                rec.state = "stopped"
-            rec.restarts = max(rec.restarts, rep.restarts)
-
-    def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
-        """An instance with no process (stopped or failed): known again, not started, with
-        its run number, restarts and last exit as they were."""
-        self.engine.restore(
-            spec,
-            state="failed" if rec.state == "failed" else "stopped",
-            run=rec.run,
-            restarts=rec.restarts,
-            last_exit=_last_exit(rec.last_exit),
-            failed_why=rec.failed_why,
-        )
 
     def _report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
@@ -492,11 +302,41 @@ class Daemon:
             journal_seq=self.journal.next_seq,
         )
 
-    def _write_state(self, doc: DaemonState | None = None) -> None:
+    def _write_state(self, doc: DaemonState | None = None) -> bool:
+        """Write the state file; False (and `state_write_error` set) when the disk refused."""
         try:
             self.state_file.save(doc or self.state_document())
         except OSError as exc:
-            log.error("cannot write %s: %s", self.state_file.path, exc)
+            why = f"cannot write {self.state_file.path}: {exc.strerror or exc}"
+            if why != self.state_write_error:
+                log.error("%s", why)
+            self.state_write_error = why
+            return False
+        self.state_write_error = None
+        return True
+
+    def _check_writes(self) -> None:
+        """Retry the journal's pending events; keep the write alerts in step with the disk.
+
+        Supervision never waits on these writes: a failure is an alert (advice in status and
+        the dashboard) and a retry, each poll, until the disk takes them again."""
+        self.journal.flush_pending()
+        for kind, error, what in (
+            ("journal_write", self.journal.write_error, "events are kept in memory"),
+            ("state_write", self.state_write_error, "the last good state file stays"),
+        ):
+            if error is None:
+                if any(p.kind == kind for p in self.problems):
+                    log.info("%s works again", kind.replace("_", " "))
+                    self.problems = [p for p in self.problems if p.kind != kind]
+                continue
+            message = (
+                f"{error}; {what} and the write is retried each second - free space in "
+                f"{self.home} (instances are supervised meanwhile)"
+            )
+            if not any(p.kind == kind and p.message == message for p in self.problems):
+                self.problems = [p for p in self.problems if p.kind != kind]
+                self.problems.append(problem(kind, message, severity="error"))
 
     async def flush_state(self) -> None:
         """Write the state file now (it is otherwise written shortly after each change)."""
@@ -504,12 +344,16 @@ class Daemon:
         await asyncio.to_thread(self._write_state, doc)
 
     async def _state_writer(self) -> None:
-        """Write the state file whenever something changed, at most 10 times a second."""
+        """Write the state file whenever something changed, at most 10 times a second; a
+        write the disk refused is retried each second until it goes through."""
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
             doc = self.state_document()  # read on the loop; written in a thread
-            await asyncio.to_thread(self._write_state, doc)
+            if not await asyncio.to_thread(self._write_state, doc):
+                self._check_writes()
+                await asyncio.sleep(STATE_RETRY_S)
+                self._state_dirty.set()
             await asyncio.sleep(0.1)
 
     # ----------------------------------------------------------------- polling
@@ -550,6 +394,7 @@ class Daemon:
 
     async def poll_once(self) -> StatusSnapshot:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
+        self._check_writes()
         await self.monitor.poll(self._targets())
         self.poll_count += 1
         snap = self.build_snapshot()
@@ -605,273 +450,17 @@ class Daemon:
         self._snapshot = snap
         return snap
 
-    # ----------------------------------------------------------------- ControlService
-
-    def instance_names(self) -> list[str]:
-        return list(self.engine.instances)
-
-    def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "version": __version__, "home": str(self.home)}
-
-    def status(self) -> dict[str, Any]:
-        doc = self.build_snapshot().to_json()
-        # the latest rolling apply (engine/rollout.py); additive to schema 1
-        rollout = self.engine.rollout
-        doc["rollout"] = rollout.to_json() if rollout is not None else None
-        return doc
-
-    def layout(self) -> dict[str, Any]:
-        return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}
-
-    async def apply(
-        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
-    ) -> dict[str, Any]:
-        if self._shutting_down:
-            raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
-        layout_obj, specs, diags = await asyncio.to_thread(
-            parse_layout, toml, path, self.node.gpu_count
-        )
-        errors = [d.to_json() for d in diags if d.is_error]
-        warnings = [d.to_json() for d in diags if not d.is_error]
-        if errors:
-            return _refused(errors, warnings)
-        plan = self.engine.diff(specs, rolling=not all_at_once).to_json()
-        if dry_run:
-            return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-        self.layout_toml, self.layout_path = toml, path
-        self.layout_name = layout_obj.name
-        self.journal.append(
-            "action", None, action="apply", layout=self.layout_name, path=path, plan=plan
-        )
-        self._state_dirty.set()
-        self.alerts.configure(_alert_config(toml))
-        self.metrics_listen = _metrics_listen(toml)
-        if self.metrics_listen:
-            if not await self._start_metrics():
-                warnings.append(
-                    {
-                        "severity": "warning",
-                        "message": self.problems[-1].message,
-                        "text": self.problems[-1].message,
-                    }
-                )
-        else:
-            await self.metrics.stop()
-        async with self._apply_lock:
-            # Returns once every start is under way (stops of removed instances continue).
-            plan = (
-                await self.engine.apply(specs, rolling=not all_at_once, **_rollout_keys(layout_obj))
-            ).to_json()
-        self._state_dirty.set()
-        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
-
-    async def _start_metrics(self) -> bool:
-        try:
-            await self.metrics.start(self.metrics_listen)
-            self.problems = [p for p in self.problems if p.kind != "metrics_listen"]
-            return True
-        except (OSError, ValueError) as exc:
-            self._report_problem(
-                "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
-                "[layout] metrics_listen and run `vsup up` again",
-            )
-            return False
-
-    async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
-        if self._shutting_down:
-            raise Conflict("the daemon is shutting down (vsup down)")
-        self.journal.append("action", None, action=action, names=names, by="operator")
-
-        async def one(name: str) -> None:
-            if action == "start":
-                await self.engine.start(name)
-            elif action == "stop":
-                await self.engine.stop(name)
-            elif action == "drain":
-                await self.engine.stop(name, drain=True)
-            elif action == "restart":
-                await self.engine.restart(name)
-            self._state_dirty.set()
-
-        tasks = {name: self._spawn(one(name), f"{action} {name}") for name in names}
-        if not wait:
-            return {"done": [], "pending": names, "errors": []}
-        # Shielded: a client that hangs up does not cancel a stop half-way.
-        await asyncio.wait([asyncio.shield(t) for t in tasks.values()])
-        done, errors = [], []
-        for name, task in tasks.items():
-            exc = task.exception()
-            if exc is None:
-                done.append(name)
-            else:
-                errors.append({"name": name, "error": str(exc) or type(exc).__name__})
-        return {"done": done, "errors": errors}
-
-    def _instance(self, name: str):
-        inst = self.engine.instances.get(name)
-        if inst is None:
-            raise UnknownInstances([name], self.engine.instances)
-        return inst
-
-    def log_file(self, name: str, previous: bool) -> LogFile:
-        inst = self._instance(name)
-        if previous:
-            path = inst.previous_log_path
-            run = inst.run - 1 if path is not None else None
-        else:
-            run = inst.run or None
-            path = inst.log_path() if run else None
-        if path is not None and not Path(path).exists():
-            path = None
-        return LogFile(run=run, path=Path(path) if path else None)
-
-    def config(self, name: str) -> dict[str, Any]:
-        inst = self._instance(name)
-        spec = inst.spec
-        env = spec.child_env({})
-        if spec.api_key_env:
-            where = "" if os.environ.get(spec.api_key_env) else ", which is not set"
-            env["VLLM_API_KEY"] = f"*** (from ${spec.api_key_env}{where})"
-        masked = {
-            k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
-            for k, v in env.items()
-        }
-        cache = self.monitor.cache_config(name)
-        return {
-            "argv": spec.argv(),
-            "env": masked,
-            "cache_config": dict(cache) if cache else None,
-            "spec": spec_to_dict(spec),
-        }
-
-    def history(self, name: str) -> dict[str, Any]:
-        self._instance(name)
-        return self.monitor.history_json(name)
-
-    def events(self, since: int, limit: int) -> dict[str, Any]:
-        events, nxt = self.journal.read(since, limit)
-        return {"events": events, "next": nxt}
-
-    async def save(self, path: str) -> dict[str, Any]:
-        if not self.layout_toml:
-            raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
-        from vsup.layout import LayoutError, loads_layout, save_layout
-
-        layout_obj = loads_layout(self.layout_toml, self.layout_path)
-        try:
-            await asyncio.to_thread(
-                save_layout, layout_obj, Path(path), node_gpus=self.node.gpu_count or None
-            )
-        except LayoutError as exc:
-            raise ControlError(
-                f"the running layout does not validate; nothing was written to {path}",
-                status=422,
-                body={"errors": [d.to_json() for d in exc.diagnostics if d.is_error]},
-            ) from None
-        except OSError as exc:
-            raise ControlError(f"cannot write {path}: {exc.strerror or exc}", status=400) from None
-        self.journal.append("action", None, action="save", path=path)
-        return {"path": path}
-
-    async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
-        if self._shutting_down:
-            return {"stopping": [], "already": True}
-        self._shutting_down = True
-        names = [n for n, i in self.engine.instances.items() if i.state != "stopped"]
-        if not stop_instances:
-            names = []
-        self.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
-        self._spawn(self._shutdown(stop_instances), "shutdown")
-        return {"stopping": names}
-
-    async def _shutdown(self, stop_instances: bool) -> None:
-        try:
-            if stop_instances:
-                async with self._apply_lock:
-                    await asyncio.gather(
-                        *(self.engine.stop(n) for n in list(self.engine.instances)),
-                        return_exceptions=True,
-                    )
-                self._state_dirty.set()
-        finally:
-            self._stopping.set()
-
 
 # --------------------------------------------------------------------------- helpers
 
 
-def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
-    """(layout, specs, diagnostics) of a layout text; specs is [] when it has errors."""
-    from vsup.layout import LayoutError, loads_layout, validate
-
-    layout_obj = loads_layout(toml, path)
-    diags = list(validate(layout_obj, node_gpus=node_gpus or None))
-    listen = layout_obj.header.get("metrics_listen")
-    if listen is not None and not any(d.is_error for d in diags):
-        try:
-            parse_listen(str(listen))
-        except ValueError as exc:
-            from vsup.layout.diagnostics import Diagnostic
-
-            diags.insert(
-                0, Diagnostic("error", str(exc), file=path, table="[layout]", key="metrics_listen")
-            )
-    if any(d.is_error for d in diags):
-        return layout_obj, [], diags
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path` itself (not a link's target), or None when it is missing."""
     try:
-        specs = layout_obj.resolve()
-    except LayoutError as exc:
-        return layout_obj, [], list(exc.diagnostics)
-    return layout_obj, specs, diags
-
-
-def layout_diagnostics(path: Path | str) -> list:
-    """Validation of a layout file on this node (what `vsup up` checks before applying)."""
-    from vsup.layout.validate import validate_file
-
-    _layout, diags = validate_file(str(path))
-    return list(diags)
-
-
-def _rollout_keys(layout_obj: Any) -> dict[str, Any]:
-    """[layout] max_unavailable / drain_timeout_s as Engine.apply's keywords."""
-    header = layout_obj.header
-    return {
-        "max_unavailable": int(header.get("max_unavailable", 1)),
-        "drain_timeout_s": (
-            float(header["drain_timeout_s"]) if "drain_timeout_s" in header else None
-        ),
-    }
-
-
-def _metrics_listen(toml: str) -> str | None:
-    from vsup.layout import loads_layout
-
-    value = loads_layout(toml).header.get("metrics_listen")
-    return value if isinstance(value, str) and value else None
-
-
-def _alert_config(toml: str) -> AlertConfig | None:
-    from vsup.layout import loads_layout
-
-    return AlertConfig.from_table(loads_layout(toml).alerts)
-
-
-def _last_exit(value: Any) -> LastExit | None:
-    if not isinstance(value, dict):
+        st = os.lstat(path)
+    except OSError:
         return None
-    return LastExit(
-        code=value.get("code"),
-        signal=value.get("signal"),
-        reason=value.get("reason") or "unknown",
-        at=value.get("at") or "",
-        log_excerpt=value.get("log_excerpt"),
-    )
-
-
-def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:
-    return {"plan": None, "errors": errors, "warnings": warnings or [], "applied": False}
+    return st.st_dev, st.st_ino
 
 
 # --------------------------------------------------------------------------- entry point

@@ -5,6 +5,13 @@ operator actions, each with a `seq` that keeps counting across daemon restarts (
 through `/v1/events?since=N` with it). Lines are written with one `write` on an O_APPEND file,
 so a crash leaves at most a torn last line, which readers skip.
 
+Append-safe on a full disk: `append` never raises. A write that fails (ENOSPC, EIO) keeps the
+event in memory, queued in order; `write_error` says why, and every later `append` (and
+`flush_pending`, which the daemon calls each second) retries the queue first. After a failed or
+short write the next record starts with a newline, so a torn fragment stays on a line of its
+own and never swallows the record after it; readers parse line by line and skip what does not
+parse.
+
 `replay` folds the journal into the last known process of each instance: a daemon whose state
 file was lost or corrupted uses it to find instances still running.
 """
@@ -24,6 +31,8 @@ from vsup.clock import iso_utc
 
 # How many recent events are served from memory; older ones come from the file.
 MEMORY_EVENTS = 2000
+# Events kept for a retry while the journal cannot be written; the oldest go first beyond it.
+MAX_PENDING = 10000
 # The journal is rotated to journal.jsonl.1 past this size (one old generation is kept).
 ROTATE_BYTES = 16 * 1024 * 1024
 _TAIL_SCAN = 256 * 1024
@@ -40,6 +49,11 @@ class Journal:
         self._lock = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=MEMORY_EVENTS)
         self.skipped_lines = 0  # torn or garbled lines met while opening
+        self.write_error: str | None = None  # why the last write failed; None once one works
+        self.dropped = 0  # events lost because the pending queue overflowed
+        self._pending: deque[bytes] = deque()
+        # True when the file may end mid-line (a failed or short write): start with a newline.
+        self._torn = False
         self._next = self._scan_last_seq() + 1
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
@@ -47,9 +61,15 @@ class Journal:
     def next_seq(self) -> int:
         return self._next
 
+    @property
+    def pending(self) -> int:
+        """Events waiting to be written (the disk refused them so far)."""
+        return len(self._pending)
+
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
+                self._flush_locked()
                 os.close(self._fd)
                 self._fd = -1
 
@@ -62,12 +82,44 @@ class Journal:
         with self._lock:
             event["seq"] = self._next
             line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
-            if self._fd >= 0:
-                os.write(self._fd, line.encode())
             self._next += 1
             self._recent.append(event)
-            self._maybe_rotate()
+            if len(self._pending) >= MAX_PENDING:
+                self._pending.popleft()
+                self.dropped += 1
+            self._pending.append(line.encode())
+            self._flush_locked()
         return event
+
+    def flush_pending(self) -> bool:
+        """Retry events the disk refused; True when nothing is left pending."""
+        with self._lock:
+            self._flush_locked()
+            return not self._pending
+
+    def _flush_locked(self) -> None:
+        if self._fd < 0:
+            self._pending.clear()  # closed: nothing more is written (as before a close)
+            return
+        while self._pending:
+            data = self._pending[0]
+            if self._torn:
+                data = b"\n" + data
+            try:
+                written = os.write(self._fd, data)
+            except OSError as exc:
+                self._torn = True  # part of it may be on disk
+                self.write_error = f"cannot write {self.path}: {exc.strerror or exc}"
+                return
+            if written < len(data):
+                # A short write on a nearly full disk: the rest is retried as a fresh record.
+                self._torn = True
+                self.write_error = f"cannot write {self.path}: short write (disk full?)"
+                return
+            self._torn = False
+            self._pending.popleft()
+        self.write_error = None
+        self._maybe_rotate()
 
     def read(self, since: int = 0, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
         """Events with `seq >= since` (at most `limit`), and the `since` for the next call."""
@@ -97,18 +149,17 @@ class Journal:
             data = fh.read()
         last = 0
         for raw in data.splitlines():
+            event = parse_line(raw)
             try:
-                event = json.loads(raw)
-                seq = int(event["seq"])
-            except (ValueError, KeyError, TypeError):
+                seq = int(event["seq"])  # type: ignore[index]
+            except (KeyError, TypeError, ValueError):
                 self.skipped_lines += 1
                 continue
             last = max(last, seq)
             self._recent.append(event)
         if data and not data.endswith(b"\n"):
-            # A torn last line: end it so the next event starts on a line of its own.
-            with open(self.path, "ab") as fh:
-                fh.write(b"\n")
+            # A torn last line: the next event starts on a line of its own.
+            self._torn = True
         return last
 
     def _maybe_rotate(self) -> None:
@@ -116,10 +167,11 @@ class Journal:
             if os.fstat(self._fd).st_size < ROTATE_BYTES:
                 return
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            os.close(self._fd)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError:
-            pass
+            return  # the old fd still writes (to the rotated file); retried at the next event
+        os.close(self._fd)
+        self._fd = fd
 
 
 def _parse_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -129,12 +181,25 @@ def _parse_lines(path: Path) -> Iterator[dict[str, Any]]:
         return
     with fh:
         for raw in fh:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
+            event = parse_line(raw)
+            if event is not None:
                 yield event
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """One journal line as an event, or None. A line that a torn write of an older vsup ran
+    into the next record still yields that record: parsing resyncs at its last `{"seq":`."""
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        at = raw.rfind(b'{"seq":')
+        if at <= 0:
+            return None
+        try:
+            event = json.loads(raw[at:])
+        except ValueError:
+            return None
+    return event if isinstance(event, dict) else None
 
 
 @dataclass
@@ -186,3 +251,31 @@ def replay(events: Iterable[dict[str, Any]], after_seq: int = 0) -> dict[str, Re
         elif kind == "restart_scheduled":
             rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
     return out
+
+
+@dataclass
+class AppliedLayout:
+    """The layout of the last `apply` the journal holds."""
+
+    seq: int
+    toml: str
+    path: str | None
+    name: str | None
+
+
+def last_layout(events: Iterable[dict[str, Any]]) -> AppliedLayout | None:
+    """The layout of the last `apply` event that carries its text (None when there is none)."""
+    found = None
+    for ev in events:
+        if ev.get("kind") != "action" or ev.get("action") != "apply":
+            continue
+        toml, seq = ev.get("toml"), ev.get("seq")
+        if isinstance(toml, str) and isinstance(seq, int):
+            path, name = ev.get("path"), ev.get("layout")
+            found = AppliedLayout(
+                seq=seq,
+                toml=toml,
+                path=path if isinstance(path, str) else None,
+                name=name if isinstance(name, str) else None,
+            )
+    return found

@@ -31,15 +31,14 @@ class LoopServer(uvicorn.Server):
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
-    """A listening unix socket at `path`, mode 0600, in a directory made 0700.
+    """A listening unix socket at `path`, mode 0600 (its directory is VSUP_HOME, which
+    `paths.vsup_home` made private or found private; its mode is not changed here).
 
     The umask is tightened around bind so the socket never exists with wider permissions,
     not even for the moment between bind and chmod. The caller must hold the daemon lock:
     a stale socket file left by a killed daemon is removed here.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             path.unlink()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vsup.fsutil import write_atomic
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 STATE_VERSION = 1
@@ -40,10 +40,6 @@ class InstanceRecord:
     descendants: dict[str, float] = field(default_factory=dict)  # pid -> create_time
     adopted: bool = False  # this run was taken over from an earlier daemon
     failed_why: str | None = None  # state `failed`: why (Lifecycle.failed_why)
-
-    @property
-    def has_process(self) -> bool:
-        return self.pid is not None
 
 
 @dataclass
@@ -221,27 +217,17 @@ class StateFile:
         """Write `state` atomically; the file it replaces becomes the backup."""
         state.written_at = time.time()
         data = json.dumps(state.to_json(), indent=1, sort_keys=True).encode()
-        directory = self.path.parent
-        fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if self.path.exists():
-                # Link then rename: there is always a state.json, and the .bak is the last good one.
-                bak_tmp = self.backup.with_name(self.backup.name + ".tmp")
-                try:
-                    bak_tmp.unlink(missing_ok=True)
-                    os.link(self.path, bak_tmp)
-                    os.replace(bak_tmp, self.backup)
-                except OSError:
-                    pass  # a backup is a nicety; the new state must still be written
-            os.replace(tmp, self.path)
-            _fsync_dir(directory)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        if self.path.exists():
+            # Link then rename: there is always a state.json, and the .bak is the last good one
+            # (a write that fails on a full disk leaves both as they were).
+            bak_tmp = self.backup.with_name(self.backup.name + ".tmp")
+            try:
+                bak_tmp.unlink(missing_ok=True)
+                os.link(self.path, bak_tmp)
+                os.replace(bak_tmp, self.backup)
+            except OSError:
+                pass  # a backup is a nicety; the new state must still be written
+        write_atomic(self.path, data, mode=0o600)
 
     def _read(self, path: Path) -> DaemonState:
         text = path.read_bytes()
@@ -259,14 +245,3 @@ class StateFile:
             return dest
         except OSError:
             return None
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

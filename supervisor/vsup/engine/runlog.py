@@ -66,7 +66,13 @@ class RunLogs:
                     p.unlink(missing_ok=True)
         fd = os.open(self.path(run), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         f = os.fdopen(fd, "ab", buffering=0)
-        f.write(header.rstrip("\n").encode() + b"\n")
+        try:
+            f.write(header.rstrip("\n").encode() + b"\n")
+        except OSError:
+            # A full disk: vLLM dies on its first stderr write that fails (tqdm), so this run
+            # writes to /dev/null and serves; the daemon's disk alert says why logs are missing.
+            f.close()
+            return open(os.devnull, "ab", buffering=0)
         return f
 
     def over_cap(self, run: int) -> bool:

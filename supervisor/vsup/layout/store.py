@@ -6,12 +6,10 @@ imports the document model below it.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from vsup.fsutil import write_atomic  # the one atomic writer of the package
 from vsup.layout.diagnostics import ERROR, Diagnostic, LayoutError
 from vsup.layout.model import Layout, dumps_layout, loads_layout
 from vsup.layout.validate import validate
@@ -51,35 +49,3 @@ def save_layout(
         )
     write_atomic(path, text)
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same directory, fsync, rename over `path`, fsync the directory."""
-    directory = path.expanduser().absolute().parent
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vsup.control.daemon import daemon_lock_holder
+from vsup.control.lock import daemon_lock_holder
 
 from tests.conftest import outside_cwd
 from tests.unit.control.helpers import emulator_layout, free_port
@@ -34,6 +34,7 @@ def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
         text=True,
         timeout=timeout,
         cwd=outside_cwd(),
+        stdin=subprocess.DEVNULL,  # no terminal: `vsup down` must not ask
     )
 
 

@@ -110,3 +110,24 @@ def test_log_chunks_page_by_offset_and_tail_starts_on_a_line(tmp_path, monkeypat
     again = read_log_chunk(log, part["offset"], None)
     assert again["start"] == part["offset"]
     assert read_log_chunk(tmp_path / "missing.log", 0, None)["text"] == ""
+
+
+def test_an_unexpected_error_is_one_line_naming_the_traceback_file(monkeypatch, capsys, tmp_path):
+    from vsup import cli
+
+    monkeypatch.setenv("VSUP_HOME", str(tmp_path))
+    monkeypatch.delenv("VSUP_DEBUG", raising=False)
+
+    def broken(args):
+        raise RuntimeError("boom\nsecond line")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(
+        parser, "parse_args", lambda argv: type("A", (), {"func": staticmethod(broken)})()
+    )
+    code = cli.main(["status"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("vsup: internal error: RuntimeError: boom | second line (traceback in ")
+    assert "Traceback" in (tmp_path / "cli-errors.log").read_text()

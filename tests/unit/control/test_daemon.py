@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -315,7 +316,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     import subprocess
     import sys
 
-    from vsup.control.daemon import parse_layout
+    from vsup.control.service import parse_layout
     from vsup.control.state import DaemonState, InstanceRecord, spec_to_dict
 
     text = emulator_layout({"a": free_port()})
@@ -356,3 +357,35 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+async def test_a_refused_state_write_is_an_alert_retried_until_it_works(
+    daemons, vsup_home, monkeypatch
+):
+    import errno
+
+    daemon, client = await daemons.start()
+    real_save = daemon.state_file.save
+
+    def full(state):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(daemon.state_file, "save", full)
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
+    await daemon.engine.wait("a", ("ready",), timeout=20)
+    for _ in range(50):
+        alerts = [a for a in (await client.status())["advice"] if a["kind"] == "state_write"]
+        if alerts:
+            break
+        await asyncio.sleep(0.1)
+    assert alerts and "No space left" in alerts[0]["message"] and alerts[0]["severity"] == "error"
+
+    monkeypatch.setattr(daemon.state_file, "save", real_save)
+    for _ in range(50):
+        if not [a for a in (await client.status())["advice"] if a["kind"] == "state_write"]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the state_write alert did not clear once writes worked")
+    doc = json.loads(paths.state_path(vsup_home).read_text())
+    assert doc["instances"]["a"]["pid"] == daemon.engine.instances["a"].pid

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vsup.control.daemon import is_daemon_cmdline
+from vsup.control.lock import is_daemon_cmdline
 
 
 @pytest.mark.parametrize(

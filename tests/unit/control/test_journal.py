@@ -63,3 +63,44 @@ def test_replay_gives_the_last_process_of_each_instance(tmp_path):
     # Only what happened after a given event counts (the state file covers the rest).
     later = replay(j.iter_file(), after_seq=4)
     assert set(later) == {"b"}
+
+
+def test_a_refused_write_is_kept_retried_and_never_runs_into_the_next_record(tmp_path, monkeypatch):
+    import errno
+    import os as real_os
+
+    import vsup.control.journal as journal
+
+    path = tmp_path / "journal.jsonl"
+    j = Journal(path)
+    j.append("spawn", "a", pid=1)
+    real_write = real_os.write
+    calls = {"n": 0}
+
+    def full_disk(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, data[: len(data) // 2])  # a short write, then ENOSPC
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal.os, "write", full_disk)
+    j.append("exit", "a", reason="killed")  # never raises
+    j.append("spawn", "a", pid=2)
+    assert j.pending == 2 and "No space left" in j.write_error
+    assert [e["kind"] for e in j.read(since=1)[0]] == ["spawn", "exit", "spawn"]
+    monkeypatch.setattr(journal.os, "write", real_write)
+    assert j.flush_pending() and j.write_error is None
+    j.append("ready", "a")
+    kinds = [(e["seq"], e["kind"]) for e in j.iter_file()]
+    # The torn half of the first try sits on a line of its own; every record is whole.
+    assert kinds == [(1, "spawn"), (2, "exit"), (3, "spawn"), (4, "ready")]
+
+
+def test_a_reader_resyncs_on_a_record_an_old_torn_write_ran_into(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(
+        b'{"seq":1,"kind":"spawn","instance":"a"}\n{"seq":2,"kind":"ex'
+        b'{"seq":3,"kind":"ready","instance":"a"}\n'
+    )
+    j = Journal(path)
+    assert [e["seq"] for e in j.iter_file()] == [1, 3] and j.next_seq == 4

@@ -1,6 +1,6 @@
 """One TP1 instance per GPU on a real NVIDIA node, planned by `vsup plan --gpus all --per-gpu 1`.
 
-The run the 8-GPU issue asks for, written for any GPU count (it runs on the lent 2-GPU machine
+The run the 8-GPU issue asks for, written for any GPU count (it runs on a 2-GPU machine
 today and unchanged on an 8-GPU one). The instances are the vLLM *emulator*
 (tests/programs/vllm_emulator.py) with a set start-up time and HBM held with torch by the server
 and by its EngineCore-like child: the parallel-start figure needs start-up times that do not

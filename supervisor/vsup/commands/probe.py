@@ -3,7 +3,7 @@
     vsup probe URL [--log-file L] [--attention-backend X] [--once] [--json]
     vsup probe --metrics-file F [--log-file L] [--attention-backend X] [--json]
 
-The output uses the status JSON's instance keys (DESIGN.md). From a URL, `/metrics` is
+The output uses the status JSON's instance keys (docs/ARCHITECTURE.md). From a URL, `/metrics` is
 scraped twice, `--interval` (1 s) apart, so that tokens/s and preemptions/min are real rates
 over that second; `--once` scrapes once and leaves the rates null. A metrics file is one
 payload: its rates are null. The attention backend comes from the log file when given (else

@@ -1,4 +1,4 @@
-"""Live advice: what the telemetry says an operator should change (DESIGN.md, "Live advice").
+"""Live advice: what the telemetry says an operator should change (docs/ARCHITECTURE.md, advice).
 
 Pure functions over a snapshot's instances and GPUs plus a little history, so every rule is
 tested with plain data. The daemon runs them each poll and puts the result in the snapshot.
@@ -62,11 +62,11 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
     """Preemptions rising (the counter grew within the last minute): the KV cache is too small
     for the load.
 
-    DESIGN.md asks for KV >= 95% as well. vLLM V1 preempts only when it cannot allocate a KV
-    block, so a rising counter already proves the cache ran full; a 1 Hz sample of the gauge
-    mostly misses that moment (measured on the CPU build: 13 preemptions while the gauge never
-    read above 0.8), and with few blocks the gauge cannot even reach 95%. So the rise alone
-    triggers the advice, and the KV figure only sets how loud it is: critical when the cache
+    The product design asked for KV >= 95% as well. vLLM V1 preempts only when it cannot
+    allocate a KV block, so a rising counter already proves the cache ran full; a 1 Hz sample of
+    the gauge mostly misses that moment (measured on the CPU build: 13 preemptions while the
+    gauge never read above 0.8), and with few blocks the gauge cannot even reach 95%. So the rise
+    alone triggers the advice, and the KV figure only sets how loud it is: critical when the cache
     read >= 95% now or at its peak in the last minute, a warning otherwise."""
     rate = inst.preemptions_per_min
     if rate is None or rate <= 0:

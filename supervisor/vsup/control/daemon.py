@@ -207,8 +207,10 @@ class Daemon(Restore, ControlMethods):
             # Write the state before the engine lets go of its processes: the next daemon
             # adopts from it.
             self._write_state()
-            with contextlib.suppress(Exception):
+            try:
                 await self.engine.shutdown(stop_instances=False)
+            except Exception:  # the daemon still exits; the next one re-adopts from the state
+                log.exception("letting go of the instances failed")
             await self.monitor.close()
             left = [n for n, i in self.engine.instances.items() if i.pid]
             self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)

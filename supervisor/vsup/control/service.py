@@ -17,7 +17,7 @@ from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.state import spec_to_dict
 from vsup.layout.listen import parse_listen
-from vsup.layout.secrets import SECRET_NAME as SECRET_KEY
+from vsup.layout.secrets import SECRET_NAME
 
 
 class ControlMethods:
@@ -158,7 +158,7 @@ class ControlMethods:
             where = "" if os.environ.get(spec.api_key_env) else ", which is not set"
             env["VLLM_API_KEY"] = f"*** (from ${spec.api_key_env}{where})"
         masked = {
-            k: ("***" if SECRET_KEY.search(k) and not v.startswith("***") else v)
+            k: ("***" if SECRET_NAME.search(k) and not v.startswith("***") else v)
             for k, v in env.items()
         }
         cache = self.monitor.cache_config(name)

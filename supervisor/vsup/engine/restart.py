@@ -1,6 +1,6 @@
 """The restart policy: when an instance that exited comes back, and when vsup gives up.
 
-Kubernetes-like (DESIGN.md, "Rules vsup applies"):
+Kubernetes-like (docs/ARCHITECTURE.md, Engine):
 - the first restart after a failure happens at once, then the delay doubles from `backoff_s`
   up to `backoff_max_s`: with backoff_s=10 the delays are 0, 10, 20, 40, ... ;
 - a run that stayed ready for `stable_s` resets the count of consecutive failures, so a server

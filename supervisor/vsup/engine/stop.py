@@ -1,6 +1,6 @@
 """Ending an instance's processes so that nothing of it is left.
 
-The sequence (DESIGN.md, "Rules vsup applies", Stop):
+The sequence (docs/ARCHITECTURE.md, Engine):
 1. drain, if asked: wait until the server runs no request (`requests_running == 0`, read through
    a callable the daemon provides from its /metrics scrapes), at most `drain_timeout_s`;
 2. SIGTERM to the process group and to every tree member outside it (proc.py);

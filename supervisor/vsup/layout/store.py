@@ -22,12 +22,27 @@ def save_layout(
     node_gpus: int | None = None,
     profile_dirs: Sequence[Path] | None = None,
     check: bool = True,
+    parents: bool = False,
 ) -> Path:
     """Write the layout to `path` atomically; refuses (LayoutError) a layout that does not validate.
 
-    Relative local model paths are rewritten for the new location (see `Layout.relocated`).
+    Relative local model paths are rewritten for the new location (see `Layout.relocated`). A
+    missing directory is created only with `parents`; otherwise it is a LayoutError that says so.
     """
     path = Path(path)
+    if not path.parent.is_dir():
+        if not parents:
+            raise LayoutError(
+                [
+                    Diagnostic(
+                        ERROR,
+                        f"directory {path.parent} does not exist: create it first (vsup creates "
+                        "missing directories only when asked, e.g. `vsup save --parents`)",
+                        file=str(path),
+                    )
+                ]
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
     target = layout.relocated(path)
     if target.load_errors:
         raise LayoutError(target.load_errors)

@@ -1,4 +1,4 @@
-"""Telemetry -> the status snapshot's instance keys (DESIGN.md, `status --json` schema 1).
+"""Telemetry -> the status snapshot's instance keys (`status --json` schema 1).
 
 The daemon merges these into each `InstanceStatus` (`dataclasses.replace(status, **fields)`);
 `vsup probe` builds a whole instance from them. Unknown stays None.

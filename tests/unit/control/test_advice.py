@@ -1,4 +1,4 @@
-"""Live advice rules (DESIGN.md, "Live advice")."""
+"""Live advice rules (docs/ARCHITECTURE.md, advice)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,13 @@ def test_stale_socket_of_a_killed_daemon_is_replaced(vsup_home):
     first = bind_unix_socket(vsup_home / "vsup.sock")
     first.close()  # the file stays, like after SIGKILL
     second = bind_unix_socket(vsup_home / "vsup.sock")
-    second.close()
+    try:
+        assert stat.S_ISSOCK(os.stat(vsup_home / "vsup.sock").st_mode)
+        second.listen(1)
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(vsup_home / "vsup.sock"))  # the new socket answers
+    finally:
+        second.close()
 
 
 def test_a_regular_file_in_the_sockets_place_is_not_removed(vsup_home):

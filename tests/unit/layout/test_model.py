@@ -214,7 +214,7 @@ def test_missing_and_non_utf8_files_are_errors(tmp_path):
 def test_save_is_atomic_and_reads_back(tmp_path):
     layout = loads_layout(CPU_LAYOUT, tmp_path / "src.toml")
     target = tmp_path / "out" / "saved.toml"
-    save_layout(layout, target, node_gpus=0)
+    save_layout(layout, target, node_gpus=0, parents=True)
     assert load_layout(target) == layout
     assert [p.name for p in target.parent.iterdir()] == ["saved.toml"]  # no temp file left
 
@@ -228,6 +228,14 @@ def test_save_refuses_an_invalid_layout_and_keeps_the_old_file(tmp_path):
     assert "port 99999 is out of range" in str(exc.value)
     assert target.read_text() == "# the good one\n"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.toml"]
+
+
+def test_save_into_a_missing_directory_needs_parents(tmp_path):
+    layout = loads_layout(CPU_LAYOUT, tmp_path / "src.toml")
+    with pytest.raises(LayoutError) as exc:
+        save_layout(layout, tmp_path / "nowhere" / "saved.toml", node_gpus=0)
+    assert "does not exist" in str(exc.value) and "--parents" in str(exc.value)
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_save_keeps_file_mode(tmp_path):
@@ -245,7 +253,7 @@ def test_save_elsewhere_rewrites_relative_model_paths(tmp_path):
     src.parent.mkdir()
     layout = loads_layout(CPU_LAYOUT.replace('"org/model"', '"../models/m"'), src)
     out = tmp_path / "deep" / "er" / "b.toml"
-    save_layout(layout, out, node_gpus=0)
+    save_layout(layout, out, node_gpus=0, parents=True)
     saved = load_layout(out)
     assert saved.defaults["model"] == "../../models/m"
     assert saved.resolve()[0].model == str(model)
@@ -305,7 +313,7 @@ def test_merge_order_builtin_profiles_defaults_instance(tmp_path):
     _profile(
         profiles,
         "one",
-        'host = "10.0.0.1"\nstart_timeout_s = 100\n'
+        'host = "192.0.2.1"\nstart_timeout_s = 100\n'
         'args = { max-num-seqs = 1, dtype = "float32", enforce-eager = true }\n'
         'env = { A = "1", B = "1" }\nrestart = { policy = "always", backoff_s = 1 }',
     )
@@ -338,7 +346,7 @@ start_timeout_s = 5
 """
     a, b = loads_layout(text, tmp_path / "l.toml").resolve(profile_dirs=[profiles])
     assert isinstance(a, InstanceSpec)
-    assert a.host == "10.0.0.1" and b.host == "127.0.0.1"
+    assert a.host == "192.0.2.1" and b.host == "127.0.0.1"
     assert a.start_timeout_s == 200 and b.start_timeout_s == 5
     assert a.command == ("vllm", "serve")  # built-in
     assert dict(a.args) == {
@@ -358,7 +366,7 @@ start_timeout_s = 5
         "--model",
         "org/m",
         "--host",
-        "10.0.0.1",
+        "192.0.2.1",
         "--port",
         "8000",
         "--dtype",

@@ -293,11 +293,11 @@ def test_daemon_exporter_and_layout_share_one_listen_parser():
 
 
 def test_daemon_and_dashboard_mask_with_the_one_secret_rule():
-    from vsup.control import daemon
+    from vsup.control import service
     from vsup.layout import secrets
     from vsup.tui.widgets import detail
 
-    assert daemon.SECRET_KEY is secrets.SECRET_NAME and detail._SECRET is secrets.SECRET_NAME
+    assert service.SECRET_NAME is secrets.SECRET_NAME and detail._SECRET is secrets.SECRET_NAME
 
 
 def test_every_rule_function_is_registered():

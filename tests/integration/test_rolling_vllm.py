@@ -1,8 +1,9 @@
 """A rolling apply with real vLLM servers (CPU build), through the real CLI, under load.
 
-Three replicas of the tiny model run with `[layout] max_unavailable = 1`; a change to
+Two replicas of the tiny model run with `[layout] max_unavailable = 1`; a change to
 `[defaults] args` is applied with `vsup up --yes --wait` while a client thread sends completion
-requests to all three replicas at once, round after round, the whole time. Every round must get
+requests to both replicas at once, round after round, the whole time (two, not more: CI has two
+cores, and each restarting vLLM needs them while the others serve). Every round must get
 at least N - max_unavailable = 2 answers, and the restarts must have been seen (rounds with a
 replica down), one replica after another.
 
@@ -31,7 +32,7 @@ from tests.conftest import free_port, outside_cwd
 # A vLLM start takes 30 s on an idle 2-core machine and 4 min on a loaded one: generous limits.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3000)]
 
-N = 3
+N = 2
 MAX_UNAVAILABLE = 1
 MAX_ROUNDS = 4000
 REQUEST_TIMEOUT_S = 20.0
@@ -68,7 +69,13 @@ start_timeout_s = 900
 restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s = 600, max_failures = 3 }}
 """
     for i, port in enumerate(ports):
-        text += f'\n[[instance]]\nname = "r{i}"\ngpus = []\nport = {port}\n'
+        # vLLM CPU binds every instance's OpenMP threads to core 0 ("auto"), where a serving
+        # replica's spinning worker starves a restarting one for minutes: one core each.
+        bind = i % max(1, os.cpu_count() or 1)
+        text += (
+            f'\n[[instance]]\nname = "r{i}"\ngpus = []\nport = {port}\n'
+            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}" }}\n'
+        )
     return text
 
 
@@ -102,7 +109,9 @@ class Client(threading.Thread):
                 t = time.monotonic()
                 oks = tuple(pool.map(lambda p: ask(p, self.model), self.ports))
                 self.rounds.append((t, oks))
-                self.stop.wait(0.1)
+                # a round every half second: steady load that still leaves the 2 cores of CI
+                # to the restarting replica (back-to-back rounds stretched each start to minutes)
+                self.stop.wait(0.5)
 
 
 def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
@@ -134,10 +143,11 @@ def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
         client.join(REQUEST_TIMEOUT_S * 2)
         assert roll.returncode == 0, roll.stdout + roll.stderr
         out = roll.stdout
-        assert "restart (changed, rolling): r0, r1, r2" in out
-        for wave, name in enumerate(("r0", "r1", "r2"), start=1):
-            assert f"rollout wave {wave}/3: restarting {name}" in out
-        assert "rollout done (3/3 restarted)" in out
+        names = [f"r{i}" for i in range(N)]
+        assert f"restart (changed, rolling): {', '.join(names)}" in out
+        for wave, name in enumerate(names, start=1):
+            assert f"rollout wave {wave}/{N}: restarting {name}" in out
+        assert f"rollout done ({N}/{N} restarted)" in out
 
         during = [(t, oks) for t, oks in client.rounds if t >= t_apply]
         assert len(during) > 20, "too few rounds to judge"
@@ -158,7 +168,7 @@ def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
             for i, ok in enumerate(oks):
                 if not ok and (not down_order or down_order[-1] != i):
                     down_order.append(i)
-        assert down_order == [0, 1, 2], down_order
+        assert down_order == list(range(N)), down_order
         assert all(during[-1][1]), "every replica answers after the rollout"
 
         doc = json.loads(vsup(home, "status", "--json").stdout)
@@ -167,7 +177,7 @@ def test_rolling_apply_keeps_n_minus_max_unavailable_serving(
         assert all(after[n]["state"] == "ready" and after[n]["pid"] != before[n] for n in before)
         events = [json.loads(x) for x in (home / "journal.jsonl").read_text().splitlines()]
         drains = [e for e in events if e.get("kind") == "drain"]
-        assert [e["instance"] for e in drains] == ["r0", "r1", "r2"]
+        assert [e["instance"] for e in drains] == names
     finally:
         client.stop.set()
         vsup(home, "down", timeout=120)  # without a terminal `down` proceeds

@@ -27,6 +27,7 @@ EXIT_REASONS = (
     "stopped",
     "unknown",
     "gpu_memory_insufficient",
+    "stalled",
 )
 
 # Where a per-instance HBM figure came from.
@@ -98,6 +99,12 @@ class InstanceStatus:
     vllm_cudagraph_bytes: int | None = None
     vllm_kv_cache_bytes: int | None = None
     hbm_start_bytes: int | None = None  # HBM held when it first served (growth baseline)
+    # Stall detection (telemetry/stall.py): a `ready` instance with requests running or waiting
+    # and no token processed for its `stall_after_s`. A flag, not a state, so that clients
+    # switching on `state` keep working. None: cannot tell (not ready, no fresh figures, off).
+    stalled: bool | None = None
+    stalled_since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
+    stalled_for_s: float | None = None  # seconds since then
 
     @property
     def is_ready(self) -> bool:

@@ -28,6 +28,13 @@ Behaviours on cue:
   --child-hbm-gib C                the EngineCore child (implies --engine-child) holds C GiB
   --ports A-B                      serve every port A..B from this one process
   --metrics-file F                 serve F's payload instead of the recorded one
+  --mode-file F                    the load it shows, read from F's first word at each scrape
+                                   (a missing file is `serve`): `serve` (moving figures),
+                                   `stall` (3 running, 5 waiting, every counter and KV usage
+                                   frozen: a hung engine, /health still 200), `idle` (no
+                                   request, nothing moves), `prefill` (1 running, token counters
+                                   frozen, KV usage a little higher at each scrape: a long
+                                   chunked prefill). Counters never go back when the mode changes.
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -104,9 +111,29 @@ class Payload:
         self.chunks.append(text[pos:])
         self.t0 = time.monotonic()
         self.started = time.time()
+        self.mode_file: Path | None = None
+        # Seconds spent serving: the counters follow it, so they stand still in the other
+        # modes and go on from where they stood afterwards.
+        self._served = 0.0
+        self._last = time.monotonic()
+        self._kv = 0.5
+
+    def mode(self) -> str:
+        if self.mode_file is None:
+            return "serve"
+        try:
+            words = self.mode_file.read_text().split()
+        except OSError:
+            return "serve"
+        return words[0] if words else "serve"
 
     def render(self) -> bytes:
-        t = time.monotonic() - self.t0
+        now = time.monotonic()
+        mode = self.mode()
+        if mode == "serve":
+            self._served += now - self._last
+        self._last = now
+        t = self._served
         values = {
             "vllm:kv_cache_usage_perc": 0.5 + 0.45 * math.sin(t / 7.0),
             "vllm:num_requests_running": float(int(4 + 3 * math.sin(t / 5.0))),
@@ -116,6 +143,17 @@ class Payload:
             "vllm:generation_tokens_total": float(int(t * 900.0)),
             "process_start_time_seconds": round(self.started, 2),
         }
+        if mode == "serve":
+            self._kv = values["vllm:kv_cache_usage_perc"]
+        elif mode == "stall":
+            values.update({"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0})
+        elif mode == "idle":
+            values.update({"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0})
+        elif mode == "prefill":
+            values.update({"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0})
+            self._kv = min(1.0, self._kv + 0.001)  # each scrape: another chunk's blocks
+        if mode != "serve":
+            values["vllm:kv_cache_usage_perc"] = self._kv
         out = [self.chunks[0]]
         for slot, chunk in zip(self.slots, self.chunks[1:], strict=False):
             out.append(repr(values[slot]))
@@ -228,6 +266,7 @@ async def _serve(args: argparse.Namespace, core: subprocess.Popen | None) -> Non
     servers = []
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
+        payload.mode_file = Path(args.mode_file) if args.mode_file else None
         srv = Server(payload, args.model, health)
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
@@ -258,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-file", default=str(DEFAULT_PAYLOAD))
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--mode-file")
     p.add_argument("--child", choices=("core", "setsid"), help=argparse.SUPPRESS)
     args, _unknown = p.parse_known_args(argv)
     if args.child:

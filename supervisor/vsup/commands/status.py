@@ -74,6 +74,9 @@ def render(doc: dict[str, Any]) -> str:
         state = i["state"]
         if state == "backoff" and i.get("backoff_remaining_s") is not None:
             state += f" {fmt_duration(i['backoff_remaining_s'])}"
+        if i.get("stalled"):
+            # a flag on a ready instance (its state stays ready: scripts switch on it)
+            state += f" STALLED {fmt_duration(i.get('stalled_for_s'))}"
         hbm = "-" if i.get("hbm_bytes") is None else f"{i['hbm_bytes'] / GiB:.1f}G"
         if i.get("hbm_bytes") is None and i.get("gpus"):
             hbm = "n/a"

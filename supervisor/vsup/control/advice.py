@@ -51,6 +51,7 @@ def compute_advice(
         out += kv_too_small(inst, inputs.kv_peak.get(inst.name))
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
+        out += stalled(inst)
     for gpu in gpus:
         out += foreign_processes(gpu)
         out += gpu_health(gpu, instances)
@@ -210,6 +211,36 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
             )
         ]
     return []
+
+
+def _requests(n: float | None, what: str) -> str:
+    count = int(n or 0)
+    return f"{count} {what}"
+
+
+def stalled(inst: InstanceStatus) -> list[Advice]:
+    """Requests running or waiting and no token processed for `stall_after_s` while /health
+    answers 200 (telemetry/stall.py): the engine is hung, and its clients wait for nothing."""
+    if not inst.stalled:
+        return []
+    for_s = inst.stalled_for_s or 0.0
+    since = f" (since {inst.stalled_since})" if inst.stalled_since else ""
+    return [
+        Advice(
+            kind="stalled",
+            severity="critical",
+            instance=inst.name,
+            message=(
+                f"{inst.name}: stalled: {_requests(inst.requests_running, 'running')}, "
+                f"{_requests(inst.requests_waiting, 'waiting')}, 0 tokens processed for "
+                f"{for_s:.0f} s{since} while /health answers 200: its engine is hung (a GPU "
+                f"hang, a stuck collective, a frozen EngineCore). Look at `vsup logs "
+                f"{inst.name}` and the GPU's health (XID errors), then `vsup restart "
+                f"{inst.name}` (its requests fail); restart.on_stall = true makes vsup do that "
+                "by itself."
+            ),
+        )
+    ]
 
 
 def foreign_processes(gpu: GpuStatus) -> list[Advice]:

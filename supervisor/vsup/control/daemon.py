@@ -50,6 +50,7 @@ from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import ControlMethods
 from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
 from vsup.control.service import parse_layout as parse_layout
+from vsup.control.stalls import StallActions
 from vsup.control.state import (
     DaemonState,
     InstanceRecord,
@@ -80,6 +81,7 @@ LOGGED_EVENTS = {
     "failed": ("reason", "failures"),
     "stop_incomplete": ("message",),
     "stuck_gone": ("run", "pids"),
+    "stall_restart": ("run", "pid", "why"),
     "error": ("message",),
 }
 
@@ -137,6 +139,7 @@ class Daemon(Restore, ControlMethods):
             requests_running=self._requests_running,
             **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
         )
+        self.stalls = StallActions(self.journal.append, self.engine)
 
     # ----------------------------------------------------------------- engine events
 
@@ -400,6 +403,7 @@ class Daemon(Restore, ControlMethods):
         await self.monitor.poll(self._targets())
         self.poll_count += 1
         snap = self.build_snapshot()
+        self.stalls.observe(snap.instances)
         self.alerts.observe(snap.advice)
         return snap
 
@@ -422,6 +426,9 @@ class Daemon(Restore, ControlMethods):
             fields = {
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
+                **self.monitor.stall_fields(
+                    name, inst.state == "ready" and inst.pid is not None, spec.stall_after_s
+                ),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
             }

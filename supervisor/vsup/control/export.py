@@ -105,6 +105,16 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         "uptime_s": GaugeMetricFamily(
             "vsup_instance_uptime_seconds", "Seconds since this run was spawned", labels=labels
         ),
+        "stalled": GaugeMetricFamily(
+            "vsup_instance_stalled",
+            "1 while a ready instance has requests and processes no token (stall_after_s)",
+            labels=labels,
+        ),
+        "stalled_for_s": GaugeMetricFamily(
+            "vsup_instance_stalled_seconds",
+            "Seconds a stalled instance has processed no token",
+            labels=labels,
+        ),
     }
     preemptions = CounterMetricFamily(
         "vsup_instance_preemptions",

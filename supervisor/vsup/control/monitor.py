@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vsup.clock import Clock
+from vsup.clock import Clock, iso_utc
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
 from vsup.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
@@ -120,6 +120,19 @@ class Monitor:
         if not live:
             out.update({k: None for k in LIVE_KEYS})
         return out
+
+    def stall_fields(self, name: str, ready: bool, stall_after_s: float | None) -> dict[str, Any]:
+        """The InstanceStatus stall keys: judged only while the instance is `ready` (its
+        /health answers 200); unknown otherwise."""
+        tel = self._tel.get(name)
+        view = tel.stall_view(stall_after_s) if tel is not None and ready else None
+        if view is None or view.stalled is None:
+            return {"stalled": None, "stalled_since": None, "stalled_for_s": None}
+        return {
+            "stalled": view.stalled,
+            "stalled_since": iso_utc(view.since_wall) if view.since_wall is not None else None,
+            "stalled_for_s": round(view.for_s, 1) if view.for_s is not None else None,
+        }
 
     def metrics(self, name: str) -> VllmMetrics | None:
         tel = self._tel.get(name)

@@ -56,6 +56,7 @@ LIVE_FIELDS = frozenset(
         "health_interval_s",
         "unhealthy_after",
         "unhealthy_grace_s",
+        "stall_after_s",
         "profiles",
     }
 )
@@ -370,6 +371,24 @@ class Engine:
         if wait:
             await self._until(lambda: not inst.control.restart and inst.state != "stopping")
             await self.wait(name, ("ready", "failed", "stopped"))
+
+    def restart_stalled(self, name: str, why: str) -> bool:
+        """End a stalled run and let the restart policy bring it back (`restart.on_stall`):
+        like a crash, the exit (reason `stalled`) counts as a failure, so restarts back off and
+        the breaker trips on a server that stalls again and again. False when there is nothing
+        to do: not `ready`, no process, or a stall restart already under way."""
+        inst = self._get(name)
+        if (
+            inst.state != "ready"
+            or inst.process is None
+            or inst.control.task is None
+            or inst.control.stalled is not None
+        ):
+            return False
+        inst.control.stalled = why
+        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why)
+        inst.control.kick.set()
+        return True
 
     def adopt(self, spec: InstanceSpec, record: AdoptRecord) -> Instance | None:
         """Take over a process an earlier daemon started. `spec` is the spec it was started

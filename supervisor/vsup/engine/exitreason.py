@@ -30,8 +30,9 @@ The reasons (snapshot.EXIT_REASONS) and what decides each, first match wins:
     initialization failed` (the excerpt then adds the root-cause exception above it). Not after
     `[shutdown] API server: shutdown triggered`: vLLM 0.32 logs `EngineDeadError` on every
     SIGTERM shutdown too (tests/fixtures/vllm-0.32-cpu/startup.log ends with one).
-- `startup_timeout`, `unhealthy`, `engine_dead`: vsup ended the process for that cause
-  (`engine_dead` when /health answered 503).
+- `startup_timeout`, `unhealthy`, `engine_dead`, `stalled`: vsup ended the process for that
+  cause (`engine_dead` when /health answered 503; `stalled`: `restart.on_stall` and requests
+  with no token processed for `stall_after_s`).
 - `killed`: a signal that vsup did not send ended it (SIGKILL from a person or the kernel's
   OOM killer, SIGSEGV, ...); the signal's name is in `last_exit.signal`. Also a SIGTERM or
   SIGINT that vsup did not send: vLLM catches those, logs `[shutdown] API server: shutdown
@@ -127,7 +128,7 @@ _WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed")
 _SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
 
 # Causes for which vsup itself ended the process.
-CAUSES = (R.STOPPED, R.STARTUP_TIMEOUT, R.UNHEALTHY, R.ENGINE_DEAD)
+CAUSES = (R.STOPPED, R.STARTUP_TIMEOUT, R.UNHEALTHY, R.ENGINE_DEAD, R.STALLED)
 
 
 @dataclass(frozen=True)

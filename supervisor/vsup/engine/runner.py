@@ -85,6 +85,7 @@ class Runner:
         if inst.control.next_spec is not None:
             inst.set_spec(inst.control.next_spec)
         inst.control.restart = False
+        inst.control.stalled = None
         if inst.control.stale_sweep is not None:
             await inst.control.stale_sweep
             inst.control.stale_sweep = None
@@ -165,6 +166,9 @@ class Runner:
                     break
                 if lc.start_timed_out():
                     cause = "startup_timeout"
+                    break
+                if inst.control.stalled is not None and lc.state == "ready":
+                    cause = "stalled"
                     break
                 if lc.state == "ready" and self.e.scheduler.mode(inst.name) == "start":
                     self._release()

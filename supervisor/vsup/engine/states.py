@@ -35,6 +35,7 @@ class ExitReason(StrEnum):
     STOPPED = "stopped"
     UNKNOWN = "unknown"
     GPU_MEMORY_INSUFFICIENT = "gpu_memory_insufficient"
+    STALLED = "stalled"  # restart.on_stall: work and no token for stall_after_s
 
 
 S = State

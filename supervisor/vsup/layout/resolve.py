@@ -46,6 +46,7 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
             backoff_max_s=float(restart.get("backoff_max_s", RestartPolicy.backoff_max_s)),
             stable_s=float(restart.get("stable_s", RestartPolicy.stable_s)),
             max_failures=int(restart.get("max_failures", RestartPolicy.max_failures)),
+            on_stall=bool(restart.get("on_stall", RestartPolicy.on_stall)),
         ),
         start_timeout_s=float(v["start_timeout_s"]),
         stop_grace_s=float(v["stop_grace_s"]),
@@ -53,6 +54,7 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         health_interval_s=float(v["health_interval_s"]),
         unhealthy_after=int(v["unhealthy_after"]),
         unhealthy_grace_s=float(v["unhealthy_grace_s"]),
+        stall_after_s=float(v.get("stall_after_s", InstanceSpec.stall_after_s)),
         profiles=tuple(layout.profiles),
     )
 

@@ -152,6 +152,11 @@ RESTART_KEYS: dict[str, Key] = {
             "consecutive failures before the instance is failed",
             _at_least_one,
         ),
+        Key(
+            "on_stall",
+            "bool",
+            "restart a stalled instance (requests, no token for stall_after_s); default false",
+        ),
     )
 }
 
@@ -240,6 +245,13 @@ COMMON_KEYS: dict[str, Key] = {
             "unhealthy_grace_s",
             "number",
             "seconds without any /health answer before unhealthy",
+            _not_negative,
+        ),
+        Key(
+            "stall_after_s",
+            "number",
+            "seconds with requests running or waiting and no token processed before the "
+            "instance is stalled (0: never)",
             _not_negative,
         ),
         Key(
@@ -345,6 +357,7 @@ def builtin_defaults() -> dict[str, Any]:
         "health_interval_s": spec_defaults["health_interval_s"],
         "unhealthy_after": spec_defaults["unhealthy_after"],
         "unhealthy_grace_s": spec_defaults["unhealthy_grace_s"],
+        "stall_after_s": spec_defaults["stall_after_s"],
     }
 
 

@@ -31,6 +31,8 @@ class RestartPolicy:
     backoff_max_s: float = 300.0
     stable_s: float = 600.0
     max_failures: int = 5
+    # restart a stalled instance (requests but no token for stall_after_s) like a failed one
+    on_stall: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class InstanceSpec:
     # ...and, when /health gave no answer at all (timeouts: a saturated API server), this long
     # since its last answer: a busy server is not a hung one, and a restart costs minutes
     unhealthy_grace_s: float = 30.0
+    # requests running or waiting and no token processed this long, /health still 200: the
+    # instance is `stalled` (telemetry/stall.py); 0 turns the detection off
+    stall_after_s: float = 60.0
     profiles: tuple[str, ...] = ()
 
     @property

@@ -32,6 +32,7 @@ from vsup.telemetry.memprofile import EMPTY_FIELDS
 from vsup.telemetry.metrics import VllmMetrics
 from vsup.telemetry.rates import History, InstanceRates, Rates
 from vsup.telemetry.scrape import ScrapeResult
+from vsup.telemetry.stall import StallView, StallWatch
 from vsup.telemetry.view import telemetry_fields
 
 STALE_AFTER_S = 5.0
@@ -53,6 +54,7 @@ class InstanceTelemetry:
         self.stale_after_s = stale_after_s
         self.rates = InstanceRates(clock)
         self.history = history if history is not None else History()
+        self.stall = StallWatch()
         self.watcher: LogWatcher | None = None
         self.run: int | None = None
         self._metrics: VllmMetrics | None = None
@@ -72,6 +74,7 @@ class InstanceTelemetry:
         self._metrics_at = None
         self._cache_config = None
         self._hbm_start = None
+        self.stall.clear()
 
     def poll_log(self) -> LogUpdate | None:
         """Read the log's new lines (blocking file I/O: call it from a worker thread)."""
@@ -83,6 +86,7 @@ class InstanceTelemetry:
         if result.ok:
             self._metrics, self._metrics_at = result.metrics, now
             self.rates.observe(result.metrics, run=self.run, t=now)
+            self.stall.observe(result.metrics, now, self._clock.wall())
             if result.metrics.cache_config is not None:
                 self._cache_config = dict(result.metrics.cache_config)
             self.last_error = None
@@ -102,6 +106,7 @@ class InstanceTelemetry:
         self._metrics = None
         self._metrics_at = None
         self.rates.clear()
+        self.stall.clear()
 
     @property
     def metrics(self) -> VllmMetrics | None:
@@ -111,6 +116,10 @@ class InstanceTelemetry:
         if self._clock.monotonic() - self._metrics_at > self.stale_after_s:
             return None
         return self._metrics
+
+    def stall_view(self, stall_after_s: float | None) -> StallView:
+        """Whether this run has work and processes no token (telemetry/stall.py)."""
+        return self.stall.view(self._clock.monotonic(), stall_after_s, self.stale_after_s)
 
     @property
     def current_rates(self) -> Rates:

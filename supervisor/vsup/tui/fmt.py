@@ -35,6 +35,12 @@ def state_label(state: str, backoff_remaining_s: float | None = None) -> str:
     return f"{symbol} {state}"
 
 
+def stalled_label(stalled_for_s: float | None) -> str:
+    """A ready instance that processes no token: `⏸ stall 1m05s` (its state stays ready);
+    short enough for the state column."""
+    return f"⏸ stall {duration(stalled_for_s)}"
+
+
 def state_style(state: str) -> str:
     return STATE_LOOK.get(state, ("?", ""))[1]
 

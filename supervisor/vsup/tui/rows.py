@@ -115,6 +115,8 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
     if key == "port":
         return (str(inst.port) if inst.port is not None else fmt.UNKNOWN, "")
     if key == "state":
+        if inst.stalled:
+            return (fmt.stalled_label(inst.stalled_for_s), "bold red")
         return (fmt.state_label(inst.state, inst.backoff_remaining_s), fmt.state_style(inst.state))
     if key == "uptime":
         return (fmt.duration(inst.uptime_s), "")
@@ -170,7 +172,11 @@ def _num(value: float | None) -> float:
 # sort name -> (label, key function, descending by default)
 SORTS: dict[str, tuple[str, Callable[[InstanceStatus], Any], bool]] = {
     "name": ("name", lambda i: i.name, False),
-    "state": ("state (problems first)", lambda i: (_STATE_RANK.get(i.state, -1), i.name), False),
+    "state": (
+        "state (problems first)",
+        lambda i: (_STATE_RANK.get("unhealthy" if i.stalled else i.state, -1), i.name),
+        False,
+    ),
     "kv": ("KV cache use", lambda i: _num(i.kv_cache_usage), True),
     "preempt_rate": ("preemptions per minute", lambda i: _num(i.preemptions_per_min), True),
     "tok_s": ("generation tok/s", lambda i: _num(i.generation_tokens_per_s), True),
@@ -196,7 +202,8 @@ def matches(inst: InstanceStatus, text: str) -> bool:
     if not text:
         return True
     needle = text.lower()
-    hay = (inst.name, inst.model or "", inst.state, inst.backend or "", str(inst.port or ""))
+    state = f"{inst.state} stalled" if inst.stalled else inst.state
+    hay = (inst.name, inst.model or "", state, inst.backend or "", str(inst.port or ""))
     return any(needle in h.lower() for h in hay)
 
 

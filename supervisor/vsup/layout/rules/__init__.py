@@ -4,8 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`. The structure checks (unknown keys, types, profiles)
-come before them, in `vsup.layout.structure`.
+`attention`, `kv`, `instances`, `router`, `stall`. The structure checks (unknown keys, types,
+profiles) come before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from vsup.layout.rules import (
     ports,
     router,
     secrets,
+    stall,
 )
 from vsup.layout.rules.context import Context
 
@@ -79,6 +80,8 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     kv.batched_below_seqs,
     kv.kv_below_max_model_len,
     kv.kv_below_concurrency,
+    stall.stall_after_too_short,
+    stall.on_stall_ignored,
 )
 
 

@@ -124,10 +124,24 @@ def exit_summary(last: LastExit | None) -> str:
     return f"{last.reason} ({how}) at {at}"
 
 
+def stall_summary(inst: InstanceStatus) -> str:
+    """`stalled 1m5s: 3 running, 5 waiting, no token since 12:03:04Z (/health 200)`."""
+    since = inst.stalled_since or ""
+    at = since.split("T", 1)[-1] if "T" in since else since
+    return (
+        f"stalled {fmt.duration(inst.stalled_for_s)}: "
+        f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting, "
+        f"no token since {at or '?'} (/health 200)"
+    )
+
+
 def exit_text(inst: InstanceStatus | None) -> Text:
     if inst is None:
         return Text("no instance selected", "dim")
-    text = Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit))
+    text = Text()
+    if inst.stalled:
+        text.append(stall_summary(inst) + "\n", "bold red")
+    text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
     text.append(f"\nrestarts   {inst.restarts}")
     if inst.state == "backoff" and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")

@@ -1,0 +1,82 @@
+"""Rules about stall detection: `stall_after_s` and `restart.on_stall` (telemetry/stall.py)."""
+
+from __future__ import annotations
+
+from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.merge import MergedInstance
+from vsup.layout.rules.context import Context, origin_diag
+from vsup.layout.schema import is_number
+
+# vsup reads /metrics once a second: a stall needs two readings at least to be seen.
+STALL_MIN_S = 2.0
+# Below this a slow scrape or one long engine step (a big prefill chunk on a loaded GPU) can
+# read as a stall; with on_stall that restarts a server that was working.
+STALL_SHORT_S = 10.0
+
+
+def _on_stall(m: MergedInstance) -> bool:
+    restart = m.values.get("restart")
+    return isinstance(restart, dict) and restart.get("on_stall") is True
+
+
+def stall_after_too_short(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    value = m.values.get("stall_after_s")
+    if not is_number(value) or value <= 0 or value >= STALL_SHORT_S:
+        return []
+    if value < STALL_MIN_S:
+        return [
+            origin_diag(
+                ERROR,
+                f"stall_after_s = {value} is too short to judge: vsup reads /metrics once a "
+                f"second; use {STALL_MIN_S:g} or more (the default is 60), or 0 to turn stall "
+                "detection off",
+                m,
+                "stall_after_s",
+            )
+        ]
+    then = (
+        "restart.on_stall would then restart a server that was working"
+        if _on_stall(m)
+        else "the advice would then cry wolf"
+    )
+    return [
+        origin_diag(
+            WARNING,
+            f"stall_after_s = {value} is short: one long engine step (a large prefill chunk) or "
+            f"a slow scrape can look like a stall and {then}; use {STALL_SHORT_S:g} or more (the "
+            "default is 60)",
+            m,
+            "stall_after_s",
+        )
+    ]
+
+
+def on_stall_ignored(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    if not _on_stall(m):
+        return []
+    after = m.values.get("stall_after_s")
+    if is_number(after) and after == 0:
+        return [
+            origin_diag(
+                WARNING,
+                "restart.on_stall = true does nothing while stall_after_s = 0 turns stall "
+                "detection off: set stall_after_s (default 60) or remove on_stall",
+                m,
+                "restart",
+                "on_stall",
+            )
+        ]
+    restart = m.values.get("restart")
+    if isinstance(restart, dict) and restart.get("policy") == "never":
+        return [
+            origin_diag(
+                WARNING,
+                'restart.on_stall = true with policy = "never": a stall ends the instance '
+                '`failed` instead of restarting it; use policy = "on-failure" to have it '
+                "restarted",
+                m,
+                "restart",
+                "on_stall",
+            )
+        ]
+    return []

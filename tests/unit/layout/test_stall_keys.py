@@ -1,0 +1,99 @@
+"""`stall_after_s` and `restart.on_stall`: types, the stall rules, and the resolved spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vsup.layout.model import load_layout
+from vsup.layout.validate import validate
+
+REPO = Path(__file__).resolve().parents[3]
+CONFIGS = REPO / "configs"
+
+LAYOUT = """\
+[defaults]
+model = "org/model"
+command = ["python", "-m", "vllm.entrypoints.openai.api_server"]
+{defaults}
+
+[[instance]]
+name = "g0"
+gpus = [0]
+port = 8000
+gpu_memory_utilization = 0.9
+{instance}
+"""
+
+
+def check(tmp_path: Path, defaults: str = "", instance: str = ""):
+    path = tmp_path / "l.toml"
+    path.write_text(LAYOUT.format(defaults=defaults, instance=instance))
+    layout = load_layout(path)
+    return layout, validate(layout, node_gpus=1, profile_dirs=[CONFIGS])
+
+
+def lines(diagnostics) -> list[str]:
+    return [d.format() for d in diagnostics]
+
+
+def test_defaults_are_sixty_seconds_and_no_restart(tmp_path):
+    layout, diagnostics = check(tmp_path)
+    assert diagnostics == []
+    (spec,) = layout.resolve(profile_dirs=[CONFIGS])
+    assert spec.stall_after_s == 60.0
+    assert spec.restart.on_stall is False
+
+
+def test_set_in_defaults_and_overridden_per_instance(tmp_path):
+    layout, diagnostics = check(
+        tmp_path,
+        defaults="stall_after_s = 120\nrestart = { on_stall = true }",
+        instance="stall_after_s = 30",
+    )
+    assert diagnostics == []
+    (spec,) = layout.resolve(profile_dirs=[CONFIGS])
+    assert spec.stall_after_s == 30.0
+    assert spec.restart.on_stall is True
+    assert spec.restart.policy == "on-failure"
+
+
+def test_wrong_types_and_negative_values_are_errors_naming_the_key(tmp_path):
+    _, diagnostics = check(tmp_path, instance='stall_after_s = "60"')
+    (d,) = diagnostics
+    assert d.is_error and d.key == "stall_after_s" and d.instance == "g0"
+    assert "must be a number" in d.message
+    _, diagnostics = check(tmp_path, instance="stall_after_s = -5")
+    assert [(d.is_error, d.key) for d in diagnostics] == [(True, "stall_after_s")]
+    _, diagnostics = check(tmp_path, instance='restart = { on_stall = "yes" }')
+    (d,) = diagnostics
+    assert d.is_error and "boolean" in d.message and "on_stall" in d.format()
+
+
+def test_a_typo_gets_a_suggestion(tmp_path):
+    _, diagnostics = check(tmp_path, instance="stall_afters = 60")
+    assert any("did you mean 'stall_after_s'" in line for line in lines(diagnostics))
+    _, diagnostics = check(tmp_path, instance="restart = { on_stal = true }")
+    assert any("did you mean 'on_stall'" in line for line in lines(diagnostics))
+
+
+def test_below_two_seconds_is_an_error_and_below_ten_a_warning(tmp_path):
+    _, diagnostics = check(tmp_path, instance="stall_after_s = 1")
+    (d,) = diagnostics
+    assert d.is_error and d.key == "stall_after_s" and d.file and d.line
+    assert "once a second" in d.message and "0 to turn stall detection off" in d.message
+    _, diagnostics = check(tmp_path, instance="stall_after_s = 5")
+    (d,) = diagnostics
+    assert not d.is_error and "advice would then cry wolf" in d.message
+    _, diagnostics = check(tmp_path, instance="stall_after_s = 5\nrestart = { on_stall = true }")
+    (d,) = diagnostics
+    assert "restart a server that was working" in d.message
+    assert check(tmp_path, instance="stall_after_s = 0")[1] == []  # off
+
+
+def test_on_stall_that_cannot_act_is_a_warning(tmp_path):
+    _, diagnostics = check(tmp_path, instance="stall_after_s = 0\nrestart = { on_stall = true }")
+    (d,) = diagnostics
+    assert not d.is_error and d.key == "restart.on_stall" and "detection off" in d.message
+    _, diagnostics = check(tmp_path, defaults='restart = { policy = "never", on_stall = true }')
+    (d,) = diagnostics
+    assert not d.is_error and 'policy = "never"' in d.message and d.instance == "g0"

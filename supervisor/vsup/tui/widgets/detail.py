@@ -239,6 +239,8 @@ class SidePanel(Vertical):
         self.query_one(SparkPanel).show(inst)
         name = inst.name if inst else None
         title = f"{name} · {fmt.state_label(inst.state)}" if inst else "no selection"
+        if inst is not None and inst.stalled:
+            title = f"{name} · {fmt.stalled_label(inst.stalled_for_s)}"
         if self.border_title != title:
             self.border_title = title
         _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
@@ -249,6 +251,8 @@ class SidePanel(Vertical):
         exit_line = Text("")
         if inst is not None and inst.last_exit is not None:
             exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))
+        if inst is not None and inst.stalled:
+            exit_line = Text.assemble((stall_summary(inst), "bold red"), "\n", exit_line)
         _update_if_changed(self.query_one("#exit-line", Static), exit_line)
 
 

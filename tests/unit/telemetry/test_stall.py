@@ -136,3 +136,51 @@ def test_instance_telemetry_forgets_a_stall_with_a_new_run():
     assert tel.stall_view(60.0).stalled is None
     tel.observe(ScrapeResult("http://x/metrics", True, LOAD, status=200))
     assert tel.stall_view(60.0).stalled is False
+
+
+def _prefill_series() -> list[tuple[float, ...]]:
+    rows = []
+    for line in (FIX / "prefill_slowed.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            rows.append(tuple(float(x) for x in line.split()))
+    return rows
+
+
+def test_a_real_slowed_chunked_prefill_is_no_stall_though_no_token_is_counted_for_9_s():
+    rows = _prefill_series()
+    busy = [r for r in rows if r[1] > 0]
+    assert busy[-1][0] - busy[0][0] > 9.0  # longer than stall_after_s below, no token counted
+    assert {(r[3], r[4]) for r in busy} == {(0.0, 0.0)}
+    clock, watch = FakeClock(), StallWatch()
+    start = clock.monotonic()
+    verdicts = []
+    for t, running, waiting, prompt, gen, kv in rows:
+        clock.advance(start + t - clock.monotonic())
+        m = replace(
+            LOAD,
+            requests_running=running,
+            requests_waiting=waiting,
+            prompt_tokens_total=prompt,
+            generation_tokens_total=gen,
+            kv_cache_usage=kv,
+        )
+        watch.observe(m, clock.monotonic(), clock.wall())
+        verdicts.append(watch.view(clock.monotonic(), 5.0, FRESH_S).stalled)
+    assert verdicts == [False] * len(rows)
+    # the same figures with KV usage frozen (no way to see the chunks) would have been a stall
+    clock, watch = FakeClock(), StallWatch()
+    start = clock.monotonic()
+    frozen = []
+    for t, running, waiting, prompt, gen, _kv in rows[:-1]:
+        clock.advance(start + t - clock.monotonic())
+        m = replace(
+            LOAD,
+            requests_running=running,
+            requests_waiting=waiting,
+            prompt_tokens_total=prompt,
+            generation_tokens_total=gen,
+            kv_cache_usage=0.0,
+        )
+        watch.observe(m, clock.monotonic(), clock.wall())
+        frozen.append(watch.view(clock.monotonic(), 5.0, FRESH_S).stalled)
+    assert frozen[-1] is True

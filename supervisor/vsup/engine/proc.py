@@ -14,8 +14,8 @@ after a SIGKILL of the API server), every descendant seen while it ran (refreshe
 periodically: a descendant may change its group), and the descendants of all of those.
 Processes are identified by pid *and* start time, so a reused pid is never signalled.
 
-The scans read /proc directly (about 20 us a process here; psutil's process_iter is 3x
-slower); they are still called from a thread by the runner.
+The scans read /proc directly (cheaper than psutil's process_iter: docs/benchmarks.md); they
+are still called from a thread by the runner.
 """
 
 from __future__ import annotations

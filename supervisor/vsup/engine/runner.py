@@ -7,10 +7,9 @@ sweep the tree, wait for the GPU memory, then restart, back off or finish. A per
 (Engine.start/stop/restart) only set the instance's wishes and wake the runner.
 
 Exit detection is immediate: the pidfd callback resolves `process.exited`, which wakes the
-runner; the state changes before anything else is awaited. Measured here (2 cores): SIGKILL ->
-`exit` event 4 ms median, 8 ms p99 for a small process (tests/integration/engine); for a real
-vLLM API server 48-110 ms, almost all of it the kernel tearing down a 2 GiB process before its
-pidfd turns readable (the engine's own part: about 1.3 ms).
+runner; the state changes before anything else is awaited. How long SIGKILL -> `exit` event
+takes (for a real vLLM API server it is mostly the kernel tearing the process down before its
+pidfd turns readable): docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -120,6 +120,7 @@ class Runner:
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
+        proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         proc.exit_future.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
@@ -138,6 +139,7 @@ class Runner:
         """Take over a process an earlier daemon started: hold a start turn if it is not
         ready yet (co-tenants must not start beside it)."""
         proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
+        proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         h = await health.check(
             self.e.http_client(), self.inst.spec.health_url, self.e.health_timeout_s
         )
@@ -210,7 +212,10 @@ class Runner:
             starting=lc.ready_since is None,
         )
         inst.process = None
-        self._exited(proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys())
+        rank = proc.ranks.died[0] if proc.ranks.died is not None else None
+        self._exited(
+            proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys(), rank=rank
+        )
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
@@ -248,6 +253,7 @@ class Runner:
         status: ExitStatus,
         classified: Classified,
         own_pids: Collection[int] = (),
+        rank: int | None = None,
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -256,6 +262,7 @@ class Runner:
             reason=classified.reason,
             at=iso_utc(e.clock.wall()),
             log_excerpt=classified.excerpt,
+            rank=rank,
         )
         hold = fail_fast = None
         if last.reason == GPU_MEMORY_INSUFFICIENT and lc.state != "stopping":
@@ -266,6 +273,8 @@ class Runner:
                 vllm_said = (last.log_excerpt or "").split("\n")[0]
                 fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
+        if rank is not None and decision.action == "failed" and lc.failed_why:
+            lc.failed_why += f" (its last run ended when data-parallel rank {rank} died)"
         e.emit(
             inst,
             "exit",
@@ -275,6 +284,7 @@ class Runner:
             signal=last.signal,
             reason=last.reason,
             log_excerpt=last.log_excerpt,
+            **({"rank": rank} if rank is not None else {}),
         )
         if decision.action == "restart":
             e.emit(
@@ -371,6 +381,37 @@ class Runner:
         if resume:
             self.e.spawn_background(teardown.resume_when_gone(self.e, inst, proc, pids, message))
 
+    def _rank_exited(self, proc: RunningProcess, rank: int, pid: int) -> None:
+        """A data-parallel rank's engine core ended (engine/ranks.py). vLLM then ends the
+        whole server, answering /health 200 for seconds first: a ready instance turns
+        unhealthy now, and the runner ends it as `engine_dead` and restarts it as a unit. Exits
+        during vsup's own stop, and the other ranks vLLM stops after the first, are not news."""
+        inst, lc = self.inst, self.lc
+        if (
+            inst.process is not proc
+            or not proc.alive
+            or proc.ranks.died is not None
+            or not inst.control.want
+            or inst.control.restart
+            or lc.state not in ("starting", "ready", "unhealthy")
+        ):
+            return
+        proc.ranks.died = (rank, pid)
+        why = f"data-parallel rank {rank} (VLLM::EngineCore_DP{rank}, pid {pid}) died"
+        self.e.emit(inst, "rank_exit", run=proc.run, rank=rank, pid=pid, message=why)
+        if lc.engine_died():
+            self.e.emit(
+                inst,
+                "unhealthy",
+                run=proc.run,
+                pid=proc.pid,
+                failures=lc.health_failures,
+                status=None,
+                error=why,
+                rank=rank,
+            )
+        inst.control.kick.set()
+
     # -- health -------------------------------------------------------------------------------
 
     async def _health_loop(self, proc: RunningProcess) -> None:
@@ -415,7 +456,9 @@ class Runner:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
         and keep the run log under its cap."""
         table = await self.e.scan_processes()
-        proc.remember(proc.tree(table))
+        members = proc.tree(table)
+        proc.remember(members)
+        proc.ranks.update(members)
         if self.inst.logs.over_cap(proc.run):
             await asyncio.to_thread(self.inst.logs.cap, proc.run)
 

@@ -41,6 +41,7 @@ from vsup.control.advice import (
 )
 from vsup.control.alerts import Alerts
 from vsup.control.api import build_app
+from vsup.control.dpstatus import parallel_fields
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
@@ -424,6 +425,7 @@ class Daemon(Restore, ControlMethods):
                 **self.monitor.fields(name, live),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
+                **parallel_fields(inst, gpus),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone

@@ -8,8 +8,11 @@ shutdown first), then 503 for 4.6 s, and the API server exited with code 0 after
 log never names the rank that died (it names the survivors it stops). So the engine watches each
 rank's process itself: the first rank to exit while the run is wanted is the one that died.
 
-The runner calls `update()` with each tree scan; a pidfd per rank (`os.pidfd_open`, on the
-loop, like the API server's own watch) reports an exit at once.
+The runner calls `update()` with each tree scan of a data-parallel instance, with the titles of
+the members not yet known as ranks (`unnamed()`), read in a worker thread: reading
+/proc/PID/cmdline takes the target's memory-map lock and can stall behind a process stuck in
+the kernel. A pidfd per rank (`os.pidfd_open`, on the loop, like the API server's own watch)
+reports an exit at once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vsup.telemetry.dpranks import SeenRank, rank_from_title, read_title
+
+
+def read_titles(pids: list[int]) -> dict[int, str]:
+    """pid -> process title (blocking: call from a thread)."""
+    return {pid: read_title(pid) for pid in pids}
 
 
 class _Member(Protocol):
@@ -46,23 +54,25 @@ class RankWatch:
     (an exit while the run was wanted, not one of its own stop)."""
 
     on_exit: Callable[[int, int], None] | None = None
-    title_of: Callable[[int], str] = read_title
     ranks: dict[int, _Rank] = field(default_factory=dict)
     died: tuple[int, int] | None = None
     _closed: bool = False
 
-    def update(self, members: Mapping[int, Any]) -> None:
-        """Take one scan of the tree (pid -> object with pid, ppid, create_time): name new
-        ranks (a process sets its title a moment after it starts, so members that are not
-        ranks are read again next scan), refresh each rank's descendants."""
+    def unnamed(self, members: Mapping[int, Any]) -> list[int]:
+        """The members whose title `update` needs: all but the known ranks (a process sets its
+        title a moment after it starts, so one that is not a rank yet is read again)."""
+        known = {r.pid for r in self.ranks.values()}
+        return [pid for pid in members if pid not in known]
+
+    def update(self, members: Mapping[int, Any], titles: Mapping[int, str]) -> None:
+        """Take one scan of the tree (pid -> object with pid, ppid, create_time) and the
+        titles of `unnamed(members)`: name new ranks, refresh each rank's descendants."""
         if self._closed:
             return
-        by_pid = {r.pid: n for n, r in self.ranks.items()}
-        for pid, info in members.items():
-            if pid in by_pid:
-                continue
-            rank = rank_from_title(self.title_of(pid))
-            if rank is None or (rank in self.ranks and self.ranks[rank].alive):
+        for pid, title in titles.items():
+            info = members.get(pid)
+            rank = rank_from_title(title)
+            if info is None or rank is None or (rank in self.ranks and self.ranks[rank].alive):
                 continue
             self.ranks[rank] = _Rank(pid, info.create_time)
             self._watch(rank)

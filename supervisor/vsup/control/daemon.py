@@ -42,6 +42,7 @@ from vsup.control.advice import (
 )
 from vsup.control.alerts import Alerts
 from vsup.control.api import build_app
+from vsup.control.dpstatus import parallel_fields
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
@@ -469,6 +470,7 @@ class Daemon:
                 **self.monitor.fields(name, live),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
+                **parallel_fields(inst, gpus),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone

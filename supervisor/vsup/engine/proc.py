@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from vsup.engine.ranks import RankWatch
+
 log = logging.getLogger("vsup.engine")
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -204,6 +206,7 @@ class RunningProcess:
     # pid -> start time of every process of the tree seen while it ran, this one included
     tracked: dict[int, float] = field(default_factory=dict)
     exited: asyncio.Future | None = None
+    ranks: RankWatch = field(default_factory=RankWatch)  # data-parallel engine cores
     _pidfd: int | None = None
     _poller: asyncio.Task | None = None
 
@@ -288,6 +291,7 @@ class RunningProcess:
 
     def close(self) -> None:
         """Stop watching (the process keeps running: used when the daemon detaches)."""
+        self.ranks.close()
         if self._pidfd is not None:
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._pidfd)

@@ -13,28 +13,19 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
 
 
-def vsup(home: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VSUP_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-    )
+vsup = partial(run_vsup, timeout=1200)
 
 
 def status(home: Path) -> dict:

@@ -142,9 +142,21 @@ def events(client: Client, kind: str) -> list[dict]:
 
 
 def freeze_under_load(port: int, api_pid: int, stopped: list[int]) -> tuple[Load, int, float]:
-    """Start the load, and SIGSTOP the EngineCore once vLLM says requests run."""
-    load = Load(port)
-    wait_for(lambda: vllm_running(port) > 0, 60, "requests running", interval=0.02)
+    """Start the load, and SIGSTOP the EngineCore once vLLM says requests run. The tiny model
+    decodes thousands of tokens a second: a load that ended before a scrape saw it running is
+    replaced by a new one (at most 3 tries)."""
+    for _ in range(3):
+        load = Load(port)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and vllm_running(port) == 0:
+            if all(not t.is_alive() for t in load.threads):
+                break
+            time.sleep(0.01)
+        if vllm_running(port) > 0:
+            break
+        load.join(60)
+    else:
+        raise AssertionError(f"no request seen running; the last load's answers: {load.answers}")
     core = engine_core(api_pid)
     stopped.append(core.pid)
     os.kill(core.pid, signal.SIGSTOP)

@@ -161,7 +161,16 @@ class Daemon(Restore, ControlMethods):
         if kind not in ("action",):
             self._state_dirty.set()
 
-    def _requests_running(self, name: str) -> float | None:
+    async def _requests_running(self, name: str) -> float | None:
+        """Requests an instance runs or queues, read fresh for a drain (the last poll's figure
+        may predate requests the router sent just before it removed the instance)."""
+        inst = self.engine.instances.get(name)
+        scraper = self.monitor.scraper
+        if inst is not None and scraper is not None:
+            result = await scraper.scrape(inst.spec.base_url)
+            m = result.metrics if result.ok else None
+            if m is not None and m.requests_running is not None:
+                return m.requests_running + (m.requests_waiting or 0)
         metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
 
@@ -302,6 +311,7 @@ class Daemon(Restore, ControlMethods):
             instances=instances,
             daemon_pid=os.getpid(),
             journal_seq=self.journal.next_seq,
+            router=self.engine.router.adopt_record(),
         )
 
     def _write_state(self, doc: DaemonState | None = None) -> bool:
@@ -397,11 +407,16 @@ class Daemon(Restore, ControlMethods):
     async def poll_once(self) -> StatusSnapshot:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
         self._check_writes()
-        await self.monitor.poll(self._targets())
+        await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
         self.poll_count += 1
         snap = self.build_snapshot()
         self.alerts.observe(snap.advice)
         return snap
+
+    async def _poll_router(self) -> None:
+        """The router's figures and worker list (at most a poll interval: it never delays one)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.engine.router.poll(), self.poll_interval)
 
     # ----------------------------------------------------------------- snapshot
 
@@ -448,6 +463,7 @@ class Daemon(Restore, ControlMethods):
             gpus=gpus,
             instances=tuple(instances),
             advice=compute_advice(instances, gpus, inputs),
+            router=self.engine.router.status_json(self.node.hostname),
         )
         self._snapshot = snap
         return snap

@@ -88,11 +88,36 @@ class Restore:
                     await self.engine.start(name, automatic=True)
                 continue
             self._register_idle(spec, rec)
+        self._restore_router(state.router)
         await self._settle_adopted()
         self._alert_restart(vanished)
         if self.metrics_listen:
             await self._start_metrics()
         self._state_dirty.set()
+
+    def _restore_router(self, doc: dict[str, Any] | None) -> None:
+        """The router the last daemon ran: adopted when it still runs, else started again
+        (unless its policy is `never` or it was stopped on purpose)."""
+        if not doc:
+            return
+        from vsup.router import RouterSpec
+
+        try:
+            spec = RouterSpec.from_json(doc.get("spec") or {})
+            record = AdoptRecord.from_json(doc["process"]) if doc.get("process") else None
+        except (KeyError, TypeError, ValueError) as exc:
+            self._report_problem("state_file", f"router: {exc}")
+            return
+        router = self.engine.router
+        if record is not None and router.adopt(spec, record):
+            log.info("re-adopted the router (pid %s, run %s)", record.pid, record.run)
+            return
+        if record is None:
+            router.register(
+                spec, run=int(doc.get("run") or 0), restarts=int(doc.get("restarts") or 0)
+            )
+        if doc.get("state") not in ("stopped", "failed") and spec.restart.policy != "never":
+            self._spawn(router.start(automatic=True), "router start")
 
     def _alert_restart(self, vanished: list[str]) -> None:
         """`daemon_restarted`: this daemon took over instances a previous one left."""

@@ -52,6 +52,8 @@ class ControlMethods:
         if errors:
             return _refused(errors, warnings)
         plan = self.engine.diff(specs, rolling=not all_at_once).to_json()
+        router = _router_of(layout_obj, specs)
+        plan["router"] = self.engine.router.diff(router)  # additive: start|restart|stop|...
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.layout_toml, self.layout_path = toml, path
@@ -82,10 +84,13 @@ class ControlMethods:
         else:
             await self.metrics.stop()
         async with self._apply_lock:
+            # The router first: its members follow as the instances become ready.
+            router_action = await self.engine.router.apply(router)
             # Returns once every start is under way (stops of removed instances continue).
             plan = (
                 await self.engine.apply(specs, rolling=not all_at_once, **_rollout_keys(layout_obj))
             ).to_json()
+            plan["router"] = router_action
         self._state_dirty.set()
         return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
@@ -254,6 +259,13 @@ def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list
     except LayoutError as exc:
         return layout_obj, [], list(exc.diagnostics)
     return layout_obj, specs, diags
+
+
+def _router_of(layout_obj: Any, specs: list) -> Any:
+    """The layout's RouterSpec, or None without a `[router]` table."""
+    from vsup.router import router_spec
+
+    return router_spec(layout_obj, specs)
 
 
 def layout_diagnostics(path: Path | str) -> list:

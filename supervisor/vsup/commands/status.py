@@ -102,6 +102,20 @@ def render(doc: dict[str, Any]) -> str:
                 fmt_duration(i.get("uptime_s")),
             )
         )
+    router = doc.get("router")
+    if router:
+        # the router's own row: it is no instance, so only the columns that apply
+        rows.append(
+            (
+                "(router)",
+                router.get("state", "?"),
+                _num(router.get("pid"), "{}"),
+                _num(router.get("port"), "{}"),
+                *("-",) * 7,
+                str(router.get("restarts", 0)),
+                fmt_duration(router.get("uptime_s")),
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for r in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip())
@@ -115,6 +129,10 @@ def render(doc: dict[str, Any]) -> str:
             if le.get("log_excerpt"):
                 line += f": {le['log_excerpt'].strip().splitlines()[-1][:160]}"
             lines.append(line)
+    from vsup.routerview import router_line
+
+    if router:
+        lines.append(router_line(router) or "")
     if any(i.get("backend_source") not in (None, "log") and i.get("backend") for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
     for a in doc.get("advice", ()):

@@ -227,6 +227,8 @@ class ControlMethods:
         try:
             if stop_instances:
                 async with self._apply_lock:
+                    # the router first: it would send requests to instances on their way out
+                    await self.engine.router.stop()
                     await asyncio.gather(
                         *(self.engine.stop(n) for n in list(self.engine.instances)),
                         return_exceptions=True,

@@ -137,6 +137,8 @@ class Daemon(Restore, ControlMethods):
             requests_running=self._requests_running,
             **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
         )
+        # a ready instance the latest snapshot flags `stalled` gets no request from the router
+        self.engine.router.exclude = self._stalled
 
     # ----------------------------------------------------------------- engine events
 
@@ -160,6 +162,12 @@ class Daemon(Restore, ControlMethods):
             log.info("%s %s %s", name or "-", kind, " ".join(f"{k}={doc[k]}" for k in keys))
         if kind not in ("action",):
             self._state_dirty.set()
+
+    def _stalled(self, name: str) -> bool:
+        """Whether stall detection flags the instance in the latest snapshot (False when it
+        is not known: an instance is no less a worker for lack of a figure)."""
+        inst = self._snapshot.instance(name) if self._snapshot is not None else None
+        return bool(getattr(inst, "stalled", None))
 
     async def _requests_running(self, name: str) -> float | None:
         """Requests an instance runs or queues, read fresh for a drain (the last poll's figure

@@ -302,6 +302,12 @@ class Engine:
                     await self.restart(inst.name, drain=True)
                 outcomes = [(inst, await self._restarted(inst)) for inst in wave]
                 bad = [(inst, state) for inst, state in outcomes if state != "ready"]
+                # ready is not serving until the router routes to it again: the next wave's
+                # removal must not leave the router with fewer workers than max_unavailable
+                # allows
+                for inst, state in outcomes:
+                    if state == "ready":
+                        await self.router.joined(inst.name)
                 if bad:
                     rollout.end(
                         RolloutState.FAILED,

@@ -49,6 +49,9 @@ LEAVE_TIMEOUT_S = 5.0
 RETRY_S = 1.0  # a reconcile the router refused is tried again this often
 RECHECK_S = 10.0  # and the worker set is compared with vsup's view at least this often
 DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
+# A rollout waits at most this long for a restarted instance to be a worker again (add_worker
+# waits for its /health, which a ready instance answers at once).
+JOIN_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,29 @@ class RouterSupervisor:
         if settle:
             await asyncio.sleep(LEAVE_SETTLE_S)
 
+    async def joined(self, name: str, timeout_s: float = JOIN_TIMEOUT_S) -> bool:
+        """Wait until the router routes to `name` again (a rollout's next wave waits for it);
+        True at once when there is nothing to wait for (not a member, not wanted, no router
+        serving). False after `timeout_s`."""
+
+        def waiting() -> bool:
+            if not self.serving or self.membership is None or name not in self.membership.workers:
+                return False
+            url = self.membership.workers[name]
+            if url not in self.membership.desired(self.states()):
+                return False
+            return self.in_router is None or url not in self.in_router
+
+        if not waiting():
+            return True
+        self.wake()
+        try:
+            await asyncio.wait_for(self.e._until(lambda: not waiting()), timeout_s)
+        except TimeoutError:
+            log.warning("%s is ready but not back in the router after %.0f s", name, timeout_s)
+            return False
+        return True
+
     def states(self) -> dict[str, str]:
         """Instance states as membership reads them (an excluded one is not `ready`)."""
         out = {}
@@ -379,6 +405,7 @@ class RouterSupervisor:
         self.last_error = None
         if change:
             self.emit("router_workers", add=list(change.add), remove=list(change.remove))
+        self.e.notify()  # a rollout may wait for a member to be back (joined)
 
     async def _reconcile_loop(self) -> None:
         while True:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,28 @@ async def test_a_new_engine_adopts_the_running_router(
     await until_workers(spec, [a.base_url])
     await second.shutdown(stop_instances=True)
     await until(lambda: not pid_alive(pid), timeout=20)
+
+
+async def test_a_rollout_takes_the_next_replica_out_only_once_the_last_is_back_in_the_router(
+    engine, emulator_spec, port_factory, token, events
+):
+    eng = engine()
+    specs = [emulator_spec(n, "--startup-s", "0.3") for n in ("a", "b")]
+    spec = router_spec(port_factory, token, specs)
+    await eng.router.apply(spec)
+    await eng.apply(specs, wait=True)
+    await until_workers(spec, [s.base_url for s in specs], timeout=60)
+    changed = [replace(s, args={**s.args, "say": "v2"}) for s in specs]
+    await eng.apply(changed, wait=True)
+    assert eng.rollout.state == "done"
+    await until_workers(spec, [s.base_url for s in specs])
+    moves = [
+        (u, kind)
+        for e in events.of("router_workers")
+        for kind in ("remove", "add")
+        for u in e[kind]
+    ]
+    a, b = specs[0].base_url, specs[1].base_url
+    # a leaves, comes back, and only then b leaves: the router always had a worker
+    order = [m for m in moves if m in ((a, "remove"), (a, "add"), (b, "remove"))]
+    assert order[-3:] == [(a, "remove"), (a, "add"), (b, "remove")]

@@ -45,6 +45,7 @@ class Node:
     model: str
     ports: dict[str, int]
     router_port: int
+    metrics_port: int
     layout: Path
     env: dict[str, str]
 
@@ -94,7 +95,7 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, max_failur
 
 [router]
 port = {node.router_port}
-metrics_port = {free_port()}
+metrics_port = {node.metrics_port}
 host = "127.0.0.1"
 policy = "round_robin"
 command = {json.dumps(router_command())}
@@ -133,7 +134,7 @@ def node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     home = Path(tempfile.mkdtemp(prefix="vsup-", dir="/tmp"))
     ports = {name: free_port() for name in NAMES}
     layout = tmp_path_factory.mktemp("layouts") / "v1.toml"
-    n = Node(home, str(tiny_model), ports, free_port(), layout, dict(VLLM_ENV))
+    n = Node(home, str(tiny_model), ports, free_port(), free_port(), layout, dict(VLLM_ENV))
     layout.write_text(layout_text(n, n.env, MAX_MODEL_LEN))
     try:
         up = n.vsup("up", str(layout), "--detach", "--wait", "--timeout", "1200")
@@ -244,6 +245,7 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
     proc, took, load = asyncio.run(under_load())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rollout done (2/2 restarted)" in proc.stdout
+    assert "router: restart" not in proc.stdout  # only its members restart
     events = node.events()
     drains = [e for e in events if e.get("kind") == "drain"]
     waited = ", ".join(f"{e['waited_s']:.2f}" for e in drains)

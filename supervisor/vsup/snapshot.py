@@ -282,6 +282,8 @@ class StatusSnapshot:
     instances: tuple[InstanceStatus, ...]
     advice: tuple[Advice, ...] = ()
     schema: int = SCHEMA
+    # the layout's vllm-router (engine/routing.py `status_json`), None without `[router]`
+    router: dict[str, Any] | None = None
 
     @property
     def ready_count(self) -> int:
@@ -330,6 +332,7 @@ class StatusSnapshot:
                 for i in doc.get("instances", ())
             ),
             advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
+            router=doc.get("router"),
         )
 
 

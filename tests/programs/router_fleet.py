@@ -125,9 +125,11 @@ async def steady_load(
     max_tokens: int = 4,
     rate_per_s: float | None = None,
     timeout_s: float = 60.0,
+    stop: asyncio.Event | None = None,
 ) -> LoadResult:
-    """`concurrency` loops of completions for `duration_s` (at most `rate_per_s` in all when
-    given): bounded in time and in requests in flight. Loopback only."""
+    """`concurrency` loops of completions for `duration_s` or until `stop` is set (at most
+    `rate_per_s` in all when given): bounded in time and in requests in flight. Loopback
+    only."""
     result = LoadResult()
     body = completion_body(model, max_tokens)
     deadline = time.monotonic() + duration_s
@@ -139,7 +141,7 @@ async def steady_load(
             next_at = time.monotonic() + offset
             while True:
                 now = time.monotonic()
-                if now >= deadline:
+                if now >= deadline or (stop is not None and stop.is_set()):
                     return
                 if gap and next_at > now:
                     await asyncio.sleep(next_at - now)

@@ -20,8 +20,8 @@ PACKAGE = Path(vsup.__file__).parent
 MAY_IMPORT: dict[str, set[str]] = {
     "layout": set(),
     "telemetry": {"layout.spec"},
-    "engine": {"layout.spec", "telemetry"},
-    "control": {"layout", "telemetry", "engine"},
+    "engine": {"layout.spec", "telemetry", "router"},
+    "control": {"layout", "telemetry", "engine", "router"},
     "tui": {"control.client", "layout"},
     "commands": {"*"},
     "demo": {"layout"},

@@ -124,6 +124,20 @@ def render(doc: dict[str, Any]) -> str:
                 fmt_duration(i.get("uptime_s")),
             )
         )
+    router = doc.get("router")
+    if router:
+        # the router's own row: it is no instance, so only the columns that apply
+        rows.append(
+            (
+                "(router)",
+                router.get("state", "?"),
+                _num(router.get("pid"), "{}"),
+                _num(router.get("port"), "{}"),
+                *("-",) * (len(header) - 6),
+                str(router.get("restarts", 0)),
+                fmt_duration(router.get("uptime_s")),
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for r in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip())
@@ -142,6 +156,10 @@ def render(doc: dict[str, Any]) -> str:
     for i in insts:
         if i.get("ranks"):
             lines.append(f"{i['name']} ranks: " + "; ".join(_rank(r) for r in i["ranks"]))
+    if router:
+        from vsup.routerview import router_line
+
+        lines.append(router_line(router) or "")
     if any(i.get("backend_source") not in (None, "log") and i.get("backend") for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
     for a in doc.get("advice", ()):

@@ -132,9 +132,31 @@ def _up(args: argparse.Namespace) -> int:
             names = [n for k in keys for n in plan.get(k, ())]
             if code == 0:
                 code = wait_and_report(client, names, args.timeout)
+            if code == 0 and plan.get("router") not in (None, "stop"):
+                code = wait_router(client, args.timeout)
     if args.detach:
         return code
     return open_dashboard() or code
+
+
+def wait_router(client: Any, timeout: float) -> int:
+    """`--wait` with a router: until it serves every ready member (1 when it does not in
+    `timeout` seconds)."""
+    from vsup.routerview import router_line
+
+    deadline = time.monotonic() + timeout
+    while True:
+        router = client.status().get("router")
+        if router is None:
+            return 0
+        members = [w for w in router.get("workers", ()) if w.get("wanted")]
+        if router.get("state") == "ready" and all(w.get("in_router") for w in members):
+            print(router_line(router))
+            return 0
+        if router.get("state") == "failed" or time.monotonic() > deadline:
+            print(f"vsup up: the router does not serve: {router_line(router)}", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
 
 
 def serving_names(status: dict[str, Any]) -> set[str]:
@@ -241,6 +263,8 @@ def print_plan(plan: dict, serving: set[str] | None = None) -> None:
         print(f"update without restart: {', '.join(plan['update'])}")
     if plan.get("unchanged"):
         print(f"unchanged: {', '.join(plan['unchanged'])}")
+    if plan.get("router") not in (None, "unchanged"):
+        print(f"router: {plan['router']}")
 
 
 def open_dashboard() -> int:

@@ -143,6 +143,8 @@ class Daemon:
         )
         self.service = DaemonService(self)
         self.stalls = StallActions(self.journal.append, self.engine)
+        # a ready instance the latest snapshot flags `stalled` gets no request from the router
+        self.engine.router.exclude = self._stalled
 
     # ----------------------------------------------------------------- engine events
 
@@ -167,7 +169,22 @@ class Daemon:
         if kind not in ("action",):
             self._state_dirty.set()
 
-    def _requests_running(self, name: str) -> float | None:
+    def _stalled(self, name: str) -> bool:
+        """Whether stall detection flags the instance in the latest snapshot (False when it
+        is not known: an instance is no less a worker for lack of a figure)."""
+        inst = self._snapshot.instance(name) if self._snapshot is not None else None
+        return bool(inst is not None and inst.stalled)
+
+    async def _requests_running(self, name: str) -> float | None:
+        """Requests an instance runs or queues, read fresh for a drain (the last poll's figure
+        may predate requests the router sent just before it removed the instance)."""
+        inst = self.engine.instances.get(name)
+        scraper = self.monitor.scraper
+        if inst is not None and scraper is not None:
+            result = await scraper.scrape(inst.spec.base_url)
+            m = result.metrics if result.ok else None
+            if m is not None and m.requests_running is not None:
+                return m.requests_running + (m.requests_waiting or 0)
         metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
 
@@ -312,6 +329,8 @@ class Daemon:
         try:
             if stop_instances:
                 async with self.apply_lock:
+                    # the router first: it would send requests to instances on their way out
+                    await self.engine.router.stop()
                     await asyncio.gather(
                         *(self.engine.stop(n) for n in list(self.engine.instances)),
                         return_exceptions=True,
@@ -349,6 +368,7 @@ class Daemon:
             instances=instances,
             daemon_pid=os.getpid(),
             journal_seq=self.journal.next_seq,
+            router=self.engine.router.adopt_record(),
         )
 
     def _write_state(self, doc: DaemonState | None = None) -> bool:
@@ -444,12 +464,17 @@ class Daemon:
     async def poll_once(self) -> StatusSnapshot:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
         self._check_writes()
-        await self.monitor.poll(self._targets())
+        await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
         self.poll_count += 1
         snap = self.build_snapshot()
         self.stalls.observe(snap.instances)
         self.alerts.observe(snap.advice)
         return snap
+
+    async def _poll_router(self) -> None:
+        """The router's figures and worker list (at most a poll interval: it never delays one)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.engine.router.poll(), self.poll_interval)
 
     # ----------------------------------------------------------------- snapshot
 
@@ -502,6 +527,7 @@ class Daemon:
             gpus=gpus,
             instances=tuple(instances),
             advice=compute_advice(instances, gpus, inputs),
+            router=self.engine.router.status_json(self.node.hostname),
         )
         self._snapshot = snap
         return snap

@@ -195,6 +195,62 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             [a.kind, a.severity, a.instance or "", "" if a.gpu is None else str(a.gpu)], 1
         )
     yield advice
+    yield from router_metrics(snap)
+
+
+def router_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """`vsup_router_*`: the layout's vllm-router (nothing without one; unknown values left
+    out). Shares are of the requests the router sent since it started."""
+    router = snap.router
+    if not router:
+        return
+    labels = ["port"]
+    port = str(router.get("port"))
+    state = GaugeMetricFamily(
+        "vsup_router_state", "1 for the router's current state", labels=[*labels, "state"]
+    )
+    for s in STATES:
+        state.add_metric([port, s], 1 if router.get("state") == s else 0)
+    up = GaugeMetricFamily("vsup_router_up", "1 when the router serves", labels=labels)
+    up.add_metric([port], 1 if router.get("state") == "ready" else 0)
+    restarts = CounterMetricFamily(
+        "vsup_router_restarts", "Automatic restarts of the router", labels=labels
+    )
+    restarts.add_metric([port], router.get("restarts") or 0)
+    gauges = {
+        "requests_per_s": GaugeMetricFamily(
+            "vsup_router_requests_per_second", "Requests the router took", labels=labels
+        ),
+        "errors_per_s": GaugeMetricFamily(
+            "vsup_router_errors_per_second",
+            "Requests the router answered with an error",
+            labels=labels,
+        ),
+    }
+    for key, fam in gauges.items():
+        if router.get(key) is not None:
+            fam.add_metric([port], router[key])
+    share = GaugeMetricFamily(
+        "vsup_router_worker_share",
+        "A member instance's fraction of the router's requests",
+        labels=[*labels, "name"],
+    )
+    member = GaugeMetricFamily(
+        "vsup_router_worker_in_router",
+        "1 when the instance is in the router's worker set",
+        labels=[*labels, "name"],
+    )
+    for w in router.get("workers") or ():
+        if w.get("share") is not None:
+            share.add_metric([port, w["name"]], w["share"])
+        if w.get("in_router") is not None:
+            member.add_metric([port, w["name"]], 1 if w["in_router"] else 0)
+    yield state
+    yield up
+    yield restarts
+    yield from gauges.values()
+    yield share
+    yield member
 
 
 def gpu_health_metrics(snap: StatusSnapshot) -> Iterator[Metric]:

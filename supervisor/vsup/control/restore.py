@@ -85,11 +85,35 @@ async def restore(daemon: DaemonHost) -> None:
                 await daemon.engine.start(name, automatic=True)
             continue
         _register_idle(daemon.engine, spec, rec)
+    _restore_router(daemon, state.router)
     await _settle_adopted(daemon.engine)
     _alert_restart(daemon, vanished)
     if daemon.metrics_listen:
         await daemon.start_metrics()
     daemon.state_changed()
+
+
+def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
+    """The router the last daemon ran: adopted when it still runs, else started again (unless
+    its policy is `never` or it was stopped on purpose)."""
+    if not doc:
+        return
+    from vsup.router import RouterSpec
+
+    try:
+        spec = RouterSpec.from_json(doc.get("spec") or {})
+        record = AdoptRecord.from_json(doc["process"]) if doc.get("process") else None
+    except (KeyError, TypeError, ValueError) as exc:
+        daemon.report_problem("state_file", f"router: {exc}")
+        return
+    router = daemon.engine.router
+    if record is not None and router.adopt(spec, record):
+        log.info("re-adopted the router (pid %s, run %s)", record.pid, record.run)
+        return
+    if record is None:
+        router.register(spec, run=int(doc.get("run") or 0), restarts=int(doc.get("restarts") or 0))
+    if doc.get("state") not in ("stopped", "failed") and spec.restart.policy != "never":
+        daemon.spawn(router.start(automatic=True), "router start")
 
 
 def _alert_restart(daemon: DaemonHost, vanished: list[str]) -> None:

@@ -60,7 +60,9 @@ class DaemonService:
         warnings = [d.to_json() for d in diags if not d.is_error]
         if errors:
             return _refused(errors, warnings)
-        plan = self.daemon.engine.diff(specs, rolling=not all_at_once).to_json()
+        plan: dict[str, Any] = self.daemon.engine.diff(specs, rolling=not all_at_once).to_json()
+        router = _router_of(layout_obj, specs)
+        plan["router"] = self.daemon.engine.router.diff(router)  # additive: start|restart|...
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.daemon.layout_toml, self.daemon.layout_path = toml, path
@@ -91,12 +93,17 @@ class DaemonService:
         else:
             await self.daemon.metrics.stop()
         async with self.daemon.apply_lock:
+            # The router first: its members follow as the instances become ready.
+            router_action = await self.daemon.engine.router.apply(router)
             # Returns once every start is under way (stops of removed instances continue).
-            plan = (
-                await self.daemon.engine.apply(
-                    specs, rolling=not all_at_once, **_rollout_keys(layout_obj)
-                )
-            ).to_json()
+            plan = dict(
+                (
+                    await self.daemon.engine.apply(
+                        specs, rolling=not all_at_once, **_rollout_keys(layout_obj)
+                    )
+                ).to_json()
+            )
+            plan["router"] = router_action
         self.daemon.state_changed()
         return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
@@ -241,6 +248,13 @@ def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list
     except LayoutError as exc:
         return layout_obj, [], list(exc.diagnostics)
     return layout_obj, specs, diags
+
+
+def _router_of(layout_obj: Any, specs: list) -> Any:
+    """The layout's RouterSpec, or None without a `[router]` table."""
+    from vsup.router import router_spec
+
+    return router_spec(layout_obj, specs)
 
 
 def layout_diagnostics(path: Path | str) -> list:

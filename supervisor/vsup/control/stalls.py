@@ -68,6 +68,7 @@ class StallActions:
             stall_after_s=after,
             on_stall=on_stall,
         )
+        self._membership_changed()
         if on_stall:
             why = (
                 f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} "
@@ -92,6 +93,14 @@ class StallActions:
             state=inst.state,
             why=why,
         )
+        self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        """A stalled instance leaves the router's workers (the daemon's `exclude` hook) now,
+        and rejoins when it clears, not at the router's next periodic check."""
+        router = getattr(self._engine, "router", None)
+        if router is not None:
+            router.wake()
 
     def _spec(self, name: str) -> Any:
         inst = self._engine.instances.get(name)

@@ -53,6 +53,8 @@ class DaemonState:
     written_at: float | None = None
     daemon_pid: int | None = None
     journal_seq: int = 0  # the journal's next seq when this was written (replay starts there)
+    # the router (engine/routing.py `adopt_record`): its spec and process, None without one
+    router: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class DaemonState:
                 "name": self.layout_name,
             },
             "instances": {name: asdict(rec) for name, rec in self.instances.items()},
+            "router": self.router,
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class DaemonState:
             written_at=_opt(doc.get("written_at"), (int, float), "written_at"),
             daemon_pid=_opt(doc.get("daemon_pid"), int, "daemon_pid"),
             journal_seq=_opt(doc.get("journal_seq", 0), int, "journal_seq") or 0,
+            router=_opt(doc.get("router"), dict, "router"),
         )
 
 

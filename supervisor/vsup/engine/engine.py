@@ -37,6 +37,7 @@ from vsup.engine.proc import (
     same_process,
 )
 from vsup.engine.rollout import Rollout, RolloutState
+from vsup.engine.routing import RouterSupervisor
 from vsup.engine.runlog import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RunLogs
 from vsup.engine.runner import Runner
 from vsup.engine.scheduler import DeviceScheduler
@@ -157,6 +158,8 @@ class Engine:
         self._table_scan: asyncio.Future | None = None
         self.rollout: Rollout | None = None  # the latest rolling apply (status JSON `rollout`)
         self._rollout_task: asyncio.Task | None = None
+        # the layout's vllm-router (engine/routing.py); its membership follows the instances
+        self.router = RouterSupervisor(self)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -300,6 +303,12 @@ class Engine:
                     await self.restart(inst.name, drain=True)
                 outcomes = [(inst, await self._restarted(inst)) for inst in wave]
                 bad = [(inst, state) for inst, state in outcomes if state != "ready"]
+                # ready is not serving until the router routes to it again: the next wave's
+                # removal must not leave the router with fewer workers than max_unavailable
+                # allows
+                for inst, state in outcomes:
+                    if state == "ready":
+                        await self.router.joined(inst.name)
                 if bad:
                     rollout.end(
                         RolloutState.FAILED,
@@ -340,6 +349,9 @@ class Engine:
         """Stop the instance and return when nothing of it is left running. With `drain`,
         first wait (at most `drain_timeout_s`) until it runs no request."""
         inst = self._get(name)
+        # no new request from the router before anything else (and, for a drain, the ones
+        # already sent counted)
+        await self.router.leave(name, settle=drain)
         self.emit(inst, "action", action="stop", drain=drain)
         inst.control.want = False
         inst.control.restart = False
@@ -357,6 +369,7 @@ class Engine:
     async def restart(self, name: str, drain: bool = False, wait: bool = False) -> None:
         """Stop the running process (if any) and start again; the breaker resets."""
         inst = self._get(name)
+        await self.router.leave(name, settle=drain)
         self.emit(inst, "action", action="restart", drain=drain)
         inst.control.want = True
         inst.control.drain = drain
@@ -486,9 +499,11 @@ class Engine:
         adopt (write the state file first: `Instance.adopt_record()`); then release the engine's
         resources. A spawn in flight while detaching is killed: nothing would know it."""
         if stop_instances:
+            await self.router.stop()
             await asyncio.gather(*(self.stop(n) for n in list(self._instances)))
         else:
             self.detached = True
+        await self.router.shutdown(stop_router=False)
         tasks = [i.control.task for i in self._instances.values() if i.control.task is not None]
         tasks += list(self._background)
         for t in tasks:
@@ -564,6 +579,7 @@ class Engine:
 
     def _on_state(self, inst: Instance, old: str, new: str) -> None:
         self.emit(inst, "state", **{"from": old, "to": new})
+        self.router.instance_state(inst.name, new)
         self.notify()
 
     def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:

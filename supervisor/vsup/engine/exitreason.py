@@ -4,7 +4,8 @@ The reasons (snapshot.EXIT_REASONS) and what decides each, first match wins:
 - `stopped`: the operator stopped it (whatever the log says).
 - a decisive log line, in this order of precedence (a root cause outranks what follows it):
   - `port_in_use`: `OSError: [Errno 98] Address already in use` (vLLM binding its port), or
-    uvicorn's `error while attempting to bind on address`. torch.distributed's EADDRINUSE for
+    uvicorn's `error while attempting to bind on address`, or vllm-router's `Address already in
+    use (os error 98)` (its metrics port). torch.distributed's EADDRINUSE for
     its own rendezvous port is deliberately not matched: that port is random, a retry helps.
   - `bad_args`: argparse's `prog: error: ...` (`unrecognized arguments`, `argument --x: ...`).
   - `model_not_found`: huggingface_hub's `Repo id must be in the form` (a local path that does
@@ -69,7 +70,10 @@ _RULES: tuple[tuple[ExitReason, re.Pattern[str]], ...] = (
         R.PORT_IN_USE,
         re.compile(
             r"\[Errno 98\][^\n]*address already in use"
-            r"|error while attempting to bind on address[^\n]*address already in use",
+            r"|error while attempting to bind on address[^\n]*address already in use"
+            # vllm-router (Rust), e.g. its metrics port: FailedToCreateHTTPListener("Address
+            # already in use (os error 98)")
+            r"|address already in use \(os error 98\)",
             re.IGNORECASE,
         ),
     ),

@@ -35,6 +35,12 @@ class RouterMembership:
         self.workers = dict(workers)
         self._leaving: set[str] = set()
 
+    def with_workers(self, workers: Mapping[str, str]) -> RouterMembership:
+        """The same membership over a new layout's members (instances still leaving stay out)."""
+        new = RouterMembership(workers)
+        new._leaving = {n for n in self._leaving if n in new.workers}
+        return new
+
     def desired(self, states: Mapping[str, str]) -> list[str]:
         """URLs of the member instances that are ready and not leaving, in layout order."""
         return [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from vsup.layout.flags import args_to_flags
@@ -76,6 +76,47 @@ class RouterSpec:
         if worker_urls:
             argv += ["--worker-urls", *worker_urls]
         return argv
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (the daemon's state file keeps the spec a router was started with)."""
+        return {
+            "port": self.port,
+            "metrics_port": self.metrics_port,
+            "host": self.host,
+            "policy": self.policy,
+            "model": self.model,
+            "command": list(self.command),
+            "args": dict(self.args),
+            "env": dict(self.env),
+            "restart": asdict(self.restart),
+            "workers": dict(self.workers),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RouterSpec:
+        """The inverse of `to_json`; raises ValueError on a document it cannot rebuild."""
+        try:
+            return cls(
+                port=int(doc["port"]),
+                metrics_port=int(doc["metrics_port"]),
+                host=str(doc["host"]),
+                policy=str(doc["policy"]),
+                model=doc.get("model"),
+                command=tuple(str(c) for c in doc["command"]),
+                args=dict(doc.get("args") or {}),
+                env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
+                restart=RestartPolicy(**(doc.get("restart") or {})),
+                workers={str(k): str(v) for k, v in (doc.get("workers") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"cannot rebuild the router spec ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def same_process(self, other: RouterSpec) -> bool:
+        """Whether `other` runs the same router process (only the workers may differ: those
+        change through the worker API, never by a restart)."""
+        return replace(self, workers={}) == replace(other, workers={})
 
 
 def router_spec(layout: Layout, specs: Sequence[InstanceSpec]) -> RouterSpec | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -166,7 +168,41 @@ def test_grafana_dashboard_uses_only_series_the_exporter_serves():
     used = {m for e in exprs for m in re.findall(r"vsup_[a-z_]+", e)}
     served = {
         s.name
-        for fam in text_string_to_metric_families(render(snapshot()).decode())
+        for fam in text_string_to_metric_families(render(with_router()).decode())
         for s in fam.samples
     }
     assert used and used <= served, used - served
+
+
+ROUTER = {
+    "state": "ready",
+    "port": 8080,
+    "restarts": 1,
+    "requests_per_s": 12.5,
+    "errors_per_s": None,
+    "workers": [
+        {"name": "g0", "in_router": True, "share": 0.75},
+        {"name": "g1", "in_router": False, "share": 0.25},
+    ],
+}
+
+
+def with_router() -> StatusSnapshot:
+    return replace(snapshot(), router={**ROUTER, "errors_per_s": 0.0})
+
+
+def test_the_router_is_exported_with_its_workers_shares():
+    got = samples(render(replace(snapshot(), router=ROUTER)).decode())
+    port = ("port", "8080")
+    assert got[("vsup_router_up", (port,))] == 1
+    assert got[("vsup_router_state", (port, ("state", "ready")))] == 1
+    assert got[("vsup_router_requests_per_second", (port,))] == 12.5
+    assert ("vsup_router_errors_per_second", (port,)) not in got  # unknown: left out
+    assert got[("vsup_router_worker_share", (("name", "g0"), port))] == 0.75
+    assert got[("vsup_router_worker_in_router", (("name", "g1"), port))] == 0
+
+
+def test_no_router_no_router_series():
+    assert not any(
+        name.startswith("vsup_router") for name, _ in samples(render(snapshot()).decode())
+    )

@@ -197,3 +197,59 @@ async def test_on_stall_restarts_through_the_restart_policy_until_the_breaker_tr
     await asyncio.sleep(STALL_AFTER_S + 1)
     inst = await instance(client, "a")
     assert inst["state"] == "ready" and inst["stalled"] is False
+
+
+ROUTER = Path(sys.executable).parent / "vllm-router"
+
+
+@pytest.mark.skipif(not ROUTER.exists(), reason="vllm-router (the router extra)")
+async def test_a_stalled_instance_leaves_the_router_and_rejoins_when_it_clears(
+    daemons, tmp_path
+) -> None:
+    """The real vllm-router in front of two emulators: a stall takes its instance out of the
+    router's workers (no new request for a hung engine), progress puts it back."""
+    from vsup.router import RouterClient
+
+    _daemon, client = await daemons.start()
+    modes = mode_files(tmp_path, a="serve", b="serve")
+    port = free_port()
+    router = f"""
+[router]
+port = {port}
+metrics_port = {free_port()}
+host = "127.0.0.1"
+policy = "round_robin"
+command = {json.dumps([str(ROUTER)])}
+"""
+    await client.apply(layout(modes, router), str(tmp_path / "l.toml"))
+    for name in ("a", "b"):
+        await until(client, name, lambda i: i["state"] == "ready" and i["stalled"] is False)
+    urls = {
+        i["name"]: f"http://127.0.0.1:{i['port']}" for i in (await client.status())["instances"]
+    }
+    rc = RouterClient(f"http://127.0.0.1:{port}")
+
+    async def workers_become(want: set[str], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        got: set[str] = set()
+        while time.monotonic() < deadline:
+            try:
+                got = {u.rstrip("/") for u in await rc.list_workers()}
+            except Exception:
+                got = set()
+            if got == want:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"router workers {got}, wanted {want}")
+
+    try:
+        await workers_become({urls["a"], urls["b"]})
+        modes["a"].write_text("stall")
+        await until(client, "a", lambda i: i["stalled"])
+        await workers_become({urls["b"]}, timeout=5)  # at once, not at the 10 s recheck
+        assert (await instance(client, "a"))["state"] == "ready"  # flagged, not ended
+        modes["a"].write_text("serve")
+        await until(client, "a", lambda i: i["stalled"] is False)
+        await workers_become({urls["a"], urls["b"]}, timeout=5)
+    finally:
+        await rc.aclose()

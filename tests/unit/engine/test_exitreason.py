@@ -134,6 +134,15 @@ def test_torch_distributed_port_clash_is_not_the_api_port():
     assert classify(1, None, tail).reason == "unknown"
 
 
+def test_vllm_router_metrics_port_in_use_is_port_in_use():
+    # vllm-router 0.1.17 with its --prometheus-port taken (seen here)
+    tail = (
+        "pyo3_runtime.PanicException: failed to install Prometheus metrics exporter: "
+        'FailedToCreateHTTPListener("Address already in use (os error 98)")\n'
+    )
+    assert classify(1, None, tail).reason == "port_in_use"
+
+
 def test_engine_init_failure_names_the_root_cause():
     tail = (
         "Process EngineCore:\nTraceback (most recent call last):\n"

@@ -45,3 +45,10 @@ def test_an_empty_router_gets_every_ready_worker_after_its_restart():
     m = RouterMembership(URLS)
     states = dict.fromkeys(URLS, "ready")
     assert m.plan(states, []) == MembershipChange(add=(U0, U1, U2))
+
+
+def test_a_new_layouts_members_keep_who_is_leaving():
+    m = RouterMembership({"a": "http://a", "b": "http://b"})
+    m.leave("a")
+    new = m.with_workers({"a": "http://a", "c": "http://c"})
+    assert new.desired({"a": "ready", "c": "ready"}) == ["http://c"]

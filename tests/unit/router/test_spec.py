@@ -94,3 +94,25 @@ def test_args_may_override_the_startup_defaults():
 
 def test_no_router_table_no_router():
     assert spec_of(LAYOUT.split("[router]")[0]) is None
+
+
+def test_the_spec_survives_the_state_file_and_knows_what_needs_a_restart():
+    from dataclasses import replace
+
+    from vsup.router import RouterSpec
+
+    spec = spec_of(LAYOUT)
+    assert RouterSpec.from_json(spec.to_json()) == spec
+    # members change through the worker API: no restart; anything else is a new process
+    assert spec.same_process(replace(spec, workers={"a0": spec.workers["a0"]}))
+    assert not spec.same_process(replace(spec, policy="round_robin"))
+    assert not spec.same_process(replace(spec, args={}))
+
+
+def test_a_state_file_router_that_cannot_be_rebuilt_says_why():
+    import pytest
+
+    from vsup.router import RouterSpec
+
+    with pytest.raises(ValueError, match="cannot rebuild the router spec"):
+        RouterSpec.from_json({"port": 1})

@@ -47,7 +47,6 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     dataparallel.dp_port_clash,
     router.router_ports,
     router.router_models,
-    router.router_not_started_yet,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )

@@ -6,7 +6,7 @@ merged instances.
 
 from __future__ import annotations
 
-from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.diagnostics import ERROR, Diagnostic
 from vsup.layout.rules.context import Context
 from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
 from vsup.layout.schema import is_int
@@ -87,18 +87,3 @@ def router_models(ctx: Context) -> list[Diagnostic]:
             )
         ]
     return []
-
-
-def router_not_started_yet(ctx: Context) -> list[Diagnostic]:
-    """Until the engine runs the router (issue 17), say so rather than let a layout imply it."""
-    if ctx.layout.router is None:
-        return []
-    return [
-        _diag(
-            ctx,
-            "this vsup checks [router] but does not start vllm-router yet: run it yourself "
-            "(docs/router.md) or remove the table",
-            None,
-            WARNING,
-        )
-    ]

@@ -22,6 +22,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
 
+from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
@@ -203,6 +204,7 @@ class Dashboard(Screen[None]):
                 shown, order, keep=self.selected, over_plan=rows.over_plan_names(snap.advice)
             )
             self._update_title(len(shown), len(snap.instances))
+            self._update_router(snap)
             self._fit_table(len(snap.instances))
             keep = self.selected if self.selected in order else table.selected_name
             if keep != self.selected:
@@ -265,6 +267,13 @@ class Dashboard(Screen[None]):
         box = self.query_one("#table-box")
         if box.styles.height is None or box.styles.height.value != height:
             box.styles.height = height
+
+    def _update_router(self, snap: StatusSnapshot) -> None:
+        """The router's line (rates, each worker's share) under the instance table."""
+        line = router_line(snap.router) or ""
+        box = self.query_one("#table-box")
+        if box.border_subtitle != line:
+            box.border_subtitle = line
 
     def _update_title(self, shown: int, total: int) -> None:
         label, _, _ = rows.SORTS[self.sort_key]

@@ -22,6 +22,17 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
         sep = " │ "
         text.append(" " + node.hostname, "bold")
         text.append(sep)
+        router = snapshot.router
+        if router:
+            # the one endpoint clients should use
+            ok = router.get("state") == "ready"
+            text.append(
+                f"{'' if narrow else 'router '}{router.get('endpoint')}",
+                "bold" if ok else "bold red",
+            )
+            if not ok:
+                text.append(f" {router.get('state')}", "bold red")
+            text.append(sep)
         if node.gpu_vendor == "none" or node.gpu_count == 0:
             text.append("CPU node" if narrow else "no GPUs (CPU node)")
         else:

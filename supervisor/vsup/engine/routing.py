@@ -1,0 +1,577 @@
+"""vllm-router as a supervised process of its own kind, and its worker set kept equal to the
+instances that are ready (docs/router.md).
+
+The router runs through the same Runner as an instance (spawn in its own session, run logs,
+restart policy, exit classification, stop by group, adoption by a restarted daemon): its
+`RouterProcessSpec` is an `InstanceSpec` whose command line is vllm-router's, whose readiness is
+`/liveness` (`/readiness` is 503 with no worker, a normal state) and whose start turns use a
+device of their own, so it never waits for a vLLM start. It is not one of `engine.instances`
+(those are the layout's `[[instance]]`s): `engine.router` holds it.
+
+Membership: the router starts with no worker (it would bind its port only once every listed
+worker answers) and `RouterMembership` adds the ready instances through its worker API. Every
+instance state change wakes one reconcile task (debounced, serialised, retried while the
+router does not answer); before the engine stops, restarts or drains a member it calls `leave`,
+which removes it from the router first, so it gets no new request while its running ones end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vsup.engine.instance import AdoptRecord, Instance
+from vsup.engine.lifecycle import RUNNING
+from vsup.engine.proc import RunningProcess, read_stat, same_process
+from vsup.engine.runlog import RunLogs
+from vsup.engine.runner import Runner
+from vsup.layout.spec import InstanceSpec
+from vsup.router import RouterClient, RouterError, RouterMembership, RouterMetrics, RouterSpec
+
+log = logging.getLogger("vsup.engine")
+
+# Not a valid instance name (those start with a letter or digit): the router's run logs
+# (`logs/@router/`) and start turns never clash with an instance's.
+ROUTER_NAME = "@router"
+# Requests the router sent a worker just before removing it are still on their way into vLLM
+# (not yet counted as running or waiting) for a few milliseconds; wait this long before a
+# drain reads the count.
+LEAVE_SETTLE_S = 1.0
+# A router that does not answer a removal in this long is not waited for: the stop goes on
+# (the router's retries send a refused request to another worker).
+LEAVE_TIMEOUT_S = 5.0
+RETRY_S = 1.0  # a reconcile the router refused is tried again this often
+RECHECK_S = 10.0  # and the worker set is compared with vsup's view at least this often
+DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
+# A rollout waits at most this long for a restarted instance to be a worker again (add_worker
+# waits for its /health, which a ready instance answers at once).
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RouterProcessSpec(InstanceSpec):
+    """The router as the Runner runs it (see the module doc)."""
+
+    router: RouterSpec | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return ("router",)
+
+    @property
+    def health_url(self) -> str:
+        assert self.router is not None
+        return f"{self.router.base_url}/liveness"
+
+    def argv(self) -> list[str]:
+        assert self.router is not None
+        return self.router.argv([])
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        assert self.router is not None
+        env = dict(os.environ if base is None else base)
+        env.update(self.router.env)
+        return env
+
+
+def process_spec(spec: RouterSpec) -> RouterProcessSpec:
+    """The Runner's view of a router: its restart policy is `[router] restart`."""
+    return RouterProcessSpec(
+        name=ROUTER_NAME,
+        model=spec.model or "",
+        command=spec.command,
+        host=spec.host,
+        port=spec.port,
+        gpus=(),
+        gpu_memory_utilization=None,
+        restart=spec.restart,
+        # the Python launcher loads a 60 MB binary: 1.5-3 s here
+        start_timeout_s=60.0,
+        stop_grace_s=10.0,
+        drain_timeout_s=0.0,
+        health_interval_s=1.0,
+        unhealthy_after=3,
+        unhealthy_grace_s=10.0,
+        router=spec,
+    )
+
+
+class _RouterHost:
+    """The engine as the router's Runner sees it: events name the router, not an instance,
+    and a resume after stuck processes starts the router."""
+
+    def __init__(self, engine: Any, sup: RouterSupervisor) -> None:
+        self._engine = engine
+        self._sup = sup
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    @property
+    def instances(self) -> Mapping[str, Instance]:
+        inst = self._sup.inst
+        return {inst.name: inst} if inst is not None else {}
+
+    @property
+    def detached(self) -> bool:
+        return self._engine.detached
+
+    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
+        self._sup.emit(kind, **fields)
+
+    async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None:
+        await self._sup.start(automatic=automatic)
+
+
+class RouterSupervisor:
+    """The layout's router (at most one) and its membership; `engine.router`."""
+
+    def __init__(self, engine: Any) -> None:
+        # the Engine (not imported: engine.py imports this module)
+        self.e = engine
+        self.spec: RouterSpec | None = None
+        self.inst: Instance | None = None
+        self.membership: RouterMembership | None = None
+        self.client: RouterClient | None = None
+        # (name) -> True while an instance must not get requests although it is ready (a
+        # stalled engine, say); the daemon sets it
+        self.exclude: Callable[[str], bool] | None = None
+        self.last_error: str | None = None  # the router's worker API refused or did not answer
+        self.in_router: list[str] | None = None  # worker URLs as the router last listed them
+        self.metrics: RouterMetrics | None = None
+        self.requests_per_s: float | None = None
+        self.errors_per_s: float | None = None
+        self._last_counts: tuple[float, float | None, float | None] | None = None
+        self._host = _RouterHost(engine, self)
+        self._dirty = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._loop_task: asyncio.Task | None = None
+
+    # -- events -----------------------------------------------------------------------------
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """An engine event about the router: no `instance` key, `router` = its port."""
+        port = self.spec.port if self.spec is not None else None
+        self.e.emit(None, kind, router=port, **fields)
+
+    def _on_state(self, inst: Instance, old: str, new: str) -> None:
+        self.emit("state", **{"from": old, "to": new})
+        if new == "ready":
+            self.wake()
+        self.e.notify()
+
+    def instance_state(self, name: str, new: str) -> None:
+        """An instance changed state (the engine calls this): membership follows."""
+        if self.membership is None or name not in self.membership.workers:
+            return
+        if new != "ready":
+            # its state keeps it out from now on; once ready again it joins
+            self.membership.rejoin(name)
+        self.wake()
+
+    # -- the layout -------------------------------------------------------------------------
+
+    async def apply(self, spec: RouterSpec | None) -> str:
+        """Run the layout's router: start, restart (its own settings changed), update (only
+        its workers changed: no restart), stop (the layout has none) or unchanged."""
+        if spec is None:
+            if self.inst is None:
+                return "unchanged"
+            await self.stop()
+            self._forget()
+            return "stop"
+        old = self.spec
+        self.spec = spec
+        self.membership = (
+            self.membership.with_workers(spec.workers)
+            if self.membership is not None
+            else RouterMembership(spec.workers)
+        )
+        if self.inst is None:
+            self._new(spec)
+            await self.start()
+            return "start"
+        assert old is not None
+        if not old.same_process(spec):
+            await self._replace_client(spec)
+            await self.restart(spec)
+            return "restart"
+        idle = self.inst.state in ("stopped", "failed") and not self.inst.supervised
+        self.inst.set_spec(process_spec(spec))
+        if idle:
+            await self.start()
+            return "start"
+        self.wake()
+        return "update" if old != spec else "unchanged"
+
+    def diff(self, spec: RouterSpec | None) -> str:
+        """What `apply(spec)` would do (for a dry run's plan)."""
+        if spec is None:
+            return "stop" if self.inst is not None else "unchanged"
+        if self.inst is None or self.spec is None:
+            return "start"
+        if not self.spec.same_process(spec):
+            return "restart"
+        if self.inst.state in ("stopped", "failed") and not self.inst.supervised:
+            return "start"
+        return "update" if self.spec != spec else "unchanged"
+
+    def adopt(self, spec: RouterSpec, record: AdoptRecord) -> bool:
+        """Take over a router an earlier daemon started (pid, start time and group must still
+        match). False when it is gone: it is registered stopped; start it (or apply)."""
+        self.spec = spec
+        self.membership = RouterMembership(spec.workers)
+        inst = self._new(spec)
+        lc = inst.lifecycle
+        lc.run = record.run
+        lc.restarts = record.restarts
+        info = read_stat(record.pid)
+        why = None
+        if info is None or info.state == "Z":
+            why = f"pid {record.pid} is gone"
+        elif not same_process(info.create_time, record.create_time) or info.pgid != record.pgid:
+            why = f"pid {record.pid} is now another process"
+        proc = RunningProcess(record.pid, record.pgid, record.create_time, record.run, None, {})
+        if why is None:
+            try:
+                proc.watch()
+            except ProcessLookupError:
+                why = f"pid {record.pid} ended while being adopted"
+        if why is not None:
+            self.emit("adopt", adopted=False, pid=record.pid, run=record.run, why=why)
+            return False
+        inst.adopted = True
+        inst.process = proc
+        inst.control.want = True
+        lc.spawned(record.run, started_ago_s=self.e.clock.wall() - record.create_time)
+        lc.restarts = record.restarts
+        self.emit("adopt", adopted=True, pid=record.pid, pgid=record.pgid, run=record.run)
+        self._ensure_runner()
+        return True
+
+    def register(self, spec: RouterSpec, run: int = 0, restarts: int = 0) -> None:
+        """Know a router without a process (a state file's stopped one); nothing starts."""
+        self.spec = spec
+        self.membership = RouterMembership(spec.workers)
+        inst = self._new(spec)
+        inst.lifecycle.run = run
+        inst.lifecycle.restarts = restarts
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, automatic: bool = False) -> None:
+        """Run the router (a failed one too: the breaker resets unless `automatic`)."""
+        inst = self._need()
+        self.emit("action", action="start", automatic=automatic)
+        inst.control.want = True
+        inst.lifecycle.request_start(automatic=automatic)
+        self._ensure_runner()
+
+    async def restart(self, spec: RouterSpec | None = None) -> None:
+        """End the running router and start it again (with `spec`, when given)."""
+        inst = self._need()
+        self.emit("action", action="restart")
+        if spec is not None:
+            inst.control.next_spec = process_spec(spec)
+        inst.control.want = True
+        inst.lifecycle.tracker.reset()
+        if inst.process is not None:
+            inst.control.restart = True
+            inst.lifecycle.begin_stop()
+        else:
+            inst.lifecycle.request_start()
+        self._ensure_runner()
+
+    async def stop(self) -> None:
+        """Stop the router and return when its process is gone."""
+        inst = self.inst
+        if inst is None:
+            return
+        self.emit("action", action="stop")
+        inst.control.want = False
+        inst.control.restart = False
+        inst.control.drain = False
+        if inst.control.task is None:
+            if inst.state != "stopped":
+                inst.lifecycle.begin_stop()
+                inst.lifecycle.finish_stop()
+            return
+        if inst.state in RUNNING or inst.state == "backoff":
+            inst.lifecycle.begin_stop()
+        inst.control.kick.set()
+        await self.e._until(lambda: inst.control.task is None or inst.control.want)
+
+    async def shutdown(self, stop_router: bool) -> None:
+        """Stop the router (`vsup down`) or leave it running for the next daemon."""
+        if stop_router:
+            await self.stop()
+        for task in (self._loop_task, self.inst.control.task if self.inst else None):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.inst is not None and self.inst.process is not None:
+            self.inst.process.close()
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    # -- membership -------------------------------------------------------------------------
+
+    async def leave(self, name: str, settle: bool = False) -> None:
+        """Take instance `name` out of the router before the engine touches it: removed now
+        (bounded wait), kept out until it is ready again. A no-op for a non-member. `settle`
+        (before a drain): wait until requests sent just before the removal are counted."""
+        if self.membership is None or self.membership.leave(name) is None:
+            return
+        inst = self.e.instances.get(name)
+        if inst is None or inst.state != "ready" or not self.serving:
+            self.wake()
+            return
+        url = self.membership.workers[name]
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S), self._lock:
+                assert self.client is not None
+                await self.client.remove_worker(url)
+        except (RouterError, TimeoutError) as exc:
+            self.last_error = f"removing {name} from the router: {exc}"
+            log.warning("%s", self.last_error)
+            self.wake()
+            return
+        if self.in_router is not None:
+            self.in_router = [u for u in self.in_router if u != url]
+        self.emit("router_workers", add=[], remove=[url], why=f"{name} leaves")
+        if settle:
+            await asyncio.sleep(LEAVE_SETTLE_S)
+
+    async def joined(self, name: str, timeout_s: float = JOIN_TIMEOUT_S) -> bool:
+        """Wait until the router routes to `name` again (a rollout's next wave waits for it);
+        True at once when there is nothing to wait for (not a member, not wanted, no router
+        serving). False after `timeout_s`."""
+
+        def waiting() -> bool:
+            if not self.serving or self.membership is None or name not in self.membership.workers:
+                return False
+            url = self.membership.workers[name]
+            if url not in self.membership.desired(self.states()):
+                return False
+            return self.in_router is None or url not in self.in_router
+
+        if not waiting():
+            return True
+        self.wake()
+        try:
+            await asyncio.wait_for(self.e._until(lambda: not waiting()), timeout_s)
+        except TimeoutError:
+            log.warning("%s is ready but not back in the router after %.0f s", name, timeout_s)
+            return False
+        return True
+
+    def states(self) -> dict[str, str]:
+        """Instance states as membership reads them (an excluded one is not `ready`)."""
+        out = {}
+        for name, inst in self.e.instances.items():
+            state = inst.state
+            if state == "ready" and self.exclude is not None and self.exclude(name):
+                state = "excluded"
+            out[name] = state
+        return out
+
+    def wake(self) -> None:
+        """Reconcile soon (one task, debounced)."""
+        self._dirty.set()
+        if self._loop_task is None or self._loop_task.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to reconcile yet
+                self._loop_task = self.e.spawn_background(self._reconcile_loop())
+
+    @property
+    def serving(self) -> bool:
+        return self.inst is not None and self.inst.state == "ready" and self.client is not None
+
+    async def reconcile(self) -> None:
+        """Make the router's workers the ready members now; raises RouterError."""
+        if not self.serving or self.membership is None:
+            return
+        assert self.client is not None
+        async with self._lock:
+            change = await self.membership.reconcile(self.client, self.states())
+            self.in_router = self.membership.desired(self.states())
+        self.last_error = None
+        if change:
+            self.emit("router_workers", add=list(change.add), remove=list(change.remove))
+        self.e.notify()  # a rollout may wait for a member to be back (joined)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), RECHECK_S)
+            self._dirty.clear()
+            await asyncio.sleep(DEBOUNCE_S)
+            try:
+                await self.reconcile()
+            except RouterError as exc:
+                self.last_error = str(exc)
+                if self.serving:
+                    await asyncio.sleep(RETRY_S)
+                    self._dirty.set()
+
+    # -- figures ----------------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        """Read the router's figures and worker list (the daemon calls this each poll)."""
+        if not self.serving:
+            self.in_router = None
+            self.metrics = None
+            self.requests_per_s = self.errors_per_s = None
+            self._last_counts = None
+            return
+        assert self.client is not None and self.membership is not None
+        try:
+            metrics = await self.client.metrics()
+            self.in_router = await self.client.list_workers()
+        except RouterError as exc:
+            self.last_error = str(exc)
+            return
+        now = self.e.clock.monotonic()
+        counts = (now, metrics.requests_total, metrics.errors_total)
+        prev = self._last_counts
+        self.requests_per_s = _rate(prev, counts, 1)
+        self.errors_per_s = _rate(prev, counts, 2)
+        self._last_counts = counts
+        self.metrics = metrics
+        if set(self.in_router) != set(self.membership.desired(self.states())):
+            self.wake()  # drift (a stalled flag changed, a worker added by hand)
+
+    def status_json(self, node_host: str | None = None) -> dict[str, Any] | None:
+        """The status JSON's `router` object, or None when the layout has no router."""
+        if self.inst is None or self.spec is None:
+            return None
+        inst, spec = self.inst, self.spec
+        fields = inst.status_fields()
+        m = self.metrics
+        share = m.worker_share() if m is not None else {}
+        states = self.states()
+        desired = set(self.membership.desired(states)) if self.membership else set()
+        workers = []
+        for name, url in spec.workers.items():
+            in_router = url in self.in_router if self.in_router is not None else None
+            workers.append(
+                {
+                    "name": name,
+                    "url": url,
+                    "state": states.get(name),
+                    "in_router": in_router,
+                    "wanted": url in desired,
+                    "share": round(share[url], 4) if url in share else None,
+                    "requests_total": m.worker_requests.get(url) if m is not None else None,
+                    "healthy": (
+                        bool(m.worker_health[url])
+                        if m is not None and url in m.worker_health
+                        else None
+                    ),
+                }
+            )
+        last = fields["last_exit"]
+        return {
+            "state": inst.state,
+            "pid": inst.pid,
+            "host": spec.host,
+            "port": spec.port,
+            "metrics_port": spec.metrics_port,
+            "policy": spec.policy,
+            "model": spec.model,
+            "url": spec.base_url,
+            "endpoint": endpoint(spec, node_host),
+            "run": fields["run"],
+            "restarts": inst.restarts,
+            "uptime_s": fields["uptime_s"],
+            "log": str(inst.log_path()) if inst.run else None,
+            "last_exit": asdict(last) if last is not None else None,
+            "failed_why": inst.failed_why,
+            "requests_per_s": _round(self.requests_per_s),
+            "errors_per_s": _round(self.errors_per_s),
+            "requests_total": m.requests_total if m is not None else None,
+            "errors_total": m.errors_total if m is not None else None,
+            "retries_total": m.retries_total if m is not None else None,
+            "error": self.last_error,
+            "workers": workers,
+        }
+
+    def adopt_record(self) -> dict[str, Any] | None:
+        """What the state file keeps: the spec it runs and (while it runs) its process."""
+        if self.inst is None or self.spec is None:
+            return None
+        rec = self.inst.adopt_record()
+        return {
+            "spec": self.spec.to_json(),
+            "state": self.inst.state,
+            "run": self.inst.run,
+            "restarts": self.inst.restarts,
+            "process": rec.to_json() if rec is not None else None,
+        }
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _new(self, spec: RouterSpec) -> Instance:
+        logs = RunLogs(self.e.logs_dir, ROUTER_NAME, self.e.log_keep_runs, self.e.log_max_bytes)
+        self.inst = Instance(process_spec(spec), self.e.clock, logs, self._on_state)
+        self.client = RouterClient(spec.base_url, spec.metrics_url)
+        return self.inst
+
+    async def _replace_client(self, spec: RouterSpec) -> None:
+        old, self.client = self.client, RouterClient(spec.base_url, spec.metrics_url)
+        if old is not None:
+            await old.aclose()
+
+    def _forget(self) -> None:
+        self.inst = None
+        self.spec = None
+        self.membership = None
+        self.in_router = None
+        self.metrics = None
+        if self.client is not None:
+            self.e.spawn_background(self.client.aclose())
+            self.client = None
+
+    def _need(self) -> Instance:
+        if self.inst is None:
+            raise RuntimeError("the layout has no [router]")
+        return self.inst
+
+    def _ensure_runner(self) -> None:
+        inst = self._need()
+        if inst.control.task is None:
+            inst.control.task = asyncio.get_running_loop().create_task(
+                Runner(self._host, inst).run(), name="vsup-runner-router"
+            )
+        inst.control.kick.set()
+
+
+def endpoint(spec: RouterSpec, node_host: str | None = None) -> str:
+    """The URL to give clients: the node's name when the router listens on every address."""
+    if spec.host in ("0.0.0.0", "", "::"):
+        return f"http://{node_host or socket.gethostname()}:{spec.port}"
+    return spec.base_url
+
+
+def _rate(
+    prev: tuple[float, float | None, float | None] | None,
+    now: tuple[float, float | None, float | None],
+    i: int,
+) -> float | None:
+    if prev is None or prev[i] is None or now[i] is None or now[0] <= prev[0]:
+        return None
+    delta = now[i] - prev[i]  # type: ignore[operator]
+    if delta < 0:
+        return None  # the router restarted: its counters began again
+    return delta / (now[0] - prev[0])
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 3) if x is not None else None

@@ -1,0 +1,277 @@
+"""`vsup up` of a layout with `[router]`: the daemon runs two real CPU vLLM replicas and the real
+vllm-router in front of them, and keeps the router's workers equal to the ready replicas.
+
+One daemon and one fleet for the module (a vLLM start costs 30 s and 2 GiB here): the tests run
+in file order and the rolling apply comes last (it changes the layout). Each replica is pinned
+to a core of its own. Requests go to 127.0.0.1 only, bounded in number and time. Figures are
+printed (`-s`) and kept in docs/router.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, outside_cwd
+from tests.programs.router_fleet import (
+    MAX_MODEL_LEN,
+    VLLM_ENV,
+    completion_body,
+    router_command,
+    steady_load,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
+
+NAMES = ("r0", "r1")
+
+
+@dataclass
+class Node:
+    home: Path
+    model: str
+    ports: dict[str, int]
+    router_port: int
+    metrics_port: int
+    layout: Path
+    env: dict[str, str]
+
+    def vsup(self, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "vsup", *args],
+            env=dict(os.environ, VSUP_HOME=str(self.home)),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=outside_cwd(),
+        )
+
+    def status(self) -> dict:
+        out = self.vsup("status", "--json", timeout=60)
+        return json.loads(out.stdout)
+
+    def events(self) -> list[dict]:
+        path = self.home / "journal.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def replica(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+
+def layout_text(node: Node, vllm_env: dict, max_model_len: int) -> str:
+    env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
+    cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
+    text = f"""
+[layout]
+name = "cpu-router"
+max_unavailable = 1
+drain_timeout_s = 60
+
+[defaults]
+model = "{node.model}"
+command = {cmd}
+host = "127.0.0.1"
+args = {{ dtype = "float32", enforce-eager = true, max-model-len = {max_model_len} }}
+env = {{ {env} }}
+start_timeout_s = 900
+restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, max_failures = 3 }}
+
+[router]
+port = {node.router_port}
+metrics_port = {node.metrics_port}
+host = "127.0.0.1"
+policy = "round_robin"
+command = {json.dumps(router_command())}
+restart = {{ policy = "always", backoff_s = 1, backoff_max_s = 5 }}
+"""
+    for i, name in enumerate(NAMES):
+        # one core each: vLLM CPU binds every instance's OpenMP threads to core 0 by default
+        bind = i % max(1, os.cpu_count() or 1)
+        text += (
+            f'\n[[instance]]\nname = "{name}"\ngpus = []\nport = {node.ports[name]}\n'
+            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}" }}\n'
+        )
+    return text
+
+
+def until(pred, timeout: float, what: str, step: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(step)
+
+
+def serving_all(node: Node) -> dict | None:
+    """The status's router object once it serves both replicas, else None."""
+    router = node.status().get("router")
+    if router and router["state"] == "ready" and all(w["in_router"] for w in router["workers"]):
+        return router
+    return None
+
+
+@pytest.fixture(scope="module")
+def node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    home = Path(tempfile.mkdtemp(prefix="vsup-", dir="/tmp"))
+    ports = {name: free_port() for name in NAMES}
+    layout = tmp_path_factory.mktemp("layouts") / "v1.toml"
+    n = Node(home, str(tiny_model), ports, free_port(), free_port(), layout, dict(VLLM_ENV))
+    layout.write_text(layout_text(n, n.env, MAX_MODEL_LEN))
+    try:
+        up = n.vsup("up", str(layout), "--detach", "--wait", "--timeout", "1200")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "router: start" in up.stdout
+        yield n
+    finally:
+        n.vsup("down", timeout=180)
+        journal = home / "journal.jsonl"
+        if journal.exists():
+            for line in journal.read_text().splitlines():
+                ev = json.loads(line)
+                if ev.get("kind") == "spawn" and ev.get("pgid"):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(ev["pgid"], signal.SIGKILL)
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def finished(url: str) -> float:
+    """vllm:request_success_total of one replica."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_up_runs_the_router_and_requests_through_it_reach_every_replica(node: Node):
+    router = until(lambda: serving_all(node), 60, "the router never served both replicas")
+    assert router["endpoint"] == node.url and router["policy"] == "round_robin"
+    assert router["log"] and Path(router["log"]).exists()
+    before = {n: finished(node.replica(n)) for n in NAMES}
+    with httpx.Client(timeout=60) as http:
+        for _ in range(8):
+            resp = http.post(f"{node.url}/v1/completions", json=completion_body(node.model, 4))
+            assert resp.status_code == 200, resp.text
+    delta = {n: finished(node.replica(n)) - before[n] for n in NAMES}
+    assert delta == {"r0": 4, "r1": 4}  # round_robin over both
+    # the daemon's figures (a poll or two later): a rate, and each replica's share
+    router = until(
+        lambda: (r := node.status()["router"])["requests_total"] and r,
+        30,
+        "the router's counters never showed up",
+    )
+    shares = {w["name"]: w["share"] for w in router["workers"]}
+    assert set(shares) == set(NAMES) and all(s and s > 0 for s in shares.values())
+    text = node.vsup("status").stdout
+    assert any(line.startswith("(router)") and " ready " in line for line in text.splitlines())
+    assert f"router {node.url} ready" in text
+
+
+def test_the_router_sigkilled_is_restarted_by_vsup_with_its_workers(node: Node):
+    router = until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    pid = router["pid"]
+    t0 = time.monotonic()
+    os.killpg(pid, signal.SIGKILL)
+    back = until(
+        lambda: (r := serving_all(node)) and r["pid"] != pid and r,
+        90,
+        "vsup did not bring the router back with both workers",
+        step=0.05,
+    )
+    back_s = time.monotonic() - t0
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(f"{node.url}/v1/completions", json=completion_body(node.model, 2))
+    assert resp.status_code == 200, resp.text
+    print(f"\nrouter SIGKILL -> serving both replicas again after {back_s:.2f} s (vsup restart)")
+    assert back["restarts"] >= 1 and back["last_exit"]["signal"] == "SIGKILL"
+
+
+def test_a_restarted_daemon_adopts_the_router(node: Node):
+    before = until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    daemon = node.status()["supervisor"]["pid"]
+    os.kill(daemon, signal.SIGTERM)  # the daemon ends, the processes live on
+    until(lambda: not Path(f"/proc/{daemon}").exists(), 60, "the daemon did not end")
+    after = until(lambda: serving_all(node), 90, "the new daemon's router does not serve")
+    assert node.status()["supervisor"]["pid"] != daemon
+    assert after["pid"] == before["pid"]  # adopted, not started again
+    adopted = [e for e in node.events() if e.get("kind") == "adopt" and e.get("router")]
+    assert adopted and adopted[-1]["adopted"] is True
+
+
+def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path: Path):
+    until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    changed = tmp_path / "v2.toml"
+    changed.write_text(layout_text(node, node.env, MAX_MODEL_LEN - 512))
+
+    async def under_load():
+        stop = asyncio.Event()
+        # 64 tokens: long enough that a drain has requests to wait for; 2 at a time, about 4
+        # a second: steady load that leaves a core to the restarting replica
+        load = asyncio.create_task(
+            steady_load(
+                node.url, node.model, 1200, concurrency=2, max_tokens=64, rate_per_s=4, stop=stop
+            )
+        )
+        await asyncio.sleep(3)  # load before the apply...
+        t0 = time.monotonic()
+        proc = await asyncio.to_thread(node.vsup, "up", str(changed), "--detach", "--yes", "--wait")
+        took = time.monotonic() - t0
+        await asyncio.sleep(3)  # ...and after it
+        stop.set()
+        return proc, took, await load
+
+    proc, took, load = asyncio.run(under_load())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rollout done (2/2 restarted)" in proc.stdout
+    assert "router: restart" not in proc.stdout  # only its members restart
+    events = node.events()
+    drains = [e for e in events if e.get("kind") == "drain"]
+    waited = ", ".join(f"{e['waited_s']:.2f}" for e in drains)
+    print(
+        f"\nrolling apply through the router under load: {load.ok} ok, {load.failed} failed "
+        f"in {took:.0f} s; drains waited {waited} s; errors: {load.errors[:3]}"
+    )
+    assert load.failed == 0, load.errors[:5]
+    assert load.ok > 40
+    for name in NAMES:
+        url = node.replica(name)
+        # each replica left the router before its drain began, and came back after its restart
+        left = next(
+            i
+            for i, e in enumerate(events)
+            if e.get("kind") == "router_workers" and url in e.get("remove", ())
+        )
+        drain = next(
+            i
+            for i, e in enumerate(events)
+            if i > left and e.get("kind") == "drain" and e.get("instance") == name
+        )
+        assert events[drain]["drained"] is True
+        assert any(
+            e.get("kind") == "router_workers" and url in e.get("add", ()) for e in events[drain:]
+        )
+    doc = node.status()
+    assert doc["rollout"]["state"] == "done"
+    assert all(w["in_router"] for w in doc["router"]["workers"])

@@ -1,0 +1,51 @@
+"""The router's status as text: `vsup status` (its row and line) and the dashboard header."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vsup.commands.status import render
+from vsup.routerview import router_line
+from vsup.tui.samples import cpu_node
+from vsup.tui.widgets.header import header_text
+
+ROUTER = {
+    "state": "ready",
+    "pid": 4242,
+    "port": 8080,
+    "endpoint": "http://node7:8080",
+    "restarts": 0,
+    "uptime_s": 65.0,
+    "requests_per_s": 20.04,
+    "errors_per_s": 0.0,
+    "error": None,
+    "workers": [
+        {"name": "r0", "state": "ready", "in_router": True, "wanted": True, "share": 0.5},
+        {"name": "r1", "state": "ready", "in_router": True, "wanted": True, "share": 0.5},
+        {"name": "r2", "state": "starting", "in_router": False, "wanted": False, "share": None},
+    ],
+}
+
+
+def test_the_line_gives_the_endpoint_rates_and_each_workers_share_or_why_it_has_none():
+    assert router_line(ROUTER) == (
+        "router http://node7:8080 ready · 20.0 req/s · 0.0 err/s · "
+        "workers: r0 50%, r1 50%, r2 starting"
+    )
+    assert router_line(None) is None
+
+
+def test_vsup_status_shows_the_router_as_a_row_and_a_line():
+    doc = {"supervisor": {"version": "x"}, "instances": [], "router": ROUTER}
+    text = render(doc)
+    row = next(line for line in text.splitlines() if line.startswith("(router)"))
+    assert row.split()[:4] == ["(router)", "ready", "4242", "8080"]
+    assert router_line(ROUTER) in text
+
+
+def test_the_dashboard_header_names_the_endpoint_and_a_router_that_does_not_serve():
+    snap = cpu_node()
+    ok = header_text(replace(snap, router=ROUTER), False, False).plain
+    assert "router http://node7:8080" in ok
+    down = header_text(replace(snap, router={**ROUTER, "state": "backoff"}), False, True).plain
+    assert "http://node7:8080 backoff" in down

@@ -228,6 +228,29 @@ class SupervisorInfo:
     home: str | None = None
 
 
+# What a `vsup bench` run is doing (status JSON's `bench`), in the order a layout goes through.
+BENCH_PHASES = ("applying", "waiting_ready", "warming", "running", "collecting", "restoring")
+
+
+@dataclass(frozen=True)
+class BenchProgress:
+    """A `vsup bench` run in progress, as its client last reported it to the daemon.
+
+    `index`/`count`: which layout of how many (None while restoring); `elapsed_s`: seconds in
+    this phase; `age_s`: seconds since the bench last reported (it does every second)."""
+
+    pid: int
+    phase: str
+    layout: str | None = None
+    index: int | None = None
+    count: int | None = None
+    requests_done: int | None = None
+    requests_total: int | None = None
+    elapsed_s: float | None = None
+    started_at: str | None = None
+    age_s: float | None = None
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
     supervisor: SupervisorInfo
@@ -236,6 +259,7 @@ class StatusSnapshot:
     instances: tuple[InstanceStatus, ...]
     advice: tuple[Advice, ...] = ()
     schema: int = SCHEMA
+    bench: BenchProgress | None = None  # a `vsup bench` replaces the layout while it runs
 
     @property
     def ready_count(self) -> int:
@@ -279,6 +303,7 @@ class StatusSnapshot:
                 for i in doc.get("instances", ())
             ),
             advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
+            bench=_build(BenchProgress, doc["bench"]) if doc.get("bench") else None,
         )
 
 

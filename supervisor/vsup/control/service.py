@@ -34,7 +34,13 @@ class ControlMethods:
         # the latest rolling apply (engine/rollout.py); additive to schema 1
         rollout = self.engine.rollout
         doc["rollout"] = rollout.to_json() if rollout is not None else None
+        # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
+        doc["bench"] = self.bench.current()
         return doc
+
+    def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
+        self.bench.update(report)
+        return {"bench": self.bench.current()}
 
     def layout(self) -> dict[str, Any]:
         return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}

@@ -494,13 +494,13 @@ class BenchRunner:
             return {"outcome": "failed", "error": str(exc)}
 
 
-class _Labelled:
+class _Labelled(Progress):
     """A Progress whose lines start with a label (which layout, which phase)."""
 
     def __init__(self, progress: Progress, label: str) -> None:
+        super().__init__(progress.stream, progress.live)
         self.progress = progress
         self.label = label
-        self.live = progress.live
 
     def update(self, text: str) -> None:
         self.progress.update(self.label + text)

@@ -132,6 +132,8 @@ def layout_copies(dest: Path, model: Path, cpu: bool) -> list[Path]:
             doc["layout"]["profiles"] = ["cpu"]
             doc["defaults"].pop("command", None)  # the cpu profile's `python -m ...`
             doc["defaults"]["args"]["max-model-len"] = 512
+            # a CPU start takes 30 s on an idle machine, minutes on a shared, loaded one
+            doc["defaults"]["start_timeout_s"] = 900
             for i, inst in enumerate(doc["instance"]):
                 inst["gpus"] = []
                 inst.pop("gpu_memory_utilization", None)

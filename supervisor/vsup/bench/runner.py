@@ -348,7 +348,7 @@ class BenchRunner:
     def _follow(self, tag: str, clients: list[ClientRun], where: dict[str, Any]) -> None:
         t0 = time.monotonic()
         total = sum(c.total for c in clients)
-        last_line = 0.0
+        last_line = t0  # into a pipe: a line each 15 s, the first after 15 s
         measuring = False
         while any(c.poll() is None for c in clients):
             elapsed = time.monotonic() - t0

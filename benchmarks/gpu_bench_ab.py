@@ -253,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         "--out-dir", str(out / "clients"),
         "--timeout", str(args.timeout), "--run-timeout", str(args.run_timeout),
     ]  # fmt: skip
-    (out / "environment.json").write_text(json.dumps(facts(env, command), indent=2))
+    # importing torch and vLLM for their versions takes a while: beside the bench, not before
+    record: dict = {}
+    about = threading.Thread(target=lambda: record.update(facts(env, command)), daemon=True)
+    about.start()
     print("$ " + shlex.join(command[1:]), flush=True)
 
     watch = ProgressWatch(home, out, env)
@@ -276,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = proc.wait()
     watch.stop.set()
     watch.join(15)
+    about.join(120)
+    (out / "environment.json").write_text(json.dumps(record, indent=2))
 
     with tarfile.open(out / "vsup-home.tar.gz", "w:gz") as tar:
         for name in ("logs", "daemon.log", "journal.jsonl"):

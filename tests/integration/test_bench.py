@@ -349,3 +349,20 @@ def test_keep_leaves_the_last_layout_running(node):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "keeping layout one (--keep)" in proc.stderr
     assert status(home)["supervisor"]["layout"] == "one"
+
+
+def test_a_layout_left_down_comes_back_down_with_no_daemon(node):
+    """After `vsup down` the layout stays loaded with its instances stopped: the bench must
+    not leave them serving (seen on the H200: it restarted the 0.90 instance at the end)."""
+    home, paths, _ = node
+    down = vsup(home, "down", "--yes", timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    proc = vsup(home, "bench", str(paths["one"]), "--num-prompts", "4", "--input-len", "32",
+                "--output-len", "8", "--yes")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "replaces the loaded layout one (none of its instances serves)" in proc.stderr
+    assert "stopping the daemon" in proc.stderr
+    # a new client starts a new daemon, which finds the layout loaded and cpu0 down
+    after = status(home)
+    assert after["supervisor"]["layout"] == "one"
+    assert {i["name"]: i["state"] for i in after["instances"]} == {"cpu0": "stopped"}

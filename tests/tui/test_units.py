@@ -11,7 +11,7 @@ from vsup.snapshot import Advice, GpuProcess, GpuStatus, empty_instance
 from vsup.tui import fmt, gpubar, layout_edit, rows, samples
 from vsup.tui.history import History, spark
 from vsup.tui.validation import plan_text
-from vsup.tui.widgets.detail import config_text, exit_text, masked_env
+from vsup.tui.widgets.detail import advice_text, config_text, exit_text, masked_env
 
 
 def test_unknown_values_render_as_a_dash_never_zero():
@@ -299,3 +299,16 @@ def test_screens_and_widgets_never_import_the_app():
     assert "self.app." not in source.replace("self.app.size", "").replace(
         "self.app.batch_update", ""
     )
+
+
+def test_gpu_advice_names_its_gpu_once():
+    """GPU advice carries "GPU N:" itself; the pane adds it only to advice that does not."""
+    said = advice_text(
+        [
+            Advice(kind="gpu_throttle", severity="info", gpu=0, message="GPU 0: held at its cap"),
+            Advice(kind="x", severity="warning", gpu=3, message="something on it"),
+        ],
+        None,
+    ).plain
+    assert "GPU 0: GPU 0" not in said and "GPU 0: held at its cap" in said
+    assert "GPU 3: something on it" in said

@@ -57,6 +57,10 @@ def _requests(result: dict[str, Any]) -> list[dict[str, float]]:
     out = []
     ttfts = result.get("ttfts") or []
     lat = result.get("latencies") or []
+    if not lat and result.get("itls"):
+        # vLLM 0.26's client saves no `latencies`; a request's latency is its time to the first
+        # token plus its inter-token gaps (what later clients store as `latencies`)
+        lat = [t + sum(gaps or ()) for t, gaps in zip(ttfts, result["itls"], strict=False)]
     lens = result.get("output_lens") or []
     errors = result.get("errors") or [""] * len(ttfts)
     for i in range(min(len(ttfts), len(lat), len(lens))):

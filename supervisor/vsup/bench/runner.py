@@ -57,6 +57,7 @@ class Original:
     name: str | None
     serving: list[str]
     daemon_was_running: bool
+    idle: list[str] = field(default_factory=list)  # stopped or failed before: stopped again
 
 
 @dataclass
@@ -462,6 +463,15 @@ class BenchRunner:
                 self._phase("restoring", layout=original.name)
                 answer = self.client.apply(original.toml, original.path)
                 self._wait_stopped((answer.get("plan") or {}).get("stop", ()))
+                if original.idle:
+                    # applying the layout starts every instance of it; those that were down
+                    # before the bench go down again rather than serve unasked
+                    self.client.action("stop", names=original.idle)
+                if not original.daemon_was_running and not original.serving:
+                    self.say(f"layout {original.name} is loaded again; stopping the daemon")
+                    self.client.shutdown(stop_instances=True)
+                    _wait_daemon_gone(self.client, 300)
+                    return {"outcome": "restored", "layout": original.name, "daemon": "stopped"}
                 ok, doc = self._wait_ready(original.serving, "restoring: ")
                 if not ok:
                     states = {i["name"]: i["state"] for i in doc.get("instances", ())}

@@ -210,17 +210,16 @@ def _bench(args: argparse.Namespace) -> int:
     probe.close()
     with client_for_cli() as client:
         current = client.layout()
-        serving = [
-            i["name"]
-            for i in client.status().get("instances", ())
-            if i.get("state") in ("ready", "unhealthy")
-        ]
+        before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
+        serving = [n for n, state in before.items() if state in ("ready", "unhealthy")]
         original = Original(
             toml=current.get("toml"),
             path=current.get("path"),
             name=current.get("name"),
             serving=serving,
             daemon_was_running=daemon_was_running,
+            # a layout loaded with its instances down (after `vsup down`, say) comes back down
+            idle=[n for n, state in before.items() if state in ("stopped", "failed")],
         )
         announce(layouts, original, args.keep)
         if serving and not args.yes:
@@ -284,13 +283,13 @@ def announce(layouts: list[LayoutToRun], original: Original, keep: bool) -> None
     names = ", ".join(lay.name for lay in layouts if not lay.errors)
     print(f"vsup bench: layouts in turn: {names}", file=sys.stderr)
     if original.name or original.serving:
-        who = f" (serving: {', '.join(original.serving)})" if original.serving else ""
         after = "the last bench layout stays (--keep)" if keep else "it is restored at the end"
-        print(
-            f"vsup bench: this replaces the running layout {original.name or '(unnamed)'}{who} "
-            f"while it runs; {after}",
-            file=sys.stderr,
-        )
+        name = original.name or "(unnamed)"
+        if original.serving:
+            what = f"the running layout {name} (serving: {', '.join(original.serving)})"
+        else:
+            what = f"the loaded layout {name} (none of its instances serves)"
+        print(f"vsup bench: this replaces {what} while it runs; {after}", file=sys.stderr)
 
 
 def confirm(serving: list[str]) -> None:

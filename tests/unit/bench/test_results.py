@@ -64,3 +64,14 @@ def test_no_result_at_all_gives_unknown_figures_not_zeros():
     t = pool([None], [4])
     assert t["completed"] == 0 and t["failed"] == 4
     assert t["output_throughput"] is None and t["ttft_ms"]["p50"] is None
+
+
+def test_a_client_without_latencies_gets_them_from_ttft_and_inter_token_gaps():
+    """vLLM 0.26's detailed result (seen on the H200) has `itls` but no `latencies`."""
+    a = detailed([0.1, 0.2], [1.1, 1.2], [11, 11], duration=2.0)
+    del a["latencies"]
+    a["itls"] = [[0.1] * 10, [0.1] * 10]
+    t = pool([a], [2])
+    assert t["ttft_ms"]["p50"] == pytest.approx(150.0)
+    assert t["e2el_ms"]["p50"] == pytest.approx(1150.0)
+    assert t["tpot_ms"]["p50"] == pytest.approx(100.0)

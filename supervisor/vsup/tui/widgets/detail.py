@@ -111,7 +111,8 @@ def advice_text(advice: Sequence[Advice], name: str | None) -> Text:
             text.append("\n")
         text.append(f"{symbol} ", style)
         where = f"GPU {a.gpu}: " if a.gpu is not None and a.instance is None else ""
-        text.append(where + a.message)
+        # GPU advice already says which GPU (seen on the H200: "GPU 0: GPU 0: held at ...")
+        text.append(a.message if a.message.startswith(where) else where + a.message)
     return text
 
 

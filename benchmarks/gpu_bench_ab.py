@@ -5,10 +5,11 @@
     python3 benchmarks/gpu_bench_ab.py --cpu-smoke --out DIR   # the same steps on CPU vLLM
 
 Steps: write a model directory of Llama-3.1-8B's shape with only config.json and a tokenizer
-(the layouts serve it with vLLM's `--load-format dummy`: random weights, no weights file),
-copy the layouts (benchmarks/layouts/h200-1x090.toml, h200-2x045.toml) into DIR/layouts with
-the model's absolute path, run `vsup bench` on them with a VSUP_HOME of its own (no daemon runs
-before, so the bench stops its instances and its daemon at the end), and keep:
+(served with vLLM's `--load-format dummy`: random weights drawn by vLLM, no 15 GB weights
+file to write first), copy the layouts of benchmarks/gpu_bench (h200-1x090.toml,
+h200-2x045.toml) into DIR/layouts with that model and `load-format = "dummy"`, run `vsup bench`
+on them with a VSUP_HOME of its own (no daemon runs before, so the bench stops its instances
+and its daemon at the end), and keep:
   DIR/bench_ab.json, DIR/bench_ab.md    vsup bench's --json and --markdown
   DIR/bench_ab.txt                      its terminal output (the table, the progress lines)
   DIR/bench_progress.jsonl              status JSON's `bench` key, polled each second
@@ -43,7 +44,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUTS = [REPO / "benchmarks/layouts/h200-1x090.toml", REPO / "benchmarks/layouts/h200-2x045.toml"]
+# The layouts of the H200 run in docs/gpu-runs/2026-12-01-h200-bench (model: /tmp/m8b, with
+# weights); here they get this script's model directory and random weights from vLLM itself.
+LAYOUTS = [
+    REPO / "benchmarks/gpu_bench/h200-1x090.toml",
+    REPO / "benchmarks/gpu_bench/h200-2x045.toml",
+]
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), token ids of the tokenizer below.
 LLAMA_8B = {
@@ -128,15 +134,16 @@ def layout_copies(dest: Path, model: Path, cpu: bool) -> list[Path]:
     for src in LAYOUTS:
         doc = tomllib.loads(src.read_text())
         doc["defaults"]["model"] = str(model)
+        doc["defaults"].setdefault("args", {})["load-format"] = "dummy"
         if cpu:
             doc["layout"]["profiles"] = ["cpu"]
             doc["defaults"].pop("command", None)  # the cpu profile's `python -m ...`
+            doc["defaults"].pop("gpu_memory_utilization", None)
             doc["defaults"]["args"]["max-model-len"] = 512
             # a CPU start takes 30 s on an idle machine, minutes on a shared, loaded one
             doc["defaults"]["start_timeout_s"] = 900
             for i, inst in enumerate(doc["instance"]):
                 inst["gpus"] = []
-                inst.pop("gpu_memory_utilization", None)
                 # one core each: vLLM CPU binds every instance's OpenMP threads to core 0
                 inst["env"] = {"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu)}
         path = dest / src.name
@@ -282,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     about.join(120)
     (out / "environment.json").write_text(json.dumps(record, indent=2))
 
+    # the bench stops its daemon at the end; if it was cut short, stop what it left
+    from vsup.control.client import Client
+
+    with Client(home) as probe:
+        if probe.alive() is not None:
+            down = [sys.executable, "-m", "vsup", "down", "--yes"]
+            subprocess.run(down, env=env, cwd=home, timeout=600, check=False)
     with tarfile.open(out / "vsup-home.tar.gz", "w:gz") as tar:
         for name in ("logs", "daemon.log", "journal.jsonl"):
             with contextlib.suppress(FileNotFoundError):

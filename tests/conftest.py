@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +30,24 @@ def outside_cwd() -> Path:
 
         _OUTSIDE.append(Path(tempfile.mkdtemp(prefix="vsup-cwd-")))
     return _OUTSIDE[0]
+
+
+def run_vsup(
+    home: Path, *args: str, timeout: float = 60, text: bool = True
+) -> subprocess.CompletedProcess:
+    """`vsup ARGS` as a user runs it: the installed package (`python -m vsup` of this
+    interpreter) with VSUP_HOME=home, from outside the checkout, with no terminal (stdin is
+    /dev/null, so `vsup down` does not ask). `text=False` gives bytes. A file that needs a
+    longer default binds one: `vsup = partial(run_vsup, timeout=300)`."""
+    return subprocess.run(
+        [sys.executable, "-m", "vsup", *args],
+        env=dict(os.environ, VSUP_HOME=str(home)),
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        cwd=outside_cwd(),
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _interrupted(signum: int, _frame: object) -> None:

@@ -42,6 +42,7 @@ class LastExit:
     reason: str  # one of EXIT_REASONS
     at: str  # ISO 8601 UTC
     log_excerpt: str | None  # the decisive log line(s)
+    rank: int | None = None  # data parallel: the rank whose EngineCore died first, if one did
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,39 @@ class Advice:
     message: str
     instance: str | None = None
     gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """An instance's parallel shape: tensor x pipeline x data parallel (layout/parallel.py)."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def label(self) -> str:
+        """`TP1 x DP8`, `TP2 x PP2`, `TP1`: the table cell of `vsup status` and the dashboard."""
+        parts = [f"TP{self.tp}"]
+        if self.pp > 1:
+            parts.append(f"PP{self.pp}")
+        if self.dp > 1:
+            parts.append(f"DP{self.dp}")
+        return " x ".join(parts)
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One data-parallel rank of an instance: its `VLLM::EngineCore_DP{rank}` process and GPUs.
+
+    `alive`: True while that process runs, False once it ended during this run (the rank that
+    died), None when vsup has not seen it (the instance is not running, or still starting)."""
+
+    rank: int
+    gpus: tuple[int, ...]  # gpus[i*tp*pp:(i+1)*tp*pp], i the rank's index on this node
+    pid: int | None
+    alive: bool | None
+    hbm_bytes: int | None  # its process and its workers, summed over every GPU; None: unknown
 
 
 @dataclass(frozen=True)
@@ -98,6 +132,11 @@ class InstanceStatus:
     vllm_cudagraph_bytes: int | None = None
     vllm_kv_cache_bytes: int | None = None
     hbm_start_bytes: int | None = None  # HBM held when it first served (growth baseline)
+    parallel: Parallel | None = None  # TP x PP x DP as the instance runs
+    # bytes per GPU index ("0": ...) the instance's processes hold, summed over its processes on
+    # each GPU; None without per-process GPU figures (CPU instances, no probe)
+    hbm_per_gpu: dict[str, int | None] | None = None
+    ranks: tuple[RankStatus, ...] = ()  # data parallel only: one per rank on this node
 
     @property
     def is_ready(self) -> bool:
@@ -299,6 +338,11 @@ class StatusSnapshot:
                     i,
                     gpus=tuple(i.get("gpus") or ()),
                     last_exit=_build(LastExit, i["last_exit"]) if i.get("last_exit") else None,
+                    parallel=_build(Parallel, i["parallel"]) if i.get("parallel") else None,
+                    ranks=tuple(
+                        _build(RankStatus, r, gpus=tuple(r.get("gpus") or ()))
+                        for r in i.get("ranks") or ()
+                    ),
                 )
                 for i in doc.get("instances", ())
             ),

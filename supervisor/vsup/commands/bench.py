@@ -312,16 +312,7 @@ def confirm(serving: list[str]) -> None:
 
 
 def write_file(path: Path, text: str) -> None:
-    """Write atomically (temp file + rename): a crash never leaves half a report."""
-    import os
-    import tempfile
+    """Write atomically (vsup.fsutil): a crash never leaves half a report."""
+    from vsup.fsutil import write_atomic
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with __import__("contextlib").suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)

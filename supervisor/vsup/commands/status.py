@@ -57,6 +57,23 @@ def bench_line(b: dict[str, Any]) -> str:
     )
 
 
+def _shape(parallel: dict[str, Any] | None) -> str:
+    """`TP1 x DP8` (snapshot.Parallel.label) from the status JSON; `-` from an older daemon."""
+    from vsup.snapshot import Parallel
+
+    if not parallel:
+        return "-"
+    return Parallel(parallel["tp"], parallel["pp"], parallel["dp"]).label
+
+
+def _rank(r: dict[str, Any]) -> str:
+    """`DP1 gpu 1 pid 7948 dead 12.3G`."""
+    state = {True: "alive", False: "dead", None: "not seen"}[r.get("alive")]
+    gpus = ",".join(str(g) for g in r.get("gpus") or ()) or "cpu"
+    hbm = f" {r['hbm_bytes'] / GiB:.1f}G" if r.get("hbm_bytes") is not None else ""
+    return f"DP{r['rank']} gpu {gpus} pid {_num(r.get('pid'), '{}')} {state}{hbm}"
+
+
 def render(doc: dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below."""
     from vsup.control.progress import fmt_duration
@@ -77,6 +94,7 @@ def render(doc: dict[str, Any]) -> str:
         "PID",
         "PORT",
         "GPUS",
+        "SHAPE",
         "KV",
         "PREEMPT/MIN",
         "RUN/WAIT",
@@ -109,6 +127,7 @@ def render(doc: dict[str, Any]) -> str:
                 _num(i.get("pid"), "{}"),
                 _num(i.get("port"), "{}"),
                 ",".join(str(g) for g in i.get("gpus") or ()) or "cpu",
+                _shape(i.get("parallel")),
                 _num(i.get("kv_cache_usage"), "{:.0%}"),
                 _num(i.get("preemptions_per_min"), "{:.1f}"),
                 rw,
@@ -129,9 +148,14 @@ def render(doc: dict[str, Any]) -> str:
         if le and i["state"] != "ready":
             how = f"code {le['code']}" if le.get("code") is not None else le.get("signal") or "?"
             line = f"{i['name']}: last exit {le['reason']} ({how}) at {le.get('at')}"
+            if le.get("rank") is not None:
+                line += f", data-parallel rank {le['rank']} died first"
             if le.get("log_excerpt"):
                 line += f": {le['log_excerpt'].strip().splitlines()[-1][:160]}"
             lines.append(line)
+    for i in insts:
+        if i.get("ranks"):
+            lines.append(f"{i['name']} ranks: " + "; ".join(_rank(r) for r in i["ranks"]))
     if any(i.get("backend_source") not in (None, "log") and i.get("backend") for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
     for a in doc.get("advice", ()):

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -298,7 +299,7 @@ def connect(
     home: Path | None = None,
     start: bool = True,
     timeout: float = START_TIMEOUT_S,
-    on_wait=None,
+    on_wait: Callable[[float], object] | None = None,
 ) -> Client:
     """A client for the running daemon, starting one if `start` and none answers.
 

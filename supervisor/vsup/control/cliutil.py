@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from vsup.control.client import Client, connect
 from vsup.control.errors import ControlError, DaemonUnavailable
@@ -32,7 +34,7 @@ def client_for_cli(start: bool = True) -> Client:
         progress.clear()
 
 
-def run_command(func, args) -> int:
+def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run `func(args)`, turning refusals and a missing daemon into a message and a status."""
     try:
         return int(func(args) or 0)
@@ -48,7 +50,7 @@ def run_command(func, args) -> int:
         return 1
 
 
-def print_diagnostics(items: list[Any], stream=None) -> None:
+def print_diagnostics(items: list[Any], stream: TextIO | None = None) -> None:
     """Print validation errors/warnings (dicts from the API or layout Diagnostics)."""
     stream = stream or sys.stderr
     for item in items:

@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,14 @@ from vsup.control.advice import (
 from vsup.control.alerts import Alerts
 from vsup.control.api import build_app
 from vsup.control.benchprogress import BenchProgressBoard
+from vsup.control.dpstatus import parallel_fields
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
-from vsup.control.restore import Restore
+from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
-from vsup.control.service import ControlMethods
+from vsup.control.service import DaemonService
 from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
 from vsup.control.service import parse_layout as parse_layout
 from vsup.control.state import (
@@ -88,9 +90,9 @@ LOGGED_EVENTS = {
 # --------------------------------------------------------------------------- the daemon
 
 
-class Daemon(Restore, ControlMethods):
-    """The daemon's state and the `ControlService` the API calls (its restore and its API
-    methods live in restore.py and service.py)."""
+class Daemon:
+    """The daemon's state and life. Its restore (restore.py) and the `ControlService` the API
+    calls (service.py, `self.service`) use it through `host.DaemonHost`."""
 
     def __init__(
         self,
@@ -123,12 +125,12 @@ class Daemon(Restore, ControlMethods):
         self._failures: dict[str, deque[float]] = {}
         self._snapshot: StatusSnapshot | None = None
         self._stopping = asyncio.Event()
-        self._shutting_down = False
+        self.shutting_down = False
         self._state_dirty = asyncio.Event()
-        self._apply_lock = asyncio.Lock()
+        self.apply_lock = asyncio.Lock()
         self._api: ServedApp | None = None
         self._socket_id: tuple[int, int] | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
         self.alerts = Alerts(self.clock, self.node.hostname)
         self.engine = Engine(
@@ -139,6 +141,7 @@ class Daemon(Restore, ControlMethods):
             requests_running=self._requests_running,
             **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
         )
+        self.service = DaemonService(self)
 
     # ----------------------------------------------------------------- engine events
 
@@ -155,7 +158,7 @@ class Daemon(Restore, ControlMethods):
             # What journal replay needs to adopt this process if the state file is lost.
             doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
         if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
-            self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
+            self.note_failure(name)
         self.journal.append(kind, name, **doc)
         if kind in LOGGED_EVENTS:
             keys = [k for k in LOGGED_EVENTS[kind] if doc.get(k) is not None]
@@ -185,15 +188,15 @@ class Daemon(Restore, ControlMethods):
             gpu_count=self.monitor.gpu_count,
             cpu_count=self.node.cpu_count,
         )
-        await self.restore()
+        await restore(self)
         await self.alerts.start()
-        self._api = ServedApp(build_app(self), sock, name="control API")
+        self._api = ServedApp(build_app(self.service), sock, name="control API")
         self._socket_id = _file_id(paths.socket_path(self.home))
         await self._api.start()
         log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
-        poller = self._spawn(self._poll_loop(), "poll")
-        writer = self._spawn(self._state_writer(), "state writer")
-        watcher = self._spawn(self._socket_watch(), "socket watch")
+        poller = self.spawn(self._poll_loop(), "poll")
+        writer = self.spawn(self._state_writer(), "state writer")
+        watcher = self.spawn(self._socket_watch(), "socket watch")
         try:
             await self._stopping.wait()
         finally:
@@ -236,13 +239,13 @@ class Daemon(Restore, ControlMethods):
             try:
                 sock = bind_unix_socket(path)
             except OSError as exc:
-                self._report_problem(
+                self.report_problem(
                     "control_socket",
                     f"the control socket {path} is {what} and cannot be bound again ({exc}); "
                     f"remove what is in its place (clients cannot reach this daemon meanwhile)",
                 )
                 continue
-            api = ServedApp(build_app(self), sock, name="control API")
+            api = ServedApp(build_app(self.service), sock, name="control API")
             await api.start()
             old, self._api = self._api, api
             self._socket_id = _file_id(path)
@@ -250,30 +253,71 @@ class Daemon(Restore, ControlMethods):
             log.warning("the control socket %s was %s; bound it again", path, what)
             self.journal.append("socket_rebound", None, path=str(path), was=what)
             # Answers in flight on the old socket finish; then it closes.
-            self._spawn(old.stop(), "old control API")
+            if old is not None:
+                self.spawn(old.stop(), "old control API")
 
     def request_stop(self, why: str = "request") -> None:
         """Stop the daemon, leaving instances running (SIGTERM, SIGINT)."""
         log.info("stopping the daemon (%s); instances keep running", why)
         self._stopping.set()
 
-    def _spawn(self, coro, name: str) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `coro` as a task the daemon keeps (its failure is logged)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
-    def _task_done(self, task: asyncio.Task) -> None:
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
-    def _report_problem(self, kind: str, message: str) -> None:
+    def report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
         log.warning("%s", message)
         self.journal.append("problem", None, problem=kind, message=message)
         self.problems = [p for p in self.problems if p.message != message]
         self.problems.append(problem(kind, message))
+
+    def state_changed(self) -> None:
+        """Something the state file holds changed: it is written shortly (`_state_writer`)."""
+        self._state_dirty.set()
+
+    def note_failure(self, name: str) -> None:
+        """A failed exit of `name`, counted towards crash-loop advice."""
+        self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
+
+    async def start_metrics(self) -> bool:
+        """Serve Prometheus metrics on `metrics_listen`; False (and a problem) when it
+        cannot (a bad or busy address)."""
+        if not self.metrics_listen:
+            return False  # callers ask only when the layout names an address
+        try:
+            await self.metrics.start(self.metrics_listen)
+            self.problems = [p for p in self.problems if p.kind != "metrics_listen"]
+            return True
+        except (OSError, ValueError) as exc:
+            self.report_problem(
+                "metrics_listen",
+                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
+                "[layout] metrics_listen and run `vsup up` again",
+            )
+            return False
+
+    async def shut_down(self, stop_instances: bool) -> None:
+        """`vsup down` after its answer: stop every instance (unless told not to), then end
+        the daemon."""
+        try:
+            if stop_instances:
+                async with self.apply_lock:
+                    await asyncio.gather(
+                        *(self.engine.stop(n) for n in list(self.engine.instances)),
+                        return_exceptions=True,
+                    )
+                self._state_dirty.set()
+        finally:
+            self._stopping.set()
 
     # ----------------------------------------------------------------- state file
 
@@ -420,12 +464,15 @@ class Daemon(Restore, ControlMethods):
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
                 if all(t is not None for t in totals):
-                    planned = int(spec.gpu_memory_utilization * sum(totals))
+                    planned = int(
+                        spec.gpu_memory_utilization * sum(t for t in totals if t is not None)
+                    )
             fields = {
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
+                **parallel_fields(inst, gpus),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone

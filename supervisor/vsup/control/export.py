@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -22,6 +23,9 @@ from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
 from vsup.snapshot import STATES, THROTTLE_REASONS, StatusSnapshot
+
+if TYPE_CHECKING:
+    from vsup.control.server import ServedApp
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +308,7 @@ class MetricsListener:
     def __init__(self, source: Callable[[], StatusSnapshot | None]) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(SnapshotCollector(source))
-        self._served = None
+        self._served: ServedApp | None = None
         self.address: tuple[str, int] | None = None
 
     @property

@@ -22,7 +22,7 @@ import json
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ _TAIL_SCAN = 256 * 1024
 class Journal:
     """Append events; read them back by sequence number."""
 
-    def __init__(self, path: Path, clock_wall=None) -> None:
+    def __init__(self, path: Path, clock_wall: Callable[[], float] | None = None) -> None:
         import time
 
         self.path = Path(path)
@@ -150,8 +150,11 @@ class Journal:
         last = 0
         for raw in data.splitlines():
             event = parse_line(raw)
+            if event is None:
+                self.skipped_lines += 1
+                continue
             try:
-                seq = int(event["seq"])  # type: ignore[index]
+                seq = int(event["seq"])
             except (KeyError, TypeError, ValueError):
                 self.skipped_lines += 1
                 continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from typing import Any
 from vsup.clock import Clock
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
-from vsup.telemetry.hbm import HbmFigure, InstanceRef, ProcessTable, attribute, gpu_statuses
+from vsup.telemetry.gpu.base import GpuSample
+from vsup.telemetry.hbm import (
+    Attribution,
+    HbmFigure,
+    InstanceRef,
+    ProcessTable,
+    attribute,
+    gpu_statuses,
+)
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.metrics import VllmMetrics
 from vsup.telemetry.scrape import Scraper
@@ -74,7 +83,7 @@ class Monitor:
         self._runs: dict[str, int] = {}
         self._live: dict[str, bool] = {}
         self._hbm: dict[str, HbmFigure] = {}
-        self._inflight: dict[str, asyncio.Task] = {}
+        self._inflight: dict[str, asyncio.Task[None]] = {}
         self._unresolved: set[tuple[int, int]] = set()
 
     async def open(self) -> None:
@@ -174,7 +183,7 @@ class Monitor:
             if t.live and t.name not in self._inflight and self.scraper is not None:
                 task = asyncio.create_task(self._scrape(t), name=f"scrape {t.name}")
                 self._inflight[t.name] = task
-                task.add_done_callback(lambda _t, n=t.name: self._inflight.pop(n, None))
+                task.add_done_callback(functools.partial(self._scrape_done, t.name))
                 started.append(task)
         side = [
             asyncio.create_task(self._poll_logs()),
@@ -185,6 +194,9 @@ class Monitor:
         for result in await asyncio.gather(*side, return_exceptions=True):
             if isinstance(result, Exception):
                 log.error("telemetry poll failed", exc_info=result)
+
+    def _scrape_done(self, name: str, _task: asyncio.Task[None]) -> None:
+        self._inflight.pop(name, None)
 
     async def _scrape(self, t: Target) -> None:
         assert self.scraper is not None
@@ -207,7 +219,7 @@ class Monitor:
             return
         refs = [InstanceRef(t.name, t.pid, t.gpus, t.pgid) for t in targets if t.pid]
 
-        def work():
+        def work() -> tuple[tuple[GpuSample, ...], Attribution]:
             samples = self.probe.snapshot()
             return samples, attribute(refs, samples, ProcessTable.scan())
 

@@ -6,8 +6,8 @@ layout back when both state files are bad. Live processes are adopted (pid + sta
 group); ones that vanished while no daemon watched exit through the restart policy, except
 exits that recur (the engine's DETERMINISTIC reasons).
 
-`Restore` is a part of `Daemon` (a mixin on the same object); it uses the daemon's engine,
-journal, state file and problem reporting.
+`restore(daemon)` runs once, before the control API answers; what it uses of the daemon is
+`host.DaemonHost`, and each of its steps takes only the part of the daemon it needs.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections import deque
 from typing import Any
 
-from vsup.control.journal import last_layout, replay
+from vsup.control.host import DaemonHost
+from vsup.control.journal import Journal, last_layout, replay
 from vsup.control.service import alert_config_of, metrics_listen_of
 from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
-from vsup.engine import AdoptRecord
+from vsup.engine import AdoptRecord, Engine
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
@@ -33,134 +33,135 @@ log = logging.getLogger("vsup.daemon")
 ADOPT_SETTLE_S = 5.0
 
 
-class Restore:
-    """The daemon's start-up: state file + journal -> adopted, restarted and idle instances."""
-
-    async def restore(self) -> None:
-        """Bring back what the last daemon left: the layout, live instances (adopted), and
-        instances that vanished meanwhile (their exit goes through the restart policy)."""
-        result = self.state_file.load()
+async def restore(daemon: DaemonHost) -> None:
+    """Bring back what the last daemon left: the layout, live instances (adopted), and
+    instances that vanished meanwhile (their exit goes through the restart policy)."""
+    result = daemon.state_file.load()
+    if result.problem:
+        daemon.report_problem("state_file", result.problem)
+    state = result.state or DaemonState()
+    _replay_journal(daemon.journal, state)
+    applied = last_layout(daemon.journal.iter_file())
+    if applied is not None and (applied.seq >= state.journal_seq or not state.layout_toml):
+        # Applied after the state was written, or the state files lost it.
+        state.layout_toml, state.layout_path = applied.toml, applied.path
+        state.layout_name = applied.name
         if result.problem:
-            self._report_problem("state_file", result.problem)
-        state = result.state or DaemonState()
-        self._replay_journal(state)
-        applied = last_layout(self.journal.iter_file())
-        if applied is not None and (applied.seq >= state.journal_seq or not state.layout_toml):
-            # Applied after the state was written, or the state files lost it.
-            state.layout_toml, state.layout_path = applied.toml, applied.path
-            state.layout_name = applied.name
-            if result.problem:
-                log.info("the running layout comes back from journal event %d", applied.seq)
-        self.layout_path = state.layout_path
-        self.layout_toml = state.layout_toml
-        self.layout_name = state.layout_name
-        if state.layout_toml:
-            self.metrics_listen = metrics_listen_of(state.layout_toml)
-            self.alerts.configure(alert_config_of(state.layout_toml))
-        vanished: list[str] = []
-        for name, rec in state.instances.items():
-            try:
-                spec = spec_from_dict(rec.spec)
-            except ValueError as exc:
-                self._report_problem("state_file", f"instance {name}: {exc}")
-                continue
-            if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
-                record = AdoptRecord(
-                    pid=rec.pid,
-                    create_time=rec.create_time,
-                    pgid=rec.pgid,
-                    port=rec.port or spec.port,
-                    run=rec.run,
-                    restarts=rec.restarts,
-                    descendants={int(p): t for p, t in rec.descendants.items()},
-                )
-                inst = self.engine.adopt(spec, record)
-                if inst is not None:
-                    log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
-                    continue
-                # It died while no daemon watched: an exit like any other.
-                gone = self.engine.instances[name]
-                reason = gone.last_exit.reason if gone.last_exit else "unknown"
-                self._failures.setdefault(name, deque(maxlen=64)).append(self.clock.monotonic())
-                log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
-                vanished.append(name)
-                if spec.restart.policy != "never" and reason not in DETERMINISTIC:
-                    await self.engine.start(name, automatic=True)
-                continue
-            self._register_idle(spec, rec)
-        await self._settle_adopted()
-        self._alert_restart(vanished)
-        if self.metrics_listen:
-            await self._start_metrics()
-        self._state_dirty.set()
-
-    def _alert_restart(self, vanished: list[str]) -> None:
-        """`daemon_restarted`: this daemon took over instances a previous one left."""
-        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
-        if not adopted and not vanished:
-            return
-        parts = []
-        if adopted:
-            parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
-        if vanished:
-            parts.append(f"{len(vanished)} had exited meanwhile ({', '.join(vanished)})")
-        self.alerts.notify(
-            "daemon_restarted",
-            f"vsup daemon restarted on {self.node.hostname} (pid {os.getpid()}): "
-            + "; ".join(parts)
-            + ". See daemon.log in VSUP_HOME for why the previous one ended.",
-        )
-
-    async def _settle_adopted(self) -> None:
-        """Give adopted instances one health check before the API answers, so that the first
-        status after a daemon restart says `ready` for servers that are (bounded wait)."""
-        adopted = [n for n, i in self.engine.instances.items() if getattr(i, "adopted", False)]
-        if not adopted:
-            return
-        settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(self.engine.wait(n, settled) for n in adopted)),
-                ADOPT_SETTLE_S,
+            log.info("the running layout comes back from journal event %d", applied.seq)
+    daemon.layout_path = state.layout_path
+    daemon.layout_toml = state.layout_toml
+    daemon.layout_name = state.layout_name
+    if state.layout_toml:
+        daemon.metrics_listen = metrics_listen_of(state.layout_toml)
+        daemon.alerts.configure(alert_config_of(state.layout_toml))
+    vanished: list[str] = []
+    for name, rec in state.instances.items():
+        try:
+            spec = spec_from_dict(rec.spec)
+        except ValueError as exc:
+            daemon.report_problem("state_file", f"instance {name}: {exc}")
+            continue
+        if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
+            record = AdoptRecord(
+                pid=rec.pid,
+                create_time=rec.create_time,
+                pgid=rec.pgid,
+                port=rec.port or spec.port,
+                run=rec.run,
+                restarts=rec.restarts,
+                descendants={int(p): t for p, t in rec.descendants.items()},
             )
+            inst = daemon.engine.adopt(spec, record)
+            if inst is not None:
+                log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
+                continue
+            # It died while no daemon watched: an exit like any other.
+            gone = daemon.engine.instances[name]
+            reason = gone.last_exit.reason if gone.last_exit else "unknown"
+            daemon.note_failure(name)
+            log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
+            vanished.append(name)
+            if spec.restart.policy != "never" and reason not in DETERMINISTIC:
+                await daemon.engine.start(name, automatic=True)
+            continue
+        _register_idle(daemon.engine, spec, rec)
+    await _settle_adopted(daemon.engine)
+    _alert_restart(daemon, vanished)
+    if daemon.metrics_listen:
+        await daemon.start_metrics()
+    daemon.state_changed()
 
-    def _replay_journal(self, state: DaemonState) -> None:
-        """Bring `state` up to date with journal events written after it (a daemon killed
-        between an event and the next state write, or a state file restored from its backup)."""
-        after = state.journal_seq - 1 if state.journal_seq else 0
-        if state.written_at is None and state.instances:
-            after = 0
-        for name, rep in replay(self.journal.iter_file(), after_seq=after).items():
-            rec = state.instances.get(name)
-            if rec is None:
-                if rep.spec is None:
-                    continue
-                rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
-            if rep.spec is not None:
-                rec.spec = rep.spec
-            if rep.running and rep.pid:
-                rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
-                rec.port = rep.port or rec.port
-                rec.run = max(rec.run, rep.run)
-                rec.descendants = {}
-                rec.state = "starting"
-            elif not rep.running and rep.last_exit is not None:
-                rec.pid = rec.pgid = rec.create_time = None
-                rec.last_exit = rep.last_exit
-                rec.state = "stopped"
-            rec.restarts = max(rec.restarts, rep.restarts)
 
-    def _register_idle(self, spec: InstanceSpec, rec: InstanceRecord) -> None:
-        """An instance with no process (stopped or failed): known again, not started, with
-        its run number, restarts and last exit as they were."""
-        self.engine.restore(
-            spec,
-            state="failed" if rec.state == "failed" else "stopped",
-            run=rec.run,
-            restarts=rec.restarts,
-            last_exit=_last_exit(rec.last_exit),
-            failed_why=rec.failed_why,
+def _alert_restart(daemon: DaemonHost, vanished: list[str]) -> None:
+    """`daemon_restarted`: this daemon took over instances a previous one left."""
+    adopted = [n for n, i in daemon.engine.instances.items() if getattr(i, "adopted", False)]
+    if not adopted and not vanished:
+        return
+    parts = []
+    if adopted:
+        parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
+    if vanished:
+        parts.append(f"{len(vanished)} had exited meanwhile ({', '.join(vanished)})")
+    daemon.alerts.notify(
+        "daemon_restarted",
+        f"vsup daemon restarted on {daemon.node.hostname} (pid {os.getpid()}): "
+        + "; ".join(parts)
+        + ". See daemon.log in VSUP_HOME for why the previous one ended.",
+    )
+
+
+async def _settle_adopted(engine: Engine) -> None:
+    """Give adopted instances one health check before the API answers, so that the first
+    status after a daemon restart says `ready` for servers that are (bounded wait)."""
+    adopted = [n for n, i in engine.instances.items() if getattr(i, "adopted", False)]
+    if not adopted:
+        return
+    settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(
+            asyncio.gather(*(engine.wait(n, settled) for n in adopted)),
+            ADOPT_SETTLE_S,
         )
+
+
+def _replay_journal(journal: Journal, state: DaemonState) -> None:
+    """Bring `state` up to date with journal events written after it (a daemon killed
+    between an event and the next state write, or a state file restored from its backup)."""
+    after = state.journal_seq - 1 if state.journal_seq else 0
+    if state.written_at is None and state.instances:
+        after = 0
+    for name, rep in replay(journal.iter_file(), after_seq=after).items():
+        rec = state.instances.get(name)
+        if rec is None:
+            if rep.spec is None:
+                continue
+            rec = state.instances[name] = InstanceRecord(name=name, spec=rep.spec)
+        if rep.spec is not None:
+            rec.spec = rep.spec
+        if rep.running and rep.pid:
+            rec.pid, rec.pgid, rec.create_time = rep.pid, rep.pgid, rep.create_time
+            rec.port = rep.port or rec.port
+            rec.run = max(rec.run, rep.run)
+            rec.descendants = {}
+            rec.state = "starting"
+        elif not rep.running and rep.last_exit is not None:
+            rec.pid = rec.pgid = rec.create_time = None
+            rec.last_exit = rep.last_exit
+            rec.state = "stopped"
+        rec.restarts = max(rec.restarts, rep.restarts)
+
+
+def _register_idle(engine: Engine, spec: InstanceSpec, rec: InstanceRecord) -> None:
+    """An instance with no process (stopped or failed): known again, not started, with
+    its run number, restarts and last exit as they were."""
+    engine.restore(
+        spec,
+        state="failed" if rec.state == "failed" else "stopped",
+        run=rec.run,
+        restarts=rec.restarts,
+        last_exit=_last_exit(rec.last_exit),
+        failed_why=rec.failed_why,
+    )
 
 
 def _last_exit(value: Any) -> LastExit | None:

@@ -18,6 +18,7 @@ from collections.abc import Generator
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def bind_tcp_socket(host: str, port: int) -> socket.socket:
 class ServedApp:
     """One ASGI app served by uvicorn on one pre-bound socket, as a task on the running loop."""
 
-    def __init__(self, app, sock: socket.socket, name: str) -> None:
+    def __init__(self, app: ASGIApp, sock: socket.socket, name: str) -> None:
         config = uvicorn.Config(
             app,
             lifespan="off",

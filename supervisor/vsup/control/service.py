@@ -1,7 +1,7 @@
 """The control service: what each control API route asks of the daemon (`api.ControlService`).
 
 Requests are checked by `api.py`; this part does the work on the daemon's engine, journal and
-monitor. `ControlMethods` is a part of `Daemon` (a mixin on the same object).
+monitor. `DaemonService` is `Daemon.service`; what it uses of the daemon is `host.DaemonHost`.
 """
 
 from __future__ import annotations
@@ -15,116 +15,114 @@ from vsup import __version__
 from vsup.control.alerts import AlertConfig
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
+from vsup.control.host import DaemonHost
 from vsup.control.state import spec_to_dict
+from vsup.engine import Engine, Instance
 from vsup.layout.listen import parse_listen
 from vsup.layout.secrets import SECRET_NAME
 
 
-class ControlMethods:
-    """The ControlService methods of the daemon."""
+class DaemonService:
+    """`api.ControlService` over a daemon: what each route does."""
+
+    def __init__(self, daemon: DaemonHost) -> None:
+        self.daemon = daemon
 
     def instance_names(self) -> list[str]:
-        return list(self.engine.instances)
+        return list(self.daemon.engine.instances)
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "version": __version__, "home": str(self.home)}
+        return {"pid": os.getpid(), "version": __version__, "home": str(self.daemon.home)}
 
     def status(self) -> dict[str, Any]:
-        doc = self.build_snapshot().to_json()
+        doc = self.daemon.build_snapshot().to_json()
         # the latest rolling apply (engine/rollout.py); additive to schema 1
-        rollout = self.engine.rollout
+        rollout = self.daemon.engine.rollout
         doc["rollout"] = rollout.to_json() if rollout is not None else None
         # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
-        doc["bench"] = self.bench.current()
+        doc["bench"] = self.daemon.bench.current()
         return doc
 
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
-        self.bench.update(report)
-        return {"bench": self.bench.current()}
+        self.daemon.bench.update(report)
+        return {"bench": self.daemon.bench.current()}
 
     def layout(self) -> dict[str, Any]:
-        return {"path": self.layout_path, "toml": self.layout_toml, "name": self.layout_name}
+        return {
+            "path": self.daemon.layout_path,
+            "toml": self.daemon.layout_toml,
+            "name": self.daemon.layout_name,
+        }
 
     async def apply(
         self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
     ) -> dict[str, Any]:
-        if self._shutting_down:
+        if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
         layout_obj, specs, diags = await asyncio.to_thread(
-            parse_layout, toml, path, self.node.gpu_count
+            parse_layout, toml, path, self.daemon.node.gpu_count
         )
         errors = [d.to_json() for d in diags if d.is_error]
         warnings = [d.to_json() for d in diags if not d.is_error]
         if errors:
             return _refused(errors, warnings)
-        plan = self.engine.diff(specs, rolling=not all_at_once).to_json()
+        plan = self.daemon.engine.diff(specs, rolling=not all_at_once).to_json()
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-        self.layout_toml, self.layout_path = toml, path
-        self.layout_name = layout_obj.name
+        self.daemon.layout_toml, self.daemon.layout_path = toml, path
+        self.daemon.layout_name = layout_obj.name
         # The layout's text rides with the event: a daemon that finds both state files bad
         # takes the running layout back from the journal (`last_layout`).
-        self.journal.append(
+        self.daemon.journal.append(
             "action",
             None,
             action="apply",
-            layout=self.layout_name,
+            layout=self.daemon.layout_name,
             path=path,
             plan=plan,
             toml=toml,
         )
-        self._state_dirty.set()
-        self.alerts.configure(alert_config_of(toml))
-        self.metrics_listen = metrics_listen_of(toml)
-        if self.metrics_listen:
-            if not await self._start_metrics():
+        self.daemon.state_changed()
+        self.daemon.alerts.configure(alert_config_of(toml))
+        self.daemon.metrics_listen = metrics_listen_of(toml)
+        if self.daemon.metrics_listen:
+            if not await self.daemon.start_metrics():
                 warnings.append(
                     {
                         "severity": "warning",
-                        "message": self.problems[-1].message,
-                        "text": self.problems[-1].message,
+                        "message": self.daemon.problems[-1].message,
+                        "text": self.daemon.problems[-1].message,
                     }
                 )
         else:
-            await self.metrics.stop()
-        async with self._apply_lock:
+            await self.daemon.metrics.stop()
+        async with self.daemon.apply_lock:
             # Returns once every start is under way (stops of removed instances continue).
             plan = (
-                await self.engine.apply(specs, rolling=not all_at_once, **_rollout_keys(layout_obj))
+                await self.daemon.engine.apply(
+                    specs, rolling=not all_at_once, **_rollout_keys(layout_obj)
+                )
             ).to_json()
-        self._state_dirty.set()
+        self.daemon.state_changed()
         return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
-    async def _start_metrics(self) -> bool:
-        try:
-            await self.metrics.start(self.metrics_listen)
-            self.problems = [p for p in self.problems if p.kind != "metrics_listen"]
-            return True
-        except (OSError, ValueError) as exc:
-            self._report_problem(
-                "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
-                "[layout] metrics_listen and run `vsup up` again",
-            )
-            return False
-
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
-        if self._shutting_down:
+        if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down)")
-        self.journal.append("action", None, action=action, names=names, by="operator")
+        self.daemon.journal.append("action", None, action=action, names=names, by="operator")
 
         async def one(name: str) -> None:
             if action == "start":
-                await self.engine.start(name)
+                await self.daemon.engine.start(name)
             elif action == "stop":
-                await self.engine.stop(name)
+                await self.daemon.engine.stop(name)
             elif action == "drain":
-                await self.engine.stop(name, drain=True)
+                await self.daemon.engine.stop(name, drain=True)
             elif action == "restart":
-                await self.engine.restart(name)
-            self._state_dirty.set()
+                await self.daemon.engine.restart(name)
+            self.daemon.state_changed()
 
-        tasks = {name: self._spawn(one(name), f"{action} {name}") for name in names}
+        tasks = {name: self.daemon.spawn(one(name), f"{action} {name}") for name in names}
         if not wait:
             return {"done": [], "pending": names, "errors": []}
         # Shielded: a client that hangs up does not cancel a stop half-way.
@@ -138,14 +136,8 @@ class ControlMethods:
                 errors.append({"name": name, "error": str(exc) or type(exc).__name__})
         return {"done": done, "errors": errors}
 
-    def _instance(self, name: str):
-        inst = self.engine.instances.get(name)
-        if inst is None:
-            raise UnknownInstances([name], self.engine.instances)
-        return inst
-
     def log_file(self, name: str, previous: bool) -> LogFile:
-        inst = self._instance(name)
+        inst = _instance(self.daemon.engine, name)
         if previous:
             path = inst.previous_log_path
             run = inst.run - 1 if path is not None else None
@@ -157,7 +149,7 @@ class ControlMethods:
         return LogFile(run=run, path=Path(path) if path else None)
 
     def config(self, name: str) -> dict[str, Any]:
-        inst = self._instance(name)
+        inst = _instance(self.daemon.engine, name)
         spec = inst.spec
         env = spec.child_env({})
         if spec.api_key_env:
@@ -167,7 +159,7 @@ class ControlMethods:
             k: ("***" if SECRET_NAME.search(k) and not v.startswith("***") else v)
             for k, v in env.items()
         }
-        cache = self.monitor.cache_config(name)
+        cache = self.daemon.monitor.cache_config(name)
         return {
             "argv": spec.argv(),
             "env": masked,
@@ -176,15 +168,15 @@ class ControlMethods:
         }
 
     def history(self, name: str) -> dict[str, Any]:
-        self._instance(name)
-        return self.monitor.history_json(name)
+        _instance(self.daemon.engine, name)
+        return self.daemon.monitor.history_json(name)
 
     def events(self, since: int, limit: int) -> dict[str, Any]:
-        events, nxt = self.journal.read(since, limit)
+        events, nxt = self.daemon.journal.read(since, limit)
         return {"events": events, "next": nxt}
 
     async def save(self, path: str, parents: bool = False) -> dict[str, Any]:
-        if not self.layout_toml:
+        if not self.daemon.layout_toml:
             raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
         from vsup.fsutil import UnsafeTarget, regular_target
         from vsup.layout import LayoutError, loads_layout, save_layout
@@ -193,12 +185,12 @@ class ControlMethods:
             target = regular_target(path, parents=parents)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
-        layout_obj = loads_layout(self.layout_toml, self.layout_path)
+        layout_obj = loads_layout(self.daemon.layout_toml, self.daemon.layout_path)
         try:
             if parents:
                 target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(
-                save_layout, layout_obj, target, node_gpus=self.node.gpu_count or None
+                save_layout, layout_obj, target, node_gpus=self.daemon.node.gpu_count or None
             )
         except LayoutError as exc:
             raise ControlError(
@@ -210,31 +202,26 @@ class ControlMethods:
             raise ControlError(
                 f"cannot write {target}: {exc.strerror or exc}", status=400
             ) from None
-        self.journal.append("action", None, action="save", path=path, written=str(target))
+        self.daemon.journal.append("action", None, action="save", path=path, written=str(target))
         return {"path": path, "written": str(target)}
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
-        if self._shutting_down:
+        if self.daemon.shutting_down:
             return {"stopping": [], "already": True}
-        self._shutting_down = True
-        names = [n for n, i in self.engine.instances.items() if i.state != "stopped"]
+        self.daemon.shutting_down = True
+        names = [n for n, i in self.daemon.engine.instances.items() if i.state != "stopped"]
         if not stop_instances:
             names = []
-        self.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
-        self._spawn(self._shutdown(stop_instances), "shutdown")
+        self.daemon.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
+        self.daemon.spawn(self.daemon.shut_down(stop_instances), "shutdown")
         return {"stopping": names}
 
-    async def _shutdown(self, stop_instances: bool) -> None:
-        try:
-            if stop_instances:
-                async with self._apply_lock:
-                    await asyncio.gather(
-                        *(self.engine.stop(n) for n in list(self.engine.instances)),
-                        return_exceptions=True,
-                    )
-                self._state_dirty.set()
-        finally:
-            self._stopping.set()
+
+def _instance(engine: Engine, name: str) -> Instance:
+    inst = engine.instances.get(name)
+    if inst is None:
+        raise UnknownInstances([name], engine.instances)
+    return inst
 
 
 def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:

@@ -562,7 +562,8 @@ class Engine:
 
     async def scan_processes(self) -> dict[int, ProcInfo]:
         """The node's process table, scanned at most once per half chores interval for all
-        runners together (one scan reads every /proc entry: ~20 ms per 1000 processes)."""
+        runners together (one scan reads every /proc entry, a cost that grows with the node's
+        process count: docs/benchmarks.md)."""
         loop = asyncio.get_running_loop()
         if self._table is not None and loop.time() - self._table_at < self.chores_interval_s / 2:
             return self._table

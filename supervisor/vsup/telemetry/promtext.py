@@ -2,8 +2,9 @@
 
 vsup reads about ten samples out of a ~50 KB vLLM `/metrics` payload per instance per second.
 prometheus_client's parser walks label sets character by character (the `cache_config_info`
-line alone has ~40 labels), so a full parse costs ~7 ms; this module parses only the lines the
-caller picked out, with a few regular expressions.
+line alone has ~40 labels), so a full parse costs far more than the few samples are worth
+(docs/benchmarks.md); this module parses only the lines the caller picked out, with a few
+regular expressions.
 
 It follows prometheus_client's text parser (`text_string_to_metric_families`, non-OpenMetrics)
 on every sample line written with an unquoted metric name: label values with escaped quotes,

@@ -2,10 +2,10 @@
 
 One `Scraper` per daemon keeps one connection per server alive and reuses it every poll instead
 of a handshake per scrape. Plain-http servers (every vLLM vsup runs) go through `httpget`, a
-small asyncio HTTP/1.1 client ~6x cheaper in CPU than httpx and O(1) per request whatever the
-number of servers (httpx's pool walks all its connections on every request); https URLs
-(`vsup probe` of a remote server) go through httpx. Every request has its own
-timeout; `scrape_all` runs the requests concurrently and reports each result as it lands
+small asyncio HTTP/1.1 client much cheaper in CPU than httpx (docs/benchmarks.md) and O(1)
+per request whatever the number of servers (httpx's pool walks all its connections on every
+request); https URLs (`vsup probe` of a remote server) go through httpx. Every request has its
+own timeout; `scrape_all` runs the requests concurrently and reports each result as it lands
 (`on_result`), so a slow or dead server delays nobody else. Results carry errors as text;
 nothing here raises for a server that misbehaves.
 """

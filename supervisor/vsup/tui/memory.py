@@ -8,14 +8,13 @@ instead of a daemon. It answers with the same JSON shapes as the control API
 
 from __future__ import annotations
 
-import os
-import tempfile
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vsup.fsutil import write_atomic
 from vsup.snapshot import StatusSnapshot
 
 
@@ -150,10 +149,7 @@ class MemoryClient:
             if errors:
                 raise DaemonError("refusing to save an invalid layout: " + "; ".join(errors))
         target = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(self.layout_toml)
-        os.replace(tmp, target)
+        write_atomic(target, self.layout_toml)
         return {"path": str(target)}
 
 

@@ -26,11 +26,13 @@ class Column:
     right: bool = False  # numbers align right
     priority: int = 0  # lower stays longer when the terminal is narrow
     gpu_only: bool = False  # dropped on a CPU node, where it is always unknown
+    parallel_only: bool = False  # shown only when an instance runs DP or PP ranks
 
 
 COLUMNS: tuple[Column, ...] = (
     Column("name", "NAME", 14, priority=0),
     Column("gpus", "GPU", 4, priority=11),
+    Column("parallel", "SHAPE", 10, priority=11, parallel_only=True),
     Column("port", "PORT", 5, right=True, priority=12),
     Column("state", "STATE", 13, priority=1),
     Column("uptime", "UP", 6, right=True, priority=7),
@@ -49,10 +51,13 @@ PADDING = 2  # DataTable's cell padding, one cell each side
 MODEL_MIN = 12
 
 
-def columns_for(width: int, has_gpus: bool) -> tuple[Column, ...]:
+def columns_for(width: int, has_gpus: bool, has_parallel: bool = False) -> tuple[Column, ...]:
     """The columns that fit `width` cells, most important first, shown in table order;
-    the model column takes the remaining width."""
-    candidates = [c for c in COLUMNS if has_gpus or not c.gpu_only]
+    the model column takes the remaining width. `has_parallel`: some instance runs data- or
+    pipeline-parallel ranks (`has_parallel_shape`), which adds the SHAPE column."""
+    candidates = [
+        c for c in COLUMNS if (has_gpus or not c.gpu_only) and (has_parallel or not c.parallel_only)
+    ]
     keep: set[str] = set()
     used = 0
     for col in sorted(candidates, key=lambda c: c.priority):
@@ -75,6 +80,13 @@ def columns_for(width: int, has_gpus: bool) -> tuple[Column, ...]:
             )
         out.append(col)
     return tuple(out)
+
+
+def has_parallel_shape(instances: Iterable[InstanceStatus]) -> bool:
+    """Whether any instance runs DP or PP ranks (the SHAPE column then shows every shape)."""
+    return any(
+        i.parallel is not None and (i.parallel.dp > 1 or i.parallel.pp > 1) for i in instances
+    )
 
 
 def _kv_style(usage: float | None) -> str:
@@ -112,6 +124,10 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
         return (fmt.truncate(inst.name, width), "bold")
     if key == "gpus":
         return (fmt.gpus(inst.gpus), "")
+    if key == "parallel":
+        label = inst.parallel.label if inst.parallel is not None else fmt.UNKNOWN
+        dead = any(r.alive is False for r in inst.ranks)
+        return (fmt.truncate(label, width), "bold red" if dead else "")
     if key == "port":
         return (str(inst.port) if inst.port is not None else fmt.UNKNOWN, "")
     if key == "state":

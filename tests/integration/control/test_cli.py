@@ -19,23 +19,11 @@ import pytest
 from vsup.control.lock import daemon_lock_holder
 
 from tests.conftest import outside_cwd
+from tests.conftest import run_vsup as vsup
 from tests.unit.control.helpers import emulator_layout, free_port
 
 ROOT = Path(__file__).parents[3]
 pytestmark = pytest.mark.timeout(120)
-
-
-def vsup(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VSUP_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-        stdin=subprocess.DEVNULL,  # no terminal: `vsup down` must not ask
-    )
 
 
 def popen(home: Path, *args: str) -> subprocess.Popen:

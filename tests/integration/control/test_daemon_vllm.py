@@ -17,33 +17,19 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = pytest.mark.vllm
 
 
-def vsup(home: Path, *args: str, timeout: float = 120, check: bool = False):
-    env = dict(os.environ, VSUP_HOME=str(home))
-    proc = subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-        stdin=subprocess.DEVNULL,  # no terminal: `vsup down` must not ask
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"vsup {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
+vsup = partial(run_vsup, timeout=120)
 
 
 def start_vsup(home: Path, *args: str) -> subprocess.Popen:

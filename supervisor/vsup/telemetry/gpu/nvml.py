@@ -1,7 +1,7 @@
 """NVIDIA GPUs through NVML (`import pynvml`, from the nvidia-ml-py distribution).
 
-Measured on an H200: `nvmlDeviceGetMemoryInfo` ~8 us, `nvmlDeviceGetComputeRunningProcesses`
-~65 us, so a poll of 8 GPUs costs well under a millisecond.
+The calls a poll makes are cheap enough to read every GPU each second; a probe snapshot's cost
+on a real node is in docs/benchmarks.md (`benchmarks/gpu_check.py`).
 
 - Memory: `nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)`, whose `used` excludes the
   driver's `reserved` memory (v1's `used` includes it); drivers without the v2 call get v1.

@@ -149,7 +149,11 @@ class Dashboard(Screen[None]):
 
     def _columns(self, snap: StatusSnapshot | None) -> tuple[rows.Column, ...]:
         # inside the table's border (2) and its vertical scrollbar (2)
-        return rows.columns_for(self.app.size.width - 4, bool(snap and snap.gpus))
+        return rows.columns_for(
+            self.app.size.width - 4,
+            bool(snap and snap.gpus),
+            bool(snap and rows.has_parallel_shape(snap.instances)),
+        )
 
     def on_screen_resume(self) -> None:
         self.post_message(self.Resumed())

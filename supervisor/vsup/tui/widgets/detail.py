@@ -18,6 +18,7 @@ from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
+from vsup.tui.ranks import ranks_text
 from vsup.tui.widgets.livelog import LiveLog
 
 MASK = "****"
@@ -122,7 +123,8 @@ def exit_summary(last: LastExit | None) -> str:
         return "no exit yet"
     how = f"exit {last.code}" if last.code is not None else (last.signal or "?")
     at = last.at.split("T", 1)[-1] if "T" in last.at else last.at
-    return f"{last.reason} ({how}) at {at}"
+    rank = f", data-parallel rank {last.rank} died first" if last.rank is not None else ""
+    return f"{last.reason} ({how}) at {at}{rank}"
 
 
 def exit_text(inst: InstanceStatus | None) -> Text:
@@ -209,6 +211,7 @@ class SidePanel(Vertical):
     SidePanel #advice { height: auto; margin-top: 1; }
     SidePanel #exit-line { height: auto; margin-top: 1; }
     SidePanel #memory { height: auto; margin-top: 1; }
+    SidePanel #ranks { height: auto; margin-top: 1; }
     """
 
     def __init__(self, history: History, **kwargs: Any) -> None:
@@ -220,6 +223,7 @@ class SidePanel(Vertical):
         with VerticalScroll(id="side-scroll"):
             yield Static(id="advice")
             yield Static(id="memory")
+            yield Static(id="ranks")
             yield Static(id="exit-line")
 
     def show(self, inst: InstanceStatus | None, advice: Sequence[Advice]) -> None:
@@ -233,6 +237,10 @@ class SidePanel(Vertical):
         memory_line = memory_text(inst)
         memory.display = bool(memory_line.plain)
         _update_if_changed(memory, memory_line)
+        ranks = self.query_one("#ranks", Static)
+        ranks_line = ranks_text(inst)
+        ranks.display = bool(ranks_line.plain)
+        _update_if_changed(ranks, ranks_line)
         exit_line = Text("")
         if inst is not None and inst.last_exit is not None:
             exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))

@@ -1,0 +1,75 @@
+"""What the daemon's parts (restore.py, service.py) may use of the daemon that hosts them: a
+narrow, named interface, so neither reaches into the daemon's private members nor imports
+daemon.py (which imports them). `Daemon` implements it; the type checker holds both sides to
+it. A part that needs something new of the daemon adds it here first, where a reader sees the
+whole surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Protocol
+
+from vsup.control.alerts import Alerts
+from vsup.control.benchprogress import BenchProgressBoard
+from vsup.control.export import MetricsListener
+from vsup.control.journal import Journal
+from vsup.control.monitor import Monitor
+from vsup.control.state import StateFile
+from vsup.engine import Engine
+from vsup.snapshot import Advice, NodeInfo, StatusSnapshot
+
+
+class DaemonHost(Protocol):
+    """The daemon's state and helpers its restore and API methods rely on. `Daemon`
+    implements it (daemon.py)."""
+
+    home: Path
+    node: NodeInfo
+    engine: Engine
+    journal: Journal
+    state_file: StateFile
+    monitor: Monitor
+    alerts: Alerts
+    metrics: MetricsListener  # the Prometheus listener of `[layout] metrics_listen`
+    bench: BenchProgressBoard  # the latest report of a `vsup bench` in progress
+    # the running layout, as applied (None before the first apply)
+    layout_path: str | None
+    layout_toml: str | None
+    layout_name: str | None
+    metrics_listen: str | None
+    problems: list[Advice]  # the daemon's own problems, shown as advice
+    shutting_down: bool  # `vsup down` is under way: no more applies or actions
+    apply_lock: asyncio.Lock  # one apply (or shutdown's stops) at a time
+
+    def build_snapshot(self) -> StatusSnapshot:
+        """The current status snapshot."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `coro` as a task the daemon keeps (its failure is logged)."""
+        ...
+
+    def report_problem(self, kind: str, message: str) -> None:
+        """A daemon-level problem: daemon.log, the journal and advice."""
+        ...
+
+    def state_changed(self) -> None:
+        """Something the state file holds changed: it is written shortly."""
+        ...
+
+    def note_failure(self, name: str) -> None:
+        """A failed exit of `name`, counted towards crash-loop advice."""
+        ...
+
+    async def start_metrics(self) -> bool:
+        """Serve Prometheus metrics on `metrics_listen`; False (and a problem) when it
+        cannot."""
+        ...
+
+    async def shut_down(self, stop_instances: bool) -> None:
+        """`vsup down` after its answer: stop every instance (unless told not to), then end
+        the daemon."""
+        ...

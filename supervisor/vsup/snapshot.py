@@ -274,6 +274,29 @@ class SupervisorInfo:
     home: str | None = None
 
 
+# What a `vsup bench` run is doing (status JSON's `bench`), in the order a layout goes through.
+BENCH_PHASES = ("applying", "waiting_ready", "warming", "running", "collecting", "restoring")
+
+
+@dataclass(frozen=True)
+class BenchProgress:
+    """A `vsup bench` run in progress, as its client last reported it to the daemon.
+
+    `index`/`count`: which layout of how many (None while restoring); `elapsed_s`: seconds in
+    this phase; `age_s`: seconds since the bench last reported (it does every second)."""
+
+    pid: int
+    phase: str
+    layout: str | None = None
+    index: int | None = None
+    count: int | None = None
+    requests_done: int | None = None
+    requests_total: int | None = None
+    elapsed_s: float | None = None
+    started_at: str | None = None
+    age_s: float | None = None
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
     supervisor: SupervisorInfo
@@ -284,6 +307,7 @@ class StatusSnapshot:
     schema: int = SCHEMA
     # the layout's vllm-router (engine/routing.py `status_json`), None without `[router]`
     router: dict[str, Any] | None = None
+    bench: BenchProgress | None = None  # a `vsup bench` replaces the layout while it runs
 
     @property
     def ready_count(self) -> int:
@@ -333,6 +357,7 @@ class StatusSnapshot:
             ),
             advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
             router=doc.get("router"),
+            bench=_build(BenchProgress, doc["bench"]) if doc.get("bench") else None,
         )
 
 

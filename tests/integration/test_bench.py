@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -49,7 +50,12 @@ env = {{ {env_t} }}
 restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s = 600, max_failures = 3 }}
 """
     for i, port in enumerate(ports):
-        text += f'\n[[instance]]\nname = "cpu{i}"\ngpus = []\nport = {port}\n'
+        # one core each: vLLM CPU binds every instance's OpenMP threads to core 0 otherwise
+        bind = i % max(1, os.cpu_count() or 1)
+        text += (
+            f'\n[[instance]]\nname = "cpu{i}"\ngpus = []\nport = {port}\n'
+            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}" }}\n'
+        )
     return text
 
 
@@ -57,6 +63,56 @@ def status(home: Path) -> dict:
     proc = vsup(home, "status", "--json", timeout=60)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
+
+
+class BenchWatch(threading.Thread):
+    """Polls the daemon's status (in-process client: cheap) while a bench runs and keeps every
+    distinct `bench` record it saw, as the dashboard would."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(daemon=True)
+        from vsup.control.client import Client
+
+        self.client = Client(home)
+        self.seen: list[dict | None] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                bench = self.client.status().get("bench")
+            except Exception:
+                bench = "error"
+            key = (
+                None
+                if not isinstance(bench, dict)
+                else {k: v for k, v in bench.items() if k not in ("elapsed_s", "age_s")}
+            )
+            if not self.seen or key != self.seen[-1]:
+                self.seen.append(key)
+            self.stop.wait(0.2)
+
+    def finish(self) -> list[dict | None]:
+        self.stop.set()
+        self.join(10)
+        self.client.close()
+        return self.seen
+
+
+def wait_bench_phase(home: Path, phase: str, timeout: float) -> dict:
+    """The daemon's `bench` record once it is in `phase`."""
+    from vsup.control.client import Client
+
+    seen = []
+    with Client(home) as client:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            bench = client.status().get("bench")
+            seen.append(bench and bench["phase"])
+            if bench and bench["phase"] == phase:
+                return bench
+            time.sleep(0.2)
+    raise AssertionError(f"no bench in phase {phase} within {timeout} s: {seen[-20:]}")
 
 
 def bench_clients() -> list[psutil.Process]:
@@ -109,10 +165,15 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
     home, paths, ports = node
     cpu0_pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
-    proc = vsup(
-        home, "bench", str(paths["one"]), str(paths["bad"]), str(paths["two"]), *WORKLOAD,
-        "--yes", "--json", str(out_json), "--markdown", str(out_md),
-    )  # fmt: skip
+    watch = BenchWatch(home)
+    watch.start()
+    try:
+        proc = vsup(
+            home, "bench", str(paths["one"]), str(paths["bad"]), str(paths["two"]), *WORKLOAD,
+            "--yes", "--json", str(out_json), "--markdown", str(out_md),
+        )  # fmt: skip
+    finally:
+        seen = watch.finish()
     # exit 1: one layout did not validate; the two others ran
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "layout bad.toml does not validate" in proc.stderr
@@ -158,6 +219,21 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
     assert insts["cpu0"]["state"] == "ready"
     assert insts["cpu0"]["pid"] == cpu0_pid
     assert not bench_clients()
+    # the daemon showed the bench's progress while it ran (what the dashboard draws)
+    records = [b for b in seen if b]
+    phases = {(b["layout"], b["phase"]) for b in records}
+    for want in (("two", "waiting_ready"), ("two", "warming"), ("two", "collecting")):
+        assert want in phases, seen
+    assert ("orig", "restoring") in phases, seen
+    assert ("bad", "applying") not in phases  # an invalid layout is never applied
+    assert {b["pid"] for b in records} == {records[0]["pid"]}
+    two = [b for b in records if b["layout"] == "two"]
+    assert {(b["index"], b["count"]) for b in two} == {(3, 3)}
+    # the requests done, from the clients' own progress: all 16 once they finished
+    collecting = [b for b in two if b["phase"] == "collecting"]
+    assert collecting[-1]["requests_done"] == collecting[-1]["requests_total"] == 16
+    assert all(b["requests_done"] <= 16 for b in two if b["requests_done"] is not None)
+    assert status(home)["bench"] is None  # gone once the bench ended
 
 
 def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, tmp_path):
@@ -183,6 +259,10 @@ def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, t
             if line.rstrip().endswith("one: running") or not line:
                 break
         assert "running" in seen[-1], "".join(seen)
+        # past the client's test request, the daemon shows the measured run going on
+        bench = wait_bench_phase(home, "running", 120)
+        assert bench["layout"] == "one" and (bench["index"], bench["count"]) == (1, 1)
+        assert bench["requests_total"] == 96 and 0 <= bench["requests_done"] < 96
         time.sleep(1.0)
         pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
         os.killpg(os.getpgid(pid), signal.SIGKILL)

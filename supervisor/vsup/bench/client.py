@@ -48,6 +48,8 @@ serve.main(args)
 """
 # tqdm's progress: "  5/16 [" (the client's bar on stderr)
 _PROGRESS = re.compile(r"(\d+)/(\d+) \[")
+# What the client prints after its initial test request (and warm-ups), before the measured run.
+MAIN_RUN = "Starting main benchmark run"
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class ClientRun:
     ready: threading.Event = field(default_factory=threading.Event)
     vllm_version: str | None = None
     done_requests: int = 0
+    measuring: bool = False  # past the client's test request: the measured run goes on
     tail: list[str] = field(default_factory=list)
     started_at: float | None = None
     ended_at: float | None = None
@@ -215,8 +218,11 @@ class ClientRun:
             self.vllm_version = parts[1] if len(parts) > 1 else None
             self.ready.set()
             return
+        if MAIN_RUN in line:
+            self.measuring = True
         m = _PROGRESS.search(line)
         if m and int(m.group(2)) == self.total:
+            self.measuring = True
             self.done_requests = int(m.group(1))
         if line.strip():
             self.tail = (self.tail + [line.rstrip()])[-40:]

@@ -25,6 +25,7 @@ from vsup.bench.client import (
     equivalent_command,
     find_vllm_python,
 )
+from vsup.bench.publish import ProgressPublisher
 from vsup.bench.sampler import Sampler, summarize
 from vsup.bench.split import split_prompts, split_rate, weights_for
 from vsup.bench.workload import Workload
@@ -71,6 +72,8 @@ class BenchRunner:
     poll_interval: float = 1.0
     say: Callable[[str], None] = print
     progress: Progress = field(default_factory=Progress)
+    # tells the daemon (and so the dashboard) the phase; bench/publish.py
+    publisher: ProgressPublisher | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
     _clients: list[ClientRun] = field(default_factory=list)
     _sampler: Sampler | None = None
@@ -84,6 +87,8 @@ class BenchRunner:
         started = _now()
         interrupted = False
         restore: dict[str, Any] = {}
+        if self.publisher is not None:
+            self.publisher.start()
         try:
             for k, lay in enumerate(layouts, 1):
                 try:
@@ -105,8 +110,17 @@ class BenchRunner:
             self._abort_current()
         finally:
             self.progress.clear()
-            restore = self.restore(original)
+            try:
+                restore = self.restore(original)
+            finally:
+                if self.publisher is not None:
+                    self.publisher.close()
         return self.document(started, original, restore, interrupted)
+
+    def _phase(self, phase: str, **where: Any) -> None:
+        """Tell the daemon (the dashboard) which phase the bench is in."""
+        if self.publisher is not None:
+            self.publisher.phase(phase, **where)
 
     def document(
         self, started: str, original: Original, restore: dict, interrupted: bool
@@ -158,6 +172,8 @@ class BenchRunner:
             self.say(f"{tag}: skipped, it does not validate on this node ({errs[0]})")
             return run
         self.say(f"{tag}: applying ({_plan_words(dry.get('plan') or {})})")
+        where = {"layout": lay.name, "index": k, "count": n}
+        self._phase("applying", **where)
         t0 = time.monotonic()
         run["outcome"] = "running"
         self._applied = lay.name
@@ -166,10 +182,11 @@ class BenchRunner:
         run["plan"] = answer.get("plan")
         names = [s.name for s in lay.specs]
         self.say(f"{tag}: waiting until {len(names)} instance(s) are ready")
+        self._phase("waiting_ready", **where)
         # Removed instances must be gone too: they would share the node (CPU, HBM) with the
         # layout under test.
         self._wait_stopped((run["plan"] or {}).get("stop", ()))
-        ok, doc = self._wait_ready(names)
+        ok, doc = self._wait_ready(names, f"{tag}: waiting ready ")
         run["ready_after_s"] = round(time.monotonic() - t0, 1)
         by_name = {i["name"]: i for i in doc.get("instances", ())}
         if not ok:
@@ -186,14 +203,16 @@ class BenchRunner:
             self.say(f"{tag}: not every instance became ready; this layout is not loaded")
             return run
         self.say(f"{tag}: ready after {fmt_duration(run['ready_after_s'])}")
-        self._load(tag, k, lay, run, [by_name[nm] for nm in names])
+        self._load(tag, k, lay, run, [by_name[nm] for nm in names], where)
         return run
 
-    def _wait_ready(self, names: list[str]) -> tuple[bool, dict[str, Any]]:
+    def _wait_ready(self, names: list[str], label: str = "") -> tuple[bool, dict[str, Any]]:
         deadline = time.monotonic() + self.ready_timeout
+        # the terminal's live line names the layout and the phase before the instances' states
+        progress = _Labelled(self.progress, label)
         while True:
             ok, doc = wait_ready(
-                self.client, names, max(1.0, deadline - time.monotonic()), self.progress
+                self.client, names, max(1.0, deadline - time.monotonic()), progress
             )
             # A rolling apply (where the daemon does them) is over only when its last wave is.
             rollout = doc.get("rollout") or {}
@@ -211,7 +230,15 @@ class BenchRunner:
                 return
             time.sleep(0.3)
 
-    def _load(self, tag: str, k: int, lay: LayoutToRun, run: dict, insts: list[dict]) -> None:
+    def _load(
+        self,
+        tag: str,
+        k: int,
+        lay: LayoutToRun,
+        run: dict,
+        insts: list[dict],
+        where: dict[str, Any],
+    ) -> None:
         specs = {s.name: s for s in lay.specs}
         weights, basis = weights_for(insts)
         shares = split_prompts(self.workload.num_prompts, weights)
@@ -268,9 +295,10 @@ class BenchRunner:
         run["instances"] = records
         split = ", ".join(f"{r['name']} {r['prompts']}" for r in records)
         self.say(f"{tag}: starting {len(self._clients)} vLLM client(s) (prompts: {split})")
+        self._phase("warming", requests_total=sum(c.total for c in self._clients), **where)
         for c in self._clients:
             c.start()
-        started = [c for c in self._clients if c.wait_ready(CLIENT_START_TIMEOUT_S)]
+        started = self._barrier(tag)
         for c in self._clients:
             if c not in started:
                 c.stop()
@@ -281,7 +309,12 @@ class BenchRunner:
         for c in started:
             c.go()
         self.say(f"{tag}: running")
-        self._follow(tag, started)
+        self._follow(tag, started, where)
+        self._phase("collecting", requests_total=sum(c.total for c in started), **where)
+        if self.publisher is not None:
+            self.publisher.requests(
+                sum(c.done_requests for c in started), sum(c.total for c in started)
+            )
         # The daemon scrapes once a poll: wait for the counters to catch up with the end.
         time.sleep(2 * self.poll_interval + 0.2)
         self._sampler.stop()
@@ -295,10 +328,29 @@ class BenchRunner:
             + (f", {len(run['problems'])} problem(s)" if run["problems"] else "")
         )
 
-    def _follow(self, tag: str, clients: list[ClientRun]) -> None:
+    def _barrier(self, tag: str) -> list[ClientRun]:
+        """Wait until every client imported vLLM and parsed its flags (or ended, or the time
+        ran out); the ones at the barrier, which `go` starts together."""
+        t0 = time.monotonic()
+        deadline = t0 + CLIENT_START_TIMEOUT_S
+        clients = self._clients
+        while time.monotonic() < deadline:
+            if all(c.ready.is_set() or c.poll() is not None for c in clients):
+                break
+            loaded = sum(1 for c in clients if c.ready.is_set())
+            self.progress.update(
+                f"{tag}: warming: {loaded}/{len(clients)} client(s) loaded vLLM, "
+                f"{fmt_duration(time.monotonic() - t0)}"
+            )
+            time.sleep(0.2)
+        self.progress.clear()
+        return [c for c in clients if c.ready.is_set()]
+
+    def _follow(self, tag: str, clients: list[ClientRun], where: dict[str, Any]) -> None:
         t0 = time.monotonic()
         total = sum(c.total for c in clients)
-        last_line = 0.0
+        last_line = t0  # into a pipe: a line each 15 s, the first after 15 s
+        measuring = False
         while any(c.poll() is None for c in clients):
             elapsed = time.monotonic() - t0
             if elapsed > self.run_timeout:
@@ -308,7 +360,14 @@ class BenchRunner:
                     c.stop()
                 break
             done = sum(c.done_requests for c in clients)
-            line = f"{tag}: running {fmt_duration(elapsed)}, requests done {done}/{total}"
+            if not measuring and all(c.measuring or c.poll() is not None for c in clients):
+                # every client is past its test request: the measured run goes on
+                measuring = True
+                self._phase("running", requests_total=total, **where)
+            if self.publisher is not None:
+                self.publisher.requests(done, total)
+            what = "running" if measuring else "warming (the clients' test request)"
+            line = f"{tag}: {what} {fmt_duration(elapsed)}, requests done {done}/{total}"
             if self.progress.live:
                 self.progress.update(line)
             elif time.monotonic() - last_line >= 15:
@@ -401,6 +460,7 @@ class BenchRunner:
                 return {"outcome": "kept", "layout": self._applied}
             if self._applied and original.toml:
                 self.say(f"restoring the original layout {original.name}")
+                self._phase("restoring", layout=original.name)
                 answer = self.client.apply(original.toml, original.path)
                 self._wait_stopped((answer.get("plan") or {}).get("stop", ()))
                 if original.idle:
@@ -412,7 +472,7 @@ class BenchRunner:
                     self.client.shutdown(stop_instances=True)
                     _wait_daemon_gone(self.client, 300)
                     return {"outcome": "restored", "layout": original.name, "daemon": "stopped"}
-                ok, doc = self._wait_ready(original.serving)
+                ok, doc = self._wait_ready(original.serving, "restoring: ")
                 if not ok:
                     states = {i["name"]: i["state"] for i in doc.get("instances", ())}
                     not_ready = {
@@ -427,6 +487,7 @@ class BenchRunner:
                 self.say(f"the original layout {original.name} is back")
                 return {"outcome": "restored", "layout": original.name}
             if not original.daemon_was_running:
+                self._phase("restoring", layout=None)
                 if self._applied:
                     self.say("nothing ran before the bench: stopping its instances and the daemon")
                 self.client.shutdown(stop_instances=True)
@@ -434,12 +495,28 @@ class BenchRunner:
                 return {"outcome": "daemon_stopped"}
             if self._applied:
                 self.say("no layout ran before the bench: stopping its instances")
+                self._phase("restoring", layout=None)
                 self.client.action("stop", all=True)
                 return {"outcome": "stopped"}
             return {"outcome": "untouched"}
         except (ControlError, DaemonUnavailable) as exc:
             self.say(f"could not restore the original layout: {exc}")
             return {"outcome": "failed", "error": str(exc)}
+
+
+class _Labelled(Progress):
+    """A Progress whose lines start with a label (which layout, which phase)."""
+
+    def __init__(self, progress: Progress, label: str) -> None:
+        super().__init__(progress.stream, progress.live)
+        self.progress = progress
+        self.label = label
+
+    def update(self, text: str) -> None:
+        self.progress.update(self.label + text)
+
+    def clear(self) -> None:
+        self.progress.clear()
 
 
 def _wait_daemon_gone(client: Any, timeout: float) -> None:

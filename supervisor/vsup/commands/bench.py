@@ -179,6 +179,7 @@ def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vsup import paths
+    from vsup.bench.publish import ProgressPublisher
     from vsup.bench.report import dump_json, render_markdown, render_table
     from vsup.bench.runner import BenchRunner, Original
     from vsup.bench.workload import WorkloadError
@@ -242,6 +243,7 @@ def _bench(args: argparse.Namespace) -> int:
             run_timeout=args.run_timeout,
             keep=args.keep,
             say=say,
+            publisher=ProgressPublisher(lambda: Client(home)),
         )
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -42,6 +42,21 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def bench_line(b: dict[str, Any]) -> str:
+    """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
+    layout; it restores it at the end)`: a layout change nobody should take for an incident."""
+    from vsup.control.progress import fmt_duration
+
+    where = f" {b['index']}/{b['count']}" if b.get("index") and b.get("count") else ""
+    what = b["phase"].replace("_", " ")
+    if b["phase"] in ("running", "collecting") and b.get("requests_total"):
+        what += f" {b.get('requests_done') or 0}/{b['requests_total']} requests"
+    return (
+        f"BENCH{where} {b.get('layout') or ''}: {what}, {fmt_duration(b.get('elapsed_s'))} "
+        f"(vsup bench pid {b['pid']} replaced the layout; it restores it at the end)"
+    )
+
+
 def _shape(parallel: dict[str, Any] | None) -> str:
     """`TP1 x DP8` (snapshot.Parallel.label) from the status JSON; `-` from an older daemon."""
     from vsup.snapshot import Parallel
@@ -71,6 +86,8 @@ def render(doc: dict[str, Any]) -> str:
         f"{ready}/{len(insts)} ready · daemon pid {sup.get('pid')} up "
         f"{fmt_duration(sup.get('uptime_s'))}"
     ]
+    if doc.get("bench"):
+        lines.append(bench_line(doc["bench"]))
     header = (
         "NAME",
         "STATE",

@@ -71,6 +71,8 @@ class ControlService(Protocol):
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]: ...
 
+    def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]: ...
+
 
 def build_app(service: ControlService) -> Starlette:
     """The ASGI app for `service`."""
@@ -166,6 +168,29 @@ def build_app(service: ControlService) -> Starlette:
         body = await _body(request, optional={"stop_instances": bool})
         return JSONResponse(await service.shutdown(body.get("stop_instances", True)))
 
+    async def bench_progress(request: Request) -> JSONResponse:
+        from vsup.control.benchprogress import PHASES
+
+        count = (int, type(None))
+        body = await _body(
+            request,
+            required={"pid": int, "phase": str},
+            optional={
+                "layout": (str, type(None)),
+                "index": count,
+                "count": count,
+                "requests_done": count,
+                "requests_total": count,
+                "elapsed_s": (int, float),
+                "started_at": (str, type(None)),
+            },
+        )
+        if body["phase"] not in PHASES:
+            raise BadRequest(f"unknown phase {body['phase']!r}; use one of: {', '.join(PHASES)}")
+        if body["pid"] <= 0:
+            raise BadRequest(f"'pid' must be a process id (got {body['pid']})")
+        return JSONResponse(service.bench_progress(body))
+
     routes = [
         Route("/v1/ping", ping, methods=["GET"]),
         Route("/v1/status", status, methods=["GET"]),
@@ -178,6 +203,7 @@ def build_app(service: ControlService) -> Starlette:
         Route("/v1/events", events, methods=["GET"]),
         Route("/v1/save", save, methods=["POST"]),
         Route("/v1/shutdown", shutdown, methods=["POST"]),
+        Route("/v1/bench/progress", bench_progress, methods=["POST"]),
     ]
 
     async def control_error(request: Request, exc: Exception) -> JSONResponse:
@@ -285,7 +311,13 @@ def json_depth(raw: bytes) -> int:
 
 
 def _type_names(types: Any) -> str:
-    names = {str: "a string", bool: "true or false", list: "a list", int: "an integer"}
+    names = {
+        str: "a string",
+        bool: "true or false",
+        list: "a list",
+        int: "an integer",
+        float: "a number",
+    }
     if isinstance(types, tuple):
         return " or ".join("null" if t is type(None) else names.get(t, t.__name__) for t in types)
     return names.get(types, types.__name__)

@@ -180,6 +180,10 @@ class Client:
     def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
         return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
 
+    def bench_progress(self, report: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        """Report a bench's progress (`vsup bench` does, each second); answers `{"bench"}`."""
+        return self._call("POST", "/v1/bench/progress", json=report, timeout=timeout)
+
 
 class AsyncClient:
     """Asynchronous client (the TUI): the same methods as `Client`, awaitable. It never starts

@@ -42,6 +42,7 @@ from vsup.control.advice import (
 )
 from vsup.control.alerts import Alerts
 from vsup.control.api import build_app
+from vsup.control.benchprogress import BenchProgressBoard
 from vsup.control.dpstatus import parallel_fields
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
@@ -112,6 +113,7 @@ class Daemon:
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
+        self.bench = BenchProgressBoard(self.clock)
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None

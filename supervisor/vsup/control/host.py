@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vsup.control.alerts import Alerts
+from vsup.control.benchprogress import BenchProgressBoard
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.monitor import Monitor
@@ -33,6 +34,7 @@ class DaemonHost(Protocol):
     monitor: Monitor
     alerts: Alerts
     metrics: MetricsListener  # the Prometheus listener of `[layout] metrics_listen`
+    bench: BenchProgressBoard  # the latest report of a `vsup bench` in progress
     # the running layout, as applied (None before the first apply)
     layout_path: str | None
     layout_toml: str | None

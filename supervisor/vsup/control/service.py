@@ -39,7 +39,13 @@ class DaemonService:
         # the latest rolling apply (engine/rollout.py); additive to schema 1
         rollout = self.daemon.engine.rollout
         doc["rollout"] = rollout.to_json() if rollout is not None else None
+        # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
+        doc["bench"] = self.daemon.bench.current()
         return doc
+
+    def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
+        self.daemon.bench.update(report)
+        return {"bench": self.daemon.bench.current()}
 
     def layout(self) -> dict[str, Any]:
         return {

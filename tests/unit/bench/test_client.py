@@ -124,11 +124,23 @@ def test_the_client_waits_at_the_barrier_then_reports_progress_and_its_result(tm
     assert c.wait_ready(30) and c.vllm_version == "9.9.9"
     time.sleep(0.3)
     assert c.poll() is None and c.result() is None  # nothing runs before "go"
+    assert not c.measuring
     c.go()
     assert c.wait(30) == 0
-    assert c.done_requests == 4
+    assert c.done_requests == 4 and c.measuring
     assert c.result() == {"completed": 4, "failed": 0}
     assert "4/4 [" in (tmp_path / "c.log").read_text()
+
+
+def test_the_measured_run_starts_after_the_clients_test_request(tmp_path: Path):
+    c = stand_in(tmp_path, "ok")
+    for line in ("Starting initial single prompt test run...", "Initial test run completed."):
+        c._line(line)
+    assert not c.measuring
+    c._line("  0%|          | 0/8 [00:00<?, ?it/s]")  # another bar (warm-ups): not ours
+    assert not c.measuring and c.done_requests == 0
+    c._line("Starting main benchmark run...")
+    assert c.measuring
 
 
 def test_stopping_a_client_ends_its_whole_process_group(tmp_path: Path):

@@ -64,6 +64,21 @@ def test_status_table_shows_states_unknowns_exits_and_advice():
     assert "warning: cpu1: crash loop" in text
 
 
+def test_status_says_a_bench_replaced_the_layout_under_the_header_line():
+    d = doc()
+    assert "BENCH" not in render(d)  # bench: null
+    d["bench"] = {
+        "pid": 4242, "phase": "running", "layout": "two", "index": 2, "count": 3,
+        "requests_done": 412, "requests_total": 1000, "elapsed_s": 72.0,
+    }  # fmt: skip
+    lines = render(d).splitlines()
+    assert lines[1] == (
+        "BENCH 2/3 two: running 412/1000 requests, 1m12s "
+        "(vsup bench pid 4242 replaced the layout; it restores it at the end)"
+    )
+    assert lines[2].split()[:3] == ["NAME", "STATE", "PID"]
+
+
 def test_progress_is_silent_in_a_pipe_and_live_on_a_terminal():
     pipe = io.StringIO()
     Progress(pipe).update("loading")

@@ -27,6 +27,7 @@ from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
+from vsup.tui.widgets.benchbar import BenchBar
 from vsup.tui.widgets.detail import DetailTabs, SidePanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
@@ -117,6 +118,7 @@ class Dashboard(Screen[None]):
     def compose(self) -> ComposeResult:
         yield NodeHeader(id="header")
         yield Banner(id="banner")
+        yield BenchBar(id="bench")
         yield GpuPanel(id="gpus")
         with Vertical(id="table-box"):
             yield InstanceTable(id="instances")
@@ -196,6 +198,7 @@ class Dashboard(Screen[None]):
         table = self.query_one(InstanceTable)
         with self.app.batch_update():
             self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
+            self.query_one(BenchBar).show(snap.bench)  # before _fit_table: it takes a line
             self.query_one(GpuPanel).show(snap, self.narrow)
             table.set_columns(self._columns(snap))
             shown = [i for i in snap.instances if rows.matches(i, self.filter_text)]
@@ -259,7 +262,7 @@ class Dashboard(Screen[None]):
         fixed = 2 + (gpu_height.value if gpu_height is not None and gpu_height.value else 1)
         fixed += sum(
             1
-            for w in (self.query_one(Banner), self.query_one(FilterInput))
+            for w in (self.query_one(Banner), self.query_one(BenchBar), self.query_one(FilterInput))
             if w.has_class("-shown")
         )
         room = self.size.height - fixed - (8 if self.narrow else 12)

@@ -12,7 +12,7 @@ from vsup.tui import fmt
 
 
 def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> Text:
-    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ READ-ONLY`."""
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ BENCH 2/3 │ READ-ONLY`."""
     text = Text()
     text.append(" vsup ", "bold reverse")
     if snapshot is None:
@@ -48,6 +48,12 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
             text.append(f"▲ {alerts} alert{'s' if alerts != 1 else ''}", "bold red")
         else:
             text.append("no alerts", "dim")
+        bench = snapshot.bench
+        if bench is not None:
+            # the layout under test replaced the running one: say so where the eye lands first
+            of = f" {bench.index}/{bench.count}" if bench.index and bench.count else ""
+            text.append(sep)
+            text.append(f" BENCH{of} ", "bold black on yellow")
     if readonly:
         text.append("  ")
         text.append(" READ-ONLY ", "bold reverse")

@@ -353,6 +353,12 @@ class Engine:
         # already sent counted)
         await self.router.leave(name, settle=drain)
         self.emit(inst, "action", action="stop", drain=drain)
+        await self.halt(inst, drain)
+
+    async def halt(self, inst: Instance, drain: bool = False) -> None:
+        """Have `inst`'s runner stop its process and return once it has (or someone wants it
+        running again meanwhile); an instance with no runner is marked stopped at once. The
+        one stop path for instances and the router (routing.py)."""
         inst.control.want = False
         inst.control.restart = False
         inst.control.drain = drain

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vsup.engine.instance import AdoptRecord, Instance
-from vsup.engine.lifecycle import RUNNING
 from vsup.engine.proc import RunningProcess, read_stat, same_process
 from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
@@ -294,18 +293,7 @@ class RouterSupervisor:
         if inst is None:
             return
         self.emit("action", action="stop")
-        inst.control.want = False
-        inst.control.restart = False
-        inst.control.drain = False
-        if inst.control.task is None:
-            if inst.state != "stopped":
-                inst.lifecycle.begin_stop()
-                inst.lifecycle.finish_stop()
-            return
-        if inst.state in RUNNING or inst.state == "backoff":
-            inst.lifecycle.begin_stop()
-        inst.control.kick.set()
-        await self.e._until(lambda: inst.control.task is None or inst.control.want)
+        await self.e.halt(inst)
 
     async def shutdown(self, stop_router: bool) -> None:
         """Stop the router (`vsup down`) or leave it running for the next daemon."""

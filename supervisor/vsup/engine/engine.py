@@ -299,7 +299,12 @@ class Engine:
                 self.emit(None, "rollout", **rollout.to_json())
                 for inst in wave:
                     inst.control.next_spec = new[inst.name]
-                    inst.control.drain_timeout_s = rollout.drain_timeout_s
+                    # the layout being applied says how long a drain may take, not the old spec
+                    inst.control.drain_timeout_s = (
+                        rollout.drain_timeout_s
+                        if rollout.drain_timeout_s is not None
+                        else new[inst.name].drain_timeout_s
+                    )
                     await self.restart(inst.name, drain=True)
                 outcomes = [(inst, await self._restarted(inst)) for inst in wave]
                 bad = [(inst, state) for inst, state in outcomes if state != "ready"]

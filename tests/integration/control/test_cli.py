@@ -140,7 +140,10 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     changed = tmp_path / "changed.toml"
     before = {i["name"]: i for i in json.loads(vsup(home, "status", "--json").stdout)["instances"]}
     ports = {name: i["port"] for name, i in before.items()}
-    changed.write_text(emulator_layout({"a": ports["a"]}, args='args = { say = "changed" }'))
+    # the emulator always reports requests running: a real drain would take drain_timeout_s
+    changed.write_text(
+        emulator_layout({"a": ports["a"]}, args='args = { say = "changed" }\ndrain_timeout_s = 1')
+    )
     up2 = vsup(home, "up", str(changed), "--detach", "--wait", "--timeout", "30", "--yes")
     assert up2.returncode == 0, up2.stderr
     assert up2.stdout.index("restart (changed, rolling): a") < up2.stdout.index("a: ready")

@@ -47,7 +47,8 @@ def test_up_refuses_to_stop_or_restart_serving_instances_without_consent(cli_hom
 
     # --dry-run prints the plan and changes nothing.
     changed = tmp_path / "changed.toml"
-    changed.write_text(emulator_layout(ports, args='args = { say = "v2" }'))
+    # the emulator always reports requests running: each drain lasts drain_timeout_s
+    changed.write_text(emulator_layout(ports, args='args = { say = "v2" }\ndrain_timeout_s = 1'))
     dry = vsup(home, "up", str(changed), "--detach", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "restart (changed, rolling): a, b, c" in dry.stdout

@@ -142,25 +142,33 @@ def events(client: Client, kind: str) -> list[dict]:
 
 
 def freeze_under_load(port: int, api_pid: int, stopped: list[int]) -> tuple[Load, int, float]:
-    """Start the load, and SIGSTOP the EngineCore once vLLM says requests run. The tiny model
-    decodes thousands of tokens a second: a load that ended before a scrape saw it running is
-    replaced by a new one (at most 3 tries)."""
+    """Start the load and SIGSTOP the EngineCore while vLLM's gauges say requests run. The
+    tiny model decodes thousands of tokens a second: on a quiet machine (CI) a whole load ended
+    between two scrapes, three times over. So besides freezing once a scrape sees requests
+    running, it also freezes first and asks the frozen gauges (they cannot change under the
+    stop), resuming when they say none run; at most 3 loads of 32 requests."""
     for _ in range(3):
-        load = Load(port)
+        load = Load(port, n=32)
+        core = engine_core(api_pid)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and vllm_running(port) == 0:
-            if all(not t.is_alive() for t in load.threads):
-                break
+        tries = 0
+        while time.monotonic() < deadline and any(t.is_alive() for t in load.threads):
+            tries += 1
+            if vllm_running(port) > 0:  # seen running: freeze it now
+                os.kill(core.pid, signal.SIGSTOP)
+                stopped.append(core.pid)
+                return load, core.pid, time.monotonic()
+            if tries % 5 == 0:  # or freeze first and ask the frozen gauges
+                os.kill(core.pid, signal.SIGSTOP)
+                stopped.append(core.pid)
+                t_stop = time.monotonic()
+                if vllm_running(port) > 0:
+                    return load, core.pid, t_stop
+                os.kill(core.pid, signal.SIGCONT)
+                stopped.remove(core.pid)
             time.sleep(0.01)
-        if vllm_running(port) > 0:
-            break
         load.join(60)
-    else:
-        raise AssertionError(f"no request seen running; the last load's answers: {load.answers}")
-    core = engine_core(api_pid)
-    stopped.append(core.pid)
-    os.kill(core.pid, signal.SIGSTOP)
-    return load, core.pid, time.monotonic()
+    raise AssertionError(f"no request seen running; the last load's answers: {load.answers}")
 
 
 @pytest.mark.timeout(1200)

@@ -360,6 +360,19 @@ class Engine:
         self.emit(inst, "action", action="stop", drain=drain)
         await self.halt(inst, drain)
 
+    @staticmethod
+    def relaunch(inst: Instance, drain: bool = False) -> None:
+        """Want `inst` running with a fresh breaker: a live process is stopped (its runner then
+        starts the next), none is started. The one restart path for instances and the router."""
+        inst.control.want = True
+        inst.control.drain = drain
+        inst.lifecycle.tracker.reset()
+        if inst.process is not None:
+            inst.control.restart = True
+            inst.lifecycle.begin_stop()
+        else:
+            inst.lifecycle.request_start()
+
     async def halt(self, inst: Instance, drain: bool = False) -> None:
         """Have `inst`'s runner stop its process and return once it has (or someone wants it
         running again meanwhile); an instance with no runner is marked stopped at once. The
@@ -382,14 +395,7 @@ class Engine:
         inst = self._get(name)
         await self.router.leave(name, settle=drain)
         self.emit(inst, "action", action="restart", drain=drain)
-        inst.control.want = True
-        inst.control.drain = drain
-        inst.lifecycle.tracker.reset()
-        if inst.process is not None:
-            inst.control.restart = True
-            inst.lifecycle.begin_stop()
-        else:
-            inst.lifecycle.request_start()
+        self.relaunch(inst, drain)
         self._ensure_runner(inst)
         inst.control.kick.set()
         if wait:

@@ -278,13 +278,7 @@ class RouterSupervisor:
         self.emit("action", action="restart")
         if spec is not None:
             inst.control.next_spec = process_spec(spec)
-        inst.control.want = True
-        inst.lifecycle.tracker.reset()
-        if inst.process is not None:
-            inst.control.restart = True
-            inst.lifecycle.begin_stop()
-        else:
-            inst.lifecycle.request_start()
+        self.e.relaunch(inst)
         self._ensure_runner()
 
     async def stop(self) -> None:

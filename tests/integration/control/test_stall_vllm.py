@@ -20,10 +20,10 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -32,22 +32,13 @@ import pytest
 
 from vsup.control.client import Client
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, run_vsup
 
 pytestmark = pytest.mark.vllm
 STALL_AFTER_S = 5
 
 
-def vsup(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=outside_cwd(),
-        stdin=subprocess.DEVNULL,
-    )
+vsup = partial(run_vsup, timeout=600)
 
 
 def layout_text(model: Path, port: int, vllm_env: dict, metrics_port: int, restart: str) -> str:

@@ -448,17 +448,26 @@ class Daemon:
     def _targets(self) -> list[Target]:
         out = []
         for name, inst in self.engine.instances.items():
+            spec = inst.spec
+            # the canary's /v1 request needs the instance's API key, when it has one
+            key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
             out.append(
                 Target(
                     name=name,
-                    base_url=inst.spec.base_url,
+                    base_url=spec.base_url,
                     run=inst.run,
                     pid=inst.pid,
                     pgid=inst.pgid,
-                    gpus=tuple(inst.spec.gpus),
+                    gpus=tuple(spec.gpus),
                     live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
-                    attention_flag=inst.spec.arg("attention-backend"),
+                    attention_flag=spec.arg("attention-backend"),
+                    ready=inst.state == "ready" and inst.pid is not None,
+                    load_tracking=spec.load_tracking,
+                    canary_interval_s=spec.canary_interval_s,
+                    stall_after_s=spec.stall_after_s,
+                    dp_ranks=spec.data_parallel_size,
+                    canary_headers=(("Authorization", f"Bearer {key}"),) if key else (),
                 )
             )
         return out

@@ -58,6 +58,7 @@ LIVE_FIELDS = frozenset(
         "unhealthy_after",
         "unhealthy_grace_s",
         "stall_after_s",
+        "canary_interval_s",
         "profiles",
     }
 )
@@ -402,11 +403,12 @@ class Engine:
             await self._until(lambda: not inst.control.restart and inst.state != "stopping")
             await self.wait(name, ("ready", "failed", "stopped"))
 
-    def restart_stalled(self, name: str, why: str) -> bool:
+    def restart_stalled(self, name: str, why: str, rank: int | None = None) -> bool:
         """End a stalled run and let the restart policy bring it back (`restart.on_stall`):
         like a crash, the exit (reason `stalled`) counts as a failure, so restarts back off and
-        the breaker trips on a server that stalls again and again. False when there is nothing
-        to do: not `ready`, no process, or a stall restart already under way."""
+        the breaker trips on a server that stalls again and again. `rank`: the data-parallel
+        rank that stalled (the exit names it). False when there is nothing to do: not `ready`,
+        no process, or a stall restart already under way."""
         inst = self._get(name)
         if (
             inst.state != "ready"
@@ -416,7 +418,9 @@ class Engine:
         ):
             return False
         inst.control.stalled = why
-        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why)
+        inst.control.stalled_rank = rank
+        extra = {"rank": rank} if rank is not None else {}
+        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why, **extra)
         inst.control.kick.set()
         return True
 

@@ -73,6 +73,7 @@ class Control:
     drain_timeout_s: float | None = None  # a rollout's limit for that drain (else the spec's)
     next_spec: InstanceSpec | None = None  # the spec of the next start (an apply's change)
     stalled: str | None = None  # why a stalled run is ended and restarted (restart.on_stall)
+    stalled_rank: int | None = None  # data parallel: the rank that stalled (its exit's `rank`)
     stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
     task: asyncio.Task | None = None  # the runner
     kick: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the runner

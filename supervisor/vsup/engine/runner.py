@@ -31,6 +31,7 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Decision
 from vsup.engine.spawn import Launched, launch
+from vsup.engine.states import ExitReason
 from vsup.snapshot import LastExit
 
 log = logging.getLogger("vsup.engine")
@@ -91,6 +92,7 @@ class Runner:
             inst.set_spec(inst.control.next_spec)
         inst.control.restart = False
         inst.control.stalled = None
+        inst.control.stalled_rank = None
         if inst.control.stale_sweep is not None:
             await inst.control.stale_sweep
             inst.control.stale_sweep = None
@@ -227,6 +229,8 @@ class Runner:
         inst.process = None
         died = proc.ranks.died
         rank = died[0] if died is not None else None
+        if rank is None and cause == ExitReason.STALLED:
+            rank = inst.control.stalled_rank  # the data-parallel rank that stalled, if one did
         if died is not None and not classified.excerpt:
             # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
             classified = Classified(classified.reason, _rank_died(*died))
@@ -291,7 +295,8 @@ class Runner:
                 fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
         if rank is not None and decision.action == "failed" and lc.failed_why:
-            lc.failed_why += f" (its last run ended when data-parallel rank {rank} died)"
+            what = "stalled" if last.reason == ExitReason.STALLED else "died"
+            lc.failed_why += f" (its last run ended when data-parallel rank {rank} {what})"
         e.emit(
             inst,
             "exit",

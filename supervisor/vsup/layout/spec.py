@@ -19,6 +19,10 @@ RESTART_POLICIES = ("always", "on-failure", "never")
 # Keys the spec sets itself; a layout's `args` may not set them (validation says so).
 RESERVED_ARGS = ("model", "host", "port", "gpu-memory-utilization", "api-key")
 
+# vLLM's switch for `GET /load` (its API server's count of requests in flight), which stall
+# detection reads (telemetry/stall.py); vsup adds it where the vLLM knows it (layout/resolve.py).
+LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
+
 # Environment variables removed from every child: vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and
 # HIP_VISIBLE_DEVICES beside it renumbers devices a second time.
 REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
@@ -59,6 +63,12 @@ class InstanceSpec:
     # requests running or waiting and no token processed this long, /health still 200: the
     # instance is `stalled` (telemetry/stall.py); 0 turns the detection off
     stall_after_s: float = 60.0
+    # an idle instance gets one max_tokens = 1 request this often, answered within
+    # stall_after_s or it is stalled (telemetry/stall.py); 0: never
+    canary_interval_s: float = 0.0
+    # --enable-server-load-tracking on its command line: vsup reads its /load. False for a spec
+    # built by hand or kept from a vsup that did not add it (the process runs without it).
+    load_tracking: bool = False
     profiles: tuple[str, ...] = ()
 
     @property
@@ -104,6 +114,8 @@ class InstanceSpec:
         argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
         if self.gpus and self.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
+        if self.load_tracking and find_arg(self.args, LOAD_TRACKING_FLAG) is None:
+            argv.append(LOAD_TRACKING_FLAG)
         args = dict(self.args)
         shape = self.parallel
         # The TP size follows from the GPUs: all of them, or each DP rank's (and PP stage's)

@@ -43,6 +43,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("preempt", "PREEMPT", 7, right=True, priority=10),
     Column("preempt_rate", "PRE/M", 5, right=True, priority=3),
     Column("run_wait", "RUN/WAIT", 8, right=True, priority=5),
+    # requests in flight at the API server (/load): more than RUN/WAIT shows is the sign of
+    # requests waiting at a frozen engine
+    Column("in_flight", "LOAD", 4, right=True, priority=9),
     Column("tok_s", "TOK/S", 6, right=True, priority=4),
     Column("backend", "BACKEND", 16, priority=13),
     Column("model", "MODEL", 12, priority=14),  # takes what is left
@@ -156,6 +159,12 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
             fmt.running_waiting(inst.requests_running, inst.requests_waiting),
             "yellow" if waiting > 0 else "",
         )
+    if key == "in_flight":
+        n = inst.requests_in_flight
+        if n is None:
+            return (fmt.UNKNOWN, "dim")
+        shown = (inst.requests_running or 0) + (inst.requests_waiting or 0)
+        return (fmt.count(n), "yellow" if n > shown else "")
     if key == "tok_s":
         return (fmt.count(inst.generation_tokens_per_s), "")
     if key == "backend":

@@ -212,7 +212,9 @@ async def test_a_freeze_while_idle_is_seen_through_load_or_the_canary(daemons, t
     _daemon, client = await daemons.start()
     tracked = mode_files(tmp_path, tracked="serve")
     await client.apply(layout(tracked), str(tmp_path / "l.toml"))
-    ready = await until(client, "tracked", lambda i: i["state"] == "ready" and i["stalled"] is False)
+    ready = await until(
+        client, "tracked", lambda i: i["state"] == "ready" and i["stalled"] is False
+    )
     assert ready["load_tracking"] is True  # vsup added the flag (the venv's vLLM has it)
     cfg = await client.config("tracked")
     assert "--enable-server-load-tracking" in cfg["argv"]

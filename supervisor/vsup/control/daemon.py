@@ -183,10 +183,12 @@ class Daemon:
         inst = self.engine.instances.get(name)
         scraper = self.monitor.scraper
         if inst is not None and scraper is not None:
-            result = await scraper.scrape(inst.spec.base_url)
+            # with load tracking, /load also counts requests the engine has not taken yet
+            result = await scraper.scrape(inst.spec.base_url, with_load=inst.spec.load_tracking)
             m = result.metrics if result.ok else None
             if m is not None and m.requests_running is not None:
-                return m.requests_running + (m.requests_waiting or 0)
+                engine = m.requests_running + (m.requests_waiting or 0)
+                return max(engine, float(result.server_load or 0))
         metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
 

@@ -81,9 +81,14 @@ _PER_ENGINE = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCE
 # The literal prefix `\nvllm:` lets the regex engine jump between candidate lines; the
 # alternation then keeps only the wanted names, followed by `{` or a blank (so that
 # `vllm:num_preemptions_total` never matches `vllm:num_preemptions_total_foo`).
+# Of the sleep state only the `awake` series is read (a lookahead skips its other two).
+_SLEEP_AWAKE = r'(?=\{[^}\n]*sleep_state="awake")'
 _WANTED = re.compile(
     r"\n(vllm:(?:"
-    + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
+    + "|".join(
+        re.escape(n[len("vllm:") :]) + (_SLEEP_AWAKE if n == SLEEP_STATE else "")
+        for n in VLLM_FAMILIES
+    )
     + r"))([{ \t][^\n]*)"
 )
 _START = "\n" + START_TIME

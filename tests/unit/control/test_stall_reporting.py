@@ -214,6 +214,10 @@ def test_a_freeze_while_idle_is_told_by_the_api_servers_requests():
     keys = [c.key for c in cols]
     assert rows.row_cells(FROZEN_IDLE, cols)[keys.index("in_flight")] == ("3", "yellow")
     assert rows.row_cells(BUSY, cols)[keys.index("in_flight")] == ("-", "dim")
+    # the LOAD column shows only where some instance reports /load
+    assert rows.has_load_figures([BUSY, FROZEN_IDLE]) and not rows.has_load_figures([BUSY])
+    assert "in_flight" in [c.key for c in rows.columns_for(200, False, has_load=True)]
+    assert "in_flight" not in [c.key for c in rows.columns_for(200, False)]
     doc = snapshot(FROZEN_IDLE).to_json()["instances"][0]
     assert (doc["requests_in_flight"], doc["load_tracking"], doc["stall_evidence"]) == (
         3,

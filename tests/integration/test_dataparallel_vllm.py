@@ -165,7 +165,7 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
 
         # rank 1 hangs under load beside a working rank 0: stalled, the rank named
         rank1 = inst["ranks"][1]["pid"]
-        load = Requests(port, n=16, max_tokens=1500)
+        load = Requests(port, n=16, max_tokens=400)  # max-model-len is 512
         wait_for("both ranks running", lambda: min(per_engine_running(port).values()) > 0, 60)
         os.kill(rank1, signal.SIGSTOP)
         stopped.append(rank1)

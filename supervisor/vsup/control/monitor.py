@@ -229,6 +229,9 @@ class Monitor:
                 # A new process: follow its log from the start (the backend line is there).
                 self._runs[t.name] = t.run
                 tel.start_run(t.run, t.log_path)
+                canary = self._canaries.pop(t.name, None)
+                if canary is not None:
+                    canary.cancel()  # the old run's: it says nothing of this one
             if self._live.get(t.name) and not t.live:
                 tel.stopped()
             self._live[t.name] = t.live
@@ -280,8 +283,9 @@ class Monitor:
             self._canaries[t.name] = task
             task.add_done_callback(functools.partial(self._canary_done, t.name))
 
-    def _canary_done(self, name: str, _task: asyncio.Task[None]) -> None:
-        self._canaries.pop(name, None)
+    def _canary_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._canaries.get(name) is task:
+            del self._canaries[name]
 
     async def _canary(self, t: Target, tel: InstanceTelemetry) -> None:
         assert self.scraper is not None

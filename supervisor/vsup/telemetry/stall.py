@@ -39,9 +39,10 @@ Never stalled while idle (no work as above), while an engine sleeps (sleep mode:
 for its wake-up by design), nor without a fresh scrape (a server that does not answer is the
 health check's business). One engine step that takes longer than `stall_after_s` without any of
 the above (a very long prefill with chunked prefill off) looks like a stall: set
-`stall_after_s` above the longest step, or 0 to turn detection off. A request the API server
-still holds after its engine finished it (a streamed answer that a client reads slower than
-`stall_after_s`) counts as work too.
+`stall_after_s` above the longest step, or 0 to turn detection off. With load tracking, a
+request the API server holds longer than `stall_after_s` without its engine (a streamed answer a
+client reads that slowly after the engine finished it, media fetched for longer than that before
+the prompt reaches the engine: vLLM's fetch timeouts are 5-30 s) counts as work too.
 
 Time comes from the caller (monotonic and wall seconds), so tests drive it without sleeping.
 """

@@ -173,9 +173,12 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         hung = wait_for("rank 1 stalled", stalled_rank, STALL_AFTER_S + 60)
         figures["DP=2, rank 1 frozen under load -> stalled"] = time.monotonic() - t0
         assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "engine"
-        assert hung["state"] == "ready" and hung["requests_in_flight"] == 16
-        events_stalled = [e for e in events(home) if e.get("kind") == "stalled"]
-        assert events_stalled[-1]["ranks"] == [1]
+        # rank 1's 8 are held; rank 0 goes on answering its own
+        assert hung["state"] == "ready" and 8 <= hung["requests_in_flight"] <= 16
+        (event,) = wait_for(
+            "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 10
+        )
+        assert event["ranks"] == [1] and event["evidence"] == "engine"
         assert "data-parallel rank 1: " in vsup(home, "status").stdout
         os.kill(rank1, signal.SIGCONT)
         stopped.remove(rank1)
@@ -215,7 +218,12 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
             STALL_AFTER_S + 60,
         )
         assert restart["rank"] == 1 and restart["why"].startswith("data-parallel rank 1: ")
-        inst = wait_for("the restart after the stall", lambda: ranks_seen(home), 1100)
+        frozen_pid = inst["pid"]
+        inst = wait_for(
+            "the restart after the stall",
+            lambda: (i := ranks_seen(home)) is not None and i["pid"] != frozen_pid and i,
+            1100,
+        )
         assert inst["restarts"] == 1 and inst["last_exit"]["reason"] == "stalled"
         assert inst["last_exit"]["rank"] == 1
         (exit_ev,) = [e for e in events(home) if e.get("kind") == "exit"]

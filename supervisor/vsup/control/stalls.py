@@ -64,13 +64,15 @@ class _Stall:
 
 def stall_work(inst: InstanceStatus) -> str:
     """The work that made no progress, for people: `3 running, 5 waiting`, `2 requests in
-    flight at the API server and none at the engine`, `a canary request unanswered`; with
-    `data-parallel rank 1: ` before it when ranks are named."""
+    flight at the API server and none at the engine` (data parallel: `.. and 1 of them at the
+    engines`), `a canary request unanswered`; with `data-parallel rank 1: ` before it when
+    ranks are named."""
     evidence = inst.stall_evidence
     if evidence == "server":
         n = inst.requests_in_flight or 0
-        work = f"{n} request{'s' if n != 1 else ''} in flight at the API server and none "
-        work += "at the engine"
+        shown = int((inst.requests_running or 0) + (inst.requests_waiting or 0))
+        work = f"{n} request{'s' if n != 1 else ''} in flight at the API server and "
+        work += f"{shown} of them at the engines" if shown else "none at the engine"
     elif evidence == "canary":
         work = "a canary request (max_tokens 1) unanswered"
     else:

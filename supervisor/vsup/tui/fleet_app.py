@@ -43,6 +43,9 @@ NODE_GROUPS = ("status", "log", "config", "history", "action", "layout-edit", "l
 class NoNode:
     """The app's client while no node is open: every call says so."""
 
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
     def __getattr__(self, name: str) -> Any:
         async def refuse(*args: Any, **kw: Any) -> Any:
             raise RuntimeError("no node is open")

@@ -239,8 +239,8 @@ def render_status(fleet: Fleet, views: list[NodeView]) -> str:
         elif v.worst is not None and v.worst.severity in ("critical", "error"):
             who = f" ({v.worst.instance})" if v.worst.instance else ""
             lines.append(f"{v.name}: {v.worst.severity}{who}: {v.worst.message}")
-        if v.rollout:
-            lines.append(f"{v.name}: rollout {v.rollout}") if v.rollout != "done" else None
+        if v.rollout and v.rollout != "done":
+            lines.append(f"{v.name}: rollout {v.rollout}")
     return "\n".join(lines) + "\n"
 
 

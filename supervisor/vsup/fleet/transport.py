@@ -3,8 +3,9 @@
 Per node, one ControlMaster (`ControlPersist`, so the next `vsup fleet` call finds it warm) and
 one forward of the node daemon's unix socket to a private local one:
 `ssh -O forward -L RUN/<id>.sock:<remote home>/vsup.sock`. Every control-API call then is plain
-HTTP over that local socket (`control.client.AsyncClient(socket=...)`), through the master's
-connection: no new SSH handshake, no process per call.
+HTTP over that local socket (`fleet.http.NodeClient`; a node's dashboard opened from the fleet
+uses `control.client.AsyncClient(socket=...)` on it), through the master's connection: no new
+SSH handshake, no process per call.
 
 The first connection (cold) is three steps over one TCP connection: the master (`-f -N`, which
 is where SSH authenticates and checks the host key), the node's own `vsup paths --json` (where

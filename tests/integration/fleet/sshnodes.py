@@ -118,9 +118,10 @@ LogLevel INFO
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd for {self.name} exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1
-            ) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as s,
+            ):
                 if s.recv(4).startswith(b"SSH-"):
                     return
             time.sleep(0.05)
@@ -205,7 +206,9 @@ class SshFleet:
         self.write_client_files()
 
     def write_client_files(self, extra: str = "") -> None:
-        self.known_hosts.write_text("".join(n.known_hosts_line() + "\n" for n in self.nodes.values()))
+        self.known_hosts.write_text(
+            "".join(n.known_hosts_line() + "\n" for n in self.nodes.values())
+        )
         user = getpass.getuser()
         hosts = "".join(
             f"""Host {n.name}

@@ -182,7 +182,7 @@ class FleetScreen(Screen[None]):
                 table.add_row(*(cells[k] for k, _ in COLUMNS), key=v.name)
             else:
                 for key, _ in COLUMNS:
-                    if cells[key] != old[key]:
+                    if (cells[key].plain, cells[key].style) != (old[key].plain, old[key].style):
                         table.update_cell(v.name, key, cells[key])
             self._cells[v.name] = cells
         self.views = {v.name: v for v in views}

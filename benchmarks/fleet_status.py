@@ -1,12 +1,13 @@
 """`vsup fleet status` over 16 nodes: cold and warm, and the fleet dashboard's CPU.
 
     python -m benchmarks.fleet_status [--nodes 16] [--rounds 20] [--cold-rounds 5]
-                                      [--instances 0] [--dashboard-s 30]
+                                      [--instances 1] [--dashboard-s 30]
 
 Every node is a real OpenSSH server on 127.0.0.1 (its own port, host key, sshd_config) with
-its own VSUP_HOME and a real vsup daemon (`--instances N` vLLM emulators each; default none:
-a light daemon), as tests/integration/fleet/sshnodes.py builds them. The operator side is a
-key, a known_hosts, an ssh_config of Host aliases and a fleet file.
+its own VSUP_HOME and a real vsup daemon (`--instances N` vLLM emulators each, default 1: a
+light daemon; 0: a daemon with no layout), as tests/integration/fleet/sshnodes.py builds
+them. The operator side is a key, a known_hosts, an ssh_config of Host aliases and a fleet
+file.
 
 - cold: every ControlMaster ended and the tunnels forgotten first, so each run makes 16 SSH
   connections (key exchange, authentication, host key check), runs each node's own
@@ -118,7 +119,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--cold-rounds", type=int, default=5)
-    ap.add_argument("--instances", type=int, default=0)
+    ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--dashboard-s", type=float, default=30.0)
     args = ap.parse_args()
     why = sshd_missing()
@@ -128,6 +129,11 @@ def main() -> int:
     fleet = SshFleet([f"n{i:02d}" for i in range(args.nodes)], fleet_name="bench").start()
     try:
         for name, node in fleet.nodes.items():
+            if not args.instances:
+                res = node.vsup("daemon", "--detach")  # a daemon with no layout
+                if res.returncode != 0:
+                    raise SystemExit(f"{name}: {res.stderr}")
+                continue
             path = fleet.root / f"{name}.toml"
             ports = {f"{name}i{j}": free_port() for j in range(args.instances)}
             path.write_text(node_layout(f"bench-{name}", ports))

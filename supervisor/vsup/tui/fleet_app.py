@@ -11,8 +11,8 @@ node shows, talking to that node's daemon. `q` there comes back to the fleet.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from textual import on, work

@@ -32,6 +32,7 @@ COLUMNS = (
     ("vllm", "VLLM"),
     ("since", "SINCE"),
 )
+NODE_DOWN = ("unreachable", "no_daemon")
 SEVERITY_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
 
 
@@ -73,7 +74,8 @@ def node_cells(v: NodeView) -> dict[str, Text]:
 
 
 def fleet_alerts(views: Sequence[NodeView]) -> list[Alert]:
-    """Every node's alerts and advice, the most severe first; a node down is one too."""
+    """Every node's alerts and advice, the most severe first; a node down is one too (first
+    among equals)."""
     out: list[Alert] = []
     for v in views:
         if not v.reachable:
@@ -81,7 +83,8 @@ def fleet_alerts(views: Sequence[NodeView]) -> list[Alert]:
         elif not v.daemon:
             out.append(Alert(v.name, "error", "no_daemon", v.error or "no daemon"))
         out.extend(v.advice)
-    out.sort(key=lambda a: -SEVERITY_RANK.get(a.severity, 0))
+    # a node that does not answer first among equals: nothing else of it can be seen
+    out.sort(key=lambda a: (-SEVERITY_RANK.get(a.severity, 0), a.kind not in NODE_DOWN))
     return out
 
 

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -41,15 +42,21 @@ from benchmarks.common import last_line, median, percentile  # noqa: E402
 from tests.integration.fleet.conftest import node_layout  # noqa: E402
 from tests.integration.fleet.sshnodes import SshFleet, free_port, sshd_missing  # noqa: E402
 
+CPU: list[float] = []  # CPU seconds (user + system) of each command, ssh children included
+
 
 def vsup_fleet(fleet: SshFleet, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     env = dict(os.environ, VSUP_HOME=str(fleet.operator_home))
     cmd = [sys.executable, "-m", "vsup", "fleet", args[0], "--fleet", str(fleet.fleet_file)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(
         [*cmd, *args[1:]], env=env, capture_output=True, text=True, timeout=300, cwd="/"
     )
-    return time.perf_counter() - t0, proc
+    took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return took, proc
 
 
 def forget_tunnels(fleet: SshFleet) -> None:
@@ -146,11 +153,15 @@ def main() -> int:
             took, proc = vsup_fleet(fleet, "status", "--json")
             check(proc, args.nodes)
             cold.append(took)
+        cold_cpu = list(CPU)
+        CPU.clear()
         warm = []
         for _ in range(args.rounds):
             took, proc = vsup_fleet(fleet, "status", "--json")
             check(proc, args.nodes)
             warm.append(took)
+        warm_cpu = list(CPU)
+        load = os.getloadavg()[0]
         inproc = inprocess_warm(fleet, args.rounds)
         cpu, polls = dashboard_cpu(fleet, args.dashboard_s)
         ms = lambda xs, q: round(percentile(xs, q) * 1000)  # noqa: E731
@@ -161,6 +172,10 @@ def main() -> int:
         print(
             f"warm: median {median(warm) * 1000:.0f} ms, p99 {ms(warm, 99)} ms ({len(warm)} runs)"
         )
+        print(
+            f"CPU of the command: cold median {median(cold_cpu) * 1000:.0f} ms, warm median "
+            f"{median(warm_cpu) * 1000:.0f} ms (load average {load:.1f} on {os.cpu_count()} cores)"
+        )
         print(f"warm in-process: median {median(inproc) * 1000:.1f} ms, p99 {ms(inproc, 99)} ms")
         print(f"dashboard: {cpu:.1f}% of a core over {args.dashboard_s:.0f} s ({polls} polls)")
         print(
@@ -170,6 +185,9 @@ def main() -> int:
                 cold_p99_ms=ms(cold, 99),
                 warm_median_ms=round(median(warm) * 1000),
                 warm_p99_ms=ms(warm, 99),
+                cold_cpu_ms=round(median(cold_cpu) * 1000),
+                warm_cpu_ms=round(median(warm_cpu) * 1000),
+                load=round(load, 1),
                 inprocess_median_ms=round(median(inproc) * 1000, 1),
                 inprocess_p99_ms=ms(inproc, 99),
                 dashboard_cpu_pct=round(cpu, 1),

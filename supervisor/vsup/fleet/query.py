@@ -133,7 +133,9 @@ class FleetClient:
         deadline. Never raises for the node's failures: they are the view's `error`."""
         t0 = time.monotonic()
         warm = self.transport.cached(node) is not None
-        budget = self.fleet.timeout_s + (0 if warm else self.fleet.connect_timeout_s)
+        # the answer itself gets timeout_s (a hanging node is reported then); the rest of the
+        # budget is for connecting, also when a tunnel found from before has to be made again
+        budget = self.fleet.timeout_s + self.fleet.connect_timeout_s
         base = {"groups": node.groups, "warm": warm}
         doc: dict[str, Any] | None = None
         try:

@@ -175,6 +175,11 @@ class Transport:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 2)
             raise
+        finally:
+            # closed now, not when collected after the loop ended ("Event loop is closed")
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
         text = err.decode(errors="replace") if err else ""
         if errfile is not None:
             with contextlib.suppress(OSError):

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import last_line, median, percentile  # noqa: E402
+from benchmarks.common import install_cleanup, last_line, median, percentile  # noqa: E402
 from tests.integration.fleet.conftest import node_layout  # noqa: E402
 from tests.integration.fleet.sshnodes import SshFleet, free_port, sshd_missing  # noqa: E402
 
@@ -129,6 +129,7 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--dashboard-s", type=float, default=30.0)
     args = ap.parse_args()
+    install_cleanup()  # SIGTERM/SIGHUP end it through `finally`: no node left running
     why = sshd_missing()
     if why:
         print(f"skipped: {why}")

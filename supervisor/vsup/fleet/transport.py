@@ -7,9 +7,10 @@ HTTP over that local socket (`fleet.http.NodeClient`; a node's dashboard opened 
 uses `control.client.AsyncClient(socket=...)` on it), through the master's connection: no new
 SSH handshake, no process per call.
 
-The first connection (cold) is three steps over one TCP connection: the master (`-f -N`, which
-is where SSH authenticates and checks the host key), the node's own `vsup paths --json` (where
-its daemon's socket is, the vsup and vLLM versions), then the forward. What they learned is kept
+The first connection (cold) is two ssh calls over one TCP connection: the node's own `vsup paths
+--json` (where its daemon's socket is, the vsup and vLLM versions), whose ssh authenticates,
+checks the host key and stays on as the master (`ControlMaster auto`, `ControlPersist`), then
+`-O forward`. What they learned is kept
 in `RUN/<id>.json` while the master lives.
 
 Host keys are checked as the operator's ssh checks them: `BatchMode=yes` turns every question
@@ -150,23 +151,16 @@ class Transport:
 
     # -- subprocesses --------------------------------------------------------------------------
 
-    async def _ssh(
-        self, args: list[str], timeout: float, *, capture: bool = True, errfile: Path | None = None
-    ) -> tuple[int, str, str]:
-        """Run ssh; (code, stdout, stderr). On timeout it is killed (its process group) and
-        Unreachable says how long it waited."""
-        err_fh = open(errfile, "wb") if errfile is not None else None  # noqa: SIM115
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if capture else asyncio.subprocess.DEVNULL,
-                stderr=err_fh if err_fh is not None else asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own group: killed whole on a timeout
-            )
-        finally:
-            if err_fh is not None:
-                err_fh.close()
+    async def _ssh(self, args: list[str], timeout: float) -> tuple[int, str, str]:
+        """Run ssh; (code, stdout, stderr). On timeout it is killed (its process group: a
+        master it was becoming goes too) and TimeoutError is raised."""
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own group: killed whole on a timeout
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except (TimeoutError, asyncio.CancelledError):
@@ -181,9 +175,6 @@ class Transport:
             if transport is not None:
                 transport.close()
         text = err.decode(errors="replace") if err else ""
-        if errfile is not None:
-            with contextlib.suppress(OSError):
-                text = errfile.read_text(errors="replace")
         return proc.returncode or 0, (out or b"").decode(errors="replace"), text
 
     async def master_alive(self, node: Node, timeout: float = 5.0) -> bool:
@@ -196,27 +187,19 @@ class Transport:
             return False
         return code == 0
 
-    async def _start_master(self, node: Node, timeout: float) -> None:
-        # -f -N: ssh authenticates (and checks the host key), then the master goes to the
-        # background. Its stderr goes to a file: a pipe would stay open in the master.
-        errfile = self.run / f"{node_id(self.fleet, node)}.err"
-        args = [
-            *self.base_args(node),
-            "-o", "ControlMaster=yes",
-            "-o", f"ControlPersist={CONTROL_PERSIST_S}",
-            "-f", "-N", node.ssh,
-        ]  # fmt: skip
-        try:
-            code, _, err = await self._ssh(args, timeout, capture=False, errfile=errfile)
-        except TimeoutError:
-            raise Unreachable(f"ssh {node.ssh}: no connection within {timeout:.0f} s") from None
-        if code != 0:
-            raise Unreachable(f"ssh {node.ssh}: {ssh_error(err)}", err)
-
     async def remote_vsup(self, node: Node, *args: str, timeout: float) -> dict[str, Any]:
-        """Run the node's own `vsup ARGS` (over the master) and parse its JSON answer."""
+        """Run the node's own `vsup ARGS` and parse its JSON answer. Over the node's master;
+        with none (or a stale socket of one that died) this ssh becomes it: `ControlMaster
+        auto` + `ControlPersist`, the master going to the background once the command is done
+        (it hands its stdio back: measured, a pipe on stdout and stderr ends with the command).
+        Two commands racing for it are fine: the loser connects directly, once."""
         cmd = node.remote_command(*args)
-        ssh = [*self.base_args(node), "-o", "ControlMaster=no", node.ssh, cmd]
+        ssh = [
+            *self.base_args(node),
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPersist={CONTROL_PERSIST_S}",
+            node.ssh, cmd,
+        ]  # fmt: skip
         try:
             code, out, err = await self._ssh(ssh, timeout)
         except TimeoutError:
@@ -297,10 +280,6 @@ class Transport:
             def left() -> float:
                 return max(0.5, deadline - time.monotonic())
 
-            if not await self.master_alive(node, timeout=left()):
-                with contextlib.suppress(OSError):
-                    self.control_path(node).unlink()  # a master that died left its socket
-                await self._start_master(node, left())
             info = await self.remote_vsup(node, "paths", "--json", timeout=left())
             remote = info.get("socket")
             if not isinstance(remote, str) or not remote.startswith("/"):
@@ -332,8 +311,6 @@ class Transport:
     async def start_daemon(self, node: Node, timeout: float = 60.0) -> dict[str, Any]:
         """Start the node's daemon if none runs (its own `vsup daemon --detach`)."""
         self.invalidate(node)
-        if not await self.master_alive(node):
-            await self._start_master(node, self.fleet.connect_timeout_s)
         return await self.remote_vsup(node, "daemon", "--detach", timeout=timeout)
 
     async def disconnect(self, node: Node) -> None:

@@ -38,9 +38,13 @@ class Health:
     """Per node: whether its last query answered, since when, its last answer, why not.
     Kept in `RUN/health.json` so that each `vsup fleet status` can say "since"."""
 
+    SAVE_EVERY_S = 30.0  # `last_seen` alone is written at most this often (the dashboard)
+
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.nodes: dict[str, dict[str, Any]] = {}
+        self._changed = False  # a node went down or came back since the last save
+        self._saved_at = 0.0
         if path is not None:
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads(path.read_text())
@@ -51,6 +55,8 @@ class Health:
         """Record one query's outcome; the node's record (`since`, `last_seen`, `why`)."""
         stamp = now_iso()
         rec = self.nodes.get(name) or {}
+        if rec.get("ok") is not ok or (not ok and rec.get("why") != why):
+            self._changed = True
         if rec.get("ok") is not ok:
             rec = {"ok": ok, "since": stamp, "last_seen": rec.get("last_seen")}
         if ok:
@@ -61,13 +67,19 @@ class Health:
         self.nodes[name] = rec
         return rec
 
-    def save(self) -> None:
+    def save(self, force: bool = False) -> None:
+        """Write the records when a node changed state (or `SAVE_EVERY_S` passed)."""
         if self.path is None:
+            return
+        now = time.monotonic()
+        if not (force or self._changed or now - self._saved_at >= self.SAVE_EVERY_S):
             return
         from vsup.fsutil import write_atomic
 
         with contextlib.suppress(OSError):
             write_atomic(self.path, json.dumps(self.nodes, indent=1), mode=0o600)
+            self._changed = False
+            self._saved_at = now
 
 
 class FleetClient:

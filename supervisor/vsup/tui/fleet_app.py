@@ -37,7 +37,9 @@ from vsup.tui.messages import (
 from vsup.tui.screens.fleet import FleetScreen
 
 # workers that belong to an open node's dashboard (cancelled when going back to the fleet)
-NODE_GROUPS = ("status", "log", "config", "history", "action", "layout-edit", "layout-save")
+NODE_GROUPS = (
+    "status", "log", "config", "history", "action", "layout-edit", "layout-save", "reconnect"
+)  # fmt: skip
 
 
 class NoNode:
@@ -101,6 +103,7 @@ class FleetApp(DashboardApp):
         self._fleet_screen: FleetScreen | None = None
         self._fleet_timer: Timer | None = None
         self._fleet_worker: Worker | None = None
+        self._reconnect_worker: Worker | None = None
 
     def get_default_screen(self) -> Screen:
         self._fleet_screen = FleetScreen(self.fleet.name or str(self.fleet.path), self.readonly)
@@ -210,6 +213,19 @@ class FleetApp(DashboardApp):
 
     def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
         self._drop_if_closed(message)
+        busy = self._reconnect_worker is not None and not self._reconnect_worker.is_finished
+        if self.open_node is not None and not busy:
+            # The banner shows (DashboardApp's handler runs next); the tunnel is made again
+            # on the same local socket path, so the node's client keeps working once it is.
+            self._reconnect_worker = self._reconnect(self.open_node)
+
+    @work(name="reconnect", group="reconnect", exit_on_error=False)
+    async def _reconnect(self, name: str) -> None:
+        node = self.fleet.node(name)
+        if node is None:
+            return
+        self.fc.transport.invalidate(node)
+        await self.fc.transport.connect(node)
 
     def on_log_chunk(self, message: LogChunk) -> None:
         self._drop_if_closed(message)
@@ -221,6 +237,8 @@ class FleetApp(DashboardApp):
         self._drop_if_closed(message)
 
     def worker_failed(self, worker: Worker) -> None:
+        if worker.group == "reconnect":
+            return  # the banner says the node does not answer; the next failure tries again
         if worker.group in ("fleet", "open-node"):
             error = worker.error
             what = "opening the node" if worker.group == "open-node" else "asking the fleet"

@@ -7,7 +7,8 @@ Covers: every node's status (text and JSON: reachable, ready/total, the worst al
 versions, warm after the first call); a node whose sshd stops mid-session (down with SSH's
 reason, the others unaffected, back once it returns); a hanging node (reported when its
 deadline passes, the others answer); a changed host key (refused in SSH's own words, the
-known_hosts untouched); the fleet dashboard's drill-down into a node over the tunnel and back.
+known_hosts untouched); the fleet dashboard's drill-down into a node over the tunnel (it rides
+out the node's sshd stopping and coming back) and back to the fleet.
 """
 
 from __future__ import annotations
@@ -191,6 +192,13 @@ def test_the_dashboard_opens_a_nodes_own_dashboard_over_the_tunnel_and_comes_bac
             assert {i.name for i in app.snapshot.instances} == {"b1", "b2"}
             assert app.snapshot.supervisor.layout == "beta"
             await until(lambda: app.renders >= 1, "node b's dashboard to render")
+            # b's sshd stops while its dashboard is open: the banner says so; once sshd is
+            # back the tunnel is made again (same local socket) and the dashboard carries on
+            fleet.nodes["b"].stop()
+            await until(lambda: app.daemon_error is not None, "the daemon banner")
+            fleet.nodes["b"].start()
+            await until(lambda: app.daemon_error is None, "node b to answer again", 90)
+            assert app.open_node == "b" and isinstance(app.screen, Dashboard)
             polls = app.fleet_polls
             await pilot.press("q")  # back to the fleet, not out of the app
             await until(lambda: isinstance(app.screen, FleetScreen), "the fleet screen")

@@ -101,6 +101,11 @@ def read_text(path: Path) -> str:
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ValueError(
+            "no fleet file there: write one ([[node]] tables with name and ssh; docs/fleet.md), "
+            "or name it with --fleet FILE or VSUP_FLEET"
+        ) from None
     except OSError as exc:
         raise ValueError(f"cannot read the fleet file: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as fh:

@@ -269,8 +269,11 @@ groups = ["{group}"]
                 capture_output=True,
                 timeout=10,
             )
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:  # each `vsup down` is its own process
+            list(pool.map(lambda n: n.down(), self.nodes.values()))
         for n in self.nodes.values():
-            n.down()
             n.stop()
         for p in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):

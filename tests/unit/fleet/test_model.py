@@ -85,7 +85,8 @@ def test_bad_fleet_files_are_refused_naming_node_and_key(text, said):
 
 def test_a_missing_file_names_itself(tmp_path):
     fleet = load_fleet(tmp_path / "nope.toml")
-    assert not fleet.ok and str(tmp_path / "nope.toml") in fleet.errors[0].format()
+    said = fleet.errors[0].format()
+    assert not fleet.ok and str(tmp_path / "nope.toml") in said and "--fleet FILE" in said
 
 
 def test_ssh_errors_keep_ssh_own_words():

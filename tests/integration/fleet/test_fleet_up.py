@@ -95,6 +95,9 @@ def test_a_fleet_rollout_stops_at_the_first_failing_node_and_leaves_the_rest(fle
     assert text.returncode == 0 and len(text.stdout.splitlines()) == 5
     assert all(" n2 " in line for line in text.stdout.splitlines())
 
+    # -f follows: an event journalled on n1 after the command started comes through
+    follow_events(fleet)
+
     # Prometheus service discovery: n3's exporter, with the node's labels
     t = fleet.fleet("prometheus-targets")
     assert t.returncode == 0, t.stderr
@@ -114,6 +117,47 @@ def test_a_fleet_rollout_stops_at_the_first_failing_node_and_leaves_the_rest(fle
     ]
     assert "n1: left out, its layout has no [layout] metrics_listen" in t.stderr
     assert "only reachable on the node" in t.stderr
+
+
+def follow_events(fleet) -> None:
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from tests.conftest import outside_cwd
+
+    argv = [sys.executable, "-m", "vsup", "fleet", "events", "--fleet", str(fleet.fleet_file)]
+    proc = subprocess.Popen(
+        [*argv, "-f", "-n", "0", "--nodes", "n1,n3"],
+        env=dict(os.environ, VSUP_HOME=str(fleet.operator_home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=outside_cwd(),
+    )
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if " n1 " in line and "action" in line and " x " in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # the restart is asked for until the follower has caught it (it may still be connecting)
+        for _ in range(30):
+            res = fleet.nodes["n1"].vsup("restart", "x", timeout=60)
+            assert res.returncode == 0, res.stderr
+            if seen.wait(4):
+                break
+        assert seen.is_set(), lines
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def test_unknown_nodes_and_groups_are_refused_naming_the_fleet_file(fleet):

@@ -177,16 +177,6 @@ class Transport:
         text = err.decode(errors="replace") if err else ""
         return proc.returncode or 0, (out or b"").decode(errors="replace"), text
 
-    async def master_alive(self, node: Node, timeout: float = 5.0) -> bool:
-        """`ssh -O check`: whether this node's ControlMaster runs."""
-        if not self.control_path(node).exists():
-            return False
-        try:
-            code, _, _ = await self._ssh([*self.base_args(node), "-O", "check", node.ssh], timeout)
-        except TimeoutError:
-            return False
-        return code == 0
-
     async def remote_vsup(self, node: Node, *args: str, timeout: float) -> dict[str, Any]:
         """Run the node's own `vsup ARGS` and parse its JSON answer. Over the node's master;
         with none (or a stale socket of one that died) this ssh becomes it: `ControlMaster
@@ -312,12 +302,3 @@ class Transport:
         """Start the node's daemon if none runs (its own `vsup daemon --detach`)."""
         self.invalidate(node)
         return await self.remote_vsup(node, "daemon", "--detach", timeout=timeout)
-
-    async def disconnect(self, node: Node) -> None:
-        """End the node's master (`ssh -O exit`) and remove its sockets."""
-        self.invalidate(node)
-        if self.control_path(node).exists():
-            with contextlib.suppress(TimeoutError):
-                await self._ssh([*self.base_args(node), "-O", "exit", node.ssh], 5.0)
-        with contextlib.suppress(OSError):
-            self.local_socket(node).unlink()

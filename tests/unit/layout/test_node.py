@@ -43,9 +43,7 @@ def test_nvml_gpus_become_node_facts() -> None:
 
 
 def test_amd_gpus_are_in_hip_order() -> None:
-    fake = FakeAmdSmi(
-        [AmdGpu(bdf="0000:05:00.0", hip_id=1), AmdGpu(bdf="0000:06:00.0", hip_id=0)]
-    )
+    fake = FakeAmdSmi([AmdGpu(bdf="0000:05:00.0", hip_id=1), AmdGpu(bdf="0000:06:00.0", hip_id=0)])
     facts = node_facts(AmdSmiProbe(fake.module))
     assert [g.index for g in facts.gpus] == [0, 1] and facts.vendor == "amd"
     assert gpu_kind(facts.gpus[0].name) == "MI300X"

@@ -116,3 +116,32 @@ async def test_an_apply_during_the_spawn_restarts_onto_the_new_spec(daemons, mon
     assert plan["restart"] == ["a"] and plan["changes"]["a"] == [
         {"key": "args.say", "old": "second", "new": None}
     ]
+
+
+async def test_a_restored_layout_that_no_longer_compiles_is_a_problem_not_silence(
+    daemons, vsup_home
+):
+    """The state file's layout fails to compile on this daemon (a stricter vsup, a GPU gone):
+    the operator is told, its alerts and metrics listener still work, `vsup up` replaces it."""
+    from vsup import paths
+    from vsup.control.state import DaemonState, StateFile
+
+    mport = free_port()
+    header = f'metrics_listen = "127.0.0.1:{mport}"\n\n[alerts]\nwebhook_env = "VSUP_TEST_HOOK"\n'
+    # two instances on one port: this layout does not validate
+    broken = emulator_layout({"a": 8000, "b": 8000}, extra_header=header)
+    StateFile(paths.state_path(vsup_home)).save(
+        DaemonState(layout_path="/tmp/old.toml", layout_toml=broken, layout_name="fakes")
+    )
+    daemon, client = await daemons.start()
+    assert daemon.layout is None and daemon.layout_toml == broken
+    doc = await client.status()
+    (problem,) = [a for a in doc["advice"] if a["kind"] == "layout"]
+    assert "no longer validates on this node" in problem["message"] and "8000" in problem["message"]
+    assert daemon.alerts.config is not None and daemon.alerts.config.webhook_env == "VSUP_TEST_HOOK"
+    assert daemon.metrics_listen == ("127.0.0.1", mport) and daemon.metrics.running
+
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/new.toml")
+    assert daemon.layout is not None and daemon.layout.path == "/tmp/new.toml"
+    assert not [a for a in (await client.status())["advice"] if a["kind"] == "layout"]
+    assert daemon.alerts.config is None and not daemon.metrics.running

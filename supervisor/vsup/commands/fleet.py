@@ -15,11 +15,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from vsup.commands import exits
+
 if TYPE_CHECKING:
     from vsup.fleet.model import Fleet
     from vsup.fleet.view import NodeView
-
-EXIT_NOT_CONFIRMED = 3
 
 
 def _fleet_arg(p: argparse.ArgumentParser) -> None:
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         for d in fleet.errors:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet: {fleet.path} is not valid", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     command = args.fleet_command
     if command == "validate":
         return _validate(fleet, args)
@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
         nodes = fleet.select(_names(getattr(args, "nodes", None)), getattr(args, "group", None))
     except KeyError as exc:
         print(f"vsup fleet: {exc.args[0]}", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     if getattr(args, "nodes", None) and getattr(args, "group", None):
         print("vsup fleet: --nodes or --group, not both", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     try:
         if command == "status":
             return asyncio.run(_status(fleet, nodes, args))
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         if command == "prometheus-targets":
             return asyncio.run(_targets(fleet, nodes, args))
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
     raise AssertionError(command)
 
 
@@ -147,7 +147,7 @@ def _validate(fleet: Fleet, args: argparse.Namespace) -> int:
     else:
         groups = ", ".join(f"{g} ({len(m)})" for g, m in fleet.groups.items()) or "none"
         print(f"{fleet.path}: {len(fleet.nodes)} node(s), groups: {groups}")
-    return 0
+    return exits.OK
 
 
 # -- status ----------------------------------------------------------------------------------
@@ -169,7 +169,8 @@ async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_status(fleet, views))
-    return 0 if all(v.reachable and v.daemon and v.ready == v.total for v in views) else 1
+    ok = all(v.reachable and v.daemon and v.ready == v.total for v in views)
+    return exits.OK if ok else exits.FAILED
 
 
 def _cell(value: Any, fmt: str = "{}") -> str:
@@ -260,16 +261,16 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         toml = read_text(path)
     except UnreadableFile as exc:
         print(f"vsup fleet up: {exc}", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     layout = loads_layout(toml, path)
     if layout.load_errors:
         for d in layout.load_errors:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     if not nodes:
         print("vsup fleet up: no nodes chosen", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     async with FleetClient(fleet) as fc:
         plans = await plan_all(fc, nodes, toml)
         bad = False
@@ -285,12 +286,12 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
                 "vsup fleet up: not every node can take the layout; nothing was changed",
                 file=sys.stderr,
             )
-            return 2 if any(p.errors for p in plans) else 1
+            return exits.BAD_INPUT if any(p.errors for p in plans) else 1
         for p in plans:
             runs = p.layout or "no layout"
             print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or {}, p.serving)}")
         if args.dry_run:
-            return 0
+            return exits.OK
         interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
         if interrupts and not args.yes:
             code = confirm(interrupts)
@@ -305,7 +306,7 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     for o in outcomes:
         note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
         print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
-    return 0 if all(o.state == "applied" for o in outcomes) else 1
+    return exits.OK if all(o.state == "applied" for o in outcomes) else exits.FAILED
 
 
 def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
@@ -330,7 +331,7 @@ def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
 
 
 def confirm(interrupts: dict[str, list[str]]) -> int:
-    """0 when the operator said yes on a terminal; EXIT_NOT_CONFIRMED otherwise."""
+    """0 when the operator said yes on a terminal; exits.NOT_CONFIRMED otherwise."""
     what = "; ".join(f"{node}: {', '.join(names)}" for node, names in interrupts.items())
     if not sys.stdin.isatty():
         print(
@@ -339,15 +340,15 @@ def confirm(interrupts: dict[str, list[str]]) -> int:
             "with --yes",
             file=sys.stderr,
         )
-        return EXIT_NOT_CONFIRMED
+        return exits.NOT_CONFIRMED
     try:
         answer = input(f"stop or restart serving instances ({what})? [y/N] ")
     except EOFError:
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
         print("vsup fleet up: not confirmed; nothing was changed", file=sys.stderr)
-        return EXIT_NOT_CONFIRMED
-    return 0
+        return exits.NOT_CONFIRMED
+    return exits.OK
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -370,7 +371,7 @@ async def _events(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
                 line = json.dumps(ev) if args.json else format_event(ev, width)
                 print(line, flush=True)
             if not args.follow:
-                return 1 if merger.down else 0
+                return exits.FAILED if merger.down else exits.OK
             await asyncio.sleep(1.0)
 
 
@@ -393,7 +394,7 @@ async def _targets(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         write_atomic(target, text, mode=0o644)
     else:
         sys.stdout.write(text)
-    return 0
+    return exits.OK
 
 
 # -- dashboard -------------------------------------------------------------------------------
@@ -402,7 +403,7 @@ async def _targets(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
 def _dashboard(fleet: Fleet, args: argparse.Namespace) -> int:
     if args.refresh <= 0:
         print("vsup fleet: --refresh must be a positive number of seconds", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     from vsup.tui.fleet_app import FleetApp
     from vsup.tui.keymap import load_keymap
 
@@ -410,7 +411,7 @@ def _dashboard(fleet: Fleet, args: argparse.Namespace) -> int:
         keymap = load_keymap()
     except ValueError as exc:
         print(f"vsup fleet: {exc}", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     app = FleetApp(fleet, readonly=args.readonly, keymap=keymap, refresh_s=args.refresh)
     app.run()
     return app.return_code or 0

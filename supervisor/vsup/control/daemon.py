@@ -552,8 +552,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     """`vsup daemon`: take the lock, serve until stopped. 0 also when another daemon runs."""
+    # VSUP_HOME is as paths.vsup_home() made or found it: a directory vsup did not create (a
+    # home directory, say) keeps its mode; what must be private in it is private by itself
+    # (the socket 0600, state, journal and logs 0600/0700).
     home = Path(home) if home else paths.vsup_home()
-    os.chmod(home, 0o700)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

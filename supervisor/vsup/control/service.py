@@ -189,7 +189,7 @@ class DaemonService:
         from vsup.layout import LayoutError, loads_layout, save_layout
 
         try:
-            target = regular_target(path, parents=parents)
+            target = regular_target(path, parents=parents, not_inside=self.daemon.home)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
         layout_obj = loads_layout(self.daemon.layout_toml, self.daemon.layout_path)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,9 @@ ACTIONS = ("start", "stop", "restart", "drain")
 MAX_LOG_CHUNK = 1024 * 1024  # bytes of log text in one answer
 DEFAULT_TAIL = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024  # a layout TOML is a few KB
-MAX_DEPTH = 32  # request bodies nest two levels; JSON's parser recurses per level
+# Bodies up to this size are parsed on the loop (well under a millisecond); bigger ones (up to
+# MAX_BODY) in a worker thread.
+INLINE_PARSE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -247,16 +248,11 @@ async def _body(
     required = required or {}
     optional = optional or {}
     raw = await read_body(request)
-    if not raw.strip():
-        data: Any = {}
+    if len(raw) > INLINE_PARSE_BYTES:
+        # A big body is parsed in a worker thread: the loop keeps supervising meanwhile.
+        data = await asyncio.to_thread(decode_body, raw)
     else:
-        depth = json_depth(raw)
-        if depth > MAX_DEPTH:
-            raise BadRequest(f"the body nests {depth} levels deep; at most {MAX_DEPTH} are allowed")
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise BadRequest(f"the body is not JSON: {exc}") from None
+        data = decode_body(raw)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     allowed = {**required, **optional}
@@ -289,25 +285,25 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+def decode_body(raw: bytes) -> Any:
+    """A request body as JSON (an empty one is `{}`); BadRequest when it is not JSON.
 
-
-def json_depth(raw: bytes) -> int:
-    """How deeply a JSON text nests (strings skipped), without parsing it: the parser recurses,
-    and a body 100,000 levels deep must get a 400, not a RecursionError."""
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
-    depth = deepest = 0
-    for b in brackets:
-        if b in b"[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_DEPTH:
-                    return deepest
-        else:
-            depth -= 1
-    return deepest
+    Linear in the body's size: the stdlib's C parser, which refuses nesting deeper than the
+    recursion limit with RecursionError (a 400 here). No route takes more than a list inside
+    an object, so the type checks after it refuse any deeper body. The parser holds the GIL:
+    in a worker thread it still pauses the loop while it runs, ~0.1 s for a 4 MiB layout and
+    up to ~0.6 s for 4 MiB of empty arrays (CPU time measured on the CI machine)."""
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise BadRequest(
+            "the body nests more levels deep than can be parsed; no request nests more than "
+            "two (a list in an object)"
+        ) from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
 
 
 def _type_names(types: Any) -> str:

@@ -112,6 +112,11 @@ def journal_path(home: Path | None = None) -> Path:
     return (home or vsup_home()) / "journal.jsonl"
 
 
+def alerts_state_path(home: Path | None = None) -> Path:
+    """What the alerts sent, kept across daemon restarts (control/alerts.py)."""
+    return (home or vsup_home()) / "alerts.json"
+
+
 def logs_dir(home: Path | None = None) -> Path:
     d = (home or vsup_home()) / "logs"
     d.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -134,7 +134,9 @@ class Daemon:
         self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
-        self.alerts = Alerts(self.clock, self.node.hostname)
+        self.alerts = Alerts(
+            self.clock, self.node.hostname, state_path=paths.alerts_state_path(self.home)
+        )
         self.engine = Engine(
             self.clock,
             self.logs_dir,

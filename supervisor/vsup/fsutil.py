@@ -9,11 +9,14 @@ vsup from replacing or re-permissioning what is not its own.
   directory is an error unless the caller asks for it to be created. A place inside
   VSUP_HOME is refused, whatever the symlinks on the way: replacing the journal loses every
   later event, replacing the lock file let a second daemon start beside the first.
+- `data_from`: where a sparse file's data resumes (a run log whose middle was released past
+  its cap, engine/runlog.py): readers that follow a file by offset skip the hole with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -123,3 +126,32 @@ def _kind(mode: int) -> str:
         if test(mode):
             return word
     return "not a regular file"
+
+
+def data_from(fd: int, offset: int) -> int:
+    """The first offset at or after `offset` that holds data: `offset` itself unless it falls
+    in a hole (a released part of a run log); the file's size when only a hole follows. File
+    systems without SEEK_DATA report every offset as data."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # nothing but a hole (or the end) after `offset`
+            return max(offset, os.fstat(fd).st_size)
+        return offset  # EINVAL and the like: no SEEK_DATA here, no holes to skip
+
+
+def hole_from(fd: int, offset: int) -> int:
+    """The first offset at or after `offset` where a hole begins (the file's size when none
+    does): a reader stops there rather than read the hole's zeros."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_HOLE)
+    except OSError:
+        return max(offset, os.fstat(fd).st_size)
+
+
+def hole_note(skipped: int) -> str:
+    """The line readers put where they skipped a released part of a log."""
+    return (
+        f"[vsup] ... {skipped} bytes of this log were released here: it passed its size cap "
+        "(vsup keeps the start of a run and its latest part)\n"
+    )

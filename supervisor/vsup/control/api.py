@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from vsup.control.errors import BadRequest, ControlError, UnknownInstances
+from vsup.fsutil import data_from, hole_from, hole_note
 
 log = logging.getLogger(__name__)
 
@@ -368,37 +369,51 @@ def read_log_chunk(path: Path, offset: int | None, tail: int | None) -> dict[str
     """Read part of a log: from `offset`, or the last `tail` bytes (default 64 KiB).
 
     Answers `{"start", "offset" (where the next read starts), "size", "text", "eof"}`.
-    A tail starts at a line boundary; text is UTF-8 with undecodable bytes replaced.
+    A tail starts at a line boundary; text is UTF-8 with undecodable bytes replaced. A part
+    released past the log's cap (a hole, engine/runlog.py) is skipped: the text then starts
+    with a line saying how many bytes were released, and the next whole line after it.
     """
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
         return {"start": 0, "offset": 0, "size": 0, "text": "", "eof": True}
     with fh:
-        size = os.fstat(fh.fileno()).st_size
+        fd = fh.fileno()
+        size = os.fstat(fd).st_size
         if offset is None:
             want = DEFAULT_TAIL if tail is None else tail
             start = max(0, size - want)
         else:
-            # A log that shrank was replaced (a new run reuses no file, but be safe): restart.
+            # A log that shrank was cut (a cap on a file system without holes): restart.
             start = offset if offset <= size else 0
+        note = ""
+        resync = offset is None and start > 0  # a tail starts at a line start
+        data_at = data_from(fd, start) if start < size else start
+        if data_at > start:
+            note = hole_note(data_at - start)
+            start, resync = data_at, True
+        hole_at = hole_from(fd, start)
         fh.seek(start)
-        data = fh.read(min(MAX_LOG_CHUNK, size - start))
-        if offset is None and start > 0:
+        data = fh.read(max(0, min(MAX_LOG_CHUNK, hole_at - start, size - start)))
+        if resync:
             nl = data.find(b"\n")
             if nl >= 0:
                 data = data[nl + 1 :]
                 start += nl + 1
         if offset is not None and start + len(data) < size:
-            # More follows: stop at a line end so no line (or UTF-8 character) is split.
+            # More follows: stop at a line end so no line (or UTF-8 character) is split; a
+            # line the cap's hole cut in two is left out (the note after it says why).
             nl = data.rfind(b"\n")
             if nl >= 0:
                 data = data[: nl + 1]
+            elif start + len(data) >= hole_at:
+                data = b""
+                start = hole_at
         end = start + len(data)
         return {
             "start": start,
             "offset": end,
             "size": size,
-            "text": data.decode("utf-8", errors="replace"),
+            "text": note + data.decode("utf-8", errors="replace"),
             "eof": end >= size,
         }

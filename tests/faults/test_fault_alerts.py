@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import outside_cwd
-from tests.faults.helpers import daemons_of, instance, status, vsup, wait_for
+from tests.faults.helpers import daemons_of, instance, status, wait_for
 from tests.unit.control.helpers import EMULATOR, free_port
 from tests.unit.control.webhook_receiver import Receiver
 

@@ -21,7 +21,7 @@ MIB = 1024 * 1024
 BAD_BODIES = [
     b'{"toml": "' + b'\\"' * 24_000,  # the audit's: 48 KB, no closing quote
     b'{"toml": "' + b'\\"' * (2 * MIB - 8),  # the same, 4 MiB
-    b'{"toml": "' + b'\\' * (4 * MIB - 16),
+    b'{"toml": "' + b"\\" * (4 * MIB - 16),
     b'"' * (4 * MIB - 1),
     b"[" * (2 * MIB) + b"]" * (2 * MIB - 1),
 ]

@@ -6,6 +6,7 @@ start to its end, and the instance keeps serving."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -41,16 +42,12 @@ def disk_use(directory: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(directory):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
     return total
 
 
-def test_a_spamming_instance_stays_under_its_log_cap_and_its_log_reads_whole(
-    fault_home, tmp_path
-):
+def test_a_spamming_instance_stays_under_its_log_cap_and_its_log_reads_whole(fault_home, tmp_path):
     home = fault_home
     layout = tmp_path / "spam.toml"
     layout.write_text(
@@ -82,7 +79,9 @@ def test_a_spamming_instance_stays_under_its_log_cap_and_its_log_reads_whole(
     written = live.stat().st_size
     print(f"peak {peak / MIB:.1f} MiB on disk, {written / MIB:.0f} MiB written, {samples} samples")
     assert samples > 50
-    assert peak <= CAP + SLACK, f"logs held {peak / MIB:.0f} MiB on disk ({written / MIB:.0f} written)"
+    assert peak <= CAP + SLACK, (
+        f"logs held {peak / MIB:.0f} MiB on disk ({written / MIB:.0f} written)"
+    )
     assert disk_use(logs) <= CAP + SLACK
     now = instance(home, "a")
     assert now["state"] == "ready" and now["pid"] == first["pid"] and now["restarts"] == 0

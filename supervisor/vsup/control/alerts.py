@@ -284,7 +284,9 @@ class Alerts:
 
     def _start_lane(self, lane: _Lane) -> None:
         if lane.worker is None:
-            lane.worker = asyncio.create_task(self._deliver_loop(lane), name=f"alerts {lane.target}")
+            lane.worker = asyncio.create_task(
+                self._deliver_loop(lane), name=f"alerts {lane.target}"
+            )
 
     async def aclose(self) -> None:
         """Stop delivering (what is still queued or waiting for a retry is dropped); what was

@@ -113,7 +113,9 @@ class Daemon:
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
-        self.bench = BenchProgressBoard(self.clock)
+        self.bench = BenchProgressBoard(
+            self.clock, home=self.home, running_layout=lambda: self.layout_toml
+        )
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
@@ -516,7 +518,7 @@ class Daemon:
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
-            problems=tuple(self.problems),
+            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
         )
         snap = StatusSnapshot(

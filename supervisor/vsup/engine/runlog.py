@@ -52,6 +52,8 @@ PUNCH_MIN_BYTES = 1024 * 1024
 RESET_BYTES = 64 * 1024**3
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
+
+
 class RunLogs:
     """The run log files of one instance."""
 

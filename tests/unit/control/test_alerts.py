@@ -213,9 +213,13 @@ async def test_the_command_gets_no_secret_of_the_daemons_environment(tmp_path, m
     out = tmp_path / "env.json"
     script = f"import json, os; open({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))"
     secret = "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"
-    for name, value in (("HF_TOKEN", secret), ("VLLM_API_KEY", "k" * 24),
-                        ("VSUP_ALERT_WEBHOOK", "https://hooks.example/T0/B0/x"),
-                        ("AWS_SECRET_ACCESS_KEY", "y" * 40), ("LC_ALL", "C.UTF-8")):
+    for name, value in (
+        ("HF_TOKEN", secret),
+        ("VLLM_API_KEY", "k" * 24),
+        ("VSUP_ALERT_WEBHOOK", "https://hooks.example/T0/B0/x"),
+        ("AWS_SECRET_ACCESS_KEY", "y" * 40),
+        ("LC_ALL", "C.UTF-8"),
+    ):
         monkeypatch.setenv(name, value)  # fmt: skip
     alerts = Alerts(FakeClock(), "n", retry_delays_s=())
     alerts.configure(
@@ -246,7 +250,9 @@ async def test_a_hung_target_delays_only_itself(tmp_path, receiver) -> None:
     alerts.configure(AlertConfig(webhook_env="HOOK", command=(sys.executable, "-c", script)))
     await alerts.start()
     try:
-        alerts.observe([Advice("crash_loop", "critical", f"i{n}: failed", f"i{n}") for n in range(8)])
+        alerts.observe(
+            [Advice("crash_loop", "critical", f"i{n}: failed", f"i{n}") for n in range(8)]
+        )
         for _ in range(100):
             if len(receiver.texts) == 8:
                 break

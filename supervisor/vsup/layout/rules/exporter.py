@@ -29,9 +29,9 @@ def exporter_not_on_loopback(ctx: Context) -> list[Diagnostic]:
         where = f"{host}, an address other hosts may reach"
     message = (
         f"the Prometheus exporter on port {port} has no authentication and listens on {where}: "
-        f'anyone who reaches it reads the node\'s instances, models and GPUs; use "127.0.0.1:{port}" '
-        "and let a local agent forward it, or keep this address behind a firewall that only "
-        "admits your Prometheus"
+        "anyone who reaches it reads the node's instances, models and GPUs; use "
+        f'"127.0.0.1:{port}" and let a local agent forward it, or keep this address behind a '
+        "firewall that only admits your Prometheus"
     )
     w = Where(ctx.layout.file, ctx.layout.source_map, ("layout",), table="[layout]")
     return [w.diag(WARNING, message, "metrics_listen", ("metrics_listen",))]

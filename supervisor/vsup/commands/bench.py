@@ -228,7 +228,6 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
             print(f"vsup bench: layout {lay.path.name} does not validate: {e}", file=sys.stderr)
     if not any(not lay.errors for lay in layouts):
         raise CommandFailed("vsup bench: no layout is valid; nothing was changed", 2)
-    refuse_while_left_behind(home)
 
     probe = Client(home)
     daemon_was_running = probe.alive() is not None
@@ -242,6 +241,7 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
     with client:
         try:
             current = client.layout()
+            refuse_while_left_behind(home, current.get("toml"))
             before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
             serving = [n for n, state in before.items() if state in ("ready", "unhealthy")]
             original = Original(
@@ -316,9 +316,10 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
     return 0 if clean and restored else 1
 
 
-def refuse_while_left_behind(home: Path) -> None:
-    """Another bench's layout in place (it runs, or it died without restoring): refuse, saying
-    what to do, before anything changes: this bench would take it for the original."""
+def refuse_while_left_behind(home: Path, running: str | None) -> None:
+    """Another bench's layout in place (it runs, or it died without restoring; `running` is the
+    running layout's text): refuse, saying what to do, before anything changes: this bench
+    would take that layout for the original."""
     from vsup.control.cliutil import CommandFailed
     from vsup.lease import read_lease
 
@@ -332,11 +333,7 @@ def refuse_while_left_behind(home: Path) -> None:
             f"`kill -TERM {lease.pid}` (it restores the layout on its way out)",
             1,
         )
-    from vsup.control.client import Client
-
-    with Client(home) as client:
-        running = client.layout().get("toml") if client.alive() is not None else None
-    if running is not None and lease.holds(running):
+    if lease.holds(running):
         raise CommandFailed(
             f"vsup bench: a vsup {lease.owner} (pid {lease.pid}, gone) left its layout in place "
             f"of {lease.replaced_name() or 'nothing'} at {lease.started_at}; run "

@@ -34,6 +34,7 @@ def test_a_home_of_mode_755_keeps_its_mode_while_the_daemon_serves_it():
         # what must be private inside is private by itself
         assert stat.S_IMODE(os.stat(home / "vsup.sock").st_mode) == 0o600
         assert stat.S_IMODE(os.stat(home / "journal.jsonl").st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(home / "daemon.log").st_mode) == 0o600
     finally:
         cleanup(home)
         shutil.rmtree(home, ignore_errors=True)

@@ -5,7 +5,8 @@ back whatever ends it: `vsup bench` uses it, and `vsup tune` (built on the bench
 - SIGINT, SIGTERM and SIGHUP (an SSH session that drops) interrupt the command: they raise
   `Interrupted` (a KeyboardInterrupt) in the main thread, and the command restores the original
   layout on its way out. While the restore runs (`restoring`), a further signal only says to
-  wait. A SIGHUP the command was started with ignored (`nohup vsup bench ...`) stays ignored:
+  wait, and in a `deferred()` block (starting children) it waits for the block's end. A SIGHUP
+  the command was started with ignored (`nohup vsup bench ...`) stays ignored:
   the bench then survives its terminal and runs to its end.
 - Output never ends the command: after a hang-up the terminal refuses writes (EIO) and a pipe
   whose reader left refuses them too (EPIPE); stdout and stderr are wrapped so that such a
@@ -105,6 +106,8 @@ class LayoutGuard:
         self.restoring = False
         self.signum: int | None = None  # the signal that interrupted, if one did
         self.claimed = False
+        self._deferring = False
+        self._pending: int | None = None
         self._old: dict[int, Any] = {}
         self._streams: tuple[TextIO, TextIO] | None = None
         self._log: TextIO | None = None
@@ -143,7 +146,23 @@ class LayoutGuard:
             self.say("the original layout is being restored; wait for it")
             return
         self.signum = signum
+        if self._deferring:
+            self._pending = signum
+            return
         raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Signals during the block take effect at its end: a child being started (its Popen
+        half done) is recorded, so the restore can stop it, before the interrupt."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        pending, self._pending = self._pending, None
+        if pending is not None and not self.restoring:
+            raise Interrupted(pending)
 
     @contextlib.contextmanager
     def restore_phase(self) -> Iterator[None]:

@@ -10,6 +10,7 @@ original layout comes back in every case.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class BenchRunner:
                     self.say(f"[{k}/{len(layouts)}] {lay.name}: the daemon refused it: {exc}")
         except KeyboardInterrupt as exc:
             interrupted = True
+            self.restoring = True  # a second signal must not cut the clean-up short
             why = getattr(exc, "why", None) or "interrupted (Ctrl-C or SIGTERM)"
             if self.runs and self.runs[-1]["outcome"] == "running":
                 self.runs[-1]["outcome"] = "interrupted"
@@ -334,8 +336,9 @@ class BenchRunner:
         split = ", ".join(f"{r['name']} {r['prompts']}" for r in records)
         self.say(f"{tag}: starting {len(self._clients)} vLLM client(s) (prompts: {split})")
         self._phase("warming", requests_total=sum(c.total for c in self._clients), **where)
-        for c in self._clients:
-            c.start()
+        with self.guard.deferred() if self.guard is not None else contextlib.nullcontext():
+            for c in self._clients:
+                c.start()  # an interrupt waits: a client half started would be left running
         started = self._barrier(tag)
         for c in self._clients:
             if c not in started:

@@ -25,11 +25,14 @@ def test_a_signal_is_an_interrupt_that_names_it(tmp_path):
 
 def test_a_signal_while_children_start_waits_for_the_end_of_the_block(tmp_path):
     reached = False
-    with LayoutGuard(tmp_path) as guard, pytest.raises(Interrupted, match="SIGTERM"):
-        with guard.deferred():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)  # the handler runs here and raises nothing
-            reached = True
+    with (
+        LayoutGuard(tmp_path) as guard,
+        pytest.raises(Interrupted, match="SIGTERM"),
+        guard.deferred(),
+    ):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here and raises nothing
+        reached = True
     assert reached
 
 

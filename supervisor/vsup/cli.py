@@ -23,6 +23,7 @@ from vsup import __version__
 COMMAND_MODULES = (
     "vsup.commands.plan",
     "vsup.commands.validate",
+    "vsup.commands.pull",
     "vsup.commands.up",
     "vsup.commands.tui",
     "vsup.commands.status",

@@ -21,17 +21,18 @@ MAY_IMPORT: dict[str, set[str]] = {
     "layout": set(),
     "telemetry": {"layout.spec"},
     "engine": {"layout.spec", "telemetry", "router"},
-    "control": {"layout", "telemetry", "engine", "router"},
+    "control": {"layout", "telemetry", "engine", "router", "pull"},
     "tui": {"control.client", "layout"},
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
     "bench": {"layout", "control.client", "control.errors", "control.progress"},
+    "pull": {"layout"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
 # areas that must run without a terminal UI library loaded (the daemon imports them)
-NO_UI = {"layout", "telemetry", "engine", "control", "router"}
+NO_UI = {"layout", "telemetry", "engine", "control", "router", "pull"}
 UI_LIBRARIES = {"textual", "rich"}
 
 

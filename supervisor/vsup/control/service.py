@@ -55,7 +55,12 @@ class DaemonService:
         }
 
     async def apply(
-        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None,
+        dry_run: bool,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]:
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
@@ -66,9 +71,13 @@ class DaemonService:
         warnings = [d.to_json() for d in diags if not d.is_error]
         if errors:
             return _refused(errors, warnings)
+        # hub models: started from the cache where it holds them, else pulled first (pulls.py)
+        resolution = await asyncio.to_thread(self.daemon.pulls.resolve, specs, pull)
+        specs = list(resolution.specs)
         plan: dict[str, Any] = self.daemon.engine.diff(specs, rolling=not all_at_once).to_json()
         router = _router_of(layout_obj, specs)
         plan["router"] = self.daemon.engine.router.diff(router)  # additive: start|restart|...
+        plan["pull"] = [t.to_json() for t in resolution.pulls]  # additive: pulled first
         if dry_run:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.daemon.layout_toml, self.daemon.layout_path = toml, path
@@ -98,11 +107,21 @@ class DaemonService:
                 )
         else:
             await self.daemon.metrics.stop()
+        if resolution.pulls:
+            self._after_pulls(resolution, layout_obj, all_at_once)
+            return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+        self.daemon.pulls.supersede()
+        plan.update(await self._engage(layout_obj, specs, all_at_once))
+        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+
+    async def _engage(self, layout_obj: Any, specs: list, all_at_once: bool) -> dict[str, Any]:
+        """Apply resolved specs: the router, then the engine (returns once every start is under
+        way; stops of removed instances continue)."""
+        router = _router_of(layout_obj, specs)
         async with self.daemon.apply_lock:
             # The router first: its members follow as the instances become ready.
             router_action = await self.daemon.engine.router.apply(router)
-            # Returns once every start is under way (stops of removed instances continue).
-            plan = dict(
+            plan: dict[str, Any] = dict(
                 (
                     await self.daemon.engine.apply(
                         specs, rolling=not all_at_once, **_rollout_keys(layout_obj)
@@ -111,7 +130,24 @@ class DaemonService:
             )
             plan["router"] = router_action
         self.daemon.state_changed()
-        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+        return plan
+
+    def _after_pulls(self, resolution: Any, layout_obj: Any, all_at_once: bool) -> None:
+        """The apply waits for its pulls: instances new to the daemon show meanwhile as
+        `stopped` rows carrying their pull; the rest keeps running as it is."""
+        engine = self.daemon.engine
+        waiting = set(resolution.waiting)
+        for spec in resolution.specs:
+            if spec.name in waiting and spec.name not in engine.instances:
+                engine.restore(spec)
+        self.daemon.state_changed()
+
+        async def then(specs: list) -> None:
+            if self.daemon.shutting_down:
+                return
+            await self._engage(layout_obj, specs, all_at_once)
+
+        self.daemon.pulls.begin(resolution, then)
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

@@ -14,8 +14,10 @@ Endpoints, with the headers huggingface_hub 0.26-2.x reads (utils/_http.py, file
   `X-Error-Message: Invalid credentials in Authorization header` for an unknown token.
 
 On cue: `rate_bps` (bytes per second per transfer, for visible progress and interrupts
-mid-file), `cut(model, path, after)` (the next GET of that file breaks off after `after` bytes:
-a network cut mid-file), `fail_next(status)`. `requests` records every request (method, path,
+mid-file), `hold(model, path, after)` (the next GET of that file stops after `after` bytes
+until `release()`), `cut(model, path, after)` (the next GET of that file breaks off after `after` bytes:
+a network cut mid-file; `then_down=True`: and the hub stays unreachable - every connection is
+closed unanswered - until `up()`), `fail_next(status)`. `requests` records every request (method, path,
 Range, status, body bytes sent), so a test counts GETs per file.
 """
 
@@ -111,16 +113,42 @@ class FakeHub:
         self.requests: list[Request] = []
         self._cuts: dict[tuple[str, str], int] = {}
         self._fail: list[int] = []
+        self._down_after_cut: set[tuple[str, str]] = set()
+        self._holds: dict[tuple[str, str], tuple[int, threading.Event]] = {}
+        self._held: list[threading.Event] = []
+        self.down = False  # every connection closed unanswered (a network that is gone)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     # -- cues ------------------------------------------------------------------------------
 
-    def cut(self, model: str, path: str, after: int) -> None:
-        """Break the next GET of `path` off after `after` bytes of its body."""
+    def cut(self, model: str, path: str, after: int, then_down: bool = False) -> None:
+        """Break the next GET of `path` off after `after` bytes of its body (`then_down`: and
+        answer nothing more until `up()`)."""
         with self._lock:
             self._cuts[(model, path)] = after
+            if then_down:
+                self._down_after_cut.add((model, path))
+
+    def hold(self, model: str, path: str, after: int) -> threading.Event:
+        """Make the next GET of `path` wait after `after` bytes until the returned event is
+        set (`release()` sets every one): a pull held mid-file for as long as a test needs."""
+        gate = threading.Event()
+        with self._lock:
+            self._holds[(model, path)] = (after, gate)
+        return gate
+
+    def release(self) -> None:
+        with self._lock:
+            gates = [g for _, g in self._holds.values()] + self._held
+            self._holds.clear()
+        for g in gates:
+            g.set()
+
+    def up(self) -> None:
+        with self._lock:
+            self.down = False
 
     def fail_next(self, status: int, count: int = 1) -> None:
         with self._lock:
@@ -259,6 +287,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
+        if self.fake.down:
+            self._record(0)
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
         with self.fake._lock:
             forced = self.fake._fail.pop(0) if self.fake._fail else None
         if forced is not None:
@@ -379,6 +412,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.fake._lock:
             cut = self.fake._cuts.pop((repo.model, name), None)
+            hold = self.fake._holds.pop((repo.model, name), None)
+            if hold is not None:
+                self.fake._held.append(hold[1])
         sent = 0
         body = memoryview(data)[start:]
         began = time.monotonic()
@@ -387,12 +423,22 @@ class _Handler(BaseHTTPRequestHandler):
                 n = min(CHUNK, len(body) - sent)
                 if cut is not None and sent + n > cut:
                     n = max(0, cut - sent)
+                if hold is not None and sent + n > hold[0] and not hold[1].is_set():
+                    n = max(0, hold[0] - sent)
+                    if n == 0:
+                        self.wfile.flush()
+                        hold[1].wait(300)
+                        continue
                 if n:
                     self.wfile.write(body[sent : sent + n])
                     sent += n
                 if cut is not None and sent >= cut:
                     self.wfile.flush()
                     self._record(status, sent)
+                    with self.fake._lock:
+                        if (repo.model, name) in self.fake._down_after_cut:
+                            self.fake._down_after_cut.discard((repo.model, name))
+                            self.fake.down = True
                     self.close_connection = True
                     # a network cut: the connection ends before Content-Length bytes came
                     self.connection.shutdown(2)

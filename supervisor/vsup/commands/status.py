@@ -90,8 +90,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(bench_line(doc["bench"]))
     from vsup.pullview import pull_line, state_mark
 
-    # hub models pulled before their instances start (docs/pull.md)
-    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") != "done"]
+    # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
+    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") == "pulling"]
     header = (
         "NAME",
         "STATE",

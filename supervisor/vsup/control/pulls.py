@@ -84,6 +84,9 @@ class PullJob:
         end = self.ended_mono if self.ended_mono is not None else self.clock.monotonic()
         total = prog.get("bytes_total", plan.get("bytes_total"))
         done = prog.get("bytes_done")
+        if done is None and plan:
+            # chosen, nothing reported yet: what the cache held already
+            done = (plan.get("bytes_total") or 0) - (plan.get("bytes_to_fetch") or 0)
         if self.state == "done":
             done = total
         fetching = tuple(f["name"] for f in prog.get("files") or () if f["state"] == "fetching")

@@ -101,7 +101,9 @@ class Request:
     status: int
     sent: int = 0  # body bytes written
     token: str | None = None
+    agent: str | None = None  # User-Agent: huggingface_hub's, with the library that called it
     at: float = field(default_factory=time.monotonic)
+    wall: float = field(default_factory=time.time)
 
 
 class FakeHub:
@@ -242,7 +244,15 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         with self.fake._lock:
             self.fake.requests.append(
-                Request(self.command, path, self.headers.get("Range"), status, sent, self._token())
+                Request(
+                    self.command,
+                    path,
+                    self.headers.get("Range"),
+                    status,
+                    sent,
+                    self._token(),
+                    self.headers.get("User-Agent"),
+                )
             )
 
     def _error(self, status: int, code: str | None, message: str, head: bool) -> None:

@@ -16,7 +16,9 @@ name = "a"
 gpus = []
 port = 9000
 """
-    return [d.format() for d in validate(loads_layout(text, "/x/t.toml"), node_gpus=0) if d.is_error]
+    return [
+        d.format() for d in validate(loads_layout(text, "/x/t.toml"), node_gpus=0) if d.is_error
+    ]
 
 
 def test_the_keys_are_checked_with_what_to_change():

@@ -145,10 +145,12 @@ class Pulls:
         self,
         resolution: Resolution,
         then: Callable[[list[InstanceSpec]], Awaitable[None]],
-    ) -> None:
+    ) -> int:
         """Run the pulls `resolution` needs (a pull already under way for the same model is
         kept), then `await then(specs)` with every waiting instance started from its
-        snapshot - unless a pull failed or a newer `begin`/`supersede` came first."""
+        snapshot - unless a pull failed or a newer `begin`/`supersede` came first. Returns this
+        apply's generation: `then` checks `is_current(it)` once it holds the apply lock, as a
+        newer apply may have come in between."""
         wanted = {t.key: t for t in resolution.pulls}
         self._drop(lambda key: key not in wanted, "a newer apply does not need it")
         by_name = {s.name: s for s in resolution.specs}
@@ -162,6 +164,11 @@ class Pulls:
             self.spawn(self._run(job), f"pull {target.label}")
         self._generation += 1
         self.spawn(self._then(self._generation, resolution, then), "apply after the pulls")
+        return self._generation
+
+    def is_current(self, generation: int) -> bool:
+        """No apply came after the one `begin` numbered `generation`."""
+        return generation == self._generation
 
     def supersede(self, why: str = "a newer apply does not need it") -> None:
         """An apply that needs no pull: cancel what runs, forget what ended."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,20 @@ class DaemonService:
         plan.update(await self._engage(layout_obj, specs, all_at_once))
         return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
 
-    async def _engage(self, layout_obj: Any, specs: list, all_at_once: bool) -> dict[str, Any]:
+    async def _engage(
+        self,
+        layout_obj: Any,
+        specs: list,
+        all_at_once: bool,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
         """Apply resolved specs: the router, then the engine (returns once every start is under
-        way; stops of removed instances continue)."""
+        way; stops of removed instances continue). `still_wanted` False under the lock: a newer
+        apply came first, nothing is done."""
         router = _router_of(layout_obj, specs)
         async with self.daemon.apply_lock:
+            if still_wanted is not None and not still_wanted():
+                return {}
             # The router first: its members follow as the instances become ready.
             router_action = await self.daemon.engine.router.apply(router)
             plan: dict[str, Any] = dict(
@@ -142,12 +152,20 @@ class DaemonService:
                 engine.restore(spec)
         self.daemon.state_changed()
 
+        pulls = self.daemon.pulls
+        generation = 0
+
         async def then(specs: list) -> None:
             if self.daemon.shutting_down:
                 return
-            await self._engage(layout_obj, specs, all_at_once)
+            await self._engage(
+                layout_obj,
+                specs,
+                all_at_once,
+                lambda: pulls.is_current(generation) and not self.daemon.shutting_down,
+            )
 
-        self.daemon.pulls.begin(resolution, then)
+        generation = pulls.begin(resolution, then)
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

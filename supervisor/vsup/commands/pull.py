@@ -259,7 +259,13 @@ class PullDisplay:
             self._total = p.add_task(
                 f"total {self.label}", total=doc.get("bytes_total") or None, rate="", eta=""
             )
-        p.update(self._total, completed=doc.get("bytes_done") or 0, **_rate_eta(doc))
+        # the total is known once the hub's file list came (a daemon's pull reports it later)
+        p.update(
+            self._total,
+            total=doc.get("bytes_total") or None,
+            completed=doc.get("bytes_done") or 0,
+            **_rate_eta(doc),
+        )
         for f in doc.get("files") or ():
             name, state = f["name"], f["state"]
             if state == "fetching" and name not in self._tasks and name not in self._done:

@@ -8,8 +8,8 @@ the rest. `vsup up` pulls what is missing by itself, in the daemon (which outliv
 session); `vsup pull` is for getting a node ready ahead of time, or moving to the hub's latest
 commit of a branch.
 
-Exit status: 0 pulled; 1 a pull failed (the reason is printed); 2 bad input (an invalid layout,
-no hub model in it); 130 interrupted.
+Exit status (`exits.py`): 0 pulled; 1 a pull failed (the reason is printed); 2 bad input (an
+invalid layout, no hub model in it); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_INTERRUPTED = 130
+from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
         targets = _targets(args)
     except _BadInput as exc:
         print(f"vsup pull: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     results: list[dict[str, Any]] = []
-    code = 0
+    code = OK
     for target in targets:
         try:
             results.append(_pull_one(target, args))
@@ -75,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
             results.append({"model": target.model, "reason": exc.reason, "error": exc.message})
             if exc.reason == "cancelled":
                 print(f"vsup pull: {target.label}: {exc.message}", file=sys.stderr)
-                code = EXIT_INTERRUPTED
+                code = INTERRUPTED
                 break
             print(f"vsup pull: {target.label}: {exc.message}", file=sys.stderr)
-            code = 1
+            code = FAILED
     if args.json:
         print(json.dumps(results, indent=1))
     return code
@@ -113,20 +113,16 @@ def _targets(args: argparse.Namespace) -> list[Any]:
             "--revision, --cache-dir, --token-env and --load-format go with --model; a layout "
             "says them with its keys (revision, env HF_HOME, hf_token_env, args load-format)"
         )
-    from vsup.commands.up import validate_locally
-    from vsup.control.cliutil import print_diagnostics
-    from vsup.layout import LayoutError, load_layout
+    from vsup.commands.cliutil import print_diagnostics
+    from vsup.commands.up import compile_here
 
     path = Path(args.layout).expanduser().absolute()
-    errors, warnings = validate_locally(path)
-    if errors:
-        print_diagnostics(errors)
+    compiled, diagnostics = compile_here(path)
+    print_diagnostics([d for d in diagnostics if not d.is_error])
+    if compiled is None:
+        print_diagnostics([d for d in diagnostics if d.is_error])
         raise _BadInput(f"{path} is not valid; nothing was pulled")
-    try:
-        specs = load_layout(path).resolve()
-    except LayoutError as exc:
-        print_diagnostics([d for d in exc.diagnostics if d.is_error])
-        raise _BadInput(f"{path} is not valid; nothing was pulled") from None
+    specs = compiled.specs
     # the explicit command asks the hub even where HF_HUB_OFFLINE is set for the instances'
     # vLLM (their env): only the keys `pull = false` and local paths are left out
     hub_specs = [s for s in specs if wants_pull(s, {})]

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import client_for_cli, run_command
+    from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
@@ -45,7 +45,7 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
 def bench_line(b: dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     where = f" {b['index']}/{b['count']}" if b.get("index") and b.get("count") else ""
     what = b["phase"].replace("_", " ")
@@ -76,7 +76,7 @@ def _rank(r: dict[str, Any]) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     sup = doc.get("supervisor", {})
     insts = doc.get("instances", [])

@@ -1,10 +1,12 @@
 """`vsup up LAYOUT [--detach] [--wait] [--timeout S] [--yes] [--dry-run] [--all-at-once]
 [--no-pull]`.
 
-Validates first (exit 2 with every error), prints the plan (what starts, restarts - in rolling
-waves or at once - and stops), applies the layout through the daemon (starting one if needed),
-optionally waits until the rollout has ended and every instance is ready, then opens the
-dashboard unless `--detach`.
+Compiles the layout here first, on this node's GPUs as the telemetry probe finds them (exit 2
+with every error; nothing of the daemon is imported or started for a layout that does not
+validate), prints the plan (what starts, restarts - in rolling waves or at once - and stops,
+and per instance what changes, old -> new), applies the layout through the daemon (starting
+one if needed), optionally waits until the rollout has ended and every instance is ready,
+then opens the dashboard unless `--detach`.
 
 Hub models not complete in the node's cache are pulled first, by the daemon (docs/pull.md):
 the plan says so, the apply waits for the pulls (`--wait`, or a terminal without `--detach`,
@@ -17,8 +19,9 @@ asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) and changes nothing,
 `--yes`. This is what keeps a half-written or empty layout from silently stopping the
 instances it leaves out. `--dry-run` prints the plan and changes nothing.
 
-Exit status: 0 done; 1 an instance failed, the rollout failed or --wait timed out; 2 the
-layout is not valid; 3 not confirmed (no terminal and no --yes, or the answer was no).
+Exit status (`exits.py`): 0 done; 1 an instance failed, the rollout failed or --wait timed
+out; 2 the layout is not valid; 3 not confirmed (no terminal and no --yes, or the answer was
+no).
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, NOT_CONFIRMED, OK
+
 if TYPE_CHECKING:
     from vsup.control.client import Client
+    from vsup.layout.compiled import CompiledLayout
+    from vsup.layout.diagnostics import Diagnostic
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
-EXIT_NOT_CONFIRMED = 3
+EXIT_NOT_CONFIRMED = NOT_CONFIRMED
 # States in which an instance answers requests: stopping or restarting it interrupts service.
 SERVING = ("ready", "unhealthy")
 
@@ -86,30 +93,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import run_command
+    from vsup.commands.cliutil import run_command
 
     return run_command(_up, args)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, print_diagnostics
     from vsup.commands.lifecycle import wait_and_report
-    from vsup.control.cliutil import CommandFailed, client_for_cli, print_diagnostics
 
     path = Path(args.layout).expanduser().absolute()
-    from vsup.layout.files import UnreadableFile, read_text
-
-    try:
-        # The layout loader's reader: a regular UTF-8 file of at most 1 MiB (not /dev/zero).
-        toml = read_text(path)
-    except UnreadableFile as exc:
-        raise CommandFailed(f"vsup up: {exc}", 2) from None
-    errors, warnings = validate_locally(path)
+    compiled, diagnostics = compile_here(path)
+    warnings = [d for d in diagnostics if not d.is_error]
     print_diagnostics(warnings)
-    if errors:
-        print_diagnostics(errors)
-        raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", 2)
+    if compiled is None:
+        print_diagnostics([d for d in diagnostics if d.is_error])
+        raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", BAD_INPUT)
+    toml = compiled.text
 
     pull = not getattr(args, "no_pull", False)
     with client_for_cli() as client:
@@ -119,7 +119,9 @@ def _up(args: argparse.Namespace) -> int:
         if dry.get("errors"):
             # The daemon checks against this node (GPU count) and what runs now.
             print_diagnostics(dry["errors"])
-            raise CommandFailed(f"vsup up: {path} is not valid on this node; nothing changed", 2)
+            raise CommandFailed(
+                f"vsup up: {path} is not valid on this node; nothing changed", BAD_INPUT
+            )
         serving = serving_names(client.status())
         print_plan(dry["plan"], serving)
         if args.dry_run:
@@ -130,7 +132,7 @@ def _up(args: argparse.Namespace) -> int:
         answer = client.apply(toml, str(path), all_at_once=args.all_at_once, **_pull_kw(pull))
         if answer.get("errors"):
             print_diagnostics(answer["errors"])
-            raise CommandFailed("vsup up: the daemon refused the layout", 2)
+            raise CommandFailed("vsup up: the daemon refused the layout", BAD_INPUT)
         plan = answer["plan"]
         for w in answer.get("warnings", ()):
             if w not in dry.get("warnings", ()) and w not in warnings:
@@ -186,7 +188,7 @@ def follow_pulls(
             f"pulling {', '.join(labels)} in the daemon; the instances start when it is done "
             "(`vsup status` shows the progress)"
         )
-        return 0
+        return OK
     models = {p["model"] for p in pulls}
     displays: dict[str, PullDisplay] = {}
     deadline = clock() + args.timeout
@@ -201,7 +203,7 @@ def follow_pulls(
                 break
             if clock() >= deadline:
                 print(f"vsup up: the pull did not end within {args.timeout:.0f} s", file=sys.stderr)
-                return 1
+                return FAILED
             sleep(interval)
     except KeyboardInterrupt:
         print(
@@ -209,11 +211,11 @@ def follow_pulls(
             "when it is done (`vsup status`, the dashboard)",
             file=sys.stderr,
         )
-        return 130
+        return INTERRUPTED
     finally:
         for d in displays.values():
             d.stop()
-    code = 0
+    code = OK
     for p in mine:
         if p["state"] == "done":
             print(f"pulled {p['model']} ({p.get('snapshot')})")
@@ -225,7 +227,7 @@ def follow_pulls(
                 f"{', '.join(p.get('instances') or ())} not started (`vsup up` again retries it)",
                 file=sys.stderr,
             )
-            code = 1
+            code = FAILED
     return code
 
 
@@ -278,7 +280,7 @@ def interrupted(plan: dict[str, Any], serving: set[str]) -> list[str]:
 
 def confirm(names: list[str]) -> None:
     """Ask on a terminal; refuse without one. Returns only when the operator said yes."""
-    from vsup.control.cliutil import CommandFailed
+    from vsup.commands.cliutil import CommandFailed
 
     what = ", ".join(names)
     if not sys.stdin.isatty():
@@ -334,14 +336,14 @@ def follow_rollout(
         sleep(interval)
 
 
-def validate_locally(path: Path) -> tuple[list, list]:
-    """(errors, warnings) of the layout file, checked here before the daemon sees it."""
-    from vsup.control.daemon import layout_diagnostics
+def compile_here(path: Path) -> tuple[CompiledLayout | None, list[Diagnostic]]:
+    """The layout file compiled in this process, before the daemon sees it: read once (a
+    regular UTF-8 file of at most 1 MiB, not /dev/zero), checked against this node's GPUs
+    (the telemetry probe). No module of the daemon is imported."""
+    from vsup.layout.compiled import compile_file
+    from vsup.telemetry.gpu import node_facts
 
-    diags = layout_diagnostics(path)
-    errors = [d for d in diags if getattr(d, "is_error", False)]
-    warnings = [d for d in diags if not getattr(d, "is_error", False)]
-    return errors, warnings
+    return compile_file(path, node_facts())
 
 
 def print_plan(plan: dict, serving: set[str] | None = None) -> None:
@@ -378,6 +380,23 @@ def print_plan(plan: dict, serving: set[str] | None = None) -> None:
         print(f"unchanged: {', '.join(plan['unchanged'])}")
     if plan.get("router") not in (None, "unchanged"):
         print(f"router: {plan['router']}")
+    for line in change_lines(plan):
+        print(line)
+
+
+def change_lines(plan: dict[str, Any]) -> list[str]:
+    """`  a: args.max-model-len: 4096 -> 8192` for each key that changes, per instance that
+    restarts, updates or starts with a new spec (the daemon masks secrets)."""
+    from vsup.layout.changes import SpecChange
+
+    out: list[str] = []
+    for name, changes in (plan.get("changes") or {}).items():
+        if not out:
+            out.append("changes:")
+        for c in changes:
+            change = SpecChange(str(c.get("key")), c.get("old"), c.get("new"))
+            out.append(f"  {name}: {change.format()}")
+    return out
 
 
 def open_dashboard() -> int:

@@ -88,6 +88,10 @@ def render(doc: dict[str, Any]) -> str:
     ]
     if doc.get("bench"):
         lines.append(bench_line(doc["bench"]))
+    from vsup.pullview import pull_line, state_mark
+
+    # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
+    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") == "pulling"]
     header = (
         "NAME",
         "STATE",
@@ -112,6 +116,9 @@ def render(doc: dict[str, Any]) -> str:
         if i.get("stalled"):
             # a flag on a ready instance (its state stays ready: scripts switch on it)
             state += f" STALLED {fmt_duration(i.get('stalled_for_s'))}"
+        mark = state_mark(i.get("pull"))
+        if mark:
+            state += f" ({mark})"
         hbm = "-" if i.get("hbm_bytes") is None else f"{i['hbm_bytes'] / GiB:.1f}G"
         if i.get("hbm_bytes") is None and i.get("gpus"):
             hbm = "n/a"

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 ADVICE_KINDS = {
     "crash_loop": "crash_loop",
     "failed": "failed",
+    "pull_failed": "failed",  # instances a failed pull kept from starting
     "kv_exhausted": "preempting",
     "gpu_ecc": "gpu_health",
     "gpu_memory": "gpu_health",

@@ -146,11 +146,18 @@ class Client:
         return self._call("GET", "/v1/layout")
 
     def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
         if all_at_once:
             body["all_at_once"] = True  # restart serving instances together, not in waves
+        if not pull:
+            body["pull"] = False  # hub models not complete in the cache go to vLLM as written
         return self._call("POST", "/v1/apply", json=body)
 
     def action(

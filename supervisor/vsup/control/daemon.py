@@ -48,6 +48,7 @@ from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.pulls import Pulls
 from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import DaemonService
@@ -154,6 +155,8 @@ class Daemon:
             **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
         )
         self.service = DaemonService(self)
+        # hub models pulled before their instances start (control/pulls.py)
+        self.pulls = Pulls(self.home, self.clock, self.journal.append, self.spawn)
         self.stalls = StallActions(self.journal.append, self.engine)
         # a ready instance the latest snapshot flags `stalled` gets no request from the router
         self.engine.router.exclude = self._stalled
@@ -241,6 +244,7 @@ class Daemon:
             for t in (poller, writer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            await self.pulls.shutdown()
             # Write the state before the engine lets go of its processes: the next daemon
             # adopts from it.
             self._write_state()
@@ -342,6 +346,7 @@ class Daemon:
         """`vsup down` after its answer: stop every instance (unless told not to), then end
         the daemon."""
         try:
+            await self.pulls.shutdown("vsup down")
             if stop_instances:
                 async with self.apply_lock:
                     # the router first: it would send requests to instances on their way out
@@ -518,6 +523,7 @@ class Daemon:
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
                 **parallel_fields(inst, gpus),
+                "pull": self.pulls.for_instance(name),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone
@@ -543,6 +549,7 @@ class Daemon:
             instances=tuple(instances),
             advice=compute_advice(instances, gpus, inputs),
             router=self.engine.router.status_json(self.node.hostname),
+            pulls=self.pulls.statuses(),
         )
         self._snapshot = snap
         return snap

@@ -17,6 +17,7 @@ from vsup.control.benchprogress import BenchProgressBoard
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.monitor import Monitor
+from vsup.control.pulls import Pulls
 from vsup.control.state import StateFile
 from vsup.engine import Engine
 from vsup.layout.compiled import CompiledLayout
@@ -38,6 +39,7 @@ class DaemonHost(Protocol):
     alerts: Alerts
     metrics: MetricsListener  # the Prometheus listener of `[layout] metrics_listen`
     bench: BenchProgressBoard  # the latest report of a `vsup bench` in progress
+    pulls: Pulls  # hub models pulled before their instances start
     # the running layout, as applied (None before the first apply)
     layout_path: str | None
     layout_toml: str | None

@@ -20,6 +20,7 @@ from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.layout.listen import parse_listen
 from vsup.layout.secrets import SECRET_NAME
+from vsup.states import State
 
 
 class DaemonService:
@@ -216,7 +217,7 @@ class DaemonService:
         if self.daemon.shutting_down:
             return {"stopping": [], "already": True}
         self.daemon.shutting_down = True
-        names = [n for n, i in self.daemon.engine.instances.items() if i.state != "stopped"]
+        names = [n for n, i in self.daemon.engine.instances.items() if i.state != State.STOPPED]
         if not stop_instances:
             names = []
         self.daemon.journal.append("action", None, action="shutdown", stop_instances=stop_instances)

@@ -3,10 +3,12 @@ API and metrics, and the membership logic that keeps its worker set equal to vsu
 instances. No engine, control or UI code: the engine drives it (see docs/router.md)."""
 
 from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
-from vsup.router.membership import MembershipChange, RouterMembership
+from vsup.router.membership import EXCLUDED, ForeignWorker, MembershipChange, RouterMembership
 from vsup.router.spec import RouterSpec, router_spec
 
 __all__ = [
+    "EXCLUDED",
+    "ForeignWorker",
     "MembershipChange",
     "RouterClient",
     "RouterError",

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import StatusSnapshot
+from vsup.states import State
 from vsup.tui import fmt
 
 
@@ -25,7 +26,7 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
         router = snapshot.router
         if router:
             # the one endpoint clients should use
-            ok = router.get("state") == "ready"
+            ok = router.get("state") == State.READY
             text.append(
                 f"{'' if narrow else 'router '}{router.get('endpoint')}",
                 "bold" if ok else "bold red",

@@ -30,6 +30,7 @@ CUDA_CONTEXT_BYTES = 1 * GiB
 # above), and with TP > 1 the NCCL and custom all-reduce buffers on top.
 DEFAULT_ALLOWANCE_TP1 = int(1.5 * GiB)
 DEFAULT_ALLOWANCE_TP = int(2.5 * GiB)
+FOREIGN_WORKERS_SHOWN = 5  # foreign router workers a message names
 CRASH_LOOP_EXITS = 3  # failures within the window that make a crash loop
 CRASH_WINDOW_S = 600.0
 
@@ -283,8 +284,10 @@ def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:
         f"{w.url} (first at {w.first_seen}, removed "
         + ("once" if w.removals == 1 else f"{w.removals} times, last at {w.last_seen}")
         + ")"
-        for w in workers
+        for w in workers[:FOREIGN_WORKERS_SHOWN]
     )
+    if len(workers) > FOREIGN_WORKERS_SHOWN:
+        seen += f"; and {len(workers) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
     return [
         Advice(
             kind="router_foreign_worker",

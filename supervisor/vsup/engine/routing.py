@@ -13,6 +13,12 @@ worker answers) and `RouterMembership` adds the ready instances through its work
 instance state change wakes one reconcile task (debounced, serialised, retried while the
 router does not answer); before the engine stops, restarts or drains a member it calls `leave`,
 which removes it from the router first, so it gets no new request while its running ones end.
+
+Workers vsup did not add: vllm-router's worker API has no authentication, so anyone who reaches
+its port can add a server of their own. While the router serves, a watch reads its worker list
+every WATCH_S and removes any worker that is no member at once; each removal is counted
+(`foreign`), journaled (`router_foreign_worker`, rate-limited) and kept for the advice and the
+status for FOREIGN_RECENT_S (docs/router.md, "Workers vsup did not add").
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ WATCH_TIMEOUT_S = 2.0
 FOREIGN_RECENT_S = 600.0
 # ... and while it keeps coming back, its event is journaled at most this often.
 FOREIGN_EVENT_S = 60.0
+FOREIGN_MAX = 64  # foreign URLs remembered at once (someone may add many)
 
 
 @dataclass(frozen=True)
@@ -540,6 +547,11 @@ class RouterSupervisor:
             return
         now_m = self.e.clock.monotonic()
         at = iso_utc(self.e.clock.wall())
+        for url in [
+            u for u, f in self.foreign.items() if now_m - f.last_seen_mono > FOREIGN_RECENT_S
+        ]:
+            del self.foreign[url]
+            self._foreign_told.pop(url, None)
         for url in urls:
             old = self.foreign.get(url)
             if old is None or now_m - old.last_seen_mono > FOREIGN_RECENT_S:
@@ -553,7 +565,12 @@ class RouterSupervisor:
                 router_host=self.spec.host,
                 router_port=self.spec.port,
             )
+            self.foreign.pop(url, None)  # the latest last: the oldest go first below
             self.foreign[url] = rec
+            while len(self.foreign) > FOREIGN_MAX:
+                oldest = next(iter(self.foreign))
+                del self.foreign[oldest]
+                self._foreign_told.pop(oldest, None)
             told = self._foreign_told.get(url)
             if old is None or told is None or now_m - told >= FOREIGN_EVENT_S:
                 self._foreign_told[url] = now_m

@@ -4,7 +4,8 @@ It is the only code that spawns or signals an instance's processes, so their ord
 wait for a turn on the devices, spawn, poll /health until ready (then give the turn back),
 watch, and when the process exits or must end: classify the exit, let the lifecycle decide,
 sweep the tree, wait for the GPU memory, then restart, back off or finish. A person's requests
-(Engine.start/stop/restart) only set the instance's wishes and wake the runner.
+(Engine.start/stop/restart) only set the instance's intent (intent.py) and wake the runner,
+which takes a pending restart when it begins the next start.
 
 Exit detection is immediate: the pidfd callback resolves `process.exited`, which wakes the
 runner; the state changes before anything else is awaited. How long SIGKILL -> `exit` event

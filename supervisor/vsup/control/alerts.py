@@ -52,9 +52,7 @@ ADVICE_KINDS = {
     "stalled": "stalled",
     "router_foreign_worker": "router_foreign_worker",
 }
-# An alert's `state`: it began (or rose), or it has been clear for resolve_after_s.
-FIRING = "firing"
-RESOLVED = "resolved"
+RESOLVED = "resolved"  # an alert's `state` once its advice has been clear for resolve_after_s
 RETRY_DELAYS_S = (10.0, 60.0, 300.0)
 QUEUE_MAX = 256  # alerts waiting for delivery; beyond it the oldest are dropped (and logged)
 COMMAND_TIMEOUT_S = 30.0
@@ -181,20 +179,22 @@ class Alerts:
             if due or escalated:
                 inc.sent_severity = a.severity
                 self._last_sent[key] = now
-                self._send(FIRING, alert_kind, a)
+                self._send("firing", alert_kind, a)
         for key, inc in list(self._incidents.items()):
             if key in seen or now - inc.last_seen < cfg.resolve_after_s:
                 continue
             del self._incidents[key]
             if inc.sent_severity is not None and cfg.resolved:
-                self._send(RESOLVED, inc.alert_kind, inc.advice)
+                self._send("resolved", inc.alert_kind, inc.advice)
 
     def notify(self, alert_kind: str, message: str, severity: str = "warning") -> None:
         """A one-off alert (e.g. `daemon_restarted`): sent when its kind is chosen."""
         cfg = self.config
         if cfg is None or alert_kind not in cfg.kinds:
             return
-        self._send(FIRING, alert_kind, Advice(kind=alert_kind, severity=severity, message=message))
+        self._send(
+            "firing", alert_kind, Advice(kind=alert_kind, severity=severity, message=message)
+        )
 
     def _send(self, state: str, alert_kind: str, advice: Advice) -> None:
         head = "RESOLVED" if state == RESOLVED else advice.severity.upper()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from vsup.states import ExitReason, State
+from vsup.states import ExitReason, PullState, State
 
 SCHEMA = 1
 
@@ -78,6 +78,44 @@ class RankStatus:
     hbm_bytes: int | None  # its process and its workers, summed over every GPU; None: unknown
 
 
+# What a hub model's pull is doing (status JSON `pulls[].state`; docs/pull.md).
+PULL_STATES = tuple(s.value for s in PullState)
+
+
+@dataclass(frozen=True)
+class PullStatus:
+    """A hub model being pulled into the node's cache before its instances start.
+
+    `instances`: the instances that start from it once it is done; `current`: files in
+    flight; `reason` and `message` say why a pull failed (vsup.pull.errors.REASONS)."""
+
+    model: str
+    revision: str
+    state: str  # PULL_STATES
+    instances: tuple[str, ...] = ()
+    commit: str | None = None
+    cache_dir: str | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    fetched_bytes: int | None = None  # over the network by this pull
+    files_done: int | None = None
+    files_total: int | None = None
+    rate_bps: float | None = None
+    eta_s: float | None = None
+    current: tuple[str, ...] = ()
+    elapsed_s: float | None = None
+    started_at: str | None = None  # ISO 8601 UTC
+    reason: str | None = None
+    message: str | None = None
+    snapshot: str | None = None  # the local snapshot, once done
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.bytes_total:
+            return None
+        return min(1.0, (self.bytes_done or 0) / self.bytes_total)
+
+
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
@@ -132,6 +170,9 @@ class InstanceStatus:
     stalled: bool | None = None
     stalled_since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
     stalled_for_s: float | None = None  # seconds since then
+    # The pull this instance waits for before its start (`state` stays what the engine says:
+    # `stopped` for a new instance), or the pull that failed and kept it from starting.
+    pull: PullStatus | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -296,6 +337,7 @@ class StatusSnapshot:
     # the layout's vllm-router (engine/routing.py `status_json`), None without `[router]`
     router: dict[str, Any] | None = None
     bench: BenchProgress | None = None  # a `vsup bench` replaces the layout while it runs
+    pulls: tuple[PullStatus, ...] = ()  # the latest apply's pulls (docs/pull.md)
 
     @property
     def ready_count(self) -> int:
@@ -340,12 +382,14 @@ class StatusSnapshot:
                         _build(RankStatus, r, gpus=tuple(r.get("gpus") or ()))
                         for r in i.get("ranks") or ()
                     ),
+                    pull=_pull(i.get("pull")),
                 )
                 for i in doc.get("instances", ())
             ),
             advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
             router=doc.get("router"),
             bench=_build(BenchProgress, doc["bench"]) if doc.get("bench") else None,
+            pulls=tuple(p for p in (_pull(d) for d in doc.get("pulls") or ()) if p is not None),
         )
 
 
@@ -354,6 +398,17 @@ def _build(cls: type, data: dict[str, Any], **override: Any) -> Any:
     kwargs = {k: v for k, v in data.items() if k in names}
     kwargs.update(override)
     return cls(**kwargs)
+
+
+def _pull(doc: dict[str, Any] | None) -> PullStatus | None:
+    if not doc:
+        return None
+    return _build(
+        PullStatus,
+        doc,
+        instances=tuple(doc.get("instances") or ()),
+        current=tuple(doc.get("current") or ()),
+    )
 
 
 def _health(doc: dict[str, Any] | None) -> GpuHealth | None:

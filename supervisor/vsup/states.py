@@ -65,3 +65,30 @@ class RolloutState(StrEnum):
     FAILED = "failed"  # a wave ended with an instance not ready; later waves were not started
     SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
     CANCELLED = "cancelled"  # the engine shut down
+
+
+class PullState(StrEnum):
+    """Where a hub model's pull is (status JSON `pulls[].state`; docs/pull.md)."""
+
+    PULLING = "pulling"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class FileState(StrEnum):
+    """Where one file of a pull is (vsup.pull.progress)."""
+
+    WAITING = "waiting"
+    FETCHING = "fetching"
+    DONE = "done"
+    CACHED = "cached"
+    FAILED = "failed"
+
+
+class NodeOutcome(StrEnum):
+    """Where a node stands after a fleet rollout (vsup.fleet.rollout)."""
+
+    APPLIED = "applied"
+    FAILED = "failed"
+    UNTOUCHED = "untouched"

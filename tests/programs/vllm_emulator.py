@@ -36,6 +36,14 @@ Behaviours on cue:
                                    vLLM did: /health 200 while it SIGTERMs the other ranks for
                                    --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
                                    after --dead-exit-after (4.6) more seconds
+  --load-model                     find the model's files before listening, as vLLM does: a
+                                   directory must hold config.json and weights (else exit 1 with
+                                   vLLM's line); a hub id is fetched with huggingface_hub
+                                   (snapshot_download of vLLM's files under a per-model file
+                                   lock, like vLLM 0.32's download_weights_from_hf), from the
+                                   cache alone when HF_HUB_OFFLINE is set. Prints `emulator
+                                   loaded model=... files=N bytes=B offline=0|1`
+  --served-model-name NAME         the id /v1/models answers (default: --model)
   --metrics-file F                 serve F's payload instead of the recorded one
   --mode-file F                    the load it shows, read from F's first word at each scrape
                                    (a missing file is `serve`): `serve` (moving figures),
@@ -231,6 +239,49 @@ class Server:
         return "404 Not Found", "application/json", b'{"detail":"Not Found"}'
 
 
+def _load_model(model: str, revision: str | None) -> int:
+    """`--load-model`: 0 when the model's files are there (fetched if need be), else 1."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    path = Path(model)
+    if not path.is_dir():
+        if model.startswith(("/", "./", "../", "~")):
+            print(f"ValueError: Invalid repository ID or local directory: {model}", flush=True)
+            return 1
+        import tempfile
+
+        from filelock import FileLock
+        from huggingface_hub import snapshot_download
+
+        # vLLM 0.32: a lock per model in the temp dir, then snapshot_download of its files
+        lock = Path(tempfile.gettempdir()) / f"vsup-emulator-{model.replace('/', '-')}.lock"
+        patterns = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.jinja", "*.model"]
+        try:
+            with FileLock(str(lock)):
+                path = Path(
+                    snapshot_download(
+                        model,
+                        revision=revision,
+                        allow_patterns=patterns,
+                        ignore_patterns=["original/**/*"],
+                        local_files_only=offline,
+                    )
+                )
+        except Exception as exc:
+            print(f"OSError: {model}: {type(exc).__name__}: {exc}", flush=True)
+            return 1
+    files = [p for p in path.rglob("*") if p.is_file()]
+    weights = [p for p in files if p.suffix in (".safetensors", ".bin", ".pt")]
+    if not (path / "config.json").is_file() or not weights:
+        print(f"RuntimeError: Cannot find any model weights with `{model}`", flush=True)
+        return 1
+    size = sum(p.stat().st_size for p in files)
+    print(
+        f"emulator loaded model={path} files={len(files)} bytes={size} offline={int(offline)}",
+        flush=True,
+    )
+    return 0
+
+
 def _hold_hbm(gib: float) -> object | None:
     if gib <= 0:
         return None
@@ -341,7 +392,7 @@ async def _serve(
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None
-        srv = Server(payload, args.model, health)
+        srv = Server(payload, args.served_model_name or args.model, health)
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
         f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
@@ -368,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dead-exit-after", type=float)
     p.add_argument("--hbm-gib", type=float, default=0.0)
     p.add_argument("--child-hbm-gib", type=float, default=0.0)
+    p.add_argument("--load-model", action="store_true")
+    p.add_argument("--revision")
+    p.add_argument("--served-model-name")
     p.add_argument("--metrics-file", default=str(DEFAULT_PAYLOAD))
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
@@ -389,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in args.say:
         print(line, flush=True)
+    if args.load_model and _load_model(args.model, args.revision) != 0:
+        return 1
     if args.exit_after is not None:
         # A timer thread, so it fires whatever the main thread is doing (allocating, sleeping).
         timer = threading.Timer(args.exit_after, os._exit, (args.exit_code,))

@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import check_name
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         if not args.names and not args.all:
@@ -89,7 +89,7 @@ def progress_note(args: argparse.Namespace) -> None:
 
 def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
-    from vsup.control.progress import Progress, wait_ready
+    from vsup.commands.progress import Progress, wait_ready
 
     ok, doc = wait_ready(client, names, timeout, Progress())
     by_name = {i["name"]: i for i in doc.get("instances", ())}

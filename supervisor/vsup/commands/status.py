@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from vsup.states import State
+from vsup.states import PullState, State
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import client_for_cli, run_command
+    from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
@@ -47,7 +47,7 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
 def bench_line(b: dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     where = f" {b['index']}/{b['count']}" if b.get("index") and b.get("count") else ""
     what = b["phase"].replace("_", " ")
@@ -78,7 +78,7 @@ def _rank(r: dict[str, Any]) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     sup = doc.get("supervisor", {})
     insts = doc.get("instances", [])
@@ -90,6 +90,10 @@ def render(doc: dict[str, Any]) -> str:
     ]
     if doc.get("bench"):
         lines.append(bench_line(doc["bench"]))
+    from vsup.pullview import pull_line, state_mark
+
+    # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
+    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") == PullState.PULLING]
     header = (
         "NAME",
         "STATE",
@@ -114,6 +118,9 @@ def render(doc: dict[str, Any]) -> str:
         if i.get("stalled"):
             # a flag on a ready instance (its state stays ready: scripts switch on it)
             state += f" STALLED {fmt_duration(i.get('stalled_for_s'))}"
+        mark = state_mark(i.get("pull"))
+        if mark:
+            state += f" ({mark})"
         hbm = "-" if i.get("hbm_bytes") is None else f"{i['hbm_bytes'] / GiB:.1f}G"
         if i.get("hbm_bytes") is None and i.get("gpus"):
             hbm = "n/a"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from vsup.router import ForeignWorker
 from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
-from vsup.states import State
+from vsup.states import PullState, State
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -57,12 +57,38 @@ def compute_advice(
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
         out += stalled(inst)
+    out += pull_failed(instances)
     for gpu in gpus:
         out += foreign_processes(gpu)
         out += gpu_health(gpu, instances)
     out += router_foreign_workers(inputs.foreign_workers)
     order = {"critical": 0, "warning": 1, "info": 2}
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
+
+
+def pull_failed(instances: Iterable[InstanceStatus]) -> list[Advice]:
+    """A hub model's pull failed (control/pulls.py): its instances did not start. One piece
+    of advice per pull, naming them (eight replicas of one model are one problem)."""
+    out: list[Advice] = []
+    seen: set[tuple[str, str]] = set()
+    for inst in instances:
+        p = inst.pull
+        if p is None or p.state != PullState.FAILED or (p.model, p.revision) in seen:
+            continue
+        seen.add((p.model, p.revision))
+        names = ", ".join(p.instances) or inst.name
+        out.append(
+            Advice(
+                kind="pull_failed",
+                severity="critical",
+                message=(
+                    f"{names}: not started: the pull of {p.model} failed ({p.reason}): "
+                    f"{p.message}; fix that, then `vsup up` again (it retries the pull)"
+                ),
+                instance=inst.name if len(p.instances) <= 1 else None,
+            )
+        )
+    return out
 
 
 def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Advice]:

@@ -54,7 +54,12 @@ class ControlService(Protocol):
     def layout(self) -> dict[str, Any]: ...
 
     async def apply(
-        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None,
+        dry_run: bool,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]: ...
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
@@ -90,16 +95,24 @@ def build_app(service: ControlService) -> Starlette:
         body = await _body(
             request,
             required={"toml": str},
-            optional={"path": (str, type(None)), "dry_run": bool, "all_at_once": bool},
+            optional={
+                "path": (str, type(None)),
+                "dry_run": bool,
+                "all_at_once": bool,
+                "pull": bool,
+            },
         )
         path = body.get("path")
         if path is not None and not os.path.isabs(path):
             raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
         dry_run = body.get("dry_run", False)
+        # only keys that are not their default reach the service (its older callers)
+        extra: dict[str, bool] = {}
         if body.get("all_at_once", False):
-            answer = await service.apply(body["toml"], path, dry_run, all_at_once=True)
-        else:
-            answer = await service.apply(body["toml"], path, dry_run)
+            extra["all_at_once"] = True
+        if not body.get("pull", True):
+            extra["pull"] = False  # `vsup up --no-pull`: start from the cache or let vLLM fetch
+        answer = await service.apply(body["toml"], path, dry_run, **extra)
         return JSONResponse(answer)
 
     async def actions(request: Request) -> JSONResponse:

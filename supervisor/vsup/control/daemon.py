@@ -48,11 +48,10 @@ from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.pulls import Pulls
 from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import DaemonService
-from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
-from vsup.control.service import parse_layout as parse_layout
 from vsup.control.stalls import StallActions
 from vsup.control.state import (
     DaemonState,
@@ -61,6 +60,9 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import Engine, EngineSettings
+from vsup.layout.compiled import CompiledLayout
+from vsup.layout.listen import format_listen
+from vsup.layout.node import NodeFacts
 from vsup.snapshot import (
     Advice,
     NodeInfo,
@@ -69,6 +71,7 @@ from vsup.snapshot import (
     empty_instance,
 )
 from vsup.states import SERVING, ExitReason, State
+from vsup.telemetry.gpu import node_facts
 
 log = logging.getLogger("vsup.daemon")
 
@@ -118,12 +121,16 @@ class Daemon:
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
-        self.metrics_listen: str | None = None
+        # the running layout compiled (None before the first apply, or when the one restored
+        # from the state file no longer compiles: then layout_toml still says what it was)
+        self.layout: CompiledLayout | None = None
+        self.metrics_listen: tuple[str, int] | None = None
         self.problems: list[Advice] = []
         self.state_write_error: str | None = None
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
+        self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
         self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
         self._snapshot: StatusSnapshot | None = None
@@ -146,6 +153,8 @@ class Daemon:
             gpu_memory=self.monitor.gpu_memory,
         )
         self.service = DaemonService(self)
+        # hub models pulled before their instances start (control/pulls.py)
+        self.pulls = Pulls(self.home, self.clock, self.journal.append, self.spawn)
         self.stalls = StallActions(self.journal.append, self.engine)
         # a ready instance the latest snapshot flags `stalled` gets no request from the router
         self.engine.router.exclude = self._stalled
@@ -210,6 +219,8 @@ class Daemon:
             gpu_count=self.monitor.gpu_count,
             cpu_count=self.node.cpu_count,
         )
+        if self.monitor.gpu_count:
+            self.node_facts = await asyncio.to_thread(node_facts, self.monitor.probe)
         await restore(self)
         await self.alerts.start()
         self._api = ServedApp(build_app(self.service), sock, name="control API")
@@ -231,6 +242,7 @@ class Daemon:
             for t in (poller, writer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            await self.pulls.shutdown()
             # Write the state before the engine lets go of its processes: the next daemon
             # adopts from it.
             self._write_state()
@@ -322,7 +334,8 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self.report_problem(
                 "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
+                f"cannot serve Prometheus metrics on {format_listen(self.metrics_listen)} ({exc}); "
+                "change "
                 "[layout] metrics_listen and run `vsup up` again",
             )
             return False
@@ -331,6 +344,7 @@ class Daemon:
         """`vsup down` after its answer: stop every instance (unless told not to), then end
         the daemon."""
         try:
+            await self.pulls.shutdown("vsup down")
             if stop_instances:
                 async with self.apply_lock:
                     # the router first: it would send requests to instances on their way out
@@ -507,6 +521,7 @@ class Daemon:
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
                 **parallel_fields(inst, gpus),
+                "pull": self.pulls.for_instance(name),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone
@@ -533,6 +548,7 @@ class Daemon:
             instances=tuple(instances),
             advice=compute_advice(instances, gpus, inputs),
             router=self.engine.router.status_json(self.node.hostname),
+            pulls=self.pulls.statuses(),
         )
         self._snapshot = snap
         return snap

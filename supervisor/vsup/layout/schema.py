@@ -129,6 +129,21 @@ def _api_key_env(v: Any) -> str | None:
     )
 
 
+def _hf_token_env(v: Any) -> str | None:
+    if ENV_NAME_RE.match(v):
+        return None
+    return (
+        f"{v!r} is not an environment variable name: hf_token_env names the daemon's variable "
+        'that holds a Hugging Face token (e.g. "HF_TOKEN"), never the token itself'
+    )
+
+
+def _revision(v: Any) -> str | None:
+    if v.strip() and not any(c.isspace() for c in v):
+        return None
+    return 'must name a branch, tag or commit of the hub model, e.g. revision = "main"'
+
+
 def _metrics_listen(v: Any) -> str | None:
     try:
         parse_listen(v)
@@ -268,6 +283,14 @@ COMMON_KEYS: dict[str, Key] = {
             "fraction of each GPU's memory the instance may take",
             _utilization,
         ),
+        Key("revision", "str", "the hub model's branch, tag or commit to load", _revision),
+        Key(
+            "hf_token_env",
+            "str",
+            "the daemon's variable holding a Hugging Face token (gated/private models)",
+            _hf_token_env,
+        ),
+        Key("pull", "bool", "pull the hub model before the start (default true; docs/pull.md)"),
     )
 }
 

@@ -24,8 +24,9 @@ ENV_FIX = (
     'for the API key set api_key_env = "VAR" and export VAR there'
 )
 HF_TOKEN_FIX = (
-    "remove it and export HF_TOKEN where the supervisor runs (instances inherit its "
-    "environment), or write hf-token = true to use the token `huggingface-cli login` saved"
+    'remove it and set hf_token_env = "VAR" (the pull sends $VAR; docs/pull.md), or export '
+    "HF_TOKEN where the supervisor runs (instances inherit its environment), or write "
+    "hf-token = true to use the token `huggingface-cli login` saved"
 )
 VALUE_FIX = (
     "remove it; pass a token through the supervisor's environment (instances inherit it) and "

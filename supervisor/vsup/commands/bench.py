@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
 from vsup.commands.up import EXIT_NOT_CONFIRMED
+from vsup.states import IDLE, SERVING
 
 
 def _rate(text: str) -> float:
@@ -208,7 +209,7 @@ def _bench(args: argparse.Namespace) -> int:
     with client_for_cli() as client:
         current = client.layout()
         before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
-        serving = [n for n, state in before.items() if state in ("ready", "unhealthy")]
+        serving = [n for n, state in before.items() if state in SERVING]
         original = Original(
             toml=current.get("toml"),
             path=current.get("path"),
@@ -216,7 +217,7 @@ def _bench(args: argparse.Namespace) -> int:
             serving=serving,
             daemon_was_running=daemon_was_running,
             # a layout loaded with its instances down (after `vsup down`, say) comes back down
-            idle=[n for n, state in before.items() if state in ("stopped", "failed")],
+            idle=[n for n, state in before.items() if state in IDLE],
         )
         announce(layouts, original, args.keep)
         if serving and not args.yes:

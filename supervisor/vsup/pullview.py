@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vsup.states import PullState
+
 
 def human_bytes(n: float | None) -> str:
     """`1.5 GiB`, `312 MiB`, `12.0 KiB`, `512 B` (None: `?`)."""
@@ -58,11 +60,11 @@ def pull_line(p: Any) -> str:
     who = ", ".join(_get(p, "instances") or ())
     head = f"{label(p)}" + (f" for {who}" if who else "")
     state = _get(p, "state")
-    if state == "failed":
+    if state == PullState.FAILED:
         return f"PULL FAILED {head} ({_get(p, 'reason')}): {_get(p, 'message')}"
-    if state == "cancelled":
+    if state == PullState.CANCELLED:
         return f"PULL CANCELLED {head}: {_get(p, 'message')}"
-    if state == "done":
+    if state == PullState.DONE:
         return f"PULLED {head}: {human_bytes(_get(p, 'bytes_total'))} in {_get(p, 'snapshot')}"
     total = _get(p, "bytes_total")
     if not total:
@@ -86,9 +88,9 @@ def state_mark(p: Any) -> str | None:
     if p is None:
         return None
     state = _get(p, "state")
-    if state == "pulling":
+    if state == PullState.PULLING:
         pct = percent(p)
         return f"pulling {pct}" if pct else "pulling"
-    if state == "failed":
+    if state == PullState.FAILED:
         return "pull failed"
     return None

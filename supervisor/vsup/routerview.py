@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vsup.states import State
+
 
 def _rate(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}"
@@ -17,7 +19,7 @@ def worker_marks(router: dict[str, Any]) -> str:
     for w in router.get("workers") or ():
         if w.get("in_router") is False or (w.get("in_router") is None and not w.get("wanted")):
             state = w.get("state")
-            why = state if state and state != "ready" else "out"
+            why = state if state and state != State.READY else "out"
             parts.append(f"{w['name']} {why}")
         elif w.get("share") is not None:
             parts.append(f"{w['name']} {w['share']:.0%}")
@@ -37,6 +39,6 @@ def router_line(router: dict[str, Any] | None) -> str | None:
     )
     if router.get("error"):
         line += f" · {router['error'][:120]}"
-    if state == "failed" and router.get("failed_why"):
+    if state == State.FAILED and router.get("failed_why"):
         line += f" · {router['failed_why'][:160]}"
     return line

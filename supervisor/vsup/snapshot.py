@@ -10,25 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from vsup.states import ExitReason, PullState, State
+
 SCHEMA = 1
 
-STATES = ("stopped", "starting", "ready", "unhealthy", "backoff", "stopping", "failed")
-
-EXIT_REASONS = (
-    "oom",
-    "kv_cache_too_small",
-    "port_in_use",
-    "bad_args",
-    "model_not_found",
-    "engine_dead",
-    "killed",
-    "startup_timeout",
-    "unhealthy",
-    "stopped",
-    "unknown",
-    "gpu_memory_insufficient",
-    "stalled",
-)
+# The wire's names, in the enums' order (vsup.states is their one source).
+STATES = tuple(s.value for s in State)
+EXIT_REASONS = tuple(r.value for r in ExitReason)
 
 # Where a per-instance HBM figure came from.
 HBM_SOURCES = ("process", "device", "unavailable")
@@ -91,7 +79,7 @@ class RankStatus:
 
 
 # What a hub model's pull is doing (status JSON `pulls[].state`; docs/pull.md).
-PULL_STATES = ("pulling", "done", "failed", "cancelled")
+PULL_STATES = tuple(s.value for s in PullState)
 
 
 @dataclass(frozen=True)
@@ -188,7 +176,7 @@ class InstanceStatus:
 
     @property
     def is_ready(self) -> bool:
-        return self.state == "ready"
+        return self.state == State.READY
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `-
 `--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
 `GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
 running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
-families as vLLM does), `GET /version`, `GET /v1/models`; and logs vLLM's start-up lines
+families as vLLM does), `GET /version`, `GET /v1/models`, `POST /v1/completions` (one token,
+"ok", whatever was asked: a router in front has something to route); and logs vLLM's start-up lines
 (attention backend, "Starting vLLM server on ...", "Application startup complete.").
 
 Behaviours on cue:
@@ -229,6 +230,14 @@ class Server:
             return "200 OK", "application/json", b'{"version":"0.32.0-emulator"}'
         if path == "/v1/models":
             body = '{"object":"list","data":[{"id":"%s","object":"model","max_model_len":512}]}'
+            return "200 OK", "application/json", (body % self.model).encode()
+        if path == "/v1/completions":
+            # one token, whatever was asked: something for a router in front to route
+            body = (
+                '{"id":"cmpl-emulator","object":"text_completion","model":"%s","choices":'
+                '[{"index":0,"text":"ok","finish_reason":"length"}],'
+                '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+            )
             return "200 OK", "application/json", (body % self.model).encode()
         return "404 Not Found", "application/json", b'{"detail":"Not Found"}'
 

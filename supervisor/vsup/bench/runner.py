@@ -35,6 +35,7 @@ from vsup.bench.workload import Workload
 from vsup.commands.progress import Progress, fmt_duration, wait_ready
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.layout.spec import InstanceSpec
+from vsup.states import RolloutState, State
 
 # How long the clients may take to import vLLM and parse their flags before the barrier.
 CLIENT_START_TIMEOUT_S = 300.0
@@ -233,7 +234,7 @@ class BenchRunner:
             run["outcome"] = "not_ready"
             for name in names:
                 inst = by_name.get(name) or {}
-                if inst.get("state") != "ready":
+                if inst.get("state") != State.READY:
                     le = inst.get("last_exit") or {}
                     why = f" (last exit: {le['reason']})" if le.get("reason") else ""
                     run["problems"].append(
@@ -256,8 +257,12 @@ class BenchRunner:
             )
             # A rolling apply (where the daemon does them) is over only when its last wave is.
             rollout = doc.get("rollout") or {}
-            if not ok or rollout.get("state") != "running" or time.monotonic() >= deadline:
-                return ok and rollout.get("state") != "running", doc
+            if (
+                not ok
+                or rollout.get("state") != RolloutState.RUNNING
+                or time.monotonic() >= deadline
+            ):
+                return ok and rollout.get("state") != RolloutState.RUNNING, doc
             time.sleep(0.5)
 
     def _wait_stopped(self, names: Any) -> None:
@@ -266,7 +271,7 @@ class BenchRunner:
         deadline = time.monotonic() + self.ready_timeout
         while names and time.monotonic() < deadline:
             insts = self.client.status().get("instances", ())
-            if not any(i["name"] in names and i["state"] != "stopped" for i in insts):
+            if not any(i["name"] in names and i["state"] != State.STOPPED for i in insts):
                 return
             time.sleep(0.3)
 

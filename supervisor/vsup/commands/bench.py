@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
 from vsup.commands.up import EXIT_NOT_CONFIRMED
+from vsup.states import IDLE, SERVING
 
 
 def _rate(text: str) -> float:
@@ -240,7 +241,7 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
             current = client.layout()
             refuse_while_left_behind(home, current.get("toml"))
             before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
-            serving = [n for n, state in before.items() if state in ("ready", "unhealthy")]
+            serving = [n for n, state in before.items() if state in SERVING]
             original = Original(
                 toml=current.get("toml"),
                 path=current.get("path"),
@@ -249,7 +250,7 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
                 daemon_was_running=daemon_was_running,
                 # a layout loaded with its instances down (after `vsup down`, say) comes back
                 # down
-                idle=[n for n, state in before.items() if state in ("stopped", "failed")],
+                idle=[n for n, state in before.items() if state in IDLE],
             )
             announce(layouts, original, args.keep)
             if serving and not args.yes:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, OK
+from vsup.states import FileState
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.pull.errors import PullError
+    from vsup.pull.errors import CANCELLED, PullError
 
     try:
         targets = _targets(args)
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             results.append(_pull_one(target, args))
         except PullError as exc:
             results.append({"model": target.model, "reason": exc.reason, "error": exc.message})
-            if exc.reason == "cancelled":
+            if exc.reason == CANCELLED:
                 print(f"vsup pull: {target.label}: {exc.message}", file=sys.stderr)
                 code = INTERRUPTED
                 break
@@ -264,14 +265,14 @@ class PullDisplay:
         )
         for f in doc.get("files") or ():
             name, state = f["name"], f["state"]
-            if state == "fetching" and name not in self._tasks and name not in self._done:
+            if state == FileState.FETCHING and name not in self._tasks and name not in self._done:
                 self._tasks[name] = p.add_task(
                     f"  {_short(name)}", total=f.get("size") or None, rate="", eta=""
                 )
             task = self._tasks.get(name)
             if task is None:
                 continue
-            if state in ("done", "cached", "failed"):
+            if state in (FileState.DONE, FileState.CACHED, FileState.FAILED):
                 self._done.add(name)
                 p.remove_task(self._tasks.pop(name))
             else:
@@ -281,7 +282,7 @@ class PullDisplay:
         from vsup.pullview import human_bytes
 
         for f in doc.get("files") or ():
-            if f["state"] == "done" and f["name"] not in self._done:
+            if f["state"] == FileState.DONE and f["name"] not in self._done:
                 self._done.add(f["name"])
                 print(f"fetched {f['name']} ({human_bytes(f.get('size'))})", file=self.stream)
         now = time.monotonic()

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from vsup.states import PullState, State
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             sys.stdout.write(render(doc))
-        return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+        return 0 if all(i["state"] == State.READY for i in doc.get("instances", ())) else 1
 
     return run_command(body, args)
 
@@ -80,7 +82,7 @@ def render(doc: dict[str, Any]) -> str:
 
     sup = doc.get("supervisor", {})
     insts = doc.get("instances", [])
-    ready = sum(1 for i in insts if i["state"] == "ready")
+    ready = sum(1 for i in insts if i["state"] == State.READY)
     lines = [
         f"vsup {sup.get('version', '?')} · layout {sup.get('layout') or '(none)'} · "
         f"{ready}/{len(insts)} ready · daemon pid {sup.get('pid')} up "
@@ -91,7 +93,7 @@ def render(doc: dict[str, Any]) -> str:
     from vsup.pullview import pull_line, state_mark
 
     # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
-    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") == "pulling"]
+    lines += [pull_line(p) for p in doc.get("pulls") or () if p.get("state") == PullState.PULLING]
     header = (
         "NAME",
         "STATE",
@@ -111,7 +113,7 @@ def render(doc: dict[str, Any]) -> str:
     rows = [header]
     for i in insts:
         state = i["state"]
-        if state == "backoff" and i.get("backoff_remaining_s") is not None:
+        if state == State.BACKOFF and i.get("backoff_remaining_s") is not None:
             state += f" {fmt_duration(i['backoff_remaining_s'])}"
         if i.get("stalled"):
             # a flag on a ready instance (its state stays ready: scripts switch on it)
@@ -169,7 +171,7 @@ def render(doc: dict[str, Any]) -> str:
         lines.append("(no instances: `vsup up LAYOUT` starts some)")
     for i in insts:
         le = i.get("last_exit")
-        if le and i["state"] != "ready":
+        if le and i["state"] != State.READY:
             how = f"code {le['code']}" if le.get("code") is not None else le.get("signal") or "?"
             line = f"{i['name']}: last exit {le['reason']} ({how}) at {le.get('at')}"
             if le.get("rank") is not None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, NOT_CONFIRMED, OK
+from vsup.states import SERVING, PullState, RolloutState, State
 
 if TYPE_CHECKING:
     from vsup.control.client import Client
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
 EXIT_NOT_CONFIRMED = NOT_CONFIRMED
-# States in which an instance answers requests: stopping or restarting it interrupts service.
-SERVING = ("ready", "unhealthy")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -199,7 +198,7 @@ def follow_pulls(
                 label = p["model"] + f" for {', '.join(p.get('instances') or ())}"
                 display = displays.setdefault(p["model"], PullDisplay(label))
                 display.update(p)
-            if mine and all(p["state"] != "pulling" for p in mine):
+            if mine and all(p["state"] != PullState.PULLING for p in mine):
                 break
             if clock() >= deadline:
                 print(f"vsup up: the pull did not end within {args.timeout:.0f} s", file=sys.stderr)
@@ -217,7 +216,7 @@ def follow_pulls(
             d.stop()
     code = OK
     for p in mine:
-        if p["state"] == "done":
+        if p["state"] == PullState.DONE:
             print(f"pulled {p['model']} ({p.get('snapshot')})")
             _until_applied(client, p.get("instances") or (), clock, sleep)
         else:
@@ -259,10 +258,10 @@ def wait_router(client: Any, timeout: float) -> int:
         if router is None:
             return 0
         members = [w for w in router.get("workers", ()) if w.get("wanted")]
-        if router.get("state") == "ready" and all(w.get("in_router") for w in members):
+        if router.get("state") == State.READY and all(w.get("in_router") for w in members):
             print(router_line(router))
             return 0
-        if router.get("state") == "failed" or time.monotonic() > deadline:
+        if router.get("state") == State.FAILED or time.monotonic() > deadline:
             print(f"vsup up: the router does not serve: {router_line(router)}", file=sys.stderr)
             return 1
         time.sleep(0.5)
@@ -301,10 +300,10 @@ def confirm(names: list[str]) -> None:
 def describe_rollout(r: dict[str, Any]) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)'."""
     head = f"rollout wave {r['wave']}/{r['waves']}"
-    if r["state"] == "running":
+    if r["state"] == RolloutState.RUNNING:
         doing = f"restarting {', '.join(r['current'])}" if r["current"] else "waiting"
         return f"{head}: {doing} ({r['done']}/{r['total']} done)"
-    if r["state"] == "failed":
+    if r["state"] == RolloutState.FAILED:
         return f"rollout failed: {r['failure']}"
     return f"rollout {r['state']} ({r['done']}/{r['total']} restarted)"
 
@@ -328,8 +327,8 @@ def follow_rollout(
         if line != shown:
             print(line, flush=True)
             shown = line
-        if r["state"] != "running":
-            return 1 if r["state"] == "failed" else 0
+        if r["state"] != RolloutState.RUNNING:
+            return 1 if r["state"] == RolloutState.FAILED else 0
         if clock() >= deadline:
             print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
             return 1

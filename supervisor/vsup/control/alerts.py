@@ -66,7 +66,9 @@ ADVICE_KINDS = {
     "gpu_xid": "gpu_health",
     "gpu_throttle": "gpu_health",
     "stalled": "stalled",
+    "router_foreign_worker": "router_foreign_worker",
 }
+RESOLVED = "resolved"  # an alert's `state` once its advice has been clear for resolve_after_s
 RETRY_DELAYS_S = (10.0, 60.0, 300.0)
 QUEUE_MAX = 256  # alerts waiting for one target; beyond it its oldest is dropped (and logged)
 COMMAND_TIMEOUT_S = 30.0
@@ -213,7 +215,7 @@ class Alerts:
         )
 
     def _send(self, state: str, alert_kind: str, advice: Advice) -> None:
-        head = "RESOLVED" if state == "resolved" else advice.severity.upper()
+        head = "RESOLVED" if state == RESOLVED else advice.severity.upper()
         payload = {
             "text": f"[vsup {self.node}] {head} {alert_kind}: {advice.message}",
             "state": state,

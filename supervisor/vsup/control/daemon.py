@@ -59,7 +59,7 @@ from vsup.control.state import (
     StateFile,
     spec_to_dict,
 )
-from vsup.engine import Engine
+from vsup.engine import Engine, EngineSettings
 from vsup.layout.compiled import CompiledLayout
 from vsup.layout.listen import format_listen
 from vsup.layout.node import NodeFacts
@@ -70,6 +70,7 @@ from vsup.snapshot import (
     SupervisorInfo,
     empty_instance,
 )
+from vsup.states import SERVING, ExitReason, State
 from vsup.telemetry.gpu import node_facts
 
 log = logging.getLogger("vsup.daemon")
@@ -106,7 +107,7 @@ class Daemon:
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         gpu_probe: Any = None,
-        engine_options: dict[str, Any] | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> None:
         self.home = Path(home)
         self.clock = clock or SystemClock()
@@ -150,9 +151,10 @@ class Daemon:
             self.clock,
             self.logs_dir,
             on_event=self._on_event,
+            settings=engine_settings,
             gpu_release_check=self.monitor.gpu_released,
             requests_running=self._requests_running,
-            **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
+            gpu_memory=self.monitor.gpu_memory,
         )
         self.service = DaemonService(self)
         # hub models pulled before their instances start (control/pulls.py)
@@ -175,7 +177,7 @@ class Daemon:
         if kind == "spawn" and inst is not None:
             # What journal replay needs to adopt this process if the state file is lost.
             doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
-        if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
+        if kind == "exit" and name and doc.get("reason") not in (ExitReason.STOPPED, None):
             self.note_failure(name)
         self.journal.append(kind, name, **doc)
         if kind in LOGGED_EVENTS:
@@ -474,7 +476,7 @@ class Daemon:
                     pid=inst.pid,
                     pgid=inst.pgid,
                     gpus=tuple(inst.spec.gpus),
-                    live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
+                    live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=inst.spec.arg("attention-backend"),
                 )
@@ -506,7 +508,7 @@ class Daemon:
         instances = []
         for name, inst in self.engine.instances.items():
             spec = inst.spec
-            live = inst.state in ("ready", "unhealthy") and inst.pid is not None
+            live = inst.state in SERVING and inst.pid is not None
             planned = None
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
@@ -518,7 +520,7 @@ class Daemon:
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 **self.monitor.stall_fields(
-                    name, inst.state == "ready" and inst.pid is not None, spec.stall_after_s
+                    name, inst.state == State.READY and inst.pid is not None, spec.stall_after_s
                 ),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
@@ -535,6 +537,7 @@ class Daemon:
             },
             problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
+            foreign_workers=self.engine.router.foreign_recent(),
         )
         snap = StatusSnapshot(
             supervisor=SupervisorInfo(

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
 from vsup.snapshot import STATES, THROTTLE_REASONS, StatusSnapshot
+from vsup.states import State
 
 if TYPE_CHECKING:
     from vsup.control.server import ServedApp
@@ -212,7 +213,7 @@ def router_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     for s in STATES:
         state.add_metric([port, s], 1 if router.get("state") == s else 0)
     up = GaugeMetricFamily("vsup_router_up", "1 when the router serves", labels=labels)
-    up.add_metric([port], 1 if router.get("state") == "ready" else 0)
+    up.add_metric([port], 1 if router.get("state") == State.READY else 0)
     restarts = CounterMetricFamily(
         "vsup_router_restarts", "Automatic restarts of the router", labels=labels
     )

@@ -35,8 +35,10 @@ from typing import Any
 
 from vsup.clock import Clock
 from vsup.layout.spec import InstanceSpec
+from vsup.pull.errors import CANCELLED
 from vsup.pull.targets import PullTarget, Resolution, apply_pulled, instance_env, resolve
 from vsup.snapshot import PullStatus
+from vsup.states import FileState, PullState
 
 log = logging.getLogger("vsup.pulls")
 
@@ -87,9 +89,11 @@ class PullJob:
         if done is None and plan:
             # chosen, nothing reported yet: what the cache held already
             done = (plan.get("bytes_total") or 0) - (plan.get("bytes_to_fetch") or 0)
-        if self.state == "done":
+        if self.state == PullState.DONE:
             done = total
-        fetching = tuple(f["name"] for f in prog.get("files") or () if f["state"] == "fetching")
+        fetching = tuple(
+            f["name"] for f in prog.get("files") or () if f["state"] == FileState.FETCHING
+        )
         return PullStatus(
             model=t.model,
             revision=t.revision or "main",
@@ -102,9 +106,9 @@ class PullJob:
             fetched_bytes=result.get("fetched_bytes", prog.get("fetched_bytes")),
             files_done=prog.get("files_done"),
             files_total=prog.get("files_total", len(plan.get("files") or ()) or None),
-            rate_bps=prog.get("rate_bps") if self.state == "pulling" else None,
-            eta_s=prog.get("eta_s") if self.state == "pulling" else None,
-            current=fetching if self.state == "pulling" else (),
+            rate_bps=prog.get("rate_bps") if self.state == PullState.PULLING else None,
+            eta_s=prog.get("eta_s") if self.state == PullState.PULLING else None,
+            current=fetching if self.state == PullState.PULLING else (),
             elapsed_s=round(end - self.started_mono, 1),
             started_at=_iso(self.started_wall),
             reason=self.reason,
@@ -156,7 +160,7 @@ class Pulls:
         by_name = {s.name: s for s in resolution.specs}
         for key, target in wanted.items():
             job = self.jobs.get(key)
-            if job is not None and job.state == "pulling":
+            if job is not None and job.state == PullState.PULLING:
                 job.target = dataclasses.replace(job.target, instances=target.instances)
                 continue
             spec = by_name[target.instances[0]]
@@ -178,7 +182,7 @@ class Pulls:
     def _drop(self, which: Callable[[tuple[str, str, str, str]], bool], why: str) -> None:
         for key, job in list(self.jobs.items()):
             if which(key):
-                if job.state == "pulling":
+                if job.state == PullState.PULLING:
                     self._cancel(job, why)
                 del self.jobs[key]
 
@@ -198,7 +202,7 @@ class Pulls:
         await asyncio.gather(*(j.done.wait() for j in jobs))
         if generation != self._generation or len(jobs) != len(resolution.pulls):
             return  # superseded
-        if not all(j.state == "done" and j.result for j in jobs):
+        if not all(j.state == PullState.DONE and j.result for j in jobs):
             return  # the instances stay as they are; the statuses say why
         snapshots = {
             name: str(j.result["snapshot"])
@@ -316,14 +320,14 @@ class Pulls:
         elif event == "failed":
             reason = str(doc.get("reason") or "error")
             message = str(doc.get("message") or "the pull failed")
-            if reason == "cancelled" and job.cancel_why:
+            if reason == CANCELLED and job.cancel_why:
                 message = f"the pull was cancelled: {job.cancel_why}"
             self._failed(job, reason, message)
 
     def _failed(self, job: PullJob, reason: str, message: str) -> None:
         if job.done.is_set():
             return
-        job.end("cancelled" if reason == "cancelled" else "failed", reason, message)
+        job.end(PullState.CANCELLED if reason == CANCELLED else PullState.FAILED, reason, message)
         t = job.target
         self.journal(
             "pull_failed",
@@ -339,7 +343,7 @@ class Pulls:
     async def shutdown(self, why: str = "the daemon stops") -> None:
         """Cancel every pull and wait for the workers (SIGKILL after STOP_GRACE_S)."""
         self._generation += 1
-        running = [j for j in self.jobs.values() if j.state == "pulling"]
+        running = [j for j in self.jobs.values() if j.state == PullState.PULLING]
         for job in running:
             self._cancel(job, why)
         for job in running:
@@ -357,7 +361,7 @@ class Pulls:
 
     @property
     def active(self) -> bool:
-        return any(j.state == "pulling" for j in self.jobs.values())
+        return any(j.state == PullState.PULLING for j in self.jobs.values())
 
     def statuses(self) -> tuple[PullStatus, ...]:
         """Status JSON's `pulls`: the latest apply's pulls, running or ended."""
@@ -366,6 +370,6 @@ class Pulls:
     def for_instance(self, name: str) -> PullStatus | None:
         """The pull `name` waits for, or the one that kept it from starting."""
         for job in self.jobs.values():
-            if name in job.target.instances and job.state in ("pulling", "failed"):
+            if name in job.target.instances and job.state in (PullState.PULLING, PullState.FAILED):
                 return job.status()
         return None

@@ -27,6 +27,7 @@ from vsup.layout.compiled import LayoutSettings, compile_document, layout_settin
 from vsup.layout.model import loads_layout
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
+from vsup.states import IDLE, State
 
 log = logging.getLogger("vsup.daemon")
 
@@ -138,7 +139,7 @@ def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
         return
     if record is None:
         router.register(spec, run=int(doc.get("run") or 0), restarts=int(doc.get("restarts") or 0))
-    if doc.get("state") not in ("stopped", "failed") and spec.restart.policy != "never":
+    if doc.get("state") not in IDLE and spec.restart.policy != "never":
         daemon.spawn(router.start(automatic=True), "router start")
 
 
@@ -166,7 +167,7 @@ async def _settle_adopted(engine: Engine) -> None:
     adopted = [n for n, i in engine.instances.items() if getattr(i, "adopted", False)]
     if not adopted:
         return
-    settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+    settled = (State.READY, State.UNHEALTHY, State.BACKOFF, State.FAILED, State.STOPPED)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(
             asyncio.gather(*(engine.wait(n, settled) for n in adopted)),
@@ -193,11 +194,11 @@ def _replay_journal(journal: Journal, state: DaemonState) -> None:
             rec.port = rep.port or rec.port
             rec.run = max(rec.run, rep.run)
             rec.descendants = {}
-            rec.state = "starting"
+            rec.state = State.STARTING
         elif not rep.running and rep.last_exit is not None:
             rec.pid = rec.pgid = rec.create_time = None
             rec.last_exit = rep.last_exit
-            rec.state = "stopped"
+            rec.state = State.STOPPED
         rec.restarts = max(rec.restarts, rep.restarts)
 
 
@@ -206,7 +207,7 @@ def _register_idle(engine: Engine, spec: InstanceSpec, rec: InstanceRecord) -> N
     its run number, restarts and last exit as they were."""
     engine.restore(
         spec,
-        state="failed" if rec.state == "failed" else "stopped",
+        state=State.FAILED if rec.state == State.FAILED else State.STOPPED,
         run=rec.run,
         restarts=rec.restarts,
         last_exit=_last_exit(rec.last_exit),

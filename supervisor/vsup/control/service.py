@@ -25,6 +25,7 @@ from vsup.layout.secrets import SECRET_NAME
 from vsup.layout.spec import InstanceSpec
 from vsup.layout.store import save_layout
 from vsup.pull.targets import Resolution
+from vsup.states import State
 
 
 class DaemonService:
@@ -299,7 +300,7 @@ class DaemonService:
         if self.daemon.shutting_down:
             return {"stopping": [], "already": True}
         self.daemon.shutting_down = True
-        names = [n for n, i in self.daemon.engine.instances.items() if i.state != "stopped"]
+        names = [n for n, i in self.daemon.engine.instances.items() if i.state != State.STOPPED]
         if not stop_instances:
             names = []
         self.daemon.journal.append("action", None, action="shutdown", stop_instances=stop_instances)

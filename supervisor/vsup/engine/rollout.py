@@ -19,16 +19,11 @@ drives it (Engine._roll).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from vsup.states import RolloutState
 
-class RolloutState(StrEnum):
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"  # a wave ended with an instance not ready; later waves were not started
-    SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
-    CANCELLED = "cancelled"  # the engine shut down
+__all__ = ["Rollout", "RolloutState", "plan_waves"]
 
 
 def plan_waves(names: tuple[str, ...], max_unavailable: int) -> list[tuple[str, ...]]:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vsup.snapshot import StatusSnapshot
+from vsup.states import RolloutState
 
 SEVERITY_RANK = {"critical": 4, "error": 3, "warning": 2, "info": 1}
 
@@ -86,7 +87,7 @@ def rollout_text(doc: dict[str, Any] | None) -> str | None:
     """`running 2/3`, `failed`, `done`, or None when the node never rolled."""
     if not isinstance(doc, dict) or not doc.get("state"):
         return None
-    if doc["state"] == "running":
+    if doc["state"] == RolloutState.RUNNING:
         return f"running {doc.get('done', 0)}/{doc.get('total', 0)}"
     return str(doc["state"])
 

@@ -202,7 +202,15 @@ LAYOUT_KEYS: dict[str, Key] = {
 }
 
 # What `[alerts] kinds` may name (control/alerts.py maps advice and daemon events onto them).
-ALERT_KINDS = ("crash_loop", "failed", "preempting", "gpu_health", "daemon_restarted", "stalled")
+ALERT_KINDS = (
+    "crash_loop",
+    "failed",
+    "preempting",
+    "gpu_health",
+    "daemon_restarted",
+    "stalled",
+    "router_foreign_worker",
+)
 SEVERITIES = ("info", "warning", "critical")
 
 
@@ -333,7 +341,7 @@ ROUTER_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
         Key("port", "int", "the one port clients send requests to", _port),
-        Key("host", "str", "the address the router listens on"),
+        Key("host", "str", "the address the router listens on (default 127.0.0.1: this node)"),
         Key("metrics_port", "int", "the router's Prometheus port (default: port + 1)", _port),
         Key("policy", "str", "vllm-router's load-balancing policy", _router_policy),
         Key("model", "str", "route only the instances serving this model (default: all)"),
@@ -344,7 +352,8 @@ ROUTER_KEYS: dict[str, Key] = {
     )
 }
 ROUTER_DEFAULTS: dict[str, Any] = {
-    "host": "0.0.0.0",
+    # this node only: vllm-router's worker API is open to whoever reaches its port (router.md)
+    "host": "127.0.0.1",
     "policy": "cache_aware",  # the router's own default; good for shared prompt prefixes
     "command": ["vllm-router"],
 }

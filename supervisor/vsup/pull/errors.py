@@ -14,6 +14,7 @@ REASONS = (
     "cancelled",  # Ctrl-C, `vsup down`, a new apply that no longer needs it
     "error",  # anything else (the message says what)
 )
+CANCELLED = "cancelled"  # the reason code compares against (one of REASONS)
 
 
 class PullError(Exception):

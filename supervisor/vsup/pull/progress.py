@@ -21,9 +21,10 @@ from typing import Any
 
 from vsup.pull.errors import PullCancelled
 from vsup.pull.selection import RepoFile
+from vsup.states import FileState
 
 RATE_WINDOW_S = 5.0
-FILE_STATES = ("waiting", "fetching", "done", "cached", "failed")
+FILE_STATES = tuple(s.value for s in FileState)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ProgressReport:
 
     @property
     def files_done(self) -> int:
-        return sum(1 for f in self.files if f.state in ("done", "cached"))
+        return sum(1 for f in self.files if f.state in (FileState.DONE, FileState.CACHED))
 
     @property
     def files_total(self) -> int:
@@ -58,7 +59,7 @@ class ProgressReport:
 
     @property
     def fetching(self) -> tuple[FileProgress, ...]:
-        return tuple(f for f in self.files if f.state == "fetching")
+        return tuple(f for f in self.files if f.state == FileState.FETCHING)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,7 +230,7 @@ class PullProgress:
             now = self.clock()
             files = []
             for f in self._files.values():
-                rate = _Rate.of(f.samples, now) if f.state == "fetching" else None
+                rate = _Rate.of(f.samples, now) if f.state == FileState.FETCHING else None
                 eta = None
                 if rate and f.size is not None:
                     eta = max(0.0, (f.size - f.done) / rate)

@@ -23,6 +23,7 @@ from textual.worker import Worker, WorkerState
 
 from vsup.clock import Clock, SystemClock
 from vsup.snapshot import InstanceStatus, StatusSnapshot
+from vsup.states import State
 from vsup.tui import layout_edit, rows
 from vsup.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
 from vsup.tui.history import History
@@ -264,7 +265,7 @@ class DashboardApp(App[None]):
             self._no_log = None  # it ran since: its log exists now
             self._log_worker = self._fetch_log(inst.name)
         # vLLM reports its cache config once ready; a new run may have new args.
-        key = (inst.name, inst.run, inst.state == "ready")
+        key = (inst.name, inst.run, inst.state == State.READY)
         if key != self._config_key:
             self._config_key = key
             self._fetch_config(inst.name)

@@ -6,6 +6,8 @@ render the same text cause no widget work. Unknown values (`None`) render as `-`
 
 from __future__ import annotations
 
+from vsup.states import State
+
 UNKNOWN = "-"
 
 # State -> (symbol, style). The symbol keeps states apart without colour (NO_COLOR, monochrome
@@ -30,7 +32,7 @@ SEVERITY_LOOK: dict[str, tuple[str, str]] = {
 def state_label(state: str, backoff_remaining_s: float | None = None) -> str:
     """`● ready`; a backoff shows how long until the next attempt: `↻ backoff 12s`."""
     symbol, _ = STATE_LOOK.get(state, ("?", ""))
-    if state == "backoff" and backoff_remaining_s is not None:
+    if state == State.BACKOFF and backoff_remaining_s is not None:
         return f"{symbol} {state} {duration(backoff_remaining_s)}"
     return f"{symbol} {state}"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from vsup import pullview
 from vsup.snapshot import Advice, InstanceStatus
+from vsup.states import State
 from vsup.tui import fmt
 
 # A cell is its text and a Rich style; comparing these tuples is the whole diff.
@@ -134,7 +135,7 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
     if key == "state":
         if inst.stalled:
             return (fmt.stalled_label(inst.stalled_for_s), "bold red")
-        if inst.pull is not None and inst.state == "stopped":
+        if inst.pull is not None and inst.state == State.STOPPED:
             # a new instance waiting for its weights, or kept from starting by a failed pull
             mark = pullview.state_mark(inst.pull)
             if mark == "pull failed":

@@ -49,6 +49,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     dataparallel.dp_port_clash,
     router.router_ports,
     router.router_models,
+    router.router_reachable,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
 )

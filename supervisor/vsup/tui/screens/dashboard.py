@@ -24,6 +24,7 @@ from textual.widgets import DataTable, Footer, Input
 
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
+from vsup.states import IDLE, SERVING, State
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
@@ -41,13 +42,13 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
     """Whether a lifecycle action makes sense for an instance in its current state."""
     state = inst.state
     if action == "restart":
-        return state not in ("stopped", "stopping")
+        return state not in (State.STOPPED, State.STOPPING)
     if action == "stop":
-        return state not in ("stopped", "stopping")
+        return state not in (State.STOPPED, State.STOPPING)
     if action == "start":
-        return state in ("stopped", "failed")
+        return state in IDLE
     if action == "drain":
-        return state in ("ready", "unhealthy")
+        return state in SERVING
     if action == "previous_logs":
         return (inst.run or 0) > 1 or inst.last_exit is not None
     return True

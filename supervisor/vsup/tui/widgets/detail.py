@@ -16,6 +16,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
+from vsup.states import State
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
 from vsup.tui.ranks import ranks_text
@@ -146,9 +147,9 @@ def exit_text(inst: InstanceStatus | None) -> Text:
         text.append(stall_summary(inst) + "\n", "bold red")
     text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
     text.append(f"\nrestarts   {inst.restarts}")
-    if inst.state == "backoff" and inst.backoff_remaining_s is not None:
+    if inst.state == State.BACKOFF and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
-    if inst.state == "failed":
+    if inst.state == State.FAILED:
         text.append(
             "\n"
             + (

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import StatusSnapshot
+from vsup.states import PullState, State
 from vsup.tui import fmt
 
 
@@ -26,7 +27,7 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
         router = snapshot.router
         if router:
             # the one endpoint clients should use
-            ok = router.get("state") == "ready"
+            ok = router.get("state") == State.READY
             text.append(
                 f"{'' if narrow else 'router '}{router.get('endpoint')}",
                 "bold" if ok else "bold red",
@@ -55,8 +56,8 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
             of = f" {bench.index}/{bench.count}" if bench.index and bench.count else ""
             text.append(sep)
             text.append(f" BENCH{of} ", "bold black on yellow")
-        pulling = [p for p in snapshot.pulls if p.state == "pulling"]
-        if any(p.state == "failed" for p in snapshot.pulls):
+        pulling = [p for p in snapshot.pulls if p.state == PullState.PULLING]
+        if any(p.state == PullState.FAILED for p in snapshot.pulls):
             text.append(sep)
             text.append(" PULL FAILED ", "bold white on red")
         elif pulling:

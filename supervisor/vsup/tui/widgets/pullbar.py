@@ -11,19 +11,20 @@ from textual.widgets import Static
 
 from vsup import pullview
 from vsup.snapshot import PullStatus
+from vsup.states import PullState
 from vsup.tui.widgets.benchbar import _bar
 
 
 def pull_text(pulls: tuple[PullStatus, ...]) -> Text | None:
     """`⇣ pulling org/name for a, b: 12.1 GiB/28.0 GiB (43%) ████▏  85.0 MiB/s · ETA 3m12s`, or
     `✖ pull of org/name failed (unauthorized): ...`; None when no pull runs or failed."""
-    shown = [p for p in pulls if p.state in ("pulling", "failed")]
+    shown = [p for p in pulls if p.state in (PullState.PULLING, PullState.FAILED)]
     if not shown:
         return None
-    p = sorted(shown, key=lambda p: p.state != "failed")[0]  # a failure first
+    p = sorted(shown, key=lambda p: p.state != PullState.FAILED)[0]  # a failure first
     text = Text(no_wrap=True, overflow="ellipsis")
     who = ", ".join(p.instances)
-    if p.state == "failed":
+    if p.state == PullState.FAILED:
         text.append("✖ pull of ", "bold")
         text.append(pullview.label(p), "bold")
         text.append(f" failed ({p.reason}): ", "bold")
@@ -78,6 +79,6 @@ class PullBar(Static):
         if text.plain != self._shown:
             self._shown = text.plain
             self.update(text)
-        self.set_class(any(p.state == "failed" for p in pulls), "-failed")
+        self.set_class(any(p.state == PullState.FAILED for p in pulls), "-failed")
         self.add_class("-shown")
         return not was

@@ -36,6 +36,9 @@ Behaviours on cue:
                                    vLLM did: /health 200 while it SIGTERMs the other ranks for
                                    --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
                                    after --dead-exit-after (4.6) more seconds
+  --spam [--spam-rate B]           write log lines as fast as it can (or B bytes a second),
+                                   from a thread, from its start until it ends: a chatty
+                                   server against the run log's cap
   --load-model                     find the model's files before listening, as vLLM does: a
                                    directory must hold config.json and weights (else exit 1 with
                                    vLLM's line); a hub id is fetched with huggingface_hub
@@ -403,6 +406,26 @@ async def _serve(
     await loop.create_future()  # until a signal or --exit-after ends the process
 
 
+def _spam(rate: float) -> None:
+    """Lines like a server logging every request, `rate` bytes a second (0: no limit), with
+    one os.write per 64 KiB (the GIL is released while it writes: /health keeps answering)."""
+    line_no = 0
+    t0 = time.monotonic()
+    sent = 0
+    while True:
+        lines = []
+        for _ in range(512):
+            line_no += 1
+            lines.append(f"INFO spam line {line_no:012d} {'x' * 96}\n")
+        block = "".join(lines).encode()
+        os.write(1, block)
+        sent += len(block)
+        if rate > 0:
+            ahead = sent / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="vLLM emulator (not vLLM)", allow_abbrev=False)
     p.add_argument("--model", default="emulated-model")
@@ -426,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
+    p.add_argument("--spam", action="store_true")
+    p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--dp-shutdown-s", type=float, default=5.0)
     p.add_argument(
@@ -478,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, on_term)
+    if args.spam:
+        threading.Thread(target=_spam, args=(args.spam_rate,), daemon=True).start()
     held = _hold_hbm(args.hbm_gib)
     try:
         asyncio.run(_serve(args, core, ranks))

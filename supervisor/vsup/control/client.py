@@ -298,7 +298,10 @@ def spawn_daemon(home: Path) -> subprocess.Popen:
     env["VSUP_HOME"] = str(home)
     # The daemon is this interpreter with the installed `vsup` package (`daemon_command`), started
     # in VSUP_HOME: nothing depends on the client's working directory.
-    log = open(home / "daemon.log", "ab")
+    # 0600: VSUP_HOME keeps the mode it was found with (a home directory may be 0755)
+    log = os.fdopen(
+        os.open(home / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab"
+    )
     try:
         return subprocess.Popen(
             daemon_command(),

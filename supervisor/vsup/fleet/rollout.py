@@ -20,7 +20,7 @@ from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Node
 from vsup.fleet.query import FleetClient
 from vsup.fleet.transport import NoDaemon
-from vsup.states import RolloutState, State
+from vsup.states import PullState, RolloutState, State
 
 # States in which an instance answers requests: stopping or restarting it interrupts service.
 SERVING = ("ready", "unhealthy")
@@ -98,7 +98,17 @@ def rollout_line(r: dict[str, Any]) -> str:
 
 def _failed_instance(doc: dict[str, Any], names: set[str]) -> str | None:
     for i in doc.get("instances", ()):
-        if i["name"] in names and i.get("state") == State.FAILED:
+        if i["name"] not in names:
+            continue
+        pull = i.get("pull") or {}
+        if pull.get("state") == PullState.FAILED:
+            # the daemon leaves the instance stopped until the next apply: waiting for it to
+            # become ready would only wait out --timeout
+            return (
+                f"instance {i['name']} not started: the pull of {pull.get('model')} failed "
+                f"({pull.get('reason')}): {pull.get('message')}"
+            )
+        if i.get("state") == State.FAILED:
             le = i.get("last_exit") or {}
             why = i.get("failed_why") or le.get("reason") or "failed"
             return f"instance {i['name']} failed: {why}"

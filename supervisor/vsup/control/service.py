@@ -35,13 +35,8 @@ class DaemonService:
         return {"pid": os.getpid(), "version": __version__, "home": str(self.daemon.home)}
 
     def status(self) -> dict[str, Any]:
-        doc = self.daemon.build_snapshot().to_json()
-        # the latest rolling apply (engine/rollout.py); additive to schema 1
-        rollout = self.daemon.engine.rollout
-        doc["rollout"] = rollout.to_json() if rollout is not None else None
-        # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
-        doc["bench"] = self.daemon.bench.current()
-        return doc
+        # the snapshot as it is: nothing is patched on (snapshot.py is the whole document)
+        return self.daemon.snapshot().to_json()
 
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
         self.daemon.bench.update(report)
@@ -73,6 +68,7 @@ class DaemonService:
             return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
         self.daemon.layout_toml, self.daemon.layout_path = toml, path
         self.daemon.layout_name = layout_obj.name
+        self.daemon.set_layout_specs(specs)
         # The layout's text rides with the event: a daemon that finds both state files bad
         # takes the running layout back from the journal (`last_layout`).
         self.daemon.journal.append(

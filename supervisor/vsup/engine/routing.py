@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from vsup.engine.instance import AdoptRecord, Instance
@@ -32,6 +32,7 @@ from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
 from vsup.layout.spec import InstanceSpec
 from vsup.router import RouterClient, RouterError, RouterMembership, RouterMetrics, RouterSpec
+from vsup.snapshot import RouterStatus, RouterWorker
 
 log = logging.getLogger("vsup.engine")
 
@@ -430,8 +431,9 @@ class RouterSupervisor:
         if set(self.in_router) != set(self.membership.desired(self.states())):
             self.wake()  # drift (a stalled flag changed, a worker added by hand)
 
-    def status_json(self, node_host: str | None = None) -> dict[str, Any] | None:
-        """The status JSON's `router` object, or None when the layout has no router."""
+    def status_json(self, node_host: str | None = None) -> RouterStatus | None:
+        """The status JSON's `router` (snapshot.RouterStatus), or None when the layout has no
+        router."""
         if self.inst is None or self.spec is None:
             return None
         inst, spec = self.inst, self.spec
@@ -444,46 +446,45 @@ class RouterSupervisor:
         for name, url in spec.workers.items():
             in_router = url in self.in_router if self.in_router is not None else None
             workers.append(
-                {
-                    "name": name,
-                    "url": url,
-                    "state": states.get(name),
-                    "in_router": in_router,
-                    "wanted": url in desired,
-                    "share": round(share[url], 4) if url in share else None,
-                    "requests_total": m.worker_requests.get(url) if m is not None else None,
-                    "healthy": (
+                RouterWorker(
+                    name=name,
+                    url=url,
+                    state=states.get(name),
+                    in_router=in_router,
+                    wanted=url in desired,
+                    share=round(share[url], 4) if url in share else None,
+                    requests_total=m.worker_requests.get(url) if m is not None else None,
+                    healthy=(
                         bool(m.worker_health[url])
                         if m is not None and url in m.worker_health
                         else None
                     ),
-                }
+                )
             )
-        last = fields["last_exit"]
-        return {
-            "state": inst.state,
-            "pid": inst.pid,
-            "host": spec.host,
-            "port": spec.port,
-            "metrics_port": spec.metrics_port,
-            "policy": spec.policy,
-            "model": spec.model,
-            "url": spec.base_url,
-            "endpoint": endpoint(spec, node_host),
-            "run": fields["run"],
-            "restarts": inst.restarts,
-            "uptime_s": fields["uptime_s"],
-            "log": str(inst.log_path()) if inst.run else None,
-            "last_exit": asdict(last) if last is not None else None,
-            "failed_why": inst.failed_why,
-            "requests_per_s": _round(self.requests_per_s),
-            "errors_per_s": _round(self.errors_per_s),
-            "requests_total": m.requests_total if m is not None else None,
-            "errors_total": m.errors_total if m is not None else None,
-            "retries_total": m.retries_total if m is not None else None,
-            "error": self.last_error,
-            "workers": workers,
-        }
+        return RouterStatus(
+            state=inst.state,
+            pid=inst.pid,
+            host=spec.host,
+            port=spec.port,
+            metrics_port=spec.metrics_port,
+            policy=spec.policy,
+            model=spec.model,
+            url=spec.base_url,
+            endpoint=endpoint(spec, node_host),
+            run=fields["run"],
+            restarts=inst.restarts,
+            uptime_s=fields["uptime_s"],
+            log=str(inst.log_path()) if inst.run else None,
+            last_exit=fields["last_exit"],
+            failed_why=inst.failed_why,
+            requests_per_s=_round(self.requests_per_s),
+            errors_per_s=_round(self.errors_per_s),
+            requests_total=m.requests_total if m is not None else None,
+            errors_total=m.errors_total if m is not None else None,
+            retries_total=m.retries_total if m is not None else None,
+            error=self.last_error,
+            workers=tuple(workers),
+        )
 
     def adopt_record(self) -> dict[str, Any] | None:
         """What the state file keeps: the spec it runs and (while it runs) its process."""

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vsup.control.export import MetricsListener, parse_listen, render
+from vsup.routerview import as_router
 from vsup.snapshot import (
     Advice,
     GpuHealth,
@@ -188,11 +189,11 @@ ROUTER = {
 
 
 def with_router() -> StatusSnapshot:
-    return replace(snapshot(), router={**ROUTER, "errors_per_s": 0.0})
+    return replace(snapshot(), router=as_router({**ROUTER, "errors_per_s": 0.0}))
 
 
 def test_the_router_is_exported_with_its_workers_shares():
-    got = samples(render(replace(snapshot(), router=ROUTER)).decode())
+    got = samples(render(replace(snapshot(), router=as_router(ROUTER))).decode())
     port = ("port", "8080")
     assert got[("vsup_router_up", (port,))] == 1
     assert got[("vsup_router_state", (port, ("state", "ready")))] == 1

@@ -32,6 +32,7 @@ from vsup.tui.widgets.detail import DetailTabs, SidePanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
+from vsup.tui.widgets.rolloutbar import RolloutBar
 
 NARROW_BELOW = 120  # columns
 
@@ -119,6 +120,7 @@ class Dashboard(Screen[None]):
         yield NodeHeader(id="header")
         yield Banner(id="banner")
         yield BenchBar(id="bench")
+        yield RolloutBar(id="rollout")
         yield GpuPanel(id="gpus")
         with Vertical(id="table-box"):
             yield InstanceTable(id="instances")
@@ -199,6 +201,7 @@ class Dashboard(Screen[None]):
         with self.app.batch_update():
             self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
             self.query_one(BenchBar).show(snap.bench)  # before _fit_table: it takes a line
+            self.query_one(RolloutBar).show(snap.rollout)  # the same
             self.query_one(GpuPanel).show(snap, self.narrow)
             table.set_columns(self._columns(snap))
             shown = [i for i in snap.instances if rows.matches(i, self.filter_text)]
@@ -262,7 +265,12 @@ class Dashboard(Screen[None]):
         fixed = 2 + (gpu_height.value if gpu_height is not None and gpu_height.value else 1)
         fixed += sum(
             1
-            for w in (self.query_one(Banner), self.query_one(BenchBar), self.query_one(FilterInput))
+            for w in (
+                self.query_one(Banner),
+                self.query_one(BenchBar),
+                self.query_one(RolloutBar),
+                self.query_one(FilterInput),
+            )
             if w.has_class("-shown")
         )
         room = self.size.height - fixed - (8 if self.narrow else 12)

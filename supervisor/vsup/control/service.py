@@ -205,8 +205,13 @@ class DaemonService:
             raise ControlError(
                 f"cannot write {target}: {exc.strerror or exc}", status=400
             ) from None
-        self.daemon.journal.append("action", None, action="save", path=path, written=str(target))
-        return {"path": path, "written": str(target)}
+        # The file says what the layout wants, not what runs: name what still runs another
+        # spec (a rollout not finished, or one a killed daemon left half-done).
+        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
+        self.daemon.journal.append(
+            "action", None, action="save", path=path, written=str(target), outdated=outdated
+        )
+        return {"path": path, "written": str(target), "outdated": outdated}
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

@@ -63,7 +63,8 @@ class Fit(StrEnum):
 class Verdict:
     fit: Fit
     message: str | None = None
-    # WAIT: the processes that are no instance's, what they hold, the GPUs short of memory
+    # WAIT: the processes that are no instance's, what they hold on the GPUs short of memory
+    # (summed over those GPUs), and those GPUs
     pids: tuple[int, ...] = ()
     held_bytes: int | None = None
     gpus: tuple[int, ...] = ()
@@ -104,7 +105,7 @@ def judge(
                 for h in foreign
             )
             waits.append(f"GPU {g.index}: {who} (no instance's); {want}")
-            holders.extend(h for h in foreign if h.pid not in {x.pid for x in holders})
+            holders.extend(foreign)
             short_gpus.append(g.index)
         elif unlisted >= needed - free:
             return None  # memory nobody is listed for (no per-process figures): cannot tell
@@ -119,7 +120,7 @@ def judge(
         return Verdict(
             Fit.WAIT,
             "memory held by other processes: " + "; ".join(waits),
-            pids=tuple(h.pid for h in holders),
+            pids=tuple(dict.fromkeys(h.pid for h in holders)),
             held_bytes=sum(sizes) if sizes else None,
             gpus=tuple(short_gpus),
         )

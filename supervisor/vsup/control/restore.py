@@ -136,7 +136,7 @@ def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
         daemon.report_problem("state_file", str(exc))
         return
     daemon.engine.rollout = rollout
-    if rollout.state == RolloutState.RUNNING:
+    if rollout.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
         rollout.interrupted(iso_utc(daemon.clock.wall()))
         outdated = [i.name for i in daemon.snapshot().instances if i.outdated]
         daemon.journal.append("rollout", None, **{**rollout.to_json(), "old_config": outdated})

@@ -187,7 +187,8 @@ class Rollout:
 
     def interrupted(self, at: str) -> None:
         """Its daemon ended before it did (a later daemon calls this when it finds it
-        `running` in the state file): nothing drives it any more."""
-        if self.state == RolloutState.RUNNING:
+        `running` in the state file, or `cancelled`: the engine shut down under it): nothing
+        drives it any more."""
+        if self.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
             self.state = RolloutState.INTERRUPTED
             self.interrupted_at = at

@@ -1,20 +1,28 @@
-"""`vsup status [--json]`: one snapshot; exit 1 when any instance is not ready."""
+"""`vsup status [--json]`: one snapshot; exit 1 when any instance is not ready.
+
+The document is fetched with the standard library when a daemon answers (`fetch_status`):
+the control client's httpx took longer to import than the whole answer of a 128-instance
+daemon. Without an answer it falls back to the client, which starts a daemon and reports
+errors as every command does.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from vsup.snapshot import (
-    BenchStatus,
-    InstanceStatus,
-    Parallel,
-    RankStatus,
-    RolloutStatus,
-    StatusSnapshot,
-)
+if TYPE_CHECKING:
+    from vsup.snapshot import (
+        BenchStatus,
+        InstanceStatus,
+        Parallel,
+        RankStatus,
+        RolloutStatus,
+        StatusSnapshot,
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,19 +37,62 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    doc = fetch_status()
+    if doc is None:
+        return _run_with_client(args)
+    return _show(doc, args)
+
+
+def _run_with_client(args: argparse.Namespace) -> int:
     from vsup.control.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
             doc = client.status()
-        if args.json:
-            json.dump(doc, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(render(doc))
-        return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+        return _show(doc, args)
 
     return run_command(body, args)
+
+
+def _show(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(doc))
+    return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+
+
+def fetch_status(home: Path | None = None, timeout: float = 30.0) -> dict[str, Any] | None:
+    """GET /v1/status over the daemon's socket with the standard library; None when no
+    daemon answers it with a 200 and a JSON object (the caller then uses the client)."""
+    import socket
+
+    from vsup import paths
+
+    try:
+        path = paths.socket_path(home or paths.vsup_home())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: vsup\r\nConnection: close\r\n\r\n")
+            chunks = []
+            while chunk := sock.recv(1 << 20):
+                chunks.append(chunk)
+    except (OSError, ValueError):
+        return None  # no daemon, a bad VSUP_HOME, a path too long: the client says which
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    if not lines[0].startswith(b"HTTP/1.1 200 "):
+        return None
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(b":") for x in lines[1:])}
+    if fields.get(b"transfer-encoding") or fields.get(b"content-length") != str(len(body)).encode():
+        return None  # not the plain answer this reader expects: let the client read it
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 GiB = 1024**3
@@ -61,11 +112,11 @@ def _p(text: Any) -> str:
 def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.control.benchprogress import decode_bench
     from vsup.control.progress import fmt_duration
+    from vsup.snapshot import BenchStatus, StatusSnapshot
 
     if isinstance(b, dict):
-        b = decode_bench(b)
+        b = StatusSnapshot.decode_part(BenchStatus, b)
     where = f" {b.index}/{b.count}" if b.index and b.count else ""
     what = b.phase.replace("_", " ")
     if b.phase in ("running", "collecting") and b.requests_total:
@@ -169,6 +220,7 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
     from vsup.control.progress import fmt_duration
     from vsup.routerview import router_line
+    from vsup.snapshot import StatusSnapshot
 
     snap = doc if isinstance(doc, StatusSnapshot) else StatusSnapshot.from_json(doc)
     sup = snap.supervisor

@@ -15,6 +15,10 @@ scraped at 1 Hz. Then:
   GET /v1/status once a second, like P dashboards): the daemon pid's CPU, % of one core, over
   windows of S seconds (median of 3).
 
+Before/after figures of another copy of vsup (e.g. an earlier commit, `git archive REV
+supervisor | tar -x -C /tmp/old`): `PYTHONPATH=/tmp/old/supervisor python -m
+benchmarks.status_scale ...` runs the daemon, the CLI and the client from that copy.
+
 Last line: `instances=N cli_status_p50_ms=.. cli_status_p99_ms=.. cli_status_json_p50_ms=..
 cli_status_json_p99_ms=.. api_status_p50_ms=.. api_status_p99_ms=.. daemon_cpu_pct=..
 daemon_cpu_pollers_pct=.. pollers=P`. Target: `vsup status` at 128 instances within 200 ms.
@@ -50,9 +54,9 @@ from benchmarks.common import (  # noqa: E402
 
 
 def cli_times(home: Path, args: list[str], runs: int) -> list[float]:
-    """Wall seconds of `python -m vsup ARGS`, a fresh process per run, outside the checkout."""
+    """Wall seconds of `python -m vsup ARGS`, a fresh process per run, outside the checkout
+    (the installed package, unless PYTHONPATH points at another copy of vsup)."""
     env = dict(os.environ, VSUP_HOME=str(home))
-    env.pop("PYTHONPATH", None)  # the installed package, as users run it
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()

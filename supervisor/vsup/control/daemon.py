@@ -135,7 +135,6 @@ class Daemon:
         self._snapshot: StatusSnapshot | None = None
         self._snapshot_dirty = True
         self._bench_seen = 0  # the bench board's version the snapshot shows
-        self.snapshot_builds = 0  # tests read it: a status request does not rebuild
         self._stopping = asyncio.Event()
         self.shutting_down = False
         self._state_dirty = asyncio.Event()
@@ -514,7 +513,6 @@ class Daemon:
         """The current snapshot: the engine's states now, telemetry as of the last poll."""
         self._snapshot_dirty = False
         self._bench_seen = self.bench.version
-        self.snapshot_builds += 1
         now_m = self.clock.monotonic()
         gpus = self.monitor.gpus
         gpu_total = {g.index: g.hbm_total_bytes for g in gpus}

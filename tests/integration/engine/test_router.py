@@ -89,8 +89,8 @@ async def test_the_router_serves_the_ready_instances_and_follows_their_states(
     await until_workers(spec, [a.base_url, b.base_url])
 
     status = eng.router.status_json("node")
-    assert status["state"] == "ready" and status["endpoint"] == spec.base_url
-    assert [w["name"] for w in status["workers"]] == ["a", "b"]
+    assert status.state == "ready" and status.endpoint == spec.base_url
+    assert [w.name for w in status.workers] == ["a", "b"]
 
 
 async def test_the_router_sigkilled_is_restarted_with_its_workers(

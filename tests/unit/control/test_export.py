@@ -171,7 +171,9 @@ def test_grafana_dashboard_uses_only_series_the_exporter_serves():
     used = {m for e in exprs for m in re.findall(r"vsup_[a-z_]+", e)}
     served = {
         s.name
-        for fam in text_string_to_metric_families(render(with_router()).decode())
+        for fam in text_string_to_metric_families(
+            render(replace(with_rollout_and_waits(), router=with_router().router)).decode()
+        )
         for s in fam.samples
     }
     assert used and used <= served, used - served

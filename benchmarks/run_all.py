@@ -89,6 +89,7 @@ def benches() -> list[Bench]:
             1,
             quick_args=["--runs", "1", "--startup-s", "2", "--no-sequential"],
         ),
+        Bench("pull_replicas", ["--runs", "3"], 1, quick_args=["--runs", "1"]),
         Bench("tui_render", [], 5, quick_args=[], needs="benchmarks/tui_render.py"),
         Bench(
             "tui_idle",
@@ -96,6 +97,22 @@ def benches() -> list[Bench]:
             5,
             quick_args=["--seconds", "5"],
             needs="benchmarks/tui_idle.py",
+        ),
+        Bench(
+            "fleet_status",
+            ["--nodes", "16", "--rounds", "20", "--cold-rounds", "5"],
+            1,
+            quick_args=[
+                "--nodes",
+                "4",
+                "--rounds",
+                "5",
+                "--cold-rounds",
+                "2",
+                "--dashboard-s",
+                "10",
+            ],
+            needs="benchmarks/fleet_status.py",
         ),
     ]
 
@@ -250,6 +267,26 @@ def table(by: dict[str, Bench], quick: bool) -> list[str]:
         " one start)",
         _n(la.results[0].get("runs", "?") if la.results else "?", "run"),
     )
+    pr = by["pull_replicas"]
+    if not pr.error or pr.results:
+
+        def mode(m: str) -> str:
+            return (
+                f"{fmt(pr.median(f'{m}_mib'), ' MiB', 0)} in {fmt(pr.median(f'{m}_gets'), '', 0)}"
+                f" GETs and {fmt(pr.median(f'{m}_api'), '', 0)} API calls, all ready "
+                f"{fmt(pr.median(f'{m}_all_ready_s'), ' s', 1)}, longest start "
+                f"{fmt(pr.median(f'{m}_startup_max_s'), ' s', 2)}"
+            )
+
+        add(
+            "pull_replicas",
+            "8 replicas of one 128 MiB hub model (fake hub, 64 MiB/s per transfer): "
+            "`vsup up` with the pull step vs `--no-pull` (the replicas fetch it themselves)",
+            "each file once; no download inside a start",
+            f"pull: {mode('pull')} (the pull {fmt(pr.median('pull_pull_s'), ' s', 1)}); "
+            f"without: {mode('no_pull')}",
+            (pr.results[0].get("runs", "3") if pr.results else "?") + " runs each",
+        )
     tr = by["tui_render"]
     if not tr.error or tr.results:
         v = tr.median("refresh_ms_median")
@@ -269,6 +306,35 @@ def table(by: dict[str, Bench], quick: bool) -> list[str]:
             "<= 3 % of a core",
             f"{fmt(v, ' %', 2)}{verdict(v is not None and v <= 3)}",
             _n(len(ti.results), "run") + " of 15 s",
+        )
+    fs = by["fleet_status"]
+    if not fs.error or fs.results:
+        warm = fs.median("warm_median_ms")
+        add(
+            "fleet_status",
+            "`vsup fleet status` of 16 nodes (sshd each, on 127.0.0.1), warm: the whole command",
+            "well under 1 s",
+            f"median {fmt(warm, ' ms', 0)}, p99 {fmt(fs.median('warm_p99_ms'), ' ms', 0)}; "
+            f"CPU {fmt(fs.median('warm_cpu_ms'), ' ms', 0)}; the query alone "
+            f"{fmt(fs.median('inprocess_median_ms'), ' ms', 1)} (load avg {fmt(fs.median('load'))})"
+            + verdict(warm is not None and warm < 1000),
+            "20 runs",
+        )
+        add(
+            "fleet_status",
+            "`vsup fleet status` of 16 nodes, cold (16 SSH connections first)",
+            "-",
+            f"median {fmt(fs.median('cold_median_ms'), ' ms', 0)}, p99 "
+            f"{fmt(fs.median('cold_p99_ms'), ' ms', 0)} (the 16 nodes' sshd and vsup on the "
+            "same 2 cores)",
+            "5 runs",
+        )
+        add(
+            "fleet_status",
+            "fleet dashboard, 16 nodes polled every 2 s (CPU of its process)",
+            "-",
+            f"{fmt(fs.median('dashboard_cpu_pct'), ' %', 1)} of a core",
+            "1 run of 30 s",
         )
     return rows
 

@@ -20,24 +20,54 @@ class HomeError(OSError):
     """VSUP_HOME cannot be used safely; the message says what to change."""
 
 
-def vsup_home() -> Path:
-    """The directory for the socket, state file, journal and logs (see the module's rules)."""
+def vsup_home(create: bool = True) -> Path:
+    """The directory for the socket, state file, journal and logs (see the module's rules).
+    `create=False` names it without creating anything (`vsup paths`)."""
     env = os.environ.get("VSUP_HOME")
     if env:
         home = Path(env).expanduser()
     else:
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         home = Path(state) / "vsup"
-    return private_home(home.absolute())
+    return private_home(home.absolute(), create=create)
 
 
-def private_home(home: Path) -> Path:
-    """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring)."""
+def private_home(home: Path, create: bool = True) -> Path:
+    """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring).
+    A directory this user may not enter or write gives a HomeError saying what to do."""
+    try:
+        return _private_home(home, create)
+    except HomeError:
+        raise
+    except PermissionError as exc:
+        raise HomeError(_denied(home, exc)) from None
+
+
+def _denied(home: Path, exc: PermissionError) -> str:
+    where = Path(exc.filename) if exc.filename else home
+    user = _user_name()
+    return (
+        f"VSUP_HOME {home}: user {user} may not use {where} (permission denied); set "
+        "VSUP_HOME to a directory of yours, e.g. export VSUP_HOME=$HOME/.local/state/vsup"
+    )
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def _private_home(home: Path, create: bool) -> Path:
     uid = os.getuid()
     try:
         st = os.stat(home)
     except FileNotFoundError:
-        _make_private(home)
+        if create:
+            _make_private(home)
         return home
     if not stat.S_ISDIR(st.st_mode):
         raise HomeError(f"VSUP_HOME {home} is not a directory; point VSUP_HOME at a directory")
@@ -47,7 +77,8 @@ def private_home(home: Path) -> Path:
     try:
         ist = os.lstat(inner)
     except FileNotFoundError:
-        _make_private(inner)
+        if create:
+            _make_private(inner)
         return inner
     if not stat.S_ISDIR(ist.st_mode) or ist.st_uid != uid:
         raise HomeError(
@@ -82,6 +113,11 @@ def state_path(home: Path | None = None) -> Path:
 
 def journal_path(home: Path | None = None) -> Path:
     return (home or vsup_home()) / "journal.jsonl"
+
+
+def alerts_state_path(home: Path | None = None) -> Path:
+    """What the alerts sent, kept across daemon restarts (control/alerts.py)."""
+    return (home or vsup_home()) / "alerts.json"
 
 
 def logs_dir(home: Path | None = None) -> Path:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vsup.snapshot import RouterStatus, StatusSnapshot
+from vsup.states import State
 from vsup.termtext import printable
 
 
@@ -32,7 +33,7 @@ def worker_marks(router: RouterStatus | Mapping[str, Any]) -> str:
     for w in r.workers if r is not None else ():
         name = printable(w.name)
         if w.in_router is False or (w.in_router is None and not w.wanted):
-            why = w.state if w.state and w.state != "ready" else "out"
+            why = w.state if w.state and w.state != State.READY else "out"
             parts.append(f"{name} {why}")
         elif w.share is not None:
             parts.append(f"{name} {w.share:.0%}")
@@ -52,6 +53,6 @@ def router_line(router: RouterStatus | Mapping[str, Any] | None) -> str | None:
     )
     if r.error:
         line += f" · {r.error[:120]}"
-    if r.state == "failed" and r.failed_why:
+    if r.state == State.FAILED and r.failed_why:
         line += f" · {r.failed_why[:160]}"
     return printable(line)

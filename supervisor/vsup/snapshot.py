@@ -14,26 +14,14 @@ import typing
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from vsup.states import ExitReason, PullState, RolloutState, State
+
 SCHEMA = 1
 _T = typing.TypeVar("_T")
 
-STATES = ("stopped", "starting", "ready", "unhealthy", "backoff", "stopping", "failed")
-
-EXIT_REASONS = (
-    "oom",
-    "kv_cache_too_small",
-    "port_in_use",
-    "bad_args",
-    "model_not_found",
-    "engine_dead",
-    "killed",
-    "startup_timeout",
-    "unhealthy",
-    "stopped",
-    "unknown",
-    "gpu_memory_insufficient",
-    "stalled",
-)
+# The wire's names, in the enums' order (vsup.states is their one source).
+STATES = tuple(s.value for s in State)
+EXIT_REASONS = tuple(r.value for r in ExitReason)
 
 # Where a per-instance HBM figure came from.
 HBM_SOURCES = ("process", "device", "unavailable")
@@ -122,6 +110,44 @@ class WaitReason:
     remaining_s: float | None = None
 
 
+# What a hub model's pull is doing (status JSON `pulls[].state`; docs/pull.md).
+PULL_STATES = tuple(s.value for s in PullState)
+
+
+@dataclass(frozen=True)
+class PullStatus:
+    """A hub model being pulled into the node's cache before its instances start.
+
+    `instances`: the instances that start from it once it is done; `current`: files in
+    flight; `reason` and `message` say why a pull failed (vsup.pull.errors.REASONS)."""
+
+    model: str
+    revision: str
+    state: str  # PULL_STATES
+    instances: tuple[str, ...] = ()
+    commit: str | None = None
+    cache_dir: str | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    fetched_bytes: int | None = None  # over the network by this pull
+    files_done: int | None = None
+    files_total: int | None = None
+    rate_bps: float | None = None
+    eta_s: float | None = None
+    current: tuple[str, ...] = ()
+    elapsed_s: float | None = None
+    started_at: str | None = None  # ISO 8601 UTC
+    reason: str | None = None
+    message: str | None = None
+    snapshot: str | None = None  # the local snapshot, once done
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.bytes_total:
+            return None
+        return min(1.0, (self.bytes_done or 0) / self.bytes_total)
+
+
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
@@ -186,16 +212,19 @@ class InstanceStatus:
     # no layout to compare with (none applied, or the instance is leaving the layout).
     outdated: bool | None = None
     outdated_fields: tuple[str, ...] = ()
+    # The pull this instance waits for before its start (`state` stays what the engine says:
+    # `stopped` for a new instance), or the pull that failed and kept it from starting.
+    pull: PullStatus | None = None
 
     @property
     def is_ready(self) -> bool:
-        return self.state == "ready"
+        return self.state == State.READY
 
     @property
     def start_elapsed_s(self) -> float | None:
         """Seconds since a `starting` instance was spawned (None before the spawn or in
         another state): its progress against `start_timeout_s`."""
-        if self.state != "starting" or self.pid is None:
+        if self.state != State.STARTING or self.pid is None:
             return None
         return self.uptime_s
 
@@ -354,7 +383,7 @@ BenchProgress = BenchStatus  # its earlier name
 
 # A rolling apply's states (engine/rollout.py). `interrupted`: the daemon that drove it ended
 # (killed) before it did; the next daemon reports it and `vsup up` of the layout finishes it.
-ROLLOUT_STATES = ("running", "done", "failed", "superseded", "cancelled", "interrupted")
+ROLLOUT_STATES = tuple(s.value for s in RolloutState)
 
 
 @dataclass(frozen=True)
@@ -389,7 +418,9 @@ class RolloutStatus:
     @property
     def active(self) -> bool:
         """Running, or interrupted with instances left on their old spec."""
-        return self.state == "running" or (self.state == "interrupted" and bool(self.old_config))
+        return self.state == RolloutState.RUNNING or (
+            self.state == RolloutState.INTERRUPTED and bool(self.old_config)
+        )
 
 
 @dataclass(frozen=True)
@@ -404,6 +435,17 @@ class RouterWorker:
     share: float | None = None  # its fraction of the router's requests so far
     requests_total: float | None = None
     healthy: bool | None = None  # the router's own health verdict
+
+
+@dataclass(frozen=True)
+class RouterForeignWorker:
+    """A worker someone else added to the router, found and removed by vsup (the recent ones;
+    router/membership.py ForeignWorker)."""
+
+    url: str
+    first_seen: str  # ISO 8601 UTC: the first removal of this incident
+    last_seen: str  # and the latest
+    removals: int  # how often vsup removed it (it comes back while something re-adds it)
 
 
 @dataclass(frozen=True)
@@ -432,6 +474,7 @@ class RouterStatus:
     retries_total: float | None = None
     error: str | None = None  # the last error talking to it
     workers: tuple[RouterWorker, ...] = ()
+    foreign_workers: tuple[RouterForeignWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -446,6 +489,7 @@ class StatusSnapshot:
     router: RouterStatus | None = None
     bench: BenchStatus | None = None  # a `vsup bench` replaces the layout while it runs
     rollout: RolloutStatus | None = None  # the latest rolling apply, None before one
+    pulls: tuple[PullStatus, ...] = ()  # the latest apply's pulls (docs/pull.md)
 
     @property
     def ready_count(self) -> int:

@@ -9,6 +9,8 @@ import argparse
 import sys
 import time
 
+from vsup.states import IDLE, State
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -31,12 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vsup import paths
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
+    from vsup.commands.progress import Progress, fmt_duration
     from vsup.control.client import Client
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.errors import DaemonUnavailable
     from vsup.control.liveness import recorded_live_instances
     from vsup.control.lock import daemon_lock_holder
-    from vsup.control.progress import Progress, fmt_duration
 
     def body(args: argparse.Namespace) -> int:
         home = paths.vsup_home()
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
             daemon_pid = client.ping()["pid"]
             doc = client.status()
-            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != "stopped"]
+            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != State.STOPPED]
             what = (
                 f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
                 if live
@@ -72,11 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     doc = client.status()
                 except DaemonUnavailable:
                     break
-                left = [
-                    i["name"]
-                    for i in doc.get("instances", ())
-                    if i["state"] != "stopped" and i["state"] != "failed"
-                ]
+                left = [i["name"] for i in doc.get("instances", ()) if i["state"] not in IDLE]
                 progress.update(
                     f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
                     + (", ".join(left) if left else "the daemon")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from vsup.states import State
+
 if TYPE_CHECKING:
     from vsup.control.client import Client
 
@@ -45,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import check_name
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         if not args.names and not args.all:
@@ -87,7 +89,7 @@ def progress_note(args: argparse.Namespace) -> None:
 
 def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
-    from vsup.control.progress import Progress, wait_ready
+    from vsup.commands.progress import Progress, wait_ready
 
     ok, doc = wait_ready(client, names, timeout, Progress())
     by_name = {i["name"]: i for i in doc.get("instances", ())}
@@ -96,12 +98,12 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
         if inst is None:
             print(f"{name}: gone from the layout", file=sys.stderr)
             continue
-        if inst["state"] == "ready":
+        if inst["state"] == State.READY:
             print(f"{name}: ready")
         else:
             le = inst.get("last_exit") or {}
             why = f" (last exit: {le['reason']})" if le.get("reason") else ""
             print(f"{name}: {inst['state']}{why}", file=sys.stderr)
-    if not ok and all(by_name.get(n, {}).get("state") not in ("failed",) for n in names):
+    if not ok and all(by_name.get(n, {}).get("state") != State.FAILED for n in names):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1

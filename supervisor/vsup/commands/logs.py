@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import client_for_cli, run_command
     from vsup.control.client import check_name
-    from vsup.control.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         check_name(args.name)  # before a daemon is started or asked

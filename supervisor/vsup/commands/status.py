@@ -24,6 +24,8 @@ if TYPE_CHECKING:
         StatusSnapshot,
     )
 
+from vsup.states import PullState, RolloutState, State
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_with_client(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import client_for_cli, run_command
+    from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
@@ -60,7 +62,7 @@ def _show(doc: dict[str, Any], args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(doc))
-    return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+    return 0 if all(i["state"] == State.READY for i in doc.get("instances", ())) else 1
 
 
 def fetch_status(home: Path | None = None, timeout: float = 30.0) -> dict[str, Any] | None:
@@ -112,7 +114,7 @@ def _p(text: Any) -> str:
 def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
     from vsup.snapshot import BenchStatus, StatusSnapshot
 
     if isinstance(b, dict):
@@ -129,7 +131,7 @@ def bench_line(b: BenchStatus | dict[str, Any]) -> str:
 
 def short_duration(seconds: float | None) -> str:
     """`fmt_duration` without a zero tail: `20m`, `1h`, `2m10s`."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     text = fmt_duration(seconds)
     for zero in ("m00s", "h00m"):
@@ -145,17 +147,17 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
     if r is None:
         return []
     names = ", ".join(r.current) or "-"
-    if r.state == "running":
+    if r.state == RolloutState.RUNNING:
         line = f"ROLLOUT wave {r.wave}/{r.waves}: restarting {names} · {r.done}/{r.total} done"
         if r.pending:
             line += f" · pending {', '.join(r.pending)} (on the old config until their wave)"
         return [_p(line + f" · max_unavailable {r.max_unavailable}")]
-    if r.state == "failed" and r.old_config:
+    if r.state == RolloutState.FAILED and r.old_config:
         return [
             _p(f"ROLLOUT FAILED at wave {r.wave}/{r.waves}: {r.failure or '?'}"),
             _p(f"  on the old config: {', '.join(r.old_config)}"),
         ]
-    if r.state == "interrupted" and r.old_config:
+    if r.state == RolloutState.INTERRUPTED and r.old_config:
         return [
             _p(
                 f"ROLLOUT INTERRUPTED at wave {r.wave}/{r.waves} ({r.done}/{r.total} done; its "
@@ -168,14 +170,15 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
 
 def state_cell(i: InstanceStatus) -> str:
     """The STATE column: the state, then what it waits for or how far its start is."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
+    from vsup.pullview import state_mark
 
     state = i.state
-    if state == "backoff" and i.backoff_remaining_s is not None:
+    if state == State.BACKOFF and i.backoff_remaining_s is not None:
         state += f" {fmt_duration(i.backoff_remaining_s)}"
-    elif state == "starting" and i.wait is not None:
+    elif state == State.STARTING and i.wait is not None:
         state += " (waits)"
-    elif state == "starting" and i.start_elapsed_s is not None:
+    elif state == State.STARTING and i.start_elapsed_s is not None:
         state += f" {fmt_duration(i.start_elapsed_s)}"
         if i.start_timeout_s:
             state += f" of {short_duration(i.start_timeout_s)}"
@@ -184,6 +187,9 @@ def state_cell(i: InstanceStatus) -> str:
         state += f" STALLED {fmt_duration(i.stalled_for_s)}"
     if i.outdated:
         state += " (old spec)"
+    mark = state_mark(i.pull)
+    if mark:
+        state += f" ({mark})"
     return state
 
 
@@ -218,7 +224,8 @@ def _rank(r: RankStatus) -> str:
 def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below.
     `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
+    from vsup.pullview import pull_line
     from vsup.routerview import router_line
     from vsup.snapshot import StatusSnapshot
 
@@ -235,6 +242,8 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     if snap.bench is not None:
         lines.append(bench_line(snap.bench))
     lines.extend(rollout_lines(snap.rollout))
+    # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
+    lines += [pull_line(p) for p in snap.pulls if p.state == PullState.PULLING]
     header = (
         "NAME",
         "STATE",
@@ -307,7 +316,7 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
             lines.append(line)
     for i in insts:
         le = i.last_exit
-        if le and i.state != "ready":
+        if le and i.state != State.READY:
             how = f"code {le.code}" if le.code is not None else le.signal or "?"
             line = f"{i.name}: last exit {le.reason} ({how}) at {le.at}"
             if le.rank is not None:

@@ -93,9 +93,15 @@ class Client:
     """Synchronous client (the CLI). Raises ControlError for refusals, DaemonUnavailable when
     nothing answers on the socket."""
 
-    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.home = Path(home) if home else paths.vsup_home()
-        self.socket = paths.socket_path(self.home)
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        # `socket`: an explicit control socket (the fleet's forwarded one of a remote node)
+        self.home = Path(home) if home else (Path(socket).parent if socket else paths.vsup_home())
+        self.socket = Path(socket) if socket else paths.socket_path(self.home)
         check_socket_path(self.socket)
         self._http = httpx.Client(
             transport=httpx.HTTPTransport(uds=str(self.socket)),
@@ -140,11 +146,18 @@ class Client:
         return self._call("GET", "/v1/layout")
 
     def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
         if all_at_once:
             body["all_at_once"] = True  # restart serving instances together, not in waves
+        if not pull:
+            body["pull"] = False  # hub models not complete in the cache go to vLLM as written
         return self._call("POST", "/v1/apply", json=body)
 
     def action(
@@ -189,9 +202,15 @@ class AsyncClient:
     """Asynchronous client (the TUI): the same methods as `Client`, awaitable. It never starts
     a daemon; call `connect()` (sync, before the app runs) for that."""
 
-    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.home = Path(home) if home else paths.vsup_home()
-        self.socket = paths.socket_path(self.home)
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        # `socket`: an explicit control socket (the fleet's forwarded one of a remote node)
+        self.home = Path(home) if home else (Path(socket).parent if socket else paths.vsup_home())
+        self.socket = Path(socket) if socket else paths.socket_path(self.home)
         check_socket_path(self.socket)
         self._http = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
@@ -279,7 +298,10 @@ def spawn_daemon(home: Path) -> subprocess.Popen:
     env["VSUP_HOME"] = str(home)
     # The daemon is this interpreter with the installed `vsup` package (`daemon_command`), started
     # in VSUP_HOME: nothing depends on the client's working directory.
-    log = open(home / "daemon.log", "ab")
+    # 0600: VSUP_HOME keeps the mode it was found with (a home directory may be 0755)
+    log = os.fdopen(
+        os.open(home / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab"
+    )
     try:
         return subprocess.Popen(
             daemon_command(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -49,11 +50,10 @@ from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.pulls import Pulls
 from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import DaemonService
-from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
-from vsup.control.service import parse_layout as parse_layout
 from vsup.control.stalls import StallActions
 from vsup.control.state import (
     DaemonState,
@@ -61,7 +61,10 @@ from vsup.control.state import (
     StateFile,
     spec_to_dict,
 )
-from vsup.engine import Engine, Instance
+from vsup.engine import Engine, EngineSettings, Instance
+from vsup.layout.compiled import CompiledLayout
+from vsup.layout.listen import format_listen
+from vsup.layout.node import NodeFacts
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
@@ -71,6 +74,8 @@ from vsup.snapshot import (
     SupervisorInfo,
     empty_instance,
 )
+from vsup.states import SERVING, ExitReason, RolloutState, State
+from vsup.telemetry.gpu import node_facts
 
 log = logging.getLogger("vsup.daemon")
 
@@ -106,7 +111,7 @@ class Daemon:
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         gpu_probe: Any = None,
-        engine_options: dict[str, Any] | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> None:
         self.home = Path(home)
         self.clock = clock or SystemClock()
@@ -116,11 +121,16 @@ class Daemon:
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
-        self.bench = BenchProgressBoard(self.clock)
+        self.bench = BenchProgressBoard(
+            self.clock, home=self.home, running_layout=lambda: self.layout_toml
+        )
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
-        self.metrics_listen: str | None = None
+        # the running layout compiled (None before the first apply, or when the one restored
+        # from the state file no longer compiles: then layout_toml still says what it was)
+        self.layout: CompiledLayout | None = None
+        self.metrics_listen: tuple[str, int] | None = None
         # the running layout's specs by name: what each instance should run (`outdated`)
         self.layout_specs: Mapping[str, InstanceSpec] | None = None
         self.problems: list[Advice] = []
@@ -128,6 +138,7 @@ class Daemon:
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
+        self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
         self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
         # The latest snapshot: built by each poll, and again for a status request only when
@@ -144,16 +155,21 @@ class Daemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Prometheus reads the poll's snapshot, never building one (export.py caches it)
         self.metrics = MetricsListener(lambda: self._snapshot)
-        self.alerts = Alerts(self.clock, self.node.hostname)
+        self.alerts = Alerts(
+            self.clock, self.node.hostname, state_path=paths.alerts_state_path(self.home)
+        )
         self.engine = Engine(
             self.clock,
             self.logs_dir,
             on_event=self._on_event,
+            settings=engine_settings,
             gpu_release_check=self.monitor.gpu_released,
             requests_running=self._requests_running,
-            **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
+            gpu_memory=self.monitor.gpu_memory,
         )
         self.service = DaemonService(self)
+        # hub models pulled before their instances start (control/pulls.py)
+        self.pulls = Pulls(self.home, self.clock, self.journal.append, self.spawn)
         self.stalls = StallActions(self.journal.append, self.engine)
         # a ready instance the latest snapshot flags `stalled` gets no request from the router
         self.engine.router.exclude = self._stalled
@@ -173,7 +189,7 @@ class Daemon:
         if kind == "spawn" and inst is not None:
             # What journal replay needs to adopt this process if the state file is lost.
             doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
-        if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
+        if kind == "exit" and name and doc.get("reason") not in (ExitReason.STOPPED, None):
             self.note_failure(name)
         self.journal.append(kind, name, **doc)
         if kind in LOGGED_EVENTS:
@@ -219,6 +235,8 @@ class Daemon:
             gpu_count=self.monitor.gpu_count,
             cpu_count=self.node.cpu_count,
         )
+        if self.monitor.gpu_count:
+            self.node_facts = await asyncio.to_thread(node_facts, self.monitor.probe)
         await restore(self)
         await self.alerts.start()
         self._api = ServedApp(build_app(self.service), sock, name="control API")
@@ -240,6 +258,7 @@ class Daemon:
             for t in (poller, writer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            await self.pulls.shutdown()
             # Write the state before the engine lets go of its processes: the next daemon
             # adopts from it.
             self._write_state()
@@ -339,7 +358,8 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self.report_problem(
                 "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
+                f"cannot serve Prometheus metrics on {format_listen(self.metrics_listen)} ({exc}); "
+                "change "
                 "[layout] metrics_listen and run `vsup up` again",
             )
             return False
@@ -348,6 +368,7 @@ class Daemon:
         """`vsup down` after its answer: stop every instance (unless told not to), then end
         the daemon."""
         try:
+            await self.pulls.shutdown("vsup down")
             if stop_instances:
                 async with self.apply_lock:
                     # the router first: it would send requests to instances on their way out
@@ -476,7 +497,7 @@ class Daemon:
                     pid=inst.pid,
                     pgid=inst.pgid,
                     gpus=tuple(inst.spec.gpus),
-                    live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
+                    live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=inst.spec.arg("attention-backend"),
                 )
@@ -520,7 +541,7 @@ class Daemon:
         outdated: set[str] = set()
         for name, inst in self.engine.instances.items():
             spec = inst.spec
-            live = inst.state in ("ready", "unhealthy") and inst.pid is not None
+            live = inst.state in SERVING and inst.pid is not None
             planned = None
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
@@ -535,13 +556,14 @@ class Daemon:
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 **self.monitor.stall_fields(
-                    name, inst.state == "ready" and inst.pid is not None, spec.stall_after_s
+                    name, inst.state == State.READY and inst.pid is not None, spec.stall_after_s
                 ),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
                 "outdated": None if drift is None else bool(drift),
                 "outdated_fields": drift or (),
                 **parallel_fields(inst, gpus),
+                "pull": self.pulls.for_instance(name),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone
@@ -551,8 +573,9 @@ class Daemon:
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
-            problems=tuple(self.problems),
+            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
+            foreign_workers=self.engine.router.foreign_recent(),
         )
         rollout_status = None
         advice = compute_advice(instances, gpus, inputs)
@@ -576,6 +599,7 @@ class Daemon:
             router=self.engine.router.status_json(self.node.hostname),
             bench=self.bench.status(),
             rollout=rollout_status,
+            pulls=self.pulls.statuses(),
         )
         self._snapshot = snap
         return snap
@@ -587,6 +611,9 @@ class Daemon:
         if want is None:
             return None
         have = inst.spec
+        if want.model_path is None and have.model_path is not None:
+            # the compiled layout names a hub model; its pull resolved it to a local snapshot
+            have = dataclasses.replace(have, model_path=None)
         if have == want:
             return ()
         return tuple(
@@ -602,7 +629,7 @@ class Daemon:
 def rollout_advice(rollout: RolloutStatus) -> tuple[Advice, ...]:
     """`rollout_interrupted` (warning): a daemon ended in the middle of a rolling apply and
     instances still run their old spec, which `vsup up` of the layout restarts."""
-    if rollout.state != "interrupted" or not rollout.old_config:
+    if rollout.state != RolloutState.INTERRUPTED or not rollout.old_config:
         return ()
     names = ", ".join(rollout.old_config)
     return (
@@ -630,8 +657,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     """`vsup daemon`: take the lock, serve until stopped. 0 also when another daemon runs."""
+    # VSUP_HOME is as paths.vsup_home() made or found it: a directory vsup did not create (a
+    # home directory, say) keeps its mode; what must be private in it is private by itself
+    # (the socket 0600, state, journal and logs 0600/0700).
     home = Path(home) if home else paths.vsup_home()
-    os.chmod(home, 0o700)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

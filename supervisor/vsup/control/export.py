@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
 from vsup.snapshot import ROLLOUT_STATES, STATES, THROTTLE_REASONS, WAIT_KINDS, StatusSnapshot
+from vsup.states import RolloutState, State
 
 if TYPE_CHECKING:
     from vsup.control.server import ServedApp
@@ -216,7 +217,7 @@ def router_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     for s in STATES:
         state.add_metric([port, s], 1 if router.state == s else 0)
     up = GaugeMetricFamily("vsup_router_up", "1 when the router serves", labels=labels)
-    up.add_metric([port], 1 if router.state == "ready" else 0)
+    up.add_metric([port], 1 if router.state == State.READY else 0)
     restarts = CounterMetricFamily(
         "vsup_router_restarts", "Automatic restarts of the router", labels=labels
     )
@@ -273,11 +274,19 @@ def rollout_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         state.add_metric([s], 1 if r.state == s else 0)
     yield state
     for key, value, what in (
-        ("running", 1 if r.state == "running" else 0, "1 while a rolling apply restarts instances"),
-        ("failed", 1 if r.state == "failed" else 0, "1 when the latest rollout's wave failed"),
+        (
+            "running",
+            1 if r.state == RolloutState.RUNNING else 0,
+            "1 while a rolling apply restarts instances",
+        ),
+        (
+            "failed",
+            1 if r.state == RolloutState.FAILED else 0,
+            "1 when the latest rollout's wave failed",
+        ),
         (
             "interrupted",
-            1 if r.state == "interrupted" else 0,
+            1 if r.state == RolloutState.INTERRUPTED else 0,
             "1 when a daemon ended in the middle of the latest rollout",
         ),
         ("wave", r.wave, "The wave under way (or the last one), 1-based"),
@@ -500,13 +509,14 @@ class MetricsListener:
 
         return Starlette(routes=[Route("/metrics", metrics), Route("/", index)])
 
-    async def start(self, listen: str) -> None:
-        """Listen on `listen` (HOST:PORT), replacing a listener on another address.
+    async def start(self, listen: tuple[str, int] | str) -> None:
+        """Listen on `listen` ((host, port) as the compiled layout has it, or HOST:PORT),
+        replacing a listener on another address.
 
         Raises ValueError for a malformed address and OSError when it cannot be bound."""
         from vsup.control.server import ServedApp, bind_tcp_socket
 
-        host, port = parse_listen(listen)
+        host, port = parse_listen(listen) if isinstance(listen, str) else listen
         if self._served is not None and self.address == (host, port):
             return
         await self.stop()

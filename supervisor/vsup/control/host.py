@@ -18,8 +18,11 @@ from vsup.control.benchprogress import BenchProgressBoard
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.monitor import Monitor
+from vsup.control.pulls import Pulls
 from vsup.control.state import StateFile
 from vsup.engine import Engine
+from vsup.layout.compiled import CompiledLayout
+from vsup.layout.node import NodeFacts
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import Advice, NodeInfo, StatusSnapshot
 
@@ -31,6 +34,7 @@ class DaemonHost(Protocol):
     home: Path
     clock: Clock
     node: NodeInfo
+    node_facts: NodeFacts  # the node's GPUs (its telemetry probe), that layouts compile against
     engine: Engine
     journal: Journal
     state_file: StateFile
@@ -38,14 +42,16 @@ class DaemonHost(Protocol):
     alerts: Alerts
     metrics: MetricsListener  # the Prometheus listener of `[layout] metrics_listen`
     bench: BenchProgressBoard  # the latest report of a `vsup bench` in progress
+    pulls: Pulls  # hub models pulled before their instances start
     # the running layout, as applied (None before the first apply)
     layout_path: str | None
     layout_toml: str | None
     layout_name: str | None
-    metrics_listen: str | None
+    layout: CompiledLayout | None  # the running layout compiled (None: none, or it no longer does)
+    metrics_listen: tuple[str, int] | None
     problems: list[Advice]  # the daemon's own problems, shown as advice
     shutting_down: bool  # `vsup down` is under way: no more applies or actions
-    apply_lock: asyncio.Lock  # one apply (or shutdown's stops) at a time
+    apply_lock: asyncio.Lock  # one apply (compile to engine) or shutdown's stops at a time
 
     def build_snapshot(self) -> StatusSnapshot:
         """A new status snapshot, built now."""

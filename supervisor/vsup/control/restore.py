@@ -21,13 +21,15 @@ from typing import Any
 from vsup.clock import iso_utc
 from vsup.control.host import DaemonHost
 from vsup.control.journal import Journal, last_layout, replay
-from vsup.control.service import alert_config_of, metrics_listen_of, parse_layout
 from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
 from vsup.engine import AdoptRecord, Engine
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
 from vsup.engine.rollout import Rollout, RolloutState
+from vsup.layout.compiled import LayoutSettings, compile_document, layout_settings
+from vsup.layout.model import loads_layout
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
+from vsup.states import IDLE, State
 
 log = logging.getLogger("vsup.daemon")
 
@@ -54,8 +56,7 @@ async def restore(daemon: DaemonHost) -> None:
     daemon.layout_toml = state.layout_toml
     daemon.layout_name = state.layout_name
     if state.layout_toml:
-        daemon.metrics_listen = metrics_listen_of(state.layout_toml)
-        daemon.alerts.configure(alert_config_of(state.layout_toml))
+        await _restore_layout(daemon, state.layout_toml, state.layout_path)
     vanished: list[str] = []
     for name, rec in state.instances.items():
         try:
@@ -88,28 +89,12 @@ async def restore(daemon: DaemonHost) -> None:
             continue
         _register_idle(daemon.engine, spec, rec)
     _restore_router(daemon, state.router)
-    await _restore_layout_specs(daemon, state)
     _restore_rollout(daemon, state)
     await _settle_adopted(daemon.engine)
     _alert_restart(daemon, vanished)
     if daemon.metrics_listen:
         await daemon.start_metrics()
     daemon.state_changed()
-
-
-async def _restore_layout_specs(daemon: DaemonHost, state: DaemonState) -> None:
-    """What the running layout says each instance should run: status compares it with what
-    the adopted processes run (a rollout the last daemon did not finish leaves some on the
-    old spec, `outdated`)."""
-    if not state.layout_toml:
-        return
-    _layout, specs, diags = await asyncio.to_thread(
-        parse_layout, state.layout_toml, state.layout_path, daemon.node.gpu_count
-    )
-    if any(d.is_error for d in diags):
-        log.warning("the running layout does not resolve here; status cannot compare specs")
-        return
-    daemon.set_layout_specs(specs)
 
 
 def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
@@ -149,6 +134,33 @@ def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
         )
 
 
+async def _restore_layout(daemon: DaemonHost, toml: str, path: str | None) -> None:
+    """The running layout compiled again on this node, for its alerts and metrics listener.
+    One that no longer compiles (a stricter vsup, a GPU gone, a profile removed) is a problem
+    the operator sees; its alerts and listener still work where its tables can be read."""
+    layout = loads_layout(toml, path)
+    compiled, diagnostics = await asyncio.to_thread(compile_document, layout, daemon.node_facts)
+    daemon.layout = compiled
+    if compiled is not None:
+        settings = compiled.settings
+        daemon.set_layout_specs(compiled.specs)
+    else:
+        errors = [d for d in diagnostics if d.is_error]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        daemon.report_problem(
+            "layout",
+            f"the running layout {daemon.layout_name or layout.name} no longer validates on this "
+            f"node: {errors[0].format() if errors else 'unreadable'}{more}; it keeps running as "
+            "it is, and `vsup up` of a layout that validates replaces it",
+        )
+        try:
+            settings = layout_settings(layout)
+        except (TypeError, ValueError):
+            settings = LayoutSettings()
+    daemon.metrics_listen = settings.metrics_listen
+    daemon.alerts.configure(settings.alerts)
+
+
 def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
     """The router the last daemon ran: adopted when it still runs, else started again (unless
     its policy is `never` or it was stopped on purpose)."""
@@ -168,7 +180,7 @@ def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
         return
     if record is None:
         router.register(spec, run=int(doc.get("run") or 0), restarts=int(doc.get("restarts") or 0))
-    if doc.get("state") not in ("stopped", "failed") and spec.restart.policy != "never":
+    if doc.get("state") not in IDLE and spec.restart.policy != "never":
         daemon.spawn(router.start(automatic=True), "router start")
 
 
@@ -196,7 +208,7 @@ async def _settle_adopted(engine: Engine) -> None:
     adopted = [n for n, i in engine.instances.items() if getattr(i, "adopted", False)]
     if not adopted:
         return
-    settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+    settled = (State.READY, State.UNHEALTHY, State.BACKOFF, State.FAILED, State.STOPPED)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(
             asyncio.gather(*(engine.wait(n, settled) for n in adopted)),
@@ -223,11 +235,11 @@ def _replay_journal(journal: Journal, state: DaemonState) -> None:
             rec.port = rep.port or rec.port
             rec.run = max(rec.run, rep.run)
             rec.descendants = {}
-            rec.state = "starting"
+            rec.state = State.STARTING
         elif not rep.running and rep.last_exit is not None:
             rec.pid = rec.pgid = rec.create_time = None
             rec.last_exit = rep.last_exit
-            rec.state = "stopped"
+            rec.state = State.STOPPED
         rec.restarts = max(rec.restarts, rep.restarts)
 
 
@@ -236,7 +248,7 @@ def _register_idle(engine: Engine, spec: InstanceSpec, rec: InstanceRecord) -> N
     its run number, restarts and last exit as they were."""
     engine.restore(
         spec,
-        state="failed" if rec.state == "failed" else "stopped",
+        state=State.FAILED if rec.state == State.FAILED else State.STOPPED,
         run=rec.run,
         restarts=rec.restarts,
         last_exit=_last_exit(rec.last_exit),

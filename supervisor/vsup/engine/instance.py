@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from vsup.clock import Clock
+from vsup.engine.intent import IntentCell
 from vsup.engine.lifecycle import Lifecycle
 from vsup.engine.proc import RunningProcess
 from vsup.engine.runlog import RunLogs
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit, WaitReason
+from vsup.states import State
 
 
 @dataclass(frozen=True)
@@ -60,22 +62,16 @@ class AdoptRecord:
         )
 
 
-@dataclass(eq=False)
-class Control:
-    """What is wanted of an instance and the handles of the work on it: the engine sets the
-    wishes (a person's start/stop/restart, an apply) and wakes `kick`; the instance's runner
-    acts on them. The only mutable state the engine and the runner share besides the
-    Lifecycle."""
+class Control(IntentCell):
+    """What is wanted of an instance (its intent, intent.py: the engine moves it, the runner
+    reads it and takes a pending restart) and the handles of the work on it. The only mutable
+    state the engine and the runner share besides the Lifecycle."""
 
-    want: bool = False  # it should run
-    restart: bool = False  # end the running process, then start again
-    drain: bool = False  # wait for running requests before the next stop
-    drain_timeout_s: float | None = None  # a rollout's limit for that drain (else the spec's)
-    next_spec: InstanceSpec | None = None  # the spec of the next start (an apply's change)
-    stalled: str | None = None  # why a stalled run is ended and restarted (restart.on_stall)
-    stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
-    task: asyncio.Task | None = None  # the runner
-    kick: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the runner
+    def __init__(self) -> None:
+        super().__init__()
+        self.stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
+        self.task: asyncio.Task | None = None  # the runner
+        self.kick = asyncio.Event()  # wakes the runner
 
 
 class Instance:
@@ -88,7 +84,7 @@ class Instance:
         spec: InstanceSpec,
         clock: Clock,
         logs: RunLogs,
-        on_state: Callable[[Instance, str, str], None],
+        on_state: Callable[[Instance, State, State], None],
         deterministic_spawns: int = 1,
     ) -> None:
         self.spec = spec
@@ -109,7 +105,7 @@ class Instance:
     def set_spec(self, spec: InstanceSpec) -> None:
         """Take `spec` now (its live fields apply from the next decision)."""
         self.spec = spec
-        self.control.next_spec = None
+        self.control.drop_spec()
         self.lifecycle.configure(spec)
 
     @property
@@ -125,7 +121,7 @@ class Instance:
         """What it waits for before its next start: the runner's `wait`, else the backoff."""
         if self.wait is not None:
             return self.wait
-        left = self.backoff_remaining_s() if self.state == "backoff" else None
+        left = self.backoff_remaining_s() if self.state == State.BACKOFF else None
         if left is None:
             return None
         why = self.last_exit.reason if self.last_exit is not None else None
@@ -136,7 +132,7 @@ class Instance:
         )
 
     @property
-    def state(self) -> str:
+    def state(self) -> State:
         return self.lifecycle.state
 
     @property

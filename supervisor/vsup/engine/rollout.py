@@ -25,19 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from vsup.snapshot import RolloutStatus
+from vsup.states import RolloutState
 
-
-class RolloutState(StrEnum):
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"  # a wave ended with an instance not ready; later waves were not started
-    SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
-    CANCELLED = "cancelled"  # the engine shut down
-    INTERRUPTED = "interrupted"  # its daemon ended (killed) before it did; found by the next one
+__all__ = ["Rollout", "RolloutState", "plan_waves"]
 
 
 def plan_waves(names: tuple[str, ...], max_unavailable: int) -> list[tuple[str, ...]]:

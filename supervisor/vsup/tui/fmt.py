@@ -7,6 +7,7 @@ render the same text cause no widget work. Unknown values (`None`) render as `-`
 from __future__ import annotations
 
 from vsup.snapshot import InstanceStatus, RolloutStatus
+from vsup.states import RolloutState, State
 from vsup.termtext import printable
 
 UNKNOWN = "-"
@@ -33,7 +34,7 @@ SEVERITY_LOOK: dict[str, tuple[str, str]] = {
 def state_label(state: str, backoff_remaining_s: float | None = None) -> str:
     """`● ready`; a backoff shows how long until the next attempt: `↻ backoff 12s`."""
     symbol, _ = STATE_LOOK.get(state, ("?", ""))
-    if state == "backoff" and backoff_remaining_s is not None:
+    if state == State.BACKOFF and backoff_remaining_s is not None:
         return f"{symbol} {state} {duration(backoff_remaining_s)}"
     return f"{symbol} {state}"
 
@@ -180,13 +181,13 @@ def wait_cell(inst: InstanceStatus) -> str | None:
     `◐ start 2m10s`; None when its state says enough."""
     symbol = STATE_LOOK.get(inst.state, ("?", ""))[0]
     w = inst.wait
-    if inst.state == "starting" and w is not None:
+    if inst.state == State.STARTING and w is not None:
         if w.kind in ("co_tenant", "start_slot") and w.instances:
             return f"{symbol} after {safe(w.instances[0])}"
         if w.kind == "gpu_memory":
             return f"{symbol} GPU memory"
         return f"{symbol} waiting"
-    if inst.state == "starting" and inst.start_elapsed_s is not None:
+    if inst.state == State.STARTING and inst.start_elapsed_s is not None:
         return f"{symbol} start {duration(inst.start_elapsed_s)}"
     return None
 
@@ -201,7 +202,7 @@ def wait_summary(inst: InstanceStatus) -> str | None:
             parts.append(f"backing off: {safe(w.message)}")
         else:
             parts.append(f"waits for {safe(w.message)}")
-    elif inst.state == "starting" and inst.start_elapsed_s is not None:
+    elif inst.state == State.STARTING and inst.start_elapsed_s is not None:
         of = f" of {short_duration(inst.start_timeout_s)}" if inst.start_timeout_s else ""
         parts.append(f"starting {duration(inst.start_elapsed_s)}{of} (start_timeout_s)")
     if inst.outdated:
@@ -215,10 +216,10 @@ def rollout_mark(r: RolloutStatus | None) -> tuple[str, str] | None:
     failed or was interrupted with instances left on their old config; None otherwise."""
     if r is None:
         return None
-    if r.state == "running":
+    if r.state == RolloutState.RUNNING:
         return (f" ROLLOUT {r.wave}/{r.waves} ", "bold black on cyan")
-    if r.state == "failed" and r.old_config:
+    if r.state == RolloutState.FAILED and r.old_config:
         return (" ROLLOUT FAILED ", "bold white on red")
-    if r.state == "interrupted" and r.old_config:
+    if r.state == RolloutState.INTERRUPTED and r.old_config:
         return (" ROLLOUT INTERRUPTED ", "bold white on red")
     return None

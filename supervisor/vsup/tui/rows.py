@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vsup import pullview
 from vsup.snapshot import Advice, InstanceStatus
+from vsup.states import State
 from vsup.tui import fmt
 
 # A cell is its text and a Rich style; comparing these tuples is the whole diff.
@@ -133,6 +135,13 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
     if key == "state":
         if inst.stalled:
             return (fmt.stalled_label(inst.stalled_for_s), "bold red")
+        if inst.pull is not None and inst.state == State.STOPPED:
+            # a new instance waiting for its weights, or kept from starting by a failed pull
+            mark = pullview.state_mark(inst.pull)
+            if mark == "pull failed":
+                return ("✖ pull failed", "bold red")
+            if mark:
+                return (f"⇣ {mark}", "bold cyan")
         wait_text = fmt.wait_cell(inst)
         if wait_text is not None:
             return (fmt.truncate(wait_text, width), fmt.state_style(inst.state))

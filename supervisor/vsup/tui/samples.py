@@ -20,6 +20,7 @@ from vsup.snapshot import (
     WaitReason,
     empty_instance,
 )
+from vsup.states import State
 
 H200_BYTES = 143_771 * 2**20  # what NVML reports for an H200
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -166,7 +167,7 @@ def gpu_node(tick: int = 0, uptime_s: float = 4 * 3600 + 15 * 60) -> StatusSnaps
         if g == 7:
             procs += (GpuProcess(99_321, 3 * 2**30 + 2**29, None),)
         used = sum(p.hbm_bytes or 0 for p in procs) + 2**29
-        busy = any(i.state == "ready" for i in instances if g in i.gpus)
+        busy = any(i.state == State.READY for i in instances if g in i.gpus)
         gpus.append(
             GpuStatus(
                 index=g,

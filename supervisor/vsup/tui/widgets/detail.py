@@ -16,6 +16,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
+from vsup.states import State
 from vsup.termtext import printable
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
@@ -51,7 +52,7 @@ def not_serving_text(inst: InstanceStatus) -> Text:
     summary = fmt.wait_summary(inst)
     if summary:
         text.append("\n" + summary)
-    elif inst.state == "starting":
+    elif inst.state == State.STARTING:
         text.append("\nstarting: no figures until it serves", "dim")
     else:
         text.append("\nno figures while it does not serve", "dim")
@@ -174,9 +175,9 @@ def exit_text(inst: InstanceStatus | None) -> Text:
         text.append(summary + "\n", "bold yellow")
     text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
     text.append(f"\nrestarts   {inst.restarts}")
-    if inst.state == "backoff" and inst.backoff_remaining_s is not None:
+    if inst.state == State.BACKOFF and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
-    if inst.state == "failed":
+    if inst.state == State.FAILED:
         text.append(
             "\n"
             + fmt.safe(

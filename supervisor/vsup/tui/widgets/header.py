@@ -8,12 +8,13 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import StatusSnapshot
+from vsup.states import PullState, State
 from vsup.tui import fmt
 
 
 def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> Text:
     """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ BENCH 2/3 │ ROLLOUT 1/2 │
-    READ-ONLY`."""
+    PULL 43% │ READ-ONLY`."""
     text = Text()
     text.append(" vsup ", "bold reverse")
     if snapshot is None:
@@ -26,7 +27,7 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
         router = snapshot.router
         if router is not None:
             # the one endpoint clients should use
-            ok = router.state == "ready"
+            ok = router.state == State.READY
             text.append(
                 f"{'' if narrow else 'router '}{fmt.safe(router.endpoint)}",
                 "bold" if ok else "bold red",
@@ -60,6 +61,17 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
             # a layout change in progress (or left half-done): the rollout line says more
             text.append(sep)
             text.append(*mark)
+        pulling = [p for p in snapshot.pulls if p.state == PullState.PULLING]
+        if any(p.state == PullState.FAILED for p in snapshot.pulls):
+            text.append(sep)
+            text.append(" PULL FAILED ", "bold white on red")
+        elif pulling:
+            # instances wait for their weights: not an outage
+            done = sum(p.bytes_done or 0 for p in pulling)
+            total = sum(p.bytes_total or 0 for p in pulling)
+            pct = f" {min(100, int(100 * done / total))}%" if total else ""
+            text.append(sep)
+            text.append(f" PULL{pct} ", "bold black on cyan")
     if readonly:
         text.append("  ")
         text.append(" READ-ONLY ", "bold reverse")

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import RolloutStatus
+from vsup.states import RolloutState
 from vsup.tui import fmt
 
 
@@ -24,7 +25,7 @@ def rollout_text(r: RolloutStatus) -> Text:
     `✖ rollout failed at wave 2/3: ... · old config: c`; `▲ rollout interrupted ...`."""
     text = Text(no_wrap=True, overflow="ellipsis")
     names = ", ".join(fmt.safe(n) for n in r.current) or "-"
-    if r.state == "running":
+    if r.state == RolloutState.RUNNING:
         text.append("⟳ rollout", "bold")
         text.append(f" wave {r.wave}/{r.waves}", "bold")
         text.append(f": restarting {names} · {r.done}/{r.total} done")
@@ -33,7 +34,7 @@ def rollout_text(r: RolloutStatus) -> Text:
             text.append(" (old config until their wave)", "dim")
         return text
     old = ", ".join(fmt.safe(n) for n in r.old_config)
-    if r.state == "failed":
+    if r.state == RolloutState.FAILED:
         text.append("✖ rollout failed", "bold red")
         text.append(f" at wave {r.wave}/{r.waves}: {fmt.safe(r.failure or '?')}")
         text.append(f" · old config: {old}", "bold")
@@ -71,6 +72,6 @@ class RolloutBar(Static):
         if text.plain != self._shown:
             self._shown = text.plain
             self.update(text)
-        self.set_class(rollout.state != "running", "-bad")
+        self.set_class(rollout.state != RolloutState.RUNNING, "-bad")
         self.add_class("-shown")
         return not was

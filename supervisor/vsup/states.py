@@ -65,6 +65,7 @@ class RolloutState(StrEnum):
     FAILED = "failed"  # a wave ended with an instance not ready; later waves were not started
     SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
     CANCELLED = "cancelled"  # the engine shut down
+    INTERRUPTED = "interrupted"  # its daemon ended (killed) before it did; found by the next one
 
 
 class PullState(StrEnum):

@@ -6,11 +6,13 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from vsup.control.client import Client
 from vsup.control.errors import DaemonUnavailable
 from vsup.states import State
+
+if TYPE_CHECKING:  # the client imports httpx: `vsup status` formats durations without it
+    from vsup.control.client import Client
 
 
 class Progress:

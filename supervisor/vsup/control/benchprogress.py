@@ -23,7 +23,7 @@ from vsup.clock import Clock
 from vsup.control.liveness import process_matches
 from vsup.engine import proc
 from vsup.lease import Lease, lease_path, read_lease
-from vsup.snapshot import BENCH_PHASES, Advice
+from vsup.snapshot import BENCH_PHASES, Advice, BenchStatus, StatusSnapshot
 
 # The bench reports every second from its own thread; ten missed reports mean it is gone
 # (stopped with SIGSTOP, or on another pid namespace where its pid cannot be checked).
@@ -57,11 +57,13 @@ class BenchProgressBoard:
         self.home = Path(home) if home is not None else None
         self.running_layout = running_layout
         self._report: _Report | None = None
+        self.version = 0  # counts reports taken: the daemon's snapshot follows it
         self._lease: Lease | None = None
         self._lease_id: tuple[int, int, int] | None = None
 
     def update(self, body: dict[str, Any]) -> None:
         """Take a report (keys checked by the API). Phase `done` from the same sender clears."""
+        self.version += 1
         now = self.clock.monotonic()
         pid = int(body["pid"])
         current = self._report if self._report and self._report.body["pid"] == pid else None
@@ -76,6 +78,12 @@ class BenchProgressBoard:
             stat = proc.read_stat(pid)
             create_time = stat.create_time if stat is not None else None
         self._report = _Report(dict(body), now, now - elapsed, create_time)
+
+    def status(self) -> BenchStatus | None:
+        """`current()` typed, as the snapshot carries it (every key of the report must be a
+        field of snapshot.BenchStatus: tests/unit/control/test_benchprogress.py checks)."""
+        doc = self.current()
+        return None if doc is None else decode_bench(doc)
 
     def current(self) -> dict[str, Any] | None:
         """The report as status JSON's `bench`, or None (none, stale, or its sender died)."""
@@ -146,3 +154,8 @@ class BenchProgressBoard:
         if ident != self._lease_id:
             self._lease, self._lease_id = read_lease(self.home), ident
         return self._lease
+
+
+def decode_bench(doc: dict[str, Any]) -> BenchStatus:
+    """A report as `BenchStatus` (the snapshot's own JSON reading, so the two cannot drift)."""
+    return StatusSnapshot.decode_part(BenchStatus, doc)

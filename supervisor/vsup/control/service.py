@@ -41,13 +41,8 @@ class DaemonService:
         return {"pid": os.getpid(), "version": __version__, "home": str(self.daemon.home)}
 
     def status(self) -> dict[str, Any]:
-        doc = self.daemon.build_snapshot().to_json()
-        # the latest rolling apply (engine/rollout.py); additive to schema 1
-        rollout = self.daemon.engine.rollout
-        doc["rollout"] = rollout.to_json() if rollout is not None else None
-        # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
-        doc["bench"] = self.daemon.bench.current()
-        return doc
+        # the snapshot as it is: nothing is patched on (snapshot.py is the whole document)
+        return self.daemon.snapshot().to_json()
 
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
         self.daemon.bench.update(report)
@@ -107,6 +102,8 @@ class DaemonService:
         """The router, then the engine (the caller holds `apply_lock`): the engine's plan and
         the router's action. Returns once every start is under way (stops of removed
         instances continue)."""
+        # what each instance should run from now on: status compares it (`outdated`)
+        self.daemon.set_layout_specs(compiled.specs)
         # The router first: its members follow as the instances become ready.
         router_action = await self.daemon.engine.router.apply(compiled.router)
         applied = await self.daemon.engine.apply(
@@ -293,8 +290,13 @@ class DaemonService:
             raise ControlError(
                 f"cannot write {target}: {exc.strerror or exc}", status=400
             ) from None
-        self.daemon.journal.append("action", None, action="save", path=path, written=str(target))
-        return {"path": path, "written": str(target)}
+        # The file says what the layout wants, not what runs: name what still runs another
+        # spec (a rollout not finished, or one a killed daemon left half-done).
+        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
+        self.daemon.journal.append(
+            "action", None, action="save", path=path, written=str(target), outdated=outdated
+        )
+        return {"path": path, "written": str(target), "outdated": outdated}
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

@@ -17,7 +17,7 @@ from vsup.engine.lifecycle import Lifecycle
 from vsup.engine.proc import RunningProcess
 from vsup.engine.runlog import RunLogs
 from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import LastExit
+from vsup.snapshot import LastExit, WaitReason
 from vsup.states import State
 
 
@@ -98,7 +98,8 @@ class Instance:
         self.control = Control()
         self.process: RunningProcess | None = None
         self.adopted = False
-        self.waiting_for: str | None = None  # e.g. "b starting": whose turn it waits for
+        # what a start waits for now (a turn on its devices, GPU memory); set by its runner
+        self.wait: WaitReason | None = None
         self.gpu_released: bool | None = None  # after the last exit, on GPUs with a check
 
     def set_spec(self, spec: InstanceSpec) -> None:
@@ -110,6 +111,25 @@ class Instance:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def waiting_for(self) -> str | None:
+        """`wait`'s message, e.g. "b starting" while it waits for a turn on its device."""
+        return self.wait.message if self.wait is not None else None
+
+    def wait_reason(self) -> WaitReason | None:
+        """What it waits for before its next start: the runner's `wait`, else the backoff."""
+        if self.wait is not None:
+            return self.wait
+        left = self.backoff_remaining_s() if self.state == State.BACKOFF else None
+        if left is None:
+            return None
+        why = self.last_exit.reason if self.last_exit is not None else None
+        return WaitReason(
+            kind="backoff",
+            message=f"next start in {max(0.0, left):.0f}s" + (f" (after {why})" if why else ""),
+            remaining_s=round(max(0.0, left), 1),
+        )
 
     @property
     def state(self) -> State:
@@ -203,6 +223,8 @@ class Instance:
             "host": self.spec.host,
             "backoff_remaining_s": self.backoff_remaining_s(),
             "failed_why": self.failed_why,
+            "wait": self.wait_reason(),
+            "start_timeout_s": self.spec.start_timeout_s,
         }
 
     def adopt_record(self) -> AdoptRecord | None:

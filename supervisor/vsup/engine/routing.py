@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from vsup.clock import Clock, iso_utc
@@ -56,6 +56,7 @@ from vsup.router import (
     RouterMetrics,
     RouterSpec,
 )
+from vsup.snapshot import RouterForeignWorker, RouterStatus, RouterWorker
 from vsup.telemetry.httpget import HttpError
 
 log = logging.getLogger("vsup.engine")
@@ -594,8 +595,9 @@ class RouterSupervisor:
             f for f in self.foreign.values() if now_m - f.last_seen_mono <= FOREIGN_RECENT_S
         )
 
-    def status_json(self, node_host: str | None = None) -> dict[str, Any] | None:
-        """The status JSON's `router` object, or None when the layout has no router."""
+    def status_json(self, node_host: str | None = None) -> RouterStatus | None:
+        """The status JSON's `router` (snapshot.RouterStatus), or None when the layout has no
+        router."""
         if self.inst is None or self.spec is None:
             return None
         inst, spec = self.inst, self.spec
@@ -608,47 +610,51 @@ class RouterSupervisor:
         for name, url in spec.workers.items():
             in_router = url in self.in_router if self.in_router is not None else None
             workers.append(
-                {
-                    "name": name,
-                    "url": url,
-                    "state": states.get(name),
-                    "in_router": in_router,
-                    "wanted": url in desired,
-                    "share": round(share[url], 4) if url in share else None,
-                    "requests_total": m.worker_requests.get(url) if m is not None else None,
-                    "healthy": (
+                RouterWorker(
+                    name=name,
+                    url=url,
+                    state=states.get(name),
+                    in_router=in_router,
+                    wanted=url in desired,
+                    share=round(share[url], 4) if url in share else None,
+                    requests_total=m.worker_requests.get(url) if m is not None else None,
+                    healthy=(
                         bool(m.worker_health[url])
                         if m is not None and url in m.worker_health
                         else None
                     ),
-                }
+                )
             )
-        last = fields["last_exit"]
-        return {
-            "state": inst.state,
-            "pid": inst.pid,
-            "host": spec.host,
-            "port": spec.port,
-            "metrics_port": spec.metrics_port,
-            "policy": spec.policy,
-            "model": spec.model,
-            "url": spec.base_url,
-            "endpoint": endpoint(spec, node_host),
-            "run": fields["run"],
-            "restarts": inst.restarts,
-            "uptime_s": fields["uptime_s"],
-            "log": str(inst.log_path()) if inst.run else None,
-            "last_exit": asdict(last) if last is not None else None,
-            "failed_why": inst.failed_why,
-            "requests_per_s": _round(self.requests_per_s),
-            "errors_per_s": _round(self.errors_per_s),
-            "requests_total": m.requests_total if m is not None else None,
-            "errors_total": m.errors_total if m is not None else None,
-            "retries_total": m.retries_total if m is not None else None,
-            "error": self.last_error,
-            "workers": workers,
-            "foreign_workers": [f.to_json() for f in self.foreign_recent()],
-        }
+        return RouterStatus(
+            state=inst.state,
+            pid=inst.pid,
+            host=spec.host,
+            port=spec.port,
+            metrics_port=spec.metrics_port,
+            policy=spec.policy,
+            model=spec.model,
+            url=spec.base_url,
+            endpoint=endpoint(spec, node_host),
+            run=fields["run"],
+            restarts=inst.restarts,
+            uptime_s=fields["uptime_s"],
+            log=str(inst.log_path()) if inst.run else None,
+            last_exit=fields["last_exit"],
+            failed_why=inst.failed_why,
+            requests_per_s=_round(self.requests_per_s),
+            errors_per_s=_round(self.errors_per_s),
+            requests_total=m.requests_total if m is not None else None,
+            errors_total=m.errors_total if m is not None else None,
+            retries_total=m.retries_total if m is not None else None,
+            error=self.last_error,
+            workers=tuple(workers),
+            foreign_workers=tuple(
+                RouterForeignWorker(
+                    url=f.url, first_seen=f.first_seen, last_seen=f.last_seen, removals=f.removals
+                )
+                for f in self.foreign_recent()
+            ),
+        )
 
     def adopt_record(self) -> dict[str, Any] | None:
         """What the state file keeps: the spec it runs and (while it runs) its process."""

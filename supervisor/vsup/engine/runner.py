@@ -34,7 +34,7 @@ from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.spawn import Launched, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
-from vsup.snapshot import LastExit
+from vsup.snapshot import LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
 
@@ -74,7 +74,7 @@ class Runner:
             lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
             self._release()
-            inst.waiting_for = None
+            inst.wait = None
             inst.control.task = None
             # no await since the intent was last read: a start() meanwhile made a new runner
             if not self.e.detached and not inst.control.wants_run and lc.state not in IDLE:
@@ -329,7 +329,7 @@ class Runner:
 
     async def _await_memory(self) -> bool:
         """Before a start: while processes that are no instance's hold the memory this start
-        needs, wait (`waiting_for` says who holds how much; nothing is spawned, no failure
+        needs, wait (`wait` says who holds how much; nothing is spawned, no failure
         counted). False when the start is no longer wanted meanwhile."""
         inst, lc, e = self.inst, self.lc, self.e
         told: str | None = None
@@ -349,7 +349,13 @@ class Runner:
                 if verdict.message != told:
                     told = verdict.message
                     e.emit(inst, "memory_wait", done=False, message=told)
-                inst.waiting_for = told
+                inst.wait = WaitReason(
+                    kind="gpu_memory",
+                    message=told or "GPU memory held by other processes",
+                    pids=verdict.pids,
+                    held_bytes=verdict.held_bytes,
+                    gpus=verdict.gpus,
+                )
                 inst.control.kick.clear()
                 await self._wait(e.settings.memory_poll_s)
                 # a stop, or a restart (maybe with another spec): this start is not the one
@@ -357,7 +363,7 @@ class Runner:
                     return False
         finally:
             if told is not None:
-                inst.waiting_for = None
+                inst.wait = None
 
     def _unreleased(self) -> None:
         teardown.fail_unreleased(self.e, self.inst, f"{self.inst.name}'s ended processes")
@@ -502,10 +508,7 @@ class Runner:
                 ):
                     sched.withdraw(inst.name)
                     return False
-                inst.waiting_for = (
-                    ", ".join(f"{name} {_DOING[m]}" for name, m in sched.blockers(inst.name))
-                    or None
-                )
+                inst.wait = _turn_wait(*sched.blocking(inst.name))
                 kicked = asyncio.ensure_future(inst.control.kick.wait())
                 try:
                     await asyncio.wait({granted, kicked}, return_when=asyncio.FIRST_COMPLETED)
@@ -515,7 +518,7 @@ class Runner:
             sched.withdraw(inst.name)
             raise
         finally:
-            inst.waiting_for = None
+            inst.wait = None
         return True
 
     def _release(self) -> None:
@@ -529,6 +532,20 @@ class Runner:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self.inst.control.kick.wait()
+
+
+def _turn_wait(held: list[tuple[str, str]], queued: list[tuple[str, str]]) -> WaitReason | None:
+    """What a start waiting for its turn on its devices waits for: co-tenants starting or
+    stopping now ("b starting"), else the starts queued before it."""
+    if not held and not queued:
+        return None
+    parts = [f"{name} {_DOING[m]}" for name, m in held]
+    parts += [f"after {name} (queued to {m})" for name, m in queued]
+    return WaitReason(
+        kind="co_tenant" if held else "start_slot",
+        message=", ".join(parts),
+        instances=tuple(dict.fromkeys(name for name, _ in (*held, *queued))),
+    )
 
 
 def _rank_died(rank: int, pid: int) -> str:

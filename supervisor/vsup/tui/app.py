@@ -122,6 +122,7 @@ class DashboardApp(App[None]):
         self._log_pos: tuple[str, Any, int] | None = None  # (name, run, offset) shown
         self._config_key: tuple | None = None
         self._no_log: tuple[str, int | None] | None = None  # (instance, run) without a log
+        self._save_outdated: list[str] = []  # what the last save's answer said runs older specs
 
     # -- screens ----------------------------------------------------------------------------
 
@@ -519,10 +520,19 @@ class DashboardApp(App[None]):
             SaveScreen(doc.get("path") or "layout.toml", self._save_to)
         )
         if written:
-            self.notify(f"saved the running layout to {written}", timeout=5)
+            self.notify(f"saved the running layout to {escape(written)}", timeout=5)
+            if self._save_outdated:
+                names = escape(", ".join(self._save_outdated))
+                self.notify(
+                    f"{names} still run an older spec than the saved layout (a rolling apply "
+                    "did not finish); apply it again to restart them with it",
+                    severity="warning",
+                    timeout=10,
+                )
 
     async def _save_to(self, path: str) -> str:
         answer = await self.client.save(path)
+        self._save_outdated = [str(n) for n in answer.get("outdated") or ()]
         return str(answer.get("path") or path)
 
     # -- command palette ------------------------------------------------------------------------

@@ -90,8 +90,8 @@ async def test_the_router_serves_the_ready_instances_and_follows_their_states(
     await until_workers(spec, [a.base_url, b.base_url])
 
     status = eng.router.status_json("node")
-    assert status["state"] == "ready" and status["endpoint"] == spec.base_url
-    assert [w["name"] for w in status["workers"]] == ["a", "b"]
+    assert status.state == "ready" and status.endpoint == spec.base_url
+    assert [w.name for w in status.workers] == ["a", "b"]
 
 
 async def test_the_router_sigkilled_is_restarted_with_its_workers(
@@ -225,8 +225,10 @@ async def test_a_worker_someone_else_adds_is_removed_at_once_and_reported(
     assert len(events.of("router_foreign_worker")) == 1
     (recent,) = eng.router.foreign_recent()
     assert recent.url == intruder.url and recent.router_port == spec.port
-    (shown,) = eng.router.status_json("node")["foreign_workers"]
-    assert shown["url"] == intruder.url and shown["removals"] == recent.removals
+    router = eng.router.status_json("node")
+    assert router is not None
+    (shown,) = router.foreign_workers
+    assert shown.url == intruder.url and shown.removals == recent.removals
     print(
         f"\nforeign worker: removed {first[0] * 1000:.0f} ms after its add_worker answered; "
         f"{first[1]} of {first[2]} streamed requests reached it. add_worker loop for "

@@ -34,6 +34,7 @@ from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.pullbar import PullBar
+from vsup.tui.widgets.rolloutbar import RolloutBar
 
 NARROW_BELOW = 120  # columns
 
@@ -121,6 +122,7 @@ class Dashboard(Screen[None]):
         yield NodeHeader(id="header")
         yield Banner(id="banner")
         yield BenchBar(id="bench")
+        yield RolloutBar(id="rollout")
         yield PullBar(id="pull")
         yield GpuPanel(id="gpus")
         with Vertical(id="table-box"):
@@ -202,6 +204,7 @@ class Dashboard(Screen[None]):
         with self.app.batch_update():
             self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
             self.query_one(BenchBar).show(snap.bench)  # before _fit_table: it takes a line
+            self.query_one(RolloutBar).show(snap.rollout)  # the same
             self.query_one(PullBar).show(snap.pulls)  # so does this one
             self.query_one(GpuPanel).show(snap, self.narrow)
             table.set_columns(self._columns(snap))
@@ -269,6 +272,7 @@ class Dashboard(Screen[None]):
             for w in (
                 self.query_one(Banner),
                 self.query_one(BenchBar),
+                self.query_one(RolloutBar),
                 self.query_one(PullBar),
                 self.query_one(FilterInput),
             )

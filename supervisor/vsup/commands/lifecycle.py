@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from vsup.states import State
+
 if TYPE_CHECKING:
     from vsup.control.client import Client
 
@@ -96,12 +98,12 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
         if inst is None:
             print(f"{name}: gone from the layout", file=sys.stderr)
             continue
-        if inst["state"] == "ready":
+        if inst["state"] == State.READY:
             print(f"{name}: ready")
         else:
             le = inst.get("last_exit") or {}
             why = f" (last exit: {le['reason']})" if le.get("reason") else ""
             print(f"{name}: {inst['state']}{why}", file=sys.stderr)
-    if not ok and all(by_name.get(n, {}).get("state") not in ("failed",) for n in names):
+    if not ok and all(by_name.get(n, {}).get("state") != State.FAILED for n in names):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1

@@ -68,6 +68,9 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         canary_interval_s=float(v.get("canary_interval_s", InstanceSpec.canary_interval_s)),
         load_tracking=load_tracking(raw_args, v["command"]),
         profiles=tuple(layout.profiles),
+        revision=v.get("revision"),
+        hf_token_env=v.get("hf_token_env"),
+        pull=bool(v.get("pull", True)),
     )
 
 

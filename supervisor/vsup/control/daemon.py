@@ -505,7 +505,7 @@ class Daemon:
                     live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=spec.arg("attention-backend"),
-                    ready=inst.state == "ready" and inst.pid is not None,
+                    ready=inst.state == State.READY and inst.pid is not None,
                     load_tracking=spec.load_tracking,
                     canary_interval_s=spec.canary_interval_s,
                     stall_after_s=spec.stall_after_s,

@@ -56,6 +56,8 @@ PREFIX_QUERIES_LEGACY = "vllm:gpu_prefix_cache_queries_total"
 PREFIX_HITS_LEGACY = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 REQUEST_SUCCESS = "vllm:request_success_total"
+# vLLM's sleep_state label value for the awake gauge (vLLM's word, not a vsup state)
+_AWAKE = "awake"
 SLEEP_STATE = "vllm:engine_sleep_state"
 START_TIME = "process_start_time_seconds"
 
@@ -302,7 +304,7 @@ def _per_engine(
             kv.setdefault(labels.get("engine", ""), value)
     sleeping: dict[str, bool] = {}
     for labels, value in series.get(SLEEP_STATE, ()):
-        if labels.get("sleep_state") == "awake" and math.isfinite(value):
+        if labels.get("sleep_state") == _AWAKE and math.isfinite(value):
             sleeping[labels.get("engine", "")] = value == 0
     engines |= set(kv) | set(sleeping)
     if not engines:

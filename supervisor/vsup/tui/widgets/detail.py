@@ -16,7 +16,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
-from vsup.states import State
+from vsup.states import ExitReason, State
 from vsup.termtext import printable
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
@@ -149,7 +149,7 @@ def exit_summary(last: LastExit | None) -> str:
         return "no exit yet"
     how = f"exit {last.code}" if last.code is not None else (last.signal or "?")
     at = last.at.split("T", 1)[-1] if "T" in last.at else last.at
-    what = "stalled" if last.reason == "stalled" else "died first"
+    what = "stalled" if last.reason == ExitReason.STALLED else "died first"
     rank = f", data-parallel rank {last.rank} {what}" if last.rank is not None else ""
     return f"{last.reason} ({how}) at {at}{rank}"
 

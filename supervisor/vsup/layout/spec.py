@@ -16,9 +16,6 @@ from vsup.layout.parallel import TP_FLAG, ParallelShape, find_arg, parallel_shap
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 
-# Keys the spec sets itself; a layout's `args` may not set them (validation says so).
-RESERVED_ARGS = ("model", "host", "port", "gpu-memory-utilization", "api-key")
-
 # Environment variables removed from every child: vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and
 # HIP_VISIBLE_DEVICES beside it renumbers devices a second time.
 REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
@@ -69,10 +66,6 @@ class InstanceSpec:
     # Set by the daemon, never by a layout: the local snapshot a pull left in the cache. vLLM
     # then loads it offline (HF_HUB_OFFLINE=1) under the model's name (--served-model-name).
     model_path: str | None = None
-
-    @property
-    def is_cpu(self) -> bool:
-        return not self.gpus
 
     @property
     def devices(self) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 HF = "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
 CRASHERS = [f"f{i:02d}" for i in range(16)]
 # dumps its environment, then hangs (the daemon kills it after its 30 s timeout)
-HANG = "import os, sys, time; open(sys.argv[1] + '/env-%d' % os.getpid(), 'w').write(repr(dict(os.environ))); time.sleep(600)"  # noqa: E501
+HANG = "import os, sys, time; open(sys.argv[1] + '/env-%d' % os.getpid(), 'w').write(repr(dict(os.environ))); time.sleep(600)"
 
 
 def layout_text(ports: dict[str, int], crashers: list[str], command: list[str] | None) -> str:

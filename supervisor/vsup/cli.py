@@ -28,11 +28,13 @@ COMMAND_MODULES = (
     "vsup.commands.status",
     "vsup.commands.lifecycle",
     "vsup.commands.logs",
+    "vsup.commands.events",
     "vsup.commands.save",
     "vsup.commands.probe",
     "vsup.commands.down",
     "vsup.commands.bench",
     "vsup.commands.daemon",
+    "vsup.commands.service",
 )
 
 

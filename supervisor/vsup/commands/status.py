@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="print one status snapshot (exit 1 if any instance is not ready)",
         description="Print every instance's state and telemetry once. Exit status 1 when any "
-        "instance is not ready. Starts the daemon if none runs (it re-adopts what is running).",
+        "instance is not ready, 3 when no daemon runs for this VSUP_HOME (status never starts "
+        "one: `vsup up` or `vsup daemon --detach` do).",
     )
     p.add_argument("--json", action="store_true", help="the status document (schema 1)")
     p.set_defaults(func=run)
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from vsup.control.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
-        with client_for_cli() as client:
+        with client_for_cli(start=False) as client:
             doc = client.status()
         if args.json:
             json.dump(doc, sys.stdout, indent=2)
@@ -72,6 +73,38 @@ def _rank(r: dict[str, Any]) -> str:
     gpus = ",".join(str(g) for g in r.get("gpus") or ()) or "cpu"
     hbm = f" {r['hbm_bytes'] / GiB:.1f}G" if r.get("hbm_bytes") is not None else ""
     return f"DP{r['rank']} gpu {gpus} pid {_num(r.get('pid'), '{}')} {state}{hbm}"
+
+
+def exit_how(le: dict[str, Any]) -> str:
+    """How a run ended, for `last exit REASON (HOW)`: its code or signal, else why neither
+    is known (never a bare `?`)."""
+    if le.get("code") is not None:
+        return f"code {le['code']}"
+    if le.get("signal"):
+        return str(le["signal"])
+    if le.get("reason") == "port_in_use":
+        return "refused before it started"
+    return "exit status unknown: not the daemon's child"
+
+
+def port_holder_note(port: Any) -> str:
+    """`; port 8101 is held by pid 4242 (python3)` when this node says who listens there
+    (read-only: the socket table, no bind), else what to run to find out."""
+    if not isinstance(port, int):
+        return ""
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                try:
+                    who = f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    who = f"pid {c.pid}"
+                return f"; port {port} is held by {who} now"
+    except (psutil.Error, OSError):
+        pass
+    return f"; port {port}: `ss -ltnp 'sport = :{port}'` shows who holds it"
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -163,12 +196,15 @@ def render(doc: dict[str, Any]) -> str:
     for i in insts:
         le = i.get("last_exit")
         if le and i["state"] != "ready":
-            how = f"code {le['code']}" if le.get("code") is not None else le.get("signal") or "?"
-            line = f"{i['name']}: last exit {le['reason']} ({how}) at {le.get('at')}"
+            line = f"{i['name']}: last exit {le['reason']} ({exit_how(le)}) at {le.get('at')}"
             if le.get("rank") is not None:
                 line += f", data-parallel rank {le['rank']} died first"
             if le.get("log_excerpt"):
                 line += f": {le['log_excerpt'].strip().splitlines()[-1][:160]}"
+            if le.get("reason") == "port_in_use" and "in use by" not in (
+                le.get("log_excerpt") or ""
+            ):
+                line += port_holder_note(i.get("port"))
             lines.append(line)
     for i in insts:
         if i.get("ranks"):

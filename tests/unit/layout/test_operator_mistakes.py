@@ -81,6 +81,13 @@ def test_unchecked_args_must_be_a_list_of_strings(tmp_path):
     assert d.key == "unchecked_args" and "array of strings" in d.message
 
 
+def test_a_vllm_drain_longer_than_the_stop_grace_is_warned(tmp_path):
+    text = layout(extra="args = { shutdown-timeout = 30 }\nstop_grace_s = 20")
+    (d,) = [x for x in check(tmp_path, text) if x.key == "args.shutdown-timeout"]
+    assert d.severity == "warning" and "stop_grace_s = 20" in d.message
+    assert not check(tmp_path, layout(extra="args = { shutdown-timeout = 15 }"))
+
+
 # -- model paths ----------------------------------------------------------------------------
 
 

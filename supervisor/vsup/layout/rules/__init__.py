@@ -63,6 +63,7 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     model.model_not_hub_id,
     model.local_model_incomplete,
     model.command_not_found,
+    flags.shutdown_outlasts_grace,
     parallelism.tp_not_positive,
     parallelism.pp_not_positive,
     dataparallel.dp_not_positive,

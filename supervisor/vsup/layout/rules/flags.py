@@ -18,7 +18,7 @@ from typing import Any
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.flags import flag_name
 from vsup.layout.merge import MergedInstance
-from vsup.layout.rules.context import Context
+from vsup.layout.rules.context import Context, origin_diag
 from vsup.layout.schema import ARGS_OWNED_BY_KEYS, suggest
 from vsup.layout.structure import ARG_ALIASES, flag_value_ok
 from vsup.layout.vllm_flags import FlagList
@@ -106,3 +106,27 @@ def unknown_flags(ctx: Context) -> list[Diagnostic]:
                 )
                 out.append(where.diag(severity, message, key, (key,)))
     return out
+
+
+def shutdown_outlasts_grace(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """`shutdown-timeout` (how long vLLM drains running requests on SIGTERM) at or beyond
+    `stop_grace_s` (when vsup sends SIGKILL): the drain is cut short by the kill."""
+    value = m.arg("shutdown-timeout")
+    grace = m.values.get("stop_grace_s")
+    try:
+        drain = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return []
+    if drain is None or not isinstance(grace, (int, float)) or drain < grace:
+        return []
+    return [
+        origin_diag(
+            WARNING,
+            f"args shutdown-timeout = {value} lets vLLM drain for as long as vsup waits before "
+            f"SIGKILL (stop_grace_s = {grace:g}): the kill cuts the drain short and its "
+            "requests fail; keep shutdown-timeout a few seconds below stop_grace_s",
+            m,
+            "args",
+            m.arg_key("shutdown-timeout") or "",
+        )
+    ]

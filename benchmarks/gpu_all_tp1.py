@@ -51,6 +51,7 @@ CHILD_GIB = 3.0
 def emulator_layout(planned: Path, out: Path, startup_s: float, only: list[str] | None) -> None:
     """The planned layout, its command swapped for the emulator (the only change)."""
     from vsup.layout import load_layout, save_layout
+    from vsup.telemetry.gpu import node_facts
 
     layout = load_layout(planned)
     cmd = [
@@ -70,7 +71,7 @@ def emulator_layout(planned: Path, out: Path, startup_s: float, only: list[str] 
         for name in list(layout.instance_names):
             if name not in only:
                 layout = layout.without_instance(name)
-    save_layout(layout.relocated(out), out)
+    save_layout(layout.relocated(out), out, node=node_facts())
 
 
 def main() -> int:

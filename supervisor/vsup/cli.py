@@ -2,8 +2,9 @@
 
 Each command lives in its own module under `supervisor/vsup/commands/` with two functions:
 `register(subparsers)` adds its parser (cheap: no heavy imports at module level) and
-`run(args) -> int` does the work. Exit codes: 0 success, 1 "not all ready" (status) or a
-failed operation, 2 bad input (usage, invalid layout).
+`run(args) -> int` does the work. Exit statuses (one map for every command:
+`vsup.commands.exits`): 0 done, 1 a failed operation (or `vsup status`: not all ready), 2 bad
+input (usage, an invalid layout, an unknown instance), 3 not confirmed, 130 interrupted.
 
 Every error reaches the terminal as one line, never a traceback: vsup's own errors (a bad
 VSUP_HOME, a refusal of the daemon, an unsafe file) as their message, anything unexpected as
@@ -18,6 +19,7 @@ import importlib
 import sys
 
 from vsup import __version__
+from vsup.commands.exits import BAD_INPUT, BROKEN_PIPE, INTERRUPTED, one_line
 
 # command name -> module; order is the order of `vsup --help`.
 COMMAND_MODULES = (
@@ -62,31 +64,32 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
-            return 2
+            return BAD_INPUT
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         # `vsup status | head`: the reader left; say nothing more, as a pipe tool should.
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return BROKEN_PIPE
     except Exception as exc:
         return report_error(exc)
 
 
 def report_error(exc: BaseException) -> int:
-    """One line on stderr for an error no command handled; its exit status."""
+    """One line on stderr for an error no command handled; its exit status (`exits`)."""
     import os
 
-    from vsup.control.errors import ControlError, DaemonUnavailable
-    from vsup.fsutil import UnsafeTarget
-    from vsup.paths import HomeError
+    from vsup.commands.exits import FAILED, known_error
 
-    if isinstance(exc, (HomeError, UnsafeTarget, ControlError, DaemonUnavailable)):
-        print(f"vsup: {one_line(str(exc))}", file=sys.stderr)
-        return 1 if isinstance(exc, DaemonUnavailable) else 2
+    known = known_error(exc)
+    if known is not None:
+        code, message = known
+        if message:
+            print(message, file=sys.stderr)
+        return code
     if os.environ.get("VSUP_DEBUG"):
         raise exc
     where = _write_traceback(exc)
@@ -94,12 +97,7 @@ def report_error(exc: BaseException) -> int:
     print(
         f"vsup: internal error: {type(exc).__name__}: {one_line(str(exc))}{hint}", file=sys.stderr
     )
-    return 1
-
-
-def one_line(text: str) -> str:
-    """`text` on one line (a message that spans lines is joined with ' | ')."""
-    return " | ".join(part.strip() for part in text.splitlines() if part.strip()) or "(no message)"
+    return FAILED
 
 
 def _write_traceback(exc: BaseException) -> str | None:

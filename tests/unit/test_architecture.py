@@ -19,14 +19,15 @@ PACKAGE = Path(vsup.__file__).parent
 # paths and other top-level single modules, which import no other area). "*" = any area.
 MAY_IMPORT: dict[str, set[str]] = {
     "layout": set(),
-    "telemetry": {"layout.spec"},
+    # layout.node: the NodeFacts value telemetry.gpu.node_facts() hands to validation
+    "telemetry": {"layout.spec", "layout.node"},
     "engine": {"layout.spec", "telemetry", "router"},
     "control": {"layout", "telemetry", "engine", "router"},
     "tui": {"control.client", "layout"},
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
-    "bench": {"layout", "control.client", "control.errors", "control.progress"},
+    "bench": {"layout", "control.client", "control.errors", "commands.progress"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
@@ -129,5 +130,8 @@ def test_the_contract_catches_a_forbidden_import():
     assert not allowed("engine", "vsup.control.daemon")
     assert not allowed("tui", "vsup.engine.engine")
     assert not allowed("layout", "vsup.telemetry.metrics")
+    assert not allowed("layout", "vsup.telemetry.gpu")  # node facts are handed in, not probed
+    assert allowed("telemetry", "vsup.layout.node")
+    assert not allowed("telemetry", "vsup.layout.validate")
     assert allowed("tui", "vsup.control.client")
     assert allowed("engine", "vsup.snapshot")

@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import run_command
+    from vsup.commands.cliutil import run_command
 
     return run_command(_bench, args)
 
@@ -127,37 +127,34 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
 
 
 def read_layouts(paths: list[str]) -> list[LayoutToRun]:
-    """Each layout read, validated on this node, resolved; invalid ones carry their errors."""
+    """Each layout read and compiled once, on this node's GPUs (the telemetry probe, read
+    once for all); invalid ones carry their errors."""
     from pathlib import Path
 
     from vsup.bench.runner import LayoutToRun
-    from vsup.commands.up import validate_locally
-    from vsup.control.cliutil import print_diagnostics
-    from vsup.layout import LayoutError, load_layout
+    from vsup.commands.cliutil import print_diagnostics
+    from vsup.layout.compiled import compile_layout
+    from vsup.layout.files import UnreadableFile, read_text
+    from vsup.telemetry.gpu import node_facts
 
+    node = node_facts()
     out: list[LayoutToRun] = []
     for raw in paths:
         path = Path(raw).expanduser().absolute()
         try:
-            text = path.read_text()
-        except OSError as exc:
-            out.append(
-                LayoutToRun(
-                    path, path.stem, "", errors=[f"cannot read {path}: {exc.strerror or exc}"]
-                )
-            )
+            text = read_text(path)
+        except UnreadableFile as exc:
+            why = exc.diagnostic.message.removeprefix("cannot read the layout: ")
+            out.append(LayoutToRun(path, path.stem, "", errors=[f"cannot read {path}: {why}"]))
             continue
-        errors, warnings = validate_locally(path)
-        print_diagnostics(warnings)
-        layout = load_layout(path)
-        lay = LayoutToRun(path, layout.name or path.stem, text)
-        lay.errors = [d.format() for d in errors]
-        if not lay.errors:
-            try:
-                lay.specs = layout.resolve()
-            except LayoutError as exc:
-                lay.errors = [d.format() for d in exc.diagnostics if d.is_error] or [str(exc)]
-        if not lay.errors and not lay.specs:
+        compiled, diagnostics = compile_layout(text, path, node)
+        print_diagnostics([d for d in diagnostics if not d.is_error])
+        if compiled is None:
+            errors = [d.format() for d in diagnostics if d.is_error]
+            out.append(LayoutToRun(path, path.stem, text, errors=errors))
+            continue
+        lay = LayoutToRun(path, compiled.name, text, specs=list(compiled.specs))
+        if not lay.specs:
             lay.errors = [f"{path}: the layout has no instances to load"]
         out.append(lay)
     return out
@@ -183,8 +180,8 @@ def _bench(args: argparse.Namespace) -> int:
     from vsup.bench.report import dump_json, render_markdown, render_table
     from vsup.bench.runner import BenchRunner, Original
     from vsup.bench.workload import WorkloadError
+    from vsup.commands.cliutil import CommandFailed, client_for_cli
     from vsup.control.client import Client
-    from vsup.control.cliutil import CommandFailed, client_for_cli
 
     take_back_layouts(args)
     if not args.layouts:
@@ -294,7 +291,7 @@ def announce(layouts: list[LayoutToRun], original: Original, keep: bool) -> None
 
 def confirm(serving: list[str]) -> None:
     """Ask on a terminal; refuse without one (nothing changed). Returns on yes."""
-    from vsup.control.cliutil import CommandFailed
+    from vsup.commands.cliutil import CommandFailed
 
     what = ", ".join(serving)
     if not sys.stdin.isatty():

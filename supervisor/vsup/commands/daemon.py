@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
 def detach(args: argparse.Namespace) -> int:
     """Start the daemon in the background (or find the one running) and say which it is."""
+    from vsup.commands.cliutil import client_for_cli, run_command
     from vsup.control.client import Client
-    from vsup.control.cliutil import client_for_cli, run_command
 
     if args.poll_interval is not None:
         print(

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="what happened: the journal, one line per event, in local time",
         description="The daemon's journal as a person reads it: starts, readiness, exits and "
         "their reasons, restarts, failures, drains, adoptions, the router, operator actions. "
-        f"Default: the last {DEFAULT_SINCE}. Never starts a daemon (exit status 3 when none "
+        f"Default: the last {DEFAULT_SINCE}. Never starts a daemon (exit status 4 when none "
         "runs for this VSUP_HOME).",
     )
     p.add_argument(
@@ -363,8 +363,8 @@ def show(
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import check_target
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         try:

@@ -61,7 +61,7 @@ def resolve_targets(client: Client, names: list[str]) -> list[str]:
     if any(i["name"] == "router" for i in doc.get("instances", ())):
         return names
     if not doc.get("router"):
-        from vsup.control.cliutil import CommandFailed
+        from vsup.commands.cliutil import CommandFailed
 
         raise CommandFailed(
             "vsup: no instance is named 'router' and the running layout has no [router]", 2
@@ -70,8 +70,8 @@ def resolve_targets(client: Client, names: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import ROUTER, check_target
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         if not args.names and not args.all:
@@ -119,8 +119,8 @@ def progress_note(args: argparse.Namespace) -> None:
 
 def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
+    from vsup.commands.progress import Progress, wait_ready
     from vsup.control.client import ROUTER
-    from vsup.control.progress import Progress, wait_ready
 
     ok = True
     if ROUTER in names:

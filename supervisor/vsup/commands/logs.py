@@ -71,8 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
     from vsup.control.client import check_target
-    from vsup.control.cliutil import CommandFailed, client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         if args.tail is not None and args.tail < 0:

@@ -117,9 +117,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.exits import BAD_INPUT, FAILED, OK
+    from vsup.layout.compiled import compile_document
     from vsup.layout.diagnostics import LayoutError
-    from vsup.layout.model import dumps_layout
-    from vsup.layout.node import GIB, node_gpu_count
+    from vsup.layout.node import GIB, NodeFacts, NodeGpu
     from vsup.layout.plan import (
         PlanError,
         PlanRequest,
@@ -129,11 +130,12 @@ def run(args: argparse.Namespace) -> int:
         render_explain,
     )
     from vsup.layout.store import save_layout
-    from vsup.layout.validate import validate
+    from vsup.telemetry.gpu import node_facts
 
     out_path = Path(args.output) if args.output else None
+    node = node_facts()
     try:
-        gpus = parse_gpus(args.gpus, node_gpu_count())
+        gpus = parse_gpus(args.gpus, node.gpu_count)
         req = PlanRequest(
             model=args.model,
             gpus=gpus,
@@ -151,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
             kv_cache_dtype=args.kv_cache_dtype,
             name=args.name,
             hub=not args.offline,
+            node=node,
         )
         plan = make_plan(req, base_dir=Path.cwd(), out_path=out_path)
     except PlanError as exc:
         print(f"vsup plan: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     report = sys.stdout if out_path else sys.stderr
     print(render_budget(plan), file=report, end="")
     if args.explain:
@@ -164,25 +167,33 @@ def run(args: argparse.Namespace) -> int:
     if not plan.ok:
         for problem in plan.problems:
             print(f"vsup plan: refused: {problem}", file=sys.stderr)
-        return 2
-    node_gpus = max(node_gpu_count() or 0, max(gpus) + 1)
-    diagnostics = validate(plan.layout, node_gpus=node_gpus, gpu_memory_bytes=plan.gpu_memory_bytes)
+        return BAD_INPUT
+    # The plan may be for GPUs this node lacks (--gpu H200 on a laptop): check it against a
+    # node that has them, of the memory it was sized for.
+    count = max(node.gpu_count or 0, max(gpus) + 1)
+    names = {g.index: g.name for g in node.gpus}
+    target = NodeFacts(
+        tuple(NodeGpu(i, names.get(i), plan.gpu_memory_bytes, node.vendor) for i in range(count)),
+        probed=False,
+    )
+    compiled, diagnostics = compile_document(plan.layout, target)
     for d in diagnostics:
         print(d.format(), file=sys.stderr)
-    if any(d.is_error for d in diagnostics):
+    if compiled is None:
         print("vsup plan: the planned layout does not validate (see above)", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     if out_path is None:
-        sys.stdout.write(dumps_layout(plan.layout))
-        return 0
+        sys.stdout.write(compiled.text)
+        return OK
     try:
-        # `-o` names the file the operator asked for: its directory is made like `mkdir -p`
-        save_layout(plan.layout, out_path, node_gpus=node_gpus, parents=True)
+        # `-o` names the file the operator asked for: its directory is made like `mkdir -p`.
+        # It compiled just now against the same node: saving need not validate again.
+        save_layout(compiled.layout, out_path, parents=True, check=False)
     except LayoutError as exc:
         print(f"vsup plan: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except OSError as exc:
         print(f"vsup plan: cannot write {out_path}: {exc}", file=sys.stderr)
-        return 1
+        return FAILED
     print(f"wrote {out_path} ({len(plan.budgets)} instances)", file=report)
-    return 0
+    return OK

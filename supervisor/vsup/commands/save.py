@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import client_for_cli, print_diagnostics, run_command
+    from vsup.commands.cliutil import client_for_cli, print_diagnostics, run_command
     from vsup.control.errors import ControlError
 
     def body(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="print one status snapshot (exit 1 if any instance is not ready)",
         description="Print every instance's state and telemetry once. Exit status 1 when any "
-        "instance is not ready, 3 when no daemon runs for this VSUP_HOME (status never starts "
+        "instance is not ready, 4 when no daemon runs for this VSUP_HOME (status never starts "
         "one: `vsup up` or `vsup daemon --detach` do).",
     )
     p.add_argument("--json", action="store_true", help="the status document (schema 1)")
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.cliutil import client_for_cli, run_command
+    from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli(start=False) as client:
@@ -46,7 +46,7 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
 def bench_line(b: dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     where = f" {b['index']}/{b['count']}" if b.get("index") and b.get("count") else ""
     what = b["phase"].replace("_", " ")
@@ -109,7 +109,7 @@ def port_holder_note(port: Any) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below."""
-    from vsup.control.progress import fmt_duration
+    from vsup.commands.progress import fmt_duration
 
     sup = doc.get("supervisor", {})
     insts = doc.get("instances", [])

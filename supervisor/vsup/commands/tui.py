@@ -2,7 +2,7 @@
 
 Starts the daemon when none runs (the dashboard starts, stops and edits instances), except
 with `--readonly` or `--screenshot`: watching never starts one, it says that none runs for
-this VSUP_HOME (exit status 3). `q` detaches: the daemon and every instance keep running, and
+this VSUP_HOME (exit status 4). `q` detaches: the daemon and every instance keep running, and
 `vsup` attaches again from any SSH session.
 """
 
@@ -56,6 +56,7 @@ def _size(text: str) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.exits import NO_DAEMON
     from vsup.control.client import AsyncClient, NoDaemon, connect
     from vsup.control.errors import DaemonUnavailable
     from vsup.tui.app import DashboardApp
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         connect(start=not watch_only).close()  # the dashboard that acts starts the daemon
     except NoDaemon as exc:
         print(f"vsup tui: {exc}", file=sys.stderr)
-        return NoDaemon.EXIT_CODE
+        return NO_DAEMON
     except DaemonUnavailable as exc:
         print(f"vsup tui: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,7 @@
 """`vsup validate LAYOUT.. [--node-gpus N]`: every error at once, warnings on stderr.
 
+Each layout is compiled as `vsup up` compiles it (`vsup.layout.compile_document`), against this
+node's GPUs as the telemetry probe finds them, or a node of N GPUs with `--node-gpus N`.
 Exit 0 when every layout is valid (warnings may still be printed on stderr), 2 when any has
 errors. Each line reads `FILE:LINE: error: instance 'gpu0': key 'port': ... (what to change)`;
 with several layouts, a problem found in another file (a profile) is prefixed with the layout
@@ -40,15 +42,25 @@ def _plural(n: int, word: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.layout.validate import validate_file
+    from vsup.commands.exits import BAD_INPUT, OK
+    from vsup.layout.compiled import compile_document
+    from vsup.layout.model import load_layout
+    from vsup.layout.node import NodeFacts
 
     if args.node_gpus is not None and args.node_gpus < 0:
         print("vsup validate: --node-gpus must be 0 or more", file=sys.stderr)
-        return 2
+        return BAD_INPUT
+    if args.node_gpus is not None:
+        node = NodeFacts.given(args.node_gpus)
+    else:
+        from vsup.telemetry.gpu import node_facts
+
+        node = node_facts()
     docs: list[dict[str, Any]] = []
     several = len(args.layouts) > 1
     for path in args.layouts:
-        layout, diagnostics = validate_file(path, node_gpus=args.node_gpus)
+        layout = load_layout(path)
+        _compiled, diagnostics = compile_document(layout, node)
         errors = [d for d in diagnostics if d.is_error]
         warnings = [d for d in diagnostics if not d.is_error]
         docs.append(
@@ -77,4 +89,4 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = docs[0] if not several else {"valid": not invalid, "layouts": docs}
         print(json.dumps(out, indent=2))
-    return 2 if invalid else 0
+    return BAD_INPUT if invalid else OK

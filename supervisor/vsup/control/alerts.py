@@ -35,7 +35,8 @@ from typing import Any
 import httpx
 
 from vsup.clock import Clock, iso_utc
-from vsup.layout.schema import ALERT_KINDS, SEVERITIES
+from vsup.layout.alertconfig import AlertConfig
+from vsup.layout.schema import SEVERITIES
 from vsup.snapshot import Advice
 
 log = logging.getLogger(__name__)
@@ -55,35 +56,6 @@ RETRY_DELAYS_S = (10.0, 60.0, 300.0)
 QUEUE_MAX = 256  # alerts waiting for delivery; beyond it the oldest are dropped (and logged)
 COMMAND_TIMEOUT_S = 30.0
 WEBHOOK_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class AlertConfig:
-    """The `[alerts]` table, checked by layout validation before it gets here."""
-
-    webhook_env: str | None = None
-    command: tuple[str, ...] = ()
-    kinds: frozenset[str] = frozenset(ALERT_KINDS)
-    min_severity: str = "warning"
-    min_interval_s: float = 300.0
-    resolve_after_s: float = 60.0
-    resolved: bool = True
-
-    @classmethod
-    def from_table(cls, table: Mapping[str, Any] | None) -> AlertConfig | None:
-        """The config of an `[alerts]` table; None when there is none or it names no target."""
-        if not table or not (table.get("webhook_env") or table.get("command")):
-            return None
-        kinds = table.get("kinds")
-        return cls(
-            webhook_env=table.get("webhook_env") or None,
-            command=tuple(table.get("command") or ()),
-            kinds=frozenset(ALERT_KINDS if kinds is None else kinds),
-            min_severity=table.get("min_severity", "warning"),
-            min_interval_s=float(table.get("min_interval_s", 300.0)),
-            resolve_after_s=float(table.get("resolve_after_s", 60.0)),
-            resolved=bool(table.get("resolved", True)),
-        )
 
 
 @dataclass

@@ -48,9 +48,6 @@ class NoDaemon(DaemonUnavailable):
     """No daemon runs for this VSUP_HOME, and the command was one that does not start one
     (a read-only command: `status`, `logs`, `events`, `save`, `tui --readonly`)."""
 
-    # The exit status of a read-only command that finds no daemon (README, "Exit status").
-    EXIT_CODE = 3
-
     def __init__(self, home: Path) -> None:
         self.home = home
         super().__init__(no_daemon_message(home))

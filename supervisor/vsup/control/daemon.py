@@ -51,8 +51,6 @@ from vsup.control.monitor import Monitor, Target
 from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import DaemonService
-from vsup.control.service import layout_diagnostics as layout_diagnostics  # `vsup up` uses it
-from vsup.control.service import parse_layout as parse_layout
 from vsup.control.stalls import StallActions
 from vsup.control.state import (
     DaemonState,
@@ -61,6 +59,9 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import Engine
+from vsup.layout.compiled import CompiledLayout
+from vsup.layout.listen import format_listen
+from vsup.layout.node import NodeFacts
 from vsup.snapshot import (
     Advice,
     NodeInfo,
@@ -68,6 +69,7 @@ from vsup.snapshot import (
     SupervisorInfo,
     empty_instance,
 )
+from vsup.telemetry.gpu import node_facts
 
 log = logging.getLogger("vsup.daemon")
 
@@ -117,12 +119,16 @@ class Daemon:
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
-        self.metrics_listen: str | None = None
+        # the running layout compiled (None before the first apply, or when the one restored
+        # from the state file no longer compiles: then layout_toml still says what it was)
+        self.layout: CompiledLayout | None = None
+        self.metrics_listen: tuple[str, int] | None = None
         self.problems: list[Advice] = []
         self.state_write_error: str | None = None
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
+        self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
         self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
         self._snapshot: StatusSnapshot | None = None
@@ -208,6 +214,8 @@ class Daemon:
             gpu_count=self.monitor.gpu_count,
             cpu_count=self.node.cpu_count,
         )
+        if self.monitor.gpu_count:
+            self.node_facts = await asyncio.to_thread(node_facts, self.monitor.probe)
         await restore(self)
         await self.alerts.start()
         self._api = ServedApp(build_app(self.service), sock, name="control API")
@@ -320,7 +328,8 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self.report_problem(
                 "metrics_listen",
-                f"cannot serve Prometheus metrics on {self.metrics_listen} ({exc}); change "
+                f"cannot serve Prometheus metrics on {format_listen(self.metrics_listen)} ({exc}); "
+                "change "
                 "[layout] metrics_listen and run `vsup up` again",
             )
             return False

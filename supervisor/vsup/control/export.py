@@ -392,13 +392,14 @@ class MetricsListener:
 
         return Starlette(routes=[Route("/metrics", metrics), Route("/", index)])
 
-    async def start(self, listen: str) -> None:
-        """Listen on `listen` (HOST:PORT), replacing a listener on another address.
+    async def start(self, listen: tuple[str, int] | str) -> None:
+        """Listen on `listen` ((host, port) as the compiled layout has it, or HOST:PORT),
+        replacing a listener on another address.
 
         Raises ValueError for a malformed address and OSError when it cannot be bound."""
         from vsup.control.server import ServedApp, bind_tcp_socket
 
-        host, port = parse_listen(listen)
+        host, port = parse_listen(listen) if isinstance(listen, str) else listen
         if self._served is not None and self.address == (host, port):
             return
         await self.stop()

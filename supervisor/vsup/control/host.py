@@ -19,6 +19,8 @@ from vsup.control.journal import Journal
 from vsup.control.monitor import Monitor
 from vsup.control.state import StateFile
 from vsup.engine import Engine
+from vsup.layout.compiled import CompiledLayout
+from vsup.layout.node import NodeFacts
 from vsup.snapshot import Advice, NodeInfo, StatusSnapshot
 
 
@@ -28,6 +30,7 @@ class DaemonHost(Protocol):
 
     home: Path
     node: NodeInfo
+    node_facts: NodeFacts  # the node's GPUs (its telemetry probe), that layouts compile against
     engine: Engine
     journal: Journal
     state_file: StateFile
@@ -39,10 +42,11 @@ class DaemonHost(Protocol):
     layout_path: str | None
     layout_toml: str | None
     layout_name: str | None
-    metrics_listen: str | None
+    layout: CompiledLayout | None  # the running layout compiled (None: none, or it no longer does)
+    metrics_listen: tuple[str, int] | None
     problems: list[Advice]  # the daemon's own problems, shown as advice
     shutting_down: bool  # `vsup down` is under way: no more applies or actions
-    apply_lock: asyncio.Lock  # one apply (or shutdown's stops) at a time
+    apply_lock: asyncio.Lock  # one apply (compile to engine) or shutdown's stops at a time
 
     def build_snapshot(self) -> StatusSnapshot:
         """The current status snapshot."""

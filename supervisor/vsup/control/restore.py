@@ -20,10 +20,11 @@ from typing import Any
 
 from vsup.control.host import DaemonHost
 from vsup.control.journal import Journal, last_layout, replay
-from vsup.control.service import alert_config_of, metrics_listen_of
 from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
 from vsup.engine import AdoptRecord, Engine
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
+from vsup.layout.compiled import LayoutSettings, compile_document, layout_settings
+from vsup.layout.model import loads_layout
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
 
@@ -71,8 +72,7 @@ async def restore(daemon: DaemonHost) -> None:
     daemon.layout_toml = state.layout_toml
     daemon.layout_name = state.layout_name
     if state.layout_toml:
-        daemon.metrics_listen = metrics_listen_of(state.layout_toml)
-        daemon.alerts.configure(alert_config_of(state.layout_toml))
+        await _restore_layout(daemon, state.layout_toml, state.layout_path)
     vanished: list[str] = []
     rebooted: list[str] = []
     booted = boot_time()
@@ -128,6 +128,32 @@ async def restore(daemon: DaemonHost) -> None:
     if daemon.metrics_listen:
         await daemon.start_metrics()
     daemon.state_changed()
+
+
+async def _restore_layout(daemon: DaemonHost, toml: str, path: str | None) -> None:
+    """The running layout compiled again on this node, for its alerts and metrics listener.
+    One that no longer compiles (a stricter vsup, a GPU gone, a profile removed) is a problem
+    the operator sees; its alerts and listener still work where its tables can be read."""
+    layout = loads_layout(toml, path)
+    compiled, diagnostics = await asyncio.to_thread(compile_document, layout, daemon.node_facts)
+    daemon.layout = compiled
+    if compiled is not None:
+        settings = compiled.settings
+    else:
+        errors = [d for d in diagnostics if d.is_error]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        daemon.report_problem(
+            "layout",
+            f"the running layout {daemon.layout_name or layout.name} no longer validates on this "
+            f"node: {errors[0].format() if errors else 'unreadable'}{more}; it keeps running as "
+            "it is, and `vsup up` of a layout that validates replaces it",
+        )
+        try:
+            settings = layout_settings(layout)
+        except (TypeError, ValueError):
+            settings = LayoutSettings()
+    daemon.metrics_listen = settings.metrics_listen
+    daemon.alerts.configure(settings.alerts)
 
 
 def _restore_router(

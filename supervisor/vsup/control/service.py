@@ -12,15 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from vsup import __version__
-from vsup.control.alerts import AlertConfig
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.host import DaemonHost
 from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.engine.routing import ROUTER_NAME
-from vsup.layout.listen import parse_listen
+from vsup.layout.changes import spec_changes
+from vsup.layout.compiled import CompiledLayout, compile_layout
+from vsup.layout.diagnostics import LayoutError
 from vsup.layout.secrets import SECRET_NAME
+from vsup.layout.store import save_layout
 
 
 class DaemonService:
@@ -60,59 +62,92 @@ class DaemonService:
     ) -> dict[str, Any]:
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
-        layout_obj, specs, diags = await asyncio.to_thread(
-            parse_layout, toml, path, self.daemon.node.gpu_count
-        )
-        errors = [d.to_json() for d in diags if d.is_error]
-        warnings = [d.to_json() for d in diags if not d.is_error]
-        if errors:
-            return _refused(errors, warnings)
-        plan: dict[str, Any] = self.daemon.engine.diff(specs, rolling=not all_at_once).to_json()
-        router = _router_of(layout_obj, specs)
-        plan["router"] = self.daemon.engine.router.diff(router)  # additive: start|restart|...
-        if dry_run:
-            return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-        self.daemon.layout_toml, self.daemon.layout_path = toml, path
-        self.daemon.layout_name = layout_obj.name
+        # One apply at a time from compile to the engine's hand-off: the layout that is
+        # journaled and recorded as running is the one the engine was given, and a dry run
+        # compares with what the last apply left (issue 31: interleaved applies lost a restart).
+        async with self.daemon.apply_lock:
+            if self.daemon.shutting_down:
+                raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
+            compiled, diags = await asyncio.to_thread(
+                compile_layout, toml, path, self.daemon.node_facts
+            )
+            warnings = [d.to_json() for d in diags if not d.is_error]
+            if compiled is None:
+                return _refused([d.to_json() for d in diags if d.is_error], warnings)
+            rolling = not all_at_once
+            plan = self._plan(compiled, rolling)
+            if dry_run:
+                return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
+            self._record(compiled, plan)
+            self.daemon.alerts.configure(compiled.alerts)
+            warnings += await self._listen(compiled.metrics_listen)
+            # The router first: its members follow as the instances become ready.
+            router_action = await self.daemon.engine.router.apply(compiled.router)
+            # Returns once every start is under way (stops of removed instances continue).
+            applied = await self.daemon.engine.apply(
+                compiled.specs,
+                rolling=rolling,
+                max_unavailable=compiled.rollout.max_unavailable,
+                drain_timeout_s=compiled.rollout.drain_timeout_s,
+            )
+        self.daemon.state_changed()
+        done: dict[str, Any] = {
+            **applied.to_json(),
+            "router": router_action,
+            "changes": plan["changes"],
+        }
+        return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
+
+    def _plan(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
+        """What applying `compiled` would do now: the engine's plan, the router's action
+        (additive: start|restart|update|stop|unchanged) and, per instance whose spec changes,
+        the keys that do (additive: `changes`, old -> new, secrets masked)."""
+        engine = self.daemon.engine
+        plan: dict[str, Any] = engine.diff(compiled.specs, rolling=rolling).to_json()
+        plan["router"] = engine.router.diff(compiled.router)
+        changes: dict[str, list[dict[str, Any]]] = {}
+        for spec in compiled.specs:
+            inst = engine.instances.get(spec.name)
+            if inst is None:
+                continue
+            # against what its process runs (or ran last): what the operator would see change
+            found = spec_changes(inst.spec, spec)
+            if found:
+                changes[spec.name] = [c.to_json() for c in found]
+        plan["changes"] = changes
+        return plan
+
+    def _record(self, compiled: CompiledLayout, plan: dict[str, Any]) -> None:
+        """`compiled` is the running layout from now on: the daemon's record, the journal."""
+        daemon = self.daemon
+        daemon.layout = compiled
+        daemon.layout_toml, daemon.layout_path = compiled.text, compiled.path
+        daemon.layout_name = compiled.name
+        # a layout restored from the state file that did not compile is replaced
+        daemon.problems = [p for p in daemon.problems if p.kind != "layout"]
         # The layout's text rides with the event: a daemon that finds both state files bad
         # takes the running layout back from the journal (`last_layout`).
-        self.daemon.journal.append(
+        daemon.journal.append(
             "action",
             None,
             action="apply",
-            layout=self.daemon.layout_name,
-            path=path,
+            layout=compiled.name,
+            path=compiled.path,
             plan=plan,
-            toml=toml,
+            toml=compiled.text,
         )
-        self.daemon.state_changed()
-        self.daemon.alerts.configure(alert_config_of(toml))
-        self.daemon.metrics_listen = metrics_listen_of(toml)
-        if self.daemon.metrics_listen:
-            if not await self.daemon.start_metrics():
-                warnings.append(
-                    {
-                        "severity": "warning",
-                        "message": self.daemon.problems[-1].message,
-                        "text": self.daemon.problems[-1].message,
-                    }
-                )
-        else:
+        daemon.state_changed()
+
+    async def _listen(self, listen: tuple[str, int] | None) -> list[dict[str, Any]]:
+        """Serve Prometheus metrics where the layout says (or stop); warnings when it cannot."""
+        self.daemon.metrics_listen = listen
+        if listen is None:
             await self.daemon.metrics.stop()
-        async with self.daemon.apply_lock:
-            # The router first: its members follow as the instances become ready.
-            router_action = await self.daemon.engine.router.apply(router)
-            # Returns once every start is under way (stops of removed instances continue).
-            plan = dict(
-                (
-                    await self.daemon.engine.apply(
-                        specs, rolling=not all_at_once, **_rollout_keys(layout_obj)
-                    )
-                ).to_json()
-            )
-            plan["router"] = router_action
-        self.daemon.state_changed()
-        return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+            return []
+        if await self.daemon.start_metrics():
+            return []
+        message = self.daemon.problems[-1].message
+        return [{"severity": "warning", "message": message, "text": message}]
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:
@@ -208,18 +243,24 @@ class DaemonService:
         if not self.daemon.layout_toml:
             raise ControlError("no layout is running; `vsup up LAYOUT` first", status=409)
         from vsup.fsutil import UnsafeTarget, regular_target
-        from vsup.layout import LayoutError, loads_layout, save_layout
 
         try:
             target = regular_target(path, parents=parents)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
-        layout_obj = loads_layout(self.daemon.layout_toml, self.daemon.layout_path)
+        toml, compiled = self.daemon.layout_toml, self.daemon.layout
         try:
+            if compiled is None:
+                # restored from the state file, and it did not compile then: it may now
+                compiled, diags = await asyncio.to_thread(
+                    compile_layout, toml, self.daemon.layout_path, self.daemon.node_facts
+                )
+                if compiled is None:
+                    raise LayoutError(diags)
             if parents:
                 target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(
-                save_layout, layout_obj, target, node_gpus=self.daemon.node.gpu_count or None
+                save_layout, compiled.layout, target, node=self.daemon.node_facts
             )
         except LayoutError as exc:
             raise ControlError(
@@ -253,71 +294,7 @@ def _instance(engine: Engine, name: str) -> Instance:
     return inst
 
 
-def parse_layout(toml: str, path: str | None, node_gpus: int) -> tuple[Any, list, list]:
-    """(layout, specs, diagnostics) of a layout text; specs is [] when it has errors."""
-    from vsup.layout import LayoutError, loads_layout, validate
-
-    layout_obj = loads_layout(toml, path)
-    diags = list(validate(layout_obj, node_gpus=node_gpus or None))
-    listen = layout_obj.header.get("metrics_listen")
-    if listen is not None and not any(d.is_error for d in diags):
-        try:
-            parse_listen(str(listen))
-        except ValueError as exc:
-            from vsup.layout.diagnostics import Diagnostic
-
-            diags.insert(
-                0, Diagnostic("error", str(exc), file=path, table="[layout]", key="metrics_listen")
-            )
-    if any(d.is_error for d in diags):
-        return layout_obj, [], diags
-    try:
-        specs = layout_obj.resolve()
-    except LayoutError as exc:
-        return layout_obj, [], list(exc.diagnostics)
-    return layout_obj, specs, diags
-
-
-def _router_of(layout_obj: Any, specs: list) -> Any:
-    """The layout's RouterSpec, or None without a `[router]` table."""
-    from vsup.router import router_spec
-
-    return router_spec(layout_obj, specs)
-
-
-def layout_diagnostics(path: Path | str) -> list:
-    """Validation of a layout file on this node (what `vsup up` checks before applying)."""
-    from vsup.layout.validate import validate_file
-
-    _layout, diags = validate_file(str(path))
-    return list(diags)
-
-
-def _rollout_keys(layout_obj: Any) -> dict[str, Any]:
-    """[layout] max_unavailable / drain_timeout_s as Engine.apply's keywords."""
-    header = layout_obj.header
-    return {
-        "max_unavailable": int(header.get("max_unavailable", 1)),
-        "drain_timeout_s": (
-            float(header["drain_timeout_s"]) if "drain_timeout_s" in header else None
-        ),
-    }
-
-
-def metrics_listen_of(toml: str) -> str | None:
-    """`[layout] metrics_listen` of a layout text, read through the layout loader."""
-    from vsup.layout import loads_layout
-
-    value = loads_layout(toml).header.get("metrics_listen")
-    return value if isinstance(value, str) and value else None
-
-
-def alert_config_of(toml: str) -> AlertConfig | None:
-    """`[alerts]` of a layout text, as the alerts take it (None when the table is absent)."""
-    from vsup.layout import loads_layout
-
-    return AlertConfig.from_table(loads_layout(toml).alerts)
-
-
-def _refused(errors: list, warnings: list | None = None) -> dict[str, Any]:
+def _refused(
+    errors: list[dict[str, Any]], warnings: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     return {"plan": None, "errors": errors, "warnings": warnings or [], "applied": False}

@@ -371,6 +371,11 @@ class Engine:
             inst.control.restart = True
             inst.lifecycle.begin_stop()
         else:
+            # A runner may be launching the old spec (no process is recorded until the spawn
+            # returns): that run must end for `next_spec`, else it keeps running while the
+            # layout says otherwise (issue 31). The runner's next attempt clears the flag.
+            if inst.control.task is not None and inst.control.next_spec is not None:
+                inst.control.restart = True
             inst.lifecycle.request_start()
 
     async def halt(self, inst: Instance, drain: bool = False) -> None:

@@ -38,3 +38,9 @@ def listen_address(value: object) -> tuple[str, int] | None:
         return parse_listen(value)
     except ValueError:
         return None
+
+
+def format_listen(address: tuple[str, int]) -> str:
+    """("::1", 9400) -> "[::1]:9400"; ("127.0.0.1", 9400) -> "127.0.0.1:9400"."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

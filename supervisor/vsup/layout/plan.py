@@ -40,7 +40,7 @@ from vsup.layout.kvcache import (
 from vsup.layout.model import Layout
 from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
 from vsup.layout.modelpath import is_local_model, resolve_model_path
-from vsup.layout.node import GIB, KNOWN_GPUS, PLATFORM_PROFILES, gpu_kind, node_gpus
+from vsup.layout.node import GIB, KNOWN_GPUS, PLATFORM_PROFILES, NodeFacts, gpu_kind
 from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
 
 DEFAULT_UTILIZATION = 0.90
@@ -75,6 +75,8 @@ class PlanRequest:
     kv_cache_dtype: str | None = None
     name: str | None = None
     hub: bool = True  # may ask the hub (or vsup's cache of it) for a hub id's config
+    # this node's GPUs (vsup.telemetry.gpu.node_facts): their memory when no flag gives it
+    node: NodeFacts = field(default_factory=NodeFacts)
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def _suffix(j: int, per: int) -> str:
 
 
 def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
-    """(bytes, where that came from, GPU kind) - explicit flags first, then the node's probe."""
+    """(bytes, where that came from, GPU kind) - explicit flags first, then the node's GPUs."""
     if req.gpu_memory_bytes:
         return req.gpu_memory_bytes, "--gpu-mem-gib", gpu_kind(req.gpu) if req.gpu else None
     if req.gpu:
@@ -169,12 +171,11 @@ def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
                 f"--gpu {req.gpu!r}: unknown; use one of {', '.join(KNOWN_GPUS)} or --gpu-mem-gib G"
             )
         return KNOWN_GPUS[kind][1], f"{kind} (--gpu)", kind
-    found = node_gpus()
-    sizes = [g.memory_bytes for g in found if g.memory_bytes]
-    if sizes:
-        names = {g.name for g in found if g.name}
-        kind = gpu_kind(next(iter(names))) if names else None
-        return min(sizes), f"{', '.join(sorted(names)) or 'GPU'} (this node)", kind
+    memory = req.node.gpu_memory_bytes
+    if memory:
+        names = req.node.gpu_names
+        kind = gpu_kind(names[0]) if names else None
+        return memory, f"{', '.join(sorted(names)) or 'GPU'} (this node)", kind
     raise PlanError(
         "no GPU found on this node to size the plan: give --gpu "
         + "|".join(KNOWN_GPUS)

@@ -12,6 +12,7 @@ from pathlib import Path
 from vsup.fsutil import write_atomic  # the one atomic writer of the package
 from vsup.layout.diagnostics import ERROR, Diagnostic, LayoutError
 from vsup.layout.model import Layout, dumps_layout, loads_layout
+from vsup.layout.node import NodeFacts
 from vsup.layout.validate import validate
 
 
@@ -23,9 +24,11 @@ def save_layout(
     profile_dirs: Sequence[Path] | None = None,
     check: bool = True,
     parents: bool = False,
+    node: NodeFacts | None = None,
 ) -> Path:
     """Write the layout to `path` atomically; refuses (LayoutError) a layout that does not validate.
 
+    `node` / `node_gpus`: the node to validate against, as `validate` takes them.
     Relative local model paths are rewritten for the new location (see `Layout.relocated`). A
     missing directory is created only with `parents`; otherwise it is a LayoutError that says so.
     """
@@ -47,7 +50,7 @@ def save_layout(
     if target.load_errors:
         raise LayoutError(target.load_errors)
     if check:
-        diagnostics = validate(target, node_gpus=node_gpus, profile_dirs=profile_dirs)
+        diagnostics = validate(target, node_gpus=node_gpus, profile_dirs=profile_dirs, node=node)
         if any(d.is_error for d in diagnostics):
             raise LayoutError(diagnostics)
     text = dumps_layout(target)

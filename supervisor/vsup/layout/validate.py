@@ -14,17 +14,67 @@ validate` exits 0 with warnings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vsup.layout import node as node_probe
 from vsup.layout.diagnostics import Diagnostic, merge_repeats, sort_key
-from vsup.layout.merge import merge_instances, profile_cache_for
-from vsup.layout.model import Layout, load_layout
+from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
+from vsup.layout.model import Layout
+from vsup.layout.node import NodeFacts
 from vsup.layout.rules import Context, run_rules
 from vsup.layout.structure import check_profile_document, check_structure, written_tables
 
-__all__ = ["check_profile_document", "validate", "validate_file", "validate_instance"]
+__all__ = [
+    "Checked",
+    "check",
+    "check_profile_document",
+    "instance_diagnostics",
+    "validate",
+    "validate_instance",
+]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One validation: its diagnostics (errors first) and the merged instances it checked,
+    which the compiled layout builds its specs from (no second merge)."""
+
+    diagnostics: list[Diagnostic]
+    merged: Sequence[MergedInstance]
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+
+def check(
+    layout: Layout,
+    node: NodeFacts | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+    *,
+    gpu_memory_bytes: int | None = None,
+) -> Checked:
+    """Every error and warning of `layout` on the node `node` (see `validate`), with the
+    merged instances. `node` None: nothing is known of the node (as a probe that found no
+    GPU: indices are only checked to be >= 0, and that is said once)."""
+    node = node if node is not None else NodeFacts()
+    cache = profile_cache_for(layout, profile_dirs)
+    out = check_structure(layout, cache)
+    if layout.load_errors:
+        return Checked(out, ())
+    merged = merge_instances(layout, cache)
+    ctx = Context(
+        layout=layout,
+        cache=cache,
+        merged=merged,
+        tables=written_tables(layout, cache),
+        node_gpus=node.gpu_count,
+        probed=node.probed,
+        gpu_memory_bytes=gpu_memory_bytes or node.gpu_memory_bytes,
+    )
+    out += run_rules(ctx)
+    return Checked(sorted(merge_repeats(out), key=sort_key), merged)
 
 
 def validate(
@@ -33,44 +83,43 @@ def validate(
     profile_dirs: Sequence[Path] | None = None,
     *,
     gpu_memory_bytes: int | None = None,
+    node: NodeFacts | None = None,
 ) -> list[Diagnostic]:
     """Every error and warning of `layout`, errors first.
 
-    `node_gpus`: the GPU count to check indices against; None probes this node (NVML/amdsmi)
-    and, when it finds none, checks only that indices are >= 0 and says so once.
-    `gpu_memory_bytes`: one GPU's memory, for the KV-capacity warnings; None takes it from the
-    probe when `node_gpus` was probed, else skips the GPU estimates.
+    `node`: this node's GPUs (`vsup.telemetry.gpu.node_facts()`), to check indices against and
+    size the KV-capacity warnings by. `node_gpus`: instead, a GPU count to check against (as
+    `--node-gpus N`; ignored when `node` is given). Neither: the node is unknown, indices are
+    only checked to be >= 0 and a warning says so once. `gpu_memory_bytes`: one GPU's memory
+    for the KV-capacity warnings (default: the node's; none: the GPU estimates are skipped).
     """
-    cache = profile_cache_for(layout, profile_dirs)
-    out = check_structure(layout, cache)
-    if layout.load_errors:
-        return out
-    probed = False
-    if node_gpus is None:
-        gpus = node_probe.node_gpus()
-        node_gpus = len(gpus) or None
-        probed = True
-        if gpu_memory_bytes is None and gpus and gpus[0].memory_bytes:
-            gpu_memory_bytes = min(g.memory_bytes or 0 for g in gpus) or None
-    ctx = Context(
-        layout=layout,
-        cache=cache,
-        merged=merge_instances(layout, cache),
-        tables=written_tables(layout, cache),
-        node_gpus=node_gpus,
-        probed=probed,
-        gpu_memory_bytes=gpu_memory_bytes,
-    )
-    out += run_rules(ctx)
-    return sorted(merge_repeats(out), key=sort_key)
+    if node is None and node_gpus is not None:
+        node = NodeFacts.given(node_gpus)
+    return check(layout, node, profile_dirs, gpu_memory_bytes=gpu_memory_bytes).diagnostics
 
 
-def validate_file(
-    path: Path | str, node_gpus: int | None = None, profile_dirs: Sequence[Path] | None = None
-) -> tuple[Layout, list[Diagnostic]]:
-    """Load and validate a layout file: the layout and its diagnostics (errors first)."""
-    layout = load_layout(path)
-    return layout, validate(layout, node_gpus, profile_dirs)
+def instance_diagnostics(
+    diagnostics: Sequence[Diagnostic],
+    layout: Layout,
+    table: Mapping[str, Any],
+    replace_name: str | None = None,
+) -> list[Diagnostic]:
+    """Those of `diagnostics` (of a layout holding `table`) that concern that instance: its
+    own, and those of others that name it (a port it takes). `layout` is the layout before
+    the table was put in (for the label of a table without a name)."""
+    name = table.get("name")
+    if isinstance(name, str):
+        label = name
+    else:
+        target = replace_name if replace_name is not None else name
+        names = [t.get("name") for t in layout.instances]
+        index = names.index(target) if target in names else len(layout.instances)
+        label = f"#{index + 1}"
+    return [
+        d
+        for d in diagnostics
+        if d.instance == label or label in d.others or f"'{label}'" in d.message
+    ]
 
 
 def validate_instance(
@@ -80,20 +129,10 @@ def validate_instance(
     replace_name: str | None = None,
     node_gpus: int | None = None,
     profile_dirs: Sequence[Path] | None = None,
+    node: NodeFacts | None = None,
 ) -> list[Diagnostic]:
     """What validation says about `table` once put into `layout` (the dashboard's add/edit
     form): diagnostics of that instance, and those of others that name it (a port it takes)."""
     candidate = layout.with_instance(table, replace_name)
-    name = table.get("name")
-    if isinstance(name, str):
-        label = name
-    else:
-        target = replace_name if replace_name is not None else name
-        names = [t.get("name") for t in layout.instances]
-        index = names.index(target) if target in names else len(candidate.instances) - 1
-        label = f"#{index + 1}"
-    return [
-        d
-        for d in validate(candidate, node_gpus=node_gpus, profile_dirs=profile_dirs)
-        if d.instance == label or label in d.others or f"'{label}'" in d.message
-    ]
+    diagnostics = validate(candidate, node_gpus=node_gpus, profile_dirs=profile_dirs, node=node)
+    return instance_diagnostics(diagnostics, layout, table, replace_name)

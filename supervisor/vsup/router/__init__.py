@@ -2,9 +2,10 @@
 API and metrics, and the membership logic that keeps its worker set equal to vsup's ready
 instances. No engine, control or UI code: the engine drives it (see docs/router.md)."""
 
+# the spec is resolved from the layout like an InstanceSpec: it lives in the layout package
+from vsup.layout.routerspec import RouterSpec, router_spec
 from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
 from vsup.router.membership import MembershipChange, RouterMembership
-from vsup.router.spec import RouterSpec, router_spec
 
 __all__ = [
     "MembershipChange",

@@ -1,9 +1,9 @@
-"""Checking a layout the dashboard is about to apply: the same rules as `vsup validate`.
+"""Checking a layout the dashboard is about to apply: the same compile as `vsup up`.
 
-Two checks, both off the event loop: the layout package's validation (in a thread: it reads
-profiles and model files), then the daemon's dry run (`apply(dry_run=True)`), which validates
-again on the daemon's side and says what would start, restart and stop. A layout with an
-error is never applied.
+Two checks, both off the event loop: the layout compiled here (`vsup.layout.compiled`, in a
+thread: it reads profiles and model files), then the daemon's dry run (`apply(dry_run=True)`),
+which compiles it again on the daemon's side and says what would start, restart and stop. A
+layout with an error is never applied.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vsup.layout.compiled import compile_document
 from vsup.layout.diagnostics import Diagnostic
-from vsup.layout.validate import validate, validate_instance
+from vsup.layout.model import dumps_layout
+from vsup.layout.node import NodeFacts
+from vsup.layout.validate import instance_diagnostics
 from vsup.tui import layout_edit
 from vsup.tui.client import DashboardClient, answer_errors
 
@@ -37,6 +40,11 @@ def error_messages(exc: BaseException) -> list[str]:
     if isinstance(body, dict) and body.get("errors"):
         return answer_errors(body)
     return [str(exc) or type(exc).__name__]
+
+
+def _node(node_gpus: int | None) -> NodeFacts | None:
+    """The node the daemon reports (its GPU count), as validation takes it."""
+    return NodeFacts.given(node_gpus) if node_gpus is not None else None
 
 
 def _split(diagnostics: list[Diagnostic]) -> tuple[list[str], list[str]]:
@@ -66,16 +74,19 @@ def instance_rules(
                 "this name; choose another name"
             ],
         )
-    new_toml = layout_edit.with_instance(toml_text, table, replace, path)
-    errors, warnings = _split(
-        validate_instance(layout, table, replace_name=replace, node_gpus=node_gpus)
-    )
-    return Verdict(new_toml, errors, warnings)
+    if replace is not None and layout.instance(replace) is None:
+        raise KeyError(replace)
+    candidate = layout.with_instance(table, replace)
+    _compiled, diagnostics = compile_document(candidate, _node(node_gpus))
+    mine = instance_diagnostics(diagnostics, layout, table, replace)
+    errors, warnings = _split(mine)
+    return Verdict(dumps_layout(candidate), errors, warnings)
 
 
 def layout_rules(toml_text: str, path: str | None, node_gpus: int | None) -> Verdict:
-    """What validation says about a whole layout text. Blocking: run it in a thread."""
-    errors, warnings = _split(validate(layout_edit.parse(toml_text, path), node_gpus=node_gpus))
+    """What compiling a whole layout text says. Blocking: run it in a thread."""
+    _compiled, diagnostics = compile_document(layout_edit.parse(toml_text, path), _node(node_gpus))
+    errors, warnings = _split(diagnostics)
     return Verdict(toml_text, errors, warnings)
 
 

@@ -164,7 +164,7 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     assert alive(pids["a"])
     # A read-only command starts no daemon: it says none runs here and what is left running.
     none = vsup(home, "status", "--json")
-    assert none.returncode == 3 and none.stdout == "", none.stderr
+    assert none.returncode == 4 and none.stdout == "", none.stderr
     assert f"no vsup daemon runs for VSUP_HOME={home}" in none.stderr
     assert "still run unwatched (a)" in none.stderr and "vsup daemon --detach" in none.stderr
     assert daemons_of(home) == []

@@ -114,7 +114,7 @@ def test_read_only_commands_never_start_a_daemon(home, tmp_path):
         ("tui", "--readonly"),
     ):
         res = vsup(home, *args)
-        assert res.returncode == 3, (args, res.stdout, res.stderr)
+        assert res.returncode == 4, (args, res.stdout, res.stderr)
         assert f"no vsup daemon runs for VSUP_HOME={home}" in res.stderr, (args, res.stderr)
         assert "0/0 ready" not in res.stdout
         assert daemons_of(home) == [], f"`vsup {' '.join(args)}` started a daemon"
@@ -323,7 +323,7 @@ def test_service_unit_brings_the_layout_back_fresh_after_a_reboot(home, tmp_path
         start_new_session=True,
     )
     try:
-        wait_for(lambda: vsup(home, "status").returncode != 3, 60, "the boot daemon to answer")
+        wait_for(lambda: vsup(home, "status").returncode != 4, 60, "the boot daemon to answer")
         after = wait_for(
             lambda: (
                 ((doc := status(home)) and all(i["state"] == "ready" for i in doc["instances"]))

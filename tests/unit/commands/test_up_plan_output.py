@@ -7,7 +7,7 @@ import io
 import pytest
 
 from vsup.commands import up
-from vsup.control.cliutil import CommandFailed
+from vsup.commands.cliutil import CommandFailed
 
 
 def rollout(state="running", wave=1, current=("a",), done=0, failure=None):

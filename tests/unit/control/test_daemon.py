@@ -316,11 +316,12 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
     import subprocess
     import sys
 
-    from vsup.control.service import parse_layout
     from vsup.control.state import DaemonState, InstanceRecord, spec_to_dict
+    from vsup.layout.compiled import compile_layout
 
     text = emulator_layout({"a": free_port()})
-    _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)
+    compiled, _diags = compile_layout(text, "/tmp/fakes.toml")
+    specs = compiled.specs
     stranger = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vsup.layout import node
+import vsup.telemetry.gpu
+from vsup.layout.node import NodeFacts
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"
@@ -15,11 +16,10 @@ LAYOUTS = REPO / "layouts"
 
 @pytest.fixture(autouse=True)
 def no_gpu_probe(monkeypatch: pytest.MonkeyPatch):
-    """Tests never read this machine's GPUs: the probe finds none unless a test sets one."""
+    """Tests never read this machine's GPUs: the commands' probe finds none (the layout
+    package itself takes node facts as a value and never probes)."""
     monkeypatch.delenv("VSUP_PROFILE_PATH", raising=False)
-    node.set_probe(list)
-    yield
-    node.set_probe(None)
+    monkeypatch.setattr(vsup.telemetry.gpu, "node_facts", lambda probe=None: NodeFacts())
 
 
 @pytest.fixture

@@ -1,137 +1,116 @@
-"""The node's GPU probe: NVML first, then amdsmi, with fakes shaped like the real modules."""
+"""Node facts: what validation and `vsup plan` know of the GPUs, and the one probe that finds
+them (`vsup.telemetry.gpu.node_facts`, over fakes of pynvml and amdsmi shaped like the real
+libraries: tests/unit/telemetry/gpu_fakes.py)."""
 
 from __future__ import annotations
 
-import enum
-import sys
-import types
-
 import pytest
 
-from vsup.layout import node
+from vsup.layout.model import loads_layout
+from vsup.layout.node import NodeFacts, NodeGpu, gpu_kind
+from vsup.layout.validate import validate
+from vsup.telemetry import gpu as telemetry_gpu
+from vsup.telemetry.gpu import NoneProbe
+from vsup.telemetry.gpu.amd import AmdSmiProbe
+from vsup.telemetry.gpu.nvml import NvmlProbe
+
+from tests.unit.telemetry.gpu_fakes import AmdGpu, FakeAmdSmi, FakeNvml, NvGpu
+
+# The real function: the layout tests' conftest replaces the module attribute.
+node_facts = telemetry_gpu.node_facts
+
+LAYOUT = """
+[defaults]
+model = "org/model"
+
+[[instance]]
+name = "g1"
+gpus = [1]
+port = 8001
+"""
 
 
-class _Mem:
-    """pynvml's c_nvmlMemory_t: total, free and used in bytes."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.free, self.used = total, total, 0
-
-
-def fake_pynvml(names: list[str], fail_init: bool = False) -> types.ModuleType:
-    m = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_LibraryNotFound(NVMLError):
-        pass
-
-    m.NVMLError = NVMLError
-    m.NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
-    m.calls = []
-
-    def init():
-        if fail_init:
-            raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
-        m.calls.append("init")
-
-    m.nvmlInit = init
-    m.nvmlShutdown = lambda: m.calls.append("shutdown")
-    m.nvmlDeviceGetCount = lambda: len(names)
-    m.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
-    m.nvmlDeviceGetName = lambda h: names[h[1]]
-    m.nvmlDeviceGetMemoryInfo = lambda h: _Mem(143771 * 2**20)
-    return m
-
-
-def fake_amdsmi(hip_ids: list[int | str]) -> types.ModuleType:
-    m = types.ModuleType("amdsmi")
-
-    class AmdSmiMemoryType(enum.IntEnum):
-        VRAM = 0
-        VIS_VRAM = 1
-        GTT = 2
-
-    m.AmdSmiMemoryType = AmdSmiMemoryType
-    m.amdsmi_init = lambda *a: None
-    m.amdsmi_shut_down = lambda: None
-    m.amdsmi_get_processor_handles = lambda: [f"h{i}" for i in range(len(hip_ids))]
-
-    def enumeration(h):
-        return {
-            "drm_render": 128,
-            "drm_card": 0,
-            "hsa_id": 1,
-            "hip_id": hip_ids[int(h[1:])],
-            "hip_uuid": "GPU-x",
-        }
-
-    m.amdsmi_get_gpu_enumeration_info = enumeration
-    m.amdsmi_get_gpu_asic_info = lambda h: {
-        "market_name": "AMD Instinct MI300X",
-        "vendor_id": "0x1002",
-    }
-
-    def total(h, kind):
-        assert kind is AmdSmiMemoryType.VRAM
-        return 192 * 2**30 + int(h[1:])
-
-    m.amdsmi_get_gpu_memory_total = total
-    return m
-
-
-def test_nvml_gpus(monkeypatch):
-    fake = fake_pynvml(["NVIDIA H200", "NVIDIA H200"])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    gpus = node._default_probe()
-    assert [(g.index, g.name, g.memory_bytes, g.vendor) for g in gpus] == [
-        (0, "NVIDIA H200", 143771 * 2**20, "nvidia"),
-        (1, "NVIDIA H200", 143771 * 2**20, "nvidia"),
+def test_nvml_gpus_become_node_facts() -> None:
+    fake = FakeNvml([NvGpu(total=150 * 2**30), NvGpu(total=140 * 2**30)])
+    facts = node_facts(NvmlProbe(fake.module))
+    assert [(g.index, g.name, g.memory_bytes, g.vendor) for g in facts.gpus] == [
+        (0, "NVIDIA H200", 150 * 2**30, "nvidia"),
+        (1, "NVIDIA H200", 140 * 2**30, "nvidia"),
     ]
-    assert fake.calls == ["init", "shutdown"]
-    assert node.gpu_kind(gpus[0].name) == "H200"
+    assert facts.gpu_count == 2 and facts.gpu_memory_bytes == 140 * 2**30
+    assert facts.vendor == "nvidia" and facts.gpu_names == ("NVIDIA H200",)
+    assert gpu_kind(facts.gpu_names[0]) == "H200"
 
 
-def test_amdsmi_when_nvml_is_missing_ordered_by_hip_id(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init=True))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([1, 0, "N/A"]))
-    gpus = node._default_probe()
-    assert [(g.index, g.memory_bytes) for g in gpus] == [
-        (0, 192 * 2**30 + 1),
-        (1, 192 * 2**30),
-        (2, 192 * 2**30 + 2),
-    ]
-    assert node.gpu_kind(gpus[0].name) == "MI300X"
+def test_amd_gpus_are_in_hip_order() -> None:
+    fake = FakeAmdSmi([AmdGpu(bdf="0000:05:00.0", hip_id=1), AmdGpu(bdf="0000:06:00.0", hip_id=0)])
+    facts = node_facts(AmdSmiProbe(fake.module))
+    assert [g.index for g in facts.gpus] == [0, 1] and facts.vendor == "amd"
+    assert gpu_kind(facts.gpus[0].name) == "MI300X"
 
 
-def test_no_driver_means_no_gpus_and_nothing_printed(monkeypatch, capfd):
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init=True))
-    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
-    # The real amdsmi without ROCm's library: `import amdsmi` prints and raises KeyError here.
-    assert node._probe_amdsmi() == [] or pytest.skip("ROCm is installed on this machine")
-    assert node._default_probe() == []
-    out, err = capfd.readouterr()
-    assert out == "" and err == ""
+def test_a_node_without_gpus_is_unknown_not_zero() -> None:
+    facts = node_facts(NoneProbe())
+    assert facts == NodeFacts() and facts.gpu_count is None and facts.vendor == "none"
+    (w,) = validate(loads_layout(LAYOUT, "/tmp/l.toml"), node=facts)
+    assert "no GPU found on this node" in w.message and not w.is_error
 
 
-def test_probe_is_cached_and_replaceable():
-    calls = []
-
-    def probe():
-        calls.append(1)
-        return [node.NodeGpu(0, "x", 1, "nvidia")]
-
-    node.set_probe(probe)
-    assert node.node_gpu_count() == 1 and node.node_gpu_count() == 1
-    assert calls == [1]
-    node.set_probe(list)
-    assert node.node_gpu_count() is None
+def test_a_lost_gpu_still_counts_without_its_memory() -> None:
+    fake = FakeNvml([NvGpu(), NvGpu(lost=True)])
+    facts = node_facts(NvmlProbe(fake.module))
+    assert facts.gpu_count == 2 and facts.gpus[1].memory_bytes is None
 
 
-def test_a_failing_probe_counts_as_no_gpus():
-    def broken():
-        raise RuntimeError("driver hiccup")
+def test_validation_checks_indices_against_the_probed_node() -> None:
+    one = NodeFacts((NodeGpu(0, "NVIDIA H200", 150 * 2**30, "nvidia"),))
+    (e,) = [d for d in validate(loads_layout(LAYOUT, "/tmp/l.toml"), node=one) if d.is_error]
+    assert "this node has 1 GPU (0-0)" in e.message and e.instance == "g1"
 
-    node.set_probe(broken)
-    assert node.node_gpus() == []
+
+def test_a_given_count_holds_even_for_zero() -> None:
+    given = NodeFacts.given(0)
+    assert given.gpu_count == 0 and not given.probed and given.gpu_memory_bytes is None
+    (e,) = [d for d in validate(loads_layout(LAYOUT, "/tmp/l.toml"), node=given) if d.is_error]
+    assert "--node-gpus says the node has 0 GPUs" in e.message
+    # node_gpus=N is the same as NodeFacts.given(N)
+    assert validate(loads_layout(LAYOUT, "/tmp/l.toml"), node_gpus=0) == validate(
+        loads_layout(LAYOUT, "/tmp/l.toml"), node=given
+    )
+
+
+def test_the_commands_probe_opens_and_closes_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = []
+
+    class Probe(NoneProbe):
+        vendor = "nvidia"
+
+        def snapshot(self):
+            from vsup.telemetry.gpu.base import GpuSample
+
+            return (GpuSample(0, name="NVIDIA H100", hbm_total_bytes=80 * 2**30),)
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(telemetry_gpu, "open_probe", lambda vendor="auto": Probe())
+    facts = node_facts()
+    assert facts.gpus == (NodeGpu(0, "NVIDIA H100", 80 * 2**30, "nvidia"),) and closed == [True]
+
+
+def test_the_layout_package_has_no_probe_of_its_own() -> None:
+    import ast
+    from pathlib import Path
+
+    import vsup.layout
+
+    root = Path(vsup.layout.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not [n for n in names if n.split(".")[0] in ("pynvml", "amdsmi")], path

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from vsup.cli import main
-from vsup.layout import node
 from vsup.layout.model import load_layout
-from vsup.layout.node import GIB, KNOWN_GPUS, NodeGpu
+from vsup.layout.node import GIB, KNOWN_GPUS, NodeFacts, NodeGpu
 from vsup.layout.plan import (
     PlanError,
     PlanRequest,
@@ -159,8 +158,15 @@ def test_hub_id_without_files_needs_params_and_dtype():
 
 
 def test_gpu_memory_from_the_node_and_all_gpus(llama8b):
-    node.set_probe(lambda: [NodeGpu(i, "NVIDIA H200", 150 * GIB, "nvidia") for i in range(8)])
-    plan = make_plan(PlanRequest(model=str(llama8b), gpus=parse_gpus("all", 8), max_model_len=8192))
+    found = NodeFacts(tuple(NodeGpu(i, "NVIDIA H200", 150 * GIB, "nvidia") for i in range(8)))
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b),
+            gpus=parse_gpus("all", found.gpu_count),
+            max_model_len=8192,
+            node=found,
+        )
+    )
     assert plan.gpu_memory_bytes == 150 * GIB and "this node" in plan.gpu_memory_source
     assert plan.layout.profiles == ["nvidia-h200"]
     assert len(plan.layout.instances) == 8

@@ -691,8 +691,8 @@ def test_no_gpu_on_node_checks_only_non_negative_and_says_so_once(tmp_path):
 
 
 def test_probed_gpu_count_is_used(tmp_path):
-    node.set_probe(lambda: [node.NodeGpu(0, "NVIDIA H200", 150 * 2**30, "nvidia")])
-    _, diagnostics = run_validate(tmp_path, BASE, node_gpus=None)
+    found = node.NodeFacts((node.NodeGpu(0, "NVIDIA H200", 150 * 2**30, "nvidia"),))
+    _, diagnostics = run_validate(tmp_path, BASE, node_gpus=None, node=found)
     (e,) = [d for d in diagnostics if d.is_error]
     assert "this node has 1 GPU (0-0)" in e.message and e.instance == "g1"
 

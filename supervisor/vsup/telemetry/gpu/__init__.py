@@ -4,6 +4,7 @@
 probe = open_probe("auto")        # NvmlProbe, AmdSmiProbe or NoneProbe
 gpus = probe.snapshot()           # tuple[GpuSample, ...], ordered by index
 probe.close()
+facts = node_facts()              # layout.node.NodeFacts: what validation and `vsup plan` check
 ```
 `index` is the ordinal `CUDA_VISIBLE_DEVICES` uses for the instances vsup starts: NVML's
 index (the engine sets `CUDA_DEVICE_ORDER=PCI_BUS_ID`, which makes CUDA's order NVML's), or on
@@ -15,6 +16,7 @@ No probe raises from `snapshot()`. Calls block for microseconds to milliseconds:
 
 from __future__ import annotations
 
+from vsup.layout.node import NodeFacts, NodeGpu
 from vsup.telemetry.gpu.base import (
     GpuProbe,
     GpuProbeError,
@@ -62,11 +64,28 @@ def open_probe(vendor: str = "auto") -> GpuProbe:
     return NoneProbe(reason="; ".join(errors) or "no GPU found")
 
 
+def node_facts(probe: GpuProbe | None = None) -> NodeFacts:
+    """This node's GPUs as layout validation and `vsup plan` take them (index, name, memory,
+    vendor). `probe`: an open probe to read (the daemon's); None opens one ("auto") and closes
+    it. Never raises: no driver, or a GPU that fails, means fewer facts, not an error."""
+    own = probe is None
+    opened = open_probe("auto") if probe is None else probe
+    try:
+        samples = opened.snapshot()
+    finally:
+        if own:
+            opened.close()
+    return NodeFacts(
+        tuple(NodeGpu(s.index, s.name, s.hbm_total_bytes, opened.vendor) for s in samples)
+    )
+
+
 __all__ = [
     "GpuProbe",
     "GpuProbeError",
     "GpuProcessSample",
     "GpuSample",
     "NoneProbe",
+    "node_facts",
     "open_probe",
 ]

@@ -1,4 +1,5 @@
-"""Helpers the control-plane CLI commands share: connecting, and printing refusals."""
+"""Helpers the control-plane CLI commands share: connecting, ending with an exit status, and
+printing refusals. The exit statuses and the map from errors to them are `exits.py`'s."""
 
 from __future__ import annotations
 
@@ -7,23 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from vsup.commands.exits import NO_DAEMON, CommandFailed, known_error
+from vsup.commands.progress import Progress, fmt_duration
 from vsup.control.client import Client, NoDaemon, connect
-from vsup.control.errors import ControlError, DaemonUnavailable
-from vsup.control.progress import Progress, fmt_duration
+from vsup.control.errors import DaemonUnavailable
 
-
-class CommandFailed(Exception):
-    """Ends a command with a message on stderr and an exit status."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["CommandFailed", "client_for_cli", "print_diagnostics", "run_command"]
 
 
 def client_for_cli(start: bool = True) -> Client:
     """A client of the daemon, starting one (with progress on a terminal) if none runs and
     `start`; read-only commands pass `start=False` and end with NoDaemon's message and exit
-    status (3) when no daemon runs for this VSUP_HOME."""
+    status (`exits.NO_DAEMON`) when no daemon runs for this VSUP_HOME."""
     progress = Progress()
     doing = "starting" if start else "waiting for"
     try:
@@ -32,7 +28,7 @@ def client_for_cli(start: bool = True) -> Client:
             on_wait=lambda t: progress.update(f"{doing} the vsup daemon ... {fmt_duration(t)}"),
         )
     except NoDaemon as exc:
-        raise CommandFailed(f"vsup: {exc}", NoDaemon.EXIT_CODE) from None
+        raise CommandFailed(f"vsup: {exc}", NO_DAEMON) from None
     except DaemonUnavailable as exc:
         raise CommandFailed(f"vsup: {exc}") from None
     finally:
@@ -40,19 +36,19 @@ def client_for_cli(start: bool = True) -> Client:
 
 
 def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
-    """Run `func(args)`, turning refusals and a missing daemon into a message and a status."""
+    """Run `func(args)`; an error vsup reports (a refusal, no daemon, `CommandFailed`) becomes
+    its line on stderr and its exit status (`exits.known_error`). Anything else propagates to
+    `cli.main`, which reports it as an internal error."""
     try:
         return int(func(args) or 0)
-    except CommandFailed as exc:
-        if str(exc):
-            print(str(exc), file=sys.stderr)
-        return exc.code
-    except ControlError as exc:
-        print(f"vsup: {exc.message}", file=sys.stderr)
-        return 2 if exc.status in (400, 404, 422) else 1
-    except DaemonUnavailable as exc:
-        print(f"vsup: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        known = known_error(exc)
+        if known is None:
+            raise
+        code, message = known
+        if message:
+            print(message, file=sys.stderr)
+        return code
 
 
 def print_diagnostics(items: list[Any], stream: TextIO | None = None) -> None:

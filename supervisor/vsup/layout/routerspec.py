@@ -1,4 +1,7 @@
-"""The router a layout asks for: `[router]` resolved against the layout's instances."""
+"""The router a layout asks for: `[router]` resolved against the layout's instances.
+
+A resolved value like `InstanceSpec` (spec.py), so the compiled layout (compiled.py) carries it;
+`vsup.router` re-exports it for the engine and the router's own code."""
 
 from __future__ import annotations
 

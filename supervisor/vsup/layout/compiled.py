@@ -1,0 +1,184 @@
+"""The compiled layout: a layout's TOML read once, checked on a node, and turned into every
+value its consumers need.
+
+```python
+compiled, diagnostics = compile_layout(text, path, node)   # None when any diagnostic is an error
+compiled.specs            # tuple[InstanceSpec, ...], file order
+compiled.router           # RouterSpec | None              ([router])
+compiled.alerts           # AlertConfig | None             ([alerts])
+compiled.metrics_listen   # (host, port) | None            ([layout] metrics_listen)
+compiled.rollout          # RolloutSettings    ([layout] max_unavailable, drain_timeout_s)
+compiled.name, .path, .text, .layout (the Layout document: save, edits), .source_map, .warnings
+```
+The layout-level values (alerts, metrics listener, rollout) are one `LayoutSettings`; a daemon
+whose running layout no longer compiles (restore after an upgrade or a lost GPU) still reads
+them with `layout_settings`.
+The daemon's apply, its dry run and its restore, `vsup up`, `vsup validate`, `vsup plan`,
+`vsup bench` and the dashboard's forms all take a layout through here, so each reads the TOML
+once and no consumer reads a raw table. A new layout-level table is added in one place: its
+keys in `schema.py` (checked by `structure.py`), its typed value built in `compile_document`,
+a field on `LayoutSettings` (or, when it needs the instances like `[router]`, on
+`CompiledLayout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vsup.layout.alertconfig import AlertConfig
+from vsup.layout.cpubind import bind_cpu_instances
+from vsup.layout.diagnostics import Diagnostic
+from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
+from vsup.layout.node import NodeFacts
+from vsup.layout.resolve import spec_from_merged
+from vsup.layout.routerspec import RouterSpec, router_spec
+from vsup.layout.sourcemap import SourceMap
+from vsup.layout.spec import InstanceSpec
+from vsup.layout.validate import check
+
+__all__ = [
+    "CompiledLayout",
+    "LayoutSettings",
+    "RolloutSettings",
+    "compile_document",
+    "compile_file",
+    "compile_layout",
+    "layout_settings",
+]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How a rolling apply of this layout goes (`[layout]`; docs/layout.md)."""
+
+    max_unavailable: int = 1  # serving instances taken down at a time
+    drain_timeout_s: float | None = None  # None: each instance's own drain_timeout_s
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    """What a layout sets for the whole node besides its instances and router."""
+
+    alerts: AlertConfig | None = None  # [alerts]; None: no alert is sent
+    metrics_listen: tuple[str, int] | None = None  # [layout] metrics_listen; None: no exporter
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+
+
+def layout_settings(layout: Layout) -> LayoutSettings:
+    """The `LayoutSettings` of a document. Meant for one that validated; of another it raises
+    ValueError or TypeError where a value has the wrong type."""
+    header = layout.header
+    drain = header.get("drain_timeout_s")
+    return LayoutSettings(
+        alerts=AlertConfig.from_table(layout.alerts),
+        metrics_listen=layout.metrics_listen,
+        rollout=RolloutSettings(
+            max_unavailable=int(header.get("max_unavailable", 1)),
+            drain_timeout_s=float(drain) if drain is not None else None,
+        ),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledLayout:
+    """A layout that validated on a node, with every value derived from it. Immutable: an edit
+    makes a new Layout (`layout.with_instance(...)`) and compiles that."""
+
+    layout: Layout  # the document as written (unknown keys and order kept): save and edits
+    text: str  # the TOML text it was read from (an edited document: as it would be written)
+    path: str | None  # the file it names (relative models resolve against it); None: none
+    specs: tuple[InstanceSpec, ...]
+    router: RouterSpec | None
+    settings: LayoutSettings
+    warnings: tuple[Diagnostic, ...] = field(default=())
+
+    @property
+    def alerts(self) -> AlertConfig | None:
+        """`[alerts]` typed; None when the layout sends none."""
+        return self.settings.alerts
+
+    @property
+    def metrics_listen(self) -> tuple[str, int] | None:
+        """(host, port) of the Prometheus exporter, or None when the layout has none."""
+        return self.settings.metrics_listen
+
+    @property
+    def rollout(self) -> RolloutSettings:
+        return self.settings.rollout
+
+    @property
+    def name(self) -> str:
+        """`[layout] name`, else the file's stem, else "layout"."""
+        return self.layout.name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The instance names, in file order."""
+        return tuple(s.name for s in self.specs)
+
+    @property
+    def source_map(self) -> SourceMap:
+        """Where each table and key is written in `text` (file lines for diagnostics)."""
+        return self.layout.source_map
+
+    def line(self, *path: str | int) -> int | None:
+        """The line of a document path, e.g. `line("instance", 2, "port")`."""
+        return self.layout.line(*path)
+
+    def spec(self, name: str) -> InstanceSpec | None:
+        """The spec of the instance `name`, or None."""
+        for spec in self.specs:
+            if spec.name == name:
+                return spec
+        return None
+
+
+def compile_layout(
+    text: str,
+    path: Path | str | None = None,
+    node: NodeFacts | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+) -> tuple[CompiledLayout | None, list[Diagnostic]]:
+    """Read, check and compile a layout text: (the compiled layout, or None when anything is an
+    error; every diagnostic, errors first). Never raises for bad input.
+
+    `path`: the file the text names (diagnostics say it; relative models resolve against it).
+    `node`: the node to check against (`vsup.telemetry.gpu.node_facts()`, or
+    `NodeFacts.given(n)`); None: the node is unknown (GPU indices only checked to be >= 0).
+    """
+    return compile_document(loads_layout(text, path), node, profile_dirs)
+
+
+def compile_file(
+    path: Path | str,
+    node: NodeFacts | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+) -> tuple[CompiledLayout | None, list[Diagnostic]]:
+    """`compile_layout` of a file, read by `files.read_text` (regular, UTF-8, at most 1 MiB;
+    anything else is a diagnostic)."""
+    return compile_document(load_layout(path), node, profile_dirs)
+
+
+def compile_document(
+    layout: Layout,
+    node: NodeFacts | None = None,
+    profile_dirs: Sequence[Path] | None = None,
+) -> tuple[CompiledLayout | None, list[Diagnostic]]:
+    """`compile_layout` of a document already read (`load_layout`, or a form's edit)."""
+    checked = check(layout, node, profile_dirs)
+    if not checked.ok:
+        return None, checked.diagnostics
+    # CPU instances get cores of their own (cpubind.py), as `Layout.resolve()` gives them
+    specs = tuple(bind_cpu_instances([spec_from_merged(m, layout) for m in checked.merged]))
+    compiled = CompiledLayout(
+        layout=layout,
+        text=layout.source if layout.source is not None else dumps_layout(layout),
+        path=layout.file,
+        specs=specs,
+        router=router_spec(layout, specs),
+        settings=layout_settings(layout),
+        warnings=tuple(checked.diagnostics),
+    )
+    return compiled, checked.diagnostics

@@ -28,10 +28,11 @@ async def test_a_start_after_a_reboot_adopts_nothing_and_starts_the_layout_fresh
     """The state file names a process that began before the node booted (as every record does
     after a reboot), and its pid is now an unrelated live process: nothing is adopted or
     signalled, and the instance starts fresh - no crash counted, a new run."""
-    from vsup.control.service import parse_layout
+    from vsup.layout.compiled import compile_layout
 
     text = emulator_layout({"a": free_port()})
-    _layout, specs, _diags = parse_layout(text, "/tmp/fakes.toml", 0)
+    compiled, _diags = compile_layout(text, "/tmp/fakes.toml")
+    specs = compiled.specs
     stranger = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )

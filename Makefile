@@ -20,7 +20,7 @@ SRC := $(shell find supervisor configs -type f ! -name "*.pyc" ! -path "*/__pyca
 PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && $(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
 
-.PHONY: all venv deps test test-fast lint demo demo-attach demo-down bench clean
+.PHONY: all venv deps ssh-server test test-fast lint demo demo-attach demo-down bench clean
 
 all: test
 
@@ -43,11 +43,15 @@ $(STAMP): $(DEPS) $(SRC)
 		assert 'site-packages' in vsup.__file__, vsup.__file__"
 	touch $(STAMP)
 
-test: venv
+# The fleet tests run their own sshd (Debian's openssh-server); this installs it where it can.
+ssh-server:
+	@sh tests/integration/fleet/install-sshd.sh
+
+test: venv ssh-server
 	$(PYTEST) $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 # Everything except the tests that start real vLLM servers: for quick iterations only.
-test-fast: venv
+test-fast: venv ssh-server
 	$(PYTEST) -m "not vllm and not tmux and not install" $(addprefix $(CURDIR)/,$(TESTS)) \
 		$(PYTEST_ARGS)
 

@@ -97,6 +97,22 @@ def benches() -> list[Bench]:
             quick_args=["--seconds", "5"],
             needs="benchmarks/tui_idle.py",
         ),
+        Bench(
+            "fleet_status",
+            ["--nodes", "16", "--rounds", "20", "--cold-rounds", "5"],
+            1,
+            quick_args=[
+                "--nodes",
+                "4",
+                "--rounds",
+                "5",
+                "--cold-rounds",
+                "2",
+                "--dashboard-s",
+                "10",
+            ],
+            needs="benchmarks/fleet_status.py",
+        ),
     ]
 
 
@@ -269,6 +285,35 @@ def table(by: dict[str, Bench], quick: bool) -> list[str]:
             "<= 3 % of a core",
             f"{fmt(v, ' %', 2)}{verdict(v is not None and v <= 3)}",
             _n(len(ti.results), "run") + " of 15 s",
+        )
+    fs = by["fleet_status"]
+    if not fs.error or fs.results:
+        warm = fs.median("warm_median_ms")
+        add(
+            "fleet_status",
+            "`vsup fleet status` of 16 nodes (sshd each, on 127.0.0.1), warm: the whole command",
+            "well under 1 s",
+            f"median {fmt(warm, ' ms', 0)}, p99 {fmt(fs.median('warm_p99_ms'), ' ms', 0)}; "
+            f"CPU {fmt(fs.median('warm_cpu_ms'), ' ms', 0)}; the query alone "
+            f"{fmt(fs.median('inprocess_median_ms'), ' ms', 1)} (load avg {fmt(fs.median('load'))})"
+            + verdict(warm is not None and warm < 1000),
+            "20 runs",
+        )
+        add(
+            "fleet_status",
+            "`vsup fleet status` of 16 nodes, cold (16 SSH connections first)",
+            "-",
+            f"median {fmt(fs.median('cold_median_ms'), ' ms', 0)}, p99 "
+            f"{fmt(fs.median('cold_p99_ms'), ' ms', 0)} (the 16 nodes' sshd and vsup on the "
+            "same 2 cores)",
+            "5 runs",
+        )
+        add(
+            "fleet_status",
+            "fleet dashboard, 16 nodes polled every 2 s (CPU of its process)",
+            "-",
+            f"{fmt(fs.median('dashboard_cpu_pct'), ' %', 1)} of a core",
+            "1 run of 30 s",
         )
     return rows
 

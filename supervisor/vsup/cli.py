@@ -35,6 +35,8 @@ COMMAND_MODULES = (
     "vsup.commands.probe",
     "vsup.commands.down",
     "vsup.commands.bench",
+    "vsup.commands.fleet",
+    "vsup.commands.paths",
     "vsup.commands.daemon",
     "vsup.commands.service",
 )

@@ -20,24 +20,26 @@ class HomeError(OSError):
     """VSUP_HOME cannot be used safely; the message says what to change."""
 
 
-def vsup_home() -> Path:
-    """The directory for the socket, state file, journal and logs (see the module's rules)."""
+def vsup_home(create: bool = True) -> Path:
+    """The directory for the socket, state file, journal and logs (see the module's rules).
+    `create=False` names it without creating anything (`vsup paths`)."""
     env = os.environ.get("VSUP_HOME")
     if env:
         home = Path(env).expanduser()
     else:
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         home = Path(state) / "vsup"
-    return private_home(home.absolute())
+    return private_home(home.absolute(), create=create)
 
 
-def private_home(home: Path) -> Path:
+def private_home(home: Path, create: bool = True) -> Path:
     """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring)."""
     uid = os.getuid()
     try:
         st = os.stat(home)
     except FileNotFoundError:
-        _make_private(home)
+        if create:
+            _make_private(home)
         return home
     if not stat.S_ISDIR(st.st_mode):
         raise HomeError(f"VSUP_HOME {home} is not a directory; point VSUP_HOME at a directory")
@@ -47,7 +49,8 @@ def private_home(home: Path) -> Path:
     try:
         ist = os.lstat(inner)
     except FileNotFoundError:
-        _make_private(inner)
+        if create:
+            _make_private(inner)
         return inner
     if not stat.S_ISDIR(ist.st_mode) or ist.st_uid != uid:
         raise HomeError(

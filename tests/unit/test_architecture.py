@@ -23,16 +23,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "telemetry": {"layout.spec", "layout.node"},
     "engine": {"layout.spec", "telemetry", "router"},
     "control": {"layout", "telemetry", "engine", "router"},
-    "tui": {"control.client", "layout"},
+    "tui": {"control.client", "layout", "fleet"},
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
     "bench": {"layout", "control.client", "control.errors", "commands.progress"},
+    "fleet": {"control.errors", "layout.model"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
 # areas that must run without a terminal UI library loaded (the daemon imports them)
-NO_UI = {"layout", "telemetry", "engine", "control", "router"}
+NO_UI = {"layout", "telemetry", "engine", "control", "router", "fleet"}
 UI_LIBRARIES = {"textual", "rich"}
 
 

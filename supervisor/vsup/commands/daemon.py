@@ -4,6 +4,7 @@ start it in the background and return (`--detach`: what `vsup up` does before it
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -28,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--detach",
         action="store_true",
-        help="start the daemon in the background if none runs, and return once it answers",
+        help="start the daemon in the background if none runs and return once it answers: its "
+        "ping answer as JSON on stdout (`vsup fleet up` starts a node's daemon over SSH this "
+        "way), which daemon it is in words on stderr",
     )
     p.set_defaults(func=run)
 
@@ -64,7 +67,10 @@ def detach(args: argparse.Namespace) -> int:
         with client_for_cli(start=True) as client:
             ping = client.ping()
         how = "already serves" if running else "started for"
-        print(f"the vsup daemon (pid {ping['pid']}) {how} VSUP_HOME={ping['home']}")
+        print(json.dumps(ping))
+        print(
+            f"the vsup daemon (pid {ping['pid']}) {how} VSUP_HOME={ping['home']}", file=sys.stderr
+        )
         return 0
 
     return run_command(body, args)

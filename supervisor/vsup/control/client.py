@@ -133,9 +133,15 @@ class Client:
     """Synchronous client (the CLI). Raises ControlError for refusals, DaemonUnavailable when
     nothing answers on the socket."""
 
-    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.home = Path(home) if home else paths.vsup_home()
-        self.socket = paths.socket_path(self.home)
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        # `socket`: an explicit control socket (the fleet's forwarded one of a remote node)
+        self.home = Path(home) if home else (Path(socket).parent if socket else paths.vsup_home())
+        self.socket = Path(socket) if socket else paths.socket_path(self.home)
         check_socket_path(self.socket)
         self._http = httpx.Client(
             transport=httpx.HTTPTransport(uds=str(self.socket)),
@@ -237,9 +243,15 @@ class AsyncClient:
     """Asynchronous client (the TUI): the same methods as `Client`, awaitable. It never starts
     a daemon; call `connect()` (sync, before the app runs) for that."""
 
-    def __init__(self, home: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.home = Path(home) if home else paths.vsup_home()
-        self.socket = paths.socket_path(self.home)
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        # `socket`: an explicit control socket (the fleet's forwarded one of a remote node)
+        self.home = Path(home) if home else (Path(socket).parent if socket else paths.vsup_home())
+        self.socket = Path(socket) if socket else paths.socket_path(self.home)
         check_socket_path(self.socket)
         self._http = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),

@@ -18,6 +18,7 @@ from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding
 from textual.markup import escape
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
 from vsup.clock import Clock, SystemClock
@@ -100,6 +101,13 @@ class DashboardApp(App[None]):
         # False leaves validation to the daemon's dry run alone (tests of its refusals)
         self.local_checks = local_checks
         self.node_gpus = node_gpus
+        self.renders = 0  # snapshots rendered (tests and benchmarks read it)
+        self._dashboard: Dashboard | None = None
+        self._timer: Timer | None = None
+        self._reset_node()
+
+    def _reset_node(self) -> None:
+        """What the app knows of one node's daemon, from nothing."""
         self.snapshot: StatusSnapshot | None = None
         # The instance whose log, config and history are fetched: the dashboard's selection,
         # as its last `Dashboard.Selected` message said.
@@ -107,8 +115,6 @@ class DashboardApp(App[None]):
         self.history = History()
         self.daemon_error: str | None = None
         self.last_snapshot_at: float | None = None
-        self.renders = 0  # snapshots rendered (tests and benchmarks read it)
-        self._dashboard: Dashboard | None = None
         self._pending = False  # a snapshot arrived while another screen was on top
         self._status_worker: Worker | None = None
         self._log_worker: Worker | None = None
@@ -119,6 +125,15 @@ class DashboardApp(App[None]):
     # -- screens ----------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen:
+        self._dashboard = Dashboard(self.history, readonly=self.readonly)
+        return self._dashboard
+
+    def attach(self, client: DashboardClient) -> Dashboard:
+        """Point the app at another daemon (`client`) with a fresh view of it, and return the
+        Dashboard screen for it, to push. The fleet dashboard opens a node this way
+        (tui/fleet_app.py); the caller closes the client it replaced."""
+        self.client = client
+        self._reset_node()
         self._dashboard = Dashboard(self.history, readonly=self.readonly)
         return self._dashboard
 
@@ -138,8 +153,10 @@ class DashboardApp(App[None]):
 
     @on(Dashboard.Ready)
     def start_polling(self) -> None:
-        """The dashboard's widgets exist: the refresh timer starts."""
-        self.set_interval(self.refresh_s, self.tick)
+        """The dashboard's widgets exist: the refresh timer starts (once: a dashboard pushed
+        again by `attach` reuses it)."""
+        if self._timer is None:
+            self._timer = self.set_interval(self.refresh_s, self.tick)
         self.tick()
 
     @on(Dashboard.Resumed)

@@ -122,12 +122,14 @@ def test_read_only_commands_never_start_a_daemon(home, tmp_path):
     assert not (tmp_path / "x.toml").exists()
     # what changes something starts it, and says so
     started = vsup(home, "daemon", "--detach")
-    assert started.returncode == 0 and f"started for VSUP_HOME={home}" in started.stdout
+    assert started.returncode == 0 and f"started for VSUP_HOME={home}" in started.stderr
+    assert json.loads(started.stdout)["home"] == str(home)  # the ping answer, for scripts
     assert len(daemons_of(home)) == 1
     doc = status(home)
     assert doc["instances"] == []
     again = vsup(home, "daemon", "--detach")
-    assert f"(pid {doc['supervisor']['pid']}) already serves" in again.stdout
+    assert f"(pid {doc['supervisor']['pid']}) already serves" in again.stderr
+    assert json.loads(again.stdout)["pid"] == doc["supervisor"]["pid"]
 
 
 # -- the router, logs and events ------------------------------------------------------------

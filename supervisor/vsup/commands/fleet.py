@@ -1,0 +1,417 @@
+"""`vsup fleet [status|validate|up|events|prometheus-targets]`: every node from one terminal.
+
+Bare `vsup fleet` opens the fleet dashboard. The fleet file is `--fleet FILE`, else
+`$VSUP_FLEET`, else `~/.config/vsup/fleet.toml` (docs/fleet.md). Nodes are reached over the
+operator's own OpenSSH (`vsup.fleet.transport`). Exit status: 0 done (status: every node
+reachable and every instance ready), 1 a node is down / not ready / failed, 2 bad input (the
+fleet file, the layout, unknown nodes), 3 not confirmed (`fleet up`, as `vsup up`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from vsup.commands import exits
+
+if TYPE_CHECKING:
+    from vsup.fleet.model import Fleet
+    from vsup.fleet.view import NodeView
+
+
+def _fleet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fleet",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="the fleet file (default $VSUP_FLEET, else ~/.config/vsup/fleet.toml)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fleet",
+        help="every node of a fleet over SSH: dashboard, status, rollouts (docs/fleet.md)",
+        description="The nodes of a fleet file, over the SSH you already use. Without a "
+        "subcommand: the fleet dashboard (Enter opens a node's own dashboard).",
+    )
+    _fleet_arg(p)
+    p.add_argument("--readonly", action="store_true", help="dashboard: watch only")
+    p.add_argument(
+        "--refresh", type=float, default=2.0, metavar="S", help="dashboard: seconds between polls"
+    )
+    p.set_defaults(func=run, fleet_command=None)
+    fsub = p.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND")
+
+    s = fsub.add_parser("status", help="one line per node (exit 1 if a node is down or not ready)")
+    _fleet_arg(s)
+    s.add_argument("--json", action="store_true", help='{"nodes": [{"name", "reachable", ...}]}')
+    s.add_argument("--nodes", metavar="A,B", help="only these nodes")
+    s.add_argument("--group", metavar="G", help="only this group's nodes")
+
+    v = fsub.add_parser("validate", help="check the fleet file (exit 2 with every error)")
+    _fleet_arg(v)
+    v.add_argument("--json", action="store_true", help="the fleet as JSON")
+
+    u = fsub.add_parser(
+        "up", help="apply a layout on nodes one at a time; stop at the first that fails"
+    )
+    _fleet_arg(u)
+    u.add_argument("layout", metavar="LAYOUT", help="the layout TOML file")
+    u.add_argument("--nodes", metavar="A,B", help="these nodes, in this order")
+    u.add_argument("--group", metavar="G", help="this group's nodes, in the fleet file's order")
+    u.add_argument(
+        "--yes", "-y", action="store_true", help="do not ask before interrupting serving instances"
+    )
+    u.add_argument("--dry-run", action="store_true", help="print each node's plan, change nothing")
+    u.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help="how long each node may take to serve the layout (default 1200 s)",
+    )
+
+    e = fsub.add_parser("events", help="the nodes' journals merged by time")
+    _fleet_arg(e)
+    e.add_argument("-f", "--follow", action="store_true", help="keep following")
+    e.add_argument(
+        "-n", "--lines", type=int, default=10, metavar="N", help="last N events per node first"
+    )
+    e.add_argument("--json", action="store_true", help="one JSON event per line, with `node`")
+    e.add_argument("--nodes", metavar="A,B", help="only these nodes")
+    e.add_argument("--group", metavar="G", help="only this group's nodes")
+
+    t = fsub.add_parser(
+        "prometheus-targets", help="Prometheus file_sd/http_sd targets of the nodes' exporters"
+    )
+    _fleet_arg(t)
+    t.add_argument("-o", "--output", metavar="FILE", help="write FILE atomically (file_sd)")
+
+    for parser in (s, v, u, e, t):
+        parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vsup.fleet.model import default_fleet_path, load_fleet
+
+    path = getattr(args, "fleet", None) or default_fleet_path()
+    fleet = load_fleet(path)
+    for w in fleet.warnings:
+        print(w.format(), file=sys.stderr)
+    if not fleet.ok:
+        for d in fleet.errors:
+            print(d.format(), file=sys.stderr)
+        print(f"vsup fleet: {fleet.path} is not valid", file=sys.stderr)
+        return exits.BAD_INPUT
+    command = args.fleet_command
+    if command == "validate":
+        return _validate(fleet, args)
+    if command is None:
+        return _dashboard(fleet, args)
+    try:
+        nodes = fleet.select(_names(getattr(args, "nodes", None)), getattr(args, "group", None))
+    except KeyError as exc:
+        print(f"vsup fleet: {exc.args[0]}", file=sys.stderr)
+        return exits.BAD_INPUT
+    if getattr(args, "nodes", None) and getattr(args, "group", None):
+        print("vsup fleet: --nodes or --group, not both", file=sys.stderr)
+        return exits.BAD_INPUT
+    try:
+        if command == "status":
+            return asyncio.run(_status(fleet, nodes, args))
+        if command == "up":
+            return asyncio.run(_up(fleet, nodes, args))
+        if command == "events":
+            return asyncio.run(_events(fleet, nodes, args))
+        if command == "prometheus-targets":
+            return asyncio.run(_targets(fleet, nodes, args))
+    except KeyboardInterrupt:
+        return exits.INTERRUPTED
+    raise AssertionError(command)
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def _validate(fleet: Fleet, args: argparse.Namespace) -> int:
+    from vsup.fleet.model import describe
+
+    if args.json:
+        json.dump(describe(fleet), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        groups = ", ".join(f"{g} ({len(m)})" for g, m in fleet.groups.items()) or "none"
+        print(f"{fleet.path}: {len(fleet.nodes)} node(s), groups: {groups}")
+    return exits.OK
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    from vsup.fleet.query import FleetClient, now_iso
+
+    async with FleetClient(fleet) as fc:
+        views = await fc.status_all(nodes)
+    if args.json:
+        doc = {
+            "fleet": fleet.name,
+            "file": str(fleet.path),
+            "at": now_iso(),
+            "nodes": [v.to_json() for v in views],
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_status(fleet, views))
+    ok = all(v.reachable and v.daemon and v.ready == v.total for v in views)
+    return exits.OK if ok else exits.FAILED
+
+
+def _cell(value: Any, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def state_word(v: NodeView) -> str:
+    if not v.reachable:
+        return "DOWN"
+    if not v.daemon:
+        return "NO DAEMON"
+    if v.rollout and v.rollout.startswith("running"):
+        return "ROLLING"
+    return "up" if v.ready == v.total else "DEGRADED"
+
+
+def render_status(fleet: Fleet, views: list[NodeView]) -> str:
+    """The readable table: a header, one row per node, then why each down node is down."""
+    reachable = sum(1 for v in views if v.reachable and v.daemon)
+    ready = sum(v.ready or 0 for v in views)
+    total = sum(v.total or 0 for v in views)
+    head = f"fleet {fleet.name or fleet.path}: {reachable}/{len(views)} nodes answer, "
+    head += f"{ready}/{total} instances ready"
+    header = (
+        "NODE",
+        "STATE",
+        "GPUS",
+        "READY",
+        "ALERTS",
+        "ROUTER",
+        "TOK/S",
+        "LAYOUT",
+        "VSUP",
+        "VLLM",
+    )
+    rows = [header]
+    for v in views:
+        gpus = "-" if v.gpus is None else (f"{v.gpus}" + (f" {v.gpu_name}" if v.gpu_name else ""))
+        if v.gpus == 0:
+            gpus = "cpu"
+        alerts = "-"
+        if v.worst is not None:
+            alerts = f"{v.alerts} {v.worst.severity}: {v.worst.kind}"
+        router = "-" if not v.router else f"{v.router} {v.router_state or ''}".strip()
+        rows.append(
+            (
+                v.name,
+                state_word(v),
+                gpus,
+                "-" if v.total is None else f"{v.ready}/{v.total}",
+                alerts,
+                router,
+                _cell(v.tokens_per_s, "{:.1f}"),
+                v.layout or "-",
+                v.vsup_version or "-",
+                v.vllm_version or "-",
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = [head]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for v in views:
+        if not (v.reachable and v.daemon):
+            seen = f", last answer {v.last_seen}" if v.last_seen else ", never answered"
+            what = "unreachable" if not v.reachable else "no daemon"
+            lines.append(f"{v.name}: {what} since {v.since}{seen}: {v.error}")
+        elif v.worst is not None and v.worst.severity in ("critical", "error"):
+            who = f" ({v.worst.instance})" if v.worst.instance else ""
+            lines.append(f"{v.name}: {v.worst.severity}{who}: {v.worst.message}")
+        if v.rollout and v.rollout != "done":
+            lines.append(f"{v.name}: rollout {v.rollout}")
+    return "\n".join(lines) + "\n"
+
+
+# -- up --------------------------------------------------------------------------------------
+
+
+async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.rollout import plan_all, roll
+    from vsup.layout.files import UnreadableFile, read_text
+    from vsup.layout.model import loads_layout
+
+    path = Path(args.layout).expanduser().absolute()
+    try:
+        toml = read_text(path)
+    except UnreadableFile as exc:
+        print(f"vsup fleet up: {exc}", file=sys.stderr)
+        return exits.BAD_INPUT
+    layout = loads_layout(toml, path)
+    if layout.load_errors:
+        for d in layout.load_errors:
+            print(d.format(), file=sys.stderr)
+        print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
+        return exits.BAD_INPUT
+    if not nodes:
+        print("vsup fleet up: no nodes chosen", file=sys.stderr)
+        return exits.BAD_INPUT
+    async with FleetClient(fleet) as fc:
+        plans = await plan_all(fc, nodes, toml)
+        bad = False
+        for p in plans:
+            if p.error:
+                print(f"{p.node.name}: cannot take part: {p.error}", file=sys.stderr)
+                bad = True
+            for e in p.errors:
+                print(f"{p.node.name}: {e.get('text') or e.get('message')}", file=sys.stderr)
+                bad = True
+        if bad:
+            print(
+                "vsup fleet up: not every node can take the layout; nothing was changed",
+                file=sys.stderr,
+            )
+            return exits.BAD_INPUT if any(p.errors for p in plans) else 1
+        for p in plans:
+            runs = p.layout or "no layout"
+            print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or {}, p.serving)}")
+        if args.dry_run:
+            return exits.OK
+        interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
+        if interrupts and not args.yes:
+            code = confirm(interrupts)
+            if code:
+                return code
+        order = " -> ".join(p.node.name for p in plans)
+        print(f"rolling {layout.name or path.name} over {order}, one node at a time", flush=True)
+        outcomes = await roll(
+            fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
+        )
+    print("\nwhich node runs which layout:")
+    for o in outcomes:
+        note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
+        print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
+    return exits.OK if all(o.state == "applied" for o in outcomes) else exits.FAILED
+
+
+def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
+    """`start: a; restart (rolling): b (serving); stop: c (serving)`."""
+    parts = []
+    rolling = set(plan.get("rolling", ()))
+    for key, label in (
+        ("start", "start"),
+        ("restart", "restart"),
+        ("stop", "stop"),
+        ("update", "update"),
+    ):
+        names = plan.get(key) or []
+        if names:
+            shown = ", ".join(n + (" (serving)" if n in serving else "") for n in names)
+            if key == "restart" and rolling:
+                label += " (rolling)"
+            parts.append(f"{label}: {shown}")
+    if plan.get("unchanged"):
+        parts.append(f"unchanged: {', '.join(plan['unchanged'])}")
+    return "; ".join(parts) or "nothing to do"
+
+
+def confirm(interrupts: dict[str, list[str]]) -> int:
+    """0 when the operator said yes on a terminal; exits.NOT_CONFIRMED otherwise."""
+    what = "; ".join(f"{node}: {', '.join(names)}" for node, names in interrupts.items())
+    if not sys.stdin.isatty():
+        print(
+            f"vsup fleet up: this stops or restarts serving instances ({what}) and there is no "
+            "terminal to confirm it; nothing was changed. Check the plans above, then run again "
+            "with --yes",
+            file=sys.stderr,
+        )
+        return exits.NOT_CONFIRMED
+    try:
+        answer = input(f"stop or restart serving instances ({what})? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        print("vsup fleet up: not confirmed; nothing was changed", file=sys.stderr)
+        return exits.NOT_CONFIRMED
+    return exits.OK
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+async def _events(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    from vsup.fleet.events import Merger, format_event
+    from vsup.fleet.query import FleetClient
+
+    width = max(len(n.name) for n in nodes)
+
+    def note(text: str) -> None:
+        print(f"vsup fleet events: {text}", file=sys.stderr, flush=True)
+
+    async with FleetClient(fleet) as fc:
+        merger = Merger(fc, nodes)
+        tail = max(0, args.lines)
+        while True:
+            for ev in await merger.round(tail, note):
+                line = json.dumps(ev) if args.json else format_event(ev, width)
+                print(line, flush=True)
+            if not args.follow:
+                return exits.FAILED if merger.down else exits.OK
+            await asyncio.sleep(1.0)
+
+
+# -- prometheus targets ------------------------------------------------------------------------
+
+
+async def _targets(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.targets import targets
+
+    async with FleetClient(fleet) as fc:
+        groups, warnings = await targets(fc, nodes)
+    for w in warnings:
+        print(f"vsup fleet prometheus-targets: {w}", file=sys.stderr)
+    text = json.dumps(groups, indent=2) + "\n"
+    if args.output:
+        from vsup.fsutil import regular_target, write_atomic
+
+        target = regular_target(args.output)
+        write_atomic(target, text, mode=0o644)
+    else:
+        sys.stdout.write(text)
+    return exits.OK
+
+
+# -- dashboard -------------------------------------------------------------------------------
+
+
+def _dashboard(fleet: Fleet, args: argparse.Namespace) -> int:
+    if args.refresh <= 0:
+        print("vsup fleet: --refresh must be a positive number of seconds", file=sys.stderr)
+        return exits.BAD_INPUT
+    from vsup.tui.fleet_app import FleetApp
+    from vsup.tui.keymap import load_keymap
+
+    try:
+        keymap = load_keymap()
+    except ValueError as exc:
+        print(f"vsup fleet: {exc}", file=sys.stderr)
+        return exits.BAD_INPUT
+    app = FleetApp(fleet, readonly=args.readonly, keymap=keymap, refresh_s=args.refresh)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,189 @@
+"""`vsup fleet up`: one layout rolled over several nodes, one node at a time.
+
+First every target is asked for a dry run (in parallel; a node whose daemon does not run gets
+one started by its own `vsup daemon --detach`): a layout that one node refuses, or a node that
+cannot be reached, changes nothing anywhere. Then node by node: `POST /v1/apply` (the node's own
+rolling apply, in waves as `vsup up` does), and its status is followed until its rollout has
+ended and every instance of the plan is ready. The first node that fails stops the fleet
+rollout; the nodes after it are not touched. `outcomes` says which node runs which layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vsup.fleet.http import NodeClient
+from vsup.fleet.model import Node
+from vsup.fleet.query import FleetClient
+from vsup.fleet.transport import NoDaemon
+
+# States in which an instance answers requests: stopping or restarting it interrupts service.
+SERVING = ("ready", "unhealthy")
+WAITED_KEYS = ("start", "restart", "update", "unchanged")
+
+
+@dataclass
+class NodePlan:
+    """A node's dry run of the layout, and what runs there now."""
+
+    node: Node
+    plan: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    serving: set[str] = field(default_factory=set)
+    layout: str | None = None  # the layout it runs now
+    error: str | None = None  # unreachable, or no daemon could be started
+
+    @property
+    def interrupts(self) -> list[str]:
+        """The serving instances the plan stops or restarts, in plan order."""
+        plan = self.plan or {}
+        return [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in self.serving]
+
+
+@dataclass
+class Outcome:
+    """Where a node stands after the fleet rollout: `applied`, `failed`, `untouched`."""
+
+    node: str
+    state: str
+    layout: str | None  # the layout it runs now (the new one once applied, even if failed)
+    why: str | None = None
+    seconds: float | None = None
+
+
+async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
+    out = NodePlan(node)
+
+    async def dry(c: NodeClient) -> tuple[dict[str, Any], dict[str, Any]]:
+        return await c.apply(toml, None, dry_run=True), await c.status()
+
+    try:
+        try:
+            (answer, status), _ = await fc.call(node, dry, timeout=60)
+        except NoDaemon:
+            await fc.transport.start_daemon(node)
+            (answer, status), _ = await fc.call(node, dry, timeout=60)
+    except Exception as exc:  # unreachable, refused: the node cannot take part
+        out.error = str(exc) or type(exc).__name__
+        return out
+    out.plan = answer.get("plan")
+    out.errors = list(answer.get("errors") or ())
+    out.warnings = list(answer.get("warnings") or ())
+    out.serving = {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+    out.layout = (status.get("supervisor") or {}).get("layout")
+    return out
+
+
+async def plan_all(fc: FleetClient, nodes: list[Node], toml: str) -> list[NodePlan]:
+    """Every target's dry run, in parallel, in the order given."""
+    return list(await asyncio.gather(*(_plan_one(fc, n, toml) for n in nodes)))
+
+
+def rollout_line(r: dict[str, Any]) -> str:
+    """'rollout wave 2/3: restarting b1 (1/3 done)' (as `vsup up` says it)."""
+    head = f"rollout wave {r.get('wave')}/{r.get('waves')}"
+    if r.get("state") == "running":
+        doing = f"restarting {', '.join(r.get('current') or ())}" if r.get("current") else "waiting"
+        return f"{head}: {doing} ({r.get('done')}/{r.get('total')} done)"
+    if r.get("state") == "failed":
+        return f"rollout failed: {r.get('failure')}"
+    return f"rollout {r.get('state')} ({r.get('done')}/{r.get('total')} restarted)"
+
+
+def _failed_instance(doc: dict[str, Any], names: set[str]) -> str | None:
+    for i in doc.get("instances", ()):
+        if i["name"] in names and i.get("state") == "failed":
+            le = i.get("last_exit") or {}
+            why = i.get("failed_why") or le.get("reason") or "failed"
+            return f"instance {i['name']} failed: {why}"
+    return None
+
+
+async def apply_and_wait(
+    fc: FleetClient,
+    node: Node,
+    toml: str,
+    timeout: float,
+    say: Callable[[str], None],
+    interval: float = 0.5,
+) -> str | None:
+    """Apply on one node and wait until it serves the layout; None when it does, else why not."""
+
+    async def apply(c: NodeClient) -> dict[str, Any]:
+        return await c.apply(toml, None)
+
+    answer, _ = await fc.call(node, apply, timeout=120)
+    if answer.get("errors"):
+        return "refused the layout: " + "; ".join(
+            str(e.get("text") or e.get("message") or e) for e in answer["errors"]
+        )
+    plan = answer.get("plan") or {}
+    names = {n for k in WAITED_KEYS for n in plan.get(k, ())}
+    rolling = bool(plan.get("rolling"))
+    deadline = time.monotonic() + timeout
+    shown: str | None = None
+    while True:
+        doc, _ = await fc.call(node, lambda c: c.status(), timeout=fc.fleet.timeout_s * 2)
+        r = doc.get("rollout") if rolling else None
+        if r:
+            line = rollout_line(r)
+            if line != shown:
+                say(line)
+                shown = line
+            if r.get("state") == "failed":
+                return str(r.get("failure") or "its rollout failed")
+        failed = _failed_instance(doc, names)
+        if failed:
+            return failed
+        states = {i["name"]: i.get("state") for i in doc.get("instances", ())}
+        rolled = not r or r.get("state") != "running"
+        if rolled and all(states.get(n) == "ready" for n in names):
+            return None
+        if time.monotonic() > deadline:
+            waiting = sorted(n for n in names if states.get(n) != "ready")
+            return f"not ready within {timeout:.0f} s: " + ", ".join(
+                f"{n} {states.get(n)}" for n in waiting
+            )
+        await asyncio.sleep(interval)
+
+
+async def roll(
+    fc: FleetClient,
+    plans: list[NodePlan],
+    toml: str,
+    layout_name: str | None,
+    timeout: float,
+    say: Callable[[str], None],
+) -> list[Outcome]:
+    """Apply node by node; stop at the first failure. One Outcome per node, in order."""
+    outcomes: list[Outcome] = []
+    failed = False
+    for p in plans:
+        name = p.node.name
+        if failed:
+            outcomes.append(Outcome(name, "untouched", p.layout, "the fleet rollout stopped"))
+            continue
+        say(f"{name}: applying")
+        t0 = time.monotonic()
+
+        def said(text: str, n: str = name) -> None:
+            say(f"{n}: {text}")
+
+        try:
+            why = await apply_and_wait(fc, p.node, toml, timeout, said)
+        except Exception as exc:  # the node went away mid-way
+            why = f"lost contact: {exc}"
+        took = round(time.monotonic() - t0, 1)
+        if why is None:
+            say(f"{name}: serves {layout_name or 'the layout'} ({took:.0f} s)")
+            outcomes.append(Outcome(name, "applied", layout_name, None, took))
+        else:
+            say(f"{name}: FAILED: {why}")
+            outcomes.append(Outcome(name, "failed", layout_name, why, took))
+            failed = True
+    return outcomes

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vsup.clock import SystemClock  # noqa: E402
-from vsup.engine import Engine  # noqa: E402
+from vsup.engine import Engine, EngineSettings  # noqa: E402
 from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
@@ -73,7 +73,9 @@ class Stamped:
 async def engine_rounds(kills: int, token: str) -> tuple[list[float], list[float]]:
     events = Stamped()
     with tempfile.TemporaryDirectory(prefix="vsup-crash-") as tmp:
-        engine = Engine(SystemClock(), Path(tmp) / "logs", events, health_timeout_s=1.0)
+        engine = Engine(
+            SystemClock(), Path(tmp) / "logs", events, settings=EngineSettings(health_timeout_s=1.0)
+        )
         spec = InstanceSpec(
             name="crash",
             model="bench/emulated",

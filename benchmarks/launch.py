@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vsup.clock import SystemClock  # noqa: E402
-from vsup.engine import Engine  # noqa: E402
+from vsup.engine import Engine, EngineSettings  # noqa: E402
 from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
@@ -72,7 +72,9 @@ def specs(gpus: list[int], startup_s: float, token: str) -> list[InstanceSpec]:
 
 async def one_start(gpus: list[int], startup_s: float, token: str) -> float:
     with tempfile.TemporaryDirectory(prefix="vsup-launch-") as tmp:
-        engine = Engine(SystemClock(), Path(tmp) / "logs", health_timeout_s=1.0)
+        engine = Engine(
+            SystemClock(), Path(tmp) / "logs", settings=EngineSettings(health_timeout_s=1.0)
+        )
         try:
             batch = specs(gpus, startup_s, token)
             t0 = time.monotonic()

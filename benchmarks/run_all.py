@@ -89,6 +89,7 @@ def benches() -> list[Bench]:
             1,
             quick_args=["--runs", "1", "--startup-s", "2", "--no-sequential"],
         ),
+        Bench("pull_replicas", ["--runs", "3"], 1, quick_args=["--runs", "1"]),
         Bench("tui_render", [], 5, quick_args=[], needs="benchmarks/tui_render.py"),
         Bench(
             "tui_idle",
@@ -266,6 +267,26 @@ def table(by: dict[str, Bench], quick: bool) -> list[str]:
         " one start)",
         _n(la.results[0].get("runs", "?") if la.results else "?", "run"),
     )
+    pr = by["pull_replicas"]
+    if not pr.error or pr.results:
+
+        def mode(m: str) -> str:
+            return (
+                f"{fmt(pr.median(f'{m}_mib'), ' MiB', 0)} in {fmt(pr.median(f'{m}_gets'), '', 0)}"
+                f" GETs and {fmt(pr.median(f'{m}_api'), '', 0)} API calls, all ready "
+                f"{fmt(pr.median(f'{m}_all_ready_s'), ' s', 1)}, longest start "
+                f"{fmt(pr.median(f'{m}_startup_max_s'), ' s', 2)}"
+            )
+
+        add(
+            "pull_replicas",
+            "8 replicas of one 128 MiB hub model (fake hub, 64 MiB/s per transfer): "
+            "`vsup up` with the pull step vs `--no-pull` (the replicas fetch it themselves)",
+            "each file once; no download inside a start",
+            f"pull: {mode('pull')} (the pull {fmt(pr.median('pull_pull_s'), ' s', 1)}); "
+            f"without: {mode('no_pull')}",
+            (pr.results[0].get("runs", "3") if pr.results else "?") + " runs each",
+        )
     tr = by["tui_render"]
     if not tr.error or tr.results:
         v = tr.median("refresh_ms_median")

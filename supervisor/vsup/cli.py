@@ -25,6 +25,7 @@ from vsup.commands.exits import BAD_INPUT, BROKEN_PIPE, INTERRUPTED, one_line
 COMMAND_MODULES = (
     "vsup.commands.plan",
     "vsup.commands.validate",
+    "vsup.commands.pull",
     "vsup.commands.up",
     "vsup.commands.tui",
     "vsup.commands.status",

@@ -6,12 +6,17 @@ vsup from replacing or re-permissioning what is not its own.
 - `regular_target`: where a user-named output file (`vsup save FILE`) may be written. Only a
   regular file or a new name: FIFOs, devices, sockets and directories are refused. A symlink is
   followed and its *target* is replaced atomically (the link stays a link). A missing parent
-  directory is an error unless the caller asks for it to be created.
+  directory is an error unless the caller asks for it to be created. A place inside
+  VSUP_HOME is refused, whatever the symlinks on the way: replacing the journal loses every
+  later event, replacing the lock file let a second daemon start beside the first.
+- `data_from`: where a sparse file's data resumes (a run log whose middle was released past
+  its cap, engine/runlog.py): readers that follow a file by offset skip the hole with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -68,16 +73,26 @@ def fsync_dir(directory: Path | str) -> None:
         os.close(fd)
 
 
-def regular_target(path: Path | str, *, parents: bool = False) -> Path:
+def regular_target(
+    path: Path | str, *, parents: bool = False, not_inside: Path | str | None = None
+) -> Path:
     """The file to write for a user-named output `path`, checked; raises UnsafeTarget.
 
     Returns the path itself, or a symlink's final target (writes go to the target so the link
-    stays). Refuses anything that exists and is not a regular file, and a missing parent
-    directory unless `parents` (the caller then creates it).
+    stays). Refuses anything that exists and is not a regular file, a missing parent
+    directory unless `parents` (the caller then creates it), and anything that resolves to a
+    place inside `not_inside` (VSUP_HOME: the daemon's own journal, state, lock and logs).
     """
     given = Path(path).expanduser().absolute()
     target = Path(os.path.realpath(given))
     via = f" (the symlink {given} points to it)" if target != given else ""
+    if not_inside is not None:
+        home = Path(os.path.realpath(Path(not_inside).expanduser().absolute()))
+        if target == home or home in target.parents:
+            raise UnsafeTarget(
+                f"{target}{via} is inside VSUP_HOME ({home}), where vsup keeps its own files "
+                "(socket, lock, state, journal, logs); write it somewhere else"
+            )
     try:
         st = os.stat(target)
     except FileNotFoundError:
@@ -111,3 +126,32 @@ def _kind(mode: int) -> str:
         if test(mode):
             return word
     return "not a regular file"
+
+
+def data_from(fd: int, offset: int) -> int:
+    """The first offset at or after `offset` that holds data: `offset` itself unless it falls
+    in a hole (a released part of a run log); the file's size when only a hole follows. File
+    systems without SEEK_DATA report every offset as data."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # nothing but a hole (or the end) after `offset`
+            return max(offset, os.fstat(fd).st_size)
+        return offset  # EINVAL and the like: no SEEK_DATA here, no holes to skip
+
+
+def hole_from(fd: int, offset: int) -> int:
+    """The first offset at or after `offset` where a hole begins (the file's size when none
+    does): a reader stops there rather than read the hole's zeros."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_HOLE)
+    except OSError:
+        return max(offset, os.fstat(fd).st_size)
+
+
+def hole_note(skipped: int) -> str:
+    """The line readers put where they skipped a released part of a log."""
+    return (
+        f"[vsup] ... {skipped} bytes of this log were released here: it passed its size cap "
+        "(vsup keeps the start of a run and its latest part)\n"
+    )

@@ -33,7 +33,35 @@ def vsup_home(create: bool = True) -> Path:
 
 
 def private_home(home: Path, create: bool = True) -> Path:
-    """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring)."""
+    """`home`, or the private `vsup-<uid>` inside it when `home` is shared (module docstring).
+    A directory this user may not enter or write gives a HomeError saying what to do."""
+    try:
+        return _private_home(home, create)
+    except HomeError:
+        raise
+    except PermissionError as exc:
+        raise HomeError(_denied(home, exc)) from None
+
+
+def _denied(home: Path, exc: PermissionError) -> str:
+    where = Path(exc.filename) if exc.filename else home
+    user = _user_name()
+    return (
+        f"VSUP_HOME {home}: user {user} may not use {where} (permission denied); set "
+        "VSUP_HOME to a directory of yours, e.g. export VSUP_HOME=$HOME/.local/state/vsup"
+    )
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def _private_home(home: Path, create: bool) -> Path:
     uid = os.getuid()
     try:
         st = os.stat(home)
@@ -85,6 +113,11 @@ def state_path(home: Path | None = None) -> Path:
 
 def journal_path(home: Path | None = None) -> Path:
     return (home or vsup_home()) / "journal.jsonl"
+
+
+def alerts_state_path(home: Path | None = None) -> Path:
+    """What the alerts sent, kept across daemon restarts (control/alerts.py)."""
+    return (home or vsup_home()) / "alerts.json"
 
 
 def logs_dir(home: Path | None = None) -> Path:

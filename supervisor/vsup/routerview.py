@@ -1,42 +1,58 @@
 """The router's status (`status --json`'s `router` object) as one line of text, for `vsup
-status` and the dashboard. Pure: plain dicts in, text out."""
+status`, `vsup up --wait` and the dashboard. Pure: a `snapshot.RouterStatus` (or its JSON
+object, which is read into one) in, text out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from vsup.snapshot import RouterStatus, StatusSnapshot
+from vsup.states import State
+from vsup.termtext import printable
 
-def _rate(value: Any) -> str:
+
+def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def worker_marks(router: dict[str, Any]) -> str:
+def as_router(router: RouterStatus | Mapping[str, Any] | None) -> RouterStatus | None:
+    """The typed router status of either form (None without a router)."""
+    if not router:
+        return None
+    if isinstance(router, RouterStatus):
+        return router
+    return StatusSnapshot.decode_part(RouterStatus, dict(router))
+
+
+def worker_marks(router: RouterStatus | Mapping[str, Any]) -> str:
     """`a 50%, b 50%, c out`: each member's share of the router's requests so far, or why it
     gets none now (out: not in the router's set; its state when that says why)."""
+    r = as_router(router)
     parts = []
-    for w in router.get("workers") or ():
-        if w.get("in_router") is False or (w.get("in_router") is None and not w.get("wanted")):
-            state = w.get("state")
-            why = state if state and state != "ready" else "out"
-            parts.append(f"{w['name']} {why}")
-        elif w.get("share") is not None:
-            parts.append(f"{w['name']} {w['share']:.0%}")
+    for w in r.workers if r is not None else ():
+        name = printable(w.name)
+        if w.in_router is False or (w.in_router is None and not w.wanted):
+            why = w.state if w.state and w.state != State.READY else "out"
+            parts.append(f"{name} {why}")
+        elif w.share is not None:
+            parts.append(f"{name} {w.share:.0%}")
         else:
-            parts.append(str(w["name"]))
+            parts.append(name)
     return ", ".join(parts) or "no workers"
 
 
-def router_line(router: dict[str, Any] | None) -> str | None:
+def router_line(router: RouterStatus | Mapping[str, Any] | None) -> str | None:
     """One line: endpoint, state, rates and workers; None without a router."""
-    if not router:
+    r = as_router(router)
+    if r is None:
         return None
-    state = router.get("state", "?")
     line = (
-        f"router {router.get('endpoint')} {state} · {_rate(router.get('requests_per_s'))} req/s · "
-        f"{_rate(router.get('errors_per_s'))} err/s · workers: {worker_marks(router)}"
+        f"router {r.endpoint} {r.state} · {_rate(r.requests_per_s)} req/s · "
+        f"{_rate(r.errors_per_s)} err/s · workers: {worker_marks(r)}"
     )
-    if router.get("error"):
-        line += f" · {router['error'][:120]}"
-    if state == "failed" and router.get("failed_why"):
-        line += f" · {router['failed_why'][:160]}"
-    return line
+    if r.error:
+        line += f" · {r.error[:120]}"
+    if r.state == State.FAILED and r.failed_why:
+        line += f" · {r.failed_why[:160]}"
+    return printable(line)

@@ -7,28 +7,21 @@ Keys may be added within schema 1; none is removed or renamed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import functools
+import sys
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from vsup.states import ExitReason, PullState, RolloutState, State
+
 SCHEMA = 1
+_T = typing.TypeVar("_T")
 
-STATES = ("stopped", "starting", "ready", "unhealthy", "backoff", "stopping", "failed")
-
-EXIT_REASONS = (
-    "oom",
-    "kv_cache_too_small",
-    "port_in_use",
-    "bad_args",
-    "model_not_found",
-    "engine_dead",
-    "killed",
-    "startup_timeout",
-    "unhealthy",
-    "stopped",
-    "unknown",
-    "gpu_memory_insufficient",
-    "stalled",
-)
+# The wire's names, in the enums' order (vsup.states is their one source).
+STATES = tuple(s.value for s in State)
+EXIT_REASONS = tuple(r.value for r in ExitReason)
 
 # Where a per-instance HBM figure came from.
 HBM_SOURCES = ("process", "device", "unavailable")
@@ -90,6 +83,71 @@ class RankStatus:
     hbm_bytes: int | None  # its process and its workers, summed over every GPU; None: unknown
 
 
+# Why an instance that should run is not running yet (`InstanceStatus.wait`).
+WAIT_KINDS = (
+    "co_tenant",  # an instance on a device it needs is starting or stopping now
+    "start_slot",  # queued for its turn on the device behind other starts that wait too
+    "gpu_memory",  # processes that are no instance's hold the GPU memory its start needs
+    "backoff",  # the restart policy's delay before the next attempt
+)
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    """What an instance waits for before its next start, and one human line saying it.
+
+    Only the keys of its kind are filled: `instances` (co_tenant, start_slot: whom it waits
+    for), `pids`/`held_bytes`/`gpus` (gpu_memory: the processes that are no instance's, the
+    bytes they hold, the GPUs short of memory), `remaining_s` (backoff). Clients switch on
+    `kind` (a newer daemon may add kinds: show `message` for one you do not know)."""
+
+    kind: str  # one of WAIT_KINDS
+    message: str
+    instances: tuple[str, ...] = ()
+    pids: tuple[int, ...] = ()
+    held_bytes: int | None = None
+    gpus: tuple[int, ...] = ()
+    remaining_s: float | None = None
+
+
+# What a hub model's pull is doing (status JSON `pulls[].state`; docs/pull.md).
+PULL_STATES = tuple(s.value for s in PullState)
+
+
+@dataclass(frozen=True)
+class PullStatus:
+    """A hub model being pulled into the node's cache before its instances start.
+
+    `instances`: the instances that start from it once it is done; `current`: files in
+    flight; `reason` and `message` say why a pull failed (vsup.pull.errors.REASONS)."""
+
+    model: str
+    revision: str
+    state: str  # PULL_STATES
+    instances: tuple[str, ...] = ()
+    commit: str | None = None
+    cache_dir: str | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    fetched_bytes: int | None = None  # over the network by this pull
+    files_done: int | None = None
+    files_total: int | None = None
+    rate_bps: float | None = None
+    eta_s: float | None = None
+    current: tuple[str, ...] = ()
+    elapsed_s: float | None = None
+    started_at: str | None = None  # ISO 8601 UTC
+    reason: str | None = None
+    message: str | None = None
+    snapshot: str | None = None  # the local snapshot, once done
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.bytes_total:
+            return None
+        return min(1.0, (self.bytes_done or 0) / self.bytes_total)
+
+
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
@@ -144,10 +202,31 @@ class InstanceStatus:
     stalled: bool | None = None
     stalled_since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
     stalled_for_s: float | None = None  # seconds since then
+    # What it waits for before its next start (None: nothing); `waiting_for` is its message
+    # while a start waits for a turn or for memory, kept for older clients.
+    wait: WaitReason | None = None
+    start_timeout_s: float | None = None  # a start not ready after this long is ended
+    # What runs against the running layout: `outdated` True when the instance runs (or would
+    # start with) another spec than the layout says - a rolling apply not yet at it, or one a
+    # killed daemon left half-done; `outdated_fields` names the differing spec fields. None:
+    # no layout to compare with (none applied, or the instance is leaving the layout).
+    outdated: bool | None = None
+    outdated_fields: tuple[str, ...] = ()
+    # The pull this instance waits for before its start (`state` stays what the engine says:
+    # `stopped` for a new instance), or the pull that failed and kept it from starting.
+    pull: PullStatus | None = None
 
     @property
     def is_ready(self) -> bool:
-        return self.state == "ready"
+        return self.state == State.READY
+
+    @property
+    def start_elapsed_s(self) -> float | None:
+        """Seconds since a `starting` instance was spawned (None before the spawn or in
+        another state): its progress against `start_timeout_s`."""
+        if self.state != State.STARTING or self.pid is None:
+            return None
+        return self.uptime_s
 
 
 @dataclass(frozen=True)
@@ -279,11 +358,13 @@ BENCH_PHASES = ("applying", "waiting_ready", "warming", "running", "collecting",
 
 
 @dataclass(frozen=True)
-class BenchProgress:
-    """A `vsup bench` run in progress, as its client last reported it to the daemon.
+class BenchStatus:
+    """A `vsup bench` run in progress, as its client last reported it to the daemon
+    (control/benchprogress.py; status JSON's `bench`).
 
     `index`/`count`: which layout of how many (None while restoring); `elapsed_s`: seconds in
-    this phase; `age_s`: seconds since the bench last reported (it does every second)."""
+    this phase; `age_s`: seconds since the bench last reported (it does every second). A key
+    the daemon adds to the report must be a field here (with a default), or clients lose it."""
 
     pid: int
     phase: str
@@ -297,6 +378,105 @@ class BenchProgress:
     age_s: float | None = None
 
 
+BenchProgress = BenchStatus  # its earlier name
+
+
+# A rolling apply's states (engine/rollout.py). `interrupted`: the daemon that drove it ended
+# (killed) before it did; the next daemon reports it and `vsup up` of the layout finishes it.
+ROLLOUT_STATES = tuple(s.value for s in RolloutState)
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    """The latest rolling apply (status JSON's `rollout`; engine/rollout.py).
+
+    `wave`/`waves`: the wave under way (or the last one) of how many; `done`/`total`:
+    instances restarted with the new spec of how many; `current`: the wave's instances being
+    drained and restarted; `pending`: not yet taken down (they serve their old spec);
+    `failure`: why it stopped (a wave's instance did not come back) and what keeps its old
+    config. Additions: `names` (every instance of the rollout, layout order), `restarted`
+    (those done), `old_config` (those that run their old spec now: pending ones, a wave not
+    yet back, and after an interruption whatever the next daemon found on the old spec)."""
+
+    state: str  # one of ROLLOUT_STATES
+    wave: int
+    waves: int
+    done: int
+    total: int
+    current: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    max_unavailable: int = 1
+    failure: str | None = None
+    started_at: str | None = None  # ISO 8601 UTC
+    ended_at: str | None = None
+    names: tuple[str, ...] = ()
+    restarted: tuple[str, ...] = ()
+    old_config: tuple[str, ...] = ()
+    drain_timeout_s: float | None = None  # None: each instance's own
+    interrupted_at: str | None = None  # when the next daemon found it unfinished
+
+    @property
+    def active(self) -> bool:
+        """Running, or interrupted with instances left on their old spec."""
+        return self.state == RolloutState.RUNNING or (
+            self.state == RolloutState.INTERRUPTED and bool(self.old_config)
+        )
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    """One member of the router's worker set as vsup sees it."""
+
+    name: str
+    url: str | None = None
+    state: str | None = None  # the instance's state
+    in_router: bool | None = None  # in the router's worker list now (None: not read yet)
+    wanted: bool = False  # vsup wants it there (ready, not stalled)
+    share: float | None = None  # its fraction of the router's requests so far
+    requests_total: float | None = None
+    healthy: bool | None = None  # the router's own health verdict
+
+
+@dataclass(frozen=True)
+class RouterForeignWorker:
+    """A worker someone else added to the router, found and removed by vsup (the recent ones;
+    router/membership.py ForeignWorker)."""
+
+    url: str
+    first_seen: str  # ISO 8601 UTC: the first removal of this incident
+    last_seen: str  # and the latest
+    removals: int  # how often vsup removed it (it comes back while something re-adds it)
+
+
+@dataclass(frozen=True)
+class RouterStatus:
+    """The layout's vllm-router (status JSON's `router`; engine/routing.py, docs/router.md)."""
+
+    state: str
+    pid: int | None = None
+    host: str | None = None
+    port: int | None = None
+    metrics_port: int | None = None
+    policy: str | None = None
+    model: str | None = None
+    url: str | None = None
+    endpoint: str | None = None  # the one address clients should use
+    run: int | None = None
+    restarts: int = 0
+    uptime_s: float | None = None
+    log: str | None = None
+    last_exit: LastExit | None = None
+    failed_why: str | None = None
+    requests_per_s: float | None = None
+    errors_per_s: float | None = None
+    requests_total: float | None = None
+    errors_total: float | None = None
+    retries_total: float | None = None
+    error: str | None = None  # the last error talking to it
+    workers: tuple[RouterWorker, ...] = ()
+    foreign_workers: tuple[RouterForeignWorker, ...] = ()
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
     supervisor: SupervisorInfo
@@ -306,8 +486,10 @@ class StatusSnapshot:
     advice: tuple[Advice, ...] = ()
     schema: int = SCHEMA
     # the layout's vllm-router (engine/routing.py `status_json`), None without `[router]`
-    router: dict[str, Any] | None = None
-    bench: BenchProgress | None = None  # a `vsup bench` replaces the layout while it runs
+    router: RouterStatus | None = None
+    bench: BenchStatus | None = None  # a `vsup bench` replaces the layout while it runs
+    rollout: RolloutStatus | None = None  # the latest rolling apply, None before one
+    pulls: tuple[PullStatus, ...] = ()  # the latest apply's pulls (docs/pull.md)
 
     @property
     def ready_count(self) -> int:
@@ -320,64 +502,111 @@ class StatusSnapshot:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The `status --json` document (schema 1): `schema` first, tuples as lists."""
-        doc = asdict(self)
-        return {"schema": doc.pop("schema"), **doc}
+        """The `status --json` document (schema 1): `schema` first, tuples as lists.
+
+        Built once per snapshot (the daemon serves it to every status request of a poll):
+        the document is shared, so treat it as read-only (copy it to change it)."""
+        cached = self.__dict__.get("_json")
+        if cached is None:
+            cached = {"schema": self.schema, **_plain(self)}
+            object.__setattr__(self, "_json", cached)
+        return cached
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> StatusSnapshot:
-        """Rebuild a snapshot from `to_json()` output; unknown keys are ignored."""
+        """Rebuild a snapshot from `to_json()` output (or that document after a JSON round
+        trip), typed all the way down. Unknown keys are ignored, so a client reads a newer
+        daemon's document; keys an older daemon did not send take their defaults."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"a status document is a JSON object, not {type(doc).__name__}")
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"unsupported status schema {doc.get('schema')!r} (expected {SCHEMA})")
-        return cls(
-            supervisor=_build(SupervisorInfo, doc["supervisor"]),
-            node=_build(NodeInfo, doc["node"]),
-            gpus=tuple(
-                _build(
-                    GpuStatus,
-                    g,
-                    processes=tuple(_build(GpuProcess, p) for p in g.get("processes", ())),
-                    health=_health(g.get("health")),
-                )
-                for g in doc.get("gpus", ())
-            ),
-            instances=tuple(
-                _build(
-                    InstanceStatus,
-                    i,
-                    gpus=tuple(i.get("gpus") or ()),
-                    last_exit=_build(LastExit, i["last_exit"]) if i.get("last_exit") else None,
-                    parallel=_build(Parallel, i["parallel"]) if i.get("parallel") else None,
-                    ranks=tuple(
-                        _build(RankStatus, r, gpus=tuple(r.get("gpus") or ()))
-                        for r in i.get("ranks") or ()
-                    ),
-                )
-                for i in doc.get("instances", ())
-            ),
-            advice=tuple(_build(Advice, a) for a in doc.get("advice", ())),
-            router=doc.get("router"),
-            bench=_build(BenchProgress, doc["bench"]) if doc.get("bench") else None,
-        )
+        try:
+            # lists a document may leave out when empty (as older tools wrote it)
+            snap: StatusSnapshot = _decode_dataclass(cls, {"gpus": [], "instances": [], **doc})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a status document: {exc}") from None
+        return snap
+
+    @staticmethod
+    def decode_part(cls: type[_T], doc: dict[str, Any]) -> _T:
+        """One part of the document (a `BenchStatus`, `RolloutStatus`, `RouterStatus`, ...)
+        from its JSON object, as `from_json` reads it."""
+        part: _T = _decode_dataclass(cls, doc)
+        return part
 
 
-def _build(cls: type, data: dict[str, Any], **override: Any) -> Any:
-    names = {f.name for f in fields(cls)}
-    kwargs = {k: v for k, v in data.items() if k in names}
-    kwargs.update(override)
-    return cls(**kwargs)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _health(doc: dict[str, Any] | None) -> GpuHealth | None:
-    if not doc:
-        return None
-    reasons = doc.get("throttle_reasons")
-    return _build(
-        GpuHealth,
-        doc,
-        xid_recent=tuple(_build(XidEvent, e) for e in doc.get("xid_recent") or ()),
-        throttle_reasons=None if reasons is None else tuple(reasons),
-    )
+def _plain(obj: Any) -> Any:
+    """JSON data of a snapshot value: dataclasses as objects in field order, tuples as lists.
+    (dataclasses.asdict deep-copies every leaf: slower, and this runs for every snapshot.)"""
+    kind = type(obj)
+    if kind in _SCALARS:
+        return obj
+    if kind is tuple or kind is list:
+        return [_plain(v) for v in obj]
+    if kind is dict:
+        return {k: _plain(v) for k, v in obj.items()}
+    names = _field_names(kind)
+    if names is None:
+        return obj
+    return {name: _plain(getattr(obj, name)) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A dataclass's field names (None for any other type), read once per class."""
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        names = tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
+        _FIELD_NAMES[cls] = names
+        return names
+
+
+def _decode_dataclass(cls: type, data: Any) -> Any:
+    return _decoder(cls)(data)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@functools.cache
+def _decoder(hint: Any) -> Any:
+    """A function turning JSON data into the type `hint` says (dataclasses rebuilt, lists as
+    tuples), made once per type: the dashboard parses a snapshot every second."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = _decoder(args[0]) if len(args) == 1 else _identity
+        return lambda v: None if v is None else inner(v)
+    if origin is tuple:
+        item = _decoder(typing.get_args(hint)[0])
+        if item is _identity:
+            return lambda v: () if v is None else tuple(v)
+        return lambda v: () if v is None else tuple(item(x) for x in v)
+    if origin is dict:
+        return lambda v: None if v is None else dict(v)
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _dataclass_decoder(hint)
+    return _identity
+
+
+def _dataclass_decoder(cls: type) -> Any:
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    parts = tuple((f.name, _decoder(hints[f.name])) for f in fields(cls))
+
+    def decode(data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise TypeError(f"{cls.__name__} is an object, not {type(data).__name__}")
+        return cls(**{name: dec(data[name]) for name, dec in parts if name in data})
+
+    return decode
 
 
 def empty_instance(name: str, **values: Any) -> InstanceStatus:

@@ -77,7 +77,7 @@ def cleanup(home: Path) -> None:
         if not journal.exists():
             continue
         for line in journal.read_bytes().splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 ev = json.loads(line)
                 if ev.get("kind") == "spawn" and ev.get("pgid"):
                     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -20,6 +20,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -99,18 +100,20 @@ class BenchWatch(threading.Thread):
         return self.seen
 
 
-def wait_bench_phase(home: Path, phase: str, timeout: float) -> dict:
-    """The daemon's `bench` record once it is in `phase`."""
+def wait_bench_phase(home: Path, phase: str, timeout: float, with_status: bool = False) -> Any:
+    """The daemon's `bench` record once it is in `phase` (`with_status`: and the status it
+    came in)."""
     from vsup.control.client import Client
 
     seen = []
     with Client(home) as client:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            bench = client.status().get("bench")
+            doc = client.status()
+            bench = doc.get("bench")
             seen.append(bench and bench["phase"])
             if bench and bench["phase"] == phase:
-                return bench
+                return (bench, doc) if with_status else bench
             time.sleep(0.2)
     raise AssertionError(f"no bench in phase {phase} within {timeout} s: {seen[-20:]}")
 
@@ -239,9 +242,9 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
 def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, tmp_path):
     home, paths, _ = node
     out_json = tmp_path / "bench.json"
-    # long enough (a few seconds here) to be killed while it runs
+    # long enough to be killed while it runs (384 prompts: the run must outlast the poll)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vsup", "bench", str(paths["one"]), "--num-prompts", "96",
+        [sys.executable, "-m", "vsup", "bench", str(paths["one"]), "--num-prompts", "384",
          "--input-len", "64", "--output-len", "400", "--yes", "--json", str(out_json)],
         env=dict(os.environ, VSUP_HOME=str(home)),
         stdin=subprocess.DEVNULL,
@@ -259,13 +262,14 @@ def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, t
             if line.rstrip().endswith("one: running") or not line:
                 break
         assert "running" in seen[-1], "".join(seen)
-        # past the client's test request, the daemon shows the measured run going on
-        bench = wait_bench_phase(home, "running", 120)
-        assert bench["layout"] == "one" and (bench["index"], bench["count"]) == (1, 1)
-        assert bench["requests_total"] == 96 and 0 <= bench["requests_done"] < 96
-        time.sleep(1.0)
-        pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+        # past the client's test request, the daemon shows the measured run going on; the
+        # kill follows at once (the run takes seconds: a sleep or a `vsup status` here let it
+        # end first, and then no request could fail)
+        bench, doc = wait_bench_phase(home, "running", 120, with_status=True)
+        pid = {i["name"]: i["pid"] for i in doc["instances"]}["cpu0"]
         os.killpg(os.getpgid(pid), signal.SIGKILL)
+        assert bench["layout"] == "one" and (bench["index"], bench["count"]) == (1, 1)
+        assert bench["requests_total"] == 384 and 0 <= bench["requests_done"] < 384
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -277,6 +281,10 @@ def test_an_instance_killed_mid_run_is_named_and_the_original_comes_back(node, t
     assert died is not None and died["state"] != "ready"
     assert any("cpu0 stopped serving during the run" in p for p in run["problems"])
     t = run["totals"]
+    # killed mid-run: not every request completed, and every one is counted: the requests
+    # in flight to the killed server (or a client's whole share, when it saved nothing) fail
+    assert t["prompts"] == 384 and t["completed"] < 384, t
+    assert t["completed"] + t["failed"] == 384, t
     assert t["failed"] > 0 or run["instances"][0]["client"]["error"]
     assert "cpu0 stopped serving during the run" in out  # below the table
     # the restore waited for cpu0 to be back (restarted by its policy)

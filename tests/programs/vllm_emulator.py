@@ -10,7 +10,8 @@ Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `-
 `--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
 `GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
 running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
-families as vLLM does), `GET /version`, `GET /v1/models`; and logs vLLM's start-up lines
+families as vLLM does), `GET /version`, `GET /v1/models`, `POST /v1/completions` (one token,
+"ok", whatever was asked: a router in front has something to route); and logs vLLM's start-up lines
 (attention backend, "Starting vLLM server on ...", "Application startup complete.").
 
 Behaviours on cue:
@@ -35,6 +36,17 @@ Behaviours on cue:
                                    vLLM did: /health 200 while it SIGTERMs the other ranks for
                                    --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
                                    after --dead-exit-after (4.6) more seconds
+  --spam [--spam-rate B]           write log lines as fast as it can (or B bytes a second),
+                                   from a thread, from its start until it ends: a chatty
+                                   server against the run log's cap
+  --load-model                     find the model's files before listening, as vLLM does: a
+                                   directory must hold config.json and weights (else exit 1 with
+                                   vLLM's line); a hub id is fetched with huggingface_hub
+                                   (snapshot_download of vLLM's files under a per-model file
+                                   lock, like vLLM 0.32's download_weights_from_hf), from the
+                                   cache alone when HF_HUB_OFFLINE is set. Prints `emulator
+                                   loaded model=... files=N bytes=B offline=0|1`
+  --served-model-name NAME         the id /v1/models answers (default: --model)
   --metrics-file F                 serve F's payload instead of the recorded one
   --mode-file F                    the load it shows, read from F's first word at each scrape
                                    (a missing file is `serve`): `serve` (moving figures),
@@ -219,7 +231,58 @@ class Server:
         if path == "/v1/models":
             body = '{"object":"list","data":[{"id":"%s","object":"model","max_model_len":512}]}'
             return "200 OK", "application/json", (body % self.model).encode()
+        if path == "/v1/completions":
+            # one token, whatever was asked: something for a router in front to route
+            body = (
+                '{"id":"cmpl-emulator","object":"text_completion","model":"%s","choices":'
+                '[{"index":0,"text":"ok","finish_reason":"length"}],'
+                '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+            )
+            return "200 OK", "application/json", (body % self.model).encode()
         return "404 Not Found", "application/json", b'{"detail":"Not Found"}'
+
+
+def _load_model(model: str, revision: str | None) -> int:
+    """`--load-model`: 0 when the model's files are there (fetched if need be), else 1."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    path = Path(model)
+    if not path.is_dir():
+        if model.startswith(("/", "./", "../", "~")):
+            print(f"ValueError: Invalid repository ID or local directory: {model}", flush=True)
+            return 1
+        import tempfile
+
+        from filelock import FileLock
+        from huggingface_hub import snapshot_download
+
+        # vLLM 0.32: a lock per model in the temp dir, then snapshot_download of its files
+        lock = Path(tempfile.gettempdir()) / f"vsup-emulator-{model.replace('/', '-')}.lock"
+        patterns = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.jinja", "*.model"]
+        try:
+            with FileLock(str(lock)):
+                path = Path(
+                    snapshot_download(
+                        model,
+                        revision=revision,
+                        allow_patterns=patterns,
+                        ignore_patterns=["original/**/*"],
+                        local_files_only=offline,
+                    )
+                )
+        except Exception as exc:
+            print(f"OSError: {model}: {type(exc).__name__}: {exc}", flush=True)
+            return 1
+    files = [p for p in path.rglob("*") if p.is_file()]
+    weights = [p for p in files if p.suffix in (".safetensors", ".bin", ".pt")]
+    if not (path / "config.json").is_file() or not weights:
+        print(f"RuntimeError: Cannot find any model weights with `{model}`", flush=True)
+        return 1
+    size = sum(p.stat().st_size for p in files)
+    print(
+        f"emulator loaded model={path} files={len(files)} bytes={size} offline={int(offline)}",
+        flush=True,
+    )
+    return 0
 
 
 def _hold_hbm(gib: float) -> object | None:
@@ -332,7 +395,7 @@ async def _serve(
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None
-        srv = Server(payload, args.model, health)
+        srv = Server(payload, args.served_model_name or args.model, health)
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
         f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
@@ -341,6 +404,26 @@ async def _serve(
     )
     print("INFO:     Application startup complete.", flush=True)
     await loop.create_future()  # until a signal or --exit-after ends the process
+
+
+def _spam(rate: float) -> None:
+    """Lines like a server logging every request, `rate` bytes a second (0: no limit), with
+    one os.write per 64 KiB (the GIL is released while it writes: /health keeps answering)."""
+    line_no = 0
+    t0 = time.monotonic()
+    sent = 0
+    while True:
+        lines = []
+        for _ in range(512):
+            line_no += 1
+            lines.append(f"INFO spam line {line_no:012d} {'x' * 96}\n")
+        block = "".join(lines).encode()
+        os.write(1, block)
+        sent += len(block)
+        if rate > 0:
+            ahead = sent / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,10 +442,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dead-exit-after", type=float)
     p.add_argument("--hbm-gib", type=float, default=0.0)
     p.add_argument("--child-hbm-gib", type=float, default=0.0)
+    p.add_argument("--load-model", action="store_true")
+    p.add_argument("--revision")
+    p.add_argument("--served-model-name")
     p.add_argument("--metrics-file", default=str(DEFAULT_PAYLOAD))
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
+    p.add_argument("--spam", action="store_true")
+    p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--dp-shutdown-s", type=float, default=5.0)
     p.add_argument(
@@ -380,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in args.say:
         print(line, flush=True)
+    if args.load_model and _load_model(args.model, args.revision) != 0:
+        return 1
     if args.exit_after is not None:
         # A timer thread, so it fires whatever the main thread is doing (allocating, sleeping).
         timer = threading.Timer(args.exit_after, os._exit, (args.exit_code,))
@@ -413,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, on_term)
+    if args.spam:
+        threading.Thread(target=_spam, args=(args.spam_rate,), daemon=True).start()
     held = _hold_hbm(args.hbm_gib)
     try:
         asyncio.run(_serve(args, core, ranks))

@@ -4,6 +4,7 @@ frozen, and the refresh timer is slowed so each test decides when a refresh happ
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -82,16 +83,25 @@ def app_factory() -> Callable[..., DashboardApp]:
 
 
 async def settle(
-    pilot, until: Callable[[], bool] | None = None, rounds: int = 50, delay: float | None = None
+    pilot,
+    until: Callable[[], bool] | None = None,
+    rounds: int = 50,
+    delay: float | None = None,
+    timeout_s: float = 30.0,
 ) -> None:
     """Let workers and messages run: until `until()` holds, checked after each idle turn.
-    `delay` is only for Textual's own debounce timers (the command palette's search)."""
+    `delay` is only for Textual's own debounce timers (the command palette's search).
+
+    At least `rounds` idle turns and at least `timeout_s` seconds: a worker thread (a form's
+    validation) can need more turns than `rounds` on a loaded machine."""
     if until is None:
         for _ in range(3):
             await pilot.pause()
         return
-    for _ in range(rounds):
-        if until():
-            return
-        await pilot.pause(delay)
-    raise AssertionError("the dashboard did not reach the expected state")
+    deadline = time.monotonic() + timeout_s
+    turns = 0
+    while not until():
+        if turns >= rounds and time.monotonic() > deadline:
+            raise AssertionError("the dashboard did not reach the expected state")
+        turns += 1
+        await pilot.pause(delay if delay is not None or turns < rounds else 0.02)

@@ -22,18 +22,19 @@ MAY_IMPORT: dict[str, set[str]] = {
     # layout.node: the NodeFacts value telemetry.gpu.node_facts() hands to validation
     "telemetry": {"layout.spec", "layout.node"},
     "engine": {"layout.spec", "telemetry", "router"},
-    "control": {"layout", "telemetry", "engine", "router"},
+    "control": {"layout", "telemetry", "engine", "router", "pull"},
     "tui": {"control.client", "layout", "fleet"},
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
     "bench": {"layout", "control.client", "control.errors", "commands.progress"},
     "fleet": {"control.errors", "layout.model"},
+    "pull": {"layout"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
 # areas that must run without a terminal UI library loaded (the daemon imports them)
-NO_UI = {"layout", "telemetry", "engine", "control", "router", "fleet"}
+NO_UI = {"layout", "telemetry", "engine", "control", "router", "fleet", "pull"}
 UI_LIBRARIES = {"textual", "rich"}
 
 

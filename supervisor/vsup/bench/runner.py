@@ -1,6 +1,7 @@
 """The bench sequence: for each layout apply it, wait until every instance is ready, run one
 vLLM client per instance (started together), record vsup's telemetry meanwhile; at the end,
-and on Ctrl-C/SIGTERM, restore what ran before.
+and on Ctrl-C, SIGTERM or SIGHUP (bench/guard.py turns them into KeyboardInterrupt), restore
+what ran before.
 
 Problems of one layout (it does not validate on this node, an instance does not come up, a
 client fails, an instance dies mid-run) are recorded in its run and the next layout runs; the
@@ -9,6 +10,7 @@ original layout comes back in every case.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from vsup.bench.client import (
     equivalent_command,
     find_vllm_python,
 )
+from vsup.bench.guard import LayoutGuard
 from vsup.bench.publish import ProgressPublisher
 from vsup.bench.sampler import Sampler, summarize
 from vsup.bench.split import split_prompts, split_rate, weights_for
@@ -32,6 +35,7 @@ from vsup.bench.workload import Workload
 from vsup.commands.progress import Progress, fmt_duration, wait_ready
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.layout.spec import InstanceSpec
+from vsup.states import RolloutState, State
 
 # How long the clients may take to import vLLM and parse their flags before the barrier.
 CLIENT_START_TIMEOUT_S = 300.0
@@ -59,6 +63,28 @@ class Original:
     daemon_was_running: bool
     idle: list[str] = field(default_factory=list)  # stopped or failed before: stopped again
 
+    def to_json(self) -> dict[str, Any]:
+        """As the layout lease keeps it (vsup/lease.py)."""
+        return {
+            "toml": self.toml,
+            "path": self.path,
+            "name": self.name,
+            "serving": list(self.serving),
+            "daemon_was_running": self.daemon_was_running,
+            "idle": list(self.idle),
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Original:
+        return cls(
+            toml=doc.get("toml"),
+            path=doc.get("path"),
+            name=doc.get("name"),
+            serving=list(doc.get("serving") or ()),
+            daemon_was_running=bool(doc.get("daemon_was_running", True)),
+            idle=list(doc.get("idle") or ()),
+        )
+
 
 @dataclass
 class BenchRunner:
@@ -78,7 +104,20 @@ class BenchRunner:
     _clients: list[ClientRun] = field(default_factory=list)
     _sampler: Sampler | None = None
     _applied: str | None = None  # the last layout this bench applied
-    restoring: bool = False  # signal handlers let a restore finish
+    # signals, output and the layout lease (bench/guard.py); its `restoring` lets a restore
+    # finish whatever signal comes
+    guard: LayoutGuard | None = None
+    _restoring: bool = False
+
+    @property
+    def restoring(self) -> bool:
+        return self.guard.restoring if self.guard is not None else self._restoring
+
+    @restoring.setter
+    def restoring(self, value: bool) -> None:
+        if self.guard is not None:
+            self.guard.restoring = value
+        self._restoring = value
 
     # -- the whole sequence ------------------------------------------------------------------
 
@@ -100,13 +139,15 @@ class BenchRunner:
                     run["outcome"] = "failed"
                     run["problems"].append(f"the daemon refused it: {exc.message}")
                     self.say(f"[{k}/{len(layouts)}] {lay.name}: the daemon refused it: {exc}")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             interrupted = True
+            self.restoring = True  # a second signal must not cut the clean-up short
+            why = getattr(exc, "why", None) or "interrupted (Ctrl-C or SIGTERM)"
             if self.runs and self.runs[-1]["outcome"] == "running":
                 self.runs[-1]["outcome"] = "interrupted"
-                self.runs[-1]["problems"].append("interrupted (Ctrl-C or SIGTERM)")
+                self.runs[-1]["problems"].append(why)
             self.progress.clear()
-            self.say("interrupted: stopping the clients, then restoring the original layout")
+            self.say(f"{why}: stopping the clients, then restoring the original layout")
             self._abort_current()
         finally:
             self.progress.clear()
@@ -193,7 +234,7 @@ class BenchRunner:
             run["outcome"] = "not_ready"
             for name in names:
                 inst = by_name.get(name) or {}
-                if inst.get("state") != "ready":
+                if inst.get("state") != State.READY:
                     le = inst.get("last_exit") or {}
                     why = f" (last exit: {le['reason']})" if le.get("reason") else ""
                     run["problems"].append(
@@ -216,8 +257,12 @@ class BenchRunner:
             )
             # A rolling apply (where the daemon does them) is over only when its last wave is.
             rollout = doc.get("rollout") or {}
-            if not ok or rollout.get("state") != "running" or time.monotonic() >= deadline:
-                return ok and rollout.get("state") != "running", doc
+            if (
+                not ok
+                or rollout.get("state") != RolloutState.RUNNING
+                or time.monotonic() >= deadline
+            ):
+                return ok and rollout.get("state") != RolloutState.RUNNING, doc
             time.sleep(0.5)
 
     def _wait_stopped(self, names: Any) -> None:
@@ -226,7 +271,7 @@ class BenchRunner:
         deadline = time.monotonic() + self.ready_timeout
         while names and time.monotonic() < deadline:
             insts = self.client.status().get("instances", ())
-            if not any(i["name"] in names and i["state"] != "stopped" for i in insts):
+            if not any(i["name"] in names and i["state"] != State.STOPPED for i in insts):
                 return
             time.sleep(0.3)
 
@@ -296,8 +341,9 @@ class BenchRunner:
         split = ", ".join(f"{r['name']} {r['prompts']}" for r in records)
         self.say(f"{tag}: starting {len(self._clients)} vLLM client(s) (prompts: {split})")
         self._phase("warming", requests_total=sum(c.total for c in self._clients), **where)
-        for c in self._clients:
-            c.start()
+        with self.guard.deferred() if self.guard is not None else contextlib.nullcontext():
+            for c in self._clients:
+                c.start()  # an interrupt waits: a client half started would be left running
         started = self._barrier(tag)
         for c in self._clients:
             if c not in started:
@@ -451,6 +497,11 @@ class BenchRunner:
 
     # -- restore ---------------------------------------------------------------------------
 
+    def restore_from(self, original: Original, applied: str) -> dict[str, Any]:
+        """Put back what ran before a bench that is gone applied `applied` (`--restore`)."""
+        self._applied, self.keep = applied, False
+        return self.restore(original)
+
     def restore(self, original: Original) -> dict[str, Any]:
         """Put back what ran before (or keep the last layout with `keep`)."""
         self.restoring = True
@@ -502,6 +553,8 @@ class BenchRunner:
         except (ControlError, DaemonUnavailable) as exc:
             self.say(f"could not restore the original layout: {exc}")
             return {"outcome": "failed", "error": str(exc)}
+        finally:
+            self.restoring = False
 
 
 class _Labelled(Progress):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SERVING = ("ready", "unhealthy")
+from vsup.states import SERVING
 
 
 @dataclass

@@ -3,8 +3,13 @@
 For each layout in turn: apply it, wait until every instance is ready, send the same workload
 (split across the instances in proportion, one `vllm bench serve` client each, started
 together) while recording vsup's telemetry; then restore the layout that ran before (or keep
-the last with `--keep`), also on Ctrl-C or SIGTERM. Prints the layouts side by side; `--json`
-and `--markdown` save every figure and the exact client command lines.
+the last with `--keep`), also on Ctrl-C, SIGTERM or SIGHUP (the SSH session dropped; under
+`nohup` the bench ignores it and runs to its end). Prints the layouts side by side; `--json`
+and `--markdown` save every figure and the exact client command lines; the out dir gets the
+same document (`result.json`) and everything the bench said (`bench.log`).
+
+A bench that could not restore (SIGKILL) leaves its layout lease (vsup/lease.py): the daemon
+shows it as advice, and `vsup bench --restore` puts the original layout back.
 
 Replacing a layout that serves needs consent: a terminal's yes or `--yes`; without either the
 bench changes nothing and exits 3 (as `vsup up` does). Exit status: 0 every layout ran cleanly;
@@ -17,17 +22,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
     from pathlib import Path
-    from types import FrameType
 
+    from vsup.bench.guard import LayoutGuard
     from vsup.bench.runner import LayoutToRun, Original
     from vsup.bench.workload import Workload
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
 from vsup.commands.up import EXIT_NOT_CONFIRMED
+from vsup.states import IDLE, SERVING
 
 
 def _rate(text: str) -> float:
@@ -95,6 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out-dir",
         metavar="DIR",
         help="where the clients' logs and result files go (default $VSUP_HOME/bench/TIME)",
+    )
+    p.add_argument(
+        "--restore",
+        action="store_true",
+        help="put back the layout a bench that died (e.g. SIGKILL) replaced, then exit",
     )
     p.set_defaults(func=run)
 
@@ -171,11 +182,26 @@ def take_back_layouts(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import signal
+    from vsup import paths
+    from vsup.bench.guard import LayoutGuard
+
+    home = paths.vsup_home()
+    if args.restore:
+        return restore_left(args, home)
+    # First of all: a signal from here on restores, or stops the daemon this bench started.
+    with LayoutGuard(home, "bench", say=_say) as guard:
+        return _bench_guarded(args, home, guard)
+
+
+def _say(line: str) -> None:
+    print(f"vsup bench: {line}", file=sys.stderr, flush=True)
+
+
+def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vsup import paths
+    from vsup.bench.guard import Interrupted
     from vsup.bench.publish import ProgressPublisher
     from vsup.bench.report import dump_json, render_markdown, render_table
     from vsup.bench.runner import BenchRunner, Original
@@ -201,60 +227,67 @@ def _bench(args: argparse.Namespace) -> int:
     if not any(not lay.errors for lay in layouts):
         raise CommandFailed("vsup bench: no layout is valid; nothing was changed", 2)
 
-    home = paths.vsup_home()
     probe = Client(home)
     daemon_was_running = probe.alive() is not None
     probe.close()
-    with client_for_cli() as client:
-        current = client.layout()
-        before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
-        serving = [n for n, state in before.items() if state in ("ready", "unhealthy")]
-        original = Original(
-            toml=current.get("toml"),
-            path=current.get("path"),
-            name=current.get("name"),
-            serving=serving,
-            daemon_was_running=daemon_was_running,
-            # a layout loaded with its instances down (after `vsup down`, say) comes back down
-            idle=[n for n, state in before.items() if state in ("stopped", "failed")],
-        )
-        announce(layouts, original, args.keep)
-        if serving and not args.yes:
-            confirm(serving)
-        out_dir = (
-            Path(args.out_dir).expanduser().absolute()
-            if args.out_dir
-            else (home / "bench" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
-        )
-        out_dir.mkdir(parents=True, exist_ok=True)
-
-        def say(line: str) -> None:
-            print(f"vsup bench: {line}", file=sys.stderr, flush=True)
-
-        runner = BenchRunner(
-            client=client,
-            make_client=lambda: Client(home),
-            workload=workload,
-            out_dir=out_dir,
-            ready_timeout=args.timeout,
-            run_timeout=args.run_timeout,
-            keep=args.keep,
-            say=say,
-            publisher=ProgressPublisher(lambda: Client(home)),
-        )
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            if runner.restoring:
-                say("the original layout is being restored; wait for it")
-                return
-            raise KeyboardInterrupt
-
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        client = client_for_cli()
+    except Interrupted:
+        if not daemon_was_running:
+            stop_daemon_started(home)
+        raise
+    with client:
         try:
-            doc = runner.run(layouts, original)
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            current = client.layout()
+            refuse_while_left_behind(home, current.get("toml"))
+            before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
+            serving = [n for n, state in before.items() if state in SERVING]
+            original = Original(
+                toml=current.get("toml"),
+                path=current.get("path"),
+                name=current.get("name"),
+                serving=serving,
+                daemon_was_running=daemon_was_running,
+                # a layout loaded with its instances down (after `vsup down`, say) comes back
+                # down
+                idle=[n for n, state in before.items() if state in IDLE],
+            )
+            announce(layouts, original, args.keep)
+            if serving and not args.yes:
+                confirm(serving)
+            out_dir = (
+                Path(args.out_dir).expanduser().absolute()
+                if args.out_dir
+                else (home / "bench" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
+            )
+            out_dir.mkdir(parents=True, exist_ok=True)
+            guard.log_to(out_dir / "bench.log")
+            runner = BenchRunner(
+                client=client,
+                make_client=lambda: Client(home),
+                workload=workload,
+                out_dir=out_dir,
+                ready_timeout=args.timeout,
+                run_timeout=args.run_timeout,
+                keep=args.keep,
+                say=_say,
+                publisher=ProgressPublisher(lambda: Client(home)),
+                guard=guard,
+            )
+            guard.claim(
+                original.to_json(), [(lay.name, lay.toml) for lay in layouts if not lay.errors]
+            )
+        except (Interrupted, CommandFailed):
+            # nothing was applied yet: what this bench started goes, nothing else changes
+            guard.release()
+            if not daemon_was_running:
+                stop_daemon_started(home, client)
+            raise
+        doc = runner.run(layouts, original)
+        guard.restoring = True  # from here on a signal has nothing left to undo
+        if doc["restore"].get("outcome") != "failed":
+            guard.release()  # the original is back, or kept on purpose
+    write_file(out_dir / "result.json", dump_json(doc))
     sys.stdout.write(render_table(doc["runs"]))
     for opt, text in (("json", dump_json(doc)), ("markdown", render_markdown(doc))):
         target = getattr(args, opt)
@@ -262,6 +295,12 @@ def _bench(args: argparse.Namespace) -> int:
             write_file(Path(target).expanduser().absolute(), text)
             print(f"vsup bench: wrote {target}", file=sys.stderr)
     print(f"vsup bench: client logs and results in {out_dir}", file=sys.stderr)
+    if doc["restore"].get("outcome") == "failed":
+        print(
+            "vsup bench: the original layout is not back; run `vsup bench --restore` once the "
+            "daemon answers",
+            file=sys.stderr,
+        )
     if doc["interrupted"]:
         return 130
     restored = doc["restore"].get("outcome") in (
@@ -273,6 +312,106 @@ def _bench(args: argparse.Namespace) -> int:
     )
     clean = all(r["outcome"] == "ok" for r in doc["runs"])
     return 0 if clean and restored else 1
+
+
+def refuse_while_left_behind(home: Path, running: str | None) -> None:
+    """Another bench's layout in place (it runs, or it died without restoring; `running` is the
+    running layout's text): refuse, saying what to do, before anything changes: this bench
+    would take that layout for the original."""
+    from vsup.commands.cliutil import CommandFailed
+    from vsup.lease import read_lease
+
+    lease = read_lease(home)
+    if lease is None:
+        return
+    if lease.alive():
+        raise CommandFailed(
+            f"vsup bench: another vsup {lease.owner} (pid {lease.pid}) replaced the layout at "
+            f"{lease.started_at} and is still running; wait for it, or end it with "
+            f"`kill -TERM {lease.pid}` (it restores the layout on its way out)",
+            1,
+        )
+    if lease.holds(running):
+        raise CommandFailed(
+            f"vsup bench: a vsup {lease.owner} (pid {lease.pid}, gone) left its layout in place "
+            f"of {lease.replaced_name() or 'nothing'} at {lease.started_at}; run "
+            "`vsup bench --restore` first",
+            1,
+        )
+
+
+def stop_daemon_started(home: Path, client: Any = None) -> None:
+    """Stop the daemon this bench started before it changed anything (interrupted early):
+    wait for it to answer if it is still starting, then let it go with its instances as
+    they are (it applied nothing)."""
+    import time
+
+    from vsup.control.client import Client
+    from vsup.control.errors import ControlError, DaemonUnavailable
+
+    own = client is None
+    client = client or Client(home)
+    try:
+        deadline = time.monotonic() + 30
+        while client.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.shutdown(stop_instances=False)
+    except (ControlError, DaemonUnavailable, OSError):
+        pass
+    finally:
+        if own:
+            client.close()
+
+
+def restore_left(args: argparse.Namespace, home: Path) -> int:
+    """`vsup bench --restore`: put back the layout a bench that died replaced."""
+    from vsup.bench.guard import LayoutGuard
+    from vsup.bench.runner import BenchRunner, Original
+    from vsup.bench.workload import Workload
+    from vsup.commands.cliutil import CommandFailed, client_for_cli
+    from vsup.control.client import Client
+    from vsup.lease import clear_lease, read_lease
+
+    lease = read_lease(home)
+    if lease is None:
+        print("vsup bench: no bench left its layout in place; nothing to restore", file=sys.stderr)
+        return 0
+    if lease.alive():
+        raise CommandFailed(
+            f"vsup bench: vsup {lease.owner} (pid {lease.pid}) is still running; it restores the "
+            f"layout when it ends (`kill -TERM {lease.pid}` ends it now, restoring)",
+            1,
+        )
+    with LayoutGuard(home, "bench", say=_say) as guard, client_for_cli() as client:
+        running = client.layout()
+        if not lease.holds(running.get("toml")):
+            clear_lease(home, pid=lease.pid)
+            print(
+                f"vsup bench: the running layout ({running.get('name') or 'none'}) is not one "
+                f"the bench (pid {lease.pid}) applied: someone applied another since; nothing "
+                "to restore",
+                file=sys.stderr,
+            )
+            return 0
+        original = Original.from_json(lease.original)
+        _say(
+            f"the bench (pid {lease.pid}, gone) replaced {lease.replaced_name() or 'nothing'} "
+            f"at {lease.started_at}; restoring"
+        )
+        runner = BenchRunner(
+            client=client,
+            make_client=lambda: Client(home),
+            workload=Workload(),
+            out_dir=home,
+            ready_timeout=args.timeout,
+            say=_say,
+            guard=guard,
+        )
+        result = runner.restore_from(original, applied=running.get("name") or "(unnamed)")
+    if result.get("outcome") == "failed":
+        return 1
+    clear_lease(home, pid=lease.pid)
+    return 0 if result.get("outcome") in ("restored", "stopped", "daemon_stopped") else 1
 
 
 def announce(layouts: list[LayoutToRun], original: Original, keep: bool) -> None:

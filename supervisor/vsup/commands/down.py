@@ -9,6 +9,8 @@ import argparse
 import sys
 import time
 
+from vsup.states import IDLE, State
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         with client_for_cli() as client:
             daemon_pid = client.ping()["pid"]
             doc = client.status()
-            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != "stopped"]
+            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != State.STOPPED]
             what = (
                 f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
                 if live
@@ -72,11 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     doc = client.status()
                 except DaemonUnavailable:
                     break
-                left = [
-                    i["name"]
-                    for i in doc.get("instances", ())
-                    if i["state"] != "stopped" and i["state"] != "failed"
-                ]
+                left = [i["name"] for i in doc.get("instances", ()) if i["state"] not in IDLE]
                 progress.update(
                     f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
                     + (", ".join(left) if left else "the daemon")

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from vsup.commands import exits
+from vsup.states import NodeOutcome
 
 if TYPE_CHECKING:
     from vsup.fleet.model import Fleet
@@ -306,7 +307,7 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     for o in outcomes:
         note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
         print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
-    return exits.OK if all(o.state == "applied" for o in outcomes) else exits.FAILED
+    return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
 
 
 def plan_line(plan: dict[str, Any], serving: set[str]) -> str:

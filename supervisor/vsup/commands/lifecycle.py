@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from vsup.states import State
+
 if TYPE_CHECKING:
     from vsup.control.client import Client
 
@@ -136,7 +138,7 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
         if inst is None:
             print(f"{name}: gone from the layout", file=sys.stderr)
             continue
-        if inst["state"] == "ready":
+        if inst["state"] == State.READY:
             print(f"{name}: ready")
         else:
             le = inst.get("last_exit") or {}
@@ -144,9 +146,9 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
             print(f"{name}: {inst['state']}{why}", file=sys.stderr)
             for advice in doc.get("advice", ()):
                 # what to do about it (the daemon's advice: edit the layout, free a port...)
-                if advice.get("instance") == name and inst["state"] == "failed":
+                if advice.get("instance") == name and inst["state"] == State.FAILED:
                     print(f"  {advice['message']}", file=sys.stderr)
-    if not ok and all(by_name.get(n, {}).get("state") not in ("failed",) for n in names):
+    if not ok and all(by_name.get(n, {}).get("state") != State.FAILED for n in names):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1
 
@@ -159,11 +161,11 @@ def wait_router(client: Client, timeout: float, interval: float = 0.5) -> bool:
     router: dict[str, Any] = {}
     while time.monotonic() < deadline:
         router = client.status().get("router") or {}
-        if router.get("state") in ("ready", "failed", "stopped"):
+        if router.get("state") in (State.READY, State.FAILED, State.STOPPED):
             break
         time.sleep(interval)
     state = router.get("state", "gone")
-    if state == "ready":
+    if state == State.READY:
         print("@router: ready")
         return True
     why = router.get("failed_why") or (router.get("last_exit") or {}).get("reason")

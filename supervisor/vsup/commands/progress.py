@@ -6,10 +6,13 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from vsup.control.client import Client
 from vsup.control.errors import DaemonUnavailable
+from vsup.states import State
+
+if TYPE_CHECKING:  # the client imports httpx: `vsup status` formats durations without it
+    from vsup.control.client import Client
 
 
 class Progress:
@@ -52,17 +55,17 @@ def fmt_duration(seconds: float | None) -> str:
 def describe_waiting(instances: Iterable[dict[str, Any]]) -> str:
     """'ready 1/3 · gpu1 loading 12s · gpu2 backoff 8s (oom)'."""
     insts = list(instances)
-    ready = sum(1 for i in insts if i["state"] == "ready")
+    ready = sum(1 for i in insts if i["state"] == State.READY)
     parts = [f"ready {ready}/{len(insts)}"]
     for i in insts:
-        if i["state"] == "ready":
+        if i["state"] == State.READY:
             continue
         since = fmt_duration(i.get("state_since_s"))
-        if i["state"] == "starting" and i.get("waiting_for"):
+        if i["state"] == State.STARTING and i.get("waiting_for"):
             parts.append(f"{i['name']} waits ({i['waiting_for']})")
-        elif i["state"] == "starting":
+        elif i["state"] == State.STARTING:
             parts.append(f"{i['name']} loading {since}")
-        elif i["state"] == "backoff":
+        elif i["state"] == State.BACKOFF:
             why = (i.get("last_exit") or {}).get("reason")
             left = i.get("backoff_remaining_s")
             parts.append(
@@ -97,10 +100,10 @@ def wait_ready(
             raise
         by_name = {i["name"]: i for i in doc.get("instances", ())}
         mine = [by_name[n] for n in names if n in by_name]
-        if len(mine) == len(names) and all(i["state"] == "ready" for i in mine):
+        if len(mine) == len(names) and all(i["state"] == State.READY for i in mine):
             progress.clear()
             return True, doc
-        if any(i["state"] == "failed" for i in mine):
+        if any(i["state"] == State.FAILED for i in mine):
             progress.clear()
             return False, doc
         if clock() >= deadline:

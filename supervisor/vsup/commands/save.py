@@ -1,6 +1,8 @@
 """`vsup save FILE [--parents]`: write the running layout as TOML (atomically; never an invalid
 one; only a regular file: FIFOs, devices and directories are refused, a symlink's target is
-replaced and the link kept; a missing directory is created only with --parents)."""
+replaced and the link kept; a missing directory is created only with --parents). The file is
+the layout applied; instances that still run an older spec (a rollout not finished) are named
+in a warning on stderr."""
 
 from __future__ import annotations
 
@@ -39,6 +41,17 @@ def run(args: argparse.Namespace) -> int:
         written = answer.get("written") or answer["path"]
         via = f" (through the symlink {answer['path']})" if written != answer["path"] else ""
         print(f"saved the running layout to {written}{via}")
+        outdated = answer.get("outdated") or []
+        if outdated:
+            from vsup.termtext import printable
+
+            names = printable(", ".join(outdated))
+            print(
+                f"vsup save: warning: {names} still run(s) an older spec than this layout (a "
+                f"rolling apply did not finish); `vsup up {printable(written)}` restarts them "
+                "with it",
+                file=sys.stderr,
+            )
         return 0
 
     return run_command(body, args)

@@ -1,11 +1,31 @@
-"""`vsup status [--json]`: one snapshot; exit 1 when any instance is not ready."""
+"""`vsup status [--json]`: one snapshot; exit 1 when any instance is not ready.
+
+The document is fetched with the standard library when a daemon answers (`fetch_status`):
+the control client's httpx took longer to import than the whole answer of a 128-instance
+daemon. Without an answer it falls back to the client, which never starts a daemon (a
+read-only command: exit 4, `exits.NO_DAEMON`) and reports errors as every command does.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vsup.snapshot import (
+        BenchStatus,
+        InstanceStatus,
+        LastExit,
+        Parallel,
+        RankStatus,
+        RolloutStatus,
+        StatusSnapshot,
+    )
+
+from vsup.states import ExitReason, PullState, RolloutState, State
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,19 +41,62 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    doc = fetch_status()
+    if doc is None:
+        return _run_with_client(args)
+    return _show(doc, args)
+
+
+def _run_with_client(args: argparse.Namespace) -> int:
     from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli(start=False) as client:
             doc = client.status()
-        if args.json:
-            json.dump(doc, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(render(doc))
-        return 0 if all(i["state"] == "ready" for i in doc.get("instances", ())) else 1
+        return _show(doc, args)
 
     return run_command(body, args)
+
+
+def _show(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(doc))
+    return 0 if all(i["state"] == State.READY for i in doc.get("instances", ())) else 1
+
+
+def fetch_status(home: Path | None = None, timeout: float = 30.0) -> dict[str, Any] | None:
+    """GET /v1/status over the daemon's socket with the standard library; None when no
+    daemon answers it with a 200 and a JSON object (the caller then uses the client)."""
+    import socket
+
+    from vsup import paths
+
+    try:
+        path = paths.socket_path(home or paths.vsup_home())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: vsup\r\nConnection: close\r\n\r\n")
+            chunks = []
+            while chunk := sock.recv(1 << 20):
+                chunks.append(chunk)
+    except (OSError, ValueError):
+        return None  # no daemon, a bad VSUP_HOME, a path too long: the client says which
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    if not lines[0].startswith(b"HTTP/1.1 200 "):
+        return None
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(b":") for x in lines[1:])}
+    if fields.get(b"transfer-encoding") or fields.get(b"content-length") != str(len(body)).encode():
+        return None  # not the plain answer this reader expects: let the client read it
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 GiB = 1024**3
@@ -43,46 +106,39 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def bench_line(b: dict[str, Any]) -> str:
+def _p(text: Any) -> str:
+    """Text from a layout, a log or the daemon, safe to print (termtext.printable)."""
+    from vsup.termtext import printable
+
+    return printable("" if text is None else text)
+
+
+def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
     from vsup.commands.progress import fmt_duration
+    from vsup.snapshot import BenchStatus, StatusSnapshot
 
-    where = f" {b['index']}/{b['count']}" if b.get("index") and b.get("count") else ""
-    what = b["phase"].replace("_", " ")
-    if b["phase"] in ("running", "collecting") and b.get("requests_total"):
-        what += f" {b.get('requests_done') or 0}/{b['requests_total']} requests"
-    return (
-        f"BENCH{where} {b.get('layout') or ''}: {what}, {fmt_duration(b.get('elapsed_s'))} "
-        f"(vsup bench pid {b['pid']} replaced the layout; it restores it at the end)"
+    if isinstance(b, dict):
+        b = StatusSnapshot.decode_part(BenchStatus, b)
+    where = f" {b.index}/{b.count}" if b.index and b.count else ""
+    what = b.phase.replace("_", " ")
+    if b.phase in ("running", "collecting") and b.requests_total:
+        what += f" {b.requests_done or 0}/{b.requests_total} requests"
+    return _p(
+        f"BENCH{where} {b.layout or ''}: {what}, {fmt_duration(b.elapsed_s)} "
+        f"(vsup bench pid {b.pid} replaced the layout; it restores it at the end)"
     )
 
 
-def _shape(parallel: dict[str, Any] | None) -> str:
-    """`TP1 x DP8` (snapshot.Parallel.label) from the status JSON; `-` from an older daemon."""
-    from vsup.snapshot import Parallel
-
-    if not parallel:
-        return "-"
-    return Parallel(parallel["tp"], parallel["pp"], parallel["dp"]).label
-
-
-def _rank(r: dict[str, Any]) -> str:
-    """`DP1 gpu 1 pid 7948 dead 12.3G`."""
-    state = {True: "alive", False: "dead", None: "not seen"}[r.get("alive")]
-    gpus = ",".join(str(g) for g in r.get("gpus") or ()) or "cpu"
-    hbm = f" {r['hbm_bytes'] / GiB:.1f}G" if r.get("hbm_bytes") is not None else ""
-    return f"DP{r['rank']} gpu {gpus} pid {_num(r.get('pid'), '{}')} {state}{hbm}"
-
-
-def exit_how(le: dict[str, Any]) -> str:
+def exit_how(le: LastExit) -> str:
     """How a run ended, for `last exit REASON (HOW)`: its code or signal, else why neither
     is known (never a bare `?`)."""
-    if le.get("code") is not None:
-        return f"code {le['code']}"
-    if le.get("signal"):
-        return str(le["signal"])
-    if le.get("reason") == "port_in_use":
+    if le.code is not None:
+        return f"code {le.code}"
+    if le.signal:
+        return str(le.signal)
+    if le.reason == ExitReason.PORT_IN_USE:
         return "refused before it started"
     return "exit status unknown: not the daemon's child"
 
@@ -107,20 +163,121 @@ def port_holder_note(port: Any) -> str:
     return f"; port {port}: `ss -ltnp 'sport = :{port}'` shows who holds it"
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The readable table: a header line, one row per instance, exits and advice below."""
+def short_duration(seconds: float | None) -> str:
+    """`fmt_duration` without a zero tail: `20m`, `1h`, `2m10s`."""
     from vsup.commands.progress import fmt_duration
 
-    sup = doc.get("supervisor", {})
-    insts = doc.get("instances", [])
-    ready = sum(1 for i in insts if i["state"] == "ready")
+    text = fmt_duration(seconds)
+    for zero in ("m00s", "h00m"):
+        if text.endswith(zero):
+            return text[: -len(zero) + 1]
+    return text
+
+
+def rollout_lines(r: RolloutStatus | None) -> list[str]:
+    """What `vsup status` says of the latest rolling apply: while it runs (the wave, what
+    restarts, what is pending), and after it failed or was interrupted while instances still
+    run their old config. Nothing for one that ended well."""
+    if r is None:
+        return []
+    names = ", ".join(r.current) or "-"
+    if r.state == RolloutState.RUNNING:
+        line = f"ROLLOUT wave {r.wave}/{r.waves}: restarting {names} · {r.done}/{r.total} done"
+        if r.pending:
+            line += f" · pending {', '.join(r.pending)} (on the old config until their wave)"
+        return [_p(line + f" · max_unavailable {r.max_unavailable}")]
+    if r.state == RolloutState.FAILED and r.old_config:
+        return [
+            _p(f"ROLLOUT FAILED at wave {r.wave}/{r.waves}: {r.failure or '?'}"),
+            _p(f"  on the old config: {', '.join(r.old_config)}"),
+        ]
+    if r.state == RolloutState.INTERRUPTED and r.old_config:
+        return [
+            _p(
+                f"ROLLOUT INTERRUPTED at wave {r.wave}/{r.waves} ({r.done}/{r.total} done; its "
+                f"daemon ended): {', '.join(r.old_config)} still run the old config - "
+                "`vsup up LAYOUT` finishes it"
+            )
+        ]
+    return []
+
+
+def state_cell(i: InstanceStatus) -> str:
+    """The STATE column: the state, then what it waits for or how far its start is."""
+    from vsup.commands.progress import fmt_duration
+    from vsup.pullview import state_mark
+
+    state = i.state
+    if state == State.BACKOFF and i.backoff_remaining_s is not None:
+        state += f" {fmt_duration(i.backoff_remaining_s)}"
+    elif state == State.STARTING and i.wait is not None:
+        state += " (waits)"
+    elif state == State.STARTING and i.start_elapsed_s is not None:
+        state += f" {fmt_duration(i.start_elapsed_s)}"
+        if i.start_timeout_s:
+            state += f" of {short_duration(i.start_timeout_s)}"
+    if i.stalled:
+        # a flag on a ready instance (its state stays ready: scripts switch on it)
+        state += f" STALLED {fmt_duration(i.stalled_for_s)}"
+    if i.outdated:
+        state += " (old spec)"
+    mark = state_mark(i.pull)
+    if mark:
+        state += f" ({mark})"
+    return state
+
+
+def wait_line(i: InstanceStatus) -> str | None:
+    """`b: waits for a starting (a co-tenant of its device)`, one line per waiting instance."""
+    w = i.wait
+    if w is None:
+        return None
+    what = {
+        "co_tenant": "a co-tenant of its device",
+        "start_slot": "its turn to start on its device",
+        "gpu_memory": "GPU memory",
+    }.get(w.kind)
+    if w.kind == "backoff":
+        return _p(f"{i.name}: backing off after a failure, {w.message}")
+    return _p(f"{i.name}: waits for {w.message}" + (f" ({what})" if what else ""))
+
+
+def _shape(parallel: Parallel | None) -> str:
+    """`TP1 x DP8` (snapshot.Parallel.label); `-` from an older daemon."""
+    return parallel.label if parallel is not None else "-"
+
+
+def _rank(r: RankStatus) -> str:
+    """`DP1 gpu 1 pid 7948 dead 12.3G`."""
+    state = {True: "alive", False: "dead", None: "not seen"}[r.alive]
+    gpus = ",".join(str(g) for g in r.gpus) or "cpu"
+    hbm = f" {r.hbm_bytes / GiB:.1f}G" if r.hbm_bytes is not None else ""
+    return f"DP{r.rank} gpu {gpus} pid {_num(r.pid, '{}')} {state}{hbm}"
+
+
+def render(doc: StatusSnapshot | dict[str, Any]) -> str:
+    """The readable table: a header line, one row per instance, exits and advice below.
+    `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
+    from vsup.commands.progress import fmt_duration
+    from vsup.pullview import pull_line
+    from vsup.routerview import router_line
+    from vsup.snapshot import StatusSnapshot
+
+    snap = doc if isinstance(doc, StatusSnapshot) else StatusSnapshot.from_json(doc)
+    sup = snap.supervisor
+    insts = snap.instances
     lines = [
-        f"vsup {sup.get('version', '?')} · layout {sup.get('layout') or '(none)'} · "
-        f"{ready}/{len(insts)} ready · daemon pid {sup.get('pid')} up "
-        f"{fmt_duration(sup.get('uptime_s'))}"
+        _p(
+            f"vsup {sup.version} · layout {sup.layout or '(none)'} · "
+            f"{snap.ready_count}/{len(insts)} ready · daemon pid {sup.pid} up "
+            f"{fmt_duration(sup.uptime_s)}"
+        )
     ]
-    if doc.get("bench"):
-        lines.append(bench_line(doc["bench"]))
+    if snap.bench is not None:
+        lines.append(bench_line(snap.bench))
+    lines.extend(rollout_lines(snap.rollout))
+    # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
+    lines += [pull_line(p) for p in snap.pulls if p.state == PullState.PULLING]
     header = (
         "NAME",
         "STATE",
@@ -137,55 +294,49 @@ def render(doc: dict[str, Any]) -> str:
         "RESTARTS",
         "UPTIME",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for i in insts:
-        state = i["state"]
-        if state == "backoff" and i.get("backoff_remaining_s") is not None:
-            state += f" {fmt_duration(i['backoff_remaining_s'])}"
-        if i.get("stalled"):
-            # a flag on a ready instance (its state stays ready: scripts switch on it)
-            state += f" STALLED {fmt_duration(i.get('stalled_for_s'))}"
-        hbm = "-" if i.get("hbm_bytes") is None else f"{i['hbm_bytes'] / GiB:.1f}G"
-        if i.get("hbm_bytes") is None and i.get("gpus"):
+        hbm = "-" if i.hbm_bytes is None else f"{i.hbm_bytes / GiB:.1f}G"
+        if i.hbm_bytes is None and i.gpus:
             hbm = "n/a"
         rw = (
             "-"
-            if i.get("requests_running") is None and i.get("requests_waiting") is None
-            else f"{_num(i.get('requests_running'))}/{_num(i.get('requests_waiting'))}"
+            if i.requests_running is None and i.requests_waiting is None
+            else f"{_num(i.requests_running)}/{_num(i.requests_waiting)}"
         )
-        backend = i.get("backend") or "-"
-        if i.get("backend") and i.get("backend_source") not in (None, "log"):
+        backend = i.backend or "-"
+        if i.backend and i.backend_source not in (None, "log"):
             backend += "*"
         rows.append(
             (
-                i["name"],
-                state,
-                _num(i.get("pid"), "{}"),
-                _num(i.get("port"), "{}"),
-                ",".join(str(g) for g in i.get("gpus") or ()) or "cpu",
-                _shape(i.get("parallel")),
-                _num(i.get("kv_cache_usage"), "{:.0%}"),
-                _num(i.get("preemptions_per_min"), "{:.1f}"),
+                _p(i.name),
+                state_cell(i),
+                _num(i.pid, "{}"),
+                _num(i.port, "{}"),
+                ",".join(str(g) for g in i.gpus) or "cpu",
+                _shape(i.parallel),
+                _num(i.kv_cache_usage, "{:.0%}"),
+                _num(i.preemptions_per_min, "{:.1f}"),
                 rw,
-                _num(i.get("generation_tokens_per_s"), "{:.1f}"),
+                _num(i.generation_tokens_per_s, "{:.1f}"),
                 hbm,
-                backend,
-                str(i.get("restarts", 0)),
-                fmt_duration(i.get("uptime_s")),
+                _p(backend),
+                str(i.restarts),
+                fmt_duration(i.uptime_s),
             )
         )
-    router = doc.get("router")
-    if router:
+    router = snap.router
+    if router is not None:
         # the router's own row: it is no instance, so only the columns that apply
         rows.append(
             (
                 "(router)",
-                router.get("state", "?"),
-                _num(router.get("pid"), "{}"),
-                _num(router.get("port"), "{}"),
+                router.state,
+                _num(router.pid, "{}"),
+                _num(router.port, "{}"),
                 *("-",) * (len(header) - 6),
-                str(router.get("restarts", 0)),
-                fmt_duration(router.get("uptime_s")),
+                str(router.restarts),
+                fmt_duration(router.uptime_s),
             )
         )
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
@@ -194,27 +345,36 @@ def render(doc: dict[str, Any]) -> str:
     if not insts:
         lines.append("(no instances: `vsup up LAYOUT` starts some)")
     for i in insts:
-        le = i.get("last_exit")
-        if le and i["state"] != "ready":
-            line = f"{i['name']}: last exit {le['reason']} ({exit_how(le)}) at {le.get('at')}"
-            if le.get("rank") is not None:
-                line += f", data-parallel rank {le['rank']} died first"
-            if le.get("log_excerpt"):
-                line += f": {le['log_excerpt'].strip().splitlines()[-1][:160]}"
-            if le.get("reason") == "port_in_use" and "in use by" not in (
-                le.get("log_excerpt") or ""
-            ):
-                line += port_holder_note(i.get("port"))
+        line = wait_line(i)
+        if line is not None:
             lines.append(line)
     for i in insts:
-        if i.get("ranks"):
-            lines.append(f"{i['name']} ranks: " + "; ".join(_rank(r) for r in i["ranks"]))
-    if router:
-        from vsup.routerview import router_line
-
+        le = i.last_exit
+        if le and i.state != State.READY:
+            line = f"{i.name}: last exit {le.reason} ({exit_how(le)}) at {le.at}"
+            if le.rank is not None:
+                line += f", data-parallel rank {le.rank} died first"
+            if le.log_excerpt:
+                line += f": {le.log_excerpt.strip().splitlines()[-1][:160]}"
+            if le.reason == ExitReason.PORT_IN_USE and "in use by" not in (le.log_excerpt or ""):
+                line += port_holder_note(i.port)
+            lines.append(_p(line))
+    for i in insts:
+        if i.outdated:
+            differ = ", ".join(i.outdated_fields) or "spec"
+            lines.append(
+                _p(
+                    f"{i.name}: runs an older spec than the layout ({differ} differ); "
+                    "`vsup up LAYOUT` restarts it with the layout's"
+                )
+            )
+    for i in insts:
+        if i.ranks:
+            lines.append(_p(f"{i.name} ranks: " + "; ".join(_rank(r) for r in i.ranks)))
+    if router is not None:
         lines.append(router_line(router) or "")
-    if any(i.get("backend_source") not in (None, "log") and i.get("backend") for i in insts):
+    if any(i.backend_source not in (None, "log") and i.backend for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
-    for a in doc.get("advice", ()):
-        lines.append(f"{a['severity']}: {a['message']}")
+    for a in snap.advice:
+        lines.append(_p(f"{a.severity}: {a.message}"))
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""`vsup up LAYOUT [--detach] [--wait] [--timeout S] [--yes] [--dry-run] [--all-at-once]`.
+"""`vsup up LAYOUT [--detach] [--wait] [--timeout S] [--yes] [--dry-run] [--all-at-once]
+[--no-pull]`.
 
 Compiles the layout here first, on this node's GPUs as the telemetry probe finds them (exit 2
 with every error; nothing of the daemon is imported or started for a layout that does not
@@ -6,6 +7,12 @@ validate), prints the plan (what starts, restarts - in rolling waves or at once 
 and per instance what changes, old -> new), applies the layout through the daemon (starting
 one if needed), optionally waits until the rollout has ended and every instance is ready,
 then opens the dashboard unless `--detach`.
+
+Hub models not complete in the node's cache are pulled first, by the daemon (docs/pull.md):
+the plan says so, the apply waits for the pulls (`--wait`, or a terminal without `--detach`,
+show their progress here), then every instance starts from the local snapshot offline. A pull
+that fails leaves its instances stopped with the reason (exit 1). `--no-pull` (or the layout's
+`pull = false`) leaves models not in the cache to vLLM, as without vsup.
 
 A plan that stops or restarts an instance that is serving needs consent: on a terminal vsup
 asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) and changes nothing, unless
@@ -26,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vsup.commands.exits import BAD_INPUT, NOT_CONFIRMED
+from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, NOT_CONFIRMED, OK
+from vsup.states import SERVING, PullState, RolloutState, State
 
 if TYPE_CHECKING:
     from vsup.control.client import Client
@@ -35,8 +43,6 @@ if TYPE_CHECKING:
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
 EXIT_NOT_CONFIRMED = NOT_CONFIRMED
-# States in which an instance answers requests: stopping or restarting it interrupts service.
-SERVING = ("ready", "unhealthy")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the plan and change nothing (exit 0)"
     )
     p.add_argument(
+        "--no-pull",
+        action="store_true",
+        help="do not pull hub models first: models complete in the cache still start from it, "
+        "the others are left to vLLM (docs/pull.md)",
+    )
+    p.add_argument(
         "--all-at-once",
         action="store_true",
         help="restart every changed instance together instead of in rolling waves "
@@ -98,8 +110,11 @@ def _up(args: argparse.Namespace) -> int:
         raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", BAD_INPUT)
     toml = compiled.text
 
+    pull = not getattr(args, "no_pull", False)
     with client_for_cli() as client:
-        dry = client.apply(toml, str(path), dry_run=True, all_at_once=args.all_at_once)
+        dry = client.apply(
+            toml, str(path), dry_run=True, all_at_once=args.all_at_once, **_pull_kw(pull)
+        )
         if dry.get("errors"):
             # The daemon checks against this node (GPU count) and what runs now.
             print_diagnostics(dry["errors"])
@@ -113,7 +128,7 @@ def _up(args: argparse.Namespace) -> int:
         interrupts = interrupted(dry["plan"], serving)
         if interrupts and not args.yes:
             confirm(interrupts)
-        answer = client.apply(toml, str(path), all_at_once=args.all_at_once)
+        answer = client.apply(toml, str(path), all_at_once=args.all_at_once, **_pull_kw(pull))
         if answer.get("errors"):
             print_diagnostics(answer["errors"])
             raise CommandFailed("vsup up: the daemon refused the layout", BAD_INPUT)
@@ -122,6 +137,11 @@ def _up(args: argparse.Namespace) -> int:
             if w not in dry.get("warnings", ()) and w not in warnings:
                 print_diagnostics([w])
         code = 0
+        if plan.get("pull"):
+            # the daemon applies the layout once its pulls are done (control/pulls.py)
+            code = follow_pulls(client, plan["pull"], args)
+            if code != 0:
+                return code
         if plan.get("rolling"):
             print(
                 f"rolling restart of {len(plan['rolling'])} serving instance(s) under way"
@@ -141,6 +161,92 @@ def _up(args: argparse.Namespace) -> int:
     return open_dashboard() or code
 
 
+def _pull_kw(pull: bool) -> dict[str, bool]:
+    """`Client.apply`'s pull keyword, only when it is not the default (older test clients)."""
+    return {} if pull else {"pull": False}
+
+
+def follow_pulls(
+    client: Any,
+    pulls: list[dict[str, Any]],
+    args: argparse.Namespace,
+    interval: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Show the daemon's pulls until they end (a bar on a terminal, lines on a pipe): 0 when
+    all are done, 1 when one failed or --timeout passed. `--detach` without `--wait` only says
+    that they run. Ctrl-C stops watching; the pulls go on in the daemon."""
+    from vsup.commands.pull import PullDisplay
+
+    labels = [
+        p["model"] + (f"@{p['revision']}" if p.get("revision") != "main" else "") for p in pulls
+    ]
+    if args.detach and not args.wait:
+        print(
+            f"pulling {', '.join(labels)} in the daemon; the instances start when it is done "
+            "(`vsup status` shows the progress)"
+        )
+        return OK
+    models = {p["model"] for p in pulls}
+    displays: dict[str, PullDisplay] = {}
+    deadline = clock() + args.timeout
+    try:
+        while True:
+            mine = [p for p in client.status().get("pulls") or () if p["model"] in models]
+            for p in mine:
+                label = p["model"] + f" for {', '.join(p.get('instances') or ())}"
+                display = displays.setdefault(p["model"], PullDisplay(label))
+                display.update(p)
+            if mine and all(p["state"] != PullState.PULLING for p in mine):
+                break
+            if clock() >= deadline:
+                print(f"vsup up: the pull did not end within {args.timeout:.0f} s", file=sys.stderr)
+                return FAILED
+            sleep(interval)
+    except KeyboardInterrupt:
+        print(
+            "\nvsup up: stopped watching; the pull goes on in the daemon and the instances start "
+            "when it is done (`vsup status`, the dashboard)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    finally:
+        for d in displays.values():
+            d.stop()
+    code = OK
+    for p in mine:
+        if p["state"] == PullState.DONE:
+            print(f"pulled {p['model']} ({p.get('snapshot')})")
+            _until_applied(client, p.get("instances") or (), clock, sleep)
+        else:
+            why = p.get("message") or p.get("reason") or p["state"]
+            print(
+                f"vsup up: the pull of {p['model']} failed ({p.get('reason')}): {why}; "
+                f"{', '.join(p.get('instances') or ())} not started (`vsup up` again retries it)",
+                file=sys.stderr,
+            )
+            code = FAILED
+    return code
+
+
+def _until_applied(
+    client: Any,
+    names: Any,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    limit_s: float = 10.0,
+) -> None:
+    """After a pull: until the daemon has applied the layout (its instances left `stopped`),
+    so that what `--wait` reads next is the apply's, not the state before it."""
+    end = clock() + limit_s
+    while clock() < end:
+        states = {i["name"]: i["state"] for i in client.status().get("instances", ())}
+        if all(states.get(n) != "stopped" for n in names):
+            return
+        sleep(0.2)
+
+
 def wait_router(client: Any, timeout: float) -> int:
     """`--wait` with a router: until it serves every ready member (1 when it does not in
     `timeout` seconds)."""
@@ -152,10 +258,10 @@ def wait_router(client: Any, timeout: float) -> int:
         if router is None:
             return 0
         members = [w for w in router.get("workers", ()) if w.get("wanted")]
-        if router.get("state") == "ready" and all(w.get("in_router") for w in members):
+        if router.get("state") == State.READY and all(w.get("in_router") for w in members):
             print(router_line(router))
             return 0
-        if router.get("state") == "failed" or time.monotonic() > deadline:
+        if router.get("state") == State.FAILED or time.monotonic() > deadline:
             print(f"vsup up: the router does not serve: {router_line(router)}", file=sys.stderr)
             return 1
         time.sleep(0.5)
@@ -194,10 +300,10 @@ def confirm(names: list[str]) -> None:
 def describe_rollout(r: dict[str, Any]) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)'."""
     head = f"rollout wave {r['wave']}/{r['waves']}"
-    if r["state"] == "running":
+    if r["state"] == RolloutState.RUNNING:
         doing = f"restarting {', '.join(r['current'])}" if r["current"] else "waiting"
         return f"{head}: {doing} ({r['done']}/{r['total']} done)"
-    if r["state"] == "failed":
+    if r["state"] == RolloutState.FAILED:
         return f"rollout failed: {r['failure']}"
     return f"rollout {r['state']} ({r['done']}/{r['total']} restarted)"
 
@@ -221,8 +327,8 @@ def follow_rollout(
         if line != shown:
             print(line, flush=True)
             shown = line
-        if r["state"] != "running":
-            return 1 if r["state"] == "failed" else 0
+        if r["state"] != RolloutState.RUNNING:
+            return 1 if r["state"] == RolloutState.FAILED else 0
         if clock() >= deadline:
             print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
             return 1
@@ -249,6 +355,12 @@ def print_plan(plan: dict, serving: set[str] | None = None) -> None:
 
     if not any(plan.get(k) for k in ("start", "restart", "stop", "update", "unchanged")):
         print("the layout has no instances")
+    for p in plan.get("pull") or ():
+        rev = "" if p.get("revision") in (None, "main") else f"@{p['revision']}"
+        print(
+            f"pull first: {p['model']}{rev} into {p['cache_dir']} "
+            f"(for {', '.join(p.get('instances') or ())}; nothing starts until it is there)"
+        )
     if plan.get("start"):
         print(f"start: {names('start')}")
     if plan.get("restart"):

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vsup.router import ForeignWorker
 from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
+from vsup.states import PullState, State
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -28,6 +30,7 @@ CUDA_CONTEXT_BYTES = 1 * GiB
 # above), and with TP > 1 the NCCL and custom all-reduce buffers on top.
 DEFAULT_ALLOWANCE_TP1 = int(1.5 * GiB)
 DEFAULT_ALLOWANCE_TP = int(2.5 * GiB)
+FOREIGN_WORKERS_SHOWN = 5  # foreign router workers a message names
 CRASH_LOOP_EXITS = 3  # failures within the window that make a crash loop
 CRASH_WINDOW_S = 600.0
 
@@ -39,6 +42,8 @@ class AdviceInputs:
     recent_failures: Mapping[str, int]  # instance -> failed exits in the crash window
     problems: tuple[Advice, ...] = ()  # the daemon's own (e.g. a corrupt state file)
     kv_peak: Mapping[str, float | None] = field(default_factory=dict)  # max KV usage, last minute
+    # workers someone else added to the router and vsup removed, recently (engine/routing.py)
+    foreign_workers: tuple[ForeignWorker, ...] = ()
 
 
 def compute_advice(
@@ -52,11 +57,38 @@ def compute_advice(
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
         out += stalled(inst)
+    out += pull_failed(instances)
     for gpu in gpus:
         out += foreign_processes(gpu)
         out += gpu_health(gpu, instances)
+    out += router_foreign_workers(inputs.foreign_workers)
     order = {"critical": 0, "warning": 1, "info": 2}
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
+
+
+def pull_failed(instances: Iterable[InstanceStatus]) -> list[Advice]:
+    """A hub model's pull failed (control/pulls.py): its instances did not start. One piece
+    of advice per pull, naming them (eight replicas of one model are one problem)."""
+    out: list[Advice] = []
+    seen: set[tuple[str, str]] = set()
+    for inst in instances:
+        p = inst.pull
+        if p is None or p.state != PullState.FAILED or (p.model, p.revision) in seen:
+            continue
+        seen.add((p.model, p.revision))
+        names = ", ".join(p.instances) or inst.name
+        out.append(
+            Advice(
+                kind="pull_failed",
+                severity="critical",
+                message=(
+                    f"{names}: not started: the pull of {p.model} failed ({p.reason}): "
+                    f"{p.message}; fix that, then `vsup up` again (it retries the pull)"
+                ),
+                instance=inst.name if len(p.instances) <= 1 else None,
+            )
+        )
+    return out
 
 
 def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Advice]:
@@ -183,7 +215,7 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
     excerpt = ""
     if inst.last_exit and inst.last_exit.log_excerpt:
         excerpt = f" Last log: {inst.last_exit.log_excerpt.strip().splitlines()[-1][:200]}"
-    if inst.state == "failed":
+    if inst.state == State.FAILED:
         if inst.failed_why:
             says_what_to_do = "vsup start" in inst.failed_why or "vsup restart" in inst.failed_why
             hint = "" if says_what_to_do else f" Fix the cause, then `vsup restart {inst.name}`."
@@ -303,6 +335,37 @@ def foreign_processes(gpu: GpuStatus) -> list[Advice]:
             )
         )
     return out
+
+
+def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:
+    """Someone added a worker of their own to the router (its worker API has no
+    authentication): vsup removed it, but requests may have gone there meanwhile, and whoever
+    did it can do it again. Critical: traffic was steered to a server nobody vetted. One advice
+    for all of them (one incident to alert)."""
+    workers = list(workers)
+    if not workers:
+        return []
+    first = workers[0]
+    seen = "; ".join(
+        f"{w.url} (first at {w.first_seen}, removed "
+        + ("once" if w.removals == 1 else f"{w.removals} times, last at {w.last_seen}")
+        + ")"
+        for w in workers[:FOREIGN_WORKERS_SHOWN]
+    )
+    if len(workers) > FOREIGN_WORKERS_SHOWN:
+        seen += f"; and {len(workers) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
+    return [
+        Advice(
+            kind="router_foreign_worker",
+            severity="critical",
+            message=(
+                f"the router on {first.router_host}:{first.router_port} was given workers vsup "
+                f"did not add, and vsup removed them: {seen}. Anyone who reaches the router's "
+                "port can do this (vllm-router's /add_worker has no authentication): find who "
+                "sent it, and keep [router] host on 127.0.0.1 or firewall the port."
+            ),
+        )
+    ]
 
 
 # Hardware XIDs after which the GPU goes on working: a row remap recorded (63), a rising rate

@@ -14,10 +14,22 @@ resolved = true
 An incident is one advice key (advice kind, instance, GPU). It is sent when it appears (unless the
 same key was sent less than `min_interval_s` ago: then when that interval has passed, if it is
 still there) and again when its severity rises; while it lasts nothing more is sent; once it has
-been absent for `resolve_after_s`, "resolved" is sent. `observe()` runs on the daemon's loop and
-only queues; one worker task delivers, and a failed delivery is logged and retried later
-(`retry_delays_s`) in its own task, so neither a slow receiver nor a failing one holds up
-supervision or the alerts behind it.
+been absent for `resolve_after_s`, "resolved" is sent.
+
+Delivery: `observe()` runs on the daemon's loop and only queues. Each target (the webhook, the
+command) has a queue and a worker of its own, so a target that hangs (a command that sleeps
+until its `COMMAND_TIMEOUT_S`, a webhook that never answers) delays only its own alerts. A
+failed delivery is logged and put back in its target's queue after `retry_delays_s`. A target
+more than `QUEUE_MAX` alerts behind drops its oldest waiting one, logged with its text (and
+counted in `dropped`): the others keep arriving in time.
+
+The command runs with a clean environment: PATH, HOME, LANG/LC_*, TZ, USER, LOGNAME and the
+alert's own `VSUP_ALERT_*` variables; never the daemon's secrets (the API key's variable,
+HF_TOKEN, the webhook URL's variable). A command that needs a credential reads it itself.
+
+What was sent survives a daemon restart: the open incidents and when each key was last sent
+are kept in `state_path` (`$VSUP_HOME/alerts.json`), so a new daemon does not page again for an
+incident already paged (it still sends "resolved" when the incident clears).
 """
 
 from __future__ import annotations
@@ -30,11 +42,13 @@ import os
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from vsup.clock import Clock, iso_utc
+from vsup.fsutil import write_atomic
 from vsup.layout.alertconfig import AlertConfig
 from vsup.layout.schema import SEVERITIES
 from vsup.snapshot import Advice
@@ -45,17 +59,24 @@ log = logging.getLogger(__name__)
 ADVICE_KINDS = {
     "crash_loop": "crash_loop",
     "failed": "failed",
+    "pull_failed": "failed",  # instances a failed pull kept from starting
     "kv_exhausted": "preempting",
     "gpu_ecc": "gpu_health",
     "gpu_memory": "gpu_health",
     "gpu_xid": "gpu_health",
     "gpu_throttle": "gpu_health",
     "stalled": "stalled",
+    "router_foreign_worker": "router_foreign_worker",
 }
+RESOLVED = "resolved"  # an alert's `state` once its advice has been clear for resolve_after_s
 RETRY_DELAYS_S = (10.0, 60.0, 300.0)
-QUEUE_MAX = 256  # alerts waiting for delivery; beyond it the oldest are dropped (and logged)
+QUEUE_MAX = 256  # alerts waiting for one target; beyond it its oldest is dropped (and logged)
 COMMAND_TIMEOUT_S = 30.0
 WEBHOOK_TIMEOUT_S = 10.0
+# What the alert command inherits of the daemon's environment (LC_* too): enough to run a
+# program and format text, nothing that could be a credential.
+COMMAND_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME")
+STATE_VERSION = 1
 
 
 @dataclass
@@ -78,6 +99,21 @@ class Delivery:
         return self.payload["text"]
 
 
+class _Lane:
+    """One target's queue and worker: a slow or hung target holds up only its own alerts."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.worker: asyncio.Task | None = None
+        self.busy = False
+        self.retries: set[asyncio.Task] = set()
+
+    @property
+    def idle(self) -> bool:
+        return self.queue.empty() and not self.busy and not self.retries
+
+
 class Alerts:
     """Turns advice into alert deliveries. Create it on the daemon's loop, `start()` it, feed it
     each snapshot's advice with `observe()`, `configure()` it on every apply."""
@@ -91,6 +127,7 @@ class Alerts:
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
+        state_path: Path | None = None,
     ) -> None:
         self.clock = clock
         self.node = node
@@ -98,18 +135,21 @@ class Alerts:
         self.retry_delays_s = retry_delays_s
         self.command_timeout_s = command_timeout_s
         self.webhook_timeout_s = webhook_timeout_s
+        self.state_path = Path(state_path) if state_path is not None else None
         self.config: AlertConfig | None = None
         self._incidents: dict[tuple, _Incident] = {}
         self._last_sent: dict[tuple, float] = {}
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
-        self._worker: asyncio.Task | None = None
-        self._retries: set[asyncio.Task] = set()
+        self._lanes: dict[str, _Lane] = {}
+        self._started = False
+        self._persist: asyncio.Task | None = None
+        self._dirty = asyncio.Event()
         self._http: httpx.AsyncClient | None = None
         self.delivered = 0
         self.failed = 0  # failed attempts (each retry counts)
-        self._busy = False
+        self.dropped = 0  # alerts a target's full queue dropped
         self.idle = asyncio.Event()  # set when nothing is queued, being sent or waiting a retry
         self.idle.set()
+        self._load()
 
     # ------------------------------------------------------------------ config and input
 
@@ -120,6 +160,7 @@ class Alerts:
         for key, inc in list(self._incidents.items()):
             if config is None or inc.alert_kind not in config.kinds:
                 del self._incidents[key]
+                self._dirty.set()
 
     def observe(self, advice: Iterable[Advice]) -> None:
         """One poll's advice: send what appeared, escalated or cleared. Never blocks."""
@@ -149,13 +190,20 @@ class Alerts:
             if due or escalated:
                 inc.sent_severity = a.severity
                 self._last_sent[key] = now
+                self._dirty.set()
                 self._send("firing", alert_kind, a)
         for key, inc in list(self._incidents.items()):
             if key in seen or now - inc.last_seen < cfg.resolve_after_s:
                 continue
             del self._incidents[key]
-            if inc.sent_severity is not None and cfg.resolved:
-                self._send("resolved", inc.alert_kind, inc.advice)
+            if inc.sent_severity is not None:
+                self._dirty.set()
+                if cfg.resolved:
+                    self._send("resolved", inc.alert_kind, inc.advice)
+        # a key sent longer ago than the interval no longer holds anything back
+        for key, t in list(self._last_sent.items()):
+            if now - t >= cfg.min_interval_s and key not in self._incidents:
+                del self._last_sent[key]
 
     def notify(self, alert_kind: str, message: str, severity: str = "warning") -> None:
         """A one-off alert (e.g. `daemon_restarted`): sent when its kind is chosen."""
@@ -167,7 +215,7 @@ class Alerts:
         )
 
     def _send(self, state: str, alert_kind: str, advice: Advice) -> None:
-        head = "RESOLVED" if state == "resolved" else advice.severity.upper()
+        head = "RESOLVED" if state == RESOLVED else advice.severity.upper()
         payload = {
             "text": f"[vsup {self.node}] {head} {alert_kind}: {advice.message}",
             "state": state,
@@ -180,45 +228,76 @@ class Alerts:
             "node": self.node,
             "at": iso_utc(self.clock.wall()),
         }
-        if self._queue.qsize() >= QUEUE_MAX:
-            dropped = self._queue.get_nowait()
-            log.error("alerts: queue full, dropped: %s", dropped.text)
+        for target in self._targets():
+            self._enqueue(self._lane(target), Delivery(payload))
+
+    def _enqueue(self, lane: _Lane, item: Delivery) -> None:
+        if lane.queue.qsize() >= QUEUE_MAX:
+            dropped = lane.queue.get_nowait()
+            self.dropped += 1
+            log.error("alerts: %s is %d alerts behind; dropped: %s", lane.target, QUEUE_MAX,
+                      dropped.text)  # fmt: skip
         self.idle.clear()
-        self._queue.put_nowait(Delivery(payload))
+        lane.queue.put_nowait(item)
+
+    def _lane(self, target: str) -> _Lane:
+        lane = self._lanes.get(target)
+        if lane is None:
+            lane = self._lanes[target] = _Lane(target)
+            if self._started:
+                self._start_lane(lane)
+        return lane
 
     # ------------------------------------------------------------------ delivery
 
     async def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._deliver_loop(), name="alerts")
+        self._started = True
+        for lane in self._lanes.values():
+            self._start_lane(lane)
+        if self._persist is None and self.state_path is not None:
+            self._persist = asyncio.create_task(self._persist_loop(), name="alerts state")
+
+    def _start_lane(self, lane: _Lane) -> None:
+        if lane.worker is None:
+            lane.worker = asyncio.create_task(
+                self._deliver_loop(lane), name=f"alerts {lane.target}"
+            )
 
     async def aclose(self) -> None:
-        """Stop delivering (what is still queued or waiting for a retry is dropped)."""
-        tasks = [t for t in (self._worker, *self._retries) if t is not None]
+        """Stop delivering (what is still queued or waiting for a retry is dropped); what was
+        sent is written to the state file first."""
+        tasks = [t for lane in self._lanes.values() for t in (lane.worker, *lane.retries) if t]
+        if self._persist is not None:
+            tasks.append(self._persist)
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._worker = None
+        for lane in self._lanes.values():
+            lane.worker = None
+        self._persist = None
+        self._started = False
+        if self._dirty.is_set():
+            await asyncio.to_thread(self._save, self._state_doc())
         if self._http is not None:
             await self._http.aclose()
             self._http = None
 
-    async def _deliver_loop(self) -> None:
+    async def _deliver_loop(self, lane: _Lane) -> None:
         while True:
-            item = await self._queue.get()
-            self._busy = True
+            item = await lane.queue.get()
+            lane.busy = True
             try:
-                await self._deliver(item, self._targets())
+                await self._deliver(item, lane)
             except Exception:  # a bug here must not end alerting
-                log.exception("alerts: delivering %r failed", item.text)
+                log.exception("alerts: delivering %r to %s failed", item.text, lane.target)
             finally:
-                self._busy = False
+                lane.busy = False
             self._check_idle()
 
     def _check_idle(self) -> None:
-        if self._queue.empty() and not self._retries and not self._busy:
+        if all(lane.idle for lane in self._lanes.values()):
             self.idle.set()
 
     def _targets(self) -> list[str]:
@@ -227,24 +306,27 @@ class Alerts:
             return []
         return [t for t, on in (("webhook", cfg.webhook_env), ("command", cfg.command)) if on]
 
-    async def _deliver(self, item: Delivery, targets: list[str]) -> None:
-        for target in targets:
-            try:
-                if target == "webhook":
-                    await self._post(item)
-                else:
-                    await self._run(item)
-            except _Permanent as exc:
-                self.failed += 1
-                log.error("alerts: %s not sent (%s): %s", target, exc, item.text)
-                continue
-            except Exception as exc:
-                self.failed += 1
-                self._retry(item, target, f"{type(exc).__name__}: {exc}")
-                continue
-            self.delivered += 1
+    async def _deliver(self, item: Delivery, lane: _Lane) -> None:
+        target = lane.target
+        if target not in self._targets():
+            return  # the layout no longer names this target
+        try:
+            if target == "webhook":
+                await self._post(item)
+            else:
+                await self._run(item)
+        except _Permanent as exc:
+            self.failed += 1
+            log.error("alerts: %s not sent (%s): %s", target, exc, item.text)
+            return
+        except Exception as exc:
+            self.failed += 1
+            self._retry(item, lane, f"{type(exc).__name__}: {exc}")
+            return
+        self.delivered += 1
 
-    def _retry(self, item: Delivery, target: str, why: str) -> None:
+    def _retry(self, item: Delivery, lane: _Lane, why: str) -> None:
+        target = lane.target
         attempt = item.attempts.get(target, 0)
         item.attempts[target] = attempt + 1
         if attempt >= len(self.retry_delays_s):
@@ -256,13 +338,13 @@ class Alerts:
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            await self._deliver(item, [target])
+            self._enqueue(lane, item)  # behind what came meanwhile: one delivery at a time
 
         task = asyncio.create_task(later(), name=f"alert retry {target}")
-        self._retries.add(task)
+        lane.retries.add(task)
 
         def done(t: asyncio.Task) -> None:
-            self._retries.discard(t)
+            lane.retries.discard(t)
             self._check_idle()
 
         task.add_done_callback(done)
@@ -283,21 +365,33 @@ class Alerts:
         if resp.status_code >= 300:
             raise RuntimeError(f"HTTP {resp.status_code} {resp.text[:200]!r}")
 
+    def command_env(self, item: Delivery) -> dict[str, str]:
+        """The alert command's environment: COMMAND_ENV (and LC_*) of the daemon's, and the
+        alert as `VSUP_ALERT_*` variables. Nothing else: the daemon's environment holds the
+        API key, HF_TOKEN and the webhook URL."""
+        base = self._env if self._env is not None else os.environ
+        env = {k: v for k, v in base.items() if k in COMMAND_ENV or k.startswith("LC_")}
+        env.setdefault("PATH", os.defpath)
+        env.update(
+            {
+                f"VSUP_ALERT_{k.upper()}": "" if v is None else str(v)
+                for k, v in item.payload.items()
+                if k != "text"
+            }
+        )
+        env["VSUP_ALERT_TEXT"] = item.text
+        return env
+
     async def _run(self, item: Delivery) -> None:
         cfg = self.config
         assert cfg is not None and cfg.command
-        extra = {
-            f"VSUP_ALERT_{k.upper()}": "" if v is None else str(v)
-            for k, v in item.payload.items()
-            if k != "text"
-        }
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cfg.command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, **extra, "VSUP_ALERT_TEXT": item.text},
+                env=self.command_env(item),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -320,6 +414,92 @@ class Alerts:
         if proc.returncode:
             tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise RuntimeError(f"{cfg.command[0]} exited {proc.returncode}: {tail[0][:200]}")
+
+    # ------------------------------------------------------------------ what was sent
+
+    def _state_doc(self) -> dict[str, Any]:
+        """Open incidents already sent and when each key was last sent, in wall-clock time."""
+        now_m, now_w = self.clock.monotonic(), self.clock.wall()
+        incidents = []
+        for (kind, instance, gpu), inc in self._incidents.items():
+            if inc.sent_severity is None:
+                continue
+            a = inc.advice
+            incidents.append(
+                {
+                    "kind": kind,
+                    "instance": instance,
+                    "gpu": gpu,
+                    "alert_kind": inc.alert_kind,
+                    "sent_severity": inc.sent_severity,
+                    "severity": a.severity,
+                    "message": a.message,
+                }
+            )
+        last = [
+            {"key": list(key), "at": round(now_w - (now_m - t), 3)}
+            for key, t in self._last_sent.items()
+        ]
+        return {"version": STATE_VERSION, "incidents": incidents, "last_sent": last}
+
+    def _save(self, doc: dict[str, Any]) -> bool:
+        if self.state_path is None:
+            return True
+        try:
+            write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n", mode=0o600)
+        except OSError as exc:
+            log.error("alerts: cannot write %s (%s); retried at the next change", self.state_path,
+                      exc.strerror or exc)  # fmt: skip
+            return False
+        return True
+
+    async def _persist_loop(self) -> None:
+        """Write the state file after each change (at most twice a second, in a thread)."""
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            if not await asyncio.to_thread(self._save, self._state_doc()):
+                self._dirty.set()
+                await asyncio.sleep(5.0)
+            await asyncio.sleep(0.5)
+
+    def _load(self) -> None:
+        """Take back what a previous daemon sent (a missing or unreadable file: nothing)."""
+        if self.state_path is None:
+            return
+        try:
+            doc = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("alerts: ignoring %s (%s): open incidents may be sent again",
+                        self.state_path, exc)  # fmt: skip
+            return
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            return
+        now_m, now_w = self.clock.monotonic(), self.clock.wall()
+        for rec in doc.get("incidents") or ():
+            try:
+                key = (str(rec["kind"]), rec["instance"], rec["gpu"])
+                advice = Advice(
+                    kind=key[0],
+                    severity=str(rec["severity"]),
+                    message=str(rec["message"]),
+                    instance=key[1],
+                    gpu=key[2],
+                )
+                self._incidents[key] = _Incident(
+                    advice, str(rec["alert_kind"]), now_m, str(rec["sent_severity"])
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+        for rec in doc.get("last_sent") or ():
+            try:
+                kind, instance, gpu = rec["key"]
+                ago = max(0.0, now_w - float(rec["at"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._last_sent[(kind, instance, gpu)] = now_m - ago
 
 
 class _Permanent(Exception):

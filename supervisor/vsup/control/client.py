@@ -186,11 +186,18 @@ class Client:
         return self._call("GET", "/v1/layout")
 
     def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
         if all_at_once:
             body["all_at_once"] = True  # restart serving instances together, not in waves
+        if not pull:
+            body["pull"] = False  # hub models not complete in the cache go to vLLM as written
         return self._call("POST", "/v1/apply", json=body)
 
     def action(
@@ -349,7 +356,10 @@ def spawn_daemon(home: Path) -> subprocess.Popen:
     env["VSUP_HOME"] = str(home)
     # The daemon is this interpreter with the installed `vsup` package (`daemon_command`), started
     # in VSUP_HOME: nothing depends on the client's working directory.
-    log = open(home / "daemon.log", "ab")
+    # 0600: VSUP_HOME keeps the mode it was found with (a home directory may be 0755)
+    log = os.fdopen(
+        os.open(home / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab"
+    )
     try:
         return subprocess.Popen(
             daemon_command(),

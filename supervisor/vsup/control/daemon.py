@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.lock import acquire_lock, daemon_lock_holder
 from vsup.control.monitor import Monitor, Target
+from vsup.control.pulls import Pulls
 from vsup.control.restore import restore
 from vsup.control.server import ServedApp, bind_unix_socket
 from vsup.control.service import DaemonService
@@ -58,17 +61,20 @@ from vsup.control.state import (
     StateFile,
     spec_to_dict,
 )
-from vsup.engine import Engine
+from vsup.engine import Engine, EngineSettings, Instance
 from vsup.layout.compiled import CompiledLayout
 from vsup.layout.listen import format_listen
 from vsup.layout.node import NodeFacts
+from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
     NodeInfo,
+    RolloutStatus,
     StatusSnapshot,
     SupervisorInfo,
     empty_instance,
 )
+from vsup.states import SERVING, ExitReason, RolloutState, State
 from vsup.telemetry.gpu import node_facts
 
 log = logging.getLogger("vsup.daemon")
@@ -105,7 +111,7 @@ class Daemon:
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         gpu_probe: Any = None,
-        engine_options: dict[str, Any] | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> None:
         self.home = Path(home)
         self.clock = clock or SystemClock()
@@ -115,7 +121,9 @@ class Daemon:
         self.journal = Journal(paths.journal_path(self.home), clock_wall=self.clock.wall)
         self.logs_dir = paths.logs_dir(self.home)
         self.monitor = Monitor(self.clock, poll_interval, probe=gpu_probe)
-        self.bench = BenchProgressBoard(self.clock)
+        self.bench = BenchProgressBoard(
+            self.clock, home=self.home, running_layout=lambda: self.layout_toml
+        )
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
@@ -123,6 +131,8 @@ class Daemon:
         # from the state file no longer compiles: then layout_toml still says what it was)
         self.layout: CompiledLayout | None = None
         self.metrics_listen: tuple[str, int] | None = None
+        # the running layout's specs by name: what each instance should run (`outdated`)
+        self.layout_specs: Mapping[str, InstanceSpec] | None = None
         self.problems: list[Advice] = []
         self.state_write_error: str | None = None
         self.node = NodeInfo(
@@ -131,7 +141,11 @@ class Daemon:
         self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
         self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
+        # The latest snapshot: built by each poll, and again for a status request only when
+        # something changed since (`_snapshot_dirty`: an engine event, an apply, a problem).
         self._snapshot: StatusSnapshot | None = None
+        self._snapshot_dirty = True
+        self._bench_seen = 0  # the bench board's version the snapshot shows
         self._stopping = asyncio.Event()
         self.shutting_down = False
         self._state_dirty = asyncio.Event()
@@ -139,17 +153,23 @@ class Daemon:
         self._api: ServedApp | None = None
         self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Prometheus reads the poll's snapshot, never building one (export.py caches it)
         self.metrics = MetricsListener(lambda: self._snapshot)
-        self.alerts = Alerts(self.clock, self.node.hostname)
+        self.alerts = Alerts(
+            self.clock, self.node.hostname, state_path=paths.alerts_state_path(self.home)
+        )
         self.engine = Engine(
             self.clock,
             self.logs_dir,
             on_event=self._on_event,
+            settings=engine_settings,
             gpu_release_check=self.monitor.gpu_released,
             requests_running=self._requests_running,
-            **{"gpu_memory": self.monitor.gpu_memory, **(engine_options or {})},
+            gpu_memory=self.monitor.gpu_memory,
         )
         self.service = DaemonService(self)
+        # hub models pulled before their instances start (control/pulls.py)
+        self.pulls = Pulls(self.home, self.clock, self.journal.append, self.spawn)
         self.stalls = StallActions(self.journal.append, self.engine)
         # a ready instance the latest snapshot flags `stalled` gets no request from the router
         self.engine.router.exclude = self._stalled
@@ -158,6 +178,7 @@ class Daemon:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         """Engine events: journal them, keep the state file current, count failures."""
+        self._snapshot_dirty = True
         doc = dict(event)
         kind = doc.pop("kind", "event")
         name = doc.pop("instance", None)
@@ -168,7 +189,7 @@ class Daemon:
         if kind == "spawn" and inst is not None:
             # What journal replay needs to adopt this process if the state file is lost.
             doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
-        if kind == "exit" and name and doc.get("reason") not in ("stopped", None):
+        if kind == "exit" and name and doc.get("reason") not in (ExitReason.STOPPED, None):
             self.note_failure(name)
         self.journal.append(kind, name, **doc)
         if kind in LOGGED_EVENTS:
@@ -237,6 +258,7 @@ class Daemon:
             for t in (poller, writer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            await self.pulls.shutdown()
             # Write the state before the engine lets go of its processes: the next daemon
             # adopts from it.
             self._write_state()
@@ -307,10 +329,18 @@ class Daemon:
         self.journal.append("problem", None, problem=kind, message=message)
         self.problems = [p for p in self.problems if p.message != message]
         self.problems.append(problem(kind, message))
+        self._snapshot_dirty = True
 
     def state_changed(self) -> None:
         """Something the state file holds changed: it is written shortly (`_state_writer`)."""
         self._state_dirty.set()
+        self._snapshot_dirty = True
+
+    def set_layout_specs(self, specs: Iterable[InstanceSpec] | None) -> None:
+        """The running layout's specs (an apply, a restore): what each instance should run.
+        Status compares them with what runs (`outdated`)."""
+        self.layout_specs = None if specs is None else {s.name: s for s in specs}
+        self._snapshot_dirty = True
 
     def note_failure(self, name: str) -> None:
         """A failed exit of `name`, counted towards crash-loop advice."""
@@ -338,6 +368,7 @@ class Daemon:
         """`vsup down` after its answer: stop every instance (unless told not to), then end
         the daemon."""
         try:
+            await self.pulls.shutdown("vsup down")
             if stop_instances:
                 async with self.apply_lock:
                     # the router first: it would send requests to instances on their way out
@@ -380,6 +411,7 @@ class Daemon:
             daemon_pid=os.getpid(),
             journal_seq=self.journal.next_seq,
             router=self.engine.router.adopt_record(),
+            rollout=self.engine.rollout.to_record() if self.engine.rollout is not None else None,
         )
 
     def _write_state(self, doc: DaemonState | None = None) -> bool:
@@ -465,7 +497,7 @@ class Daemon:
                     pid=inst.pid,
                     pgid=inst.pgid,
                     gpus=tuple(inst.spec.gpus),
-                    live=inst.state in ("ready", "unhealthy") and inst.pid is not None,
+                    live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=inst.spec.arg("attention-backend"),
                 )
@@ -473,7 +505,8 @@ class Daemon:
         return out
 
     async def poll_once(self) -> StatusSnapshot:
-        """One poll: telemetry of every instance, GPUs, then a snapshot with advice."""
+        """One poll: telemetry of every instance, GPUs, then a snapshot with advice (the one
+        status requests get until something changes)."""
         self._check_writes()
         await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
         self.poll_count += 1
@@ -489,15 +522,26 @@ class Daemon:
 
     # ----------------------------------------------------------------- snapshot
 
+    def snapshot(self) -> StatusSnapshot:
+        """The snapshot to serve: the latest one, rebuilt only when something changed since
+        it was built (each poll builds one anyway). 128 instances cost ~20 ms a build: eight
+        dashboards polling each second would otherwise take a quarter of a core."""
+        if self._snapshot is None or self._snapshot_dirty or self._bench_seen != self.bench.version:
+            return self.build_snapshot()
+        return self._snapshot
+
     def build_snapshot(self) -> StatusSnapshot:
         """The current snapshot: the engine's states now, telemetry as of the last poll."""
+        self._snapshot_dirty = False
+        self._bench_seen = self.bench.version
         now_m = self.clock.monotonic()
         gpus = self.monitor.gpus
         gpu_total = {g.index: g.hbm_total_bytes for g in gpus}
         instances = []
+        outdated: set[str] = set()
         for name, inst in self.engine.instances.items():
             spec = inst.spec
-            live = inst.state in ("ready", "unhealthy") and inst.pid is not None
+            live = inst.state in SERVING and inst.pid is not None
             planned = None
             if spec.gpu_memory_utilization is not None and spec.gpus:
                 totals = [gpu_total.get(g) for g in spec.gpus]
@@ -505,15 +549,21 @@ class Daemon:
                     planned = int(
                         spec.gpu_memory_utilization * sum(t for t in totals if t is not None)
                     )
+            drift = self._drift(inst)
+            if drift:
+                outdated.add(name)
             fields = {
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 **self.monitor.stall_fields(
-                    name, inst.state == "ready" and inst.pid is not None, spec.stall_after_s
+                    name, inst.state == State.READY and inst.pid is not None, spec.stall_after_s
                 ),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
+                "outdated": None if drift is None else bool(drift),
+                "outdated_fields": drift or (),
                 **parallel_fields(inst, gpus),
+                "pull": self.pulls.for_instance(name),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone
@@ -523,9 +573,17 @@ class Daemon:
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
             },
-            problems=tuple(self.problems),
+            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
+            foreign_workers=self.engine.router.foreign_recent(),
         )
+        rollout_status = None
+        advice = compute_advice(instances, gpus, inputs)
+        if self.engine.rollout is not None:
+            rollout_status = self.engine.rollout.status(
+                outdated if self.layout_specs is not None else None
+            )
+            advice = (*advice, *rollout_advice(rollout_status))
         snap = StatusSnapshot(
             supervisor=SupervisorInfo(
                 pid=os.getpid(),
@@ -537,14 +595,52 @@ class Daemon:
             node=self.node,
             gpus=gpus,
             instances=tuple(instances),
-            advice=compute_advice(instances, gpus, inputs),
+            advice=advice,
             router=self.engine.router.status_json(self.node.hostname),
+            bench=self.bench.status(),
+            rollout=rollout_status,
+            pulls=self.pulls.statuses(),
         )
         self._snapshot = snap
         return snap
 
+    def _drift(self, inst: Instance) -> tuple[str, ...] | None:
+        """The spec fields in which what `inst` runs (or would start with) differs from the
+        running layout; None when there is no layout to compare with."""
+        want = self.layout_specs.get(inst.name) if self.layout_specs is not None else None
+        if want is None:
+            return None
+        have = inst.spec
+        if want.model_path is None and have.model_path is not None:
+            # the compiled layout names a hub model; its pull resolved it to a local snapshot
+            have = dataclasses.replace(have, model_path=None)
+        if have == want:
+            return ()
+        return tuple(
+            f.name
+            for f in dataclass_fields(InstanceSpec)
+            if getattr(have, f.name) != getattr(want, f.name)
+        )
+
 
 # --------------------------------------------------------------------------- helpers
+
+
+def rollout_advice(rollout: RolloutStatus) -> tuple[Advice, ...]:
+    """`rollout_interrupted` (warning): a daemon ended in the middle of a rolling apply and
+    instances still run their old spec, which `vsup up` of the layout restarts."""
+    if rollout.state != RolloutState.INTERRUPTED or not rollout.old_config:
+        return ()
+    names = ", ".join(rollout.old_config)
+    return (
+        Advice(
+            "rollout_interrupted",
+            "warning",
+            f"a rolling apply was interrupted at wave {rollout.wave}/{rollout.waves} (its "
+            f"daemon ended); {names} still run(s) the old spec - `vsup up` of the layout "
+            "finishes it",
+        ),
+    )
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -561,8 +657,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     """`vsup daemon`: take the lock, serve until stopped. 0 also when another daemon runs."""
+    # VSUP_HOME is as paths.vsup_home() made or found it: a directory vsup did not create (a
+    # home directory, say) keeps its mode; what must be private in it is private by itself
+    # (the socket 0600, state, journal and logs 0600/0700).
     home = Path(home) if home else paths.vsup_home()
-    os.chmod(home, 0o700)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -8,19 +8,22 @@ whole surface.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from vsup.clock import Clock
 from vsup.control.alerts import Alerts
 from vsup.control.benchprogress import BenchProgressBoard
 from vsup.control.export import MetricsListener
 from vsup.control.journal import Journal
 from vsup.control.monitor import Monitor
+from vsup.control.pulls import Pulls
 from vsup.control.state import StateFile
 from vsup.engine import Engine
 from vsup.layout.compiled import CompiledLayout
 from vsup.layout.node import NodeFacts
+from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import Advice, NodeInfo, StatusSnapshot
 
 
@@ -29,6 +32,7 @@ class DaemonHost(Protocol):
     implements it (daemon.py)."""
 
     home: Path
+    clock: Clock
     node: NodeInfo
     node_facts: NodeFacts  # the node's GPUs (its telemetry probe), that layouts compile against
     engine: Engine
@@ -38,6 +42,7 @@ class DaemonHost(Protocol):
     alerts: Alerts
     metrics: MetricsListener  # the Prometheus listener of `[layout] metrics_listen`
     bench: BenchProgressBoard  # the latest report of a `vsup bench` in progress
+    pulls: Pulls  # hub models pulled before their instances start
     # the running layout, as applied (None before the first apply)
     layout_path: str | None
     layout_toml: str | None
@@ -49,7 +54,15 @@ class DaemonHost(Protocol):
     apply_lock: asyncio.Lock  # one apply (compile to engine) or shutdown's stops at a time
 
     def build_snapshot(self) -> StatusSnapshot:
-        """The current status snapshot."""
+        """A new status snapshot, built now."""
+        ...
+
+    def snapshot(self) -> StatusSnapshot:
+        """The status snapshot to serve: the latest, rebuilt only when something changed."""
+        ...
+
+    def set_layout_specs(self, specs: Iterable[InstanceSpec] | None) -> None:
+        """The running layout's specs (what each instance should run; status `outdated`)."""
         ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:

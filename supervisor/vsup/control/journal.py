@@ -3,7 +3,8 @@
 One JSON object a line: spawns, readiness, exits with their reasons, restarts, adoptions and
 operator actions, each with a `seq` that keeps counting across daemon restarts (clients page
 through `/v1/events?since=N` with it). Lines are written with one `write` on an O_APPEND file,
-so a crash leaves at most a torn last line, which readers skip.
+so a crash leaves at most a torn last line, which readers skip (as they skip a line whose
+`seq` is not a number: an edited or foreign journal never makes `/v1/events` fail).
 
 Append-safe on a full disk: `append` never raises. A write that fails (ENOSPC, EIO) keeps the
 event in memory, queued in order; `write_error` says why, and every later `append` (and
@@ -129,7 +130,7 @@ class Journal:
         if recent and since >= recent[0]["seq"]:
             events = [e for e in recent if e["seq"] >= since][:limit]
         else:
-            events = [e for e in self.iter_file() if e.get("seq", -1) >= since][:limit]
+            events = [e for e in self.iter_file() if e["seq"] >= since][:limit]
         next_since = events[-1]["seq"] + 1 if events else nxt
         return events, next_since
 
@@ -153,12 +154,7 @@ class Journal:
             if event is None:
                 self.skipped_lines += 1
                 continue
-            try:
-                seq = int(event["seq"])
-            except (KeyError, TypeError, ValueError):
-                self.skipped_lines += 1
-                continue
-            last = max(last, seq)
+            last = max(last, event["seq"])
             self._recent.append(event)
         if data and not data.endswith(b"\n"):
             # A torn last line: the next event starts on a line of its own.
@@ -191,18 +187,28 @@ def _parse_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """One journal line as an event, or None. A line that a torn write of an older vsup ran
-    into the next record still yields that record: parsing resyncs at its last `{"seq":`."""
+    into the next record still yields that record: parsing resyncs at its last `{"seq":`.
+    Every event returned has an integer `seq` (a number written as a string, `"12"`, is read
+    as 12; any other seq makes the line unreadable, like a torn one), so readers can compare
+    and page by it."""
     try:
         event = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         at = raw.rfind(b'{"seq":')
         if at <= 0:
             return None
         try:
             event = json.loads(raw[at:])
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-    return event if isinstance(event, dict) else None
+    if not isinstance(event, dict):
+        return None
+    seq = event.get("seq")
+    if isinstance(seq, str) and seq.strip().isdigit():
+        event["seq"] = seq = int(seq)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        return None
+    return event
 
 
 @dataclass

@@ -16,7 +16,7 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
     if not pid or pid <= 0:
         return False
     info = proc.read_stat(pid)
-    if info is None or info.state == "Z":
+    if info is None or info.state == proc.ZOMBIE:
         return False
     return create_time is None or proc.same_process(info.create_time, create_time)
 

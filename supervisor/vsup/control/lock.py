@@ -1,13 +1,22 @@
 """The daemon lock: one daemon per VSUP_HOME.
 
-`fcntl.flock(LOCK_EX)` on `$VSUP_HOME/daemon.lock` (the holder's pid written in it), held until
-the daemon process ends, so whoever finds the lock free knows that daemon is gone. A starting
-daemon retries for `LOCK_RETRY_S` (a client probing the lock holds it for microseconds) and
-gives up at once when the holder is a live daemon.
+Two `fcntl.flock(LOCK_EX)` locks, both held until the daemon process ends, so whoever finds
+them free knows that daemon is gone:
+- on the VSUP_HOME directory itself: no file operation can replace a directory, so a lock file
+  that is deleted or replaced (`vsup save $VSUP_HOME/daemon.lock` once did it, `rm -rf` of the
+  wrong files can) never lets a second daemon start beside the first;
+- on `$VSUP_HOME/daemon.lock`, with the holder's pid written in it (what clients read to say
+  who holds the home, and what a daemon of an older vsup, which locks only this file, sees).
+  A file replaced between its open and its lock is opened again (its inode must still be the
+  path's).
+A starting daemon retries for `LOCK_RETRY_S` (a client probing the lock holds it for
+microseconds) and gives up at once when the holder is a live daemon. A file system that
+refuses locks on directories (some network ones) leaves the file lock alone in charge.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -19,25 +28,85 @@ LOCK_NAME = "daemon.lock"
 # A client probing the lock holds it for microseconds; a starting daemon retries this long
 # before concluding that another daemon owns VSUP_HOME.
 LOCK_RETRY_S = 2.0
+# The directory locks this process holds: kept open for its life (the lock ends with the fd).
+_HELD_DIRS: list[int] = []
 
 
 def acquire_lock(home: Path, retry_s: float = LOCK_RETRY_S) -> int | None:
-    """Take the daemon lock; the fd (keep it open) or None when another daemon holds it."""
+    """Take the daemon lock; the lock file's fd (keep it open) or None when another daemon
+    holds it. The directory's lock is kept by this module for the life of the process."""
     path = home / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + retry_s
+    dir_fd = _open_dir(home)
+    fd = -1
+    try:
+        if dir_fd is not None and not _lock_retrying(dir_fd, path, deadline):
+            return None
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            if not _lock_retrying(fd, path, deadline):
+                os.close(fd)
+                fd = -1
+                return None
+            if _same_file(fd, path):
+                break
+            # replaced between our open and our lock: the lock that counts is the path's
+            os.close(fd)
+            fd = -1
+    finally:
+        if fd < 0 and dir_fd is not None:
+            os.close(dir_fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if dir_fd is not None:
+        _HELD_DIRS.append(dir_fd)
+    return fd
+
+
+def _open_dir(home: Path) -> int | None:
+    """An fd of `home` whose flock works, or None where the file system refuses such locks."""
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return fd  # held: it works (and acquire_lock finds out by whom)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lock_retrying(fd: int, path: Path, deadline: float) -> bool:
+    """flock(LOCK_EX) on `fd`, retried until `deadline` unless a live daemon holds it."""
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return True
         except BlockingIOError:
-            if time.monotonic() >= deadline or _is_daemon(_read_pid(fd)):
-                os.close(fd)
-                return None
+            if time.monotonic() >= deadline or _is_daemon(_pid_in(path)):
+                return False
             time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _read_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_pid(fd: int) -> int | None:
@@ -79,23 +148,40 @@ def is_daemon_cmdline(cmd: list[str]) -> bool:
 
 
 def daemon_lock_holder(home: Path) -> int | None:
-    """The pid of the daemon holding `home`'s lock, or None when no daemon holds it."""
+    """The pid of the daemon holding `home`'s lock, or None when no daemon holds it (-1: held,
+    by whom the lock file does not say)."""
     path = home / LOCK_NAME
+    held = False
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            held = _held_by_another(dir_fd)
+        finally:
+            os.close(dir_fd)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return None
+        return -1 if held else None
     try:
-        try:
-            # Shared and non-blocking: a starting daemon that meets it retries (LOCK_RETRY_S).
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if _held_by_another(fd) or held:
             pid = _read_pid(fd)
             return pid if pid is not None else -1  # -1: held, no pid written yet
-        fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def _held_by_another(fd: int) -> bool:
+    """Whether someone holds an exclusive flock on `fd`'s file. Shared and non-blocking: a
+    starting daemon that meets this probe retries (LOCK_RETRY_S)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no locks here (a file system that refuses them on directories)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def live_daemon_holder(home: Path) -> int | None:

@@ -18,15 +18,18 @@ import logging
 import os
 from typing import Any
 
+from vsup.clock import iso_utc
 from vsup.control.host import DaemonHost
 from vsup.control.journal import Journal, last_layout, replay
 from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
 from vsup.engine import AdoptRecord, Engine
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
+from vsup.engine.rollout import Rollout, RolloutState
 from vsup.layout.compiled import LayoutSettings, compile_document, layout_settings
 from vsup.layout.model import loads_layout
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
+from vsup.states import IDLE, State
 
 log = logging.getLogger("vsup.daemon")
 
@@ -123,11 +126,49 @@ async def restore(daemon: DaemonHost) -> None:
             continue
         _register_idle(daemon.engine, spec, rec)
     _restore_router(daemon, state.router, booted)
+    _restore_rollout(daemon, state)
     await _settle_adopted(daemon.engine)
     _alert_restart(daemon, vanished, rebooted)
     if daemon.metrics_listen:
         await daemon.start_metrics()
     daemon.state_changed()
+
+
+def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
+    """The latest rolling apply: from the state file, or from the journal's `rollout` events
+    written after it. One still `running` had its daemon killed under it: it is
+    `interrupted` now (journaled), and status says which instances keep their old spec."""
+    doc = state.rollout
+    after = state.journal_seq - 1 if state.journal_seq else 0
+    for ev in daemon.journal.iter_file():
+        seq = ev.get("seq")
+        if (
+            ev.get("kind") == "rollout"
+            and isinstance(seq, int)
+            and seq > after
+            and isinstance(ev.get("names"), list)
+            and isinstance(ev.get("restarted"), list)
+        ):
+            doc = {**ev, "done": ev["restarted"]}
+    if not doc:
+        return
+    try:
+        rollout = Rollout.from_record(doc)
+    except ValueError as exc:
+        daemon.report_problem("state_file", str(exc))
+        return
+    daemon.engine.rollout = rollout
+    if rollout.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
+        rollout.interrupted(iso_utc(daemon.clock.wall()))
+        outdated = [i.name for i in daemon.snapshot().instances if i.outdated]
+        daemon.journal.append("rollout", None, **{**rollout.to_json(), "old_config": outdated})
+        log.warning(
+            "a rolling apply was interrupted (its daemon ended at wave %d/%d); "
+            "instances on their old spec: %s",
+            rollout.wave,
+            len(rollout.waves),
+            ", ".join(outdated) or "none",
+        )
 
 
 async def _restore_layout(daemon: DaemonHost, toml: str, path: str | None) -> None:
@@ -139,6 +180,7 @@ async def _restore_layout(daemon: DaemonHost, toml: str, path: str | None) -> No
     daemon.layout = compiled
     if compiled is not None:
         settings = compiled.settings
+        daemon.set_layout_specs(compiled.specs)
     else:
         errors = [d for d in diagnostics if d.is_error]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -190,7 +232,7 @@ def _restore_router(
         return
     if record is None:
         router.register(spec, run=int(doc.get("run") or 0), restarts=int(doc.get("restarts") or 0))
-    if doc.get("state") not in ("stopped", "failed") and spec.restart.policy != "never":
+    if doc.get("state") not in IDLE and spec.restart.policy != "never":
         daemon.spawn(router.start(automatic=True), "router start")
 
 
@@ -225,7 +267,7 @@ async def _settle_adopted(engine: Engine) -> None:
     adopted = [n for n, i in engine.instances.items() if getattr(i, "adopted", False)]
     if not adopted:
         return
-    settled = ("ready", "unhealthy", "backoff", "failed", "stopped")
+    settled = (State.READY, State.UNHEALTHY, State.BACKOFF, State.FAILED, State.STOPPED)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(
             asyncio.gather(*(engine.wait(n, settled) for n in adopted)),
@@ -252,11 +294,11 @@ def _replay_journal(journal: Journal, state: DaemonState) -> None:
             rec.port = rep.port or rec.port
             rec.run = max(rec.run, rep.run)
             rec.descendants = {}
-            rec.state = "starting"
+            rec.state = State.STARTING
         elif not rep.running and rep.last_exit is not None:
             rec.pid = rec.pgid = rec.create_time = None
             rec.last_exit = rep.last_exit
-            rec.state = "stopped"
+            rec.state = State.STOPPED
         rec.restarts = max(rec.restarts, rep.restarts)
 
 
@@ -265,7 +307,7 @@ def _register_idle(engine: Engine, spec: InstanceSpec, rec: InstanceRecord) -> N
     its run number, restarts and last exit as they were."""
     engine.restore(
         spec,
-        state="failed" if rec.state == "failed" else "stopped",
+        state=State.FAILED if rec.state == State.FAILED else State.STOPPED,
         run=rec.run,
         restarts=rec.restarts,
         last_exit=_last_exit(rec.last_exit),

@@ -7,6 +7,7 @@ monitor. `DaemonService` is `Daemon.service`; what it uses of the daemon is `hos
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,10 @@ from vsup.layout.changes import spec_changes
 from vsup.layout.compiled import CompiledLayout, compile_layout
 from vsup.layout.diagnostics import LayoutError
 from vsup.layout.secrets import SECRET_NAME
+from vsup.layout.spec import InstanceSpec
 from vsup.layout.store import save_layout
+from vsup.pull.targets import Resolution
+from vsup.states import State
 
 
 class DaemonService:
@@ -38,13 +42,8 @@ class DaemonService:
         return {"pid": os.getpid(), "version": __version__, "home": str(self.daemon.home)}
 
     def status(self) -> dict[str, Any]:
-        doc = self.daemon.build_snapshot().to_json()
-        # the latest rolling apply (engine/rollout.py); additive to schema 1
-        rollout = self.daemon.engine.rollout
-        doc["rollout"] = rollout.to_json() if rollout is not None else None
-        # a `vsup bench` in progress (control/benchprogress.py); additive to schema 1
-        doc["bench"] = self.daemon.bench.current()
-        return doc
+        # the snapshot as it is: nothing is patched on (snapshot.py is the whole document)
+        return self.daemon.snapshot().to_json()
 
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]:
         self.daemon.bench.update(report)
@@ -58,7 +57,12 @@ class DaemonService:
         }
 
     async def apply(
-        self, toml: str, path: str | None, dry_run: bool, all_at_once: bool = False
+        self,
+        toml: str,
+        path: str | None,
+        dry_run: bool,
+        all_at_once: bool = False,
+        pull: bool = True,
     ) -> dict[str, Any]:
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
@@ -74,29 +78,65 @@ class DaemonService:
             warnings = [d.to_json() for d in diags if not d.is_error]
             if compiled is None:
                 return _refused([d.to_json() for d in diags if d.is_error], warnings)
+            # hub models (docs/pull.md): those complete in the cache start from their snapshot
+            # offline; the others are pulled first, unless `pull` is false (`--no-pull`)
+            resolution = await asyncio.to_thread(self.daemon.pulls.resolve, compiled.specs, pull)
+            compiled = dataclasses.replace(compiled, specs=resolution.specs)
             rolling = not all_at_once
             plan = self._plan(compiled, rolling)
+            plan["pull"] = [t.to_json() for t in resolution.pulls]  # additive: pulled first
             if dry_run:
                 return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
             self._record(compiled, plan)
             self.daemon.alerts.configure(compiled.alerts)
             warnings += await self._listen(compiled.metrics_listen)
-            # The router first: its members follow as the instances become ready.
-            router_action = await self.daemon.engine.router.apply(compiled.router)
-            # Returns once every start is under way (stops of removed instances continue).
-            applied = await self.daemon.engine.apply(
-                compiled.specs,
-                rolling=rolling,
-                max_unavailable=compiled.rollout.max_unavailable,
-                drain_timeout_s=compiled.rollout.drain_timeout_s,
-            )
+            if resolution.pulls:
+                self._after_pulls(compiled, resolution, rolling)
+                return {"plan": plan, "errors": [], "warnings": warnings, "applied": True}
+            self.daemon.pulls.supersede()
+            handed = await self._hand_off(compiled, rolling)
         self.daemon.state_changed()
-        done: dict[str, Any] = {
-            **applied.to_json(),
-            "router": router_action,
-            "changes": plan["changes"],
-        }
+        done: dict[str, Any] = {**handed, "changes": plan["changes"], "pull": []}
         return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
+
+    async def _hand_off(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
+        """The router, then the engine (the caller holds `apply_lock`): the engine's plan and
+        the router's action. Returns once every start is under way (stops of removed
+        instances continue)."""
+        # what each instance should run from now on: status compares it (`outdated`)
+        self.daemon.set_layout_specs(compiled.specs)
+        # The router first: its members follow as the instances become ready.
+        router_action = await self.daemon.engine.router.apply(compiled.router)
+        applied = await self.daemon.engine.apply(
+            compiled.specs,
+            rolling=rolling,
+            max_unavailable=compiled.rollout.max_unavailable,
+            drain_timeout_s=compiled.rollout.drain_timeout_s,
+        )
+        return {**applied.to_json(), "router": router_action}
+
+    def _after_pulls(self, compiled: CompiledLayout, resolution: Resolution, rolling: bool) -> None:
+        """The apply waits for its pulls (control/pulls.py): instances new to the daemon show
+        meanwhile as `stopped` rows carrying their pull; the rest keeps running as it is. Once
+        the pulls are done the layout is handed off with every instance started from its
+        snapshot - unless a newer apply (or `vsup down`) came first."""
+        engine = self.daemon.engine
+        waiting = set(resolution.waiting)
+        for spec in compiled.specs:
+            if spec.name in waiting and spec.name not in engine.instances:
+                engine.restore(spec)
+        self.daemon.state_changed()
+        pulls = self.daemon.pulls
+        generation = 0
+
+        async def then(specs: list[InstanceSpec]) -> None:
+            async with self.daemon.apply_lock:
+                if self.daemon.shutting_down or not pulls.is_current(generation):
+                    return
+                await self._hand_off(dataclasses.replace(compiled, specs=tuple(specs)), rolling)
+            self.daemon.state_changed()
+
+        generation = pulls.begin(resolution, then)
 
     def _plan(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
         """What applying `compiled` would do now: the engine's plan, the router's action
@@ -245,7 +285,7 @@ class DaemonService:
         from vsup.fsutil import UnsafeTarget, regular_target
 
         try:
-            target = regular_target(path, parents=parents)
+            target = regular_target(path, parents=parents, not_inside=self.daemon.home)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
         toml, compiled = self.daemon.layout_toml, self.daemon.layout
@@ -272,14 +312,19 @@ class DaemonService:
             raise ControlError(
                 f"cannot write {target}: {exc.strerror or exc}", status=400
             ) from None
-        self.daemon.journal.append("action", None, action="save", path=path, written=str(target))
-        return {"path": path, "written": str(target)}
+        # The file says what the layout wants, not what runs: name what still runs another
+        # spec (a rollout not finished, or one a killed daemon left half-done).
+        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
+        self.daemon.journal.append(
+            "action", None, action="save", path=path, written=str(target), outdated=outdated
+        )
+        return {"path": path, "written": str(target), "outdated": outdated}
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:
             return {"stopping": [], "already": True}
         self.daemon.shutting_down = True
-        names = [n for n, i in self.daemon.engine.instances.items() if i.state != "stopped"]
+        names = [n for n, i in self.daemon.engine.instances.items() if i.state != State.STOPPED]
         if not stop_instances:
             names = []
         self.daemon.journal.append("action", None, action="shutdown", stop_instances=stop_instances)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vsup.snapshot import InstanceStatus
+from vsup.states import State
 
 
 @dataclass
@@ -79,7 +80,7 @@ class StallActions:
 
     def _ended(self, inst: InstanceStatus, known: _Stall) -> None:
         del self._stalled[inst.name]
-        if inst.state != "ready" or inst.run != known.run:
+        if inst.state != State.READY or inst.run != known.run:
             why = "not ready"
         elif inst.stalled is False and not (inst.requests_running or inst.requests_waiting):
             why = "idle"

@@ -55,6 +55,9 @@ class DaemonState:
     journal_seq: int = 0  # the journal's next seq when this was written (replay starts there)
     # the router (engine/routing.py `adopt_record`): its spec and process, None without one
     router: dict[str, Any] | None = None
+    # the latest rolling apply (engine/rollout.py `Rollout.to_record`), None before one: a
+    # daemon killed in the middle of one leaves it `running` here for the next to report
+    rollout: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,7 @@ class DaemonState:
             },
             "instances": {name: asdict(rec) for name, rec in self.instances.items()},
             "router": self.router,
+            "rollout": self.rollout,
         }
 
     @classmethod
@@ -96,6 +100,7 @@ class DaemonState:
             daemon_pid=_opt(doc.get("daemon_pid"), int, "daemon_pid"),
             journal_seq=_opt(doc.get("journal_seq", 0), int, "journal_seq") or 0,
             router=_opt(doc.get("router"), dict, "router"),
+            rollout=_opt(doc.get("rollout"), dict, "rollout"),
         )
 
 

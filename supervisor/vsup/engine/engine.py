@@ -1,12 +1,13 @@
 """The engine: the API the daemon hosts on its asyncio loop (docs/ARCHITECTURE.md, "Engine API").
 
-    engine = Engine(clock, logs_dir, on_event, gpu_release_check=None, requests_running=None)
+    engine = Engine(clock, logs_dir, on_event, settings=EngineSettings(), gpu_release_check=None,
+                    requests_running=None, gpu_memory=None)
     plan = engine.diff(specs)                  # ApplyPlan, nothing changes
     plan = await engine.apply(specs)           # start new, restart changed, stop removed
     await engine.start(name); await engine.stop(name, drain=False); await engine.restart(name)
     engine.adopt(spec, AdoptRecord(...))       # after a daemon restart
     engine.instances[name]                     # Instance: spec, state, pid, ... (read only)
-    await engine.wait(name, ("ready",))        # until a state is reached
+    await engine.wait(name, {State.READY})     # until a state is reached
     await engine.shutdown(stop_instances)
 
 Events go to `on_event` as plain JSON-able dicts `{"t": ISO, "kind": ..., "instance": ...}`;
@@ -17,30 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from vsup.clock import Clock, iso_utc
-from vsup.engine import health, stop, teardown
-from vsup.engine.exitreason import classify
+from vsup.engine import health
+from vsup.engine.adoption import take_over
 from vsup.engine.instance import AdoptRecord, Instance
-from vsup.engine.lifecycle import RUNNING
+from vsup.engine.intent import Restart, Run
 from vsup.engine.memory import GpuMemoryView
-from vsup.engine.proc import (
-    ProcInfo,
-    RunningProcess,
-    process_table,
-    read_stat,
-    same_process,
-)
+from vsup.engine.proc import ProcInfo, process_table
 from vsup.engine.rollout import Rollout, RolloutState
 from vsup.engine.routing import RouterSupervisor
-from vsup.engine.runlog import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RunLogs
+from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
 from vsup.engine.scheduler import DeviceScheduler
+from vsup.engine.settings import EngineSettings
+from vsup.engine.states import DONE_STARTING, IDLE, RUNNING, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
@@ -107,45 +104,30 @@ class Engine:
         clock: Clock,
         logs_dir: Path,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        settings: EngineSettings | None = None,
         gpu_release_check: GpuReleaseCheck | None = None,
         requests_running: RequestsRunning | None = None,
-        *,
-        base_env: Mapping[str, str] | None = None,
-        health_timeout_s: float = health.DEFAULT_TIMEOUT_S,
-        gpu_release_timeout_s: float = 60.0,
-        kill_wait_s: float = stop.KILL_WAIT_S,
-        log_keep_runs: int = DEFAULT_KEEP,
-        log_max_bytes: int = DEFAULT_MAX_BYTES,
-        deterministic_spawns: int = 1,
-        chores_interval_s: float = 5.0,
         gpu_memory: GpuMemoryView | None = None,
-        memory_poll_s: float = 1.0,
     ) -> None:
-        """`gpu_release_check(pids, gpus)` answers whether those GPUs no longer hold memory of
-        those pids (the telemetry's; awaited at most `gpu_release_timeout_s` after every
-        exit of a GPU instance). `requests_running(name)` gives the latest
-        `vllm:num_requests_running` of an instance (None if unknown), for drains. `base_env`
-        is the environment children start from (default: the daemon's, read at each spawn).
+        """`settings`: timeouts, log caps and the children's base environment (settings.py).
+        The engine asks the daemon through the rest, each optional:
+        `gpu_release_check(pids, gpus)` answers whether those GPUs no longer hold memory of
+        those pids (the telemetry's; awaited at most `settings.gpu_release_timeout_s` after
+        every exit of a GPU instance). `requests_running(name)` gives the latest
+        `vllm:num_requests_running` of an instance (None if unknown), for drains.
         `gpu_memory(gpus)` gives the GPUs' memory and who holds it (the telemetry's latest
         figures, memory.GpuMemory; None when unknown): with it a start waits while processes
-        that are no instance's hold the memory it needs (re-read every `memory_poll_s`), and a
-        `gpu_memory_insufficient` exit fails fast when the layout's own instances hold it."""
+        that are no instance's hold the memory it needs (re-read every
+        `settings.memory_poll_s`), and a `gpu_memory_insufficient` exit fails fast when the
+        layout's own instances hold it."""
         self.clock = clock
         self.logs_dir = Path(logs_dir)
         self.on_event = on_event
+        self.settings = settings if settings is not None else EngineSettings()
         self.gpu_release_check = gpu_release_check
         self.requests_running = requests_running
-        self.base_env = base_env
-        self.health_timeout_s = health_timeout_s
-        self.gpu_release_timeout_s = gpu_release_timeout_s
-        self.kill_wait_s = kill_wait_s
-        self.log_keep_runs = log_keep_runs
-        self.log_max_bytes = log_max_bytes
-        self.deterministic_spawns = deterministic_spawns
-        self.chores_interval_s = chores_interval_s
         self.gpu_memory = gpu_memory
-        self.memory_poll_s = memory_poll_s
-        self.stuck_poll_s = 1.0  # how often processes that outlived SIGKILL are looked for
         self._instances: dict[str, Instance] = {}
         self.scheduler = DeviceScheduler(on_change=self._kick_waiting)
         self._http: health.HttpGetter | None = None
@@ -180,9 +162,9 @@ class Engine:
             if inst is None:
                 start.append(name)
                 continue
-            current = inst.control.next_spec or inst.spec
+            current = inst.control.pending_spec or inst.spec
             changed = _changed_fields(current, spec)
-            idle = inst.state in ("stopped", "failed") and not inst.supervised
+            idle = inst.state in IDLE and not inst.supervised
             if changed - LIVE_FIELDS:
                 (start if idle else restart).append(name)
             elif idle:
@@ -192,7 +174,7 @@ class Engine:
             else:
                 unchanged.append(name)
         gone = [n for n in self._instances if n not in new]
-        waves = [n for n in restart if self._instances[n].state == "ready"] if rolling else []
+        waves = [n for n in restart if self._instances[n].state == State.READY] if rolling else []
         return ApplyPlan(
             tuple(start), tuple(restart), tuple(gone), tuple(unchanged), tuple(update), tuple(waves)
         )
@@ -244,9 +226,7 @@ class Engine:
         for name in plan.restart:
             if name in plan.rolling:
                 continue
-            inst = self._instances[name]
-            inst.control.next_spec = new[name]
-            await self.restart(name)
+            await self.restart(name, spec=new[name])
         for name in plan.start:
             known = self._instances.get(name)
             if known is None:
@@ -271,7 +251,7 @@ class Engine:
             await asyncio.gather(*waits, return_exceptions=True)
             for name in (*plan.start, *plan.restart):
                 if name in self._instances:
-                    await self.wait(name, ("ready", "failed", "stopped"))
+                    await self.wait(name, DONE_STARTING)
         return plan
 
     async def _roll(
@@ -290,7 +270,7 @@ class Engine:
                     inst = self._instances.get(name)
                     if inst is None:
                         continue  # removed by a later apply
-                    if inst.control.want:
+                    if inst.control.wants_run:
                         wave.append(inst)
                     elif not inst.supervised:
                         # a person stopped it meanwhile: it stays stopped, with the layout's
@@ -298,21 +278,23 @@ class Engine:
                         inst.set_spec(new[name])
                 self.emit(None, "rollout", **rollout.to_json())
                 for inst in wave:
-                    inst.control.next_spec = new[inst.name]
                     # the layout being applied says how long a drain may take, not the old spec
-                    inst.control.drain_timeout_s = (
-                        rollout.drain_timeout_s
-                        if rollout.drain_timeout_s is not None
-                        else new[inst.name].drain_timeout_s
+                    limit = rollout.drain_timeout_s
+                    await self.restart(
+                        inst.name,
+                        drain=True,
+                        drain_timeout_s=limit
+                        if limit is not None
+                        else new[inst.name].drain_timeout_s,
+                        spec=new[inst.name],
                     )
-                    await self.restart(inst.name, drain=True)
                 outcomes = [(inst, await self._restarted(inst)) for inst in wave]
-                bad = [(inst, state) for inst, state in outcomes if state != "ready"]
+                bad = [(inst, state) for inst, state in outcomes if state != State.READY]
                 # ready is not serving until the router routes to it again: the next wave's
                 # removal must not leave the router with fewer workers than max_unavailable
                 # allows
                 for inst, state in outcomes:
-                    if state == "ready":
+                    if state == State.READY:
                         await self.router.joined(inst.name)
                 if bad:
                     rollout.end(
@@ -332,11 +314,16 @@ class Engine:
         finally:
             self.notify()
 
-    async def _restarted(self, inst: Instance) -> str:
+    async def _restarted(self, inst: Instance) -> State:
         """Wait until a restart of `inst` has come to an end: ready, failed or stopped."""
-        await self._until(lambda: not inst.control.restart and inst.state != "stopping")
-        await self._until(lambda: inst.state in ("ready", "failed", "stopped"))
+        await self.until(lambda: not self._restarting(inst))
+        await self.until(lambda: inst.state in DONE_STARTING)
         return inst.state
+
+    @staticmethod
+    def _restarting(inst: Instance) -> bool:
+        """A restart of `inst` is asked for and not yet taken, or its stop is under way."""
+        return isinstance(inst.control.intent, Restart) or inst.state == State.STOPPING
 
     async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None:
         """Run the instance (a failed one too: the breaker resets); with `wait`, return once it
@@ -344,11 +331,11 @@ class Engine:
         that exited unwatched - counted in `restarts`, the breaker not reset."""
         inst = self._get(name)
         self.emit(inst, "action", action="start", automatic=automatic)
-        inst.control.want = True
+        inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner(inst)
         if wait:
-            await self.wait(name, ("ready", "failed", "stopped"))
+            await self.wait(name, DONE_STARTING)
 
     async def stop(self, name: str, drain: bool = False) -> None:
         """Stop the instance and return when nothing of it is left running. With `drain`,
@@ -361,51 +348,62 @@ class Engine:
         await self.halt(inst, drain)
 
     @staticmethod
-    def relaunch(inst: Instance, drain: bool = False) -> None:
-        """Want `inst` running with a fresh breaker: a live process is stopped (its runner then
-        starts the next), none is started. The one restart path for instances and the router."""
-        inst.control.want = True
-        inst.control.drain = drain
+    def relaunch(
+        inst: Instance,
+        drain: bool = False,
+        drain_timeout_s: float | None = None,
+        spec: InstanceSpec | None = None,
+    ) -> None:
+        """Want `inst` running again with a fresh breaker (and `spec`, when given): a live
+        process is stopped (its runner then starts the next), an idle instance is started. The
+        one restart path for instances and the router.
+
+        The restart is the intent until the runner takes it at its next start, so it cannot be
+        lost: asked for while a spawn is still under way (no process yet), the runner ends that
+        process as soon as it exists and starts again."""
+        inst.control.restart(drain, drain_timeout_s, spec)
         inst.lifecycle.tracker.reset()
         if inst.process is not None:
-            inst.control.restart = True
             inst.lifecycle.begin_stop()
         else:
-            # A runner may be launching the old spec (no process is recorded until the spawn
-            # returns): that run must end for `next_spec`, else it keeps running while the
-            # layout says otherwise (issue 31). The runner's next attempt clears the flag.
-            if inst.control.task is not None and inst.control.next_spec is not None:
-                inst.control.restart = True
             inst.lifecycle.request_start()
 
     async def halt(self, inst: Instance, drain: bool = False) -> None:
         """Have `inst`'s runner stop its process and return once it has (or someone wants it
         running again meanwhile); an instance with no runner is marked stopped at once. The
         one stop path for instances and the router (routing.py)."""
-        inst.control.want = False
-        inst.control.restart = False
-        inst.control.drain = drain
+        inst.control.stop(drain)
         if inst.control.task is None:
-            if inst.state != "stopped":
+            if inst.state != State.STOPPED:
                 inst.lifecycle.begin_stop()
                 inst.lifecycle.finish_stop()
             return
-        if inst.state in RUNNING or inst.state == "backoff":
+        if inst.state in RUNNING or inst.state == State.BACKOFF:
             inst.lifecycle.begin_stop()
         inst.control.kick.set()
-        await self._until(lambda: inst.control.task is None or inst.control.want)
+        await self.until(lambda: inst.control.task is None or inst.control.wants_run)
 
-    async def restart(self, name: str, drain: bool = False, wait: bool = False) -> None:
-        """Stop the running process (if any) and start again; the breaker resets."""
+    async def restart(
+        self,
+        name: str,
+        drain: bool = False,
+        wait: bool = False,
+        *,
+        drain_timeout_s: float | None = None,
+        spec: InstanceSpec | None = None,
+    ) -> None:
+        """Stop the running process (if any) and start again; the breaker resets. `spec`: the
+        spec to start with (an apply's change); `drain_timeout_s`: the drain's limit (a
+        rollout's), else the instance's own."""
         inst = self._get(name)
         await self.router.leave(name, settle=drain)
         self.emit(inst, "action", action="restart", drain=drain)
-        self.relaunch(inst, drain)
+        self.relaunch(inst, drain, drain_timeout_s, spec)
         self._ensure_runner(inst)
         inst.control.kick.set()
         if wait:
-            await self._until(lambda: not inst.control.restart and inst.state != "stopping")
-            await self.wait(name, ("ready", "failed", "stopped"))
+            await self.until(lambda: not self._restarting(inst))
+            await self.wait(name, DONE_STARTING)
 
     def restart_stalled(self, name: str, why: str) -> bool:
         """End a stalled run and let the restart policy bring it back (`restart.on_stall`):
@@ -414,13 +412,13 @@ class Engine:
         to do: not `ready`, no process, or a stall restart already under way."""
         inst = self._get(name)
         if (
-            inst.state != "ready"
+            inst.state != State.READY
             or inst.process is None
             or inst.control.task is None
-            or inst.control.stalled is not None
+            or not isinstance(inst.control.intent, Run)
         ):
             return False
-        inst.control.stalled = why
+        inst.control.stall_restart(why)
         self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why)
         inst.control.kick.set()
         return True
@@ -439,47 +437,15 @@ class Engine:
         if record.port != spec.port:
             spec = replace(spec, port=record.port)  # where it really listens
         inst = self._instances[spec.name] = self._new_instance(spec)
-        lc = inst.lifecycle
-        lc.run = record.run
-        lc.restarts = record.restarts
-        proc = RunningProcess(
-            record.pid, record.pgid, record.create_time, record.run, None, dict(record.descendants)
-        )
-        why = _not_adoptable(record)
-        if why is None:
-            try:
-                proc.watch()
-            except ProcessLookupError:
-                why = f"pid {record.pid} ended while being adopted"
-        if why is not None:
-            c = classify(None, None, inst.logs.tail(record.run), model=spec.model)
-            lc.last_exit = LastExit(None, None, c.reason, iso_utc(self.clock.wall()), c.excerpt)
-            self.emit(inst, "adopt", adopted=False, pid=record.pid, run=record.run, why=why)
-            self.emit(
-                inst,
-                "exit",
-                run=record.run,
-                pid=record.pid,
-                code=None,
-                signal=None,
-                reason=c.reason,
-                log_excerpt=c.excerpt,
-            )
-            inst.control.stale_sweep = self.spawn_background(teardown.sweep_stale(self, inst, proc))
+        if not take_over(self, inst, record):
             return None
-        inst.adopted = True
-        inst.process = proc
-        inst.control.want = True
-        lc.spawned(record.run, started_ago_s=self.clock.wall() - record.create_time)
-        lc.restarts = record.restarts
-        self.emit(inst, "adopt", adopted=True, pid=record.pid, pgid=record.pgid, run=record.run)
         self._ensure_runner(inst)
         return inst
 
     def restore(
         self,
         spec: InstanceSpec,
-        state: str = "stopped",
+        state: State = State.STOPPED,
         run: int = 0,
         restarts: int = 0,
         last_exit: LastExit | None = None,
@@ -489,31 +455,31 @@ class Engine:
         `failed`, and why), keeping its run number, restarts and last exit; nothing starts."""
         if spec.name in self._instances:
             raise ValueError(f"instance {spec.name!r} exists already")
-        if state not in ("stopped", "failed"):
+        if state not in IDLE:
             raise ValueError(f"an instance without a process is stopped or failed, not {state!r}")
         inst = self._instances[spec.name] = self._new_instance(spec)
         lc = inst.lifecycle
         lc.run = run
         lc.restarts = restarts
         lc.last_exit = last_exit
-        if state == "failed":
+        if state == State.FAILED:
             lc.fail(failed_why or "it was failed when the previous daemon stopped")
         return inst
 
     async def wait(
-        self, name: str, states: Iterable[str] = ("ready",), timeout: float | None = None
-    ) -> str:
+        self, name: str, states: Iterable[str] = (State.READY,), timeout: float | None = None
+    ) -> State:
         """Wait until the instance is in one of `states`; returns the state."""
         inst = self._get(name)
-        wanted = tuple(states)
-        await asyncio.wait_for(self._until(lambda: inst.state in wanted), timeout)
+        wanted = frozenset(states)
+        await asyncio.wait_for(self.until(lambda: inst.state in wanted), timeout)
         return inst.state
 
-    async def settle(self, name: str, timeout: float | None = None) -> str:
+    async def settle(self, name: str, timeout: float | None = None) -> State:
         """Wait until no runner works on the instance (after `failed` or a clean exit the
         sweep of its tree still runs); returns the state."""
         inst = self._get(name)
-        await asyncio.wait_for(self._until(lambda: inst.control.task is None), timeout)
+        await asyncio.wait_for(self.until(lambda: inst.control.task is None), timeout)
         return inst.state
 
     async def shutdown(self, stop_instances: bool) -> None:
@@ -542,8 +508,9 @@ class Engine:
     # -- internals ----------------------------------------------------------------------------
 
     def _new_instance(self, spec: InstanceSpec) -> Instance:
-        logs = RunLogs(self.logs_dir, spec.name, self.log_keep_runs, self.log_max_bytes)
-        return Instance(spec, self.clock, logs, self._on_state, self.deterministic_spawns)
+        st = self.settings
+        logs = RunLogs(self.logs_dir, spec.name, st.log_keep_runs, st.log_max_bytes)
+        return Instance(spec, self.clock, logs, self._on_state, st.deterministic_spawns)
 
     def _get(self, name: str) -> Instance:
         try:
@@ -576,7 +543,7 @@ class Engine:
     async def _remove(self, name: str) -> None:
         inst = self._instances[name]
         await self.stop(name)
-        if self._instances.get(name) is inst and not inst.control.want:
+        if self._instances.get(name) is inst and not inst.control.wants_run:
             del self._instances[name]
             self.emit(inst, "removed")
             self.notify()
@@ -585,7 +552,8 @@ class Engine:
         await asyncio.gather(*removals, return_exceptions=True)
         await self.start(name)
 
-    async def _until(self, predicate: Callable[[], bool]) -> None:
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Return once `predicate()` holds; it is re-checked at every `notify()`."""
         loop = asyncio.get_running_loop()
         while not predicate():
             fut = loop.create_future()
@@ -593,13 +561,13 @@ class Engine:
             await fut
 
     def notify(self) -> None:
-        """Wake everything waiting on `_until` to re-check its condition."""
+        """Wake everything waiting in `until` to re-check its condition."""
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
 
-    def _on_state(self, inst: Instance, old: str, new: str) -> None:
+    def _on_state(self, inst: Instance, old: State, new: State) -> None:
         self.emit(inst, "state", **{"from": old, "to": new})
         self.router.instance_state(inst.name, new)
         self.notify()
@@ -622,7 +590,8 @@ class Engine:
         runners together (one scan reads every /proc entry, a cost that grows with the node's
         process count: docs/benchmarks.md)."""
         loop = asyncio.get_running_loop()
-        if self._table is not None and loop.time() - self._table_at < self.chores_interval_s / 2:
+        half = self.settings.chores_interval_s / 2
+        if self._table is not None and loop.time() - self._table_at < half:
             return self._table
         if self._table_scan is None:
             self._table_scan = asyncio.ensure_future(asyncio.to_thread(process_table))
@@ -655,18 +624,7 @@ def _changed_fields(a: InstanceSpec, b: InstanceSpec) -> set[str]:
     return {f.name for f in fields(InstanceSpec) if getattr(a, f.name) != getattr(b, f.name)}
 
 
-def _not_adoptable(record: AdoptRecord) -> str | None:
-    info = read_stat(record.pid)
-    if info is None or info.state == "Z":
-        return f"pid {record.pid} is gone"
-    if not same_process(info.create_time, record.create_time):
-        return f"pid {record.pid} is now another process (started at {info.create_time:.2f})"
-    if info.pgid != record.pgid:
-        return f"pid {record.pid} is in process group {info.pgid}, not {record.pgid}"
-    return None
-
-
-def _wave_failure(number: int, rollout: Rollout, bad: list[tuple[Instance, str]]) -> str:
+def _wave_failure(number: int, rollout: Rollout, bad: Sequence[tuple[Instance, State]]) -> str:
     """One line: which instance of the wave did not come back, why, and what keeps serving."""
     parts = []
     for inst, state in bad:

@@ -1,11 +1,18 @@
-"""What a runner (runner.py) and the teardown (teardown.py) may use of the engine that hosts
-them: a narrow, named interface, so neither imports engine.py (which imports them) nor reaches
-into its private members. `Engine` implements it."""
+"""What the parts of the engine that live in other modules may use of the engine that hosts them:
+narrow, named interfaces, so none of them imports engine.py (which imports them) nor reaches
+into its private members. mypy checks `Engine` against both.
+
+- `RunnerHost`: what a runner (runner.py), the teardown (teardown.py) and adoption
+  (adoption.py) use. The router's runner gets one too (routing.py's `_RouterHost`), whose
+  events name the router instead of an instance.
+- `EngineHost`: what the router's supervision (routing.py) uses of the engine besides that.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from vsup.clock import Clock
@@ -14,22 +21,37 @@ from vsup.engine.instance import Instance
 from vsup.engine.memory import GpuMemoryView
 from vsup.engine.proc import ProcInfo
 from vsup.engine.scheduler import DeviceScheduler
+from vsup.engine.settings import EngineSettings
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.layout.spec import InstanceSpec
 
 
 class RunnerHost(Protocol):
-    clock: Clock
-    base_env: Mapping[str, str] | None
-    health_timeout_s: float
-    kill_wait_s: float
-    chores_interval_s: float
-    stuck_poll_s: float
-    gpu_release_check: GpuReleaseCheck | None
-    gpu_release_timeout_s: float
-    requests_running: RequestsRunning | None
-    gpu_memory: GpuMemoryView | None
-    memory_poll_s: float
-    scheduler: DeviceScheduler  # start order: turns on devices
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def gpu_release_check(self) -> GpuReleaseCheck | None:
+        """(pids, gpus) -> whether those GPUs no longer list memory of those pids."""
+        ...
+
+    @property
+    def requests_running(self) -> RequestsRunning | None:
+        """(name) -> requests the instance runs or queues (for drains), None if unknown."""
+        ...
+
+    @property
+    def gpu_memory(self) -> GpuMemoryView | None:
+        """(gpus) -> the telemetry's latest figures of their memory and who holds it."""
+        ...
+
+    @property
+    def scheduler(self) -> DeviceScheduler:
+        """Start order: turns on devices."""
+        ...
 
     @property
     def instances(self) -> Mapping[str, Instance]: ...
@@ -60,3 +82,26 @@ class RunnerHost(Protocol):
         ...
 
     async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None: ...
+
+
+class EngineHost(RunnerHost, Protocol):
+    @property
+    def logs_dir(self) -> Path: ...
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Return once `predicate()` holds (re-checked at every `notify`)."""
+        ...
+
+    def relaunch(
+        self,
+        inst: Instance,
+        drain: bool = False,
+        drain_timeout_s: float | None = None,
+        spec: InstanceSpec | None = None,
+    ) -> None:
+        """Want `inst` running again with a fresh breaker (the one restart path)."""
+        ...
+
+    async def halt(self, inst: Instance, drain: bool = False) -> None:
+        """Stop `inst`'s process and return once it has (the one stop path)."""
+        ...

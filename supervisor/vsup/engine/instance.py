@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from vsup.clock import Clock
+from vsup.engine.intent import IntentCell
 from vsup.engine.lifecycle import Lifecycle
 from vsup.engine.proc import RunningProcess
 from vsup.engine.runlog import RunLogs
 from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import LastExit
+from vsup.snapshot import LastExit, WaitReason
+from vsup.states import State
 
 
 @dataclass(frozen=True)
@@ -60,22 +62,16 @@ class AdoptRecord:
         )
 
 
-@dataclass(eq=False)
-class Control:
-    """What is wanted of an instance and the handles of the work on it: the engine sets the
-    wishes (a person's start/stop/restart, an apply) and wakes `kick`; the instance's runner
-    acts on them. The only mutable state the engine and the runner share besides the
-    Lifecycle."""
+class Control(IntentCell):
+    """What is wanted of an instance (its intent, intent.py: the engine moves it, the runner
+    reads it and takes a pending restart) and the handles of the work on it. The only mutable
+    state the engine and the runner share besides the Lifecycle."""
 
-    want: bool = False  # it should run
-    restart: bool = False  # end the running process, then start again
-    drain: bool = False  # wait for running requests before the next stop
-    drain_timeout_s: float | None = None  # a rollout's limit for that drain (else the spec's)
-    next_spec: InstanceSpec | None = None  # the spec of the next start (an apply's change)
-    stalled: str | None = None  # why a stalled run is ended and restarted (restart.on_stall)
-    stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
-    task: asyncio.Task | None = None  # the runner
-    kick: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the runner
+    def __init__(self) -> None:
+        super().__init__()
+        self.stale_sweep: asyncio.Task | None = None  # ending what an unwatched dead run left
+        self.task: asyncio.Task | None = None  # the runner
+        self.kick = asyncio.Event()  # wakes the runner
 
 
 class Instance:
@@ -88,7 +84,7 @@ class Instance:
         spec: InstanceSpec,
         clock: Clock,
         logs: RunLogs,
-        on_state: Callable[[Instance, str, str], None],
+        on_state: Callable[[Instance, State, State], None],
         deterministic_spawns: int = 1,
     ) -> None:
         self.spec = spec
@@ -102,13 +98,14 @@ class Instance:
         self.control = Control()
         self.process: RunningProcess | None = None
         self.adopted = False
-        self.waiting_for: str | None = None  # e.g. "b starting": whose turn it waits for
+        # what a start waits for now (a turn on its devices, GPU memory); set by its runner
+        self.wait: WaitReason | None = None
         self.gpu_released: bool | None = None  # after the last exit, on GPUs with a check
 
     def set_spec(self, spec: InstanceSpec) -> None:
         """Take `spec` now (its live fields apply from the next decision)."""
         self.spec = spec
-        self.control.next_spec = None
+        self.control.drop_spec()
         self.lifecycle.configure(spec)
 
     @property
@@ -116,7 +113,26 @@ class Instance:
         return self.spec.name
 
     @property
-    def state(self) -> str:
+    def waiting_for(self) -> str | None:
+        """`wait`'s message, e.g. "b starting" while it waits for a turn on its device."""
+        return self.wait.message if self.wait is not None else None
+
+    def wait_reason(self) -> WaitReason | None:
+        """What it waits for before its next start: the runner's `wait`, else the backoff."""
+        if self.wait is not None:
+            return self.wait
+        left = self.backoff_remaining_s() if self.state == State.BACKOFF else None
+        if left is None:
+            return None
+        why = self.last_exit.reason if self.last_exit is not None else None
+        return WaitReason(
+            kind="backoff",
+            message=f"next start in {max(0.0, left):.0f}s" + (f" (after {why})" if why else ""),
+            remaining_s=round(max(0.0, left), 1),
+        )
+
+    @property
+    def state(self) -> State:
         return self.lifecycle.state
 
     @property
@@ -207,6 +223,8 @@ class Instance:
             "host": self.spec.host,
             "backoff_remaining_s": self.backoff_remaining_s(),
             "failed_why": self.failed_why,
+            "wait": self.wait_reason(),
+            "start_timeout_s": self.spec.start_timeout_s,
         }
 
     def adopt_record(self) -> AdoptRecord | None:

@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vsup.clock import Clock
-from vsup.engine.restart import Decision, RestartTracker
-from vsup.engine.states import RUNNING, State, check_transition
+from vsup.engine.restart import Action, Decision, RestartTracker
+from vsup.engine.states import IDLE, ExitReason, State, check_transition
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
 
-__all__ = ["RUNNING", "Lifecycle", "State"]
+__all__ = ["Lifecycle", "State"]
 
 
 class Lifecycle:
@@ -48,7 +48,7 @@ class Lifecycle:
         self,
         spec: InstanceSpec,
         clock: Clock,
-        on_change: Callable[[str, str], None] | None = None,
+        on_change: Callable[[State, State], None] | None = None,
         deterministic_spawns: int = 1,
     ) -> None:
         self.clock = clock
@@ -91,7 +91,7 @@ class Lifecycle:
         else:
             self.tracker.reset()
             self._restart_pending = False
-        if self.state in ("stopped", "failed", "backoff"):
+        if self.state in IDLE or self.state == State.BACKOFF:
             self.backoff_until = None
             self._enter(State.STARTING)
 
@@ -99,7 +99,7 @@ class Lifecycle:
         """A person wants the instance stopped (or restarted); a process may still be running."""
         self.backoff_until = None
         self._restart_pending = False
-        if self.state not in ("stopped", "failed"):
+        if self.state not in IDLE:
             self._enter(State.STOPPING)
 
     def finish_stop(self) -> None:
@@ -112,7 +112,7 @@ class Lifecycle:
 
     def attempt(self) -> None:
         """The runner begins a start attempt (after backoff, or after a restart's stop)."""
-        if self.state != "starting":
+        if self.state != State.STARTING:
             self.backoff_until = None
             self._enter(State.STARTING)
 
@@ -128,13 +128,13 @@ class Lifecycle:
             self.restarts += 1
             self._restart_pending = False
         # a stop asked for while the spawn was under way stays a stop
-        if self.state not in ("starting", "stopping"):
+        if self.state not in (State.STARTING, State.STOPPING):
             self._enter(State.STARTING)
 
     def became_ready(self) -> bool:
         """/health answered 200 while starting; True if that made the instance ready."""
         self.health_failures = 0
-        if self.state != "starting" or self.spawned_at is None:
+        if self.state != State.STARTING or self.spawned_at is None:
             return False
         self.ready_since = self.last_answer_at = self.clock.monotonic()
         self._enter(State.READY)
@@ -151,7 +151,7 @@ class Lifecycle:
         failure in a row. No answer at all (a timeout, a refused connection) must also have
         lasted `unhealthy_grace_s` since the last answer: an API server saturated by its load
         misses checks for seconds (measured here; reported on GPU fleets too) and is not hung."""
-        if self.state != "ready":
+        if self.state != State.READY:
             return False
         now = self.clock.monotonic()
         self.health_failures += 1
@@ -172,21 +172,21 @@ class Lifecycle:
         core): vLLM fails the whole server then, though /health says 200 for a few more
         seconds. True when that made a ready instance unhealthy (ended as `engine_dead`)."""
         self.engine_part_died = True
-        if self.state != "ready":
+        if self.state != State.READY:
             return False
         self._enter(State.UNHEALTHY)
         return True
 
     @property
-    def unhealthy_cause(self) -> str:
+    def unhealthy_cause(self) -> ExitReason:
         """Why an unhealthy process is ended: `engine_dead` when /health said 503 or a rank's
         engine core died."""
         dead = self.last_health_status == 503 or self.engine_part_died
-        return "engine_dead" if dead else "unhealthy"
+        return ExitReason.ENGINE_DEAD if dead else ExitReason.UNHEALTHY
 
     def start_remaining_s(self) -> float | None:
         """Seconds left before the start timeout, or None when no spawned start is running."""
-        if self.state != "starting" or self.spawned_at is None:
+        if self.state != State.STARTING or self.spawned_at is None:
             return None
         return self.spawned_at + self.start_timeout_s - self.clock.monotonic()
 
@@ -209,27 +209,29 @@ class Lifecycle:
         self.last_exit = last_exit
         self.spawned_at = None
         self.ready_since = None
-        if self.state == "stopping" or last_exit.reason == "stopped":
-            return Decision("stopped", failures=self.tracker.failures, why="stopped by request")
+        if self.state == State.STOPPING or last_exit.reason == ExitReason.STOPPED:
+            return Decision(
+                Action.STOPPED, failures=self.tracker.failures, why="stopped by request"
+            )
         if fail_fast is not None:
             self.tracker.failures += 1
             self.backoff_until = None
             self._restart_pending = False
             self.failed_why = fail_fast
             self._enter(State.FAILED)
-            return Decision("failed", failures=self.tracker.failures, why=fail_fast)
+            return Decision(Action.FAILED, failures=self.tracker.failures, why=fail_fast)
         if hold is not None:
             self.backoff_until = now
             self._restart_pending = True
             self._enter(State.BACKOFF)
-            return Decision("restart", 0.0, self.tracker.failures, why=hold)
+            return Decision(Action.RESTART, 0.0, self.tracker.failures, why=hold)
         code = last_exit.code
         decision = self.tracker.decide(last_exit.reason, code, ready_for)
-        if decision.action == "restart":
+        if decision.action == Action.RESTART:
             self.backoff_until = now + decision.delay_s
             self._restart_pending = True
             self._enter(State.BACKOFF)
-        elif decision.action == "failed":
+        elif decision.action == Action.FAILED:
             self.failed_why = f"the restart policy gave up: {decision.why}"
             self._enter(State.FAILED)
         else:
@@ -245,7 +247,7 @@ class Lifecycle:
         self._enter(State.FAILED)
 
     def backoff_remaining_s(self) -> float | None:
-        if self.state != "backoff" or self.backoff_until is None:
+        if self.state != State.BACKOFF or self.backoff_until is None:
             return None
         return max(0.0, self.backoff_until - self.clock.monotonic())
 
@@ -263,7 +265,7 @@ class Lifecycle:
         if old == state:
             return
         check_transition(old, state)
-        if state != "failed":
+        if state != State.FAILED:
             self.failed_why = None
         self.state = state
         self.state_since = self.clock.monotonic()

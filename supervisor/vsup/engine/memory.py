@@ -6,7 +6,7 @@ GPU memory utilization (0.9, 125.82 GiB)`; exitreason.py calls that `gpu_memory_
 Restarting into the same wall burns the restart policy's failures and fixes nothing. What to
 do depends on who holds the memory:
 - a process that is no instance's (another user's job, a leftover EngineCore): *wait* for it
-  to go - the instance stays `backoff`/`starting` with `waiting_for` saying who holds how much,
+  to go - the instance stays `backoff`/`starting` with its `wait` saying who holds how much,
   and starts once the memory is there; no failure is counted;
 - the layout's own instances (the utilizations on that GPU add up to more than it has): *short*,
   a person must change the layout - the instance fails fast;
@@ -63,6 +63,11 @@ class Fit(StrEnum):
 class Verdict:
     fit: Fit
     message: str | None = None
+    # WAIT: the processes that are no instance's, what they hold on the GPUs short of memory
+    # (summed over those GPUs), and those GPUs
+    pids: tuple[int, ...] = ()
+    held_bytes: int | None = None
+    gpus: tuple[int, ...] = ()
 
 
 def judge(
@@ -79,6 +84,8 @@ def judge(
     util = utilization if utilization is not None else VLLM_DEFAULT_UTILIZATION
     waits: list[str] = []
     shorts: list[str] = []
+    holders: list[Holder] = []
+    short_gpus: list[int] = []
     for g in gpus:
         own = sum(h.bytes or 0 for h in g.holders if h.pid in own_pids or h.instance == name)
         free = g.total_bytes - g.used_bytes + own
@@ -98,6 +105,8 @@ def judge(
                 for h in foreign
             )
             waits.append(f"GPU {g.index}: {who} (no instance's); {want}")
+            holders.extend(foreign)
+            short_gpus.append(g.index)
         elif unlisted >= needed - free:
             return None  # memory nobody is listed for (no per-process figures): cannot tell
         else:
@@ -107,7 +116,14 @@ def judge(
             held = f"instances {', '.join(mates)} hold the rest" if mates else "it is in use"
             shorts.append(f"GPU {g.index}: {want}; {held}")
     if waits:
-        return Verdict(Fit.WAIT, "memory held by other processes: " + "; ".join(waits))
+        sizes = [h.bytes for h in holders if h.bytes is not None]
+        return Verdict(
+            Fit.WAIT,
+            "memory held by other processes: " + "; ".join(waits),
+            pids=tuple(dict.fromkeys(h.pid for h in holders)),
+            held_bytes=sum(sizes) if sizes else None,
+            gpus=tuple(short_gpus),
+        )
     if shorts:
         return Verdict(
             Fit.SHORT,

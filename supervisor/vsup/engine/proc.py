@@ -75,6 +75,9 @@ def read_stat(pid: int) -> ProcInfo | None:
     )
 
 
+# /proc/PID/stat's state letter of a process that ended and waits to be reaped.
+ZOMBIE = "Z"
+
 _STATE_WORDS = {
     "D": "uninterruptible sleep, waiting on the kernel or a driver",
     "R": "running",
@@ -159,7 +162,7 @@ def live_tree(
             continue
         seen.add(info.pid)
         # a zombie holds nothing, but its live children (re-parented later) still count
-        if info.state != "Z":
+        if info.state != ZOMBIE:
             found[info.pid] = info
         stack.extend(children.get(info.pid, ()))
     return found
@@ -249,7 +252,7 @@ class RunningProcess:
             info = read_stat(self.pid)
             if (
                 info is None
-                or info.state == "Z"
+                or info.state == ZOMBIE
                 or not same_process(info.create_time, self.create_time)
             ):
                 self.close()
@@ -281,7 +284,7 @@ class RunningProcess:
                 info = read_stat(self.pid)
                 if (
                     info is None
-                    or info.state == "Z"
+                    or info.state == ZOMBIE
                     or not same_process(info.create_time, self.create_time)
                 ):
                     break

@@ -21,6 +21,7 @@ vLLM exits 0 after its engine died (`engine_dead`), so the reason, not the code,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from vsup.engine.states import ExitReason as R
 from vsup.layout.spec import RestartPolicy
@@ -29,11 +30,19 @@ from vsup.layout.spec import RestartPolicy
 DETERMINISTIC = frozenset({R.BAD_ARGS, R.MODEL_NOT_FOUND, R.PORT_IN_USE})
 
 
+class Action(StrEnum):
+    """What follows an exit."""
+
+    RESTART = "restart"  # after the decision's delay_s (backoff)
+    FAILED = "failed"  # the breaker tripped: only a person starts it again
+    STOPPED = "stopped"  # nothing to restart (asked for, or a clean exit)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do after an exit: `restart` after `delay_s`, or stay `failed` / `stopped`."""
 
-    action: str  # restart | failed | stopped
+    action: Action
     delay_s: float = 0.0
     failures: int = 0  # consecutive failures counted so far
     why: str = ""
@@ -77,20 +86,20 @@ class RestartTracker:
             self.reset()
         failure = is_failure(reason, code)
         if not failure and policy.policy != "always":
-            return Decision("stopped", failures=self.failures, why="clean exit")
+            return Decision(Action.STOPPED, failures=self.failures, why="clean exit")
         self.failures += 1
         if reason in DETERMINISTIC:
             self.deterministic_failures += 1
             if self.deterministic_failures >= self.deterministic_spawns:
-                return Decision("failed", failures=self.failures, why=f"{reason} recurs")
+                return Decision(Action.FAILED, failures=self.failures, why=f"{reason} recurs")
         else:
             self.deterministic_failures = 0
         if policy.policy == "never":
-            return Decision("failed", failures=self.failures, why="restart policy is never")
+            return Decision(Action.FAILED, failures=self.failures, why="restart policy is never")
         if policy.max_failures > 0 and self.failures >= policy.max_failures:
             return Decision(
-                "failed",
+                Action.FAILED,
                 failures=self.failures,
                 why=f"{self.failures} consecutive failures (max_failures = {policy.max_failures})",
             )
-        return Decision("restart", backoff_delay(policy, self.failures), self.failures)
+        return Decision(Action.RESTART, backoff_delay(policy, self.failures), self.failures)

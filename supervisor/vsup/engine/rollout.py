@@ -12,23 +12,25 @@ Waves follow the layout's order. Instances that are not serving when the layout 
 (stopped, failed, starting, backing off) and new ones start at once, under the ordinary device
 rules (scheduler.py); so do restarts with `--all-at-once`.
 
-This module is the rollout's record (what the status JSON shows) and the wave plan; the engine
-drives it (Engine._roll).
+A rollout is kept in the daemon's state file (`to_record`): a daemon killed in the middle of
+one leaves it `running` there, and the next daemon reports it `interrupted`
+(`Rollout.interrupted`) with the instances it finds on their old spec; `vsup up` of the layout
+restarts those (the plan's `restart`, in a new rollout).
+
+This module is the rollout's record (what the status JSON shows, `status()`) and the wave plan;
+the engine drives it (Engine._roll).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from vsup.snapshot import RolloutStatus
+from vsup.states import RolloutState
 
-class RolloutState(StrEnum):
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"  # a wave ended with an instance not ready; later waves were not started
-    SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
-    CANCELLED = "cancelled"  # the engine shut down
+__all__ = ["Rollout", "RolloutState", "plan_waves"]
 
 
 def plan_waves(names: tuple[str, ...], max_unavailable: int) -> list[tuple[str, ...]]:
@@ -53,6 +55,7 @@ class Rollout:
     state: RolloutState = RolloutState.RUNNING
     failure: str | None = None
     ended_at: str | None = None
+    interrupted_at: str | None = None  # when a later daemon found it unfinished
 
     def __post_init__(self) -> None:
         self.waves = plan_waves(self.names, self.max_unavailable)
@@ -86,17 +89,99 @@ class Rollout:
         if state != RolloutState.FAILED:
             self.current = ()
 
+    def status(self, outdated: Collection[str] | None = None) -> RolloutStatus:
+        """The status JSON's `rollout`. `outdated`: the instances that run another spec than
+        the layout now (the daemon knows); without it, those not yet restarted."""
+        if outdated is None:
+            old = tuple(n for n in self.names if n not in self.done)
+        else:
+            old = tuple(n for n in self.names if n in outdated)
+        return RolloutStatus(
+            state=str(self.state),
+            wave=self.wave,
+            waves=len(self.waves),
+            done=len(self.done),
+            total=self.total,
+            current=tuple(self.current),
+            pending=self.pending,
+            max_unavailable=self.max_unavailable,
+            failure=self.failure,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            names=self.names,
+            restarted=tuple(self.done),
+            old_config=old,
+            drain_timeout_s=self.drain_timeout_s,
+            interrupted_at=self.interrupted_at,
+        )
+
     def to_json(self) -> dict[str, Any]:
+        """`status()` as JSON data (the journal's `rollout` events)."""
+        s = self.status()
         return {
-            "state": str(self.state),
-            "wave": self.wave,
-            "waves": len(self.waves),
-            "done": len(self.done),
-            "total": self.total,
-            "current": list(self.current),
-            "pending": list(self.pending),
-            "max_unavailable": self.max_unavailable,
-            "failure": self.failure,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
+            "state": s.state,
+            "wave": s.wave,
+            "waves": s.waves,
+            "done": s.done,
+            "total": s.total,
+            "current": list(s.current),
+            "pending": list(s.pending),
+            "max_unavailable": s.max_unavailable,
+            "failure": s.failure,
+            "started_at": s.started_at,
+            "ended_at": s.ended_at,
+            "names": list(s.names),
+            "restarted": list(s.restarted),
+            "old_config": list(s.old_config),
+            "drain_timeout_s": s.drain_timeout_s,
+            "interrupted_at": s.interrupted_at,
         }
+
+    def to_record(self) -> dict[str, Any]:
+        """What the state file keeps: enough for `from_record` to rebuild it exactly."""
+        return {
+            "names": list(self.names),
+            "max_unavailable": self.max_unavailable,
+            "drain_timeout_s": self.drain_timeout_s,
+            "started_at": self.started_at,
+            "wave": self.wave,
+            "done": list(self.done),
+            "current": list(self.current),
+            "state": str(self.state),
+            "failure": self.failure,
+            "ended_at": self.ended_at,
+            "interrupted_at": self.interrupted_at,
+        }
+
+    @classmethod
+    def from_record(cls, doc: Mapping[str, Any]) -> Rollout:
+        """The inverse of `to_record`; raises ValueError naming what is wrong."""
+        try:
+            names = tuple(str(n) for n in doc["names"])
+            drain = doc.get("drain_timeout_s")
+            r = cls(
+                names,
+                int(doc.get("max_unavailable", 1)),
+                None if drain is None else float(drain),
+                doc.get("started_at"),
+            )
+            r.wave = int(doc.get("wave", 0))
+            r.done = [str(n) for n in doc.get("done") or () if n in names]
+            r.current = tuple(str(n) for n in doc.get("current") or () if n in names)
+            r.state = RolloutState(doc.get("state", "running"))
+            r.failure = doc.get("failure")
+            r.ended_at = doc.get("ended_at")
+            r.interrupted_at = doc.get("interrupted_at")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"rollout: {type(exc).__name__}: {exc}") from None
+        if not 0 <= r.wave <= len(r.waves):
+            raise ValueError(f"rollout: wave {r.wave} of {len(r.waves)}")
+        return r
+
+    def interrupted(self, at: str) -> None:
+        """Its daemon ended before it did (a later daemon calls this when it finds it
+        `running` in the state file, or `cancelled`: the engine shut down under it): nothing
+        drives it any more."""
+        if self.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
+            self.state = RolloutState.INTERRUPTED
+            self.interrupted_at = at

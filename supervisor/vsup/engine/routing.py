@@ -13,25 +13,51 @@ worker answers) and `RouterMembership` adds the ready instances through its work
 instance state change wakes one reconcile task (debounced, serialised, retried while the
 router does not answer); before the engine stops, restarts or drains a member it calls `leave`,
 which removes it from the router first, so it gets no new request while its running ones end.
+
+Workers vsup did not add: vllm-router's worker API has no authentication, so anyone who reaches
+its port can add a server of their own. While the router serves, a watch reads its worker list
+every WATCH_S and removes any worker that is no member at once; each removal is counted
+(`foreign`), journaled (`router_foreign_worker`, rate-limited) and kept for the advice and the
+status for FOREIGN_RECENT_S (docs/router.md, "Workers vsup did not add").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from vsup.clock import Clock, iso_utc
+from vsup.engine.adoption import take_over
+from vsup.engine.health import HttpGetter
+from vsup.engine.host import EngineHost
 from vsup.engine.instance import AdoptRecord, Instance
-from vsup.engine.proc import RunningProcess, read_stat, same_process
+from vsup.engine.memory import GpuMemoryView
+from vsup.engine.proc import ProcInfo
 from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
+from vsup.engine.scheduler import DeviceScheduler
+from vsup.engine.settings import EngineSettings
+from vsup.engine.states import IDLE, State
+from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.layout.spec import InstanceSpec
-from vsup.router import RouterClient, RouterError, RouterMembership, RouterMetrics, RouterSpec
+from vsup.router import (
+    EXCLUDED,
+    ForeignWorker,
+    RouterClient,
+    RouterError,
+    RouterMembership,
+    RouterMetrics,
+    RouterSpec,
+)
+from vsup.snapshot import RouterForeignWorker, RouterStatus, RouterWorker
+from vsup.telemetry.httpget import HttpError
 
 log = logging.getLogger("vsup.engine")
 
@@ -51,6 +77,15 @@ DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
 # A rollout waits at most this long for a restarted instance to be a worker again (add_worker
 # waits for its /health, which a ready instance answers at once).
 JOIN_TIMEOUT_S = 30.0
+# While the router serves, its worker list is read this often and a worker vsup did not add is
+# removed (docs/router.md: the worker API has no authentication).
+WATCH_S = 0.1
+WATCH_TIMEOUT_S = 2.0
+# A foreign worker is news (event, advice, alert) for this long after its last removal...
+FOREIGN_RECENT_S = 600.0
+# ... and while it keeps coming back, its event is journaled at most this often.
+FOREIGN_EVENT_S = 60.0
+FOREIGN_MAX = 64  # foreign URLs remembered at once (someone may add many)
 
 
 @dataclass(frozen=True)
@@ -102,15 +137,37 @@ def process_spec(spec: RouterSpec) -> RouterProcessSpec:
 
 
 class _RouterHost:
-    """The engine as the router's Runner sees it: events name the router, not an instance,
-    and a resume after stuck processes starts the router."""
+    """The engine as the router's Runner sees it (a RunnerHost): events name the router, not an
+    instance; its only instance is the router; a resume after stuck processes starts the
+    router. Everything else is the engine's."""
 
-    def __init__(self, engine: Any, sup: RouterSupervisor) -> None:
+    def __init__(self, engine: EngineHost, sup: RouterSupervisor) -> None:
         self._engine = engine
         self._sup = sup
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    @property
+    def clock(self) -> Clock:
+        return self._engine.clock
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self._engine.settings
+
+    @property
+    def gpu_release_check(self) -> GpuReleaseCheck | None:
+        return self._engine.gpu_release_check
+
+    @property
+    def requests_running(self) -> RequestsRunning | None:
+        return self._engine.requests_running
+
+    @property
+    def gpu_memory(self) -> GpuMemoryView | None:
+        return self._engine.gpu_memory
+
+    @property
+    def scheduler(self) -> DeviceScheduler:
+        return self._engine.scheduler
 
     @property
     def instances(self) -> Mapping[str, Instance]:
@@ -124,6 +181,18 @@ class _RouterHost:
     def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
         self._sup.emit(kind, **fields)
 
+    def notify(self) -> None:
+        self._engine.notify()
+
+    def http_client(self) -> HttpGetter:
+        return self._engine.http_client()
+
+    async def scan_processes(self) -> dict[int, ProcInfo]:
+        return await self._engine.scan_processes()
+
+    def spawn_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        return self._engine.spawn_background(coro)
+
     async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None:
         await self._sup.start(automatic=automatic)
 
@@ -131,8 +200,7 @@ class _RouterHost:
 class RouterSupervisor:
     """The layout's router (at most one) and its membership; `engine.router`."""
 
-    def __init__(self, engine: Any) -> None:
-        # the Engine (not imported: engine.py imports this module)
+    def __init__(self, engine: EngineHost) -> None:
         self.e = engine
         self.spec: RouterSpec | None = None
         self.inst: Instance | None = None
@@ -146,11 +214,15 @@ class RouterSupervisor:
         self.metrics: RouterMetrics | None = None
         self.requests_per_s: float | None = None
         self.errors_per_s: float | None = None
+        # workers someone else added through the router's open worker API, by URL (watch)
+        self.foreign: dict[str, ForeignWorker] = {}
+        self._foreign_told: dict[str, float] = {}  # url -> when its last event was sent
         self._last_counts: tuple[float, float | None, float | None] | None = None
         self._host = _RouterHost(engine, self)
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -159,17 +231,18 @@ class RouterSupervisor:
         port = self.spec.port if self.spec is not None else None
         self.e.emit(None, kind, router=port, **fields)
 
-    def _on_state(self, inst: Instance, old: str, new: str) -> None:
+    def _on_state(self, inst: Instance, old: State, new: State) -> None:
         self.emit("state", **{"from": old, "to": new})
-        if new == "ready":
+        if new == State.READY:
             self.wake()
+            self._watch()
         self.e.notify()
 
-    def instance_state(self, name: str, new: str) -> None:
+    def instance_state(self, name: str, new: State) -> None:
         """An instance changed state (the engine calls this): membership follows."""
         if self.membership is None or name not in self.membership.workers:
             return
-        if new != "ready":
+        if new != State.READY:
             # its state keeps it out from now on; once ready again it joins
             self.membership.rejoin(name)
         self.wake()
@@ -201,7 +274,7 @@ class RouterSupervisor:
             await self._replace_client(spec)
             await self.restart(spec)
             return "restart"
-        idle = self.inst.state in ("stopped", "failed") and not self.inst.supervised
+        idle = self.inst.state in IDLE and not self.inst.supervised
         self.inst.set_spec(process_spec(spec))
         if idle:
             await self.start()
@@ -217,40 +290,19 @@ class RouterSupervisor:
             return "start"
         if not self.spec.same_process(spec):
             return "restart"
-        if self.inst.state in ("stopped", "failed") and not self.inst.supervised:
+        if self.inst.state in IDLE and not self.inst.supervised:
             return "start"
         return "update" if self.spec != spec else "unchanged"
 
     def adopt(self, spec: RouterSpec, record: AdoptRecord) -> bool:
-        """Take over a router an earlier daemon started (pid, start time and group must still
-        match). False when it is gone: it is registered stopped; start it (or apply)."""
+        """Take over a router an earlier daemon started (adoption.py: pid, start time and group
+        must still match). False when it is gone: it is registered stopped, its exit
+        classified; start it (or apply)."""
         self.spec = spec
         self.membership = RouterMembership(spec.workers)
         inst = self._new(spec)
-        lc = inst.lifecycle
-        lc.run = record.run
-        lc.restarts = record.restarts
-        info = read_stat(record.pid)
-        why = None
-        if info is None or info.state == "Z":
-            why = f"pid {record.pid} is gone"
-        elif not same_process(info.create_time, record.create_time) or info.pgid != record.pgid:
-            why = f"pid {record.pid} is now another process"
-        proc = RunningProcess(record.pid, record.pgid, record.create_time, record.run, None, {})
-        if why is None:
-            try:
-                proc.watch()
-            except ProcessLookupError:
-                why = f"pid {record.pid} ended while being adopted"
-        if why is not None:
-            self.emit("adopt", adopted=False, pid=record.pid, run=record.run, why=why)
+        if not take_over(self._host, inst, record):
             return False
-        inst.adopted = True
-        inst.process = proc
-        inst.control.want = True
-        lc.spawned(record.run, started_ago_s=self.e.clock.wall() - record.create_time)
-        lc.restarts = record.restarts
-        self.emit("adopt", adopted=True, pid=record.pid, pgid=record.pgid, run=record.run)
         self._ensure_runner()
         return True
 
@@ -268,7 +320,7 @@ class RouterSupervisor:
         """Run the router (a failed one too: the breaker resets unless `automatic`)."""
         inst = self._need()
         self.emit("action", action="start", automatic=automatic)
-        inst.control.want = True
+        inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner()
 
@@ -276,9 +328,7 @@ class RouterSupervisor:
         """End the running router and start it again (with `spec`, when given)."""
         inst = self._need()
         self.emit("action", action="restart")
-        if spec is not None:
-            inst.control.next_spec = process_spec(spec)
-        self.e.relaunch(inst)
+        self.e.relaunch(inst, spec=process_spec(spec) if spec is not None else None)
         self._ensure_runner()
 
     async def stop(self) -> None:
@@ -293,7 +343,8 @@ class RouterSupervisor:
         """Stop the router (`vsup down`) or leave it running for the next daemon."""
         if stop_router:
             await self.stop()
-        for task in (self._loop_task, self.inst.control.task if self.inst else None):
+        tasks = (self._loop_task, self._watch_task, self.inst.control.task if self.inst else None)
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -313,7 +364,7 @@ class RouterSupervisor:
         if self.membership is None or self.membership.leave(name) is None:
             return
         inst = self.e.instances.get(name)
-        if inst is None or inst.state != "ready" or not self.serving:
+        if inst is None or inst.state != State.READY or not self.serving:
             self.wake()
             return
         url = self.membership.workers[name]
@@ -349,7 +400,7 @@ class RouterSupervisor:
             return True
         self.wake()
         try:
-            await asyncio.wait_for(self.e._until(lambda: not waiting()), timeout_s)
+            await asyncio.wait_for(self.e.until(lambda: not waiting()), timeout_s)
         except TimeoutError:
             log.warning("%s is ready but not back in the router after %.0f s", name, timeout_s)
             return False
@@ -359,9 +410,9 @@ class RouterSupervisor:
         """Instance states as membership reads them (an excluded one is not `ready`)."""
         out = {}
         for name, inst in self.e.instances.items():
-            state = inst.state
-            if state == "ready" and self.exclude is not None and self.exclude(name):
-                state = "excluded"
+            state: str = inst.state
+            if state == State.READY and self.exclude is not None and self.exclude(name):
+                state = EXCLUDED
             out[name] = state
         return out
 
@@ -374,7 +425,7 @@ class RouterSupervisor:
 
     @property
     def serving(self) -> bool:
-        return self.inst is not None and self.inst.state == "ready" and self.client is not None
+        return self.inst is not None and self.inst.state == State.READY and self.client is not None
 
     async def reconcile(self) -> None:
         """Make the router's workers the ready members now; raises RouterError."""
@@ -387,12 +438,16 @@ class RouterSupervisor:
         self.last_error = None
         if change:
             self.emit("router_workers", add=list(change.add), remove=list(change.remove))
+            self._note_foreign(self.membership.foreign(change.remove))
         self.e.notify()  # a rollout may wait for a member to be back (joined)
 
     async def _reconcile_loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
+            # that arrives as the event fires (gh-86296), and this loop would outlive shutdown
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), RECHECK_S)
+                async with asyncio.timeout(RECHECK_S):
+                    await self._dirty.wait()
             self._dirty.clear()
             await asyncio.sleep(DEBOUNCE_S)
             try:
@@ -416,10 +471,11 @@ class RouterSupervisor:
         assert self.client is not None and self.membership is not None
         try:
             metrics = await self.client.metrics()
-            self.in_router = await self.client.list_workers()
+            listed = await self.client.list_workers()
         except RouterError as exc:
             self.last_error = str(exc)
             return
+        self.in_router = await self._remove_foreign(listed)
         now = self.e.clock.monotonic()
         counts = (now, metrics.requests_total, metrics.errors_total)
         prev = self._last_counts
@@ -428,10 +484,120 @@ class RouterSupervisor:
         self._last_counts = counts
         self.metrics = metrics
         if set(self.in_router) != set(self.membership.desired(self.states())):
-            self.wake()  # drift (a stalled flag changed, a worker added by hand)
+            self.wake()  # drift (a stalled flag changed, a member added by hand)
 
-    def status_json(self, node_host: str | None = None) -> dict[str, Any] | None:
-        """The status JSON's `router` object, or None when the layout has no router."""
+    # -- workers vsup did not add ----------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Watch the router's worker list while it serves (one task)."""
+        if self._watch_task is None or self._watch_task.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to watch yet
+                self._watch_task = self.e.spawn_background(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        """vllm-router's worker API has no authentication (docs/router.md): anyone who reaches
+        its port can add a worker of their own and get a share of the requests. Read the list
+        every WATCH_S and remove such a worker at once, not at the next poll or reconcile."""
+        while self.serving:
+            try:
+                listed = await self._list_workers()
+            except RouterError:
+                listed = None  # the poll reports it; the next round tries again
+            if listed is not None:
+                await self._remove_foreign(listed)
+            await asyncio.sleep(WATCH_S)
+
+    async def _list_workers(self) -> list[str]:
+        """The router's worker list over the engine's kept-alive client: a tenth of httpx's
+        CPU per read (benchmarks/router_foreign.py), which the watch pays ten times a second."""
+        assert self.spec is not None
+        url = f"{self.spec.base_url}/list_workers"
+        try:
+            resp = await self.e.http_client().get(url, WATCH_TIMEOUT_S)
+            if resp.status != 200:
+                raise RouterError(f"GET {url}: HTTP {resp.status}")
+            return [str(u) for u in json.loads(resp.body).get("urls", [])]
+        except (HttpError, OSError, ValueError, AttributeError) as exc:
+            raise RouterError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+
+    async def _remove_foreign(self, listed: list[str]) -> list[str]:
+        """Remove every worker in `listed` that is no member of the layout (records it, an
+        event, advice); returns the list without them. A member listed while vsup does not
+        want it is drift for the reconcile, not foreign."""
+        if self.membership is None or self.client is None:
+            return listed
+        foreign = self.membership.foreign(listed)
+        if not foreign:
+            return listed
+        removed = []
+        for url in foreign:
+            try:
+                await self.client.remove_worker(url)
+            except RouterError as exc:
+                self.last_error = f"removing a foreign worker {url}: {exc}"
+                continue
+            removed.append(url)
+        self._note_foreign(removed)
+        return [u for u in listed if u not in removed]
+
+    def _note_foreign(self, urls: Iterable[str]) -> None:
+        """Count the removal of each foreign worker URL; journal the first of an incident and
+        then one event per FOREIGN_EVENT_S while it keeps coming back (an add_worker loop would
+        otherwise write four events a second)."""
+        if self.spec is None:
+            return
+        now_m = self.e.clock.monotonic()
+        at = iso_utc(self.e.clock.wall())
+        for url in [
+            u for u, f in self.foreign.items() if now_m - f.last_seen_mono > FOREIGN_RECENT_S
+        ]:
+            del self.foreign[url]
+            self._foreign_told.pop(url, None)
+        for url in urls:
+            old = self.foreign.get(url)
+            if old is None or now_m - old.last_seen_mono > FOREIGN_RECENT_S:
+                old = None  # a new incident
+            rec = ForeignWorker(
+                url=url,
+                first_seen=old.first_seen if old is not None else at,
+                last_seen=at,
+                removals=(old.removals if old is not None else 0) + 1,
+                last_seen_mono=now_m,
+                router_host=self.spec.host,
+                router_port=self.spec.port,
+            )
+            self.foreign.pop(url, None)  # the latest last: the oldest go first below
+            self.foreign[url] = rec
+            while len(self.foreign) > FOREIGN_MAX:
+                oldest = next(iter(self.foreign))
+                del self.foreign[oldest]
+                self._foreign_told.pop(oldest, None)
+            told = self._foreign_told.get(url)
+            if old is None or told is None or now_m - told >= FOREIGN_EVENT_S:
+                self._foreign_told[url] = now_m
+                log.warning(
+                    "router: removed worker %s, which vsup did not add (%d time(s) since %s)",
+                    url,
+                    rec.removals,
+                    rec.first_seen,
+                )
+                self.emit(
+                    "router_foreign_worker",
+                    url=url,
+                    removals=rec.removals,
+                    first_seen=rec.first_seen,
+                )
+
+    def foreign_recent(self) -> tuple[ForeignWorker, ...]:
+        """Foreign workers removed within the last FOREIGN_RECENT_S (advice, status)."""
+        now_m = self.e.clock.monotonic()
+        return tuple(
+            f for f in self.foreign.values() if now_m - f.last_seen_mono <= FOREIGN_RECENT_S
+        )
+
+    def status_json(self, node_host: str | None = None) -> RouterStatus | None:
+        """The status JSON's `router` (snapshot.RouterStatus), or None when the layout has no
+        router."""
         if self.inst is None or self.spec is None:
             return None
         inst, spec = self.inst, self.spec
@@ -444,46 +610,51 @@ class RouterSupervisor:
         for name, url in spec.workers.items():
             in_router = url in self.in_router if self.in_router is not None else None
             workers.append(
-                {
-                    "name": name,
-                    "url": url,
-                    "state": states.get(name),
-                    "in_router": in_router,
-                    "wanted": url in desired,
-                    "share": round(share[url], 4) if url in share else None,
-                    "requests_total": m.worker_requests.get(url) if m is not None else None,
-                    "healthy": (
+                RouterWorker(
+                    name=name,
+                    url=url,
+                    state=states.get(name),
+                    in_router=in_router,
+                    wanted=url in desired,
+                    share=round(share[url], 4) if url in share else None,
+                    requests_total=m.worker_requests.get(url) if m is not None else None,
+                    healthy=(
                         bool(m.worker_health[url])
                         if m is not None and url in m.worker_health
                         else None
                     ),
-                }
+                )
             )
-        last = fields["last_exit"]
-        return {
-            "state": inst.state,
-            "pid": inst.pid,
-            "host": spec.host,
-            "port": spec.port,
-            "metrics_port": spec.metrics_port,
-            "policy": spec.policy,
-            "model": spec.model,
-            "url": spec.base_url,
-            "endpoint": endpoint(spec, node_host),
-            "run": fields["run"],
-            "restarts": inst.restarts,
-            "uptime_s": fields["uptime_s"],
-            "log": str(inst.log_path()) if inst.run else None,
-            "last_exit": asdict(last) if last is not None else None,
-            "failed_why": inst.failed_why,
-            "requests_per_s": _round(self.requests_per_s),
-            "errors_per_s": _round(self.errors_per_s),
-            "requests_total": m.requests_total if m is not None else None,
-            "errors_total": m.errors_total if m is not None else None,
-            "retries_total": m.retries_total if m is not None else None,
-            "error": self.last_error,
-            "workers": workers,
-        }
+        return RouterStatus(
+            state=inst.state,
+            pid=inst.pid,
+            host=spec.host,
+            port=spec.port,
+            metrics_port=spec.metrics_port,
+            policy=spec.policy,
+            model=spec.model,
+            url=spec.base_url,
+            endpoint=endpoint(spec, node_host),
+            run=fields["run"],
+            restarts=inst.restarts,
+            uptime_s=fields["uptime_s"],
+            log=str(inst.log_path()) if inst.run else None,
+            last_exit=fields["last_exit"],
+            failed_why=inst.failed_why,
+            requests_per_s=_round(self.requests_per_s),
+            errors_per_s=_round(self.errors_per_s),
+            requests_total=m.requests_total if m is not None else None,
+            errors_total=m.errors_total if m is not None else None,
+            retries_total=m.retries_total if m is not None else None,
+            error=self.last_error,
+            workers=tuple(workers),
+            foreign_workers=tuple(
+                RouterForeignWorker(
+                    url=f.url, first_seen=f.first_seen, last_seen=f.last_seen, removals=f.removals
+                )
+                for f in self.foreign_recent()
+            ),
+        )
 
     def adopt_record(self) -> dict[str, Any] | None:
         """What the state file keeps: the spec it runs and (while it runs) its process."""
@@ -501,7 +672,8 @@ class RouterSupervisor:
     # -- internals --------------------------------------------------------------------------
 
     def _new(self, spec: RouterSpec) -> Instance:
-        logs = RunLogs(self.e.logs_dir, ROUTER_NAME, self.e.log_keep_runs, self.e.log_max_bytes)
+        st = self.e.settings
+        logs = RunLogs(self.e.logs_dir, ROUTER_NAME, st.log_keep_runs, st.log_max_bytes)
         self.inst = Instance(process_spec(spec), self.e.clock, logs, self._on_state)
         self.client = RouterClient(spec.base_url, spec.metrics_url)
         return self.inst
@@ -517,6 +689,8 @@ class RouterSupervisor:
         self.membership = None
         self.in_router = None
         self.metrics = None
+        self.foreign.clear()
+        self._foreign_told.clear()
         if self.client is not None:
             self.e.spawn_background(self.client.aclose())
             self.client = None
@@ -537,7 +711,7 @@ class RouterSupervisor:
 
 def endpoint(spec: RouterSpec, node_host: str | None = None) -> str:
     """The URL to give clients: the node's name when the router listens on every address."""
-    if spec.host in ("0.0.0.0", "", "::"):
+    if spec.listens_everywhere:
         return f"http://{node_host or socket.gethostname()}:{spec.port}"
     return spec.base_url
 

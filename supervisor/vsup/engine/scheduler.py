@@ -108,6 +108,16 @@ class DeviceScheduler:
         ahead += self._queue[: self._queue.index(req)]
         return [(h.name, h.mode) for h in ahead if _conflict(h, req)]
 
+    def blocking(self, name: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """`blockers(name)` split in two: the holds granted now (a co-tenant starting or
+        stopping) and the requests queued ahead of it (their turn comes first)."""
+        req = next((r for r in self._queue if r.name == name), None)
+        if req is None:
+            return [], []
+        held = [(h.name, h.mode) for h in self._held.values() if _conflict(h, req)]
+        ahead = self._queue[: self._queue.index(req)]
+        return held, [(h.name, h.mode) for h in ahead if _conflict(h, req)]
+
     def _grant(self) -> None:
         waiting: list[_Hold] = []
         for req in list(self._queue):

@@ -1,46 +1,28 @@
-"""The names of an instance's states and exit reasons, and the moves between states.
+"""The moves between an instance's states (the names themselves live in the leaf `vsup.states`,
+re-exported here for the engine's modules).
 
-A leaf module (stdlib and snapshot only), like supervisord's `states.py`: `Lifecycle` checks
-every change of state against `TRANSITIONS`, so a move nobody planned is a bug that shows at
-once instead of a state the dashboard cannot explain. Both enums are `StrEnum`s: their
-members are the strings the status JSON, the journal and the state file carry
-(snapshot.STATES, snapshot.EXIT_REASONS), so nothing on the wire changes.
+Like supervisord's `states.py`: `Lifecycle` checks every change of state against `TRANSITIONS`,
+so a move nobody planned is a bug that shows at once instead of a state the dashboard cannot
+explain.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from vsup.states import DONE_STARTING, IDLE, RUNNING, SERVING, ExitReason, State
 
-
-class State(StrEnum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    UNHEALTHY = "unhealthy"
-    BACKOFF = "backoff"
-    STOPPING = "stopping"
-    FAILED = "failed"
-
-
-class ExitReason(StrEnum):
-    OOM = "oom"
-    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
-    PORT_IN_USE = "port_in_use"
-    BAD_ARGS = "bad_args"
-    MODEL_NOT_FOUND = "model_not_found"
-    ENGINE_DEAD = "engine_dead"
-    KILLED = "killed"
-    STARTUP_TIMEOUT = "startup_timeout"
-    UNHEALTHY = "unhealthy"
-    STOPPED = "stopped"
-    UNKNOWN = "unknown"
-    GPU_MEMORY_INSUFFICIENT = "gpu_memory_insufficient"
-    STALLED = "stalled"  # restart.on_stall: work and no token for stall_after_s
-
+__all__ = [
+    "DONE_STARTING",
+    "IDLE",
+    "RUNNING",
+    "SERVING",
+    "TRANSITIONS",
+    "ExitReason",
+    "IllegalTransition",
+    "State",
+    "check_transition",
+]
 
 S = State
-# The states a process runs in.
-RUNNING = (S.STARTING, S.READY, S.UNHEALTHY)
 
 # from -> the states it may move to (lifecycle.py's docstring says which call makes each move).
 # `failed` is reachable from everywhere: a runner that breaks fails its instance whatever the

@@ -14,7 +14,7 @@ import asyncio
 from vsup.engine import stop
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
-from vsup.engine.proc import RunningProcess, read_stat, same_process
+from vsup.engine.proc import ZOMBIE, RunningProcess, read_stat, same_process
 from vsup.engine.states import State
 
 GPU_MEMORY_NOT_RELEASED = "gpu_memory_not_released"
@@ -22,7 +22,7 @@ GPU_MEMORY_NOT_RELEASED = "gpu_memory_not_released"
 
 async def end_tree(host: RunnerHost, inst: Instance, proc: RunningProcess) -> stop.Ended:
     """TERM, then KILL, every process of the run's group and tree; report what it took."""
-    ended = await stop.end_tree(proc, inst.spec.stop_grace_s, host.kill_wait_s)
+    ended = await stop.end_tree(proc, inst.spec.stop_grace_s, host.settings.kill_wait_s)
     if ended.signalled:
         host.emit(
             inst,
@@ -39,7 +39,10 @@ async def await_release(host: RunnerHost, inst: Instance, proc: RunningProcess) 
     """Wait (bounded) until the instance's GPUs no longer list memory of the run's
     processes; None when nothing can tell (no GPUs, no check)."""
     released, waited = await stop.await_gpu_release(
-        host.gpu_release_check, proc.tracked.keys(), inst.spec.gpus, host.gpu_release_timeout_s
+        host.gpu_release_check,
+        proc.tracked.keys(),
+        inst.spec.gpus,
+        host.settings.gpu_release_timeout_s,
     )
     if released is not None or (host.gpu_release_check is not None and inst.spec.gpus):
         inst.gpu_released = released
@@ -58,10 +61,11 @@ def fail_unreleased(host: RunnerHost, inst: Instance, whose: str) -> None:
     """The GPU still lists memory of `whose` (the instance's ended processes) after the
     release timeout: starting there again (or letting a co-tenant start) would profile memory
     that is not free. The instance fails; a person looks."""
-    inst.control.want = False
+    inst.control.stop()
     gpus = ", ".join(str(g) for g in inst.spec.gpus)
+    limit = host.settings.gpu_release_timeout_s
     why = (
-        f"GPU {gpus} still lists memory of {whose} after {host.gpu_release_timeout_s:.0f} s; "
+        f"GPU {gpus} still lists memory of {whose} after {limit:.0f} s; "
         f"not starting it there again until a person does (vsup start {inst.name})"
     )
     host.emit(
@@ -95,7 +99,9 @@ async def resume_when_gone(
         return [
             p
             for p, t in born.items()
-            if (i := read_stat(p)) is not None and i.state != "Z" and same_process(i.create_time, t)
+            if (i := read_stat(p)) is not None
+            and i.state != ZOMBIE
+            and same_process(i.create_time, t)
         ]
 
     def untouched() -> bool:
@@ -107,7 +113,7 @@ async def resume_when_gone(
 
     # the API server itself may be among them: wait for its exit to be seen too
     while (alive() or inst.process is proc) and untouched():
-        await asyncio.sleep(host.stuck_poll_s)
+        await asyncio.sleep(host.settings.stuck_poll_s)
     if not untouched():
         return
     host.emit(inst, "stuck_gone", run=proc.run, pids=list(born))

@@ -20,6 +20,7 @@ from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Node
 from vsup.fleet.query import FleetClient
 from vsup.fleet.transport import NoDaemon
+from vsup.states import PullState, RolloutState, State
 
 # States in which an instance answers requests: stopping or restarting it interrupts service.
 SERVING = ("ready", "unhealthy")
@@ -87,17 +88,27 @@ async def plan_all(fc: FleetClient, nodes: list[Node], toml: str) -> list[NodePl
 def rollout_line(r: dict[str, Any]) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)' (as `vsup up` says it)."""
     head = f"rollout wave {r.get('wave')}/{r.get('waves')}"
-    if r.get("state") == "running":
+    if r.get("state") == RolloutState.RUNNING:
         doing = f"restarting {', '.join(r.get('current') or ())}" if r.get("current") else "waiting"
         return f"{head}: {doing} ({r.get('done')}/{r.get('total')} done)"
-    if r.get("state") == "failed":
+    if r.get("state") == RolloutState.FAILED:
         return f"rollout failed: {r.get('failure')}"
     return f"rollout {r.get('state')} ({r.get('done')}/{r.get('total')} restarted)"
 
 
 def _failed_instance(doc: dict[str, Any], names: set[str]) -> str | None:
     for i in doc.get("instances", ()):
-        if i["name"] in names and i.get("state") == "failed":
+        if i["name"] not in names:
+            continue
+        pull = i.get("pull") or {}
+        if pull.get("state") == PullState.FAILED:
+            # the daemon leaves the instance stopped until the next apply: waiting for it to
+            # become ready would only wait out --timeout
+            return (
+                f"instance {i['name']} not started: the pull of {pull.get('model')} failed "
+                f"({pull.get('reason')}): {pull.get('message')}"
+            )
+        if i.get("state") == State.FAILED:
             le = i.get("last_exit") or {}
             why = i.get("failed_why") or le.get("reason") or "failed"
             return f"instance {i['name']} failed: {why}"
@@ -135,14 +146,14 @@ async def apply_and_wait(
             if line != shown:
                 say(line)
                 shown = line
-            if r.get("state") == "failed":
+            if r.get("state") == RolloutState.FAILED:
                 return str(r.get("failure") or "its rollout failed")
         failed = _failed_instance(doc, names)
         if failed:
             return failed
         states = {i["name"]: i.get("state") for i in doc.get("instances", ())}
-        rolled = not r or r.get("state") != "running"
-        if rolled and all(states.get(n) == "ready" for n in names):
+        rolled = not r or r.get("state") != RolloutState.RUNNING
+        if rolled and all(states.get(n) == State.READY for n in names):
             return None
         if time.monotonic() > deadline:
             waiting = sorted(n for n in names if states.get(n) != "ready")

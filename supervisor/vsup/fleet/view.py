@@ -1,8 +1,7 @@
 """One node as the fleet sees it: a small typed summary of its status snapshot.
 
-`summarize(doc)` reads the node's status JSON through `snapshot.StatusSnapshot.from_json` for
-the typed parts (instances, advice, node, supervisor); the router's endpoint and the rollout are
-read from the document's own objects here until the snapshot types them.
+`summarize(doc)` reads the node's status JSON through `snapshot.StatusSnapshot.from_json`: the
+instances, advice, node, supervisor, router and rollout all typed.
 """
 
 from __future__ import annotations
@@ -10,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vsup.snapshot import StatusSnapshot
+from vsup.snapshot import RolloutStatus, StatusSnapshot
+from vsup.states import RolloutState
 
 SEVERITY_RANK = {"critical": 4, "error": 3, "warning": 2, "info": 1}
 
@@ -82,13 +82,13 @@ def worst_alert(alerts: tuple[Alert, ...]) -> Alert | None:
     return best
 
 
-def rollout_text(doc: dict[str, Any] | None) -> str | None:
+def rollout_text(rollout: RolloutStatus | None) -> str | None:
     """`running 2/3`, `failed`, `done`, or None when the node never rolled."""
-    if not isinstance(doc, dict) or not doc.get("state"):
+    if rollout is None:
         return None
-    if doc["state"] == "running":
-        return f"running {doc.get('done', 0)}/{doc.get('total', 0)}"
-    return str(doc["state"])
+    if rollout.state == RolloutState.RUNNING:
+        return f"running {rollout.done}/{rollout.total}"
+    return str(rollout.state)
 
 
 def summarize(
@@ -100,7 +100,7 @@ def summarize(
     alerts = tuple(Alert(name, a.severity, a.kind, a.message, a.instance) for a in snap.advice)
     rates = [i.generation_tokens_per_s for i in snap.instances]
     known = [r for r in rates if r is not None]
-    router = doc.get("router") if isinstance(doc.get("router"), dict) else None
+    router = snap.router
     gpu_names = sorted({g.name for g in snap.gpus if g.name})
     return NodeView(
         name=name,
@@ -116,12 +116,12 @@ def summarize(
         layout=snap.supervisor.layout,
         alerts=len(alerts),
         worst=worst_alert(alerts),
-        router=router.get("endpoint") if router else None,
-        router_state=router.get("state") if router else None,
+        router=router.endpoint if router is not None else None,
+        router_state=router.state if router is not None else None,
         tokens_per_s=round(sum(known), 1) if known else None,
         vsup_version=snap.supervisor.version,
         vllm_version=info.get("vllm_version"),
-        rollout=rollout_text(doc.get("rollout")),
+        rollout=rollout_text(snap.rollout),
         advice=alerts,
         **extra,
     )

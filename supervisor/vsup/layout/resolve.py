@@ -57,6 +57,9 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         unhealthy_grace_s=float(v["unhealthy_grace_s"]),
         stall_after_s=float(v.get("stall_after_s", InstanceSpec.stall_after_s)),
         profiles=tuple(layout.profiles),
+        revision=v.get("revision"),
+        hf_token_env=v.get("hf_token_env"),
+        pull=bool(v.get("pull", True)),
     )
 
 

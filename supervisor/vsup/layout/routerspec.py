@@ -14,6 +14,7 @@ from vsup.layout.model import Layout
 from vsup.layout.schema import ROUTER_DEFAULTS
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
+WILDCARD_HOSTS = ("0.0.0.0", "", "::")
 # vllm-router polls a starting worker list every 30 s by default and binds its port only once
 # they all answer /health: a 30 s stall for nothing. vsup hands it ready workers only.
 STARTUP_CHECK_INTERVAL_S = 1
@@ -28,7 +29,7 @@ class RouterSpec:
 
     port: int
     metrics_port: int
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # this node only (docs/router.md: the worker API is open)
     policy: str = "cache_aware"
     model: str | None = None
     command: tuple[str, ...] = ("vllm-router",)
@@ -39,9 +40,14 @@ class RouterSpec:
     workers: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def listens_everywhere(self) -> bool:
+        """A wildcard bind: every address of the node."""
+        return self.host in WILDCARD_HOSTS
+
+    @property
     def client_host(self) -> str:
         """Where vsup (and a client on this node) connects: loopback for a wildcard bind."""
-        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return "127.0.0.1" if self.listens_everywhere else self.host
 
     @property
     def base_url(self) -> str:

@@ -129,6 +129,21 @@ def _api_key_env(v: Any) -> str | None:
     )
 
 
+def _hf_token_env(v: Any) -> str | None:
+    if ENV_NAME_RE.match(v):
+        return None
+    return (
+        f"{v!r} is not an environment variable name: hf_token_env names the daemon's variable "
+        'that holds a Hugging Face token (e.g. "HF_TOKEN"), never the token itself'
+    )
+
+
+def _revision(v: Any) -> str | None:
+    if v.strip() and not any(c.isspace() for c in v):
+        return None
+    return 'must name a branch, tag or commit of the hub model, e.g. revision = "main"'
+
+
 def _metrics_listen(v: Any) -> str | None:
     try:
         parse_listen(v)
@@ -187,7 +202,15 @@ LAYOUT_KEYS: dict[str, Key] = {
 }
 
 # What `[alerts] kinds` may name (control/alerts.py maps advice and daemon events onto them).
-ALERT_KINDS = ("crash_loop", "failed", "preempting", "gpu_health", "daemon_restarted", "stalled")
+ALERT_KINDS = (
+    "crash_loop",
+    "failed",
+    "preempting",
+    "gpu_health",
+    "daemon_restarted",
+    "stalled",
+    "router_foreign_worker",
+)
 SEVERITIES = ("info", "warning", "critical")
 
 
@@ -265,6 +288,14 @@ COMMON_KEYS: dict[str, Key] = {
             "fraction of each GPU's memory the instance may take",
             _utilization,
         ),
+        Key("revision", "str", "the hub model's branch, tag or commit to load", _revision),
+        Key(
+            "hf_token_env",
+            "str",
+            "the daemon's variable holding a Hugging Face token (gated/private models)",
+            _hf_token_env,
+        ),
+        Key("pull", "bool", "pull the hub model before the start (default true; docs/pull.md)"),
     )
 }
 
@@ -315,7 +346,7 @@ ROUTER_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
         Key("port", "int", "the one port clients send requests to", _port),
-        Key("host", "str", "the address the router listens on"),
+        Key("host", "str", "the address the router listens on (default 127.0.0.1: this node)"),
         Key("metrics_port", "int", "the router's Prometheus port (default: port + 1)", _port),
         Key("policy", "str", "vllm-router's load-balancing policy", _router_policy),
         Key("model", "str", "route only the instances serving this model (default: all)"),
@@ -326,7 +357,8 @@ ROUTER_KEYS: dict[str, Key] = {
     )
 }
 ROUTER_DEFAULTS: dict[str, Any] = {
-    "host": "0.0.0.0",
+    # this node only: vllm-router's worker API is open to whoever reaches its port (router.md)
+    "host": "127.0.0.1",
     "policy": "cache_aware",  # the router's own default; good for shared prompt prefixes
     "command": ["vllm-router"],
 }

@@ -13,7 +13,10 @@ are not secrets.
 Values: a string looks like a token when it carries a known token prefix (`hf_`, `sk-`, `ghp_`,
 `github_pat_`, `glpat-`, `xox?-`, `AKIA`, a JWT, `Bearer ...`) or is one long random-looking
 word. Model ids and paths hold `/` or `.`, commit hashes and UUIDs are hex: none of those is
-taken for a token.
+taken for a token. A value also carries a credential when it holds a URL with a password
+(`https://user:pass@host`) or, on one line, a `NAME=VALUE` pair whose NAME names a secret by the
+rule above (`password=...`, `token=...`, `?api_key=...` in a URL, a DSN's `password=`); a
+placeholder (`$VAR`, `${VAR}`, `<...>`, `***`) is not a credential.
 """
 
 from __future__ import annotations
@@ -54,6 +57,30 @@ _CAMEL_WORD = re.compile(r"[A-Z]?[a-z]{3,}")
 _ENTROPY_BITS = 4.2
 
 
+# A URL whose user part has a password: scheme://user:password@host
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:([^/\s@]+)@")
+# NAME=VALUE after a separator a URL query, a DSN or a command line uses
+_PAIR = re.compile(r"(?:^|[?&;,\s])([A-Za-z][A-Za-z0-9_.\-]*)=([^\s&;,]+)")
+_PLACEHOLDER = re.compile(r"^(?:\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[^>]*>|\*+|\.\.\.)$")
+# what secret_value_kind says of a credential inside a longer value (the fix differs)
+URL_PASSWORD = "a URL with a password in it (user:password@host)"
+SECRET_PAIR = "a credential ({name}=...)"
+
+
+def credential_kind(value: str) -> str | None:
+    """What credential a longer value carries ("a URL with a password in it ..."), else None."""
+    m = _URL_PASSWORD.search(value)
+    if m and not _PLACEHOLDER.match(m.group(1)):
+        return URL_PASSWORD
+    if "\n" in value:
+        return None  # a multi-line text (a chat template, say): its `x=y` are not settings
+    for m in _PAIR.finditer(value):
+        name, secret = m.group(1), m.group(2).strip("'\"")
+        if is_secret_name(name) and secret and not _PLACEHOLDER.match(secret):
+            return SECRET_PAIR.format(name=name)
+    return None
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a variable or flag name names a secret (see the module docstring)."""
     return bool(SECRET_NAME.search(name.strip()))
@@ -62,6 +89,9 @@ def is_secret_name(name: str) -> bool:
 def secret_value_kind(value: str) -> str | None:
     """What a string looks like when it looks like a credential ("a Hugging Face token"), else
     None."""
+    carried = credential_kind(value)
+    if carried:
+        return carried
     for pattern, kind in _PREFIXED:
         if pattern.search(value):
             return kind

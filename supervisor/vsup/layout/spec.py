@@ -60,6 +60,15 @@ class InstanceSpec:
     # instance is `stalled` (telemetry/stall.py); 0 turns the detection off
     stall_after_s: float = 60.0
     profiles: tuple[str, ...] = ()
+    # A hub model (docs/pull.md): the revision (branch, tag or commit) every replica loads; the
+    # daemon's variable holding a Hugging Face token (never the token); whether vsup pulls it
+    # into the cache before the start (False: vLLM downloads it itself, as without vsup).
+    revision: str | None = None
+    hf_token_env: str | None = None
+    pull: bool = True
+    # Set by the daemon, never by a layout: the local snapshot a pull left in the cache. vLLM
+    # then loads it offline (HF_HUB_OFFLINE=1) under the model's name (--served-model-name).
+    model_path: str | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -101,10 +110,17 @@ class InstanceSpec:
 
     def argv(self) -> list[str]:
         """The vLLM command line. The API key is never in it (see `child_env`)."""
-        argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
+        model = self.model_path or self.model
+        argv = [*self.command, "--model", model, "--host", self.host, "--port", str(self.port)]
         if self.gpus and self.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
         args = dict(self.args)
+        if self.model_path:
+            # clients keep asking for the hub id, not the snapshot's path
+            if find_arg(args, "served-model-name") is None:
+                args["served-model-name"] = self.model
+        elif self.revision and find_arg(args, "revision") is None:
+            args["revision"] = self.revision
         shape = self.parallel
         # The TP size follows from the GPUs: all of them, or each DP rank's (and PP stage's)
         # share. Writing --tensor-parallel-size len(gpus) beside --data-parallel-size N would ask
@@ -128,6 +144,13 @@ class InstanceSpec:
             secret = (base if base is not None else os.environ).get(self.api_key_env)
             if secret:
                 env["VLLM_API_KEY"] = secret
+        if self.model_path:
+            # pulled: every file is in the snapshot, so no replica asks the hub (nor needs a token)
+            env["HF_HUB_OFFLINE"] = "1"
+        elif self.hf_token_env:
+            token = (base if base is not None else os.environ).get(self.hf_token_env)
+            if token:
+                env["HF_TOKEN"] = token
         return env
 
     def arg(self, name: str, default: Any = None) -> Any:

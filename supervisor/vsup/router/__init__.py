@@ -5,9 +5,11 @@ instances. No engine, control or UI code: the engine drives it (see docs/router.
 # the spec is resolved from the layout like an InstanceSpec: it lives in the layout package
 from vsup.layout.routerspec import RouterSpec, router_spec
 from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
-from vsup.router.membership import MembershipChange, RouterMembership
+from vsup.router.membership import EXCLUDED, ForeignWorker, MembershipChange, RouterMembership
 
 __all__ = [
+    "EXCLUDED",
+    "ForeignWorker",
     "MembershipChange",
     "RouterClient",
     "RouterError",

@@ -8,7 +8,6 @@ answers /health (it waits for that), 400 "already exists"; `POST /remove_worker?
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,17 +131,6 @@ class RouterClient:
         resp = await self._call("POST", "/remove_worker", params={"url": url})
         if resp.status_code != 200:
             raise RouterError(f"remove worker {url}: HTTP {resp.status_code}: {resp.text[:200]}")
-
-    async def set_workers(self, urls: Iterable[str]) -> None:
-        """Add what is missing, remove what is extra (removals first)."""
-        want = list(dict.fromkeys(urls))
-        have = await self.list_workers()
-        for url in have:
-            if url not in want:
-                await self.remove_worker(url)
-        for url in want:
-            if url not in have:
-                await self.add_worker(url)
 
     async def alive(self) -> bool:
         """Whether the router answers (`/liveness`; `/readiness` is 503 with no worker)."""

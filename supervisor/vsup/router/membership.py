@@ -11,10 +11,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vsup.router.client import RouterClient
+from vsup.states import State
 
-READY = "ready"
+# What the engine reports for a ready instance that must get no request (a stalled engine).
+EXCLUDED = "excluded"
+
+
+@dataclass(frozen=True)
+class ForeignWorker:
+    """A worker someone else added to the router, as vsup found and removed it."""
+
+    url: str
+    first_seen: str  # ISO-8601 UTC of the first removal of this incident
+    last_seen: str  # and of the latest
+    removals: int  # how often vsup removed it (it comes back while something re-adds it)
+    last_seen_mono: float  # the clock's monotonic seconds of the latest removal
+    router_host: str  # the address the router listens on (what let it in)
+    router_port: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "removals": self.removals,
+        }
 
 
 @dataclass(frozen=True)
@@ -46,7 +70,7 @@ class RouterMembership:
         return [
             url
             for name, url in self.workers.items()
-            if states.get(name) == READY and name not in self._leaving
+            if states.get(name) == State.READY and name not in self._leaving
         ]
 
     def plan(self, states: Mapping[str, str], current: Iterable[str]) -> MembershipChange:
@@ -59,6 +83,12 @@ class RouterMembership:
             add=tuple(u for u in want if u not in have),
             remove=tuple(u for u in have if u not in want),
         )
+
+    def foreign(self, urls: Iterable[str]) -> tuple[str, ...]:
+        """The URLs in `urls` that are no member's: workers someone else added through the
+        router's API (which has no authentication), to be removed at once."""
+        mine = set(self.workers.values())
+        return tuple(u for u in dict.fromkeys(urls) if u not in mine)
 
     def leave(self, name: str) -> str | None:
         """Mark `name` as leaving (a drain, stop or restart is about to start): it stays out

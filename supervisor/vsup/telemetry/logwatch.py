@@ -6,7 +6,8 @@ so a burst never stalls the caller; the next poll continues), from a regular fil
 blocking on anything but the disk. It is meant to run in a worker thread
 (`await asyncio.to_thread(watcher.poll)`) or, with a small `max_read`, inline. A line is only
 processed once its newline arrived; a file that shrank (truncated or replaced) is re-read from
-its start.
+its start; a part released past the run log's cap (a hole, engine/runlog.py) is skipped, and
+reading resumes at the next whole line after it.
 
 Readiness lines (a hint; `/health` decides): `Starting vLLM server on http://HOST:PORT` (0.32),
 `Starting vLLM API server on http://HOST:PORT` (older), then uvicorn's
@@ -21,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from vsup.fsutil import data_from, hole_from
 from vsup.logtext import render_line
 from vsup.telemetry.backend import BackendDetector, BackendInfo
 from vsup.telemetry.memprofile import MemoryLines
@@ -59,6 +61,7 @@ class LogWatcher:
         self.max_read = max_read
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self._partial = b""
+        self._resync = False  # skip to the next line start (after a released part)
         self.backend = BackendDetector()
         self.memory = MemoryLines()
         self.listen_url: str | None = None  # from "Starting vLLM (API )server on URL"
@@ -94,16 +97,27 @@ class LogWatcher:
                 restarted = False
                 if size < self.offset:
                     self.offset = 0
-                    self._partial = b""
+                    self._partial, self._resync = b"", False
                     restarted = True
                 if size == self.offset:
                     return LogUpdate((), 0, self.offset, restarted)
+                fd = f.fileno()
+                at = data_from(fd, self.offset)
+                if at > self.offset:
+                    # released past the cap: what was half read before it never ends
+                    self.offset, self._partial, self._resync = at, b"", True
+                end = min(size, hole_from(fd, self.offset), self.offset + self.max_read)
                 f.seek(self.offset)
-                data = f.read(min(self.max_read, size - self.offset))
+                data = f.read(max(0, end - self.offset))
         except FileNotFoundError:
             return LogUpdate((), 0, self.offset)
         self.offset += len(data)
         chunk = self._partial + data
+        if self._resync:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return LogUpdate((), len(data), self.offset, restarted)
+            chunk, self._resync = chunk[nl + 1 :], False
         parts = chunk.split(b"\n")
         self._partial = parts.pop()
         # A partial line never grows without bound: past the cap it is cut and kept as a line.

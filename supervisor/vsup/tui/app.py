@@ -23,6 +23,7 @@ from textual.worker import Worker, WorkerState
 
 from vsup.clock import Clock, SystemClock
 from vsup.snapshot import InstanceStatus, StatusSnapshot
+from vsup.states import State
 from vsup.tui import layout_edit, rows
 from vsup.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
 from vsup.tui.history import History
@@ -121,6 +122,7 @@ class DashboardApp(App[None]):
         self._log_pos: tuple[str, Any, int] | None = None  # (name, run, offset) shown
         self._config_key: tuple | None = None
         self._no_log: tuple[str, int | None] | None = None  # (instance, run) without a log
+        self._save_outdated: list[str] = []  # what the last save's answer said runs older specs
 
     # -- screens ----------------------------------------------------------------------------
 
@@ -264,7 +266,7 @@ class DashboardApp(App[None]):
             self._no_log = None  # it ran since: its log exists now
             self._log_worker = self._fetch_log(inst.name)
         # vLLM reports its cache config once ready; a new run may have new args.
-        key = (inst.name, inst.run, inst.state == "ready")
+        key = (inst.name, inst.run, inst.state == State.READY)
         if key != self._config_key:
             self._config_key = key
             self._fetch_config(inst.name)
@@ -518,10 +520,19 @@ class DashboardApp(App[None]):
             SaveScreen(doc.get("path") or "layout.toml", self._save_to)
         )
         if written:
-            self.notify(f"saved the running layout to {written}", timeout=5)
+            self.notify(f"saved the running layout to {escape(written)}", timeout=5)
+            if self._save_outdated:
+                names = escape(", ".join(self._save_outdated))
+                self.notify(
+                    f"{names} still run an older spec than the saved layout (a rolling apply "
+                    "did not finish); apply it again to restart them with it",
+                    severity="warning",
+                    timeout=10,
+                )
 
     async def _save_to(self, path: str) -> str:
         answer = await self.client.save(path)
+        self._save_outdated = [str(n) for n in answer.get("outdated") or ()]
         return str(answer.get("path") or path)
 
     # -- command palette ------------------------------------------------------------------------

@@ -6,6 +6,10 @@ render the same text cause no widget work. Unknown values (`None`) render as `-`
 
 from __future__ import annotations
 
+from vsup.snapshot import InstanceStatus, RolloutStatus
+from vsup.states import RolloutState, State
+from vsup.termtext import printable
+
 UNKNOWN = "-"
 
 # State -> (symbol, style). The symbol keeps states apart without colour (NO_COLOR, monochrome
@@ -30,7 +34,7 @@ SEVERITY_LOOK: dict[str, tuple[str, str]] = {
 def state_label(state: str, backoff_remaining_s: float | None = None) -> str:
     """`● ready`; a backoff shows how long until the next attempt: `↻ backoff 12s`."""
     symbol, _ = STATE_LOOK.get(state, ("?", ""))
-    if state == "backoff" and backoff_remaining_s is not None:
+    if state == State.BACKOFF and backoff_remaining_s is not None:
         return f"{symbol} {state} {duration(backoff_remaining_s)}"
     return f"{symbol} {state}"
 
@@ -155,3 +159,67 @@ def model_name(model: str | None, width: int) -> str:
     if len(model) <= width:
         return model
     return "…" + model[-(width - 1) :]
+
+
+def safe(text: str | None) -> str:
+    """Text from a layout, a log or the daemon with its control characters escaped
+    (termtext.printable): a name cannot drive the terminal."""
+    return printable("" if text is None else text)
+
+
+def short_duration(seconds: float | None) -> str:
+    """`duration` without a zero tail: `20m`, `1h`, `2m10s`."""
+    text = duration(seconds)
+    for zero in ("m00s", "h00m"):
+        if text.endswith(zero):
+            return text[: -len(zero) + 1]
+    return text
+
+
+def wait_cell(inst: InstanceStatus) -> str | None:
+    """The state cell of an instance that waits or starts: `◐ after b`, `◐ GPU memory`,
+    `◐ start 2m10s`; None when its state says enough."""
+    symbol = STATE_LOOK.get(inst.state, ("?", ""))[0]
+    w = inst.wait
+    if inst.state == State.STARTING and w is not None:
+        if w.kind in ("co_tenant", "start_slot") and w.instances:
+            return f"{symbol} after {safe(w.instances[0])}"
+        if w.kind == "gpu_memory":
+            return f"{symbol} GPU memory"
+        return f"{symbol} waiting"
+    if inst.state == State.STARTING and inst.start_elapsed_s is not None:
+        return f"{symbol} start {duration(inst.start_elapsed_s)}"
+    return None
+
+
+def wait_summary(inst: InstanceStatus) -> str | None:
+    """One line for the detail pane: what it waits for, how far its start is, or that it
+    runs an older spec than the layout; None when none applies."""
+    parts = []
+    w = inst.wait
+    if w is not None:
+        if w.kind == "backoff":
+            parts.append(f"backing off: {safe(w.message)}")
+        else:
+            parts.append(f"waits for {safe(w.message)}")
+    elif inst.state == State.STARTING and inst.start_elapsed_s is not None:
+        of = f" of {short_duration(inst.start_timeout_s)}" if inst.start_timeout_s else ""
+        parts.append(f"starting {duration(inst.start_elapsed_s)}{of} (start_timeout_s)")
+    if inst.outdated:
+        differ = ", ".join(inst.outdated_fields) or "spec"
+        parts.append(f"runs an older spec than the layout ({differ} differ)")
+    return " · ".join(parts) or None
+
+
+def rollout_mark(r: RolloutStatus | None) -> tuple[str, str] | None:
+    """The header's rollout mark and style: ` ROLLOUT 1/2 ` while one runs, a red one when it
+    failed or was interrupted with instances left on their old config; None otherwise."""
+    if r is None:
+        return None
+    if r.state == RolloutState.RUNNING:
+        return (f" ROLLOUT {r.wave}/{r.waves} ", "bold black on cyan")
+    if r.state == RolloutState.FAILED and r.old_config:
+        return (" ROLLOUT FAILED ", "bold white on red")
+    if r.state == RolloutState.INTERRUPTED and r.old_config:
+        return (" ROLLOUT INTERRUPTED ", "bold white on red")
+    return None

@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vsup import pullview
 from vsup.snapshot import Advice, InstanceStatus
+from vsup.states import State
 from vsup.tui import fmt
 
 # A cell is its text and a Rich style; comparing these tuples is the whole diff.
@@ -121,7 +123,7 @@ def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
 
 def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # noqa: C901 (one branch a column)
     if key == "name":
-        return (fmt.truncate(inst.name, width), "bold")
+        return (fmt.truncate(fmt.safe(inst.name), width), "bold")
     if key == "gpus":
         return (fmt.gpus(inst.gpus), "")
     if key == "parallel":
@@ -133,7 +135,21 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
     if key == "state":
         if inst.stalled:
             return (fmt.stalled_label(inst.stalled_for_s), "bold red")
-        return (fmt.state_label(inst.state, inst.backoff_remaining_s), fmt.state_style(inst.state))
+        if inst.pull is not None and inst.state == State.STOPPED:
+            # a new instance waiting for its weights, or kept from starting by a failed pull
+            mark = pullview.state_mark(inst.pull)
+            if mark == "pull failed":
+                return ("✖ pull failed", "bold red")
+            if mark:
+                return (f"⇣ {mark}", "bold cyan")
+        wait_text = fmt.wait_cell(inst)
+        if wait_text is not None:
+            return (fmt.truncate(wait_text, width), fmt.state_style(inst.state))
+        label = fmt.state_label(inst.state, inst.backoff_remaining_s)
+        if inst.outdated:
+            # a rollout not yet at it, or one a killed daemon left half-done
+            return (fmt.truncate(f"{label} old", width), "yellow")
+        return (label, fmt.state_style(inst.state))
     if key == "uptime":
         return (fmt.duration(inst.uptime_s), "")
     if key == "restarts":
@@ -160,9 +176,12 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # no
         return (fmt.count(inst.generation_tokens_per_s), "")
     if key == "backend":
         style = "" if inst.backend_source == "log" else "italic"
-        return (fmt.truncate(fmt.backend(inst.backend, inst.backend_source), width), style)
+        return (
+            fmt.truncate(fmt.safe(fmt.backend(inst.backend, inst.backend_source)), width),
+            style,
+        )
     if key == "model":
-        return (fmt.model_name(inst.model, width), "")
+        return (fmt.model_name(fmt.safe(inst.model) if inst.model else None, width), "")
     raise KeyError(key)
 
 

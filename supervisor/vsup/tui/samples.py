@@ -17,8 +17,10 @@ from vsup.snapshot import (
     NodeInfo,
     StatusSnapshot,
     SupervisorInfo,
+    WaitReason,
     empty_instance,
 )
+from vsup.states import State
 
 H200_BYTES = 143_771 * 2**20  # what NVML reports for an H200
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -95,6 +97,7 @@ def gpu_node(tick: int = 0, uptime_s: float = 4 * 3600 + 15 * 60) -> StatusSnaps
         run=2,
         hbm_bytes=int(0.41 * H200_BYTES),
         state_since_s=41.0,
+        start_timeout_s=900.0,
     )
     instances.append(
         _live(
@@ -140,6 +143,7 @@ def gpu_node(tick: int = 0, uptime_s: float = 4 * 3600 + 15 * 60) -> StatusSnaps
             planned_hbm_bytes=int(0.90 * H200_BYTES),
             gpu_memory_utilization=0.90,
             backoff_remaining_s=37.0,
+            wait=WaitReason("backoff", "next start in 37s (after oom)", remaining_s=37.0),
             state_since_s=3.0,
             host="0.0.0.0",
             last_exit=LastExit(
@@ -163,7 +167,7 @@ def gpu_node(tick: int = 0, uptime_s: float = 4 * 3600 + 15 * 60) -> StatusSnaps
         if g == 7:
             procs += (GpuProcess(99_321, 3 * 2**30 + 2**29, None),)
         used = sum(p.hbm_bytes or 0 for p in procs) + 2**29
-        busy = any(i.state == "ready" for i in instances if g in i.gpus)
+        busy = any(i.state == State.READY for i in instances if g in i.gpus)
         gpus.append(
             GpuStatus(
                 index=g,

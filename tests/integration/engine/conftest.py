@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from vsup.clock import SystemClock
-from vsup.engine import Engine
+from vsup.engine import Engine, EngineSettings
 from vsup.engine.proc import process_table, read_stat
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
@@ -99,15 +99,21 @@ def events() -> Events:
     return Events()
 
 
+# Engine's own parameters (what it asks the daemon); every other keyword is an EngineSettings field
+ENGINE_HOOKS = ("gpu_release_check", "requests_running", "gpu_memory")
+
+
 @pytest.fixture
 async def engine(tmp_path: Path, events: Events, token: str):
     """An engine on the system clock; shut down (stopping everything) at the end."""
     made: list[Engine] = []
 
     def make(**kw: Any) -> Engine:
+        hooks = {k: kw.pop(k) for k in ENGINE_HOOKS if k in kw}
         kw.setdefault("health_timeout_s", 1.0)
         kw.setdefault("chores_interval_s", 0.2)
-        eng = Engine(SystemClock(), tmp_path / "logs", events, **kw)
+        settings = EngineSettings(**kw)
+        eng = Engine(SystemClock(), tmp_path / "logs", events, settings=settings, **hooks)
         made.append(eng)
         return eng
 

@@ -103,6 +103,14 @@ async def test_a_start_waits_while_a_foreign_process_holds_the_memory(
         assert f"pid {foreign.pid} holds 100.0 GiB (no instance's)" in inst.waiting_for
         assert "g0 needs 125.8 GiB free (0.9 of 139.8 GiB)" in inst.waiting_for
         assert inst.status_fields()["state"] == "starting"
+        wait = inst.status_fields()["wait"]
+        assert (wait.kind, wait.pids, wait.held_bytes, wait.gpus) == (
+            "gpu_memory",
+            (foreign.pid,),
+            100 * GiB,
+            (0,),
+        )
+        assert wait.message == inst.waiting_for
         await asyncio.sleep(0.5)
         assert inst.run == 0 and not events.of("spawn"), "nothing may start into the wall"
         tel.free()

@@ -326,7 +326,10 @@ async def test_no_stop_on_a_device_while_a_co_tenant_starts(engine, emulator_spe
     stopping = asyncio.create_task(eng.stop("a"))
     await until(lambda: eng.instances["a"].waiting_for is not None)
     assert eng.instances["a"].waiting_for == "b starting"
+    wait = eng.instances["a"].status_fields()["wait"]
+    assert (wait.kind, wait.instances, wait.message) == ("co_tenant", ("b",), "b starting")
     await stopping
+    assert eng.instances["a"].wait is None
     ready_b = events.stamped("ready", "b")[0][0]
     stop_a = events.stamped("stop", "a")[0][0]
     assert stop_a > ready_b

@@ -20,6 +20,7 @@ from vsup.router import RouterClient, RouterSpec
 
 from tests.integration.engine.conftest import pid_alive
 from tests.integration.engine.test_processes import until
+from tests.programs.intruder import ForeignServer, Stream, add_worker, listed, stream
 
 ROUTER = Path(sys.executable).parent / "vllm-router"
 pytestmark = pytest.mark.skipif(not ROUTER.exists(), reason="vllm-router (the router extra)")
@@ -89,8 +90,8 @@ async def test_the_router_serves_the_ready_instances_and_follows_their_states(
     await until_workers(spec, [a.base_url, b.base_url])
 
     status = eng.router.status_json("node")
-    assert status["state"] == "ready" and status["endpoint"] == spec.base_url
-    assert [w["name"] for w in status["workers"]] == ["a", "b"]
+    assert status.state == "ready" and status.endpoint == spec.base_url
+    assert [w.name for w in status.workers] == ["a", "b"]
 
 
 async def test_the_router_sigkilled_is_restarted_with_its_workers(
@@ -163,3 +164,73 @@ async def test_a_rollout_takes_the_next_replica_out_only_once_the_last_is_back_i
     # a leaves, comes back, and only then b leaves: the router always had a worker
     order = [m for m in moves if m in ((a, "remove"), (a, "add"), (b, "remove"))]
     assert order[-3:] == [(a, "remove"), (a, "add"), (b, "remove")]
+
+
+async def test_a_worker_someone_else_adds_is_removed_at_once_and_reported(
+    engine, emulator_spec, port_factory, token, events
+):
+    """vllm-router's worker API has no authentication: anyone who reaches its port can add a
+    server of their own. vsup removes it at once (its watch reads the worker list every
+    WATCH_S, not at the 10 s recheck), journals it, and keeps it for the advice; a request
+    stream through the router sees no request reach it after that. Then an add_worker loop:
+    it keeps coming back, vsup keeps removing it, and the journal gets one event, not one per
+    removal. Figures are printed (docs/router.md)."""
+    eng = engine()
+    a = emulator_spec("a")
+    spec = router_spec(port_factory, token, [a])
+    await eng.router.apply(spec)
+    await eng.apply([a], wait=True)
+    await until_workers(spec, [a.base_url], timeout=60)
+    async with ForeignServer(port_factory()) as intruder:
+        load = Stream()
+        sending = asyncio.create_task(stream(spec.base_url, a.model, load))
+        try:
+            await until(lambda: load.sent > 5, timeout=30)
+            assert await add_worker(spec.base_url, intruder.url) == 200
+            added = time.monotonic()
+            deadline = added + 5  # at once, not at the 10 s recheck
+            while intruder.url in await listed(spec.base_url):
+                assert time.monotonic() < deadline, "the foreign worker was not removed"
+                await asyncio.sleep(0.005)
+            gone = time.monotonic()
+            (event,) = await events.wait(lambda e: e["kind"] == "router_foreign_worker", timeout=5)
+            # the request in flight at the removal may still reach it; none sent after it
+            settled = load.sent + 2
+            await until(lambda: load.sent >= settled, timeout=30)
+            hits, sent = intruder.hits, load.sent
+            await until(lambda: load.sent >= sent + 20, timeout=60)
+            assert intruder.hits == hits, "requests reached the removed worker"
+            first = (gone - added, hits, sent)
+
+            # a loop of add_worker, as the audit ran it
+            t0, loop_hits, loop_sent, adds = time.monotonic(), intruder.hits, load.sent, 0
+            while time.monotonic() - t0 < 4:
+                adds += await add_worker(spec.base_url, intruder.url) == 200
+            loop_s = time.monotonic() - t0
+            got, of = intruder.hits - loop_hits, load.sent - loop_sent
+            while intruder.url in await listed(spec.base_url):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # the request in flight
+            hits, sent = intruder.hits, load.sent
+            await until(lambda: load.sent >= sent + 20, timeout=60)
+            assert intruder.hits == hits, "requests reached the removed worker"
+        finally:
+            load.stop.set()
+            await sending
+    assert event["url"] == intruder.url and event["router"] == spec.port
+    assert event["removals"] == 1 and "instance" not in event
+    assert load.failed == 0
+    assert adds > 1 and eng.router.foreign[intruder.url].removals >= adds
+    # one incident: its first removal is news, the loop's dozens of removals are not
+    assert len(events.of("router_foreign_worker")) == 1
+    (recent,) = eng.router.foreign_recent()
+    assert recent.url == intruder.url and recent.router_port == spec.port
+    router = eng.router.status_json("node")
+    assert router is not None
+    (shown,) = router.foreign_workers
+    assert shown.url == intruder.url and shown.removals == recent.removals
+    print(
+        f"\nforeign worker: removed {first[0] * 1000:.0f} ms after its add_worker answered; "
+        f"{first[1]} of {first[2]} streamed requests reached it. add_worker loop for "
+        f"{loop_s:.1f} s: {adds} adds got in, {got} of {of} requests reached it"
+    )

@@ -53,8 +53,7 @@ def stuck(monkeypatch):
 async def test_a_crashed_instance_whose_processes_outlive_sigkill_comes_back_once_they_are_gone(
     engine, emulator_spec, events, stuck
 ):
-    eng = engine()
-    eng.stuck_poll_s = 0.05
+    eng = engine(stuck_poll_s=0.05)
     await eng.apply([emulator_spec("a", "--engine-child")], wait=True)
     first = eng.instances["a"].pid
     sleeper = stuck.arm()
@@ -80,8 +79,7 @@ async def test_a_crashed_instance_whose_processes_outlive_sigkill_comes_back_onc
 async def test_after_a_persons_stop_the_instance_stays_down_when_they_are_gone(
     engine, emulator_spec, events, stuck
 ):
-    eng = engine()
-    eng.stuck_poll_s = 0.05
+    eng = engine(stuck_poll_s=0.05)
     await eng.apply([emulator_spec("a")], wait=True)
     sleeper = stuck.arm()
     await eng.stop("a")
@@ -96,8 +94,7 @@ async def test_after_a_persons_stop_the_instance_stays_down_when_they_are_gone(
 
 
 async def test_a_person_who_stops_it_meanwhile_decides(engine, emulator_spec, events, stuck):
-    eng = engine()
-    eng.stuck_poll_s = 0.05
+    eng = engine(stuck_poll_s=0.05)
     await eng.apply([emulator_spec("a")], wait=True)
     sleeper = stuck.arm()
     await eng.restart("a")  # a person's restart: it should run again...

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from vsup.clock import SystemClock
-from vsup.engine import Engine
+from vsup.engine import Engine, EngineSettings
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 from tests.integration.engine.conftest import Events, group_members, kill_token, pid_alive
@@ -150,7 +150,12 @@ async def test_port_held_by_a_test_socket_is_port_in_use_without_spawning(
 async def pair(tiny_model, vllm_command, vllm_env, module_token, tmp_path_factory):
     """Two CPU instances (co-tenants of the device `cpu`), applied together."""
     events = Events()
-    engine = Engine(SystemClock(), tmp_path_factory.mktemp("logs"), events, chores_interval_s=1.0)
+    engine = Engine(
+        SystemClock(),
+        tmp_path_factory.mktemp("logs"),
+        events,
+        settings=EngineSettings(chores_interval_s=1.0),
+    )
     specs = [vllm_spec(n, tiny_model, vllm_command, vllm_env, module_token) for n in ("v1", "v2")]
     try:
         await engine.apply(specs, wait=True)

@@ -30,6 +30,9 @@ name = "{name}"
 
 [defaults]
 model = "test/fake"
+# not a hub model; without this a daemon that `vsup fleet up` starts over SSH (SSH's own
+# environment: no HF_HUB_OFFLINE from the test's) would try to pull it
+pull = false
 command = {cmd}
 host = "127.0.0.1"
 health_interval_s = 0.2

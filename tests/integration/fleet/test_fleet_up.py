@@ -18,7 +18,7 @@ import pytest
 from tests.integration.fleet.conftest import node_layout
 from tests.integration.fleet.sshnodes import SshFleet, free_port
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,11 @@ def test_a_fleet_rollout_stops_at_the_first_failing_node_and_leaves_the_rest(fle
     # n1's daemon was started for its dry run (by its own vsup) and runs nothing
     assert node_doc(fleet, "n1")["instances"] == []
 
-    res = fleet.fleet("up", str(new), "--nodes", "n1,n2,n3", "--yes", "--timeout", "120")
+    # --timeout is each node's; two nodes are applied: the command's own limit is well past
+    # both (an apply call may take 120 s more each), so a slow node shows as vsup's failure
+    res = fleet.fleet(
+        "up", str(new), "--nodes", "n1,n2,n3", "--yes", "--timeout", "60", timeout=420
+    )
     out = res.stdout
     assert res.returncode == 1, (out, res.stderr)
     assert "rolling new over n1 -> n2 -> n3, one node at a time" in out

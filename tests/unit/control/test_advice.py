@@ -189,3 +189,27 @@ def test_critical_advice_comes_first_and_problems_are_kept():
     inputs = AdviceInputs({}, problems=(problem("state_file", "state file unreadable"),))
     advice = compute_advice([kv, failed], [], inputs)
     assert [a.kind for a in advice] == ["crash_loop", "state_file", "kv_exhausted"]
+
+
+def test_a_foreign_router_worker_is_critical_and_says_what_let_it_in():
+    from vsup.router import ForeignWorker
+
+    seen = ForeignWorker(
+        url="http://127.0.0.1:18899",
+        first_seen="2026-12-01T10:00:00.000Z",
+        last_seen="2026-12-01T10:00:05.000Z",
+        removals=12,
+        last_seen_mono=5.0,
+        router_host="0.0.0.0",
+        router_port=8080,
+    )
+    (advice,) = compute_advice([], [], AdviceInputs(recent_failures={}, foreign_workers=(seen,)))
+    assert (advice.kind, advice.severity, advice.instance) == (
+        "router_foreign_worker",
+        "critical",
+        None,
+    )
+    text = advice.message
+    assert "0.0.0.0:8080" in text and "http://127.0.0.1:18899" in text
+    assert "12 times, last at 2026-12-01T10:00:05.000Z" in text and "no authentication" in text
+    assert compute_advice([], [], AdviceInputs(recent_failures={})) == ()

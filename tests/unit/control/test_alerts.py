@@ -209,6 +209,86 @@ async def test_the_command_gets_the_alert_as_json_on_stdin_and_in_its_environmen
         await alerts.aclose()
 
 
+async def test_the_command_gets_no_secret_of_the_daemons_environment(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "env.json"
+    script = f"import json, os; open({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))"
+    secret = "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"
+    for name, value in (
+        ("HF_TOKEN", secret),
+        ("VLLM_API_KEY", "k" * 24),
+        ("VSUP_ALERT_WEBHOOK", "https://hooks.example/T0/B0/x"),
+        ("AWS_SECRET_ACCESS_KEY", "y" * 40),
+        ("LC_ALL", "C.UTF-8"),
+    ):
+        monkeypatch.setenv(name, value)  # fmt: skip
+    alerts = Alerts(FakeClock(), "n", retry_delays_s=())
+    alerts.configure(
+        AlertConfig(webhook_env="VSUP_ALERT_WEBHOOK", command=(sys.executable, "-c", script))
+    )
+    await alerts.start()
+    try:
+        alerts.notify("daemon_restarted", "restarted")
+        await settle(alerts)
+        env = json.loads(out.read_text())
+        assert set(env) - {"PATH", "HOME", "LANG", "TZ", "USER", "LOGNAME", "LC_ALL"} == {
+            f"VSUP_ALERT_{k}"
+            for k in ("TEXT", "STATE", "KIND", "ADVICE_KIND", "SEVERITY", "INSTANCE", "GPU",
+                      "MESSAGE", "NODE", "AT")
+        }  # fmt: skip
+        assert env["LC_ALL"] == "C.UTF-8" and env["PATH"]
+        assert secret not in out.read_text() and "hooks.example" not in out.read_text()
+    finally:
+        await alerts.aclose()
+
+
+async def test_a_hung_target_delays_only_itself(tmp_path, receiver) -> None:
+    """A command that hangs on every alert; the webhook gets all of them at once."""
+    script = "import time; time.sleep(60)"
+    alerts = Alerts(
+        FakeClock(), "n", env={"HOOK": receiver.url}, retry_delays_s=(), command_timeout_s=30
+    )
+    alerts.configure(AlertConfig(webhook_env="HOOK", command=(sys.executable, "-c", script)))
+    await alerts.start()
+    try:
+        alerts.observe(
+            [Advice("crash_loop", "critical", f"i{n}: failed", f"i{n}") for n in range(8)]
+        )
+        for _ in range(100):
+            if len(receiver.texts) == 8:
+                break
+            await asyncio.sleep(0.1)
+        assert len(receiver.texts) == 8, receiver.texts
+        assert not alerts.idle.is_set()  # the command is still on its first alert
+    finally:
+        await alerts.aclose()
+
+
+async def test_what_was_sent_is_kept_for_the_next_daemon(tmp_path, receiver) -> None:
+    state = tmp_path / "alerts.json"
+    clock = FakeClock()
+    first = Alerts(clock, "n", env={"HOOK": receiver.url}, retry_delays_s=(), state_path=state)
+    first.configure(AlertConfig(webhook_env="HOOK", resolve_after_s=10))
+    await first.start()
+    first.observe([ECC, CRASH])
+    await settle(first)
+    await first.aclose()
+    assert len(receiver.texts) == 2
+    clock.advance(5)
+    second = Alerts(clock, "n", env={"HOOK": receiver.url}, retry_delays_s=(), state_path=state)
+    second.configure(AlertConfig(webhook_env="HOOK", resolve_after_s=10))
+    await second.start()
+    try:
+        second.observe([ECC, CRASH])  # still there: nothing new to say
+        await settle(second)
+        assert len(receiver.texts) == 2
+        clock.advance(11)
+        second.observe([CRASH])  # the ECC incident cleared: it is resolved, once
+        await settle(second)
+        assert len(receiver.texts) == 3 and receiver.texts[2].startswith("[vsup n] RESOLVED")
+    finally:
+        await second.aclose()
+
+
 async def test_a_failing_command_is_retried(tmp_path) -> None:
     marker = tmp_path / "tried"
     # fails the first time, succeeds the second

@@ -148,3 +148,20 @@ async def test_bad_bench_reports_get_400_saying_what_to_send(daemons, body, frag
     resp = await client._http.post("/v1/bench/progress", json=body)
     assert resp.status_code == 400
     assert fragment in resp.json()["error"]
+
+
+def test_every_key_of_the_report_is_a_field_of_the_typed_bench_status():
+    """The snapshot carries the bench typed (snapshot.BenchStatus): a key the board adds to its
+    report but not there would be dropped from status JSON."""
+    from dataclasses import asdict, fields
+
+    from vsup.snapshot import BenchStatus
+
+    board = BenchProgressBoard(FakeClock())
+    board.update(report())
+    doc = board.current()
+    assert set(doc) <= {f.name for f in fields(BenchStatus)}, set(doc) - {
+        f.name for f in fields(BenchStatus)
+    }
+    status = board.status()
+    assert isinstance(status, BenchStatus) and asdict(status) == {**asdict(status), **doc}

@@ -146,3 +146,107 @@ def test_an_unexpected_error_is_one_line_naming_the_traceback_file(monkeypatch, 
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("vsup: internal error: RuntimeError: boom | second line (traceback in ")
     assert "Traceback" in (tmp_path / "cli-errors.log").read_text()
+
+
+def rolling(state: str = "running", **kw) -> StatusSnapshot:
+    """Two replicas in a rolling apply: a restarting (started 2m10s ago, of a 20 min start
+    timeout), b waiting for its wave on its old spec; c waits for a co-tenant's start."""
+    from vsup.snapshot import RolloutStatus, WaitReason
+
+    rollout = RolloutStatus(
+        state=state,
+        wave=1,
+        waves=2,
+        done=0,
+        total=2,
+        current=("a",),
+        pending=("b",),
+        names=("a", "b"),
+        old_config=("b",),
+        **kw,
+    )
+    return StatusSnapshot(
+        supervisor=SupervisorInfo(pid=77, version="0.1.0", uptime_s=65, layout="pair"),
+        node=NodeInfo("n", "none", 0),
+        gpus=(),
+        instances=(
+            empty_instance(
+                "a", state="starting", pid=31, uptime_s=130.0, start_timeout_s=1200.0, port=1
+            ),
+            empty_instance(
+                "b", state="ready", pid=32, outdated=True, outdated_fields=("args",), port=2
+            ),
+            empty_instance(
+                "c",
+                state="starting",
+                port=3,
+                waiting_for="a starting",
+                wait=WaitReason("co_tenant", "a starting", instances=("a",)),
+            ),
+        ),
+        rollout=rollout,
+    )
+
+
+def test_status_prints_the_rollout_the_start_progress_the_waits_and_the_old_spec():
+    text = render(rolling().to_json())
+    lines = text.splitlines()
+    assert lines[1] == (
+        "ROLLOUT wave 1/2: restarting a · 0/2 done · pending b (on the old config until their "
+        "wave) · max_unavailable 1"
+    )
+    rows = {line.split()[0]: line for line in lines[3:6]}
+    assert "starting 2m10s of 20m" in rows["a"]
+    assert "ready (old spec)" in rows["b"]
+    assert "starting (waits)" in rows["c"] and rows["c"].split()[3] == "-"  # no pid yet
+    assert "c: waits for a starting (a co-tenant of its device)" in lines
+    assert "b: runs an older spec than the layout (args differ); `vsup up LAYOUT` restarts " in (
+        text
+    )
+
+
+def test_status_prints_a_failed_or_interrupted_rollout_with_what_keeps_its_old_config():
+    failed = render(rolling("failed", failure="wave 1/2 failed: a is failed (oom); b keep ..."))
+    assert "ROLLOUT FAILED at wave 1/2: wave 1/2 failed: a is failed (oom)" in failed
+    assert "  on the old config: b" in failed.splitlines()
+    cut = render(rolling("interrupted", interrupted_at="2026-12-01T04:01:00Z"))
+    assert (
+        "ROLLOUT INTERRUPTED at wave 1/2 (0/2 done; its daemon ended): b still run the old "
+        "config - `vsup up LAYOUT` finishes it"
+    ) in cut
+    assert "ROLLOUT" not in render(rolling("done"))
+
+
+def test_a_backoff_says_how_long_until_the_next_start():
+    text = render(doc())
+    assert "cpu1: backing off after a failure" not in text  # an older daemon: no wait reason
+    from vsup.snapshot import WaitReason
+
+    d = doc()
+    d["instances"][1]["wait"] = {"kind": "backoff", "message": "next start in 4s (after oom)"}
+    assert "cpu1: backing off after a failure, next start in 4s (after oom)" in render(d)
+    assert WaitReason("backoff", "x").kind == "backoff"
+
+
+def test_terminal_escapes_from_a_layout_or_a_log_are_shown_not_obeyed():
+    evil = "\x1b]0;pwned\x07\x1b[2J"
+    snap = StatusSnapshot(
+        supervisor=SupervisorInfo(pid=1, version="0", uptime_s=1, layout=f"prod{evil}"),
+        node=NodeInfo("n", "none", 0),
+        gpus=(),
+        instances=(
+            empty_instance(
+                "x",
+                state="failed",
+                model=f"m{evil}",
+                backend=f"B{evil}",
+                failed_why=f"why{evil}",
+                last_exit=LastExit(1, None, "oom", "t", f"line\n\x1b[31mred{evil}"),
+            ),
+        ),
+        advice=(Advice("failed", "critical", f"x failed{evil}", instance="x"),),
+    )
+    text = render(snap.to_json())
+    assert "\x1b" not in text and "\x07" not in text
+    assert "layout prod\\x1b]0;pwned\\x07\\x1b[2J" in text
+    assert "\\x1b[31mred" in text and "critical: x failed\\x1b" in text

@@ -9,14 +9,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vsup.control.export import MetricsListener, parse_listen, render
+from vsup.routerview import as_router
 from vsup.snapshot import (
     Advice,
     GpuHealth,
     GpuProcess,
     GpuStatus,
     NodeInfo,
+    RolloutStatus,
     StatusSnapshot,
     SupervisorInfo,
+    WaitReason,
     empty_instance,
 )
 
@@ -168,7 +171,9 @@ def test_grafana_dashboard_uses_only_series_the_exporter_serves():
     used = {m for e in exprs for m in re.findall(r"vsup_[a-z_]+", e)}
     served = {
         s.name
-        for fam in text_string_to_metric_families(render(with_router()).decode())
+        for fam in text_string_to_metric_families(
+            render(replace(with_rollout_and_waits(), router=with_router().router)).decode()
+        )
         for s in fam.samples
     }
     assert used and used <= served, used - served
@@ -188,11 +193,11 @@ ROUTER = {
 
 
 def with_router() -> StatusSnapshot:
-    return replace(snapshot(), router={**ROUTER, "errors_per_s": 0.0})
+    return replace(snapshot(), router=as_router({**ROUTER, "errors_per_s": 0.0}))
 
 
 def test_the_router_is_exported_with_its_workers_shares():
-    got = samples(render(replace(snapshot(), router=ROUTER)).decode())
+    got = samples(render(replace(snapshot(), router=as_router(ROUTER))).decode())
     port = ("port", "8080")
     assert got[("vsup_router_up", (port,))] == 1
     assert got[("vsup_router_state", (port, ("state", "ready")))] == 1
@@ -206,3 +211,84 @@ def test_no_router_no_router_series():
     assert not any(
         name.startswith("vsup_router") for name, _ in samples(render(snapshot()).decode())
     )
+
+
+def with_rollout_and_waits() -> StatusSnapshot:
+    snap = snapshot()
+    waiting = empty_instance(
+        "g1",
+        state="starting",
+        wait=WaitReason("gpu_memory", "pid 77 holds 1.0 GiB", pids=(77,), held_bytes=GiB),
+        outdated=True,
+        outdated_fields=("args",),
+    )
+    backing_off = empty_instance(
+        "g2",
+        state="backoff",
+        wait=WaitReason("backoff", "next start in 12s (after oom)", remaining_s=12.0),
+        outdated=False,
+    )
+    rollout = RolloutStatus(
+        state="running",
+        wave=2,
+        waves=3,
+        done=1,
+        total=3,
+        current=("g1",),
+        pending=("g2",),
+        names=("g0", "g1", "g2"),
+        restarted=("g0",),
+        old_config=("g1",),
+    )
+    return replace(snap, instances=(*snap.instances, waiting, backing_off), rollout=rollout)
+
+
+def test_the_rollout_and_each_wait_are_series():
+    got = samples(render(with_rollout_and_waits()).decode())
+    assert got[("vsup_rollout_running", ())] == 1
+    assert got[("vsup_rollout_interrupted", ())] == 0 and got[("vsup_rollout_failed", ())] == 0
+    assert (got[("vsup_rollout_wave", ())], got[("vsup_rollout_waves", ())]) == (2, 3)
+    assert (got[("vsup_rollout_done", ())], got[("vsup_rollout_total", ())]) == (1, 3)
+    assert got[("vsup_rollout_old_config", ())] == 1
+    assert got[("vsup_rollout_state", (("state", "running"),))] == 1
+    assert got[("vsup_rollout_state", (("state", "interrupted"),))] == 0
+    assert got[("vsup_instance_waiting", (("kind", "gpu_memory"), ("name", "g1")))] == 1
+    assert got[("vsup_instance_waiting", (("kind", "co_tenant"), ("name", "g1")))] == 0
+    assert got[("vsup_instance_waiting", (("kind", "backoff"), ("name", "g2")))] == 1
+    assert got[("vsup_instance_waiting", (("kind", "backoff"), ("name", "g0")))] == 0
+    assert got[("vsup_instance_wait_seconds_remaining", (("name", "g2"),))] == 12.0
+    assert got[("vsup_instance_outdated", (("name", "g1"),))] == 1
+    assert got[("vsup_instance_outdated", (("name", "g2"),))] == 0
+    assert ("vsup_instance_outdated", (("name", "g0"),)) not in got  # unknown: left out
+    assert not any(
+        name.startswith("vsup_rollout") for name, _ in samples(render(snapshot()).decode())
+    )
+
+
+async def test_the_exposition_is_rendered_once_per_snapshot_whatever_the_scrapers(
+    port, monkeypatch
+):
+    import asyncio
+
+    import vsup.control.export as export
+
+    built = []
+    real = export.snapshot_metrics
+    monkeypatch.setattr(export, "snapshot_metrics", lambda s: (built.append(s), real(s))[1])
+    snap = {"now": snapshot()}
+    listener = MetricsListener(lambda: snap["now"])
+    await listener.start(f"127.0.0.1:{port}")
+    try:
+        limits = httpx.Limits(max_connections=16)
+        async with httpx.AsyncClient(limits=limits) as http:
+            url = f"http://127.0.0.1:{port}/metrics"
+            answers = await asyncio.gather(*(http.get(url) for _ in range(48)))
+            assert {a.status_code for a in answers} == {200}
+            assert len({a.content for a in answers}) == 1
+            assert len(built) == 1  # 48 scrapes (16 at a time), one render
+            snap["now"] = with_rollout_and_waits()  # the next poll's snapshot
+            again = await asyncio.gather(*(http.get(url) for _ in range(16)))
+            assert "vsup_rollout_running 1.0" in again[0].text
+            assert len(built) == 2
+    finally:
+        await listener.stop()

@@ -68,3 +68,62 @@ def test_a_shared_home_gets_vsup_uid_inside_and_is_not_chmodded(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(paths.HomeError, match="not a directory"):
         paths.private_home(tmp_path / "file")
+
+
+def test_regular_target_refuses_vsup_home_and_anything_that_resolves_into_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "journal.jsonl").write_text("")
+    (tmp_path / "link.toml").symlink_to(home / "journal.jsonl")
+    (tmp_path / "homelink").symlink_to(home)
+    for target in (
+        home / "journal.jsonl",
+        home / "new.toml",
+        home,
+        tmp_path / "link.toml",
+        tmp_path / "homelink" / "x.toml",
+    ):
+        with pytest.raises(UnsafeTarget, match="is inside VSUP_HOME"):
+            regular_target(target, not_inside=tmp_path / "homelink")
+    # a neighbour whose name starts like the home's is not inside it
+    assert regular_target(tmp_path / "home2.toml", not_inside=home) == tmp_path / "home2.toml"
+
+
+def test_the_daemon_lock_holds_when_its_file_is_replaced(tmp_path):
+    import subprocess
+    import sys
+
+    from vsup.control.lock import acquire_lock, daemon_lock_holder
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from vsup.control.lock import acquire_lock; "
+         "assert acquire_lock(Path(sys.argv[1])) is not None; print('held', flush=True); "
+         "time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert daemon_lock_holder(tmp_path) == holder.pid
+        fresh = tmp_path / "x"
+        fresh.write_text("")
+        os.replace(fresh, tmp_path / "daemon.lock")
+        assert daemon_lock_holder(tmp_path) == -1  # held; the new file names nobody
+        assert acquire_lock(tmp_path, retry_s=0.3) is None
+        (tmp_path / "daemon.lock").unlink()
+        assert acquire_lock(tmp_path, retry_s=0.3) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    fd = acquire_lock(tmp_path, retry_s=0.3)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_a_home_this_user_may_not_enter_is_a_home_error(tmp_path, monkeypatch):
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(paths.os, "stat", denied)
+    with pytest.raises(paths.HomeError, match="permission denied.*set VSUP_HOME"):
+        paths.private_home(tmp_path / "h")

@@ -58,3 +58,12 @@ def test_pids_of_another_pid_namespace_cannot_be_told_apart():
     # NVML lists host pids inside a container: neither foreign nor the layout's, so no verdict
     unknown = Holder(31337, 100 * GiB, None, known=False)
     assert judge("b1", 0.9, [gpu(101, unknown)]) is None
+
+
+def test_a_wait_names_the_foreign_pids_what_they_hold_and_the_gpus_short_of_memory():
+    a = gpu(101, Holder(4242, 60 * GiB, None), Holder(4243, 40 * GiB, None), index=0)
+    b = gpu(101, Holder(4242, 100 * GiB, None), index=3)
+    v = judge("b1", 0.9, [a, b])
+    assert v.fit == Fit.WAIT
+    assert (v.pids, v.held_bytes, v.gpus) == ((4242, 4243), 200 * GiB, (0, 3))
+    assert judge("b1", 0.9, [gpu(70, Holder(7, 69 * GiB, "b0"))]).pids == ()  # short: no wait

@@ -46,3 +46,112 @@ def test_old_copies_go_with_their_run(tmp_path):
     logs.cap(1)
     logs.open_for_run(2, "[vsup] run 2").close()
     assert sorted(p.name for p in logs.dir.iterdir()) == ["run-0002.log"]
+
+
+MIB = 1024 * 1024
+
+
+def spam(writer, start: int, count: int) -> None:
+    writer.write(b"".join(f"line {i:08d} {'x' * 50}\n".encode() for i in range(start, count)))
+
+
+def on_disk(path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_past_the_cap_the_middle_is_released_and_offsets_stay(tmp_path):
+    logs = RunLogs(tmp_path, "a", max_bytes=2 * MIB)
+    writer = logs.open_for_run(1, "[vsup] run 1")
+    spam(writer, 0, 150_000)  # ~9 MiB
+    path = logs.path(1)
+    size = path.stat().st_size
+    assert logs.cap(1)
+    assert path.stat().st_size == size  # nothing moved: offsets still mean what they meant
+    assert on_disk(path) <= 2 * MIB + 8192
+    assert not (logs.dir / "run-0001.log.1").exists()
+    with open(path, "rb") as f:
+        assert f.read(12) == b"[vsup] run 1"  # the start of the run is kept
+    assert logs.tail(1).endswith("line 00149999 " + "x" * 50 + "\n")
+    spam(writer, 150_000, 151_000)  # the child's O_APPEND writes go on at the end
+    writer.close()
+    assert path.stat().st_size > size and logs.tail(1).splitlines()[-1].startswith("line 00150999")
+    assert not logs.cap(1)  # under the cap plus its step: no release for a few bytes
+
+
+def test_a_reader_by_offset_skips_the_released_part_with_a_note(tmp_path):
+    from vsup.control.api import read_log_chunk
+
+    logs = RunLogs(tmp_path, "a", max_bytes=2 * MIB)
+    with logs.open_for_run(1, "[vsup] run 1") as writer:
+        spam(writer, 0, 150_000)
+    path = logs.path(1)
+    assert logs.cap(1)
+    chunks = [read_log_chunk(path, 0, None)]
+    while not chunks[-1]["eof"]:
+        chunks.append(read_log_chunk(path, chunks[-1]["offset"], None))
+    text = "".join(c["text"] for c in chunks)
+    assert "\0" not in text
+    lines = text.splitlines()
+    assert lines[0] == "[vsup] run 1"
+    (note,) = [i for i, line in enumerate(lines) if "bytes of this log were released" in line]
+    numbers = [int(line.split()[1]) for line in lines[1:] if line.startswith("line ")]
+    before, after = numbers[: note - 1], numbers[note - 1 :]
+    assert before == list(range(len(before)))  # the head, whole lines
+    assert after == list(range(after[0], 150_000))  # then every line to the end
+    assert all(len(line) == 64 for line in lines[1:] if line.startswith("line "))
+    # a reader that was inside the released part goes on after it, with the note
+    inside = read_log_chunk(path, 3 * MIB, None)
+    assert inside["text"].startswith("[vsup] ... ") and inside["start"] > 3 * MIB
+    tail = read_log_chunk(path, None, 4096)
+    assert tail["text"].splitlines()[-1].startswith("line 00149999")
+
+
+def test_the_log_watcher_reads_on_after_the_released_part(tmp_path):
+    from vsup.telemetry.logwatch import LogWatcher
+
+    logs = RunLogs(tmp_path, "a", max_bytes=2 * MIB)
+    writer = logs.open_for_run(1, "[vsup] run 1")
+    spam(writer, 0, 10)
+    watcher = LogWatcher(logs.path(1))
+    assert len(watcher.poll().new_lines) == 11
+    spam(writer, 10, 150_000)
+    assert logs.cap(1)
+    seen = []
+    while True:
+        update = watcher.poll()
+        if not update.bytes_read:
+            break
+        seen += update.new_lines
+    assert seen and all(line.startswith("line ") and len(line) == 64 for line in seen)
+    numbers = [int(line.split()[1]) for line in seen]
+    # the rest of the kept start, then (past the hole) every line to the end, all whole
+    jump = next(i for i in range(1, len(numbers)) if numbers[i] != numbers[i - 1] + 1)
+    assert numbers[:jump] == list(range(10, 10 + jump))
+    assert numbers[jump:] == list(range(numbers[jump], 150_000)) and numbers[jump] > 100_000
+    writer.close()
+
+
+def test_the_guard_thread_keeps_a_watched_run_under_its_cap(tmp_path):
+    import time
+
+    from vsup.engine.runlog import GUARD
+
+    logs = RunLogs(tmp_path, "a", max_bytes=2 * MIB)
+    writer = logs.open_for_run(1, "[vsup] run 1")
+    assert not logs.over_cap(1)  # watched from now on, as the engine's chores do
+    assert logs.path(1) in GUARD.watched()
+    peak = 0
+    for k in range(40):  # 40 x 640 KiB, faster than any check could keep up with by chance
+        spam(writer, k * 10_000, (k + 1) * 10_000)
+        peak = max(peak, on_disk(logs.path(1)))
+        time.sleep(0.05)
+    writer.close()
+    deadline = time.monotonic() + 10
+    while on_disk(logs.path(1)) > 2 * MIB + logs.step_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert logs.path(1).stat().st_size > 20 * MIB
+    assert on_disk(logs.path(1)) <= 2 * MIB + logs.step_bytes
+    assert peak < 8 * MIB, peak
+    logs.open_for_run(2, "[vsup] run 2").close()
+    logs.over_cap(2)
+    assert logs.path(1) not in GUARD.watched() and logs.path(2) in GUARD.watched()

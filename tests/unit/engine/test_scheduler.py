@@ -122,3 +122,14 @@ async def test_requesting_twice_is_a_bug():
     s.request("a", ("cpu",), "start")
     with pytest.raises(RuntimeError):
         s.request("a", ("cpu",), "stop")
+
+
+async def test_blocking_tells_a_co_tenant_holding_the_device_from_starts_queued_before():
+    sched = DeviceScheduler()
+    sched.request("a", ("gpu0",), "start")
+    sched.request("b", ("gpu0", "gpu1"), "start")
+    sched.request("c", ("gpu1",), "start")
+    assert sched.blocking("b") == ([("a", "start")], [])
+    # c's device is free of holds: it waits only for b, queued before it
+    assert sched.blocking("c") == ([], [("b", "start")])
+    assert sched.blocking("a") == ([], [])  # granted: it waits for nothing

@@ -26,7 +26,7 @@ def test_a_node_summary_from_its_status_json():
         },
     ]
     doc["router"] = {"endpoint": "http://node:9000", "state": "ready"}
-    doc["rollout"] = {"state": "running", "done": 1, "total": 3}
+    doc["rollout"] = {"state": "running", "wave": 1, "waves": 3, "done": 1, "total": 3}
     view = summarize("gpu01", "gpu01", doc, {"vllm_version": "0.32.0"}, groups=("r",))
     assert view.reachable and view.daemon
     assert view.total == len(snap.instances) and view.ready == snap.ready_count

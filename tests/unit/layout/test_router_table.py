@@ -102,3 +102,20 @@ def test_the_router_table_survives_save_and_load():
         }
     )
     assert loads_layout(BASE).router is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "node7.example"])
+def test_a_router_other_hosts_reach_is_a_warning_that_names_the_open_worker_api(host):
+    text = BASE + f'\n[router]\nport = 8080\nhost = "{host}"\n'
+    (warning,) = [d for d in diagnostics(text) if d.key == "host"]
+    assert warning.severity == "warning" and warning.table == "[router]"
+    assert f"listens on {host}:8080" in warning.message
+    assert "POST /add_worker" in warning.message and "no authentication" in warning.message
+    assert warning.line is not None
+
+
+@pytest.mark.parametrize("host", [None, "127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_router_on_loopback_gets_no_such_warning(host):
+    line = f'host = "{host}"\n' if host else ""
+    text = BASE + f"\n[router]\nport = 8080\n{line}"
+    assert [d for d in diagnostics(text) if d.key == "host"] == []

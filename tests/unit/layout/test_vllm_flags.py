@@ -128,9 +128,7 @@ def test_real_parser_gives_the_flags_and_they_are_cached_per_version(home, monke
     assert found is not None
     # Pretend the shipped list is of another version, so that the real parser is read.
     monkeypatch.setattr(vllm_flags, "FROZEN_VERSION", "0.0.1")
-    started = time.perf_counter()
     probed = flags_of(found)
-    cold = time.perf_counter() - started
     assert probed.name == f"the installed vLLM {version}" and not probed.frozen
     assert probed.detail == "flags read from its parser"
     assert {"max-model-len", "tensor-parallel-size", "api-key", "enforce-eager"} <= probed.flags
@@ -138,11 +136,9 @@ def test_real_parser_gives_the_flags_and_they_are_cached_per_version(home, monke
         assert probed.flags == frozen_flags().flags
     cache = home / "cache" / "vllm-flags" / f"{found.dist}-{version}.json"
     assert sorted(json.loads(cache.read_text())["flags"]) == sorted(probed.flags)
-    started = time.perf_counter()
+    # from the cache, not the parser again (no wall-clock assertion: CI is slow and shared)
     warm = flags_of(found)
-    elapsed = time.perf_counter() - started
     assert warm.flags == probed.flags and warm.detail == "flags read from its parser, cached"
-    assert elapsed < 0.2 < cold, (elapsed, cold)
 
 
 def test_a_broken_vllm_falls_back_to_the_frozen_list_and_is_not_retried_at_once(home, tmp_path):

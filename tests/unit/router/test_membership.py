@@ -52,3 +52,11 @@ def test_a_new_layouts_members_keep_who_is_leaving():
     m.leave("a")
     new = m.with_workers({"a": "http://a", "c": "http://c"})
     assert new.desired({"a": "ready", "c": "ready"}) == ["http://c"]
+
+
+def test_foreign_urls_are_those_of_no_member_whatever_their_state():
+    m = RouterMembership(URLS)
+    listed = [U0, "http://127.0.0.1:9999", U1, "http://127.0.0.1:9999", "http://10.1.2.3:80"]
+    assert m.foreign(listed) == ("http://127.0.0.1:9999", "http://10.1.2.3:80")
+    m.leave("g1")  # a member that is leaving is drift for the reconcile, not foreign
+    assert m.foreign([U1]) == ()

@@ -46,7 +46,7 @@ def test_the_router_routes_to_the_instances_of_its_model_in_layout_order():
     assert (spec.port, spec.metrics_port, spec.host, spec.policy) == (
         8080,
         8081,
-        "0.0.0.0",
+        "127.0.0.1",  # loopback unless the layout says otherwise: the worker API is open
         "cache_aware",
     )
     assert spec.base_url == "http://127.0.0.1:8080"
@@ -67,7 +67,7 @@ def test_argv_sets_ports_policy_and_fast_startup_checks_then_args_then_workers()
     assert argv[:11] == [
         "vllm-router",
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",
         "--port",
         "8080",
         "--policy",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vsup.commands.status import render
-from vsup.routerview import router_line
+from vsup.routerview import as_router, router_line
 from vsup.tui.samples import cpu_node
 from vsup.tui.widgets.header import header_text
 
@@ -36,8 +36,8 @@ def test_the_line_gives_the_endpoint_rates_and_each_workers_share_or_why_it_has_
 
 
 def test_vsup_status_shows_the_router_as_a_row_and_a_line():
-    doc = {"supervisor": {"version": "x"}, "instances": [], "router": ROUTER}
-    text = render(doc)
+    doc = cpu_node().to_json()
+    text = render({**doc, "instances": [], "router": ROUTER})
     row = next(line for line in text.splitlines() if line.startswith("(router)"))
     assert row.split()[:4] == ["(router)", "ready", "4242", "8080"]
     assert router_line(ROUTER) in text
@@ -45,7 +45,9 @@ def test_vsup_status_shows_the_router_as_a_row_and_a_line():
 
 def test_the_dashboard_header_names_the_endpoint_and_a_router_that_does_not_serve():
     snap = cpu_node()
-    ok = header_text(replace(snap, router=ROUTER), False, False).plain
+    ok = header_text(replace(snap, router=as_router(ROUTER)), False, False).plain
     assert "router http://node7:8080" in ok
-    down = header_text(replace(snap, router={**ROUTER, "state": "backoff"}), False, True).plain
+    down = header_text(
+        replace(snap, router=as_router({**ROUTER, "state": "backoff"})), False, True
+    ).plain
     assert "http://node7:8080 backoff" in down

@@ -4,8 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`, `stall`, `cpu`. The structure checks (unknown keys, types,
-profiles) come before them, in `vsup.layout.structure`.
+`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`. The structure checks (unknown
+keys, types, profiles) come before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from vsup.layout.rules import (
     cpu,
     dataparallel,
     env,
+    exporter,
     flags,
     gpus,
     instances,
@@ -44,10 +45,12 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     flags.unknown_flags,
     ports.port_used_twice,
     ports.port_of_metrics_exporter,
+    exporter.exporter_not_on_loopback,
     ports.port_privileged,
     dataparallel.dp_port_clash,
     router.router_ports,
     router.router_models,
+    router.router_reachable,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
     cpu.cpu_instances_outnumber_cores,

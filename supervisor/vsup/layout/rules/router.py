@@ -1,4 +1,5 @@
-"""Rules about the `[router]` table: its ports and which instances it can route to.
+"""Rules about the `[router]` table: its ports, which instances it can route to, and who can
+reach it.
 
 The router's keys and types are structure checks (`vsup.layout.structure`); these rules need the
 merged instances.
@@ -6,7 +7,7 @@ merged instances.
 
 from __future__ import annotations
 
-from vsup.layout.diagnostics import ERROR, Diagnostic
+from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.rules.context import Context
 from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
 from vsup.layout.schema import is_int
@@ -87,3 +88,34 @@ def router_models(ctx: Context) -> list[Diagnostic]:
             )
         ]
     return []
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def router_reachable(ctx: Context) -> list[Diagnostic]:
+    """A router on an address other hosts reach exposes vllm-router's worker API with it: it
+    has no authentication (docs/router.md), so anyone who reaches the port can add a server of
+    their own as a worker and get a share of the requests. vsup removes such workers at once
+    and raises advice, but cannot refuse them: say so where the layout opens it."""
+    router = ctx.layout.router
+    if router is None or not isinstance(router.get("host"), str):
+        return []  # the default is loopback; a mistyped host is a structure error
+    host = router["host"]
+    if _loopback(host):
+        return []
+    port = router.get("port")
+    where = f"{host}:{port}" if is_int(port) else host
+    return [
+        _diag(
+            ctx,
+            f"the router listens on {where}: its worker API (POST /add_worker) has no "
+            "authentication, so anyone who reaches that port can add a server of their own and "
+            "get a share of the requests (vsup removes such a worker within a second and raises "
+            'advice router_foreign_worker, but cannot refuse it). Keep host = "127.0.0.1" (the '
+            "default) behind a proxy, or firewall the port to the clients that need it",
+            "host",
+            WARNING,
+        )
+    ]

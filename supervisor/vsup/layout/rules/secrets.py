@@ -13,7 +13,7 @@ from typing import Any
 from vsup.layout.diagnostics import ERROR, Diagnostic
 from vsup.layout.flags import flag_name
 from vsup.layout.rules.context import Context
-from vsup.layout.secrets import is_secret_name, secret_value_kind
+from vsup.layout.secrets import URL_PASSWORD, is_secret_name, secret_value_kind
 from vsup.layout.structure import Where
 
 API_KEY_FIX = (
@@ -24,12 +24,18 @@ ENV_FIX = (
     'for the API key set api_key_env = "VAR" and export VAR there'
 )
 HF_TOKEN_FIX = (
-    "remove it and export HF_TOKEN where the supervisor runs (instances inherit its "
-    "environment), or write hf-token = true to use the token `huggingface-cli login` saved"
+    'remove it and set hf_token_env = "VAR" (the pull sends $VAR; docs/pull.md), or export '
+    "HF_TOKEN where the supervisor runs (instances inherit its environment), or write "
+    "hf-token = true to use the token `huggingface-cli login` saved"
 )
 VALUE_FIX = (
     "remove it; pass a token through the supervisor's environment (instances inherit it) and "
     'the API key through api_key_env = "VAR"'
+)
+CREDENTIAL_FIX = (
+    "write the value without it and put the credential in a variable exported where the "
+    "supervisor runs (instances inherit its environment): the layout names variables, never "
+    "their values"
 )
 NOT_HERE = "a secret must not be written in the layout"
 
@@ -122,6 +128,8 @@ def secret_in_alerts(ctx: Context) -> list[Diagnostic]:
 
 
 def _looks_like(kind: str) -> str:
+    if kind == URL_PASSWORD or kind.startswith("a credential ("):
+        return f"the value carries {kind}; {NOT_HERE}: {CREDENTIAL_FIX}"
     return f"the value looks like {kind}; {NOT_HERE}: {VALUE_FIX}"
 
 

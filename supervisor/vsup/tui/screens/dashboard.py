@@ -24,6 +24,7 @@ from textual.widgets import DataTable, Footer, Input
 
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
+from vsup.states import IDLE, SERVING, State
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
@@ -32,6 +33,8 @@ from vsup.tui.widgets.detail import DetailTabs, SidePanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
+from vsup.tui.widgets.pullbar import PullBar
+from vsup.tui.widgets.rolloutbar import RolloutBar
 
 NARROW_BELOW = 120  # columns
 
@@ -40,13 +43,13 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
     """Whether a lifecycle action makes sense for an instance in its current state."""
     state = inst.state
     if action == "restart":
-        return state not in ("stopped", "stopping")
+        return state not in (State.STOPPED, State.STOPPING)
     if action == "stop":
-        return state not in ("stopped", "stopping")
+        return state not in (State.STOPPED, State.STOPPING)
     if action == "start":
-        return state in ("stopped", "failed")
+        return state in IDLE
     if action == "drain":
-        return state in ("ready", "unhealthy")
+        return state in SERVING
     if action == "previous_logs":
         return (inst.run or 0) > 1 or inst.last_exit is not None
     return True
@@ -119,6 +122,8 @@ class Dashboard(Screen[None]):
         yield NodeHeader(id="header")
         yield Banner(id="banner")
         yield BenchBar(id="bench")
+        yield RolloutBar(id="rollout")
+        yield PullBar(id="pull")
         yield GpuPanel(id="gpus")
         with Vertical(id="table-box"):
             yield InstanceTable(id="instances")
@@ -199,6 +204,8 @@ class Dashboard(Screen[None]):
         with self.app.batch_update():
             self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
             self.query_one(BenchBar).show(snap.bench)  # before _fit_table: it takes a line
+            self.query_one(RolloutBar).show(snap.rollout)  # the same
+            self.query_one(PullBar).show(snap.pulls)  # so does this one
             self.query_one(GpuPanel).show(snap, self.narrow)
             table.set_columns(self._columns(snap))
             shown = [i for i in snap.instances if rows.matches(i, self.filter_text)]
@@ -262,7 +269,13 @@ class Dashboard(Screen[None]):
         fixed = 2 + (gpu_height.value if gpu_height is not None and gpu_height.value else 1)
         fixed += sum(
             1
-            for w in (self.query_one(Banner), self.query_one(BenchBar), self.query_one(FilterInput))
+            for w in (
+                self.query_one(Banner),
+                self.query_one(BenchBar),
+                self.query_one(RolloutBar),
+                self.query_one(PullBar),
+                self.query_one(FilterInput),
+            )
             if w.has_class("-shown")
         )
         room = self.size.height - fixed - (8 if self.narrow else 12)

@@ -16,6 +16,8 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
+from vsup.states import State
+from vsup.termtext import printable
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
 from vsup.tui.ranks import ranks_text
@@ -39,8 +41,27 @@ def without_probes(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not _PROBE_LINE.search(line))
 
 
+SERVING = ("ready", "unhealthy")
+
+
+def not_serving_text(inst: InstanceStatus) -> Text:
+    """What the sparkline lines say of an instance that serves nothing now: the history is
+    its previous run's, and beside today's `-` it would read as this run's figures."""
+    text = Text()
+    text.append(f"{fmt.state_label(inst.state, inst.backoff_remaining_s)}", "bold")
+    summary = fmt.wait_summary(inst)
+    if summary:
+        text.append("\n" + summary)
+    elif inst.state == State.STARTING:
+        text.append("\nstarting: no figures until it serves", "dim")
+    else:
+        text.append("\nno figures while it does not serve", "dim")
+    return text
+
+
 class SparkPanel(Widget):
-    """KV %, generation tok/s and preemptions/min of the selected instance, one line each."""
+    """KV %, generation tok/s and preemptions/min of the selected instance, one line each;
+    for an instance that does not serve, what it waits for or how far its start is."""
 
     DEFAULT_CSS = """
     SparkPanel { height: 3; }
@@ -63,6 +84,8 @@ class SparkPanel(Widget):
         inst = self.instance
         if inst is None:
             return (None, self.size.width)
+        if inst.state not in SERVING:
+            return (inst.name, self.size.width, not_serving_text(inst).plain)
         width = self._spark_width()
         return (
             inst.name,
@@ -78,6 +101,8 @@ class SparkPanel(Widget):
         inst = self.instance
         if inst is None:
             return Text("no instance selected", "dim")
+        if inst.state not in SERVING:
+            return not_serving_text(inst)
         width = self._spark_width()
         lines = []
         for key, label in METRICS:
@@ -113,7 +138,8 @@ def advice_text(advice: Sequence[Advice], name: str | None) -> Text:
         text.append(f"{symbol} ", style)
         where = f"GPU {a.gpu}: " if a.gpu is not None and a.instance is None else ""
         # GPU advice already says which GPU (seen on the H200: "GPU 0: GPU 0: held at ...")
-        text.append(a.message if a.message.startswith(where) else where + a.message)
+        message = fmt.safe(a.message)
+        text.append(message if message.startswith(where) else where + message)
     return text
 
 
@@ -144,14 +170,17 @@ def exit_text(inst: InstanceStatus | None) -> Text:
     text = Text()
     if inst.stalled:
         text.append(stall_summary(inst) + "\n", "bold red")
+    summary = fmt.wait_summary(inst)
+    if summary:
+        text.append(summary + "\n", "bold yellow")
     text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
     text.append(f"\nrestarts   {inst.restarts}")
-    if inst.state == "backoff" and inst.backoff_remaining_s is not None:
+    if inst.state == State.BACKOFF and inst.backoff_remaining_s is not None:
         text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
-    if inst.state == "failed":
+    if inst.state == State.FAILED:
         text.append(
             "\n"
-            + (
+            + fmt.safe(
                 inst.failed_why
                 or "crash loop: the restart policy gave up; start it by hand once fixed"
             ),
@@ -159,7 +188,7 @@ def exit_text(inst: InstanceStatus | None) -> Text:
         )
     if inst.last_exit and inst.last_exit.log_excerpt:
         text.append("\n\n")
-        text.append(inst.last_exit.log_excerpt, "italic")
+        text.append(printable(inst.last_exit.log_excerpt, newlines=True), "italic")
     return text
 
 
@@ -243,9 +272,10 @@ class SidePanel(Vertical):
     def show(self, inst: InstanceStatus | None, advice: Sequence[Advice]) -> None:
         self.query_one(SparkPanel).show(inst)
         name = inst.name if inst else None
-        title = f"{name} · {fmt.state_label(inst.state)}" if inst else "no selection"
+        shown = fmt.safe(name)
+        title = f"{shown} · {fmt.state_label(inst.state)}" if inst else "no selection"
         if inst is not None and inst.stalled:
-            title = f"{name} · {fmt.stalled_label(inst.stalled_for_s)}"
+            title = f"{shown} · {fmt.stalled_label(inst.stalled_for_s)}"
         if self.border_title != title:
             self.border_title = title
         _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
@@ -260,6 +290,10 @@ class SidePanel(Vertical):
         exit_line = Text("")
         if inst is not None and inst.last_exit is not None:
             exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))
+        summary = fmt.wait_summary(inst) if inst is not None else None
+        if summary and inst is not None and inst.state in SERVING:
+            # (not serving: the sparkline lines above say it already)
+            exit_line = Text.assemble((summary, "bold yellow"), "\n", exit_line)
         if inst is not None and inst.stalled:
             exit_line = Text.assemble((stall_summary(inst), "bold red"), "\n", exit_line)
         _update_if_changed(self.query_one("#exit-line", Static), exit_line)

@@ -8,11 +8,13 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vsup.snapshot import StatusSnapshot
+from vsup.states import PullState, State
 from vsup.tui import fmt
 
 
 def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> Text:
-    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ BENCH 2/3 │ READ-ONLY`."""
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ BENCH 2/3 │ ROLLOUT 1/2 │
+    PULL 43% │ READ-ONLY`."""
     text = Text()
     text.append(" vsup ", "bold reverse")
     if snapshot is None:
@@ -20,18 +22,18 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
     else:
         node = snapshot.node
         sep = " │ "
-        text.append(" " + node.hostname, "bold")
+        text.append(" " + fmt.safe(node.hostname), "bold")
         text.append(sep)
         router = snapshot.router
-        if router:
+        if router is not None:
             # the one endpoint clients should use
-            ok = router.get("state") == "ready"
+            ok = router.state == State.READY
             text.append(
-                f"{'' if narrow else 'router '}{router.get('endpoint')}",
+                f"{'' if narrow else 'router '}{fmt.safe(router.endpoint)}",
                 "bold" if ok else "bold red",
             )
             if not ok:
-                text.append(f" {router.get('state')}", "bold red")
+                text.append(f" {router.state}", "bold red")
             text.append(sep)
         if node.gpu_vendor == "none" or node.gpu_count == 0:
             text.append("CPU node" if narrow else "no GPUs (CPU node)")
@@ -54,6 +56,22 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
             of = f" {bench.index}/{bench.count}" if bench.index and bench.count else ""
             text.append(sep)
             text.append(f" BENCH{of} ", "bold black on yellow")
+        mark = fmt.rollout_mark(snapshot.rollout)
+        if mark is not None:
+            # a layout change in progress (or left half-done): the rollout line says more
+            text.append(sep)
+            text.append(*mark)
+        pulling = [p for p in snapshot.pulls if p.state == PullState.PULLING]
+        if any(p.state == PullState.FAILED for p in snapshot.pulls):
+            text.append(sep)
+            text.append(" PULL FAILED ", "bold white on red")
+        elif pulling:
+            # instances wait for their weights: not an outage
+            done = sum(p.bytes_done or 0 for p in pulling)
+            total = sum(p.bytes_total or 0 for p in pulling)
+            pct = f" {min(100, int(100 * done / total))}%" if total else ""
+            text.append(sep)
+            text.append(f" PULL{pct} ", "bold black on cyan")
     if readonly:
         text.append("  ")
         text.append(" READ-ONLY ", "bold reverse")

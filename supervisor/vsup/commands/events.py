@@ -19,6 +19,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from vsup.states import ExitReason, RolloutState
+
 if TYPE_CHECKING:
     from vsup.control.client import Client
 
@@ -173,7 +175,7 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
         return f"unhealthy: /health failed {e.get('failures')} time(s) ({status}{err}{rank})"
     if kind == "exit":
         reason = e.get("reason") or "unknown"
-        if reason == "stopped":
+        if reason == ExitReason.STOPPED:
             return f"stopped (run {e.get('run')}, {_how_exited(e)})"
         said = _last_line(e.get("log_excerpt"))
         rank = f", data-parallel rank {e['rank']} died first" if e.get("rank") is not None else ""
@@ -281,7 +283,7 @@ def _rollout(e: dict[str, Any]) -> str:
         f"rollout {state}: wave {e.get('wave')}/{e.get('waves')}, "
         f"{e.get('done')}/{e.get('total')} done"
     )
-    if state == "running" and e.get("current"):
+    if state == RolloutState.RUNNING and e.get("current"):
         head += f", restarting {', '.join(e['current'])}"
     if e.get("failure"):
         head += f": {e['failure']}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from vsup.router import ForeignWorker
 from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
-from vsup.states import PullState, State
+from vsup.states import ExitReason, PullState, State
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -221,7 +221,7 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
             hint = "" if says_what_to_do else f" Fix the cause, then `vsup restart {inst.name}`."
             policy = inst.failed_why.startswith("the restart policy gave up")
             why = inst.failed_why
-            if reason in FIXED_IN_LAYOUT or reason == "port_in_use":
+            if reason in FIXED_IN_LAYOUT or reason == ExitReason.PORT_IN_USE:
                 why, hint = _fails_fast(inst, reason, why)
             return [
                 Advice(

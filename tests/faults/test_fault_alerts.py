@@ -136,7 +136,9 @@ def test_a_restarted_daemon_does_not_page_again_for_what_was_sent(fault_home, tm
     (daemon,) = daemons_of(home)
     daemon.send_signal(signal.SIGTERM)
     daemon.wait(60)
-    res = run(home, secrets, "status", "--json")  # starts the next daemon
+    start = run(home, secrets, "daemon", "--detach")  # the next daemon, with the secrets
+    assert start.returncode == 0, start.stderr
+    res = run(home, secrets, "status", "--json")
     assert json.loads(res.stdout)["supervisor"]["pid"] != daemon.pid
     # Something new to send, queued behind whatever the new daemon's first polls queued:
     # "ok" is SIGKILLed until its breaker trips (3 failures), a critical crash_loop.

@@ -190,7 +190,9 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         os.killpg(pgid1, signal.SIGKILL)
         wait_for(lambda: group_alive(pgid1) == [], 10, "cpu1's processes to die")
 
-        # The next client command brings a daemon back; it re-adopts cpu0 as it was.
+        # `vsup daemon --detach` brings a daemon back (read-only commands start none); it
+        # re-adopts cpu0 as it was.
+        assert vsup(home, "daemon", "--detach").returncode == 0
         doc = status(home)
         assert doc["supervisor"]["pid"] != old_daemon
         insts = {i["name"]: i for i in doc["instances"]}

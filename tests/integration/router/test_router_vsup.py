@@ -216,6 +216,7 @@ def test_a_restarted_daemon_adopts_the_router(node: Node):
     daemon = node.status()["supervisor"]["pid"]
     os.kill(daemon, signal.SIGTERM)  # the daemon ends, the processes live on
     until(lambda: not Path(f"/proc/{daemon}").exists(), 60, "the daemon did not end")
+    assert node.vsup("daemon", "--detach", timeout=90).returncode == 0
     after = until(lambda: serving_all(node), 90, "the new daemon's router does not serve")
     assert node.status()["supervisor"]["pid"] != daemon
     assert after["pid"] == before["pid"]  # adopted, not started again

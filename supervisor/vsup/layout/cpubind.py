@@ -99,7 +99,7 @@ def ranks(spec: InstanceSpec) -> int:
 def core_plan(specs: Sequence[InstanceSpec], cpus: Sequence[int] | None = None) -> dict[str, str]:
     """Instance name -> the `VLLM_CPU_OMP_THREADS_BIND` vsup gives it (module docstring);
     empty when the layout has fewer than two CPU instances or each binds its own."""
-    cpu_specs = [s for s in specs if s.is_cpu]
+    cpu_specs = [s for s in specs if not s.gpus]
     todo = [s for s in cpu_specs if BIND_ENV not in s.env]
     if len(cpu_specs) < 2 or not todo:
         return {}

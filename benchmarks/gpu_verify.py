@@ -38,7 +38,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpulib import (  # noqa: E402
+from benchmarks.gpulib import (
     EMULATOR,
     MiB,
     alive,

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "vsup.commands.status",
     "vsup.commands.lifecycle",
     "vsup.commands.logs",
+    "vsup.commands.events",
     "vsup.commands.save",
     "vsup.commands.probe",
     "vsup.commands.down",
@@ -38,6 +39,7 @@ COMMAND_MODULES = (
     "vsup.commands.fleet",
     "vsup.commands.paths",
     "vsup.commands.daemon",
+    "vsup.commands.service",
 )
 
 

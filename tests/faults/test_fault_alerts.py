@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 HF = "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
 CRASHERS = [f"f{i:02d}" for i in range(16)]
 # dumps its environment, then hangs (the daemon kills it after its 30 s timeout)
-HANG = "import os, sys, time; open(sys.argv[1] + '/env-%d' % os.getpid(), 'w').write(repr(dict(os.environ))); time.sleep(600)"  # noqa: E501
+HANG = "import os, sys, time; open(sys.argv[1] + '/env-%d' % os.getpid(), 'w').write(repr(dict(os.environ))); time.sleep(600)"
 
 
 def layout_text(ports: dict[str, int], crashers: list[str], command: list[str] | None) -> str:
@@ -136,7 +136,9 @@ def test_a_restarted_daemon_does_not_page_again_for_what_was_sent(fault_home, tm
     (daemon,) = daemons_of(home)
     daemon.send_signal(signal.SIGTERM)
     daemon.wait(60)
-    res = run(home, secrets, "status", "--json")  # starts the next daemon
+    start = run(home, secrets, "daemon", "--detach")  # the next daemon, with the secrets
+    assert start.returncode == 0, start.stderr
+    res = run(home, secrets, "status", "--json")
     assert json.loads(res.stdout)["supervisor"]["pid"] != daemon.pid
     # Something new to send, queued behind whatever the new daemon's first polls queued:
     # "ok" is SIGKILLed until its breaker trips (3 failures), a critical crash_loop.

@@ -68,6 +68,7 @@ def test_a_shared_vsup_home_gets_a_private_directory_inside_and_keeps_its_mode(m
     os.chmod(shared, 0o1777)  # like /tmp
     private = shared / f"vsup-{os.getuid()}"
     try:
+        assert vsup(shared, "daemon", "--detach").returncode == 0
         res = vsup(shared, "status", "--json")
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)

@@ -26,6 +26,8 @@ def test_a_home_of_mode_755_keeps_its_mode_while_the_daemon_serves_it():
     home = Path(tempfile.mkdtemp(prefix="vsup-755-", dir="/tmp"))
     os.chmod(home, 0o755)
     try:
+        start = vsup(home, "daemon", "--detach")  # status never starts one (issue 25)
+        assert start.returncode == 0, start.stderr
         res = vsup(home, "status", "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["supervisor"]["home"] == str(home)

@@ -52,6 +52,8 @@ def test_a_daemon_killed_in_wave_2_leaves_a_rollout_reported_and_resumable(fault
     (daemon,) = daemons_of(home)
     daemon.kill()  # SIGKILL: no goodbye write of anything
     daemon.wait(10)
+    # read-only commands never start a daemon (issue 25): the operator starts the new one
+    assert vsup(home, "daemon", "--detach").returncode == 0
 
     # a new daemon re-adopts the instances (b, when it was caught between its stop and its
     # start, is started again: it is ready soon)

@@ -32,6 +32,7 @@ def test_the_layout_survives_both_state_files_going_bad(fault_home, tmp_path):
     for name in ("state.json", "state.json.bak"):
         (home / name).write_bytes(b'{"version": 1, "instances": {"a": ')
 
+    assert vsup(home, "daemon", "--detach").returncode == 0
     doc = status(home)
     assert doc["supervisor"]["layout"] == "fakes"
     assert [(i["name"], i["pid"]) for i in doc["instances"]] == [("a", pid_a)]

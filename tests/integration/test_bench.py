@@ -362,7 +362,8 @@ def test_a_layout_left_down_comes_back_down_with_no_daemon(node):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "replaces the loaded layout one (none of its instances serves)" in proc.stderr
     assert "stopping the daemon" in proc.stderr
-    # a new client starts a new daemon, which finds the layout loaded and cpu0 down
+    # a new daemon finds the layout loaded and cpu0 down
+    assert vsup(home, "daemon", "--detach").returncode == 0
     after = status(home)
     assert after["supervisor"]["layout"] == "one"
     assert {i["name"]: i["state"] for i in after["instances"]} == {"cpu0": "stopped"}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from vsup.layout.flags import args_to_flags, flag_name
-from vsup.layout.spec import InstanceSpec
+
+from tests.factories import instance_spec
 
 
 @pytest.mark.parametrize(
@@ -46,18 +48,7 @@ def test_flag_name():
     assert flag_name("max_model_len") == flag_name("--max-model-len") == "--max-model-len"
 
 
-def _spec(**kw) -> InstanceSpec:
-    base = {
-        "name": "a",
-        "model": "/m",
-        "command": ("vllm", "serve"),
-        "host": "0.0.0.0",
-        "port": 8000,
-        "gpus": (0, 1),
-        "gpu_memory_utilization": 0.45,
-    }
-    base.update(kw)
-    return InstanceSpec(**base)
+_spec = partial(instance_spec, host="0.0.0.0", gpus=(0, 1), gpu_memory_utilization=0.45)
 
 
 def test_argv_sets_model_host_port_utilization_and_tp():

@@ -176,7 +176,7 @@ class LayoutGuard:
     def log_to(self, path: Path) -> None:
         """Copy everything written to stdout and stderr from now on to `path` (appended)."""
         try:
-            self._log = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed on exit)
+            self._log = open(path, "a", encoding="utf-8")
         except OSError:
             return
         for s in (sys.stdout, sys.stderr):

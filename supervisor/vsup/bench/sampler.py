@@ -50,9 +50,6 @@ class Sampler:
             self._thread.join(self.interval + 30)
             self._thread = None
 
-    def latest(self) -> dict[str, Any] | None:
-        return self.samples[-1][1] if self.samples else None
-
 
 def _max(values: Sequence[Any]) -> Any:
     known = [v for v in values if v is not None]

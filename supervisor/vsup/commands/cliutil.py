@@ -8,22 +8,27 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from vsup.commands.exits import CommandFailed, known_error
+from vsup.commands.exits import NO_DAEMON, CommandFailed, known_error
 from vsup.commands.progress import Progress, fmt_duration
-from vsup.control.client import Client, connect
+from vsup.control.client import Client, NoDaemon, connect
 from vsup.control.errors import DaemonUnavailable
 
 __all__ = ["CommandFailed", "client_for_cli", "print_diagnostics", "run_command"]
 
 
 def client_for_cli(start: bool = True) -> Client:
-    """A client of the daemon, starting one (with progress on a terminal) if none runs."""
+    """A client of the daemon, starting one (with progress on a terminal) if none runs and
+    `start`; read-only commands pass `start=False` and end with NoDaemon's message and exit
+    status (`exits.NO_DAEMON`) when no daemon runs for this VSUP_HOME."""
     progress = Progress()
+    doing = "starting" if start else "waiting for"
     try:
         return connect(
             start=start,
-            on_wait=lambda t: progress.update(f"starting the vsup daemon ... {fmt_duration(t)}"),
+            on_wait=lambda t: progress.update(f"{doing} the vsup daemon ... {fmt_duration(t)}"),
         )
+    except NoDaemon as exc:
+        raise CommandFailed(f"vsup: {exc}", NO_DAEMON) from None
     except DaemonUnavailable as exc:
         raise CommandFailed(f"vsup: {exc}") from None
     finally:

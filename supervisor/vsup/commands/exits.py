@@ -9,6 +9,8 @@
   daemon refused as malformed (400, 404, 413, 422).
 - 3 `NOT_CONFIRMED`: a change that stops or restarts serving instances was not confirmed (no
   terminal and no `--yes`, or the answer was no); nothing was changed.
+- 4 `NO_DAEMON`: a read-only command (`status`, `logs`, `events`, `save`, `tui --readonly`)
+  found no daemon for this VSUP_HOME; such commands never start one (`control.client.NoDaemon`).
 - 130 `INTERRUPTED`: Ctrl-C. 141 `BROKEN_PIPE`: the reader of the output went away
   (`vsup status | head`).
 
@@ -23,6 +25,7 @@ OK = 0
 FAILED = 1
 BAD_INPUT = 2
 NOT_CONFIRMED = 3
+NO_DAEMON = 4
 INTERRUPTED = 130
 BROKEN_PIPE = 141
 
@@ -55,7 +58,10 @@ def known_error(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, ControlError):
         return status_for_refusal(exc.status), f"vsup: {one_line(exc.message)}"
     if isinstance(exc, DaemonUnavailable):
-        return FAILED, f"vsup: {one_line(str(exc))}"
+        from vsup.control.client import NoDaemon
+
+        code = NO_DAEMON if isinstance(exc, NoDaemon) else FAILED
+        return code, f"vsup: {one_line(str(exc))}"
     if isinstance(exc, (HomeError, UnsafeTarget)):
         return BAD_INPUT, f"vsup: {one_line(str(exc))}"
     return None

@@ -1,10 +1,15 @@
-"""`vsup start|stop|restart NAME.. [--all]` and `vsup drain NAME`: lifecycle actions."""
+"""`vsup start|stop|restart NAME.. [--all]` and `vsup drain NAME`: lifecycle actions.
+
+`@router` names the layout's vllm-router (start, stop, restart; it has no drain). Plain
+`router` means it too when no instance has that name. `--all` is every instance, not the
+router.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vsup.states import State
 
@@ -24,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("restart", "stop then start instances (also clears a failed instance)"),
     ):
         p = sub.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("names", nargs="*", metavar="NAME", help="instance names")
+        p.add_argument(
+            "names", nargs="*", metavar="NAME", help="instance names; @router for the router"
+        )
         p.add_argument("--all", action="store_true", help="every instance of the layout")
         if action in ("start", "restart"):
             p.add_argument("--wait", action="store_true", help="wait until they are ready")
@@ -46,9 +53,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, action="drain", all=False)
 
 
+def resolve_targets(client: Client, names: list[str]) -> list[str]:
+    """`names` with a plain `router` read as `@router` when no instance has that name."""
+    from vsup.control.client import ROUTER
+
+    if "router" not in names:
+        return names
+    doc = client.status()
+    if any(i["name"] == "router" for i in doc.get("instances", ())):
+        return names
+    if not doc.get("router"):
+        from vsup.commands.cliutil import CommandFailed
+
+        raise CommandFailed(
+            "vsup: no instance is named 'router' and the running layout has no [router]", 2
+        )
+    return [ROUTER if n == "router" else n for n in names]
+
+
 def run(args: argparse.Namespace) -> int:
     from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
-    from vsup.control.client import check_name
+    from vsup.control.client import ROUTER, check_target
 
     def body(args: argparse.Namespace) -> int:
         if not args.names and not args.all:
@@ -56,8 +81,15 @@ def run(args: argparse.Namespace) -> int:
         if args.names and args.all:
             raise CommandFailed(f"vsup {args.action}: give names or --all, not both", 2)
         for name in args.names:
-            check_name(name)  # before a daemon is started or asked
+            check_target(name)  # before a daemon is started or asked
+        if args.action == "drain" and args.names[0] == ROUTER:
+            raise CommandFailed(
+                "vsup drain: the router has no requests of its own to drain; "
+                "`vsup restart @router` or `vsup stop @router`",
+                2,
+            )
         with client_for_cli() as client:
+            args.names = resolve_targets(client, list(args.names))
             progress_note(args)
             answer = client.action(args.action, args.names, all=args.all)
             waiting = getattr(args, "wait", False)
@@ -90,8 +122,16 @@ def progress_note(args: argparse.Namespace) -> None:
 def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
     from vsup.commands.progress import Progress, wait_ready
+    from vsup.control.client import ROUTER
 
-    ok, doc = wait_ready(client, names, timeout, Progress())
+    ok = True
+    if ROUTER in names:
+        ok = wait_router(client, timeout)
+        names = [n for n in names if n != ROUTER]
+        if not names:
+            return 0 if ok else 1
+    ready, doc = wait_ready(client, names, timeout, Progress())
+    ok = ok and ready
     by_name = {i["name"]: i for i in doc.get("instances", ())}
     for name in names:
         inst = by_name.get(name)
@@ -104,6 +144,30 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
             le = inst.get("last_exit") or {}
             why = f" (last exit: {le['reason']})" if le.get("reason") else ""
             print(f"{name}: {inst['state']}{why}", file=sys.stderr)
+            for advice in doc.get("advice", ()):
+                # what to do about it (the daemon's advice: edit the layout, free a port...)
+                if advice.get("instance") == name and inst["state"] == State.FAILED:
+                    print(f"  {advice['message']}", file=sys.stderr)
     if not ok and all(by_name.get(n, {}).get("state") != State.FAILED for n in names):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1
+
+
+def wait_router(client: Client, timeout: float, interval: float = 0.5) -> bool:
+    """Wait for the router to serve (`ready`); print the outcome; True when it does."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    router: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        router = client.status().get("router") or {}
+        if router.get("state") in (State.READY, State.FAILED, State.STOPPED):
+            break
+        time.sleep(interval)
+    state = router.get("state", "gone")
+    if state == State.READY:
+        print("@router: ready")
+        return True
+    why = router.get("failed_why") or (router.get("last_exit") or {}).get("reason")
+    print(f"@router: {state}" + (f" ({why})" if why else ""), file=sys.stderr)
+    return False

@@ -1,8 +1,12 @@
-"""`vsup logs NAME [-f] [--previous] [--raw]`: an instance's log, this run or the one before.
+"""`vsup logs [NAME] [-f] [--previous] [--raw] [-n N]`: an instance's or the router's log,
+this run or the one before; without NAME, every instance's and the router's, each line prefixed
+with whose it is.
 
 Shown as a terminal would show it (vsup.logtext): a progress bar at its last state, not one line
-per redraw. Following on a terminal, the bar being drawn is redrawn in place at the bottom;
-into a pipe, only finished lines are written. `--raw` writes the bytes as logged.
+per redraw. Following one log on a terminal, the bar being drawn is redrawn in place at the
+bottom; into a pipe (or following several), only finished lines are written. `--raw` writes the
+bytes as logged. `-n N` / `--tail N` starts N lines before the end, as `tail -n` does.
+`@router` names the layout's vllm-router (plain `router` too, when no instance has that name).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import argparse
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from vsup.logtext import TerminalLines
 
@@ -21,16 +27,30 @@ if TYPE_CHECKING:
 # Cursor to the start of the line and erase it; and one line up.
 _ERASE_LINE = "\r\x1b[K"
 _UP = "\x1b[A"
+# Bytes asked for per line wanted when looking for the last N lines (grown until enough).
+_BYTES_PER_LINE = 256
+MAX_TAIL_BYTES = 1024 * 1024  # one answer of the logs route at most
+# Lines of each log `vsup logs` without a name prints before following (as `tail`).
+DEFAULT_ALL_LINES = 10
+# How often following every log asks which instances there are (one may be added).
+RESCAN_S = 5.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "logs",
-        help="print an instance's log (this run, or --previous)",
+        help="print an instance's or the router's log; without NAME, every one, prefixed",
         description="Print the log of the instance's current run, or of the run before it "
-        "(--previous: what a crashed run said before it died).",
+        "(--previous: what a crashed run said before it died). @router is the router's log. "
+        "Without NAME: the last lines of every instance's and the router's log, each line "
+        "prefixed with its name (-f keeps following all of them).",
     )
-    p.add_argument("name", metavar="NAME", help="instance name")
+    p.add_argument(
+        "name",
+        nargs="?",
+        metavar="NAME",
+        help="instance name, or @router; none: every instance and the router",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended")
     p.add_argument("--previous", action="store_true", help="the run before the current one")
     p.add_argument(
@@ -39,24 +59,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write the log as logged (every progress-bar redraw, escape codes)",
     )
     p.add_argument(
+        "-n",
         "--tail",
         type=int,
         default=None,
-        metavar="BYTES",
-        help="start this many bytes before the end (at a line start)",
+        metavar="N",
+        help="start N lines before the end (default: the whole run's log; without NAME, "
+        f"{DEFAULT_ALL_LINES} of each)",
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.commands.cliutil import client_for_cli, run_command
-    from vsup.control.client import check_name
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
+    from vsup.control.client import check_target
 
     def body(args: argparse.Namespace) -> int:
-        check_name(args.name)  # before a daemon is started or asked
-        with client_for_cli() as client:
+        if args.tail is not None and args.tail < 0:
+            raise CommandFailed("vsup logs: -n/--tail takes a number of lines, 0 or more", 2)
+        if args.name is not None:
+            check_target(args.name)  # before the daemon is asked
+        elif args.previous:
+            raise CommandFailed("vsup logs: --previous needs an instance name (or @router)", 2)
+        with client_for_cli(start=False) as client:
             try:
-                follow(client, args.name, args.previous, args.follow, args.tail, raw=args.raw)
+                if args.name is None:
+                    follow_all(client, args.follow, args.tail, raw=args.raw)
+                else:
+                    name = resolve_name(client, args.name)
+                    follow(client, name, args.previous, args.follow, args.tail, raw=args.raw)
             except BrokenPipeError:
                 # `vsup logs x | head` closed the pipe: not an error.
                 sys.stderr.close()
@@ -65,10 +96,45 @@ def run(args: argparse.Namespace) -> int:
     return run_command(body, args)
 
 
+def resolve_name(client: Client, name: str) -> str:
+    """A plain `router` means the router when no instance has that name."""
+    if name != "router":
+        return name
+    from vsup.commands.lifecycle import resolve_targets
+
+    return resolve_targets(client, [name])[0]
+
+
+def tail_chunk(client: Client, name: str, previous: bool, lines: int) -> dict[str, Any]:
+    """The log's answer starting `lines` lines before its end (as `tail -n`): the tail in bytes
+    grows until it holds that many lines or reaches the file's start."""
+    want = max(1, lines) * _BYTES_PER_LINE
+    while True:
+        chunk = client.logs(name, previous=previous, tail=min(want, MAX_TAIL_BYTES))
+        text = chunk["text"]
+        have = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+        if have >= lines or chunk["start"] == 0 or want >= MAX_TAIL_BYTES:
+            break
+        want *= 4
+    if lines == 0:
+        skip = len(text)
+    else:
+        kept = text.splitlines(keepends=True)[-lines:]
+        skip = len(text) - len("".join(kept))
+    dropped = text[:skip].encode("utf-8", errors="replace")
+    return {**chunk, "start": chunk["start"] + len(dropped), "text": text[skip:]}
+
+
+class _Writer(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
 class _Screen:
     """Writes display lines; on a terminal the still-moving ones are redrawn in place."""
 
-    def __init__(self, out: TextIO, raw: bool, live: bool) -> None:
+    def __init__(self, out: _Writer, raw: bool, live: bool) -> None:
         self.out = out
         self.raw = raw
         self.live = live  # redraw pending lines in place (following, on a terminal)
@@ -120,14 +186,14 @@ def follow(
     out: TextIO | None = None,
     raw: bool = False,
 ) -> None:
-    """Print the log from the start (or the last `tail` bytes); with `keep`, follow it and
+    """Print the log from the start (or its last `tail` lines); with `keep`, follow it and
     switch to the next run's log when the instance restarts. `raw`: the bytes as logged, else
     as a terminal shows them (vsup.logtext)."""
     out = out or sys.stdout
     isatty = getattr(out, "isatty", None)
     screen = _Screen(out, raw, live=keep and not previous and bool(isatty and isatty()))
     if tail is not None:
-        chunk = client.logs(name, previous=previous, tail=tail)
+        chunk = tail_chunk(client, name, previous, tail)
     else:
         chunk = client.logs(name, previous=previous, offset=0)
     run = chunk["run"]
@@ -149,3 +215,122 @@ def follow(
             run = nxt["run"]
             nxt = client.logs(name, offset=0)
         chunk = nxt
+
+
+class _Prefixed:
+    """A text stream that starts every line it is given with `prefix`."""
+
+    def __init__(self, out: TextIO, prefix: str) -> None:
+        self.out = out
+        self.prefix = prefix
+        self._at_start = True
+
+    def write(self, text: str) -> None:
+        for part in text.splitlines(keepends=True):
+            if self._at_start:
+                self.out.write(self.prefix)
+            self.out.write(part)
+            self._at_start = part.endswith("\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@dataclass
+class _Source:
+    """One log being followed among several."""
+
+    name: str
+    prefixed: _Prefixed
+    screen: _Screen
+    run: int | None = None
+    offset: int | None = None  # None: not read yet (no log so far)
+    gone: bool = False
+
+
+@dataclass
+class _Sources:
+    """Every instance's and the router's log, as the status says they are now."""
+
+    out: TextIO
+    raw: bool
+    by_name: dict[str, _Source] = field(default_factory=dict)
+
+    def refresh(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.by_name:
+                prefixed = _Prefixed(self.out, "")
+                self.by_name[name] = _Source(name, prefixed, _Screen(prefixed, self.raw, False))
+        width = max((len(n) for n in names), default=0)
+        for name, src in self.by_name.items():
+            src.gone = name not in names
+            src.prefixed.prefix = f"{name.ljust(width)} | "
+
+
+def log_names(client: Client) -> list[str]:
+    """Whose logs there are: every instance, then the router when the layout has one."""
+    from vsup.control.client import ROUTER
+
+    doc = client.status()
+    names = [i["name"] for i in doc.get("instances", ())]
+    return names + ([ROUTER] if doc.get("router") else [])
+
+
+def follow_all(
+    client: Client,
+    keep: bool,
+    tail: int | None,
+    interval: float = 0.5,
+    out: TextIO | None = None,
+    raw: bool = False,
+    rescan_s: float = RESCAN_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """The last `tail` lines (default DEFAULT_ALL_LINES) of every instance's and the router's
+    log, each line prefixed with its name; with `keep`, follow them all (a restarted instance's
+    next run, an instance the layout gains) until interrupted."""
+    from vsup.control.errors import ControlError
+
+    out = out or sys.stdout
+    lines = DEFAULT_ALL_LINES if tail is None else tail
+    sources = _Sources(out, raw)
+    sources.refresh(log_names(client))
+    last_scan = clock()
+    first = True
+    while True:
+        for src in list(sources.by_name.values()):
+            if src.gone:
+                continue
+            try:
+                if src.offset is None:
+                    chunk = (
+                        tail_chunk(client, src.name, False, lines)
+                        if first
+                        else client.logs(src.name, offset=0)
+                    )
+                else:
+                    chunk = client.logs(src.name, offset=src.offset)
+                    if chunk["run"] != src.run:
+                        src.screen.end(f"--- run {chunk['run']} ---\n")
+                        chunk = client.logs(src.name, offset=0)
+            except ControlError as exc:
+                if exc.status == 404:
+                    continue  # no log yet (or gone from the layout): looked at again later
+                raise
+            src.run = chunk["run"]
+            src.screen.write(chunk["text"])
+            while not chunk["eof"]:
+                chunk = client.logs(src.name, offset=chunk["offset"])
+                src.screen.write(chunk["text"])
+            src.offset = chunk["offset"]
+        first = False
+        out.flush()
+        if not keep:
+            for src in sources.by_name.values():
+                src.screen.end()
+            out.flush()
+            return
+        time.sleep(interval)
+        if clock() - last_scan >= rescan_s:
+            sources.refresh(log_names(client))
+            last_scan = clock()

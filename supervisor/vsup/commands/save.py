@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from vsup.control.errors import ControlError
 
     def body(args: argparse.Namespace) -> int:
-        with client_for_cli() as client:
+        with client_for_cli(start=False) as client:  # no daemon: no running layout to save
             try:
                 answer = client.save(args.file, parents=args.parents)
             except ControlError as exc:

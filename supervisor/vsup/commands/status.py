@@ -2,8 +2,8 @@
 
 The document is fetched with the standard library when a daemon answers (`fetch_status`):
 the control client's httpx took longer to import than the whole answer of a 128-instance
-daemon. Without an answer it falls back to the client, which starts a daemon and reports
-errors as every command does.
+daemon. Without an answer it falls back to the client, which never starts a daemon (a
+read-only command: exit 4, `exits.NO_DAEMON`) and reports errors as every command does.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ if TYPE_CHECKING:
     from vsup.snapshot import (
         BenchStatus,
         InstanceStatus,
+        LastExit,
         Parallel,
         RankStatus,
         RolloutStatus,
         StatusSnapshot,
     )
 
-from vsup.states import PullState, RolloutState, State
+from vsup.states import ExitReason, PullState, RolloutState, State
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="print one status snapshot (exit 1 if any instance is not ready)",
         description="Print every instance's state and telemetry once. Exit status 1 when any "
-        "instance is not ready. Starts the daemon if none runs (it re-adopts what is running).",
+        "instance is not ready, 4 when no daemon runs for this VSUP_HOME (status never starts "
+        "one: `vsup up` or `vsup daemon --detach` do).",
     )
     p.add_argument("--json", action="store_true", help="the status document (schema 1)")
     p.set_defaults(func=run)
@@ -49,7 +51,7 @@ def _run_with_client(args: argparse.Namespace) -> int:
     from vsup.commands.cliutil import client_for_cli, run_command
 
     def body(args: argparse.Namespace) -> int:
-        with client_for_cli() as client:
+        with client_for_cli(start=False) as client:
             doc = client.status()
         return _show(doc, args)
 
@@ -127,6 +129,38 @@ def bench_line(b: BenchStatus | dict[str, Any]) -> str:
         f"BENCH{where} {b.layout or ''}: {what}, {fmt_duration(b.elapsed_s)} "
         f"(vsup bench pid {b.pid} replaced the layout; it restores it at the end)"
     )
+
+
+def exit_how(le: LastExit) -> str:
+    """How a run ended, for `last exit REASON (HOW)`: its code or signal, else why neither
+    is known (never a bare `?`)."""
+    if le.code is not None:
+        return f"code {le.code}"
+    if le.signal:
+        return str(le.signal)
+    if le.reason == ExitReason.PORT_IN_USE:
+        return "refused before it started"
+    return "exit status unknown: not the daemon's child"
+
+
+def port_holder_note(port: Any) -> str:
+    """`; port 8101 is held by pid 4242 (python3)` when this node says who listens there
+    (read-only: the socket table, no bind), else what to run to find out."""
+    if not isinstance(port, int):
+        return ""
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                try:
+                    who = f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    who = f"pid {c.pid}"
+                return f"; port {port} is held by {who} now"
+    except (psutil.Error, OSError):
+        pass
+    return f"; port {port}: `ss -ltnp 'sport = :{port}'` shows who holds it"
 
 
 def short_duration(seconds: float | None) -> str:
@@ -317,12 +351,13 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     for i in insts:
         le = i.last_exit
         if le and i.state != State.READY:
-            how = f"code {le.code}" if le.code is not None else le.signal or "?"
-            line = f"{i.name}: last exit {le.reason} ({how}) at {le.at}"
+            line = f"{i.name}: last exit {le.reason} ({exit_how(le)}) at {le.at}"
             if le.rank is not None:
                 line += f", data-parallel rank {le.rank} died first"
             if le.log_excerpt:
                 line += f": {le.log_excerpt.strip().splitlines()[-1][:160]}"
+            if le.reason == ExitReason.PORT_IN_USE and "in use by" not in (le.log_excerpt or ""):
+                line += port_holder_note(i.port)
             lines.append(_p(line))
     for i in insts:
         if i.outdated:

@@ -1,7 +1,9 @@
 """`vsup` / `vsup tui [--readonly]`: attach the dashboard to this node's daemon.
 
-Starts the daemon when none runs (as every client command does). `q` detaches: the daemon
-and every instance keep running, and `vsup` attaches again from any SSH session.
+Starts the daemon when none runs (the dashboard starts, stops and edits instances), except
+with `--readonly` or `--screenshot`: watching never starts one, it says that none runs for
+this VSUP_HOME (exit status 4). `q` detaches: the daemon and every instance keep running, and
+`vsup` attaches again from any SSH session.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _size(text: str) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.control.client import AsyncClient, connect
+    from vsup.commands.exits import NO_DAEMON
+    from vsup.control.client import AsyncClient, NoDaemon, connect
     from vsup.control.errors import DaemonUnavailable
     from vsup.tui.app import DashboardApp
     from vsup.tui.keymap import load_keymap
@@ -67,12 +70,17 @@ def run(args: argparse.Namespace) -> int:
     if args.refresh <= 0:
         print("vsup tui: --refresh must be a positive number of seconds", file=sys.stderr)
         return 2
+    screenshot = getattr(args, "screenshot", None)  # `vsup up` passes only readonly, refresh
+    watch_only = bool(args.readonly or screenshot)
     try:
-        connect().close()  # starts the daemon if none answers
+        connect(start=not watch_only).close()  # the dashboard that acts starts the daemon
+    except NoDaemon as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return NO_DAEMON
     except DaemonUnavailable as exc:
         print(f"vsup tui: {exc}", file=sys.stderr)
         return 1
-    if args.screenshot:
+    if screenshot:
         import asyncio
 
         from vsup.tui.shot import screenshot_live
@@ -84,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         try:
-            path = asyncio.run(screenshot_live(args.screenshot, size, select=args.select))
+            path = asyncio.run(screenshot_live(screenshot, size, select=args.select))
         except (TimeoutError, ValueError) as exc:
             print(f"vsup tui: {exc}", file=sys.stderr)
             return 1

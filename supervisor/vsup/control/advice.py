@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from vsup.control.stalls import stall_work
 from vsup.router import ForeignWorker
 from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
-from vsup.states import PullState, State
+from vsup.states import ExitReason, PullState, State
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -107,22 +107,35 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
         return []
     usage = [v for v in (inst.kv_cache_usage, kv_peak) if v is not None]
     peak = max(usage) if usage else None
-    kv_txt = (
-        f"KV cache peaked at {peak:.0%} in the last minute"
-        if peak is not None
-        else ("KV cache usage unknown")
-    )
+    if peak is not None and peak > 0:
+        kv_txt = f"KV cache peaked at {peak:.0%} in the last minute"
+    else:
+        # A preemption proves the cache ran full; a 0% (or no) reading only means the 1 Hz
+        # sample missed that moment (the CPU build's gauge often reads 0 between steps).
+        peak = None
+        kv_txt = "its cache ran full between samples"
+    if not inst.gpus:
+        size = (
+            f" ({inst.kv_capacity_tokens:,} tokens)" if inst.kv_capacity_tokens is not None else ""
+        )
+        fix = (
+            f"its KV cache{size} is too small for this load and throughput suffers. On CPU the "
+            "cache is host memory sized by VLLM_CPU_KVCACHE_SPACE (GiB, in the instance's env; "
+            "args num-gpu-blocks-override caps it too): raise it, lower max-num-seqs, or send "
+            "fewer requests at once."
+        )
+    else:
+        fix = (
+            "the KV cache is too small for this load and throughput suffers. Run fewer "
+            "instances per GPU, raise gpu_memory_utilization, use an fp8 KV cache (args "
+            'kv-cache-dtype = "fp8") or lower max-num-seqs.'
+        )
     return [
         Advice(
             kind="kv_exhausted",
             severity="critical" if peak is not None and peak >= KV_FULL else "warning",
             instance=inst.name,
-            message=(
-                f"{inst.name}: preempting ({rate:.0f}/min; {kv_txt}): the KV cache is too "
-                "small for this load and throughput suffers. Run fewer instances per GPU, "
-                "raise gpu_memory_utilization, use an fp8 KV cache (args kv-cache-dtype = "
-                '"fp8") or lower max-num-seqs.'
-            ),
+            message=f"{inst.name}: preempting ({rate:.0f}/min; {kv_txt}): {fix}",
         )
     ]
 
@@ -208,15 +221,15 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
             says_what_to_do = "vsup start" in inst.failed_why or "vsup restart" in inst.failed_why
             hint = "" if says_what_to_do else f" Fix the cause, then `vsup restart {inst.name}`."
             policy = inst.failed_why.startswith("the restart policy gave up")
+            why = inst.failed_why
+            if reason in FIXED_IN_LAYOUT or reason == ExitReason.PORT_IN_USE:
+                why, hint = _fails_fast(inst, reason, why)
             return [
                 Advice(
                     kind="crash_loop" if policy else "failed",
                     severity="critical",
                     instance=inst.name,
-                    message=(
-                        f"{inst.name}: failed: {inst.failed_why} (last exit: {reason})."
-                        f"{hint}{excerpt}"
-                    ),
+                    message=(f"{inst.name}: failed: {why} (last exit: {reason}).{hint}{excerpt}"),
                 )
             ]
         return [
@@ -244,6 +257,33 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
             )
         ]
     return []
+
+
+# Exits that the same command line repeats: the layout must change, and `vsup restart` would
+# run that command line again.
+FIXED_IN_LAYOUT = {
+    "bad_args": "vLLM refused its command line (a flag or value it does not take)",
+    "model_not_found": "vLLM found no model there",
+}
+
+
+def _fails_fast(inst: InstanceStatus, reason: str, why: str) -> tuple[str, str]:
+    """(why, what to do) for an exit that fails fast: vsup tried once, since a retry of the
+    same command would fail the same way."""
+    if why.startswith("the restart policy gave up: ") and why.endswith(" recurs"):
+        why = f"{reason} fails fast: vsup does not retry an exit that recurs"
+    if reason in FIXED_IN_LAYOUT:
+        return (
+            f"{FIXED_IN_LAYOUT[reason]}; {why}",
+            " Edit the layout (its args, model or command) and run `vsup up LAYOUT`: "
+            f"`vsup restart {inst.name}` would run the same command line again.",
+        )
+    port = f"port {inst.port}" if inst.port is not None else "its port"
+    return (
+        f"{port} is taken by another process; {why}",
+        f" Stop what holds {port} (`ss -ltnp 'sport = :{inst.port}'` names it), or give "
+        f"{inst.name} another port in the layout and run `vsup up LAYOUT`.",
+    )
 
 
 def _requests(n: float | None, what: str) -> str:

@@ -28,6 +28,9 @@ from vsup.fsutil import data_from, hole_from, hole_note
 log = logging.getLogger(__name__)
 
 ACTIONS = ("start", "stop", "restart", "drain")
+# The layout's vllm-router in an action's `names` (engine.routing.ROUTER_NAME: no instance
+# name can start with '@'); `all` means every instance, not the router.
+ROUTER = "@router"
 MAX_LOG_CHUNK = 1024 * 1024  # bytes of log text in one answer
 DEFAULT_TAIL = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024  # a layout TOML is a few KB
@@ -67,6 +70,8 @@ class ControlService(Protocol):
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
 
     def log_file(self, name: str, previous: bool) -> LogFile: ...
+
+    def router_log_file(self, previous: bool) -> LogFile: ...
 
     def config(self, name: str) -> dict[str, Any]: ...
 
@@ -138,7 +143,9 @@ def build_app(service: ControlService) -> Starlette:
             names = list(known)
         elif not names:
             raise BadRequest("no instance named: give 'names' or set 'all'")
-        _check_names(names, known)
+        if ROUTER in names and action == "drain":
+            raise BadRequest("drain takes instances; the router has no requests of its own")
+        _check_names([n for n in names if n != ROUTER], known)
         return JSONResponse(
             await service.action(action, list(dict.fromkeys(names)), body.get("wait", True))
         )
@@ -156,6 +163,23 @@ def build_app(service: ControlService) -> Starlette:
         if lf.path is None:
             which = "previous run" if previous else "log yet"
             raise ControlError(f"instance {name!r} has no {which}", status=404)
+        chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
+        return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})
+
+    async def router_logs(request: Request) -> JSONResponse:
+        # the layout's vllm-router (`vsup logs @router`); the same query and answer as an
+        # instance's log
+        q = request.query_params
+        _only(q.keys(), ("previous", "offset", "tail"), "query")
+        previous = _flag(q.get("previous"), "previous")
+        offset = _nonneg(q.get("offset"), "offset")
+        tail = _nonneg(q.get("tail"), "tail")
+        if offset is not None and tail is not None:
+            raise BadRequest("give 'offset' or 'tail', not both")
+        lf = service.router_log_file(previous)
+        if lf.path is None:
+            which = "previous run" if previous else "log yet"
+            raise ControlError(f"the router has no {which}", status=404)
         chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
         return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})
 
@@ -213,6 +237,7 @@ def build_app(service: ControlService) -> Starlette:
         Route("/v1/apply", apply, methods=["POST"]),
         Route("/v1/actions", actions, methods=["POST"]),
         Route("/v1/instances/{name}/logs", logs, methods=["GET"]),
+        Route("/v1/router/logs", router_logs, methods=["GET"]),
         Route("/v1/instances/{name}/config", config, methods=["GET"]),
         Route("/v1/instances/{name}/history", history, methods=["GET"]),
         Route("/v1/events", events, methods=["GET"]),

@@ -1,10 +1,11 @@
 """Clients of the control API over `$VSUP_HOME/vsup.sock`: `Client` (sync, the CLI) and
 `AsyncClient` (the TUI), one method per route (docs/ARCHITECTURE.md, "Control API").
 
-`connect()` is what every CLI command calls: it returns a client for a running daemon and
-starts one when none answers (`python -m vsup daemon`, detached in its own session, its
-output in `$VSUP_HOME/daemon.log`). Two commands racing both spawn; the daemon lock lets one
-win and the other exits, and both commands end up talking to the winner.
+`connect()` is what every CLI command calls: it returns a client for a running daemon and,
+for a command that changes something (`start=True`), starts one when none answers
+(`python -m vsup daemon`, detached in its own session, its output in `$VSUP_HOME/daemon.log`).
+Read-only commands pass `start=False` and get `NoDaemon` instead. Two commands racing both
+spawn; the daemon lock lets one win and the other exits, and both end up talking to the winner.
 """
 
 from __future__ import annotations
@@ -43,6 +44,35 @@ def check_socket_path(sock: Path) -> None:
         )
 
 
+class NoDaemon(DaemonUnavailable):
+    """No daemon runs for this VSUP_HOME, and the command was one that does not start one
+    (a read-only command: `status`, `logs`, `events`, `save`, `tui --readonly`)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        super().__init__(no_daemon_message(home))
+
+
+def no_daemon_message(home: Path) -> str:
+    """`no vsup daemon runs for VSUP_HOME=...`, and what starts one: named so that a person
+    who set no VSUP_HOME (or another one) sees which directory was asked."""
+    from vsup.control.liveness import recorded_live_instances  # reads the state file
+
+    where = f"VSUP_HOME={home}" + ("" if os.environ.get("VSUP_HOME") else " (the default)")
+    live = recorded_live_instances(home)
+    if live:
+        return (
+            f"no vsup daemon runs for {where}; instances its last daemon started still run "
+            f"unwatched ({', '.join(live)}): `vsup daemon --detach` takes them back (nothing "
+            "else changes)"
+        )
+    return (
+        f"no vsup daemon runs for {where}: `vsup up LAYOUT` starts one with a layout, "
+        "`vsup daemon --detach` starts it alone (with the layout it ran last, if any); set "
+        "VSUP_HOME if the daemon you mean runs elsewhere"
+    )
+
+
 class BadName(ControlError):
     """An instance name that no layout can hold, refused before any request is made."""
 
@@ -58,6 +88,16 @@ def check_name(name: str) -> str:
             status=400,
         )
     return name
+
+
+# The layout's vllm-router where a command takes an instance name (`vsup logs @router`,
+# `vsup restart @router`): no instance name can start with '@' (engine.routing.ROUTER_NAME).
+ROUTER = "@router"
+
+
+def check_target(name: str) -> str:
+    """`name` if it names an instance or the router (`@router`); else BadName."""
+    return name if name == ROUTER else check_name(name)
 
 
 def _instance_path(name: str, what: str) -> str:
@@ -163,16 +203,24 @@ class Client:
     def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body = {"action": action, "names": [check_target(n) for n in names or ()], "all": all}
         body["wait"] = wait
         return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
+        if name == ROUTER:
+            return self.router_logs(previous, offset, tail)
         return self._call(
             "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
         )
+
+    def router_logs(
+        self, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> dict[str, Any]:
+        """The router's run log: the same answer as an instance's `logs`."""
+        return self._call("GET", "/v1/router/logs", params=_logs_params(previous, offset, tail))
 
     def config(self, name: str) -> dict[str, Any]:
         return self._call("GET", _instance_path(name, "config"))
@@ -255,15 +303,25 @@ class AsyncClient:
     async def action(
         self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
     ) -> dict[str, Any]:
-        body = {"action": action, "names": [check_name(n) for n in names or ()], "all": all}
+        body = {"action": action, "names": [check_target(n) for n in names or ()], "all": all}
         body["wait"] = wait
         return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     async def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
     ) -> dict[str, Any]:
+        if name == ROUTER:
+            return await self.router_logs(previous, offset, tail)
         return await self._call(
             "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
+        )
+
+    async def router_logs(
+        self, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> dict[str, Any]:
+        """The router's run log: the same answer as an instance's `logs`."""
+        return await self._call(
+            "GET", "/v1/router/logs", params=_logs_params(previous, offset, tail)
         )
 
     async def config(self, name: str) -> dict[str, Any]:
@@ -325,6 +383,9 @@ def connect(
 ) -> Client:
     """A client for the running daemon, starting one if `start` and none answers.
 
+    With `start` False (read-only commands: they never start a daemon) a daemon that holds
+    the lock but is still starting is waited for, and none at all raises NoDaemon.
+
     Waits at most `timeout` seconds for a new daemon's socket to answer; `on_wait(elapsed)` is
     called while waiting (progress on a terminal). A live daemon that holds the lock but does
     not answer is not doubled: while its socket file is missing (it re-binds one within
@@ -334,10 +395,10 @@ def connect(
     client = Client(home)
     if client.alive() is not None:
         return client
-    if not start:
-        client.close()
-        raise DaemonUnavailable(f"no vsup daemon is running for {client.home}")
     holder = live_daemon_holder(client.home)
+    if not start and holder is None:
+        client.close()
+        raise NoDaemon(client.home)
     proc = spawn_daemon(client.home) if holder is None else None
     t0 = time.monotonic()
     delay = 0.02
@@ -349,6 +410,11 @@ def connect(
             # Waiting on a daemon that is already there: it answers, re-binds or exits.
             holder = live_daemon_holder(client.home)
             if holder is None:
+                if client.alive() is not None:
+                    return client
+                if not start:
+                    client.close()
+                    raise NoDaemon(client.home)  # it exited meanwhile
                 proc = spawn_daemon(client.home)  # it exited meanwhile: start a new one
                 t0 = time.monotonic()
                 continue

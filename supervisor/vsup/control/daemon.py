@@ -139,7 +139,6 @@ class Daemon:
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
         self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
-        self.poll_count = 0
         self._failures: dict[str, deque[float]] = {}
         # The latest snapshot: built by each poll, and again for a status request only when
         # something changed since (`_snapshot_dirty`: an engine event, an apply, a problem).
@@ -520,7 +519,6 @@ class Daemon:
         status requests get until something changes)."""
         self._check_writes()
         await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
-        self.poll_count += 1
         snap = self.build_snapshot()
         self.stalls.observe(snap.instances)
         self.alerts.observe(snap.advice)

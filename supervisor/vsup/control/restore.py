@@ -35,6 +35,25 @@ log = logging.getLogger("vsup.daemon")
 
 # How long a restarted daemon waits for adopted instances' first health check before serving.
 ADOPT_SETTLE_S = 5.0
+# A process recorded as started more than this before the node's boot time belongs to an
+# earlier boot (start times are wall clock, and the boot time moves a little when NTP steps it).
+BOOT_SLACK_S = 5.0
+
+
+def boot_time() -> float | None:
+    """When this node last booted (wall-clock seconds), or None when it cannot be read."""
+    import psutil
+
+    try:
+        return float(psutil.boot_time())
+    except (OSError, RuntimeError):
+        return None
+
+
+def before_boot(create_time: float | None, booted: float | None) -> bool:
+    """Whether a recorded process started before the node last booted: after a reboot its pid
+    and process group may name other processes, so it is neither adopted nor swept."""
+    return create_time is not None and booted is not None and create_time < booted - BOOT_SLACK_S
 
 
 async def restore(daemon: DaemonHost) -> None:
@@ -58,11 +77,29 @@ async def restore(daemon: DaemonHost) -> None:
     if state.layout_toml:
         await _restore_layout(daemon, state.layout_toml, state.layout_path)
     vanished: list[str] = []
+    rebooted: list[str] = []
+    booted = boot_time()
     for name, rec in state.instances.items():
         try:
             spec = spec_from_dict(rec.spec)
         except ValueError as exc:
             daemon.report_problem("state_file", f"instance {name}: {exc}")
+            continue
+        if rec.pid is not None and before_boot(rec.create_time, booted):
+            # The node rebooted since this run began: nothing of it can be alive. It was meant
+            # to run, so it starts fresh (no crash counted; a reboot is no failure of it).
+            daemon.journal.append(
+                "adopt",
+                name,
+                adopted=False,
+                pid=rec.pid,
+                run=rec.run,
+                why="its run began before the node last booted: started fresh",
+            )
+            rec.state = "stopped"
+            _register_idle(daemon.engine, spec, rec)
+            rebooted.append(name)
+            await daemon.engine.start(name)
             continue
         if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
             record = AdoptRecord(
@@ -88,10 +125,10 @@ async def restore(daemon: DaemonHost) -> None:
                 await daemon.engine.start(name, automatic=True)
             continue
         _register_idle(daemon.engine, spec, rec)
-    _restore_router(daemon, state.router)
+    _restore_router(daemon, state.router, booted)
     _restore_rollout(daemon, state)
     await _settle_adopted(daemon.engine)
-    _alert_restart(daemon, vanished)
+    _alert_restart(daemon, vanished, rebooted)
     if daemon.metrics_listen:
         await daemon.start_metrics()
     daemon.state_changed()
@@ -161,9 +198,11 @@ async def _restore_layout(daemon: DaemonHost, toml: str, path: str | None) -> No
     daemon.alerts.configure(settings.alerts)
 
 
-def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
+def _restore_router(
+    daemon: DaemonHost, doc: dict[str, Any] | None, booted: float | None = None
+) -> None:
     """The router the last daemon ran: adopted when it still runs, else started again (unless
-    its policy is `never` or it was stopped on purpose)."""
+    its policy is `never` or it was stopped on purpose); after a reboot, started fresh."""
     if not doc:
         return
     from vsup.router import RouterSpec
@@ -175,6 +214,19 @@ def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
         daemon.report_problem("state_file", f"router: {exc}")
         return
     router = daemon.engine.router
+    if record is not None and before_boot(record.create_time, booted):
+        router.register(spec, run=record.run, restarts=record.restarts)
+        daemon.journal.append(
+            "adopt",
+            None,
+            router=spec.port,
+            adopted=False,
+            pid=record.pid,
+            run=record.run,
+            why="its run began before the node last booted: started fresh",
+        )
+        daemon.spawn(router.start(), "router start")
+        return
     if record is not None and router.adopt(spec, record):
         log.info("re-adopted the router (pid %s, run %s)", record.pid, record.run)
         return
@@ -184,12 +236,19 @@ def _restore_router(daemon: DaemonHost, doc: dict[str, Any] | None) -> None:
         daemon.spawn(router.start(automatic=True), "router start")
 
 
-def _alert_restart(daemon: DaemonHost, vanished: list[str]) -> None:
-    """`daemon_restarted`: this daemon took over instances a previous one left."""
+def _alert_restart(
+    daemon: DaemonHost, vanished: list[str], rebooted: list[str] | None = None
+) -> None:
+    """`daemon_restarted`: this daemon took over instances a previous one left (or, after a
+    reboot, started again the ones that were running)."""
     adopted = [n for n, i in daemon.engine.instances.items() if getattr(i, "adopted", False)]
-    if not adopted and not vanished:
+    if not adopted and not vanished and not rebooted:
         return
     parts = []
+    if rebooted:
+        parts.append(
+            f"the node rebooted: started {len(rebooted)} instance(s) again ({', '.join(rebooted)})"
+        )
     if adopted:
         parts.append(f"re-adopted {len(adopted)} running instance(s) ({', '.join(adopted)})")
     if vanished:

@@ -18,6 +18,7 @@ from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.host import DaemonHost
 from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
+from vsup.engine.routing import ROUTER_NAME
 from vsup.layout.changes import spec_changes
 from vsup.layout.compiled import CompiledLayout, compile_layout
 from vsup.layout.diagnostics import LayoutError
@@ -191,10 +192,18 @@ class DaemonService:
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down)")
+        router = self.daemon.engine.router
+        if ROUTER_NAME in names and router.inst is None:
+            raise ControlError("the running layout has no [router]", status=404)
         self.daemon.journal.append("action", None, action=action, names=names, by="operator")
 
         async def one(name: str) -> None:
-            if action == "start":
+            if name == ROUTER_NAME:
+                # `vsup start|stop|restart @router`: the router's own supervisor
+                await {"start": router.start, "stop": router.stop, "restart": router.restart}[
+                    action
+                ]()
+            elif action == "start":
                 await self.daemon.engine.start(name)
             elif action == "stop":
                 await self.daemon.engine.stop(name)
@@ -229,6 +238,19 @@ class DaemonService:
         if path is not None and not Path(path).exists():
             path = None
         return LogFile(run=run, path=Path(path) if path else None)
+
+    def router_log_file(self, previous: bool) -> LogFile:
+        """The router's run log (`GET /v1/router/logs`); 404 when the layout has none."""
+        inst = self.daemon.engine.router.inst
+        if inst is None:
+            raise ControlError("the running layout has no [router]", status=404)
+        if previous:
+            path, run = inst.previous_log_path, inst.run - 1
+        else:
+            path, run = inst.log_path(), inst.run
+        if path is None or not Path(path).exists():
+            return LogFile(run=None, path=None)
+        return LogFile(run=run, path=Path(path))
 
     def config(self, name: str) -> dict[str, Any]:
         inst = _instance(self.daemon.engine, name)

@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     load = None
     if not args.no_load:
-        home = Path(os.environ.get("VSUP_HOME", ".demo/home"))
-        home.mkdir(parents=True, exist_ok=True)
+        home = home_of_demo()
         log = open(home / "demo-load.log", "ab")
         load = subprocess.Popen(
             [sys.executable, "-m", "vsup.demo.load", *map(str, ports)],
@@ -71,10 +70,38 @@ def main(argv: list[str] | None = None) -> int:
         if load is not None and not args.no_tui:
             os.killpg(load.pid, signal.SIGTERM)
             load.wait(timeout=10)
-        print(
-            "demo: the instances keep running under the vsup daemon; "
-            "`make demo-attach` opens the dashboard again, `make demo-down` stops them."
-        )
+        print(detach_message(home_of_demo()))
+
+
+def home_of_demo() -> Path:
+    """The VSUP_HOME the demo's daemon serves, absolute (as `vsup` resolves it)."""
+    from vsup import paths
+
+    return paths.vsup_home()
+
+
+def vsup_program() -> str:
+    """How to run this vsup from a shell: `vsup` when that is the one on PATH, else its path
+    (`make demo` runs the checkout's .venv, which is rarely activated)."""
+    import shutil
+
+    mine = Path(sys.executable).parent / "vsup"
+    found = shutil.which("vsup")
+    if found and Path(found).resolve() == mine.resolve():
+        return "vsup"
+    return str(mine) if mine.exists() else f"{sys.executable} -m vsup"
+
+
+def detach_message(home: Path) -> str:
+    """What re-attaches: a plain `vsup` uses the default VSUP_HOME, not the demo's, and would
+    find no daemon there."""
+    vsup = vsup_program()
+    return (
+        f"demo: the instances keep running under the vsup daemon of VSUP_HOME={home}.\n"
+        f"  attach again:  make demo-attach   (in the checkout)\n"
+        f"            or:  VSUP_HOME={home} {vsup}\n"
+        f"  stop them:     make demo-down     (or VSUP_HOME={home} {vsup} down)"
+    )
 
 
 if __name__ == "__main__":

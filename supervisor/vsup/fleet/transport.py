@@ -277,7 +277,7 @@ class Transport:
             if info.get("daemon") is None:
                 raise NoDaemon(
                     f"no vsup daemon runs on {node.name} for {info.get('home')} "
-                    "(`vsup fleet up` starts one; so does any vsup command on the node)"
+                    "(`vsup fleet up` starts one; on the node, `vsup daemon --detach` or `vsup up`)"
                 )
             local = await self._forward(node, remote, left())
             t = Tunnel(node.name, local, remote, info, time.time(), False)

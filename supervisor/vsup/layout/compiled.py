@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vsup.layout.alertconfig import AlertConfig
+from vsup.layout.cpubind import bind_cpu_instances
 from vsup.layout.diagnostics import Diagnostic
 from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
 from vsup.layout.node import NodeFacts
@@ -169,7 +170,8 @@ def compile_document(
     checked = check(layout, node, profile_dirs)
     if not checked.ok:
         return None, checked.diagnostics
-    specs = tuple(spec_from_merged(m, layout) for m in checked.merged)
+    # CPU instances get cores of their own (cpubind.py), as `Layout.resolve()` gives them
+    specs = tuple(bind_cpu_instances([spec_from_merged(m, layout) for m in checked.merged]))
     compiled = CompiledLayout(
         layout=layout,
         text=layout.source if layout.source is not None else dumps_layout(layout),

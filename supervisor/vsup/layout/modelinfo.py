@@ -117,7 +117,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         data = fh.read(size)
     header = json.loads(data)
     if not isinstance(header, dict):
-        raise ValueError(f"{path}: safetensors header is not a JSON object")  # noqa: TRY004
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
     return header
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vsup.layout.cpubind import bind_cpu_instances
 from vsup.layout.diagnostics import LayoutError
 from vsup.layout.flags import flag_name
 from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
@@ -96,4 +97,5 @@ def resolve_specs(layout: Layout, profile_dirs: Sequence[Path] | None = None) ->
     diagnostics = check_structure(layout, cache)
     if any(d.is_error for d in diagnostics):
         raise LayoutError(diagnostics)
-    return [spec_from_merged(m, layout) for m in merge_instances(layout, cache)]
+    specs = [spec_from_merged(m, layout) for m in merge_instances(layout, cache)]
+    return bind_cpu_instances(specs)  # CPU instances get cores of their own (cpubind.py)

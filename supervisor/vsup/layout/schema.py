@@ -256,6 +256,11 @@ COMMON_KEYS: dict[str, Key] = {
         Key("command", "str_list", "how vLLM runs on this node", _command),
         Key("host", "str", "the address vLLM listens on"),
         Key("args", "table", "vLLM flags: max-model-len = 8192 -> --max-model-len 8192"),
+        Key(
+            "unchecked_args",
+            "str_list",
+            "args keys not checked against the installed vLLM's flags (a plugin's flag)",
+        ),
         Key("env", "env_table", "environment variables for the instance"),
         Key("api_key_env", "str", "the supervisor's variable holding the API key", _api_key_env),
         Key("restart", "restart", "restart policy table"),

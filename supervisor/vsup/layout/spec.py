@@ -16,9 +16,6 @@ from vsup.layout.parallel import TP_FLAG, ParallelShape, find_arg, parallel_shap
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 
-# Keys the spec sets itself; a layout's `args` may not set them (validation says so).
-RESERVED_ARGS = ("model", "host", "port", "gpu-memory-utilization", "api-key")
-
 # vLLM's switch for `GET /load` (its API server's count of requests in flight), which stall
 # detection reads (telemetry/stall.py); vsup adds it where the vLLM knows it (layout/resolve.py).
 LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
@@ -79,10 +76,6 @@ class InstanceSpec:
     # Set by the daemon, never by a layout: the local snapshot a pull left in the cache. vLLM
     # then loads it offline (HF_HUB_OFFLINE=1) under the model's name (--served-model-name).
     model_path: str | None = None
-
-    @property
-    def is_cpu(self) -> bool:
-        return not self.gpus
 
     @property
     def devices(self) -> tuple[str, ...]:

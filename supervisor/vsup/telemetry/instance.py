@@ -2,7 +2,7 @@
 
 ```python
 tel = InstanceTelemetry(clock, attention_backend=spec.arg("attention-backend"),
-                        platform="cpu" if spec.is_cpu else None)
+                        platform=None if spec.gpus else "cpu")
 tel.start_run(run, log_path)            # each spawn (or adoption: pass the log offset)
 await asyncio.to_thread(tel.poll_log)   # every poll: new log lines, backend, readiness hints
 tel.observe(scrape_result)              # every scrape (ok or not)

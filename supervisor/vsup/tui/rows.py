@@ -137,7 +137,7 @@ def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
     return (f"{approx}{fmt.size(inst.hbm_bytes)}", "")
 
 
-def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:  # noqa: C901 (one branch a column)
+def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
     if key == "name":
         return (fmt.truncate(fmt.safe(inst.name), width), "bold")
     if key == "gpus":

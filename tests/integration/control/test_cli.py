@@ -162,6 +162,13 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     daemon.terminate()
     daemon.wait(10)
     assert alive(pids["a"])
+    # A read-only command starts no daemon: it says none runs here and what is left running.
+    none = vsup(home, "status", "--json")
+    assert none.returncode == 4 and none.stdout == "", none.stderr
+    assert f"no vsup daemon runs for VSUP_HOME={home}" in none.stderr
+    assert "still run unwatched (a)" in none.stderr and "vsup daemon --detach" in none.stderr
+    assert daemons_of(home) == []
+    assert vsup(home, "daemon", "--detach").returncode == 0  # takes them back
     st = vsup(home, "status", "--json")
     doc = json.loads(st.stdout)
     assert {i["name"]: i["pid"] for i in doc["instances"]}["a"] == pids["a"]
@@ -208,6 +215,7 @@ def test_up_wait_reports_a_failed_instance(cli_home, tmp_path):
     daemon = daemons_of(cli_home)[0]
     daemon.terminate()
     daemon.wait(10)
+    assert vsup(cli_home, "daemon", "--detach").returncode == 0
     doc = json.loads(vsup(cli_home, "status", "--json").stdout)
     assert doc["supervisor"]["pid"] != daemon.pid
     (inst,) = doc["instances"]

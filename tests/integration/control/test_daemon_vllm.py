@@ -190,7 +190,9 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         os.killpg(pgid1, signal.SIGKILL)
         wait_for(lambda: group_alive(pgid1) == [], 10, "cpu1's processes to die")
 
-        # The next client command brings a daemon back; it re-adopts cpu0 as it was.
+        # `vsup daemon --detach` brings a daemon back (read-only commands start none); it
+        # re-adopts cpu0 as it was.
+        assert vsup(home, "daemon", "--detach").returncode == 0
         doc = status(home)
         assert doc["supervisor"]["pid"] != old_daemon
         insts = {i["name"]: i for i in doc["instances"]}
@@ -217,12 +219,16 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         assert t_seen - t_kill < 2.0
         assert seen["reason"]  # a non-child's status is unknown; its log says why
 
-        def cpu0_back():
+        # restarted by its policy: a new process of the next run, spawned once cpu1 (its
+        # co-tenant on the CPU, restarting since the re-adoption) is ready. That a restarted
+        # vLLM becomes ready again is test_vllm's; waiting for it here cost a whole start.
+        def cpu0_restarted():
             i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
-            return i if i["state"] == "ready" and i["pid"] != pids["cpu0"] else None
+            return i if i["pid"] not in (None, pids["cpu0"]) else None
 
-        back = wait_for(cpu0_back, 240, "cpu0 to be restarted and ready", interval=1.0)
+        back = wait_for(cpu0_restarted, 400, "cpu0 to be restarted", interval=0.5)
         assert back["restarts"] == restarts["cpu0"] + 1
+        assert back["state"] in ("starting", "ready")
 
         # `vsup down`: every instance stopped, the daemon gone, no process left.
         doc = status(home)

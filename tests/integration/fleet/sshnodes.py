@@ -105,7 +105,7 @@ LogLevel INFO
         """Start sshd and wait until it accepts connections."""
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation dir
-        log = open(self.log, "ab")  # noqa: SIM115
+        log = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(self.config)],
             stdin=subprocess.DEVNULL,

@@ -75,7 +75,9 @@ class Node:
         return f"http://127.0.0.1:{self.ports[name]}"
 
 
-def layout_text(node: Node, vllm_env: dict, max_model_len: int) -> str:
+def layout_text(node: Node, vllm_env: dict, max_model_len: int, changed: str | None = None) -> str:
+    """The two replicas behind the router; `changed` names one whose spec differs (an env
+    variable of its own), so that applying the text restarts that replica alone."""
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     text = f"""
@@ -104,9 +106,10 @@ restart = {{ policy = "always", backoff_s = 1, backoff_max_s = 5 }}
     for i, name in enumerate(NAMES):
         # one core each: vLLM CPU binds every instance's OpenMP threads to core 0 by default
         bind = i % max(1, os.cpu_count() or 1)
+        extra = ', VSUP_TEST_GENERATION = "2"' if name == changed else ""
         text += (
             f'\n[[instance]]\nname = "{name}"\ngpus = []\nport = {node.ports[name]}\n'
-            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}" }}\n'
+            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}"{extra} }}\n'
         )
     return text
 
@@ -213,6 +216,7 @@ def test_a_restarted_daemon_adopts_the_router(node: Node):
     daemon = node.status()["supervisor"]["pid"]
     os.kill(daemon, signal.SIGTERM)  # the daemon ends, the processes live on
     until(lambda: not Path(f"/proc/{daemon}").exists(), 60, "the daemon did not end")
+    assert node.vsup("daemon", "--detach", timeout=90).returncode == 0
     after = until(lambda: serving_all(node), 90, "the new daemon's router does not serve")
     assert node.status()["supervisor"]["pid"] != daemon
     assert after["pid"] == before["pid"]  # adopted, not started again
@@ -222,8 +226,14 @@ def test_a_restarted_daemon_adopts_the_router(node: Node):
 
 def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path: Path):
     until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    # One replica changes: the router takes it out, it drains and restarts under load while the
+    # other serves, and it comes back in. (That a second wave waits for the first replica to be
+    # back in the router is engine/test_router.py's, with the real router and emulators: a
+    # second real restart here cost minutes of CI.)
+    name = NAMES[1]
+    kept = {i["name"]: i["pid"] for i in node.status()["instances"]}[NAMES[0]]
     changed = tmp_path / "v2.toml"
-    changed.write_text(layout_text(node, node.env, MAX_MODEL_LEN - 512))
+    changed.write_text(layout_text(node, node.env, MAX_MODEL_LEN, changed=name))
 
     async def under_load():
         stop = asyncio.Event()
@@ -244,7 +254,7 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
 
     proc, took, load = asyncio.run(under_load())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rollout done (2/2 restarted)" in proc.stdout
+    assert "rollout done (1/1 restarted)" in proc.stdout, proc.stdout
     assert "router: restart" not in proc.stdout  # only its members restart
     events = node.events()
     drains = [e for e in events if e.get("kind") == "drain"]
@@ -255,23 +265,24 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
     )
     assert load.failed == 0, load.errors[:5]
     assert load.ok > 40
-    for name in NAMES:
-        url = node.replica(name)
-        # each replica left the router before its drain began, and came back after its restart
-        left = next(
-            i
-            for i, e in enumerate(events)
-            if e.get("kind") == "router_workers" and url in e.get("remove", ())
-        )
-        drain = next(
-            i
-            for i, e in enumerate(events)
-            if i > left and e.get("kind") == "drain" and e.get("instance") == name
-        )
-        assert events[drain]["drained"] is True
-        assert any(
-            e.get("kind") == "router_workers" and url in e.get("add", ()) for e in events[drain:]
-        )
+    url = node.replica(name)
+    # the replica left the router before its drain began, and came back after its restart
+    left = next(
+        i
+        for i, e in enumerate(events)
+        if e.get("kind") == "router_workers" and url in e.get("remove", ())
+    )
+    drain = next(
+        i
+        for i, e in enumerate(events)
+        if i > left and e.get("kind") == "drain" and e.get("instance") == name
+    )
+    assert events[drain]["drained"] is True
+    assert any(
+        e.get("kind") == "router_workers" and url in e.get("add", ()) for e in events[drain:]
+    )
+    # the other replica served throughout
+    assert {i["name"]: i["pid"] for i in node.status()["instances"]}[NAMES[0]] == kept
     doc = node.status()
     assert doc["rollout"]["state"] == "done"
     assert all(w["in_router"] for w in doc["router"]["workers"])

@@ -24,10 +24,12 @@ from vsup.bench.client import (
 )
 from vsup.layout.spec import InstanceSpec
 
+from tests.factories import instance_spec
+
 
 def spec(command=("vllm", "serve"), **kw) -> InstanceSpec:
+    """gpu0 listening on all interfaces (the client must still reach it on loopback)."""
     base = dict(
-        name="gpu0",
         model="/models/llama",
         command=tuple(command),
         host="0.0.0.0",
@@ -35,8 +37,7 @@ def spec(command=("vllm", "serve"), **kw) -> InstanceSpec:
         gpus=(0,),
         gpu_memory_utilization=0.9,
     )
-    base.update(kw)
-    return InstanceSpec(**base)
+    return instance_spec("gpu0", **{**base, **kw})
 
 
 def test_python_commands_run_vsups_own_interpreter_directory():

@@ -13,6 +13,7 @@ import pytest
 from vsup import cli
 from vsup.commands import exits
 from vsup.commands.cliutil import CommandFailed, run_command
+from vsup.control.client import NoDaemon
 from vsup.control.errors import Conflict, ControlError, DaemonUnavailable, UnknownInstances
 from vsup.fsutil import UnsafeTarget
 from vsup.paths import HomeError
@@ -30,6 +31,7 @@ CASES = [
     (ControlError("no layout is running", status=409), 1),
     (ControlError("server error", status=500), 1),
     (DaemonUnavailable("no daemon answers on /x/vsup.sock"), 1),
+    (NoDaemon(Path("/nonexistent/vsup-home")), 4),
     (HomeError("VSUP_HOME /x is not yours"), 2),
     (UnsafeTarget("/dev/null is a device"), 2),
 ]
@@ -71,6 +73,7 @@ def test_the_documented_statuses_are_the_map():
         exits.FAILED: 1,
         exits.BAD_INPUT: 2,
         exits.NOT_CONFIRMED: 3,
+        exits.NO_DAEMON: 4,
         exits.INTERRUPTED: 130,
         exits.BROKEN_PIPE: 141,
     }

@@ -14,7 +14,9 @@ def kinds(advice):
 
 
 def test_full_kv_cache_with_rising_preemptions_says_the_cache_is_too_small():
-    inst = empty_instance("g0", state="ready", kv_cache_usage=0.97, preemptions_per_min=12.0)
+    inst = empty_instance(
+        "g0", state="ready", gpus=(0,), kv_cache_usage=0.97, preemptions_per_min=12.0
+    )
     advice = compute_advice([inst], [], NONE)
     assert kinds(advice) == [("kv_exhausted", "g0", None)]
     assert advice[0].severity == "critical"

@@ -340,7 +340,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
                         spec=spec_to_dict(specs[0]),
                         state="ready",
                         pid=stranger.pid,
-                        create_time=created - 3600,
+                        create_time=created - 30,  # the same boot: a reused pid
                         pgid=stranger.pid,
                         port=specs[0].port,
                         run=4,

@@ -21,7 +21,7 @@ ROUTER = Path(sys.executable).parent / "vllm-router"
 pytestmark = pytest.mark.timeout(120)
 
 
-async def until(check, what: str, timeout: float = 30.0):
+async def until(check, what: str, timeout: float = 90.0):  # CI is shared and slow
     deadline = time.monotonic() + timeout
     while True:
         got = await check()

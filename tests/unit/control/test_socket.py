@@ -60,5 +60,5 @@ def test_client_without_daemon_reports_unavailable(vsup_home):
     assert client.alive() is None
     with pytest.raises(DaemonUnavailable):
         client.status()
-    with pytest.raises(DaemonUnavailable, match="no vsup daemon is running"):
+    with pytest.raises(DaemonUnavailable, match="no vsup daemon runs for VSUP_HOME="):
         connect(vsup_home, start=False)

@@ -24,6 +24,8 @@ from vsup.snapshot import (
 from vsup.tui import rows
 from vsup.tui.widgets.detail import exit_text
 
+from tests.factories import instance_spec
+
 STALLED = empty_instance(
     "g0",
     state="ready",
@@ -130,17 +132,7 @@ class _Engine:
 
 
 def spec(name: str, on_stall: bool) -> InstanceSpec:
-    return InstanceSpec(
-        name=name,
-        model="m",
-        command=("vllm", "serve"),
-        host="127.0.0.1",
-        port=8000,
-        gpus=(),
-        gpu_memory_utilization=None,
-        restart=RestartPolicy(on_stall=on_stall),
-        stall_after_s=60.0,
-    )
+    return instance_spec(name, restart=RestartPolicy(on_stall=on_stall), stall_after_s=60.0)
 
 
 def test_stall_start_and_end_are_journaled_once_and_on_stall_asks_for_a_restart():

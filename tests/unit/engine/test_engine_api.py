@@ -4,21 +4,8 @@ import pytest
 
 from vsup.clock import FakeClock
 from vsup.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
-from vsup.layout.spec import InstanceSpec
 
-
-def spec(name, **kw):
-    base = dict(
-        name=name,
-        model="/m",
-        command=("vllm", "serve"),
-        host="127.0.0.1",
-        port=8000,
-        gpus=(),
-        gpu_memory_utilization=None,
-    )
-    base.update(kw)
-    return InstanceSpec(**base)
+from tests.factories import instance_spec
 
 
 async def test_unknown_instance_names_it(tmp_path):
@@ -31,7 +18,7 @@ async def test_unknown_instance_names_it(tmp_path):
 
 def test_diff_of_an_empty_engine_starts_everything_in_layout_order(tmp_path):
     engine = Engine(FakeClock(), tmp_path)
-    plan = engine.diff([spec("b"), spec("a", port=8001)])
+    plan = engine.diff([instance_spec("b"), instance_spec("a", port=8001)])
     assert plan == ApplyPlan(start=("b", "a"))
     assert plan.to_json() == {
         "start": ["b", "a"],
@@ -45,7 +32,7 @@ def test_diff_of_an_empty_engine_starts_everything_in_layout_order(tmp_path):
 
 def test_diff_refuses_two_instances_of_one_name(tmp_path):
     with pytest.raises(ValueError, match="two instances are named 'a'"):
-        Engine(FakeClock(), tmp_path).diff([spec("a"), spec("a")])
+        Engine(FakeClock(), tmp_path).diff([instance_spec("a"), instance_spec("a")])
 
 
 def test_adopt_record_round_trips_through_json():
@@ -56,7 +43,7 @@ def test_adopt_record_round_trips_through_json():
 async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
     events = []
     engine = Engine(FakeClock(), tmp_path, events.append)
-    assert engine.adopt(spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
+    assert engine.adopt(instance_spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
     inst = engine.instances["a"]
     assert (inst.state, inst.run, inst.last_exit.reason) == ("stopped", 4, "unknown")
     assert [e["kind"] for e in events] == ["adopt", "exit"]
@@ -66,7 +53,7 @@ async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
 
 async def test_stopping_a_never_started_instance_changes_nothing(tmp_path):
     engine = Engine(FakeClock(), tmp_path)
-    engine.adopt(spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 1))
+    engine.adopt(instance_spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 1))
     await engine.stop("a")
     assert engine.instances["a"].state == "stopped"
     await engine.shutdown(stop_instances=False)
@@ -78,13 +65,15 @@ async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_p
     engine = Engine(FakeClock(), tmp_path)
     last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")
     why = "the restart policy gave up: 5 consecutive failures (max_failures = 5)"
-    inst = engine.restore(spec("a"), "failed", run=7, restarts=3, last_exit=last, failed_why=why)
+    inst = engine.restore(
+        instance_spec("a"), "failed", run=7, restarts=3, last_exit=last, failed_why=why
+    )
     assert (inst.state, inst.run, inst.restarts, inst.last_exit) == ("failed", 7, 3, last)
     assert inst.failed_why == why and inst.status_fields()["failed_why"] == why
     # a state file of an older vsup has no why: the instance still says something
-    old = engine.restore(spec("c"), "failed")
+    old = engine.restore(instance_spec("c"), "failed")
     assert old.failed_why == "it was failed when the previous daemon stopped"
     assert not inst.supervised and inst.log_path() == tmp_path / "a" / "run-0007.log"
-    assert engine.diff([spec("a")]).start == ("a",)
+    assert engine.diff([instance_spec("a")]).start == ("a",)
     with pytest.raises(ValueError):
-        engine.restore(spec("b"), "ready")
+        engine.restore(instance_spec("b"), "ready")

@@ -16,20 +16,9 @@ from vsup.engine.intent import (
     check,
     kind_of,
 )
-from vsup.layout.spec import InstanceSpec
 from vsup.states import ExitReason
 
-
-def spec(name: str = "a", port: int = 8000) -> InstanceSpec:
-    return InstanceSpec(
-        name=name,
-        model="m",
-        command=("vllm", "serve"),
-        host="127.0.0.1",
-        port=port,
-        gpus=(),
-        gpu_memory_utilization=None,
-    )
+from tests.factories import instance_spec
 
 
 def test_an_instance_starts_out_wanting_nothing():
@@ -48,7 +37,7 @@ def test_a_start_then_a_stop_with_a_drain():
 def test_a_restart_is_pending_until_the_runner_takes_it_with_its_spec():
     cell = IntentCell()
     cell.start()
-    new = spec(port=8001)
+    new = instance_spec(port=8001)
     cell.restart(drain=True, spec=new)
     assert cell.wants_run and cell.end_asked and cell.pending_spec == new
     cell.start()  # a person's start meanwhile: the run it ends is still to end
@@ -61,7 +50,7 @@ def test_a_restart_is_pending_until_the_runner_takes_it_with_its_spec():
 def test_a_second_restart_keeps_the_first_ones_spec_unless_it_brings_one():
     cell = IntentCell()
     cell.start()
-    first, second = spec(port=8001), spec(port=8002)
+    first, second = instance_spec(port=8001), instance_spec(port=8002)
     cell.restart(spec=first)
     cell.restart(drain=True)  # a person's restart after an apply's
     assert cell.intent == Restart(drain=True, spec=first)
@@ -97,9 +86,9 @@ def test_the_policy_giving_up_stops_a_run_but_not_a_persons_pending_restart():
     cell.give_up()  # the stalled run's exit tripped the breaker
     assert cell.intent == Stop()
     cell.start()
-    cell.restart(spec=spec(port=8001))
+    cell.restart(spec=instance_spec(port=8001))
     cell.give_up()  # the run before the restart failed: the restart (and its spec) still runs
-    assert isinstance(cell.intent, Restart) and cell.pending_spec == spec(port=8001)
+    assert isinstance(cell.intent, Restart) and cell.pending_spec == instance_spec(port=8001)
     cell.stop()  # the engine's own stop outranks every wish
     assert cell.intent == Stop()
 

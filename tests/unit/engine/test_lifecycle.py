@@ -1,26 +1,19 @@
+from functools import partial
+
 import pytest
 
 from vsup.clock import FakeClock, iso_utc
 from vsup.engine.lifecycle import Lifecycle
-from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.spec import RestartPolicy
 from vsup.snapshot import LastExit
 
+from tests.factories import instance_spec
 
-def spec(**kw):
-    base = dict(
-        name="a",
-        model="/m",
-        command=("vllm", "serve"),
-        host="127.0.0.1",
-        port=8000,
-        gpus=(),
-        gpu_memory_utilization=None,
-        restart=RestartPolicy(backoff_s=10, backoff_max_s=40, stable_s=100, max_failures=4),
-        start_timeout_s=60,
-        unhealthy_after=3,
-    )
-    base.update(kw)
-    return InstanceSpec(**base)
+spec = partial(
+    instance_spec,
+    restart=RestartPolicy(backoff_s=10, backoff_max_s=40, stable_s=100, max_failures=4),
+    start_timeout_s=60,
+)
 
 
 @pytest.fixture

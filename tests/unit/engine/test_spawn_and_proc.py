@@ -4,23 +4,21 @@ import sys
 
 from vsup.engine.proc import ProcInfo, describe, live_tree, read_stat
 from vsup.engine.spawn import child_env, port_holder
-from vsup.layout.spec import InstanceSpec
+
+from tests.factories import instance_spec
 
 
 def spec(**kw):
+    """An instance on GPUs 2 and 3 whose env a child's must override (HIP_VISIBLE_DEVICES)."""
     base = dict(
-        name="a",
-        model="/m",
         command=("python", "-m", "x"),
-        host="127.0.0.1",
         port=1,
         gpus=(2, 3),
         gpu_memory_utilization=0.4,
         env={"HIP_VISIBLE_DEVICES": "0", "X": "1"},
         api_key_env="MY_KEY",
     )
-    base.update(kw)
-    return InstanceSpec(**base)
+    return instance_spec(**{**base, **kw})
 
 
 def test_child_env_puts_the_daemons_interpreter_first_and_the_key_by_name():

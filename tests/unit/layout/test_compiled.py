@@ -148,7 +148,7 @@ def test_changes_name_each_key_with_old_and_new_values():
         model="org/other",
         gpus=(0, 1),
         args={"max-model-len": 8192, "enforce-eager": True},
-        env={"VLLM_LOGGING_LEVEL": "DEBUG"},
+        env={**old.env, "VLLM_LOGGING_LEVEL": "DEBUG"},  # the env vsup set (CPU cores) kept
         stop_grace_s=5.0,
     )
     assert [c.to_json() for c in spec_changes(old, new)] == [

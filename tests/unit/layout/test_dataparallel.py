@@ -42,6 +42,7 @@ def models(tmp_path: Path) -> dict[str, str]:
         d = tmp_path / "models" / name
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(cfg))
+        (d / "pytorch_model.bin").write_bytes(b"")  # weights: a config alone does not load
         out[name] = str(d)
     return out
 

@@ -249,6 +249,8 @@ def test_save_keeps_file_mode(tmp_path):
 def test_save_elsewhere_rewrites_relative_model_paths(tmp_path):
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")  # a model vLLM could load: config and weights
+    (model / "model.safetensors").write_bytes(b"")
     src = tmp_path / "layouts" / "a.toml"
     src.parent.mkdir()
     layout = loads_layout(CPU_LAYOUT.replace('"org/model"', '"../models/m"'), src)

@@ -43,6 +43,7 @@ def llama8b(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("models") / "llama-8b"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(LLAMA_8B))
+    (d / "pytorch_model.bin").write_bytes(b"")  # weights: a config alone does not load
     return d
 
 

@@ -250,7 +250,7 @@ def test_a_fifo_never_blocks_the_reader(tmp_path):
 def test_validate_several_files_attributes_every_line(tmp_path, capsys):
     configs = tmp_path / "configs"
     configs.mkdir()
-    (configs / "p.toml").write_text("[defaults]\nargs = { max-modle-len = 1 }\n")
+    (configs / "p.toml").write_text('[defaults]\nenv = { HIP_VISIBLE_DEVICES = "0" }\n')
     good = tmp_path / "good.toml"
     good.write_text('[layout]\nprofiles = ["p"]\n' + layout())
     bad = tmp_path / "bad.toml"
@@ -303,7 +303,8 @@ def test_daemon_and_dashboard_mask_with_the_one_secret_rule():
 def test_every_rule_function_is_registered():
     registered = set(rules.LAYOUT_RULES) | set(rules.INSTANCE_RULES)
     for module in (rules.attention, rules.env, rules.flags, rules.gpus, rules.instances,
-                   rules.kv, rules.model, rules.parallelism, rules.ports, rules.secrets):  # fmt: skip
+                   rules.kv, rules.model, rules.parallelism, rules.ports, rules.secrets,
+                   rules.cpu):  # fmt: skip
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__ and not name.startswith("_"):
                 assert fn in registered, f"{module.__name__}.{name} is not in a rule list"

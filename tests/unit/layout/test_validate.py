@@ -89,6 +89,7 @@ def models(tmp_path: Path) -> dict[str, str]:
         d = tmp_path / "models" / name
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(cfg))
+        (d / "pytorch_model.bin").write_bytes(b"")  # weights: a config alone does not load
         out[name] = str(d)
     return out
 
@@ -558,7 +559,7 @@ CASES = [
     (
         "unknown-flag-typo",
         edit(BASE, G0, G0 + "args = { max-modle-len = 1 }\n"),
-        "warning",
+        "error",  # the installed vLLM's own flag list: vLLM would exit with bad_args
         "g0",
         "args.max-modle-len",
         "did you mean 'max-model-len'",

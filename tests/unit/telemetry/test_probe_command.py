@@ -129,7 +129,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/metrics":
             body = (
                 self.server.payloads.pop(0)

@@ -4,7 +4,7 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`, `stall`, `exporter`. The structure checks (unknown
+`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`. The structure checks (unknown
 keys, types, profiles) come before them, in `vsup.layout.structure`.
 """
 
@@ -16,6 +16,7 @@ from vsup.layout.diagnostics import Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules import (
     attention,
+    cpu,
     dataparallel,
     env,
     exporter,
@@ -52,6 +53,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     router.router_reachable,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
+    cpu.cpu_instances_outnumber_cores,
 )
 
 INSTANCE_RULES: tuple[InstanceRule, ...] = (
@@ -61,7 +63,10 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     gpus.utilization_on_cpu,
     model.model_empty,
     model.local_model_missing,
+    model.model_not_hub_id,
+    model.local_model_incomplete,
     model.command_not_found,
+    flags.shutdown_outlasts_grace,
     parallelism.tp_not_positive,
     parallelism.pp_not_positive,
     dataparallel.dp_not_positive,

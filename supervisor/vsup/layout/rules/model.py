@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -28,10 +29,18 @@ def model_empty(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     ]
 
 
+# The one model `make demo` generates (layouts/cpu-demo.toml, supervisor/vsup/demo/).
+DEMO_MODEL_PARTS = (".demo", "models", "tiny-llama")
+# A hub repo id as the hub accepts it: `name` or `org/name` (huggingface_hub's rule).
+HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+# Files vLLM loads weights from (safetensors, PyTorch .bin/.pt/.pth, GGUF, Mistral's
+# consolidated format is safetensors too).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz")
+CONFIG_FILES = ("config.json", "params.json")  # params.json: Mistral's own format
+
+
 def _is_demo_model(path: Path) -> bool:
-    # layouts/cpu-demo.toml serves `.demo/models/...`, which `make demo` generates.
-    parts = path.parts
-    return any(a == ".demo" and b == "models" for a, b in zip(parts, parts[1:], strict=False))
+    return path.parts[-len(DEMO_MODEL_PARTS) :] == DEMO_MODEL_PARTS
 
 
 def local_model_missing(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
@@ -48,6 +57,76 @@ def local_model_missing(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
         else "fix the path or download the model there"
     )
     return [origin_diag(ERROR, f"local model path {path} does not exist{rel}: {fix}", m, "model")]
+
+
+def model_not_hub_id(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """A model that is no local path (/, ./, ../, ~) must be a hub id, `org/name`: vLLM would
+    look `tmp/x/model` up on the hub and exit with model_not_found."""
+    model = m.values.get("model")
+    if not isinstance(model, str) or not model.strip() or is_local_model(model):
+        return []
+    if HUB_ID.match(model) and ".." not in model and "--" not in model and len(model) <= 96:
+        return []
+    here = (ctx.layout.base_dir or Path.cwd()) / model
+    hint = (
+        f'; the directory {here} exists: write model = "./{model}"'
+        if here.is_dir()
+        else "; write a hub id (org/name) or a local path starting with /, ./, ../ or ~"
+    )
+    return [
+        origin_diag(
+            ERROR,
+            f"model '{model}' is neither a hub id (org/name) nor a local path{hint}",
+            m,
+            "model",
+        )
+    ]
+
+
+def local_model_incomplete(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """A local model directory vLLM could not load: no config, or no weights."""
+    model = m.values.get("model")
+    if not isinstance(model, str) or not model.strip() or not is_local_model(model):
+        return []
+    path = Path(ctx.local_model_path(model))
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return []  # vLLM serves a single GGUF file
+        return [
+            origin_diag(
+                ERROR,
+                f"local model path {path} is a file: point model at the model's directory "
+                "(or at a .gguf file)",
+                m,
+                "model",
+            )
+        ]
+    if not path.is_dir():
+        return []  # missing: local_model_missing says so
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError as exc:
+        return [origin_diag(ERROR, f"cannot read local model directory {path}: {exc}", m, "model")]
+    missing = []
+    if not any(n in CONFIG_FILES for n in names) and not any(n.endswith(".gguf") for n in names):
+        missing.append("no config.json")
+    if not any(n.endswith(WEIGHT_SUFFIXES) for n in names):
+        missing.append("no weights (*.safetensors, *.bin, *.pt, *.pth or *.gguf)")
+    if not missing:
+        return []
+    demo = (
+        ": it is the demo's tiny model, which `make demo` generates again (run it in the checkout)"
+        if _is_demo_model(path)
+        else ": vLLM could not load it; finish the download or fix the path"
+    )
+    return [
+        origin_diag(
+            ERROR,
+            f"local model directory {path} has {' and '.join(missing)}{demo}",
+            m,
+            "model",
+        )
+    ]
 
 
 def command_not_found(ctx: Context, m: MergedInstance) -> list[Diagnostic]:

@@ -165,6 +165,11 @@ class Client:
             resp = self._http.request(method, path, **kw)
         except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as exc:
             raise DaemonUnavailable(f"no vsup daemon answers on {self.socket} ({exc})") from exc
+        except (httpx.ReadError, httpx.WriteError) as exc:
+            # a daemon that exits (vsup down) resets the connections it still holds
+            raise DaemonUnavailable(
+                f"the vsup daemon on {self.socket} closed the connection ({exc})"
+            ) from exc
         return _raise_for(resp)
 
     def alive(self, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -282,6 +287,10 @@ class AsyncClient:
             resp = await self._http.request(method, path, **kw)
         except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as exc:
             raise DaemonUnavailable(f"no vsup daemon answers on {self.socket} ({exc})") from exc
+        except (httpx.ReadError, httpx.WriteError) as exc:
+            raise DaemonUnavailable(
+                f"the vsup daemon on {self.socket} closed the connection ({exc})"
+            ) from exc
         return _raise_for(resp)
 
     async def ping(self) -> dict[str, Any]:

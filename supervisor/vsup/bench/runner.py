@@ -503,8 +503,13 @@ class BenchRunner:
         return self.restore(original)
 
     def restore(self, original: Original) -> dict[str, Any]:
-        """Put back what ran before (or keep the last layout with `keep`)."""
+        """Put back what ran before (or keep the last layout with `keep`).
+
+        Over a client of its own: a signal raises `Interrupted` in the main thread wherever it
+        is, also inside a request of `self.client`, whose connection pool is then not to be
+        trusted with the one request that must not hang."""
         self.restoring = True
+        interrupted_client, self.client = self.client, self.make_client()
         try:
             if self._applied and self.keep:
                 self.say(f"keeping layout {self._applied} (--keep)")
@@ -555,6 +560,9 @@ class BenchRunner:
             return {"outcome": "failed", "error": str(exc)}
         finally:
             self.restoring = False
+            restore_client, self.client = self.client, interrupted_client
+            with contextlib.suppress(Exception):
+                restore_client.close()
 
 
 class _Labelled(Progress):

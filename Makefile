@@ -47,13 +47,19 @@ $(STAMP): $(DEPS) $(SRC)
 ssh-server:
 	@sh tests/integration/fleet/install-sshd.sh
 
+# Two lanes on two xdist workers (tests/conftest.py): every real-vLLM, tmux and install test on
+# one worker, in file order, so at most one real-vLLM module runs at a time; every other test
+# file on the other. TEST_WORKERS=0 runs all in one process (e.g. to see `-s` output).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 test: venv ssh-server
-	$(PYTEST) $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 # Everything except the tests that start real vLLM servers: for quick iterations only.
 test-fast: venv ssh-server
-	$(PYTEST) -m "not vllm and not tmux and not install" $(addprefix $(CURDIR)/,$(TESTS)) \
-		$(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) -m "not vllm and not tmux and not install" \
+		$(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 # mypy checks the checkout's source (not the installed copy), with pyproject.toml's [tool.mypy].
 lint: deps

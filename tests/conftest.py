@@ -117,3 +117,29 @@ def vllm_env() -> dict[str, str]:
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# The slow lane: tests that start real vLLM servers (or build venvs, or drive tmux on real vLLM)
+# cost 30-150 s of CPU per server start on a 2-core machine. Under pytest-xdist (`make test` runs
+# `-n 2 --dist loadgroup`), they all go to one worker, in file order, first; every other test
+# file is a unit of its own that the other worker takes (module fixtures stay in one process).
+# So at most one real-vLLM module runs at a time, as without xdist, while the emulator, TUI and
+# unit tests use the other core.
+SLOW_LANE = ("vllm", "install", "tmux")
+
+
+def slow_lane(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in SLOW_LANE)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+        return
+    slow = [item for item in items if slow_lane(item)]
+    rest = [item for item in items if not slow_lane(item)]
+    for item in slow:
+        item.add_marker(pytest.mark.xdist_group("vllm"))
+    for item in rest:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items[:] = slow + rest

@@ -9,6 +9,7 @@ most two servers run at once, and the workload is tiny (16 prompts of 32 in / 16
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -118,14 +119,17 @@ def wait_bench_phase(home: Path, phase: str, timeout: float, with_status: bool =
     raise AssertionError(f"no bench in phase {phase} within {timeout} s: {seen[-20:]}")
 
 
-def bench_clients() -> list[psutil.Process]:
-    """Live vLLM bench clients started by vsup (their bootstrap carries the ready marker)."""
+def bench_clients(home: Path) -> list[psutil.Process]:
+    """Live vLLM bench clients that a bench of `home` started (their bootstrap carries the
+    ready marker; they inherit VSUP_HOME): other tests may run benches at the same time."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
         marked = len(cmd) > 2 and cmd[1] == "-c" and "vsup-bench-ready" in cmd[2]
         if marked and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p)
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("VSUP_HOME") == str(home):
+                    out.append(p)
     return out
 
 
@@ -221,7 +225,7 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
     assert insts.get("cpu1", {"state": "stopped"})["state"] == "stopped"
     assert insts["cpu0"]["state"] == "ready"
     assert insts["cpu0"]["pid"] == cpu0_pid
-    assert not bench_clients()
+    assert not bench_clients(home)
     # the daemon showed the bench's progress while it ran (what the dashboard draws)
     records = [b for b in seen if b]
     phases = {(b["layout"], b["phase"]) for b in records}
@@ -337,9 +341,9 @@ def test_sigterm_mid_run_stops_the_clients_and_restores(node, tmp_path):
     assert doc["restore"]["outcome"] == "restored"
     assert status(home)["supervisor"]["layout"] == "orig"
     deadline = time.monotonic() + 15
-    while bench_clients() and time.monotonic() < deadline:
+    while bench_clients(home) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not bench_clients()
+    assert not bench_clients(home)
 
 
 def test_keep_leaves_the_last_layout_running(node):

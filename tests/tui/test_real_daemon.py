@@ -181,12 +181,16 @@ def load(port: int, requests: int = 12, max_tokens: int = 350) -> threading.Thre
     return runner
 
 
-def vllm_pids() -> set[int]:
+def vllm_pids(home: Path) -> set[int]:
+    """vLLM processes of `home`'s daemon (they inherit its VSUP_HOME): other tests may run
+    servers or emulators titled VLLM::... at the same time."""
     out = set()
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or ())
         if "vllm.entrypoints" in cmd or "VLLM::" in cmd:
-            out.add(p.info["pid"])
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("VSUP_HOME") == str(home):
+                    out.add(p.info["pid"])
     return out
 
 
@@ -200,13 +204,13 @@ def home():
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, tmp_path):
-    before = vllm_pids()
+    before = vllm_pids(home)
     ports = [free_port(), free_port()]
     layout = tmp_path / "tui-real.toml"
     write_layout(layout, tiny_model, ports, vllm_env)
     up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "300", timeout=360)
     assert up.returncode == 0, up.stdout + up.stderr
-    ours = vllm_pids() - before
+    ours = vllm_pids(home) - before
 
     # pytest exports COLUMNS/LINES, which the terminal size detection would prefer to tmux's
     term = Tmux(
@@ -267,9 +271,9 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
     down = vsup(home, "down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 30
-    while ours & vllm_pids() and time.monotonic() < deadline:
+    while ours & vllm_pids(home) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not (ours & vllm_pids()), "vLLM processes left behind"
+    assert not (ours & vllm_pids(home)), "vLLM processes left behind"
 
 
 def instance(client, name: str) -> dict:

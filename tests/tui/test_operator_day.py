@@ -1,0 +1,103 @@
+"""The dashboard's part of issue 25 (an operator's first day): the filter, the header's worst
+alert, the model's served name, keys for the detail tabs, the previous-run message, long log
+lines, asking before an added instance starts, and saving without losing comments."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.console import Console
+from textual.widgets import Footer, TabbedContent
+
+from vsup.tui import samples
+from vsup.tui.screens.dashboard import Dashboard, FilterInput
+from vsup.tui.screens.help import HelpScreen, help_table
+from vsup.tui.widgets.instances import InstanceTable
+
+from tests.tui.conftest import make_app, make_client, settle
+
+
+def _with(snap, name, **values):
+    return dataclasses.replace(
+        snap,
+        instances=tuple(
+            dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
+        ),
+    )
+
+
+async def _ready(pilot, app):
+    await settle(pilot, lambda: app.renders >= 1 and app.selected is not None)
+
+
+async def test_the_filter_is_a_visible_line_above_the_footer_and_slash_toggles_it(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        await pilot.press("slash", *"gpu6")
+        box = app.screen.query_one(FilterInput)
+        footer = app.screen.query_one(Footer)
+        await settle(pilot)
+        assert box.has_focus and box.display
+        # its own line, right above the footer (not under it)
+        assert box.region.height == 1 and box.region.bottom == footer.region.y
+        assert app.screen.get_widget_at(box.region.x + 2, box.region.y)[0] is box
+        assert app.screen.query_one(InstanceTable).order == ["gpu6a", "gpu6b"]
+        # `/` again: not typed; the filter stays and the table has the keys again
+        await pilot.press("slash")
+        table = app.screen.query_one(InstanceTable)
+        assert box.value == "gpu6" and app.dashboard.filter_text == "gpu6"
+        assert table.has_focus and box.display
+        # `/` from the table: back into the filter, to change it
+        await pilot.press("slash", "a")
+        assert box.has_focus and box.value == "gpu6a"
+        await pilot.press("escape")
+        assert not box.display and app.dashboard.filter_text == "" and table.has_focus
+        assert len(table.order) == 9
+
+
+async def test_previous_log_of_a_first_run_says_there_is_no_previous_run():
+    snap = samples.cpu_node()
+    first = next(i for i in snap.instances if (i.run or 0) <= 1 and i.last_exit is None)
+    client = make_client(snap)
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        table = app.screen.query_one(InstanceTable)
+        table.move_cursor(row=table.order.index(first.name))
+        await settle(pilot, lambda: app.selected == first.name)
+        await pilot.press("p")
+        await settle(pilot, lambda: bool(app._notifications))
+        messages = [n.message for n in app._notifications]
+        assert any(f"{first.name} has no previous run" in m for m in messages), messages
+        assert not any("is ready" in m for m in messages)
+        assert isinstance(app.screen, Dashboard)
+
+
+async def test_the_detail_tabs_are_reachable_from_the_keyboard(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        tabs = app.screen.query_one(TabbedContent)
+        assert tabs.active == "tab-log"
+        await pilot.press("t")
+        assert tabs.active == "tab-config"
+        await pilot.press("t")
+        assert tabs.active == "tab-exit"
+        await pilot.press("t")
+        assert tabs.active == "tab-log"
+        await pilot.press("3")
+        assert tabs.active == "tab-exit"
+        await pilot.press("2")
+        assert tabs.active == "tab-config"
+        await pilot.press("1")
+        assert tabs.active == "tab-log"
+        # in the footer of a wide terminal, and in the help
+        assert app.screen.active_bindings["t"].binding.show
+        await pilot.press("question_mark")
+        await settle(pilot)
+        assert isinstance(app.screen, HelpScreen)
+        assert (app.screen.keys["next_tab"], app.screen.keys["tab_exit"]) == ("t", "3")
+        lines = Console(width=120, record=True)
+        lines.print(help_table(app.screen.keys, False))
+        assert "Next tab of the detail pane: Log, Config, Exit" in lines.export_text()

@@ -9,9 +9,11 @@ import dataclasses
 from rich.console import Console
 from textual.widgets import Footer, TabbedContent
 
+from vsup.snapshot import Advice
 from vsup.tui import samples
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
 from vsup.tui.screens.help import HelpScreen, help_table
+from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
 
 from tests.tui.conftest import make_app, make_client, settle
@@ -24,6 +26,11 @@ def _with(snap, name, **values):
             dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
         ),
     )
+
+
+def _plain(widget) -> str:
+    content = widget.content
+    return getattr(content, "plain", str(content))
 
 
 async def _ready(pilot, app):
@@ -101,3 +108,24 @@ async def test_the_detail_tabs_are_reachable_from_the_keyboard(client):
         lines = Console(width=120, record=True)
         lines.print(help_table(app.screen.keys, False))
         assert "Next tab of the detail pane: Log, Config, Exit" in lines.export_text()
+
+
+async def test_the_header_names_the_worst_alert_beside_the_count():
+    snap = samples.gpu_node()
+    warning_first = (
+        Advice(kind="foreign_process", severity="warning", message="GPU 7: held", gpu=7),
+        Advice(kind="crash_loop", severity="critical", message="gpu7: exits", instance="gpu7"),
+    )
+    client = make_client(dataclasses.replace(snap, advice=warning_first))
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        header = app.screen.query_one(NodeHeader)
+        assert "▲ 2 alerts · worst: gpu7 crash loop" in _plain(header)
+        client.snapshot = dataclasses.replace(snap, advice=warning_first[:1])
+        app.tick()
+        await settle(pilot, lambda: "▲ 1 alert · " in _plain(header))
+        assert _plain(header).endswith("▲ 1 alert · GPU 7: foreign process")
+    # a narrow terminal: what fits, and the marks after it stay on the line
+    line = header_text(dataclasses.replace(snap, advice=warning_first), True, True, 80).plain
+    assert len(line) <= 80 and line.rstrip().endswith("READ-ONLY")

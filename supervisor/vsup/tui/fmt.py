@@ -6,7 +6,9 @@ render the same text cause no widget work. Unknown values (`None`) render as `-`
 
 from __future__ import annotations
 
-from vsup.snapshot import InstanceStatus, RolloutStatus
+from collections.abc import Iterable
+
+from vsup.snapshot import Advice, InstanceStatus, RolloutStatus
 from vsup.states import RolloutState, State
 from vsup.termtext import printable
 
@@ -223,3 +225,35 @@ def rollout_mark(r: RolloutStatus | None) -> tuple[str, str] | None:
     if r.state == RolloutState.INTERRUPTED and r.old_config:
         return (" ROLLOUT INTERRUPTED ", "bold white on red")
     return None
+
+
+# Advice kind -> the few words the header says about it (others: the kind in words).
+ALERT_REASON: dict[str, str] = {
+    "kv_exhausted": "KV cache too small",
+    "hbm_over_plan": "HBM over plan",
+    "crash_loop": "crash loop",
+    "failed": "failed",
+    "stalled": "stalled",
+    "foreign_process": "foreign process",
+    "pull_failed": "pull failed",
+    "gpu_throttle": "GPU throttled",
+    "router_foreign_worker": "foreign router worker",
+    "rollout_interrupted": "rollout interrupted",
+    "state_file": "state file",
+}
+SEVERITY_RANK = {"critical": 0, "error": 0, "warning": 1, "info": 2}
+
+
+def worst_alert(advice: Iterable[Advice]) -> Advice | None:
+    """The most severe advice (the daemon's order among equals); None without any."""
+    return min(advice, key=lambda a: SEVERITY_RANK.get(a.severity, 3), default=None)
+
+
+def alert_label(a: Advice) -> str:
+    """`cpu0 crash loop`, `GPU 3: foreign GPU process`, `state file`: who and why, short."""
+    reason = ALERT_REASON.get(a.kind, a.kind.replace("_", " "))
+    if a.instance:
+        return f"{safe(a.instance)} {reason}"
+    if a.gpu is not None:
+        return f"GPU {a.gpu}: {reason}"
+    return reason

@@ -9,14 +9,15 @@ import dataclasses
 from rich.console import Console
 from textual.widgets import Footer, TabbedContent
 
-from vsup.snapshot import Advice
-from vsup.tui import samples
+from vsup.layout.spec import InstanceSpec
+from vsup.snapshot import Advice, empty_instance
+from vsup.tui import fmt, samples
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
 from vsup.tui.screens.help import HelpScreen, help_table
 from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
 
-from tests.tui.conftest import make_app, make_client, settle
+from tests.tui.conftest import config_doc, make_app, make_client, settle
 
 
 def _with(snap, name, **values):
@@ -129,3 +130,40 @@ async def test_the_header_names_the_worst_alert_beside_the_count():
     # a narrow terminal: what fits, and the marks after it stay on the line
     line = header_text(dataclasses.replace(snap, advice=warning_first), True, True, 80).plain
     assert len(line) <= 80 and line.rstrip().endswith("READ-ONLY")
+
+
+async def test_the_model_column_shows_the_served_name_and_the_config_tab_the_whole_path():
+    snap = samples.cpu_node()
+    a, b = (i.name for i in snap.instances)
+    path = snap.instance(a).model
+    assert path is not None and path.startswith("/") and path.count("/") > 2
+    snap = _with(snap, b, served_model_name="tiny")
+    configs = {}
+    for inst in snap.instances:
+        doc = config_doc(inst.name, inst.port)
+        doc["spec"]["model"] = inst.model  # as the daemon's config route has it
+        configs[inst.name] = doc
+    client = make_client(snap, configs=configs)
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        table = app.screen.query_one(InstanceTable)
+        assert table.get_cell(a, "model").plain == path.rsplit("/", 1)[-1]  # tiny-llama
+        assert table.get_cell(b, "model").plain == "tiny"
+        await pilot.press("2")
+        config = app.screen.query_one("#config")
+        await settle(pilot, lambda: "model    " in _plain(config))
+        assert f"model    {path}" in _plain(config)
+    hub = empty_instance("h", model="Qwen/Qwen2.5-7B-Instruct")
+    assert fmt.model_label(hub) == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_the_served_model_name_comes_from_the_args_or_the_pulled_hub_id():
+    def spec(model="/models/llama", **kw):
+        return InstanceSpec("a", model, ("vllm", "serve"), "127.0.0.1", 8000, (), None, **kw)
+
+    assert spec().served_model_name is None
+    assert spec(args={"served-model-name": "llama"}).served_model_name == "llama"
+    assert spec(args={"served_model_name": ["x", "y"]}).served_model_name == "x"
+    pulled = spec(model="org/m", model_path="/cache/snapshots/abc")
+    assert pulled.served_model_name == "org/m"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from vsup.layout.modelpath import is_local_model
 from vsup.snapshot import Advice, InstanceStatus, RolloutStatus
 from vsup.states import RolloutState, State
 from vsup.termtext import printable
@@ -152,6 +153,20 @@ def truncate(text: str, width: int) -> str:
     if width <= 1:
         return text[:width]
     return text[: width - 1] + "…"
+
+
+def model_label(inst: InstanceStatus) -> str | None:
+    """What the MODEL column says: the name vLLM serves the model under (what clients ask
+    for), else a local path's last component, else the hub id; the full path is in the
+    detail pane's Config tab."""
+    if inst.served_model_name:
+        return safe(inst.served_model_name)
+    if not inst.model:
+        return None
+    model = inst.model
+    if is_local_model(model):
+        model = model.rstrip("/").rsplit("/", 1)[-1] or model
+    return safe(model)
 
 
 def model_name(model: str | None, width: int) -> str:

@@ -181,7 +181,7 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
             style,
         )
     if key == "model":
-        return (fmt.model_name(fmt.safe(inst.model) if inst.model else None, width), "")
+        return (fmt.model_name(fmt.model_label(inst), width), "")
     raise KeyError(key)
 
 
@@ -238,7 +238,14 @@ def matches(inst: InstanceStatus, text: str) -> bool:
         return True
     needle = text.lower()
     state = f"{inst.state} stalled" if inst.stalled else inst.state
-    hay = (inst.name, inst.model or "", state, inst.backend or "", str(inst.port or ""))
+    hay = (
+        inst.name,
+        inst.model or "",
+        inst.served_model_name or "",
+        state,
+        inst.backend or "",
+        str(inst.port or ""),
+    )
     return any(needle in h.lower() for h in hay)
 
 

@@ -16,6 +16,7 @@ from vsup.tui.screens.dashboard import Dashboard, FilterInput
 from vsup.tui.screens.help import HelpScreen, help_table
 from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
+from vsup.tui.widgets.livelog import CUT_LEFT, CUT_RIGHT, LiveLog
 
 from tests.tui.conftest import config_doc, make_app, make_client, settle
 
@@ -167,3 +168,29 @@ def test_the_served_model_name_comes_from_the_args_or_the_pulled_hub_id():
     assert spec(args={"served_model_name": ["x", "y"]}).served_model_name == "x"
     pulled = spec(model="org/m", model_path="/cache/snapshots/abc")
     assert pulled.served_model_name == "org/m"
+
+
+async def test_a_log_line_wider_than_the_pane_ends_in_a_marker():
+    snap = samples.cpu_node()
+    first = sorted(i.name for i in snap.instances)[0]
+    long_line = "INFO start " + " ".join(f"arg{n}=value{n}" for n in range(40)) + " END"
+    logs = {i.name: f"short line\n{long_line}\nlast\n" for i in snap.instances}
+    client = make_client(snap, logs_current=logs)
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        assert app.selected == first
+        log = app.screen.query_one("#log-tail", LiveLog)
+        await settle(pilot, lambda: log.line_count >= 3 and log.size.width > 0)
+        width = log.size.width
+        assert len(long_line) > width
+
+        def shown(index: int) -> str:
+            return log.render_line(index - round(log.scroll_offset.y)).text
+
+        assert shown(1).endswith(CUT_RIGHT) and len(shown(1)) == width
+        assert shown(1)[:-1] == long_line[: width - 1]
+        assert CUT_RIGHT not in shown(0) and shown(0).rstrip() == "short line"
+        log.scroll_to(x=20, animate=False)
+        await settle(pilot, lambda: log.scroll_offset.x == 20)
+        assert shown(1).startswith(CUT_LEFT) and shown(1)[1:-1] == long_line[21 : 20 + width - 1]

@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 from rich.console import Console
-from textual.widgets import Footer, TabbedContent
+from textual.widgets import Footer, Input, TabbedContent
 
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import Advice, empty_instance
 from vsup.tui import fmt, samples
+from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
+from vsup.tui.screens.form import InstanceFormScreen
 from vsup.tui.screens.help import HelpScreen, help_table
 from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
@@ -194,3 +196,24 @@ async def test_a_log_line_wider_than_the_pane_ends_in_a_marker():
         log.scroll_to(x=20, animate=False)
         await settle(pilot, lambda: log.scroll_offset.x == 20)
         assert shown(1).startswith(CUT_LEFT) and shown(1)[1:-1] == long_line[21 : 20 + width - 1]
+
+
+async def test_an_added_instance_starts_only_after_a_yes(client):
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        await pilot.press("a")
+        await settle(pilot, lambda: isinstance(app.screen, InstanceFormScreen))
+        form = app.screen
+        form.query_one("#field-name", Input).value = "gpu7b"
+        form.query_one("#field-gpus", Input).value = "7"
+        form.query_one("#field-gpu_memory_utilization", Input).value = "0.05"
+        form.query_one("#field-name", Input).focus()
+        await pilot.press("enter")  # the prefilled form submitted at once
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert app.screen.question == "Start gpu7b?"
+        assert "start: gpu7b" in str(app.screen.details)
+        await pilot.press("enter")  # the focused answer is No
+        await settle(pilot, lambda: isinstance(app.screen, Dashboard))
+        assert [c["dry_run"] for c in client.calls_to("apply")] == [True]
+        assert "gpu7b" not in {i.name for i in client.snapshot.instances}

@@ -495,6 +495,19 @@ class DashboardApp(App[None]):
             )
             if not ok:
                 return
+        elif not confirmed and plan.get("start"):
+            # a start takes memory, cores or a GPU share from what runs: asked like the others
+            names = ", ".join(plan["start"])
+            ok = await self.push_screen_wait(
+                ConfirmScreen(
+                    f"Start {names}?",
+                    f"{plan_text(plan)}. The layout is applied now and {names} starts; save (w) "
+                    "keeps it in the layout file.",
+                    yes="Start",
+                )
+            )
+            if not ok:
+                return
         try:
             answer = await self.client.apply(verdict.toml, path)
         except Exception as exc:  # a refusal: say what the daemon said

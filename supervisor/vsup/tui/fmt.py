@@ -195,7 +195,8 @@ def short_duration(seconds: float | None) -> str:
 
 def wait_cell(inst: InstanceStatus) -> str | None:
     """The state cell of an instance that waits or starts: `◐ after b`, `◐ GPU memory`,
-    `◐ start 2m10s`; None when its state says enough."""
+    `◐ 2m10s of 20m` (`◐ start 2m10s` without a start timeout); None when its state says
+    enough."""
     symbol = STATE_LOOK.get(inst.state, ("?", ""))[0]
     w = inst.wait
     if inst.state == State.STARTING and w is not None:
@@ -205,6 +206,9 @@ def wait_cell(inst: InstanceStatus) -> str | None:
             return f"{symbol} GPU memory"
         return f"{symbol} waiting"
     if inst.state == State.STARTING and inst.start_elapsed_s is not None:
+        if inst.start_timeout_s:
+            # its progress against start_timeout_s, as `vsup status` says it
+            return f"{symbol} {duration(inst.start_elapsed_s)} of {short_duration(inst.start_timeout_s)}"
         return f"{symbol} start {duration(inst.start_elapsed_s)}"
     return None
 

@@ -36,7 +36,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("gpus", "GPU", 4, priority=11),
     Column("parallel", "SHAPE", 10, priority=11, parallel_only=True),
     Column("port", "PORT", 5, right=True, priority=12),
-    Column("state", "STATE", 13, priority=1),
+    Column("state", "STATE", 15, priority=1),  # `◐ 12m03s of 20m`
     Column("uptime", "UP", 6, right=True, priority=7),
     Column("restarts", "RST", 3, right=True, priority=8),
     Column("hbm", "HBM", 11, right=True, priority=6, gpu_only=True),

@@ -5,6 +5,7 @@ lines, asking before an added instance starts, and saving without losing comment
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 
 from rich.console import Console
 from textual.widgets import Footer, Input, TabbedContent
@@ -16,6 +17,7 @@ from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
 from vsup.tui.screens.form import InstanceFormScreen
 from vsup.tui.screens.help import HelpScreen, help_table
+from vsup.tui.screens.save import SaveScreen
 from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.livelog import CUT_LEFT, CUT_RIGHT, LiveLog
@@ -217,3 +219,32 @@ async def test_an_added_instance_starts_only_after_a_yes(client):
         await settle(pilot, lambda: isinstance(app.screen, Dashboard))
         assert [c["dry_run"] for c in client.calls_to("apply")] == [True]
         assert "gpu7b" not in {i.name for i in client.snapshot.instances}
+
+
+async def test_saving_over_the_layout_file_keeps_its_comments_and_says_what_it_could_not(
+    client, tmp_path
+):
+    noted = tmp_path / "noted.toml"
+    noted.write_text("# the operator's note: ask before moving gpu6b\n" + client.layout_toml)
+    garbled = tmp_path / "garbled.toml"
+    garbled.write_text("# half an edit\n[instance\n")
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot, app)
+        for target in (noted, garbled):
+            await pilot.press("w")
+            await settle(pilot, lambda: isinstance(app.screen, SaveScreen))
+            app.screen.query_one("#path", Input).value = str(target)
+            await pilot.press("enter")
+            await settle(pilot, lambda: isinstance(app.screen, Dashboard))
+            await settle(pilot, lambda: any(str(target) in n.message for n in app._notifications))
+        said = [n for n in app._notifications if "saved the running layout" in n.message]
+    assert (
+        said[0].message == f"saved the running layout to {noted} (its comments and formatting kept)"
+    )
+    assert noted.read_text().startswith("# the operator's note: ask before moving gpu6b\n")
+    assert said[1].severity == "warning" and said[1].message == (
+        f"saved the running layout to {garbled}, but the comments and formatting of {garbled} "
+        "could not be kept (it was rewritten in vsup's own format)"
+    )
+    assert tomllib.loads(garbled.read_text()) == tomllib.loads(client.layout_toml)

@@ -19,7 +19,6 @@ from textual.widgets import Log
 
 from vsup.logtext import TerminalLines
 
-
 CUT_RIGHT = "»"  # the line goes on past the right edge (scroll right to read it)
 CUT_LEFT = "«"  # scrolled right: the line began before the left edge
 

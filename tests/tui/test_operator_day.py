@@ -161,6 +161,9 @@ async def test_the_model_column_shows_the_served_name_and_the_config_tab_the_who
         assert f"model    {path}" in _plain(config)
     hub = empty_instance("h", model="Qwen/Qwen2.5-7B-Instruct")
     assert fmt.model_label(hub) == "Qwen/Qwen2.5-7B-Instruct"
+    # too long for the column: the model's own name, cut at its end
+    assert fmt.model_name("Qwen/Qwen2.5-7B-Instruct", 24) == "Qwen/Qwen2.5-7B-Instruct"
+    assert fmt.model_name("Qwen/Qwen2.5-7B-Instruct", 18) == "Qwen2.5-7B-Instru…"
 
 
 def test_the_served_model_name_comes_from_the_args_or_the_pulled_hub_id():
@@ -186,18 +189,22 @@ async def test_a_log_line_wider_than_the_pane_ends_in_a_marker():
         assert app.selected == first
         log = app.screen.query_one("#log-tail", LiveLog)
         await settle(pilot, lambda: log.line_count >= 3 and log.size.width > 0)
-        width = log.size.width
+        width = log.scrollable_content_region.width  # what shows, past any scrollbar
         assert len(long_line) > width
+        assert CUT_RIGHT in app.export_screenshot()  # on the screen, not only in the widget
 
         def shown(index: int) -> str:
             return log.render_line(index - round(log.scroll_offset.y)).text
 
-        assert shown(1).endswith(CUT_RIGHT) and len(shown(1)) == width
-        assert shown(1)[:-1] == long_line[: width - 1]
+        assert shown(1).rstrip().endswith(CUT_RIGHT) and len(shown(1).rstrip()) == width
+        assert shown(1).rstrip()[:-1] == long_line[: width - 1]
         assert CUT_RIGHT not in shown(0) and shown(0).rstrip() == "short line"
         log.scroll_to(x=20, animate=False)
         await settle(pilot, lambda: log.scroll_offset.x == 20)
-        assert shown(1).startswith(CUT_LEFT) and shown(1)[1:-1] == long_line[21 : 20 + width - 1]
+        assert (
+            shown(1).startswith(CUT_LEFT)
+            and shown(1).rstrip()[1:-1] == long_line[21 : 20 + width - 1]
+        )
 
 
 async def test_an_added_instance_starts_only_after_a_yes(client):

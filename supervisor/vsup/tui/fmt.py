@@ -170,12 +170,16 @@ def model_label(inst: InstanceStatus) -> str | None:
 
 
 def model_name(model: str | None, width: int) -> str:
-    """A model id or path, keeping its informative tail (`…/Llama-3.1-8B-Instruct`)."""
+    """A model name in `width` cells: whole when it fits, else a hub id without its
+    organisation (`Llama-3.1-8B-Instruct`), cut at the end (`Llama-3.1-8B-Ins…`): the
+    family and size are what tell models apart."""
     if model is None:
         return UNKNOWN
     if len(model) <= width:
         return model
-    return "…" + model[-(width - 1) :]
+    if "/" in model:
+        model = model.rsplit("/", 1)[-1] or model
+    return truncate(model, width)
 
 
 def safe(text: str | None) -> str:

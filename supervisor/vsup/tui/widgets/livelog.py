@@ -38,6 +38,8 @@ class LiveLog(Log):
 
     def _render_line(self, y: int, scroll_x: int, width: int) -> Strip:
         strip = super()._render_line(y, scroll_x, width)
+        # what shows: `width` less a vertical scrollbar's gutter, which crops the strip
+        width = min(width, self.scrollable_content_region.width)
         if y >= len(self._lines) or width < 2:
             return strip
         full = self._render_line_strip(y, self.rich_style).cell_length

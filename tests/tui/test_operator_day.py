@@ -244,7 +244,8 @@ async def test_saving_over_the_layout_file_keeps_its_comments_and_says_what_it_c
             app.screen.query_one("#path", Input).value = str(target)
             await pilot.press("enter")
             await settle(pilot, lambda: isinstance(app.screen, Dashboard))
-            await settle(pilot, lambda: any(str(target) in n.message for n in app._notifications))
+            said = f"saved the running layout to {target}"
+            await settle(pilot, lambda s=said: any(s in n.message for n in app._notifications))
         said = [n for n in app._notifications if "saved the running layout" in n.message]
     assert (
         said[0].message == f"saved the running layout to {noted} (its comments and formatting kept)"

@@ -2,8 +2,8 @@
 one; only a regular file: FIFOs, devices and directories are refused, a symlink's target is
 replaced and the link kept; a missing directory is created only with --parents). Over an
 existing layout file, its comments and formatting are kept (what cannot be kept is said on
-stderr). The file is the layout applied; instances that still run an older spec (a rollout not finished) are named
-in a warning on stderr."""
+stderr). The file is the layout applied; instances that still run an older spec (a rollout
+not finished) are named in a warning on stderr."""
 
 from __future__ import annotations
 

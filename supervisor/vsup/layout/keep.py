@@ -99,9 +99,9 @@ def _new_item(value: Any, inline: bool) -> Item | Any:
     if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
         aot = tomlkit.aot()
         for v in value:
-            t = tomlkit.table()
+            entry = tomlkit.table()
             for k, x in v.items():
-                t[k] = _new_item(x, inline=True)
-            aot.append(t)
+                entry[k] = _new_item(x, inline=True)
+            aot.append(entry)
         return aot
     return tomlkit.item(value)

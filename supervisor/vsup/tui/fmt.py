@@ -212,7 +212,8 @@ def wait_cell(inst: InstanceStatus) -> str | None:
     if inst.state == State.STARTING and inst.start_elapsed_s is not None:
         if inst.start_timeout_s:
             # its progress against start_timeout_s, as `vsup status` says it
-            return f"{symbol} {duration(inst.start_elapsed_s)} of {short_duration(inst.start_timeout_s)}"
+            of = short_duration(inst.start_timeout_s)
+            return f"{symbol} {duration(inst.start_elapsed_s)} of {of}"
         return f"{symbol} start {duration(inst.start_elapsed_s)}"
     return None
 

@@ -215,6 +215,9 @@ class InstanceStatus:
     # The pull this instance waits for before its start (`state` stays what the engine says:
     # `stopped` for a new instance), or the pull that failed and kept it from starting.
     pull: PullStatus | None = None
+    # The name vLLM serves the model under when it is not `model` (--served-model-name, or the
+    # hub id of a pulled model loaded from its local snapshot); None: `model` itself.
+    served_model_name: str | None = None
 
     @property
     def is_ready(self) -> bool:

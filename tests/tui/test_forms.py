@@ -54,6 +54,9 @@ async def test_add_validates_with_a_dry_run_then_applies_the_new_layout(client):
             args="max-model-len = 4096, enforce-eager = true",
         )
         await pilot.press("ctrl+s")
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert app.screen.question == "Start gpu7b?"
+        await pilot.press("y")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
         dry, real = client.calls_to("apply")
         assert dry["dry_run"] is True and real["dry_run"] is False
@@ -138,6 +141,8 @@ async def test_add_refused_by_the_daemons_dry_run_shows_its_message_and_applies_
         # the operator can fix and submit again without reopening the form
         client.validate = None
         await pilot.press("ctrl+s")
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 3)
         assert client.calls_to("apply")[-1]["dry_run"] is False
 

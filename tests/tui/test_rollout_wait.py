@@ -81,7 +81,7 @@ def test_the_cells_and_lines_say_what_each_instance_waits_for():
     state = [col.key for col in rows.COLUMNS].index("state")
     width = next(col.width for col in rows.COLUMNS if col.key == "state")
     cells = [rows.row_cells(i, rows.COLUMNS)[state][0] for i in (a, b, c)]
-    assert cells == ["◐ start 2m10s", "● ready old", f"◐ after {a.name}"]
+    assert cells == ["◐ 2m10s of 20m", "● ready old", f"◐ after {a.name}"]
     assert all(len(cell) <= width for cell in cells)
     assert fmt.wait_summary(a) == "starting 2m10s of 20m (start_timeout_s)"
     assert fmt.wait_summary(b) == "runs an older spec than the layout (args differ)"
@@ -125,7 +125,7 @@ async def test_the_dashboard_shows_the_rollout_the_waits_and_no_stale_sparklines
         assert bar.region.y == 1 and bar.region.height == 1  # right under the header
         assert "ROLLOUT 1/2" in _plain(app.screen.query_one(NodeHeader))
         table = app.screen.query_one(InstanceTable)
-        assert table.get_cell(first, "state").plain == "◐ start 2m10s"
+        assert table.get_cell(first, "state").plain == "◐ 2m10s of 20m"
         waiting = [i.name for i in snap.instances if i.wait is not None]
         assert waiting and all(
             table.get_cell(n, "state").plain == f"◐ after {first}" for n in waiting

@@ -156,3 +156,14 @@ def test_full_screen_log(snap_compare):
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=NARROW, run_before=_chain(_live(gpu), logs))
+
+
+def test_filter_open_above_the_footer(snap_compare):
+    app = make_app(make_client(gpu()))
+
+    async def filtering(pilot):
+        await pilot.press("slash", *"gpu6")
+        await settle(pilot, lambda: pilot.app.dashboard.filter_text == "gpu6")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=NARROW, run_before=_chain(_live(gpu), filtering))

@@ -1,8 +1,9 @@
 """`vsup save FILE [--parents]`: write the running layout as TOML (atomically; never an invalid
 one; only a regular file: FIFOs, devices and directories are refused, a symlink's target is
-replaced and the link kept; a missing directory is created only with --parents). The file is
-the layout applied; instances that still run an older spec (a rollout not finished) are named
-in a warning on stderr."""
+replaced and the link kept; a missing directory is created only with --parents). Over an
+existing layout file, its comments and formatting are kept (what cannot be kept is said on
+stderr). The file is the layout applied; instances that still run an older spec (a rollout
+not finished) are named in a warning on stderr."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
                 return 2 if exc.status in (400, 422) else 1
         written = answer.get("written") or answer["path"]
         via = f" (through the symlink {answer['path']})" if written != answer["path"] else ""
-        print(f"saved the running layout to {written}{via}")
+        kept = " (its comments and formatting kept)" if answer.get("kept_format") else ""
+        print(f"saved the running layout to {written}{via}{kept}")
+        if answer.get("format_lost"):
+            print(f"vsup save: warning: {answer['format_lost']}", file=sys.stderr)
         outdated = answer.get("outdated") or []
         if outdated:
             from vsup.termtext import printable

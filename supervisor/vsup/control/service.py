@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -299,8 +300,14 @@ class DaemonService:
                     raise LayoutError(diags)
             if parents:
                 target.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(
-                save_layout, compiled.layout, target, node=self.daemon.node_facts
+            saved = await asyncio.to_thread(
+                functools.partial(
+                    save_layout,
+                    compiled.layout,
+                    target,
+                    node=self.daemon.node_facts,
+                    keep_from=toml,  # a new file keeps the comments of the layout applied
+                )
             )
         except LayoutError as exc:
             raise ControlError(
@@ -318,7 +325,14 @@ class DaemonService:
         self.daemon.journal.append(
             "action", None, action="save", path=path, written=str(target), outdated=outdated
         )
-        return {"path": path, "written": str(target), "outdated": outdated}
+        return {
+            "path": path,
+            "written": str(target),
+            "outdated": outdated,
+            # the comments and formatting of the file replaced (or of the layout applied)
+            "kept_format": saved.kept,
+            "format_lost": saved.lost,  # what of them could not be kept, in words; or null
+        }
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

@@ -214,6 +214,7 @@ class Instance:
             "port": self.spec.port,
             "gpus": tuple(self.spec.gpus),
             "model": self.spec.model,
+            "served_model_name": self.spec.served_model_name,
             "restarts": self.restarts,
             "uptime_s": round(now - self.started_at, 3) if self.started_at is not None else None,
             "last_exit": self.last_exit,

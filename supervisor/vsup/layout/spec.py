@@ -146,6 +146,19 @@ class InstanceSpec:
                 env["HF_TOKEN"] = token
         return env
 
+    @property
+    def served_model_name(self) -> str | None:
+        """The name clients ask vLLM for when it is not the `model` value: the first
+        `--served-model-name`, or the hub id of a model loaded from its pulled snapshot."""
+        served = self.arg("served-model-name")
+        if isinstance(served, list | tuple):
+            served = served[0] if served else None
+        if served not in (None, False, True):
+            name = str(served).split()
+            if name:
+                return name[0]
+        return self.model if self.model_path else None
+
     def arg(self, name: str, default: Any = None) -> Any:
         want = flag_name(name)
         for k, v in self.args.items():

@@ -6,14 +6,29 @@ imports the document model below it.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vsup.fsutil import write_atomic  # the one atomic writer of the package
 from vsup.layout.diagnostics import ERROR, Diagnostic, LayoutError
+from vsup.layout.keep import merged_text
 from vsup.layout.model import Layout, dumps_layout, loads_layout
 from vsup.layout.node import NodeFacts
 from vsup.layout.validate import validate
+
+
+@dataclass
+class Saved:
+    """What a save wrote: `text` to `path`; `kept`: the comments and formatting of the file
+    it replaced (or of the text the layout was applied from) were kept; `lost`: what of them
+    was not, in words (None: nothing)."""
+
+    text: str
+    path: Path
+    lost: str | None = None
+    kept: bool = False
 
 
 def save_layout(
@@ -25,8 +40,13 @@ def save_layout(
     check: bool = True,
     parents: bool = False,
     node: NodeFacts | None = None,
-) -> Path:
+    keep_from: str | None = None,
+) -> Saved:
     """Write the layout to `path` atomically; refuses (LayoutError) a layout that does not validate.
+
+    Saved over a layout file (or, for a new file, given `keep_from`: the text the layout was
+    applied from), the operator's comments and formatting are kept (`layout_text`); what could
+    not be kept is in the answer's `lost`.
 
     `node` / `node_gpus`: the node to validate against, as `validate` takes them.
     Relative local model paths are rewritten for the new location (see `Layout.relocated`). A
@@ -53,9 +73,11 @@ def save_layout(
         diagnostics = validate(target, node_gpus=node_gpus, profile_dirs=profile_dirs, node=node)
         if any(d.is_error for d in diagnostics):
             raise LayoutError(diagnostics)
-    text = dumps_layout(target)
+    saved = layout_text(target, path, keep_from)
+    text = saved.text
     # A writer bug must never replace a good file with one that reads back differently.
-    if loads_layout(text) != target:
+    # (a text that kept the operator's formatting was checked as it was made: key order aside)
+    if not saved.kept and loads_layout(text) != target:
         raise LayoutError(
             [
                 Diagnostic(
@@ -66,4 +88,37 @@ def save_layout(
             ]
         )
     write_atomic(path, text)
-    return path
+    return saved
+
+
+def layout_text(layout: Layout, path: Path, keep_from: str | None = None) -> Saved:
+    """The text to write for `layout` at `path`: the file there (else `keep_from`, the text
+    the layout was applied from) edited to hold the layout, so that the operator's comments
+    and formatting stay; a plain dump when there is neither, or when that edit cannot be
+    made to read back as the layout (then `Saved.lost` says so)."""
+    base, what = None, ""
+    try:
+        if path.is_file():
+            base, what = path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        why = f"{path} could not be read ({exc}): its comments and formatting were not kept"
+        return Saved(dumps_layout(layout), path, why)
+    if base is None and keep_from:
+        base, what = keep_from, "the layout as applied"
+    plain = dumps_layout(layout)
+    if base is None:
+        return Saved(plain, path)
+    merged = merged_text(base, layout.document)
+    if merged is not None:
+        try:
+            same = tomllib.loads(merged) == layout.document
+        except tomllib.TOMLDecodeError:
+            same = False
+        if same:
+            return Saved(merged, path, kept=True)
+    return Saved(
+        plain,
+        path,
+        f"the comments and formatting of {what} could not be kept (it was rewritten in "
+        "vsup's own format)",
+    )

@@ -123,6 +123,8 @@ class DashboardApp(App[None]):
         self._config_key: tuple | None = None
         self._no_log: tuple[str, int | None] | None = None  # (instance, run) without a log
         self._save_outdated: list[str] = []  # what the last save's answer said runs older specs
+        self._save_kept = False  # the last save kept the file's comments and formatting
+        self._save_lost: str | None = None  # what of them it could not keep, in words
 
     # -- screens ----------------------------------------------------------------------------
 
@@ -495,6 +497,19 @@ class DashboardApp(App[None]):
             )
             if not ok:
                 return
+        elif not confirmed and plan.get("start"):
+            # a start takes memory, cores or a GPU share from what runs: asked like the others
+            names = ", ".join(plan["start"])
+            ok = await self.push_screen_wait(
+                ConfirmScreen(
+                    f"Start {names}?",
+                    f"{plan_text(plan)}. The layout is applied now and {names} starts; save (w) "
+                    "keeps it in the layout file.",
+                    yes="Start",
+                )
+            )
+            if not ok:
+                return
         try:
             answer = await self.client.apply(verdict.toml, path)
         except Exception as exc:  # a refusal: say what the daemon said
@@ -520,7 +535,15 @@ class DashboardApp(App[None]):
             SaveScreen(doc.get("path") or "layout.toml", self._save_to)
         )
         if written:
-            self.notify(f"saved the running layout to {escape(written)}", timeout=5)
+            if self._save_lost:
+                self.notify(
+                    f"saved the running layout to {escape(written)}, but {escape(self._save_lost)}",
+                    severity="warning",
+                    timeout=12,
+                )
+            else:
+                kept = " (its comments and formatting kept)" if self._save_kept else ""
+                self.notify(f"saved the running layout to {escape(written)}{kept}", timeout=5)
             if self._save_outdated:
                 names = escape(", ".join(self._save_outdated))
                 self.notify(
@@ -533,6 +556,9 @@ class DashboardApp(App[None]):
     async def _save_to(self, path: str) -> str:
         answer = await self.client.save(path)
         self._save_outdated = [str(n) for n in answer.get("outdated") or ()]
+        self._save_kept = bool(answer.get("kept_format"))
+        lost = answer.get("format_lost")
+        self._save_lost = str(lost) if lost else None
         return str(answer.get("path") or path)
 
     # -- command palette ------------------------------------------------------------------------

@@ -6,7 +6,10 @@ render the same text cause no widget work. Unknown values (`None`) render as `-`
 
 from __future__ import annotations
 
-from vsup.snapshot import InstanceStatus, RolloutStatus
+from collections.abc import Iterable
+
+from vsup.layout.modelpath import is_local_model
+from vsup.snapshot import Advice, InstanceStatus, RolloutStatus
 from vsup.states import RolloutState, State
 from vsup.termtext import printable
 
@@ -152,13 +155,31 @@ def truncate(text: str, width: int) -> str:
     return text[: width - 1] + "…"
 
 
+def model_label(inst: InstanceStatus) -> str | None:
+    """What the MODEL column says: the name vLLM serves the model under (what clients ask
+    for), else a local path's last component, else the hub id; the full path is in the
+    detail pane's Config tab."""
+    if inst.served_model_name:
+        return safe(inst.served_model_name)
+    if not inst.model:
+        return None
+    model = inst.model
+    if is_local_model(model):
+        model = model.rstrip("/").rsplit("/", 1)[-1] or model
+    return safe(model)
+
+
 def model_name(model: str | None, width: int) -> str:
-    """A model id or path, keeping its informative tail (`…/Llama-3.1-8B-Instruct`)."""
+    """A model name in `width` cells: whole when it fits, else a hub id without its
+    organisation (`Llama-3.1-8B-Instruct`), cut at the end (`Llama-3.1-8B-Ins…`): the
+    family and size are what tell models apart."""
     if model is None:
         return UNKNOWN
     if len(model) <= width:
         return model
-    return "…" + model[-(width - 1) :]
+    if "/" in model:
+        model = model.rsplit("/", 1)[-1] or model
+    return truncate(model, width)
 
 
 def safe(text: str | None) -> str:
@@ -178,7 +199,8 @@ def short_duration(seconds: float | None) -> str:
 
 def wait_cell(inst: InstanceStatus) -> str | None:
     """The state cell of an instance that waits or starts: `◐ after b`, `◐ GPU memory`,
-    `◐ start 2m10s`; None when its state says enough."""
+    `◐ 2m10s of 20m` (`◐ start 2m10s` without a start timeout); None when its state says
+    enough."""
     symbol = STATE_LOOK.get(inst.state, ("?", ""))[0]
     w = inst.wait
     if inst.state == State.STARTING and w is not None:
@@ -188,6 +210,10 @@ def wait_cell(inst: InstanceStatus) -> str | None:
             return f"{symbol} GPU memory"
         return f"{symbol} waiting"
     if inst.state == State.STARTING and inst.start_elapsed_s is not None:
+        if inst.start_timeout_s:
+            # its progress against start_timeout_s, as `vsup status` says it
+            of = short_duration(inst.start_timeout_s)
+            return f"{symbol} {duration(inst.start_elapsed_s)} of {of}"
         return f"{symbol} start {duration(inst.start_elapsed_s)}"
     return None
 
@@ -223,3 +249,35 @@ def rollout_mark(r: RolloutStatus | None) -> tuple[str, str] | None:
     if r.state == RolloutState.INTERRUPTED and r.old_config:
         return (" ROLLOUT INTERRUPTED ", "bold white on red")
     return None
+
+
+# Advice kind -> the few words the header says about it (others: the kind in words).
+ALERT_REASON: dict[str, str] = {
+    "kv_exhausted": "KV cache too small",
+    "hbm_over_plan": "HBM over plan",
+    "crash_loop": "crash loop",
+    "failed": "failed",
+    "stalled": "stalled",
+    "foreign_process": "foreign process",
+    "pull_failed": "pull failed",
+    "gpu_throttle": "GPU throttled",
+    "router_foreign_worker": "foreign router worker",
+    "rollout_interrupted": "rollout interrupted",
+    "state_file": "state file",
+}
+SEVERITY_RANK = {"critical": 0, "error": 0, "warning": 1, "info": 2}
+
+
+def worst_alert(advice: Iterable[Advice]) -> Advice | None:
+    """The most severe advice (the daemon's order among equals); None without any."""
+    return min(advice, key=lambda a: SEVERITY_RANK.get(a.severity, 3), default=None)
+
+
+def alert_label(a: Advice) -> str:
+    """`cpu0 crash loop`, `GPU 3: foreign GPU process`, `state file`: who and why, short."""
+    reason = ALERT_REASON.get(a.kind, a.kind.replace("_", " "))
+    if a.instance:
+        return f"{safe(a.instance)} {reason}"
+    if a.gpu is not None:
+        return f"GPU {a.gpu}: {reason}"
+    return reason

@@ -148,9 +148,14 @@ class MemoryClient:
             errors, _ = self.validate(self.layout_toml, path)
             if errors:
                 raise DaemonError("refusing to save an invalid layout: " + "; ".join(errors))
+        from vsup.layout.model import loads_layout
+        from vsup.layout.store import layout_text
+
+        # the daemon's writer: the file's comments and formatting kept where it can
         target = Path(path)
-        write_atomic(target, self.layout_toml)
-        return {"path": str(target)}
+        saved = layout_text(loads_layout(self.layout_toml), target, keep_from=self.layout_toml)
+        write_atomic(target, saved.text)
+        return {"path": str(target), "kept_format": saved.kept, "format_lost": saved.lost}
 
 
 def layout_validation(node_gpus: int | None) -> Callable[[str, str], tuple[list[str], list[str]]]:

@@ -36,7 +36,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("gpus", "GPU", 4, priority=11),
     Column("parallel", "SHAPE", 10, priority=11, parallel_only=True),
     Column("port", "PORT", 5, right=True, priority=12),
-    Column("state", "STATE", 13, priority=1),
+    Column("state", "STATE", 15, priority=1),  # `◐ 12m03s of 20m`
     Column("uptime", "UP", 6, right=True, priority=7),
     Column("restarts", "RST", 3, right=True, priority=8),
     Column("hbm", "HBM", 11, right=True, priority=6, gpu_only=True),
@@ -181,7 +181,7 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
             style,
         )
     if key == "model":
-        return (fmt.model_name(fmt.safe(inst.model) if inst.model else None, width), "")
+        return (fmt.model_name(fmt.model_label(inst), width), "")
     raise KeyError(key)
 
 
@@ -238,7 +238,14 @@ def matches(inst: InstanceStatus, text: str) -> bool:
         return True
     needle = text.lower()
     state = f"{inst.state} stalled" if inst.stalled else inst.state
-    hay = (inst.name, inst.model or "", state, inst.backend or "", str(inst.port or ""))
+    hay = (
+        inst.name,
+        inst.model or "",
+        inst.served_model_name or "",
+        state,
+        inst.backend or "",
+        str(inst.port or ""),
+    )
     return any(needle in h.lower() for h in hay)
 
 

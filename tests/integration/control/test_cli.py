@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import psutil
@@ -135,6 +136,13 @@ def test_up_status_lifecycle_logs_save_and_down(cli_home, tmp_path):
     sv = vsup(home, "save", str(saved))
     assert sv.returncode == 0 and saved.exists()
     assert vsup(home, "validate", str(saved)).returncode == 0
+    # Saved over a layout file, the operator's comments stay (and the answer says so).
+    noted = tmp_path / "noted.toml"
+    noted.write_text("# ask the on-call before changing b\n" + saved.read_text())
+    sv = vsup(home, "save", str(noted))
+    assert sv.returncode == 0 and "(its comments and formatting kept)" in sv.stdout, sv.stdout
+    assert noted.read_text().startswith("# ask the on-call before changing b\n")
+    assert tomllib.loads(noted.read_text()) == tomllib.loads(saved.read_text())
 
     # A changed layout: what restarts and what stops is said before it is done.
     changed = tmp_path / "changed.toml"

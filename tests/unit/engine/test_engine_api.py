@@ -77,3 +77,14 @@ async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_p
     assert engine.diff([instance_spec("a")]).start == ("a",)
     with pytest.raises(ValueError):
         engine.restore(instance_spec("b"), "ready")
+
+
+async def test_status_names_the_model_as_vllm_serves_it(tmp_path):
+    from vsup.snapshot import empty_instance
+
+    engine = Engine(FakeClock(), tmp_path)
+    named = engine.restore(instance_spec("a", args={"served-model-name": "tiny"}), "stopped")
+    plain = engine.restore(instance_spec("b", port=8001), "stopped")
+    assert named.status_fields()["served_model_name"] == "tiny"
+    assert plain.status_fields()["served_model_name"] is None
+    assert empty_instance(**named.status_fields()).served_model_name == "tiny"

@@ -20,7 +20,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import DataTable, Footer, Input, TabPane
 
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
@@ -56,9 +56,27 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
 
 
 class FilterInput(Input):
-    """The `/` filter: Enter keeps it, Escape clears it."""
+    """The `/` filter: Enter or the filter key again keeps it and goes back to the table (the
+    key is not typed: it toggles, as in k9s), Escape clears and closes it."""
 
-    BINDINGS = [Binding("escape", "clear", "Clear filter", show=False)]
+    BINDINGS = [
+        Binding("escape", "clear", "Clear filter"),
+        Binding("enter", "submit", "Keep filter"),
+    ]
+
+    def __init__(self, *args: Any, toggle_keys: frozenset[str] = frozenset(), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.toggle_keys = toggle_keys  # the dashboard's filter key(s): not text here
+
+    def check_consume_key(self, key: str, character: str | None) -> bool:
+        # Not consumed: the dashboard's own binding for it (the toggle) stays active.
+        return key not in self.toggle_keys and super().check_consume_key(key, character)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key in self.toggle_keys:
+            event.prevent_default()  # not typed (Input's handler): the dashboard's binding has it
+            return
+        await super()._on_key(event)
 
     def action_clear(self) -> None:
         self.value = ""
@@ -74,7 +92,7 @@ class Dashboard(Screen[None]):
     Dashboard #bottom { height: 1fr; }
     Dashboard #side { width: 52; }
     Dashboard #detail { width: 1fr; }
-    Dashboard #filter { dock: bottom; display: none; border: none; height: 1; padding: 0 1; }
+    Dashboard #filter { display: none; border: none; height: 1; padding: 0 1; }
     Dashboard #filter.-shown { display: block; }
     Dashboard.-narrow #side { width: 32; }
     """
@@ -131,8 +149,20 @@ class Dashboard(Screen[None]):
             yield SidePanel(self.history, id="side")
             with DetailTabs(id="detail"):
                 yield from DetailTabs.panes()
-        yield FilterInput(placeholder="filter: name, model, state, backend, port", id="filter")
+        # In the flow above the footer (a second bottom dock would sit under the footer).
+        yield FilterInput(
+            placeholder="filter: name, model, state, backend, port",
+            id="filter",
+            toggle_keys=self._filter_keys(),
+            select_on_focus=False,  # back in the filter: go on typing, not replace it
+        )
         yield Footer()
+
+    def _filter_keys(self) -> frozenset[str]:
+        """The keys of the filter binding, as the operator's keymap has them."""
+        keymap = getattr(self.app, "user_keymap", None) or {}
+        keys = keymap.get("filter", KEY_BY_ACTION["filter"].key)
+        return frozenset(k.strip() for k in keys.split(",") if k.strip())
 
     def on_mount(self) -> None:
         self._set_narrow(self.app.size.width < NARROW_BELOW)
@@ -371,7 +401,12 @@ class Dashboard(Screen[None]):
             )
         elif key.selection:
             inst = self.selected_instance()
-            what = f"{inst.name} is {inst.state}" if inst else "no instance is selected"
+            if inst is None:
+                what = "no instance is selected"
+            elif key.action == "previous_logs":
+                what = f"{inst.name} has no previous run (this is its first)"
+            else:
+                what = f"{inst.name} is {inst.state}"
             self.notify(f"{key.description}: not applicable, {what}", severity="warning")
         event.stop()
 
@@ -398,10 +433,32 @@ class Dashboard(Screen[None]):
 
     def action_filter(self) -> None:
         box = self.query_one(FilterInput)
+        if box.has_focus:
+            # the filter key again: keep what was typed and go back to the table (a toggle)
+            if box.value.strip():
+                self.query_one(InstanceTable).focus()
+            else:
+                self.close_filter()
+            return
         box.add_class("-shown")
         self.refit()
         box.value = self.filter_text
         box.focus()
+
+    def action_next_tab(self) -> None:
+        tabs = self.query_one(DetailTabs)
+        ids = [pane.id for pane in tabs.query(TabPane) if pane.id]
+        current = ids.index(tabs.active) if tabs.active in ids else -1
+        tabs.active = ids[(current + 1) % len(ids)]
+
+    def action_tab_log(self) -> None:
+        self.query_one(DetailTabs).active = "tab-log"
+
+    def action_tab_config(self) -> None:
+        self.query_one(DetailTabs).active = "tab-config"
+
+    def action_tab_exit(self) -> None:
+        self.query_one(DetailTabs).active = "tab-exit"
 
     def action_sort(self) -> None:
         order = rows.SORT_ORDER

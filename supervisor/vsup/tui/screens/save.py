@@ -45,7 +45,11 @@ class SaveScreen(ReportsWorkerErrors, ModalScreen["str | None"]):
         with Vertical() as box:
             box.border_title = "Save the running layout"
             yield Input(self.initial, placeholder="layout.toml", id="path", compact=True)
-            yield Static("Enter writes the file (temp file + rename); Escape cancels.", id="status")
+            yield Static(
+                "Enter writes the file (temp file + rename; over a layout file, its comments "
+                "and formatting are kept); Escape cancels.",
+                id="status",
+            )
             with Horizontal():
                 yield Button("Cancel", id="cancel", compact=True)
                 yield Button("Save", id="save", variant="primary", compact=True)

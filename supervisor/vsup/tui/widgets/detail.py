@@ -205,9 +205,19 @@ def config_text(config: Mapping[str, Any] | None) -> Text:
     if config is None:
         return Text("loading…", "dim")
     text = Text()
-    argv = config.get("argv") or []
+    argv = [str(a) for a in config.get("argv") or []]
+    spec = config.get("spec") or {}
+    model = spec.get("model") if isinstance(spec, Mapping) else None
+    if model:
+        # the whole path or hub id (the table shows the name it is served under)
+        text.append("model    ", "bold")
+        text.append(fmt.safe(str(model)))
+        if "--served-model-name" in argv[:-1]:
+            served = argv[argv.index("--served-model-name") + 1]
+            text.append(f" (served as {fmt.safe(served)})", "dim")
+        text.append("\n")
     text.append("command  ", "bold")
-    text.append(shlex.join(str(a) for a in argv) if argv else fmt.UNKNOWN)
+    text.append(shlex.join(argv) if argv else fmt.UNKNOWN)
     env = masked_env(config.get("env") or {})
     text.append("\nenv      ", "bold")
     if env:

@@ -12,10 +12,15 @@ from vsup.states import PullState, State
 from vsup.tui import fmt
 
 
-def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> Text:
-    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts │ BENCH 2/3 │ ROLLOUT 1/2 │
-    PULL 43% │ READ-ONLY`."""
+def header_text(
+    snapshot: StatusSnapshot | None, readonly: bool, narrow: bool, width: int | None = None
+) -> Text:
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts · worst: gpu7 crash loop │
+    BENCH 2/3 │ ROLLOUT 1/2 │ PULL 43% │ READ-ONLY`. The worst alert's words take what `width`
+    leaves (cut with `…`), so the marks after it stay on the line."""
     text = Text()
+    head: Text | None = None  # the text before the worst alert's label
+    label: tuple[str, str, str] | None = None  # its lead, the label and its style
     text.append(" vsup ", "bold reverse")
     if snapshot is None:
         text.append("  connecting to the daemon…", "dim")
@@ -48,6 +53,16 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
         text.append(sep)
         if alerts:
             text.append(f"▲ {alerts} alert{'s' if alerts != 1 else ''}", "bold red")
+            worst = fmt.worst_alert(snapshot.advice)
+            if worst is not None:
+                # which one and why (the side panel has the whole advice): placed below, once
+                # the width the rest of the line takes is known
+                label = (
+                    " · " if alerts == 1 or narrow else " · worst: ",
+                    fmt.alert_label(worst),
+                    fmt.SEVERITY_LOOK.get(worst.severity, ("", ""))[1],
+                )
+                head, text = text, Text()
         else:
             text.append("no alerts", "dim")
         bench = snapshot.bench
@@ -75,7 +90,14 @@ def header_text(snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -
     if readonly:
         text.append("  ")
         text.append(" READ-ONLY ", "bold reverse")
-    return text
+    if head is None or label is None:
+        return text
+    lead, words, style = label
+    room = 48 if width is None else width - head.cell_len - text.cell_len - len(lead)
+    if room >= 12:  # else the count alone: a cut name would say nothing
+        head.append(lead)
+        head.append(fmt.truncate(words, min(room, 48)), style)
+    return head + text
 
 
 class NodeHeader(Static):
@@ -90,7 +112,7 @@ class NodeHeader(Static):
         self._shown: Text | None = None
 
     def show(self, snapshot: StatusSnapshot | None, readonly: bool, narrow: bool) -> None:
-        text = header_text(snapshot, readonly, narrow)
+        text = header_text(snapshot, readonly, narrow, self.app.size.width)
         if (
             self._shown is None
             or text.plain != self._shown.plain

@@ -11,14 +11,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rich.segment import Segment
+from rich.style import Style
 from textual.geometry import Size
+from textual.strip import Strip
 from textual.widgets import Log
 
 from vsup.logtext import TerminalLines
 
+CUT_RIGHT = "»"  # the line goes on past the right edge (scroll right to read it)
+CUT_LEFT = "«"  # scrolled right: the line began before the left edge
+
 
 class LiveLog(Log):
-    """`feed(text)` appends a chunk of a log; `reset()` starts a new one."""
+    """`feed(text)` appends a chunk of a log; `reset()` starts a new one. A line wider than
+    the widget ends in `»` at its edge (and starts with `«` when scrolled right), so a cut
+    line never reads as a whole one."""
 
     def __init__(
         self, *args: Any, keep: Callable[[str], bool] | None = None, **kwargs: Any
@@ -27,6 +35,20 @@ class LiveLog(Log):
         self.keep = keep  # which display lines to show (None: all)
         self._terminal = TerminalLines()
         self._live = 0  # lines at the end that the next chunk may replace
+
+    def _render_line(self, y: int, scroll_x: int, width: int) -> Strip:
+        strip = super()._render_line(y, scroll_x, width)
+        # what shows: `width` less a vertical scrollbar's gutter, which crops the strip
+        width = min(width, self.scrollable_content_region.width)
+        if y >= len(self._lines) or width < 2:
+            return strip
+        full = self._render_line_strip(y, self.rich_style).cell_length
+        style = self.rich_style + Style(reverse=True)
+        if full > scroll_x + width:
+            strip = Strip.join([strip.crop(0, width - 1), Strip([Segment(CUT_RIGHT, style)])])
+        if scroll_x > 0 and full > 0:
+            strip = Strip.join([Strip([Segment(CUT_LEFT, style)]), strip.crop(1, width)])
+        return strip.apply_offsets(scroll_x, y)
 
     def reset(self) -> None:
         self._terminal = TerminalLines()

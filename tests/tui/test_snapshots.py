@@ -162,6 +162,10 @@ def test_filter_open_above_the_footer(snap_compare):
     app = make_app(make_client(gpu()))
 
     async def filtering(pilot):
+        from textual.widgets import Input
+
+        # a blinking cursor is drawn or not depending on when the frame is taken
+        pilot.app.dashboard.query_one(Input).cursor_blink = False
         await pilot.press("slash", *"gpu6")
         await settle(pilot, lambda: pilot.app.dashboard.filter_text == "gpu6")
         await settle(pilot)

@@ -46,6 +46,7 @@ from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
 from vsup.engine.states import IDLE, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.layout.routerspec import ROUTER_MISSING_HINT
 from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
@@ -71,6 +72,9 @@ LEAVE_SETTLE_S = 1.0
 # A router that does not answer a removal in this long is not waited for: the stop goes on
 # (the router's retries send a refused request to another worker).
 LEAVE_TIMEOUT_S = 5.0
+# While the router starts, /liveness is asked this often (docs/router.md, "What a router change
+# costs": each poll of the 1 s health interval added half a second to the gap on average).
+START_POLL_S = 0.05
 RETRY_S = 1.0  # a reconcile the router refused is tried again this often
 RECHECK_S = 10.0  # and the worker set is compared with vsup's view at least this often
 DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
@@ -102,6 +106,16 @@ class RouterProcessSpec(InstanceSpec):
     def health_url(self) -> str:
         assert self.router is not None
         return f"{self.router.base_url}/liveness"
+
+    @property
+    def command_hint(self) -> str:
+        return ROUTER_MISSING_HINT
+
+    @property
+    def start_poll_s(self) -> float:
+        # every request to the router fails until it serves again (a `[router]` change
+        # restarts it): see that it listens within this long of its bind
+        return START_POLL_S
 
     def argv(self) -> list[str]:
         assert self.router is not None

@@ -11,16 +11,24 @@ applied N times with the router's policy switched (round_robin <-> random), as
   after it (what a client sees: the endpoint is down for this long);
 - `failed`: requests that failed in that round (refused connections, 503 with no worker yet).
 
-Last line: `rounds=.. gap_p50_s=.. gap_min_s=.. gap_max_s=.. failed_p50=.. interval_ms=..`.
+And from the daemon's journal, per restart (medians): `stop_s` from the restart's action to the
+old router's exit (its graceful shutdown), `start_s` from the new one's spawn to vsup seeing it
+listen (`ready`: mostly vllm-router's Python launcher loading its Rust core), `join_s` from
+then to both workers added through its API.
+
+Last line: `rounds=.. gap_p50_s=.. gap_min_s=.. gap_max_s=.. failed_p50=.. stop_p50_s=..
+start_p50_s=.. join_p50_s=.. interval_ms=..`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +82,34 @@ def gap(results: list[tuple[float, bool]]) -> tuple[float, int]:
     before = max((i for i in range(failed[0]) if results[i][1]), default=failed[0])
     after = min((i for i in range(failed[-1], len(results)) if results[i][1]), default=failed[-1])
     return results[after][0] - results[before][0], len(failed)
+
+
+def phases(journal: Path) -> dict[str, list[float]]:
+    """stop_s, start_s, join_s of every router restart in the daemon's journal."""
+    events = [json.loads(x) for x in journal.read_text().splitlines() if x.strip()]
+    out: dict[str, list[float]] = {"stop_s": [], "start_s": [], "join_s": []}
+    at: dict[str, float] = {}
+    for e in events:
+        if "router" not in e:
+            continue
+        t = datetime.fromisoformat(e["t"].replace("Z", "+00:00")).timestamp()
+        kind = e["kind"]
+        if kind == "action" and e.get("action") == "restart":
+            at = {"restart": t}
+        elif "restart" not in at:
+            continue
+        elif kind == "exit" and "exit" not in at:
+            at["exit"] = t
+            out["stop_s"].append(t - at["restart"])
+        elif kind == "spawn" and "exit" in at:
+            at["spawn"] = t
+        elif kind == "ready" and "spawn" in at:
+            at["ready"] = t
+            out["start_s"].append(t - at["spawn"])
+        elif kind == "router_workers" and "ready" in at and len(e.get("add") or ()) == 2:
+            out["join_s"].append(t - at["ready"])
+            at = {}
+    return out
 
 
 def router_ready(daemon: Daemon, pid: int | None) -> dict | None:
@@ -139,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {i + 1}: policy {policy}: gap {g:.3f} s, {n} failed", flush=True)
         finally:
             daemon.close()
+        parts = phases(home / "journal.jsonl")
     print(
         last_line(
             rounds=args.rounds,
@@ -146,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             gap_min_s=min(gaps),
             gap_max_s=max(gaps),
             failed_p50=statistics.median(fails),
+            **{
+                f"{k[:-2]}_p50_s": statistics.median(v) if v else float("nan")
+                for k, v in parts.items()
+            },
             interval_ms=args.interval_ms,
         )
     )

@@ -46,10 +46,10 @@ from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
 from vsup.engine.states import IDLE, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
-from vsup.layout.routerspec import ROUTER_MISSING_HINT
 from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
+    ROUTER_MISSING_HINT,
     ForeignWorker,
     RouterClient,
     RouterError,

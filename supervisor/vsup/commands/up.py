@@ -392,11 +392,15 @@ def print_plan(plan: dict, serving: set[str] | None = None) -> None:
         print(f"unchanged: {', '.join(plan['unchanged'])}")
     router = plan.get("router")
     if router == "restart":
+        from vsup.layout.routerspec import ROUTER_STOP_GRACE_S
+
         print(
             f"router: restart (its settings changed){' (serving)' if ROUTER in serving else ''}:"
-            f" its endpoint is down for {ROUTER_GAP} while the new router starts and takes its "
-            "workers; requests sent to it meanwhile fail (refused, or 503 until the workers are "
-            "back). Clients that retry ride it out; members alone change without a restart"
+            f" its endpoint is down until the new router serves, {ROUTER_GAP}, longer while the "
+            f"old one finishes the requests it is running (at most {ROUTER_STOP_GRACE_S:g} s, then "
+            "they are cut); "
+            "requests sent to it meanwhile fail (refused, or 503 until its workers are back). "
+            "A change of its members alone needs no restart"
         )
     elif router == "stop":
         print(

@@ -50,6 +50,7 @@ from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
     ROUTER_MISSING_HINT,
+    ROUTER_STOP_GRACE_S,
     ForeignWorker,
     RouterClient,
     RouterError,
@@ -141,7 +142,7 @@ def process_spec(spec: RouterSpec) -> RouterProcessSpec:
         restart=spec.restart,
         # the Python launcher loads a 60 MB binary: 1.5-3 s here
         start_timeout_s=60.0,
-        stop_grace_s=10.0,
+        stop_grace_s=ROUTER_STOP_GRACE_S,
         drain_timeout_s=0.0,
         health_interval_s=1.0,
         unhealthy_after=3,

@@ -58,7 +58,8 @@ def test_a_router_change_needs_consent_and_the_plan_says_what_it_costs(home, tmp
     dry = vsup(home, "up", str(changed), "--detach", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     line = next(ln for ln in dry.stdout.splitlines() if ln.startswith("router: restart"))
-    assert "(serving)" in line and "endpoint is down for about" in line, line
+    assert "(serving)" in line and "endpoint is down until the new router serves" in line, line
+    assert "finishes the requests it is running" in line, line
     assert "requests sent to it meanwhile fail" in line, line
     assert "unchanged: a, b" in dry.stdout
 

@@ -14,10 +14,11 @@ show their progress here), then every instance starts from the local snapshot of
 that fails leaves its instances stopped with the reason (exit 1). `--no-pull` (or the layout's
 `pull = false`) leaves models not in the cache to vLLM, as without vsup.
 
-A plan that stops or restarts an instance that is serving needs consent: on a terminal vsup
-asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) and changes nothing, unless
-`--yes`. This is what keeps a half-written or empty layout from silently stopping the
-instances it leaves out. `--dry-run` prints the plan and changes nothing.
+A plan that stops or restarts an instance that is serving, or the serving router (a `[router]`
+change restarts it: its endpoint is down for a second or more, docs/router.md), needs consent:
+on a terminal vsup asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) and changes
+nothing, unless `--yes`. This is what keeps a half-written or empty layout from silently
+stopping the instances it leaves out. `--dry-run` prints the plan and changes nothing.
 
 Exit status (`exits.py`): 0 done; 1 an instance failed, the rollout failed or --wait timed
 out; 2 the layout is not valid; 3 not confirmed (no terminal and no --yes, or the answer was
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
 EXIT_NOT_CONFIRMED = NOT_CONFIRMED
+ROUTER = "@router"  # the router's name in the plan's consent and in the verbs
+ROUTER_DOWN = ("restart", "stop")  # router plans that take its endpoint down
+# How long a router restart leaves its endpoint down, measured with vllm-router 0.1.17 and two
+# workers (python -m benchmarks.router_restart; docs/router.md, "What a router change costs").
+ROUTER_GAP = "about 1-3 s"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -268,20 +274,27 @@ def wait_router(client: Any, timeout: float) -> int:
 
 
 def serving_names(status: dict[str, Any]) -> set[str]:
-    """Names of the instances that answer requests now."""
-    return {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+    """Names of the instances that answer requests now (`@router` for a serving router)."""
+    names = {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+    if (status.get("router") or {}).get("state") in SERVING:
+        names.add(ROUTER)
+    return names
 
 
 def interrupted(plan: dict[str, Any], serving: set[str]) -> list[str]:
-    """The serving instances the plan stops or restarts, in plan order."""
-    return [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in serving]
+    """The serving instances the plan stops or restarts, in plan order; then `@router` when
+    it stops or restarts a serving router (every request through it fails meanwhile)."""
+    names = [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in serving]
+    if plan.get("router") in ROUTER_DOWN and ROUTER in serving:
+        names.append(ROUTER)
+    return names
 
 
 def confirm(names: list[str]) -> None:
     """Ask on a terminal; refuse without one. Returns only when the operator said yes."""
     from vsup.commands.cliutil import CommandFailed
 
-    what = ", ".join(names)
+    what = ", ".join(n if n != ROUTER else f"{ROUTER} (the router)" for n in names)
     if not sys.stdin.isatty():
         raise CommandFailed(
             f"vsup up: this stops or restarts serving instances ({what}) and there is no "
@@ -377,8 +390,25 @@ def print_plan(plan: dict, serving: set[str] | None = None) -> None:
         print(f"update without restart: {', '.join(plan['update'])}")
     if plan.get("unchanged"):
         print(f"unchanged: {', '.join(plan['unchanged'])}")
-    if plan.get("router") not in (None, "unchanged"):
-        print(f"router: {plan['router']}")
+    router = plan.get("router")
+    if router == "restart":
+        from vsup.layout.routerspec import ROUTER_STOP_GRACE_S
+
+        print(
+            f"router: restart (its settings changed){' (serving)' if ROUTER in serving else ''}:"
+            f" its endpoint is down until the new router serves, {ROUTER_GAP}, longer while the "
+            f"old one finishes the requests it is running (at most {ROUTER_STOP_GRACE_S:g} s, then "
+            "they are cut); "
+            "requests sent to it meanwhile fail (refused, or 503 until its workers are back). "
+            "A change of its members alone needs no restart"
+        )
+    elif router == "stop":
+        print(
+            f"router: stop (the layout has no [router]){' (serving)' if ROUTER in serving else ''}"
+            ": every request to its endpoint fails from then on"
+        )
+    elif router not in (None, "unchanged"):
+        print(f"router: {router}")
     for line in change_lines(plan):
         print(line)
 

@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vsup.router import ForeignWorker
-from vsup.snapshot import THROTTLE_HARDWARE, THROTTLE_THERMAL, Advice, GpuStatus, InstanceStatus
+from vsup.snapshot import (
+    THROTTLE_HARDWARE,
+    THROTTLE_THERMAL,
+    Advice,
+    GpuStatus,
+    InstanceStatus,
+    RouterStatus,
+)
 from vsup.states import ExitReason, PullState, State
 
 KV_FULL = 0.95
@@ -44,6 +51,7 @@ class AdviceInputs:
     kv_peak: Mapping[str, float | None] = field(default_factory=dict)  # max KV usage, last minute
     # workers someone else added to the router and vsup removed, recently (engine/routing.py)
     foreign_workers: tuple[ForeignWorker, ...] = ()
+    router: RouterStatus | None = None  # the layout's router, as the status shows it
 
 
 def compute_advice(
@@ -61,6 +69,7 @@ def compute_advice(
     for gpu in gpus:
         out += foreign_processes(gpu)
         out += gpu_health(gpu, instances)
+    out += router_failed(inputs.router)
     out += router_foreign_workers(inputs.foreign_workers)
     order = {"critical": 0, "warning": 1, "info": 2}
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
@@ -335,6 +344,28 @@ def foreign_processes(gpu: GpuStatus) -> list[Advice]:
             )
         )
     return out
+
+
+def router_failed(router: RouterStatus | None) -> list[Advice]:
+    """The router failed (its restart policy gave up, or its command is not there): every
+    request to its endpoint fails although the instances behind it serve."""
+    if router is None or router.state != State.FAILED:
+        return []
+    why = router.failed_why
+    if why is None and router.last_exit is not None:
+        why = router.last_exit.log_excerpt or router.last_exit.reason
+    where = router.endpoint or router.url or f"port {router.port}"
+    return [
+        Advice(
+            kind="router_failed",
+            severity="critical",
+            message=(
+                f"the router ({where}) failed: {why or 'see its log'}; every request to it "
+                "fails until it runs again. Its log: `vsup logs @router`; fix the cause, then "
+                "`vsup start @router` (or `vsup up` with the corrected layout)"
+            ),
+        )
+    ]
 
 
 def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:

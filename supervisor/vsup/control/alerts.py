@@ -60,6 +60,7 @@ ADVICE_KINDS = {
     "crash_loop": "crash_loop",
     "failed": "failed",
     "pull_failed": "failed",  # instances a failed pull kept from starting
+    "router_failed": "failed",
     "kv_exhausted": "preempting",
     "gpu_ecc": "gpu_health",
     "gpu_memory": "gpu_health",

@@ -567,6 +567,7 @@ class Daemon:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone
             instances.append(empty_instance(**fields))
         window_start = now_m - CRASH_WINDOW_S
+        router_status = self.engine.router.status_json(self.node.hostname)
         inputs = AdviceInputs(
             recent_failures={
                 n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
@@ -574,6 +575,7 @@ class Daemon:
             problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
             foreign_workers=self.engine.router.foreign_recent(),
+            router=router_status,
         )
         rollout_status = None
         advice = compute_advice(instances, gpus, inputs)
@@ -594,7 +596,7 @@ class Daemon:
             gpus=gpus,
             instances=tuple(instances),
             advice=advice,
-            router=self.engine.router.status_json(self.node.hostname),
+            router=router_status,
             bench=self.bench.status(),
             rollout=rollout_status,
             pulls=self.pulls.statuses(),

@@ -49,6 +49,8 @@ from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
+    ROUTER_MISSING_HINT,
+    ROUTER_STOP_GRACE_S,
     ForeignWorker,
     RouterClient,
     RouterError,
@@ -71,6 +73,9 @@ LEAVE_SETTLE_S = 1.0
 # A router that does not answer a removal in this long is not waited for: the stop goes on
 # (the router's retries send a refused request to another worker).
 LEAVE_TIMEOUT_S = 5.0
+# While the router starts, /liveness is asked this often (docs/router.md, "What a router change
+# costs": each poll of the 1 s health interval added half a second to the gap on average).
+START_POLL_S = 0.05
 RETRY_S = 1.0  # a reconcile the router refused is tried again this often
 RECHECK_S = 10.0  # and the worker set is compared with vsup's view at least this often
 DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
@@ -103,6 +108,16 @@ class RouterProcessSpec(InstanceSpec):
         assert self.router is not None
         return f"{self.router.base_url}/liveness"
 
+    @property
+    def command_hint(self) -> str:
+        return ROUTER_MISSING_HINT
+
+    @property
+    def start_poll_s(self) -> float:
+        # every request to the router fails until it serves again (a `[router]` change
+        # restarts it): see that it listens within this long of its bind
+        return START_POLL_S
+
     def argv(self) -> list[str]:
         assert self.router is not None
         return self.router.argv([])
@@ -127,7 +142,7 @@ def process_spec(spec: RouterSpec) -> RouterProcessSpec:
         restart=spec.restart,
         # the Python launcher loads a 60 MB binary: 1.5-3 s here
         start_timeout_s=60.0,
-        stop_grace_s=10.0,
+        stop_grace_s=ROUTER_STOP_GRACE_S,
         drain_timeout_s=0.0,
         health_interval_s=1.0,
         unhealthy_after=3,

@@ -122,6 +122,7 @@ class Runner:
                 None,
                 ExitStatus(None, None),
                 Classified(result.reason, result.excerpt),
+                fail_fast=result.excerpt if result.fail_fast else None,
             )
             return
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
@@ -270,6 +271,7 @@ class Runner:
         classified: Classified,
         own_pids: Collection[int] = (),
         rank: int | None = None,
+        fail_fast: str | None = None,
     ) -> Decision:
         inst, lc, e = self.inst, self.lc, self.e
         last = LastExit(
@@ -280,7 +282,7 @@ class Runner:
             log_excerpt=classified.excerpt,
             rank=rank,
         )
-        hold = fail_fast = None
+        hold = None
         if last.reason == ExitReason.GPU_MEMORY_INSUFFICIENT and lc.state != State.STOPPING:
             verdict = self._memory_verdict(own_pids)
             if verdict is not None and verdict.fit == Fit.WAIT:
@@ -470,7 +472,8 @@ class Runner:
             if loop.time() >= next_chores:
                 await self._chores(proc)
                 next_chores = loop.time() + e.settings.chores_interval_s
-            await asyncio.sleep(inst.spec.health_interval_s)
+            starting = lc.state == State.STARTING
+            await asyncio.sleep(inst.spec.start_poll_s if starting else inst.spec.health_interval_s)
 
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)

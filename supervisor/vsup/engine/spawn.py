@@ -47,6 +47,8 @@ class Refused:
 
     reason: ExitReason
     excerpt: str
+    # retrying cannot help (the command is not there): the instance fails at once, saying why
+    fail_fast: bool = False
 
 
 def child_env(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -122,12 +124,9 @@ def launch(
                 close_fds=True,
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            why = (
-                f"cannot run {argv[0]!r} ({exc.strerror}): fix `command` of instance "
-                f"{spec.name!r} in the layout"
-            )
+            why = f"cannot run {argv[0]!r} ({exc.strerror}): {spec.command_hint}"
             out.write(f"[vsup] {why}\n".encode())
-            return Refused(ExitReason.BAD_ARGS, why)
+            return Refused(ExitReason.BAD_ARGS, why, fail_fast=True)
     info = read_stat(popen.pid)
     # read_stat finds the child even if it exited already: nothing reaps it before our pidfd
     create_time = info.create_time if info is not None else 0.0

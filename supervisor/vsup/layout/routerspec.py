@@ -21,6 +21,14 @@ STARTUP_CHECK_INTERVAL_S = 1
 # ... and if one of them dies in that instant, the router exits after this long instead of
 # waiting its default 600 s; the restart policy then starts it again with the new list.
 STARTUP_TIMEOUT_S = 30
+# A stopped router finishes the requests it is running (its port closes at once) for at most
+# this long, then vsup kills it: a restart's gap includes that wait (docs/router.md).
+ROUTER_STOP_GRACE_S = 10.0
+# What to do when the router's command is not there (a failed start, `vsup validate`).
+ROUTER_MISSING_HINT = (
+    "vllm-router comes with vsup's router extra: pip install 'vsup[router]' (or set `command` "
+    "in the layout's [router] to where it is installed)"
+)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,16 @@ class InstanceSpec:
         return f"http://{self.client_host}:{self.port}/health"
 
     @property
+    def command_hint(self) -> str:
+        """What to do when its command cannot be run (no such file, not executable)."""
+        return f"fix `command` of instance {self.name!r} in the layout"
+
+    @property
+    def start_poll_s(self) -> float:
+        """How often readiness is checked while it starts (the health interval for vLLM)."""
+        return self.health_interval_s
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.client_host}:{self.port}"
 

@@ -3,12 +3,19 @@ API and metrics, and the membership logic that keeps its worker set equal to vsu
 instances. No engine, control or UI code: the engine drives it (see docs/router.md)."""
 
 # the spec is resolved from the layout like an InstanceSpec: it lives in the layout package
-from vsup.layout.routerspec import RouterSpec, router_spec
+from vsup.layout.routerspec import (
+    ROUTER_MISSING_HINT,
+    ROUTER_STOP_GRACE_S,
+    RouterSpec,
+    router_spec,
+)
 from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
 from vsup.router.membership import EXCLUDED, ForeignWorker, MembershipChange, RouterMembership
 
 __all__ = [
     "EXCLUDED",
+    "ROUTER_MISSING_HINT",
+    "ROUTER_STOP_GRACE_S",
     "ForeignWorker",
     "MembershipChange",
     "RouterClient",

@@ -248,6 +248,13 @@ async def test_missing_command_fails_fast_as_bad_args(engine, emulator_spec, eve
     assert inst.last_exit.reason == "bad_args"
     assert "/nonexistent/vllm" in inst.last_exit.log_excerpt
     assert "/nonexistent/vllm" in inst.log_path(1).read_text()
+    # at once, saying why (not "the restart policy gave up: bad_args recurs" after a retry)
+    await eng.settle("a", timeout=10)
+    assert inst.run == 1 and not inst.log_path(2).exists()
+    assert inst.failed_why == (
+        "cannot run '/nonexistent/vllm' (No such file or directory): fix `command` of "
+        "instance 'a' in the layout"
+    )
 
 
 async def test_startup_timeout_kills_the_group(engine, emulator_spec, events):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vsup.control.advice import AdviceInputs, compute_advice, problem
 from vsup.snapshot import GpuProcess, GpuStatus, LastExit, empty_instance
+from vsup.states import ExitReason, State
 
 GiB = 1024**3
 NONE = AdviceInputs(recent_failures={})
@@ -213,3 +214,27 @@ def test_a_foreign_router_worker_is_critical_and_says_what_let_it_in():
     assert "0.0.0.0:8080" in text and "http://127.0.0.1:18899" in text
     assert "12 times, last at 2026-12-01T10:00:05.000Z" in text and "no authentication" in text
     assert compute_advice([], [], AdviceInputs(recent_failures={})) == ()
+
+
+def test_a_failed_router_is_critical_advice_saying_why_and_what_to_do():
+    from vsup.control.advice import router_failed
+    from vsup.snapshot import RouterStatus
+
+    why = "cannot run 'vllm-router' (No such file or directory): pip install 'vsup[router]'"
+    failed = RouterStatus(
+        state=State.FAILED,
+        port=8080,
+        endpoint="http://127.0.0.1:8080",
+        failed_why=why,
+        last_exit=LastExit(None, None, ExitReason.BAD_ARGS, "2026-12-02T05:00:00Z", why),
+    )
+    (advice,) = router_failed(failed)
+    assert advice.kind == "router_failed" and advice.severity == "critical"
+    assert advice.message.startswith(f"the router (http://127.0.0.1:8080) failed: {why}")
+    assert "vsup logs @router" in advice.message and "vsup start @router" in advice.message
+    # through compute_advice, as the daemon runs it
+    got = compute_advice([], [], AdviceInputs(recent_failures={}, router=failed))
+    assert [a.kind for a in got] == ["router_failed"]
+    for state in (State.READY, State.STARTING, State.BACKOFF, State.STOPPED):
+        assert router_failed(RouterStatus(state=state, port=8080)) == []
+    assert router_failed(None) == []

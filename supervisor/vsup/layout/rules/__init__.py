@@ -51,6 +51,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     router.router_ports,
     router.router_models,
     router.router_reachable,
+    router.router_command_not_found,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
     cpu.cpu_instances_outnumber_cores,

@@ -7,10 +7,15 @@ merged instances.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
+from vsup.layout.routerspec import ROUTER_MISSING_HINT
 from vsup.layout.rules.context import Context
 from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
-from vsup.layout.schema import is_int
+from vsup.layout.schema import ROUTER_DEFAULTS, is_int
+from vsup.layout.vllm_flags import instance_path
 
 
 def _diag(ctx: Context, message: str, key: str | None, severity: str = ERROR) -> Diagnostic:
@@ -116,6 +121,30 @@ def router_reachable(ctx: Context) -> list[Diagnostic]:
             'advice router_foreign_worker, but cannot refuse it). Keep host = "127.0.0.1" (the '
             "default) behind a proxy, or firewall the port to the clients that need it",
             "host",
+            WARNING,
+        )
+    ]
+
+
+def router_command_not_found(ctx: Context) -> list[Diagnostic]:
+    """The router's command is not on this node (the `router` extra not installed): its start
+    would fail. Only a warning: layouts are often checked on another machine than the one
+    they run on."""
+    router = ctx.layout.router
+    if router is None:
+        return []
+    command = router.get("command", ROUTER_DEFAULTS["command"])
+    if not (isinstance(command, list) and command and isinstance(command[0], str)):
+        return []  # a structure error says so
+    program = command[0]
+    if not program or shutil.which(program, path=instance_path()) or Path(program).is_file():
+        return []
+    return [
+        _diag(
+            ctx,
+            f"the router's command '{program}' is not found on this node (fine if this layout "
+            f"is for another node): {ROUTER_MISSING_HINT}",
+            "command",
             WARNING,
         )
     ]

@@ -119,27 +119,57 @@ def vllm_env() -> dict[str, str]:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-# The slow lane: tests that start real vLLM servers (or build venvs, or drive tmux on real vLLM)
+# The slow lanes: tests that start real vLLM servers (or build venvs, or drive tmux on real vLLM)
 # cost 30-150 s of CPU per server start on a 2-core machine. Under pytest-xdist (`make test` runs
-# `-n 2 --dist loadgroup`), they all go to one worker, in file order, first; every other test
-# file is a unit of its own that the other worker takes (module fixtures stay in one process).
-# So at most one real-vLLM module runs at a time, as without xdist, while the emulator, TUI and
-# unit tests use the other core.
-SLOW_LANE = ("vllm", "install", "tmux")
+# `-n N --dist loadgroup`), each slow module goes to one of VSUP_TEST_SLOW_LANES lanes (default:
+# one per worker but the last), balanced by its measured cost; a lane runs its modules one after
+# the other, in file order, first. Every other test file is a unit of its own that the remaining
+# worker takes (module fixtures stay in one process), as do the slow lanes' workers once done.
+SLOW_MARKS = ("vllm", "install", "tmux")
+# Seconds each slow module took alone on a quiet 2-core machine (`--durations`); a module not
+# listed counts as one vLLM start. Only the balance between lanes depends on these.
+SLOW_COST = {
+    "test_install.py": 200,
+    "test_fault_disk_full_vllm.py": 90,
+}
+DEFAULT_COST = 60
 
 
-def slow_lane(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(m) for m in SLOW_LANE)
+def is_slow(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in SLOW_MARKS)
+
+
+def slow_lanes(config: pytest.Config) -> int:
+    workers = config.getoption("numprocesses", 0) or 0
+    wanted = os.environ.get("VSUP_TEST_SLOW_LANES")
+    lanes = int(wanted) if wanted else max(1, int(workers) - 1)
+    return max(1, lanes)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
         return
-    slow = [item for item in items if slow_lane(item)]
-    rest = [item for item in items if not slow_lane(item)]
-    for item in slow:
-        item.add_marker(pytest.mark.xdist_group("vllm"))
-    for item in rest:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    modules: dict[str, list[pytest.Item]] = {}
+    rest: list[pytest.Item] = []
+    for item in items:
+        if is_slow(item):
+            modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        else:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            rest.append(item)
+    # longest first onto the least loaded lane; each lane keeps file order
+    lanes: list[list[str]] = [[] for _ in range(slow_lanes(config))]
+    load = [0] * len(lanes)
+    cost = {m: SLOW_COST.get(m.rsplit("/", 1)[-1], DEFAULT_COST) for m in modules}
+    for module in sorted(modules, key=lambda m: -cost[m]):
+        lane = load.index(min(load))
+        lanes[lane].append(module)
+        load[lane] += cost[module]
+    slow: list[pytest.Item] = []
+    for n, lane_modules in enumerate(lanes):
+        for module in sorted(lane_modules, key=list(modules).index):
+            for item in modules[module]:
+                item.add_marker(pytest.mark.xdist_group(f"vllm-lane-{n}"))
+                slow.append(item)
     items[:] = slow + rest

@@ -193,18 +193,34 @@ class Runner:
             lc.begin_stop()
             drain, limit = inst.control.drain
             if drain and was_ready and proc.alive:
-                drained, waited = await stop.drain(
+                drained, waited, first = await stop.drain(
                     e.requests_running,
                     inst.name,
                     inst.spec.drain_timeout_s if limit is None else limit,
+                    server_load=self._server_load(),
                 )
-                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
+                e.emit(
+                    inst, "drain", drained=drained, waited_s=round(waited, 3), requests=first
+                )
         await self._acquire("stop")
         proc.ranks.close()  # ranks that end from here on end because vsup ends them
         grace = inst.spec.stop_grace_s
         if cause == ExitReason.ENGINE_DEAD and proc.ranks.died is not None:
             grace = min(grace, DEAD_RANK_GRACE_S)
         return await stop.end_tree(proc, grace, e.settings.kill_wait_s)
+
+    def _server_load(self) -> stop.ServerLoad | None:
+        """A reader of the instance's `GET /load` for its drain, when its server counts the
+        requests in flight there (started with --enable-server-load-tracking)."""
+        spec = self.inst.spec
+        if health.LOAD_TRACKING_FLAG not in spec.argv():
+            return None
+        client = self.e.http_client()
+
+        async def read() -> int | None:
+            return await health.server_load(client, spec.base_url)
+
+        return read
 
     async def _finish(
         self, proc: RunningProcess, cause: ExitReason | None, ended: stop.Ended | None

@@ -1,8 +1,11 @@
 """Ending an instance's processes so that nothing of it is left.
 
 The sequence (docs/ARCHITECTURE.md, Engine):
-1. drain, if asked: wait until the server runs no request (`requests_running == 0`, read through
-   a callable the daemon provides from its /metrics scrapes), at most `drain_timeout_s`;
+1. drain, if asked: wait until the server runs no request, at most `drain_timeout_s`. It reads
+   the engine's running + waiting (a callable the daemon provides: a fresh /metrics scrape) and,
+   when the server runs with `--enable-server-load-tracking`, its API server's own count of
+   requests in flight (`GET /load`), which also counts requests the engine has not taken yet
+   or is still answering; the larger one counts;
 2. SIGTERM to the process group and to every tree member outside it (proc.py);
 3. after `stop_grace_s`, SIGKILL to whatever of the tree is left;
 4. verify that no process of the tree is left (SIGKILL again every second for stragglers, e.g.
@@ -34,6 +37,8 @@ POLL_S = 0.1
 KILL_WAIT_S = 30.0
 
 RequestsRunning = Callable[[str], "float | None | Awaitable[float | None]"]
+# () -> requests in flight at the instance's API server (`GET /load`), None if unknown
+ServerLoad = Callable[[], Awaitable["int | None"]]
 GpuReleaseCheck = Callable[[frozenset[int], tuple[int, ...]], Awaitable[bool]]
 
 
@@ -49,25 +54,49 @@ class Ended:
 
 
 async def drain(
-    requests_running: RequestsRunning | None, name: str, timeout_s: float, poll_s: float = 0.5
-) -> tuple[bool | None, float]:
-    """Wait until instance `name` runs no request. Returns (drained, waited_s); drained is
-    None when the number is unknown (no callable, or no metrics: nothing to wait for)."""
+    requests_running: RequestsRunning | None,
+    name: str,
+    timeout_s: float,
+    poll_s: float = 0.5,
+    server_load: ServerLoad | None = None,
+) -> tuple[bool | None, float, float | None]:
+    """Wait until instance `name` runs no request. Returns (drained, waited_s, first): drained
+    is None when the number is unknown (no callable, or no figure: nothing to wait for);
+    `first` is the count the first check saw (None when unknown)."""
     t0 = time.monotonic()
-    if requests_running is None:
-        return None, 0.0
+    first: float | None = None
+    checked = False
     while True:
+        value = await _in_flight(requests_running, name, server_load)
+        if not checked:
+            first, checked = value, True
+        waited = time.monotonic() - t0
+        if value is None:
+            return None, waited, first
+        if value <= 0:
+            return True, waited, first
+        if waited >= timeout_s:
+            return False, waited, first
+        await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+
+
+async def _in_flight(
+    requests_running: RequestsRunning | None, name: str, server_load: ServerLoad | None
+) -> float | None:
+    """The larger of the engine's running + waiting and the API server's /load; None when
+    neither is known."""
+    figures: list[float] = []
+    if requests_running is not None:
         value = requests_running(name)
         if inspect.isawaitable(value):
             value = await value
-        waited = time.monotonic() - t0
-        if value is None:
-            return None, waited
-        if value <= 0:
-            return True, waited
-        if waited >= timeout_s:
-            return False, waited
-        await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+        if value is not None:
+            figures.append(float(value))
+    if server_load is not None:
+        load = await server_load()
+        if load is not None:
+            figures.append(float(load))
+    return max(figures) if figures else None
 
 
 async def end_tree(

@@ -11,10 +11,12 @@ import socket
 import sys
 import time
 
+import httpx
 import pytest
 
 from vsup.engine import AdoptRecord, Engine
 from vsup.layout.spec import RestartPolicy
+from vsup.telemetry.scrape import Scraper
 
 from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
 
@@ -395,6 +397,49 @@ async def test_drain_waits_for_running_requests(engine, emulator_spec, events):
     await eng.stop("a", drain=True)
     (drain,) = events.of("drain", "a")
     assert drain["drained"] is True and drain["waited_s"] >= 0.9
+
+
+async def test_a_drain_waits_for_requests_the_engine_gauges_do_not_show(
+    engine, emulator_spec, events, tmp_path
+):
+    """Issue 25: drains reported `drained` within 9 ms while requests were in flight. Here the
+    engine's gauges read 0 (as for requests on their way into vLLM's engine) while three
+    requests are held open 1.5 s at the API server: with --enable-server-load-tracking the
+    drain reads `/load` too and waits for them, so none is cut by the SIGTERM that follows."""
+    mode = tmp_path / "mode"
+    mode.write_text("idle")  # num_requests_running/waiting 0 at every scrape
+    scraper = Scraper(timeout_s=2.0)
+
+    async def requests_running(name):
+        # what the daemon's drain callable does: a fresh /metrics scrape, running + waiting
+        m = (await scraper.scrape(eng.instances[name].spec.base_url)).metrics
+        return None if m.requests_running is None else m.requests_running + m.requests_waiting
+
+    eng = engine(requests_running=requests_running)
+    spec = emulator_spec(
+        "a", "--request-s", "1.5", "--enable-server-load-tracking", "--mode-file", str(mode)
+    )
+    await eng.apply([spec], wait=True)
+    async with httpx.AsyncClient(base_url=spec.base_url, timeout=30) as client:
+
+        async def load():
+            return (await client.get("/load")).json()["server_load"]
+
+        sent = [
+            asyncio.create_task(client.post("/v1/completions", json={"prompt": "x"}))
+            for _ in range(3)
+        ]
+        while await load() < 3:
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await eng.stop("a", drain=True)
+        took = time.monotonic() - t0
+        answers = await asyncio.gather(*sent, return_exceptions=True)
+    await scraper.aclose()
+    (drain,) = events.of("drain", "a")
+    assert [getattr(a, "status_code", a) for a in answers] == [200, 200, 200], drain
+    assert drain["drained"] is True and drain["waited_s"] >= 1.0 and took >= 1.0, (drain, took)
+    assert drain["requests"] == 3, drain
 
 
 async def test_apply_restarts_changed_updates_policy_and_removes_missing(

@@ -20,6 +20,8 @@ Behaviours on cue:
   --engine-child                   start an "EngineCore" child in the same process group; like
                                    vLLM's, it survives a SIGKILL of this process (re-parented
                                    to PID 1, holding its memory)
+  --core-term-s S                  the EngineCore child takes S seconds to end on SIGTERM (as
+                                   vLLM's engine shuts down), and ends at once on SIGKILL
   --setsid-child                   start a child that moves to its own session (leaves the group)
   --ignore-term                    ignore SIGTERM (a supervisor must SIGKILL after its grace)
   --exit-after S [--exit-code N]   exit by itself S seconds after it started (default code 1)
@@ -341,11 +343,19 @@ def _orphan_exit() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _child_main(role: str, gib: float, rank: int | None = None) -> int:
+def _child_main(role: str, gib: float, rank: int | None = None, term_s: float = 0.0) -> int:
     """The EngineCore stand-in (or a child that left the group): hold memory until signalled
     (or forever, once orphaned). DP roles: `rank` (an EngineCore_DP{rank} with a worker below
     it), `worker`, `dpcoord`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if term_s > 0:
+
+        def slow_end(signum: int, _frame: object) -> None:
+            timer = threading.Timer(term_s, os._exit, (0,))
+            timer.daemon = True
+            timer.start()
+
+        signal.signal(signal.SIGTERM, slow_end)
     if role == "setsid":
         os.setsid()
     if role == "rank":
@@ -468,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-s", "--ready-after", dest="startup_s", type=float, default=0.0)
     p.add_argument("--engine-child", action="store_true")
     p.add_argument("--setsid-child", action="store_true")
+    p.add_argument("--core-term-s", type=float, default=0.0)
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--exit-after", "--exit-after-s", dest="exit_after", type=float)
     p.add_argument("--exit-code", type=int, default=1)
@@ -494,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args, _unknown = p.parse_known_args(argv)
     if args.child:
-        return _child_main(args.child, args.child_hbm_gib, args.rank)
+        return _child_main(args.child, args.child_hbm_gib, args.rank, args.core_term_s)
 
     hello("server")
     print(
@@ -514,7 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     core = None
     if args.engine_child or args.child_hbm_gib > 0:
         core = subprocess.Popen(
-            [*me, "--child", "core", "--child-hbm-gib", str(args.child_hbm_gib)]
+            [
+                *me,
+                "--child",
+                "core",
+                "--child-hbm-gib",
+                str(args.child_hbm_gib),
+                "--core-term-s",
+                str(args.core_term_s),
+            ]
         )
     if args.setsid_child:
         subprocess.Popen([*me, "--child", "setsid"])

@@ -48,9 +48,7 @@ async def server_load(
     """`GET /load`'s `server_load` (requests in flight at the API server), None when it gives
     no usable answer. Never raises."""
     try:
-        resp = await client.get(
-            f"{base_url}/load", timeout_s, connect_timeout=min(timeout_s, 1.0)
-        )
+        resp = await client.get(f"{base_url}/load", timeout_s, connect_timeout=min(timeout_s, 1.0))
         value = json.loads(resp.body)["server_load"] if resp.status == 200 else None
     except (HttpError, OSError, ValueError, KeyError, TypeError):
         return None

@@ -16,6 +16,11 @@ The sequence (docs/ARCHITECTURE.md, Engine):
 
 The same `end_tree` sweeps a tree whose API server died on its own: a SIGKILLed vLLM API
 server leaves EngineCore and its workers alive, re-parented to PID 1, holding their memory.
+Those orphans serve nobody and have nothing to finish, so they get SIGKILL at once
+(`kill_at_once`) instead of a SIGTERM and the grace.
+
+Every signal sent is written to the run's log as a `[vsup]` line with its reason (`note`), so
+that the traceback a killed vLLM prints is not read as the cause.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ KILL_WAIT_S = 30.0
 RequestsRunning = Callable[[str], "float | None | Awaitable[float | None]"]
 # () -> requests in flight at the instance's API server (`GET /load`), None if unknown
 ServerLoad = Callable[[], Awaitable["int | None"]]
+Note = Callable[[str], None]  # (line) -> written to the run's log as a `[vsup]` line
 GpuReleaseCheck = Callable[[frozenset[int], tuple[int, ...]], Awaitable[bool]]
 
 
@@ -100,25 +106,66 @@ async def _in_flight(
 
 
 async def end_tree(
-    proc: RunningProcess, grace_s: float, kill_wait_s: float = KILL_WAIT_S, poll_s: float = POLL_S
+    proc: RunningProcess,
+    grace_s: float,
+    kill_wait_s: float = KILL_WAIT_S,
+    poll_s: float = POLL_S,
+    *,
+    why: str = "stop requested",
+    note: Note | None = None,
+    kill_at_once: bool = False,
 ) -> Ended:
-    """SIGTERM the tree, SIGKILL it after `grace_s`, and wait until none of it is left."""
+    """SIGTERM the tree, SIGKILL it after `grace_s`, and wait until none of it is left. With
+    `kill_at_once` (orphans whose API server is gone) SIGKILL it straight away. `why` says
+    why it ends; `note(line)` records each signal sent (the run log)."""
     t0 = time.monotonic()
     members = await _scan(proc)
     if not members:
         return Ended(False, False, (), (), 0.0)
+    say = note if note is not None else _no_note
     signalled = set(members)
+    pids = _pids(members)
+    if kill_at_once:
+        say(f"SIGKILL to {pids}: {why}")
+        signal_tree(proc.pgid, members, signal.SIGKILL)
+        left = await _wait_gone(proc, time.monotonic() + kill_wait_s, poll_s, resignal=signalled)
+        return _ended(False, True, signalled, left, t0, say, kill_wait_s)
+    say(f"SIGTERM to {pids}: {why}; SIGKILL if still running after {grace_s:g} s (stop_grace_s)")
     signal_tree(proc.pgid, members, signal.SIGTERM)
     left = await _wait_gone(proc, t0 + grace_s, poll_s)
     kill_sent = False
     if left:
         kill_sent = True
         signalled |= set(left)
+        say(
+            f"SIGKILL to {_pids(left)}: still running {grace_s:g} s after SIGTERM (stop grace over)"
+        )
         signal_tree(proc.pgid, left, signal.SIGKILL)
         left = await _wait_gone(proc, time.monotonic() + kill_wait_s, poll_s, resignal=signalled)
-    return Ended(
-        True, kill_sent, tuple(sorted(signalled)), tuple(sorted(left)), time.monotonic() - t0
-    )
+    return _ended(True, kill_sent, signalled, left, t0, say, kill_wait_s)
+
+
+def _no_note(line: str) -> None:
+    pass
+
+
+def _pids(members: Collection[int]) -> str:
+    ids = sorted(members)
+    return ("pid " if len(ids) == 1 else "pids ") + ", ".join(str(p) for p in ids)
+
+
+def _ended(
+    term: bool,
+    kill: bool,
+    signalled: set[int],
+    left: Collection[int],
+    t0: float,
+    say: Note,
+    kill_wait_s: float,
+) -> Ended:
+    if left:
+        say(f"{_pids(left)} still alive {kill_wait_s:g} s after SIGKILL (stuck in the kernel?)")
+    return Ended(term, kill, tuple(sorted(signalled)), tuple(sorted(left)), time.monotonic() - t0)
 
 
 async def _scan(proc: RunningProcess) -> dict[int, ProcInfo]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
@@ -25,6 +26,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def read_log(engine, name, run=None):
     return engine.instances[name].log_path(run).read_text()
+
+
+def vsup_lines(log):
+    """The `[vsup]` lines vsup wrote into a run log after the child started (not the header)."""
+    return [line for line in log.splitlines()[1:] if line.startswith("[vsup] ")]
 
 
 def pid_of_role(engine, name, role, run=None):
@@ -114,6 +120,22 @@ async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, emu
     assert spawns[1][0] > sweep_t
 
 
+async def test_orphans_of_a_killed_server_are_sigkilled_at_once(engine, emulator_spec, events):
+    """Issue 25: sweeping the EngineCore of a SIGKILLed API server took 3.9 s (SIGTERM, then
+    the grace). It serves nobody and has nothing to finish: SIGKILL at once."""
+    eng = engine()
+    spec = emulator_spec("a", "--engine-child", "--core-term-s", "30", stop_grace_s=10)
+    await eng.apply([spec], wait=True)
+    server = eng.instances["a"].pid
+    core = await tracked_core(eng, "a")
+    os.kill(server, signal.SIGKILL)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=30)
+    assert core in sweep["pids"] and not pid_alive(core)
+    assert sweep["kill"] is True and sweep["waited_s"] < 2.0, sweep
+    (said,) = vsup_lines(read_log(eng, "a", 1))
+    assert f"SIGKILL to pid {core}: orphan sweep: the API server (pid {server}) is gone" in said
+
+
 async def test_exit_is_seen_within_100ms_p99(engine, emulator_spec, events):
     """SIGKILL -> `exit` event, measured over many kills (restart at once, stable_s=0)."""
     eng = engine()
@@ -157,6 +179,10 @@ async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(
     assert inst.state == "stopped" and inst.pid is None
     assert (inst.last_exit.reason, inst.last_exit.signal) == ("stopped", "SIGKILL")
     assert not pid_alive(pid) and group_members(pid) == []
+    # the run log says which signals vsup sent and why (issue 25)
+    said = vsup_lines(read_log(eng, "a", 1))
+    assert f"SIGTERM to pid {pid}: stop requested; SIGKILL if still running after 1 s" in said[0]
+    assert f"SIGKILL to pid {pid}: still running 1 s after SIGTERM (stop grace over)" in said[1]
 
 
 async def test_plain_stop_needs_only_sigterm(engine, emulator_spec, events):
@@ -268,6 +294,12 @@ async def test_startup_timeout_kills_the_group(engine, emulator_spec, events):
     inst = eng.instances["a"]
     assert inst.last_exit.reason == "startup_timeout"
     assert group_members(pgid) == []
+    # the log's last lines say vsup ended it, and why: not whatever vLLM printed while dying
+    said = vsup_lines(read_log(eng, "a", 1))
+    assert len(said) == 1, said
+    signalled = re.search(r" SIGTERM to pids ([\d, ]+): ", said[0])
+    assert signalled and pgid in {int(p) for p in signalled.group(1).split(", ")}, said
+    assert "start timeout reached: not ready 0.5 s after its start (start_timeout_s)" in said[0]
 
 
 async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(

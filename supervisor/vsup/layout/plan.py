@@ -168,27 +168,13 @@ def _grouped(problems: list[tuple[str, tuple[int, ...], str]]) -> tuple[str, ...
         if len(names) <= 3:
             subject = ", ".join(names)
         else:
-            gpus = sorted({g for _, group in who for g in group})
+            on = sorted({g for _, group in who for g in group})
             subject = (
                 f"{len(names)} instances ({names[0]} to {names[-1]}) on "
-                f"GPU{'s' if len(gpus) > 1 else ''} {_ranges(gpus)}"
+                f"GPU{'s' if len(on) > 1 else ''} {_ranges(on)}"
             )
         out.append(f"{subject}: {text}")
     return tuple(out)
-
-
-def _ranges(values: list[int]) -> str:
-    """[0, 1, 2, 3, 6] -> '0-3, 6'."""
-    parts: list[str] = []
-    start = prev = values[0]
-    for v in [*values[1:], None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(parts)
 
 
 def _suffix(j: int, per: int) -> str:

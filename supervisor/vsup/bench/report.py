@@ -13,6 +13,14 @@ from typing import Any
 
 GiB = 1024**3
 SCHEMA = 1
+# A throughput ratio between two runs means something only when each ran this many requests
+# for this long: a handful of requests is over before the batch fills, and their ratio is
+# noise (issue 25: 8 prompts gave "3.82x").
+MIN_RATIO_REQUESTS = 50
+MIN_RATIO_DURATION_S = 10.0
+# vsup's tokens/s is a rate over this window (telemetry/rates.py TOKENS_WINDOW_S), read at
+# its ~1 s polls; a run shorter than it reads low
+VSUP_TOKENS_WINDOW_S = 10.0
 
 
 def _f(value: Any, fmt: str) -> str:
@@ -44,7 +52,17 @@ def _hbm(run: dict[str, Any]) -> str:
 
 def _ratio(run: dict[str, Any]) -> str:
     r = run.get("ratio_to_first")
-    return "-" if r is None else f"{r:.2f}x"
+    if r is None:
+        return "-"
+    return f"{r:.2f}x" + ("*" if run.get("ratio_small_sample") else "")
+
+
+def small_sample(run: dict[str, Any]) -> bool:
+    """Too few requests, or too short a run, for its throughput to be compared."""
+    t = run.get("totals") or {}
+    return (t.get("completed") or 0) < MIN_RATIO_REQUESTS or (
+        t.get("duration_s") or 0.0
+    ) < MIN_RATIO_DURATION_S
 
 
 def _kv(run: dict[str, Any]) -> str:
@@ -62,14 +80,20 @@ ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
         ),
     ),
     ("requests/s", lambda r: _f((r.get("totals") or {}).get("request_throughput"), "{:.2f}")),
-    ("output tok/s", lambda r: _f((r.get("totals") or {}).get("output_throughput"), "{:.1f}")),
+    (
+        "output tok/s (client)",
+        lambda r: _f((r.get("totals") or {}).get("output_throughput"), "{:.1f}"),
+    ),
     ("ratio to first", _ratio),
     ("TTFT p50 / p99 ms", lambda r: _pair((r.get("totals") or {}).get("ttft_ms"))),
     ("TPOT p50 / p99 ms", lambda r: _pair((r.get("totals") or {}).get("tpot_ms"), "{:.1f}")),
     ("preemptions", lambda r: _f((r.get("totals") or {}).get("preemptions"), "{:.0f}")),
     ("KV peak", _kv),
     ("HBM peak", _hbm),
-    ("vsup tok/s (mean)", lambda r: _f((r.get("totals") or {}).get("tokens_per_s_vsup"), "{:.1f}")),
+    (
+        "vsup tok/s (10 s avg)",
+        lambda r: _f((r.get("totals") or {}).get("tokens_per_s_vsup"), "{:.1f}"),
+    ),
 )
 
 
@@ -97,12 +121,49 @@ def render_table(runs: Sequence[dict[str, Any]]) -> str:
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += problem_lines(runs)
+    lines += problem_lines(runs) + notes(runs)
     return "\n".join(lines) + "\n"
 
 
 def problem_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
     return [f"{column_title(r)}: {p}" for r in runs for p in r.get("problems", ())]
+
+
+def notes(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """What the figures can and cannot say: a ratio from too small a sample, and what each
+    tokens/s measures when a run is too short for vsup's figure to agree with the client's."""
+    out = []
+    small = [r for r in runs if r.get("ratio_small_sample")]
+    if small:
+        sizes = ", ".join(
+            f"{column_title(r)} {(r.get('totals') or {}).get('completed') or 0} requests in "
+            f"{(r.get('totals') or {}).get('duration_s') or 0:.1f} s"
+            for r in small
+        )
+        out.append(
+            f"* too small a sample for the ratio to mean anything ({sizes}): compare runs of at "
+            f"least {MIN_RATIO_REQUESTS} requests and {MIN_RATIO_DURATION_S:g} s each "
+            "(--num-prompts, --request-rate)"
+        )
+    short = [
+        r
+        for r in runs
+        if (r.get("totals") or {}).get("tokens_per_s_vsup") is not None
+        and ((r.get("totals") or {}).get("duration_s") or 0.0) < VSUP_TOKENS_WINDOW_S
+    ]
+    if short:
+        out.append(
+            "output tok/s (client) is the client's output tokens over its run time; vsup tok/s "
+            f"is the mean of vsup's {VSUP_TOKENS_WINDOW_S:g} s rate of generated tokens at its "
+            "~1 s polls while the clients ran, so it reads low for a run shorter than "
+            f"{VSUP_TOKENS_WINDOW_S:g} s ("
+            + ", ".join(
+                f"{column_title(r)}: {(r.get('totals') or {}).get('duration_s') or 0:.1f} s"
+                for r in short
+            )
+            + ")"
+        )
+    return out
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
@@ -127,6 +188,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     problems = problem_lines(runs)
     if problems:
         out += ["", "Problems:", ""] + [f"- {p}" for p in problems]
+    if notes(runs):
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes(runs)]
     out += ["", "Client commands (`vllm bench serve` equivalents):", ""]
     for r in runs:
         for i in r.get("instances", ()):
@@ -137,7 +200,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
 
 def ratio_to_first(runs: Sequence[dict[str, Any]]) -> None:
-    """Set each run's output-throughput ratio to the first run that has a figure."""
+    """Set each run's output-throughput ratio to the first run that has a figure, and
+    `ratio_small_sample` when either run is too small a sample for it to mean anything."""
     base = next(
         (
             r["totals"]["output_throughput"]
@@ -146,9 +210,17 @@ def ratio_to_first(runs: Sequence[dict[str, Any]]) -> None:
         ),
         None,
     )
+    base_run = next(
+        (r for r in runs if (r.get("totals") or {}).get("output_throughput")),
+        None,
+    )
     for r in runs:
         v = (r.get("totals") or {}).get("output_throughput")
         r["ratio_to_first"] = v / base if base and v is not None else None
+        # a ratio is only as good as the smaller of the two samples it compares
+        r["ratio_small_sample"] = r["ratio_to_first"] is not None and (
+            small_sample(r) or (base_run is not None and small_sample(base_run))
+        )
 
 
 def dump_json(doc: dict[str, Any]) -> str:

@@ -201,7 +201,9 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
         return f"ended what was left of run {e.get('run')}{how}: pids {pids}"
     if kind == "drain":
         if e.get("drained") is True:
-            return f"drained in {_s(e.get('waited_s'))}"
+            first = e.get("requests")
+            had = f" ({int(first)} in flight at its start)" if first else ""
+            return f"drained in {_s(e.get('waited_s'))}{had}"
         if e.get("drained") is False:
             return f"drain timed out after {_s(e.get('waited_s'))} with requests still running"
         return f"drain: running requests unknown after {_s(e.get('waited_s'))}"

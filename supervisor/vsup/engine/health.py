@@ -7,11 +7,15 @@ connection while starting is normal and a refused connection once ready is a fai
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from vsup.telemetry.httpget import HttpError, HttpGetter
 
 DEFAULT_TIMEOUT_S = 2.0
+# vLLM's switch for `GET /load` (its API server's count of requests in flight); without it
+# /load answers 0 whatever runs, so it is read only from a server started with it
+LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,18 @@ async def check(client: HttpGetter, url: str, timeout_s: float = DEFAULT_TIMEOUT
     except (HttpError, OSError, ValueError) as exc:
         return Health(False, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
     return Health(resp.status == 200, resp.status)
+
+
+async def server_load(
+    client: HttpGetter, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int | None:
+    """`GET /load`'s `server_load` (requests in flight at the API server), None when it gives
+    no usable answer. Never raises."""
+    try:
+        resp = await client.get(f"{base_url}/load", timeout_s, connect_timeout=min(timeout_s, 1.0))
+        value = json.loads(resp.body)["server_load"] if resp.status == 200 else None
+    except (HttpError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)

@@ -101,6 +101,22 @@ class RunLogs:
             return open(os.devnull, "ab", buffering=0)
         return f
 
+    def note(self, run: int, line: str) -> None:
+        """Append a `[vsup]` line to run `run`'s file (what vsup did to the run, e.g. a signal
+        and why). O_APPEND, like the child's writes: lines never interleave mid-line. A run
+        without a file, or a full disk, loses the line, never the caller's work."""
+        path = self.path(run)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            return
+        try:
+            os.write(fd, f"[vsup] {line}\n".encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     @property
     def head_bytes(self) -> int:
         """The start of a run kept when its middle is released."""

@@ -194,18 +194,60 @@ class Runner:
             lc.begin_stop()
             drain, limit = inst.control.drain
             if drain and was_ready and proc.alive:
-                drained, waited = await stop.drain(
+                drained, waited, first = await stop.drain(
                     e.requests_running,
                     inst.name,
                     inst.spec.drain_timeout_s if limit is None else limit,
+                    server_load=self._server_load(),
                 )
-                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3))
+                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3), requests=first)
+                teardown.run_note(e, inst, proc)(
+                    f"drain: {_drained(drained, waited, first)}; the stop goes on"
+                )
         await self._acquire("stop")
         proc.ranks.close()  # ranks that end from here on end because vsup ends them
         grace = inst.spec.stop_grace_s
         if cause == ExitReason.ENGINE_DEAD and proc.ranks.died is not None:
             grace = min(grace, DEAD_RANK_GRACE_S)
-        return await stop.end_tree(proc, grace, e.settings.kill_wait_s)
+        return await stop.end_tree(
+            proc,
+            grace,
+            e.settings.kill_wait_s,
+            why=self._why(cause, proc),
+            note=teardown.run_note(e, inst, proc),
+        )
+
+    def _why(self, cause: ExitReason, proc: RunningProcess) -> str:
+        """Why vsup ends the run, for its log's `[vsup]` lines."""
+        spec = self.inst.spec
+        if cause == ExitReason.STOPPED:
+            return "restart requested" if self.inst.control.wants_run else "stop requested"
+        if cause == ExitReason.STARTUP_TIMEOUT:
+            return (
+                f"start timeout reached: not ready {spec.start_timeout_s:g} s after its start "
+                "(start_timeout_s)"
+            )
+        if cause == ExitReason.ENGINE_DEAD:
+            died = proc.ranks.died
+            return f"engine dead: {_rank_died(*died)}" if died else "engine dead: /health said 503"
+        if cause == ExitReason.UNHEALTHY:
+            return "unhealthy: its /health checks failed (unhealthy_after, unhealthy_grace_s)"
+        if cause == ExitReason.STALLED:
+            return f"stalled: requests and no token for {spec.stall_after_s:g} s (restart.on_stall)"
+        return str(cause)
+
+    def _server_load(self) -> stop.ServerLoad | None:
+        """A reader of the instance's `GET /load` for its drain, when its server counts the
+        requests in flight there (started with --enable-server-load-tracking)."""
+        spec = self.inst.spec
+        if health.LOAD_TRACKING_FLAG not in spec.argv():
+            return None
+        client = self.e.http_client()
+
+        async def read() -> int | None:
+            return await health.server_load(client, spec.base_url)
+
+        return read
 
     async def _finish(
         self, proc: RunningProcess, cause: ExitReason | None, ended: stop.Ended | None
@@ -549,6 +591,15 @@ def _turn_wait(held: list[tuple[str, str]], queued: list[tuple[str, str]]) -> Wa
         message=", ".join(parts),
         instances=tuple(dict.fromkeys(name for name, _ in (*held, *queued))),
     )
+
+
+def _drained(drained: bool | None, waited: float, first: float | None) -> str:
+    if drained is None:
+        return "requests in flight unknown (no metrics): not waited for"
+    seen = f"{first:g} request(s) in flight at its start" if first is not None else "no figure"
+    if drained:
+        return f"no request left after {waited:.1f} s ({seen})"
+    return f"requests still in flight after {waited:.1f} s, the drain's limit ({seen})"
 
 
 def _rank_died(rank: int, pid: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
+from vsup.clock import iso_utc
 from vsup.engine import stop
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
@@ -20,9 +21,28 @@ from vsup.engine.states import State
 GPU_MEMORY_NOT_RELEASED = "gpu_memory_not_released"
 
 
+def run_note(host: RunnerHost, inst: Instance, proc: RunningProcess) -> stop.Note:
+    """Writes `[vsup] <time> <line>` to the run's log (what vsup did to it, and why)."""
+
+    def note(line: str) -> None:
+        inst.logs.note(proc.run, f"{iso_utc(host.clock.wall())} {line}")
+
+    return note
+
+
 async def end_tree(host: RunnerHost, inst: Instance, proc: RunningProcess) -> stop.Ended:
-    """TERM, then KILL, every process of the run's group and tree; report what it took."""
-    ended = await stop.end_tree(proc, inst.spec.stop_grace_s, host.settings.kill_wait_s)
+    """SIGKILL what is left of a run whose API server is gone (EngineCore, its workers, any
+    child): it serves nobody and has nothing to finish, so no SIGTERM and no grace. Report
+    what it took."""
+    ended = await stop.end_tree(
+        proc,
+        inst.spec.stop_grace_s,
+        host.settings.kill_wait_s,
+        why=f"orphan sweep: the API server (pid {proc.pid}) is gone, what is left of its run "
+        "has nothing to finish",
+        note=run_note(host, inst, proc),
+        kill_at_once=True,
+    )
     if ended.signalled:
         host.emit(
             inst,

@@ -156,6 +156,27 @@ def _slug(model: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", base.lower()).strip("-.") or "model"
 
 
+def _grouped(problems: list[tuple[str, tuple[int, ...], str]]) -> tuple[str, ...]:
+    """One line per distinct problem, naming the instances (and GPUs) it affects: `--per-gpu 8`
+    on 8 GPUs refused would otherwise say the same thing 64 times."""
+    by_text: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, gpus, text in problems:
+        by_text.setdefault(text, []).append((name, gpus))
+    out = []
+    for text, who in by_text.items():
+        names = [n for n, _ in who]
+        if len(names) <= 3:
+            subject = ", ".join(names)
+        else:
+            on = sorted({g for _, group in who for g in group})
+            subject = (
+                f"{len(names)} instances ({names[0]} to {names[-1]}) on "
+                f"GPU{'s' if len(on) > 1 else ''} {_ranges(on)}"
+            )
+        out.append(f"{subject}: {text}")
+    return tuple(out)
+
+
 def _suffix(j: int, per: int) -> str:
     return "" if per == 1 else "abcdefghijklmnopqrstuvwxyz"[j] if j < 26 else f"-{j}"
 
@@ -277,7 +298,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         )
     tables: list[dict[str, Any]] = []
     budgets: list[InstanceBudget] = []
-    problems: list[str] = []
+    # (instance, its GPUs, what is wrong): instances alike share a problem, said once
+    problems: list[tuple[str, tuple[int, ...], str]] = []
     port = req.port_base
     for k, group in enumerate(groups):
         if req.tp == 1 and req.dp == 1:
@@ -328,19 +350,26 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             )
             if kv <= 0:
                 problems.append(
-                    f"{name}: {share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB "
-                    "cannot hold "
-                    f"{w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: use fewer "
-                    "instances per "
-                    "GPU (--per-gpu), a larger --tp, or a quantized model"
+                    (
+                        name,
+                        tuple(group),
+                        f"{share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB cannot "
+                        f"hold {w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: "
+                        "use fewer instances per GPU (--per-gpu), a larger --tp, or a quantized "
+                        "model",
+                    )
                 )
             elif tokens is not None and tokens < max_len:
                 problems.append(
-                    f"{name}: its KV cache holds {tokens} tokens"
-                    + (" per data-parallel rank" if req.dp > 1 else "")
-                    + f", less than one request of max-model-len {max_len}: lower "
-                    f"--max-model-len (to {tokens} or less), use fewer instances per GPU, a "
-                    "larger --tp, or --kv-cache-dtype fp8"
+                    (
+                        name,
+                        tuple(group),
+                        f"its KV cache holds {tokens} tokens"
+                        + (" per data-parallel rank" if req.dp > 1 else "")
+                        + f", less than one request of max-model-len {max_len}: lower "
+                        f"--max-model-len (to {tokens} or less), use fewer instances per GPU, a "
+                        "larger --tp, or --kv-cache-dtype fp8",
+                    )
                 )
             port += 1
     args: dict[str, Any] = {"max-model-len": max_len}
@@ -380,7 +409,7 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         gpu_memory_bytes=gpu_mem,
         gpu_memory_source=gpu_source,
         notes=tuple(notes),
-        problems=tuple(problems),
+        problems=_grouped(problems),
         kv_layout=layout_kv,
         tp=req.tp,
         dp=req.dp,

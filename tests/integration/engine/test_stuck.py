@@ -36,8 +36,8 @@ def stuck(monkeypatch):
 
     s = Stuck()
 
-    async def end_tree(proc, grace_s, kill_wait_s=stop.KILL_WAIT_S, poll_s=stop.POLL_S):
-        ended = await real(proc, grace_s, kill_wait_s, poll_s)
+    async def end_tree(proc, grace_s, kill_wait_s=stop.KILL_WAIT_S, poll_s=stop.POLL_S, **kw):
+        ended = await real(proc, grace_s, kill_wait_s, poll_s, **kw)
         if s.armed:
             s.armed = False
             return replace(ended, survivors=(sleepers[-1].pid,))

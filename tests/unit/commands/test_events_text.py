@@ -67,6 +67,14 @@ EXIT = {
             "drain timed out after 60.0 s with requests still running",
         ),
         (
+            {"kind": "drain", "instance": "a", "drained": True, "waited_s": 1.4, "requests": 3},
+            "drained in 1.4 s (3 in flight at its start)",
+        ),
+        (
+            {"kind": "sweep", "instance": "a", "run": 1, "pids": [7, 8], "kill": True},
+            "ended what was left of run 1 with SIGKILL: pids 7, 8",
+        ),
+        (
             {"kind": "stop", "instance": "a", "run": 1, "pid": 5, "term": True, "kill": True,
              "waited_s": 30.2},
             "stop: SIGKILL after the grace (30.2 s in all): it did not end on SIGTERM",

@@ -126,6 +126,26 @@ def test_refuses_an_instance_that_cannot_hold_one_full_request(llama8b):
     assert "lower --max-model-len" in plan.problems[0]
 
 
+def test_a_refusal_shared_by_many_instances_is_one_line_naming_them(llama8b):
+    """Issue 25: `--per-gpu 8` on 8 GPUs refused printed 64 near-identical lines."""
+    plan = make_plan(
+        PlanRequest(
+            model=str(llama8b), gpus=list(range(8)), per_gpu=8, gpu="H100", max_model_len=131072
+        )
+    )
+    assert not plan.ok and len(plan.budgets) == 64
+    (problem,) = plan.problems
+    assert problem.startswith("64 instances (gpu0a to gpu7h) on GPUs 0-7: 0.11 of 80 GiB ")
+    assert "cannot hold 15.0 GiB of weights" in problem
+    # a few instances are named one by one
+    three = make_plan(
+        PlanRequest(model=str(llama8b), gpus=[0], per_gpu=3, gpu="H100", max_model_len=131072)
+    )
+    (problem,) = three.problems
+    assert problem.startswith("gpu0a, gpu0b, gpu0c: its KV cache holds ")
+    assert "less than one request of max-model-len 131072" in problem
+
+
 def test_refuses_weights_that_do_not_fit(tmp_path):
     plan = make_plan(
         PlanRequest(

@@ -11,7 +11,9 @@ from rich.console import Console
 from textual.widgets import Footer, Input, TabbedContent
 
 from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import Advice, empty_instance
+from vsup.routerview import router_line
+from vsup.snapshot import Advice, RouterStatus, empty_instance
+from vsup.states import State
 from vsup.tui import fmt, samples
 from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
@@ -135,6 +137,26 @@ async def test_the_header_names_the_worst_alert_beside_the_count():
     # a narrow terminal: what fits, and the marks after it stay on the line
     line = header_text(dataclasses.replace(snap, advice=warning_first), True, True, 80).plain
     assert len(line) <= 80 and line.rstrip().endswith("READ-ONLY")
+
+
+def test_a_narrow_header_with_a_router_keeps_the_alerts_on_the_line():
+    # 80 columns: the ready router's endpoint (shown in the table's bottom line) used to push
+    # the count past the edge (`▲ 2` and no worst alert), as seen in tmux at 80x24
+    snap = samples.cpu_node()
+    first = snap.instances[0].name
+    advice = (
+        Advice(kind="kv_exhausted", severity="warning", message="KV", instance=first),
+        Advice(kind="crash_loop", severity="critical", message="exits", instance=first),
+    )
+    router = RouterStatus(state=State.READY, port=18210, endpoint="http://127.0.0.1:18210", url="x")
+    snap = dataclasses.replace(snap, advice=advice, router=router)
+    line = header_text(snap, False, True, 80).plain
+    assert len(line) <= 80, line
+    assert f"▲ 2 alerts · {first} crash" in line, line
+    assert "18210" in router_line(router)  # the table's bottom line still names it
+    # a router that is not ready stays in the header, in red
+    down = dataclasses.replace(snap, router=dataclasses.replace(router, state=State.FAILED))
+    assert "http://127.0.0.1:18210 failed" in header_text(down, False, True, 80).plain
 
 
 async def test_the_model_column_shows_the_served_name_and_the_config_tab_the_whole_path():

@@ -328,12 +328,19 @@ def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
             parts.append(f"{label}: {shown}")
     if plan.get("unchanged"):
         parts.append(f"unchanged: {', '.join(plan['unchanged'])}")
+    router = plan.get("router")
+    if router not in (None, "unchanged"):
+        # a restart or stop takes the node's router endpoint down (docs/router.md)
+        parts.append(f"router: {router}" + (" (serving)" if "@router" in serving else ""))
     return "; ".join(parts) or "nothing to do"
 
 
 def confirm(interrupts: dict[str, list[str]]) -> int:
     """0 when the operator said yes on a terminal; exits.NOT_CONFIRMED otherwise."""
-    what = "; ".join(f"{node}: {', '.join(names)}" for node, names in interrupts.items())
+    what = "; ".join(
+        f"{node}: {', '.join(n if n != '@router' else '@router (the router)' for n in names)}"
+        for node, names in interrupts.items()
+    )
     if not sys.stdin.isatty():
         print(
             f"vsup fleet up: this stops or restarts serving instances ({what}) and there is no "

@@ -25,6 +25,16 @@ from vsup.states import PullState, RolloutState, State
 # States in which an instance answers requests: stopping or restarting it interrupts service.
 SERVING = ("ready", "unhealthy")
 WAITED_KEYS = ("start", "restart", "update", "unchanged")
+ROUTER = "@router"  # a serving router in `NodePlan.serving` and in the consent, as in `vsup up`
+ROUTER_DOWN = ("restart", "stop")  # router plans that take its endpoint down
+
+
+def serving_of(status: dict[str, Any]) -> set[str]:
+    """The names that answer requests on a node now (`@router` for its serving router)."""
+    names = {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+    if (status.get("router") or {}).get("state") in SERVING:
+        names.add(ROUTER)
+    return names
 
 
 @dataclass
@@ -41,9 +51,14 @@ class NodePlan:
 
     @property
     def interrupts(self) -> list[str]:
-        """The serving instances the plan stops or restarts, in plan order."""
+        """The serving instances the plan stops or restarts, in plan order; then `@router`
+        when it restarts or stops the node's serving router (a `[router]` change: every
+        request through it fails meanwhile), as `vsup up` asks."""
         plan = self.plan or {}
-        return [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in self.serving]
+        names = [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in self.serving]
+        if plan.get("router") in ROUTER_DOWN and ROUTER in self.serving:
+            names.append(ROUTER)
+        return names
 
 
 @dataclass
@@ -75,7 +90,7 @@ async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
     out.plan = answer.get("plan")
     out.errors = list(answer.get("errors") or ())
     out.warnings = list(answer.get("warnings") or ())
-    out.serving = {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
+    out.serving = serving_of(status)
     out.layout = (status.get("supervisor") or {}).get("layout")
     return out
 

@@ -118,3 +118,89 @@ def test_the_save_goes_through_the_atomic_writer(tmp_path, monkeypatch):
     path.write_text(COMMENTED)
     save_layout(_edited(path), path, node_gpus=0)
     assert calls == [path]
+
+
+HEADED = """\
+[layout]
+name = "t"
+
+[defaults]
+model = "org/model"
+command = ["python", "-m", "vllm.entrypoints.openai.api_server"]
+host = "127.0.0.1"
+
+# a: the first replica
+[[instance]]
+name = "a"
+args.max-model-len = 4096   # dotted keys: as the operator wrote them
+args.enforce-eager = true
+gpus = []
+port = 8101
+
+# b: goes away on Fridays
+[[instance]]
+name = "b"
+gpus = []
+port = 8102
+
+# c: the third, keep it
+[[instance]]
+name = "c"
+gpus = []
+port = 8103
+"""
+
+
+def _save(tmp_path, edit):
+    path = tmp_path / "night.toml"
+    path.write_text(HEADED)
+    layout = edit(load_layout(path))
+    saved = save_layout(layout, path, node_gpus=0)
+    assert saved.kept and saved.lost is None and load_layout(path) == layout
+    return path.read_text()
+
+
+def test_a_changed_dotted_key_keeps_its_line_and_comment(tmp_path):
+    # tomlkit gives dotted keys (`args.x = 1`) as a proxy table: it used to be rewritten as
+    # `args = {...}` at the end of the table, its comment gone, and reported as kept
+    def edit(layout):
+        a = dict(layout.instances[0], args={"max-model-len": 8192, "enforce-eager": True})
+        return layout.with_instance(a, "a")
+
+    text = _save(tmp_path, edit)
+    assert (
+        "args.max-model-len = 8192   # dotted keys: as the operator wrote them\n"
+        "args.enforce-eager = true\n"
+    ) in text
+
+
+@pytest.mark.parametrize("gone", ["a", "b", "c"])
+def test_a_removed_instance_takes_the_comment_above_it_and_leaves_the_others(tmp_path, gone):
+    # tomlkit files the comment above `[[instance]]` at the end of the table before it: a
+    # removal used to drop the next instance's comment and leave the removed one's behind
+    text = _save(tmp_path, lambda layout: layout.without_instance(gone))
+    comments = {
+        "a": '# a: the first replica\n[[instance]]\nname = "a"',
+        "b": '# b: goes away on Fridays\n[[instance]]\nname = "b"',
+        "c": '# c: the third, keep it\n[[instance]]\nname = "c"',
+    }
+    for name, block in comments.items():
+        if name == gone:
+            assert block.split("\n")[0] not in text, text
+        else:
+            assert block in text, text
+
+
+def test_added_keys_and_instances_go_above_the_comment_of_what_follows(tmp_path):
+    def edit(layout):
+        a = dict(layout.instances[0], gpu_memory_utilization=0.5)
+        layout = layout.with_instance(a, "a")
+        return layout.with_instance({"name": "d", "gpus": [], "port": 8104})
+
+    text = _save(tmp_path, edit)
+    assert (
+        "port = 8101\ngpu_memory_utilization = 0.5\n\n# b: goes away on Fridays\n[[instance]]\n"
+        in text
+    )
+    assert '\n# c: the third, keep it\n[[instance]]\nname = "c"' in text
+    assert text.endswith('[[instance]]\nname = "d"\ngpus = []\nport = 8104\n'), text

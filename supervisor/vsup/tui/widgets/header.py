@@ -30,7 +30,9 @@ def header_text(
         text.append(" " + fmt.safe(node.hostname), "bold")
         text.append(sep)
         router = snapshot.router
-        if router is not None:
+        # narrow: a ready router's endpoint is left to the instance table's bottom line (it
+        # names it there), so that the alert count and the worst alert keep their room
+        if router is not None and not (narrow and router.state == State.READY):
             # the one endpoint clients should use
             ok = router.state == State.READY
             text.append(

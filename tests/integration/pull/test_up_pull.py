@@ -52,8 +52,17 @@ def journal(home: Path) -> list[dict]:
     return [json.loads(line) for line in (home / "journal.jsonl").read_text().splitlines()]
 
 
-def test_eight_replicas_of_one_hub_model_fetch_each_file_once(cli_home, hub, hf_cache, tmp_path):  # noqa: F811
+def test_eight_replicas_of_one_hub_model_fetch_each_file_once(
+    cli_home,  # noqa: F811
+    hub,
+    hf_cache,
+    tmp_path,
+    monkeypatch,
+):
     home = cli_home
+    # huggingface_hub gives up on a read after 10 s and resumes with a new GET, which the hold
+    # does not stop: on a loaded machine the steps below took longer and the pull ended early
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "300")
     path = tmp_path / "eight.toml"
     path.write_text(layout("tiny/llama", 8))
     # the weights stop half-way until the test has watched the pull

@@ -10,9 +10,10 @@ Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `-
 `--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
 `GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
 running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
-families as vLLM does), `GET /version`, `GET /v1/models`, `POST /v1/completions` (one token,
-"ok", whatever was asked: a router in front has something to route); and logs vLLM's start-up lines
-(attention backend, "Starting vLLM server on ...", "Application startup complete.").
+families as vLLM does), `GET /version`, `GET /v1/models`, `GET /load`, `POST /v1/completions`
+(one token, "ok", whatever was asked: a router in front has something to route; none at all
+while the mode is `stall` or `frozen-idle`, as a hung engine gives); and logs vLLM's start-up
+lines (attention backend, "Starting vLLM server on ...", "Application startup complete.").
 
 Behaviours on cue:
   --startup-s S (--ready-after S)  listen only after S seconds
@@ -54,7 +55,13 @@ Behaviours on cue:
                                    frozen: a hung engine, /health still 200), `idle` (no
                                    request, nothing moves), `prefill` (1 running, token counters
                                    frozen, KV usage a little higher at each scrape: a long
-                                   chunked prefill). Counters never go back when the mode changes.
+                                   chunked prefill), `frozen-idle` (like `idle`, but 3
+                                   requests in flight at the API server: an engine frozen
+                                   while idle, then requests). Counters never go back when the
+                                   mode changes.
+  --enable-server-load-tracking    `GET /load` counts requests in flight (the running and
+                                   waiting it shows; 3 in `frozen-idle`), as vLLM's flag does;
+                                   without it /load answers 0, as vLLM does
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -137,6 +144,7 @@ class Payload:
         self._served = 0.0
         self._last = time.monotonic()
         self._kv = 0.5
+        self.in_flight = 0  # requests at the "API server" as of the last render (/load)
 
     def mode(self) -> str:
         if self.mode_file is None:
@@ -167,13 +175,17 @@ class Payload:
             self._kv = values["vllm:kv_cache_usage_perc"]
         elif mode == "stall":
             values.update({"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0})
-        elif mode == "idle":
+        elif mode in ("idle", "frozen-idle"):
             values.update({"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0})
         elif mode == "prefill":
             values.update({"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0})
             self._kv = min(1.0, self._kv + 0.001)  # each scrape: another chunk's blocks
         if mode != "serve":
             values["vllm:kv_cache_usage_perc"] = self._kv
+        held = 3 if mode == "frozen-idle" else 0
+        self.in_flight = held + int(
+            values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"]
+        )
         out = [self.chunks[0]]
         for slot, chunk in zip(self.slots, self.chunks[1:], strict=False):
             out.append(repr(values[slot]))
@@ -184,10 +196,13 @@ class Payload:
 class Server:
     """One emulated endpoint: HTTP/1.1 with keep-alive, the routes vsup reads."""
 
-    def __init__(self, payload: Payload, model: str, health: dict[str, int]) -> None:
+    def __init__(
+        self, payload: Payload, model: str, health: dict[str, int], load_tracking: bool = False
+    ) -> None:
         self.payload = payload
         self.model = model
         self.health = health  # shared: {"code": 200 or 503}
+        self.load_tracking = load_tracking
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -205,6 +220,12 @@ class Server:
                         close = True
                 if length:
                     await reader.readexactly(length)
+                if path.startswith("/v1/completions") and self.payload.mode() in (
+                    "stall",
+                    "frozen-idle",
+                ):
+                    await reader.read()  # a hung engine never answers: until the client leaves
+                    break
                 status, ctype, body = self.route(path.split("?", 1)[0])
                 writer.write(
                     f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n"
@@ -226,6 +247,11 @@ class Server:
             return "503 Service Unavailable", "application/json", b""
         if path == "/metrics":
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.payload.render()
+        if path == "/load":
+            if self.load_tracking and self.payload.mode() == "frozen-idle":
+                self.payload.render()  # the mode's count even before the first scrape
+            load = self.payload.in_flight if self.load_tracking else 0
+            return "200 OK", "application/json", b'{"server_load":%d}' % load
         if path == "/version":
             return "200 OK", "application/json", b'{"version":"0.32.0-emulator"}'
         if path == "/v1/models":
@@ -395,7 +421,9 @@ async def _serve(
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None
-        srv = Server(payload, args.served_model_name or args.model, health)
+        srv = Server(
+            payload, args.served_model_name or args.model, health, args.enable_server_load_tracking
+        )
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
         f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
@@ -449,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend-line", default=DEFAULT_BACKEND_LINE)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
+    p.add_argument("--enable-server-load-tracking", action="store_true")
     p.add_argument("--spam", action="store_true")
     p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)

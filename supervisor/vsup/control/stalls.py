@@ -11,8 +11,9 @@ Journal events (`/v1/events`; the daemon's, not the engine's: the engine does no
   server's `/load`, null without load tracking), `evidence` (`engine`, `server`, `canary`),
   `ranks` (data parallel: the ranks that stalled), `stalled_since`, `stalled_for_s`,
   `stall_after_s`, `on_stall`;
-- `stall_cleared`: `run`, `lasted_s`, `state` (its state now), `why` (`progress`, `idle` or
-  `not ready`).
+- `stall_cleared`: `run`, `lasted_s`, `state` (its state now), `why` (`progress`, `idle`,
+  `not ready`, or `off`: detection turned off). A poll that cannot tell (`stalled` null: the
+  figures stale for a moment) ends nothing.
 With `on_stall` the engine adds `stall_restart` (`run`, `pid`, `why`, `rank` for a data-parallel
 rank), then the usual `exit` (reason `stalled`, with that `rank`) and `restart_scheduled`.
 """
@@ -104,10 +105,20 @@ class StallActions:
                 self._began(inst)
             elif inst.stalled and known is not None:
                 known.for_s = inst.stalled_for_s or known.for_s
-            elif known is not None:
+            elif known is not None and not self._unknown_meanwhile(inst, known):
                 self._ended(inst, known)
         for name in [n for n in self._stalled if n not in seen]:
             del self._stalled[name]  # removed from the layout
+
+    def _unknown_meanwhile(self, inst: InstanceStatus, known: _Stall) -> bool:
+        """A reading that cannot tell (`stalled` null: figures gone stale for a moment, a
+        slow scrape on a loaded node) of the same ready run with detection still on: the stall
+        is not over, it is only not seen this poll. Ending it there would journal a
+        `stall_cleared` and then a second `stalled` for one freeze."""
+        if inst.stalled is not None or not inst.is_ready or inst.run != known.run:
+            return False
+        spec = self._spec(inst.name)
+        return spec is not None and bool(spec.stall_after_s)
 
     def _began(self, inst: InstanceStatus) -> None:
         self._stalled[inst.name] = _Stall(inst.run, inst.stalled_for_s or 0.0)
@@ -143,6 +154,8 @@ class StallActions:
         del self._stalled[inst.name]
         if not inst.is_ready or inst.run != known.run:
             why = "not ready"
+        elif inst.stalled is None:
+            why = "off"  # stall_after_s turned to 0 (`_unknown_meanwhile` keeps the rest)
         elif inst.stalled is False and not (
             inst.requests_running or inst.requests_waiting or inst.requests_in_flight
         ):

@@ -159,6 +159,36 @@ def test_stall_start_and_end_are_journaled_once_and_on_stall_asks_for_a_restart(
     assert events[0][2]["lasted_s"] == 72.4
 
 
+def test_a_reading_that_cannot_tell_does_not_end_a_stall():
+    # figures stale for a poll (a slow scrape on a loaded node): `stalled` is null, the run and
+    # its state unchanged; one freeze stays one `stalled` event, ended once when it clears
+    events: list = []
+    engine = _Engine({"g1": _Inst(spec("g1", False))})
+    actions = StallActions(lambda kind, name, **keys: events.append((kind, name, keys)), engine)
+    stalled = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=True)
+    unknown = empty_instance("g1", state="ready", run=1, stalled=None)
+    moving = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=False)
+    for reading in (stalled, unknown, unknown, stalled, moving):
+        actions.observe([reading])
+    assert [(k, e.get("why")) for k, _n, e in events] == [
+        ("stalled", None),
+        ("stall_cleared", "progress"),
+    ]
+    # unknown because the run ended, or because detection was turned off: that ends it
+    events.clear()
+    actions.observe([stalled])
+    actions.observe([empty_instance("g1", state="ready", run=2, stalled=None)])
+    engine.instances["g1"] = _Inst(replace(spec("g1", False), stall_after_s=0.0))
+    actions.observe([stalled])
+    actions.observe([unknown])
+    assert [(k, e.get("why")) for k, _n, e in events] == [
+        ("stalled", None),
+        ("stall_cleared", "not ready"),
+        ("stalled", None),
+        ("stall_cleared", "off"),
+    ]
+
+
 # A freeze that began while idle: requests only the API server's /load counts.
 FROZEN_IDLE = empty_instance(
     "g2",

@@ -103,7 +103,11 @@ class InstanceTelemetry:
             self.rates.observe(result.metrics, run=self.run, t=now)
             self._server_load = result.server_load
             self.stall.observe(
-                result.metrics, now, self._clock.wall(), server_load=result.server_load
+                result.metrics,
+                now,
+                self._clock.wall(),
+                server_load=result.server_load,
+                load_failed=result.load_error is not None,
             )
             if result.metrics.cache_config is not None:
                 self._cache_config = dict(result.metrics.cache_config)

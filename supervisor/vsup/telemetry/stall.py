@@ -17,7 +17,8 @@ Work (any one is enough), judged per engine (a data-parallel rank; `engine` labe
   sends new requests to the engine with the fewest in flight, so a working rank next to a
   frozen one takes the next ones and moves; seen at DP=2,
   tests/fixtures/vllm-0.32-cpu/dp2/README.md); when every engine moved since, the ones
-  without progress for `stall_after_s`;
+  without progress for `stall_after_s`; none when an engine is stuck by its own gauges
+  (requests that reached it after the last stats it sent are what no gauge shows);
 - a canary request (a `max_tokens = 1` completion, control/monitor.py) got no answer within
   `stall_after_s` (evidence `canary`): the same freeze without load tracking.
 
@@ -103,6 +104,10 @@ class _Engine:
 # are read one after the other, and a request that ends between the two reads is counted by
 # the gauges but no longer by /load, for one reading.
 _UNACCOUNTED_END = 2
+# /load reads in a row that may fail (no answer in time) before what it counted last is
+# forgotten: a miss on a loaded node keeps a spell going; a /load that stays away (its route
+# gone) says nothing any more after these.
+_LOAD_MISSES_KEPT = 3
 
 
 class StallWatch:
@@ -118,6 +123,7 @@ class StallWatch:
         self._unaccounted: int | None = None
         self._unaccounted_from: Stamp | None = None  # a spell of unaccounted requests began
         self._zero_reads = 0
+        self._load_misses = 0  # /load reads in a row that gave no count
         self._canary: tuple[str | None, Stamp] | None = None  # (engine, sent) of a lost canary
 
     @property
@@ -133,10 +139,19 @@ class StallWatch:
         return tuple(self._engines)
 
     def observe(
-        self, metrics: VllmMetrics, t: float, wall: float, server_load: int | None = None
+        self,
+        metrics: VllmMetrics,
+        t: float,
+        wall: float,
+        server_load: int | None = None,
+        load_failed: bool = False,
     ) -> None:
         """One good scrape read at monotonic `t` (wall-clock `wall`); `server_load` is
-        `/load`'s count when the server tracks it (None otherwise)."""
+        `/load`'s count when the server tracks it (None otherwise). `load_failed`: /load was
+        asked and gave no count this time (a timeout on a loaded node): the requests it counted
+        before are still held as far as anyone knows, so a spell of them goes on (up to
+        `_LOAD_MISSES_KEPT` misses in a row) rather than start again at the next good count,
+        which would put the verdict off by a whole `stall_after_s` at each miss."""
         now = Stamp(t, wall)
         figures = dict(metrics.per_engine) or {"": _whole(metrics)}
         self._seen_at = t
@@ -160,8 +175,11 @@ class StallWatch:
         # Requests the API server holds that no engine's gauges show: they wait at a frozen
         # engine (or, for a moment, in the API server's own hands).
         if server_load is None:
-            self._unaccounted, self._unaccounted_from, self._zero_reads = None, None, 0
+            self._load_misses = self._load_misses + 1 if load_failed else 0
+            if not 0 < self._load_misses <= _LOAD_MISSES_KEPT:
+                self._unaccounted, self._unaccounted_from, self._zero_reads = None, None, 0
             return
+        self._load_misses = 0
         counted = sum(f.requests or 0 for f in figures.values())
         self._unaccounted = max(0, server_load - math.ceil(counted))
         if self._unaccounted > 0:
@@ -197,7 +215,10 @@ class StallWatch:
                 if now - since.t >= stall_after_s:
                     stuck[label] = (since, Evidence.ENGINE)
         spell = self._unaccounted_from
-        if spell is not None and now - spell.t >= stall_after_s:
+        # An engine stuck by its own gauges explains requests no gauge shows: those that
+        # reached it after the last stats it sent. They name no other engine (a working rank
+        # that finished its share and idles beside it is not stalled).
+        if spell is not None and now - spell.t >= stall_after_s and not stuck:
             awake = {
                 label: track
                 for label, track in self._engines.items()

@@ -194,6 +194,34 @@ def test_one_reading_between_requests_does_not_end_a_spell_of_unaccounted_ones()
     assert verdict(watch, clock).stalled is False
 
 
+def test_a_load_read_that_fails_once_does_not_start_the_spell_again():
+    # a frozen engine's API server on a loaded node: one /load read times out while /metrics
+    # answers; the requests it counted are still held, the verdict is not put off
+    clock = FakeClock()
+    tel = InstanceTelemetry(clock)
+    tel.start_run(1, None)
+
+    def scrape(**load: object) -> None:
+        clock.advance(1.0)
+        tel.observe(ScrapeResult("http://x/metrics", True, IDLE, status=200, **load))
+
+    for _ in range(30):
+        scrape(server_load=0)
+    began = clock.wall() + 1
+    for _ in range(40):
+        scrape(server_load=3)
+    scrape(load_error="http://x/load: no answer within the timeout")
+    assert tel.fields()["requests_in_flight"] is None  # shown as unknown, not as 0
+    for _ in range(20):
+        scrape(server_load=3)
+    view = tel.stall_view(60.0)
+    assert (view.stalled, view.evidence, view.since_wall) == (True, Evidence.SERVER, began)
+    # a /load that stays away says nothing after a few misses (no stall from an old count)
+    for _ in range(4):
+        scrape(load_error="http://x/load: answered HTTP 404")
+    assert tel.stall_view(60.0).stalled is False
+
+
 def test_a_sleeping_engine_is_never_stalled():
     # sleep mode: a request to a sleeper waits for its wake-up by design
     clock, watch = FakeClock(), StallWatch()
@@ -257,6 +285,30 @@ def test_a_rank_frozen_while_idle_holds_the_requests_its_working_neighbour_did_n
     view = verdict(watch, clock)
     assert (view.stalled, view.ranks, view.evidence) == (True, (1,), Evidence.SERVER)
     assert view.since_wall == began and view.unaccounted == 1
+
+
+def test_requests_no_gauge_shows_beside_a_rank_stuck_under_load_do_not_name_an_idle_rank():
+    # rank 1 froze under load with one request more than its last stats show; rank 0 answers
+    # its share, then idles: the request /load counts beyond the gauges is rank 1's
+    clock, watch = FakeClock(), StallWatch()
+    frozen = DP1_FROZEN_LOAD.per_engine["1"]
+    held = int((frozen.requests_running or 0) + (frozen.requests_waiting or 0)) + 1
+    gen0 = DP1_FROZEN_LOAD.per_engine["0"].generation_tokens_total or 0.0
+    for i in range(10):
+        clock.advance(1.0)
+        m = moved(DP1_FROZEN_LOAD, "0", generation_tokens_total=gen0 + 100 * (i + 1))
+        watch.observe(m, clock.monotonic(), clock.wall(), server_load=held + 8)
+    done = moved(
+        DP1_FROZEN_LOAD,
+        "0",
+        generation_tokens_total=gen0 + 1000,
+        requests_running=0.0,
+        requests_waiting=0.0,
+    )
+    feed(watch, clock, done, 120, load=held)
+    view = verdict(watch, clock)
+    assert (view.stalled, view.ranks, view.evidence) == (True, (1,), Evidence.ENGINE)
+    assert view.unaccounted == 1
 
 
 def test_when_every_rank_moved_since_the_requests_came_the_ones_without_progress_stall():

@@ -42,14 +42,46 @@ def events(home: Path) -> list[dict]:
     return [json.loads(x) for x in (home / "journal.jsonl").read_text().splitlines()]
 
 
-def wait_for(what: str, check, timeout: float):
+def wait_for(what: str, check, timeout: float, show=None):
+    """`check()` until it returns something true, for at most `timeout` s; on a timeout the
+    message has what `show()` sees then (the instance's stall keys and the journal's stall
+    events by default), so a failure reads from CI output alone."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for {what}; last check gave {value!r}; "
+                f"seen: {(show or stall_seen)()}"
+            )
         time.sleep(0.5)
+
+
+HOME: list[Path] = []  # the test's VSUP_HOME, for `stall_seen`
+
+
+def stall_seen() -> str:
+    """The instance's stall keys and the journal's stall events, for assertion messages."""
+    if not HOME:
+        return "-"
+    try:
+        inst = status(HOME[0])
+    except Exception as exc:  # the message must come out whatever the daemon does
+        inst = {"status": repr(exc)}
+    keys = ("state", "pid", "run", "restarts", "stalled", "stall_evidence", "stalled_ranks")
+    keys += ("requests_running", "requests_waiting", "requests_in_flight")
+    kinds = ("stalled", "stall_cleared", "stall_restart", "exit", "rank_exit", "restart_scheduled")
+    try:
+        journal = [
+            (e["kind"], e.get("ranks") or e.get("rank"), e.get("evidence") or e.get("reason"))
+            for e in events(HOME[0])
+            if e.get("kind") in kinds
+        ]
+    except OSError as exc:
+        journal = [repr(exc)]
+    return f"{ {k: inst.get(k) for k in keys} } journal {journal}"
 
 
 def title(pid: int) -> str:
@@ -88,12 +120,22 @@ class Requests:
             t.join(timeout)
 
 
-def per_engine_running(port: int) -> dict[str, float]:
+def per_engine(port: int, gauge: str) -> dict[str, float]:
     out = {}
     for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
+        if line.startswith(f"vllm:{gauge}{{"):
             out[line.split('engine="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def per_engine_running(port: int) -> dict[str, float]:
+    return per_engine(port, "num_requests_running")
+
+
+def per_engine_work(port: int) -> dict[str, int]:
+    """Requests running + waiting at each engine, as its gauges say."""
+    running, waiting = per_engine_running(port), per_engine(port, "num_requests_waiting")
+    return {e: int(running[e] + waiting.get(e, 0.0)) for e in running}
 
 
 def server_load(port: int) -> int:
@@ -113,6 +155,7 @@ STALL_AFTER_S = 5
 
 def test_dp_instance_status_a_hung_rank_and_a_dead_rank(vsup_home, tiny_model, vllm_env, tmp_path):
     home = vsup_home
+    HOME[:] = [home]
     port = free_port()
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
@@ -170,15 +213,21 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         os.kill(rank1, signal.SIGSTOP)
         stopped.append(rank1)
         t0 = time.monotonic()
+        # rank 1's gauges stay at what it held when it froze
+        at_rank1 = per_engine_work(port)["1"]
         hung = wait_for("rank 1 stalled", stalled_rank, STALL_AFTER_S + 60)
         figures["DP=2, rank 1 frozen under load -> stalled"] = time.monotonic() - t0
-        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "engine"
-        # rank 1's 8 are held; rank 0 goes on answering its own
-        assert hung["state"] == "ready" and 8 <= hung["requests_in_flight"] <= 16
-        (event,) = wait_for(
-            "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 10
+        shown = f"{hung} (rank 1 held {at_rank1}); {stall_seen()}"
+        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "engine", shown
+        # rank 1's requests are held; rank 0 goes on answering its own
+        assert hung["state"] == "ready", shown
+        assert 1 <= at_rank1 <= hung["requests_in_flight"] <= 16, shown
+        got = wait_for(
+            "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 15
         )
-        assert event["ranks"] == [1] and event["evidence"] == "engine"
+        assert len(got) == 1, stall_seen()
+        event = got[0]
+        assert event["ranks"] == [1] and event["evidence"] == "engine", event
         assert "data-parallel rank 1: " in vsup(home, "status").stdout
         os.kill(rank1, signal.SIGCONT)
         stopped.remove(rank1)
@@ -196,8 +245,10 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         t0 = time.monotonic()
         hung = wait_for("rank 1 stalled while idle", stalled_rank, STALL_AFTER_S + 60)
         figures["DP=2, rank 1 frozen idle, requests -> stalled"] = time.monotonic() - t0
-        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "server"
-        assert held.answers.count(200) >= 1  # rank 0 answered what it got
+        shown = f"{hung}; {stall_seen()}"
+        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "server", shown
+        # rank 0 answers what it got while rank 1 stays frozen
+        wait_for("rank 0's answers", lambda: held.answers.count(200) >= 1, 60, lambda: held.answers)
         os.kill(rank1, signal.SIGCONT)
         stopped.remove(rank1)
         wait_for("the stall to clear", lambda: status(home)["stalled"] is False, 60)
@@ -212,22 +263,28 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         os.kill(rank1, signal.SIGSTOP)
         stopped.append(rank1)
         lost = Requests(port, n=4, max_tokens=20)
-        (restart,) = wait_for(
+        got = wait_for(
             "stall_restart",
             lambda: [e for e in events(home) if e.get("kind") == "stall_restart"],
             STALL_AFTER_S + 60,
         )
-        assert restart["rank"] == 1 and restart["why"].startswith("data-parallel rank 1: ")
+        assert len(got) == 1, stall_seen()
+        restart = got[0]
+        assert restart["rank"] == 1, restart
+        assert restart["why"].startswith("data-parallel rank 1: "), restart
         frozen_pid = inst["pid"]
         inst = wait_for(
             "the restart after the stall",
             lambda: (i := ranks_seen(home)) is not None and i["pid"] != frozen_pid and i,
             1100,
         )
-        assert inst["restarts"] == 1 and inst["last_exit"]["reason"] == "stalled"
-        assert inst["last_exit"]["rank"] == 1
-        (exit_ev,) = [e for e in events(home) if e.get("kind") == "exit"]
-        assert exit_ev["reason"] == "stalled" and exit_ev["rank"] == 1
+        shown = f"{inst['restarts']} restarts, last exit {inst['last_exit']}; {stall_seen()}"
+        assert inst["restarts"] == 1 and inst["last_exit"]["reason"] == "stalled", shown
+        assert inst["last_exit"]["rank"] == 1, shown
+        exits = [e for e in events(home) if e.get("kind") == "exit"]
+        assert len(exits) == 1, shown
+        exit_ev = exits[0]
+        assert exit_ev["reason"] == "stalled" and exit_ev["rank"] == 1, shown
         stopped.remove(rank1)
         assert not title(rank1)  # the frozen rank went with its server
         lost.join(60)

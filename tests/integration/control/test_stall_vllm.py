@@ -239,6 +239,7 @@ def test_freezes_under_load_and_while_idle_are_stalled_clear_and_restart_with_on
         return time.monotonic()
 
     health_seen: list[object] = []
+    tries: list[str] = []  # freezes under load that found the engine done already
 
     def reading() -> dict:
         """The instance now, with /health's answer (also kept in health_seen)."""
@@ -324,7 +325,7 @@ def test_freezes_under_load_and_while_idle_are_stalled_clear_and_restart_with_on
         # So the freeze comes when the engine process itself burns CPU; should it still find
         # the engine done (nothing held: /load drains to 0, correctly no stall), it is thawed
         # and tried again with a new load, at most 3 times.
-        tries: list[str] = []
+        tries.clear()
         while True:
             # no token of these requests before they are sent: no stall before t_sent + 5 s
             t_sent = time.monotonic()
@@ -443,7 +444,8 @@ def test_freezes_under_load_and_while_idle_are_stalled_clear_and_restart_with_on
         down = vsup(home, "down", "--yes", timeout=180)
         for what, seconds in figures.items():
             print(f"\n{what}: {seconds:.1f} s", end="")
-        print(f"\nwhole test: {time.monotonic() - t_test:.0f} s")
+        print(f"\nunder load, freezes that found the engine done: {len(tries)} {tries}")
+        print(f"whole test: {time.monotonic() - t_test:.0f} s")
         assert down.returncode == 0, down.stdout + down.stderr
 
 

@@ -244,16 +244,21 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         # last stats by now: each output before the freeze was progress)
         at_rank1 = per_engine_work(port)["1"]
         shown = f"{hung} (rank 1 held {at_rank1}); {stall_seen()}; earlier tries {tries}"
-        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "engine", shown
+        # which figure shows rank 1's requests depends on whether a step of rank 1 reported
+        # them before the freeze: its gauges, else only the API server's count (seen: 5 in
+        # flight, rank 1's gauges at 0)
+        assert hung["stalled_ranks"] == [1], shown
+        assert hung["stall_evidence"] in ("engine", "server"), shown
         # rank 1's requests are held; rank 0 goes on answering its own
         assert hung["state"] == "ready", shown
-        assert 1 <= at_rank1 <= hung["requests_in_flight"] <= 16, shown
+        assert 1 <= hung["requests_in_flight"] <= 16, shown
+        assert at_rank1 <= hung["requests_in_flight"], shown
         got = wait_for(
             "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 15
         )
         assert len(got) == 1, stall_seen()
         event = got[0]
-        assert event["ranks"] == [1] and event["evidence"] == "engine", event
+        assert event["ranks"] == [1] and event["evidence"] == hung["stall_evidence"], event
         assert "data-parallel rank 1: " in vsup(home, "status").stdout
         os.kill(rank1, signal.SIGCONT)
         stopped.remove(rank1)

@@ -9,7 +9,8 @@ own emulator process (~20 MB each), started by the daemon from a layout of CPU i
 (`gpus = []`). They share the "cpu" device and so start one after another; the layout is
 applied first with `health_interval_s = 0.1` to make that quick, then again with the default
 1 s, which the engine takes without a restart. What is measured is the steady state: per
-instance, one /health check and one /metrics scrape (+ parse, rates, snapshot, history) a second.
+instance, one /health check and one /metrics scrape with its /load read (+ parse, rates,
+snapshot, history) a second (`--no-load-tracking`: without /load).
 
 CPU is the daemon's own process accounting (user + system time of its pid, psutil), over R
 windows of S seconds each; the figure is the median window, as % of one core.
@@ -102,7 +103,9 @@ def windows(pid: int, runs: int, seconds: float) -> list[float]:
     return out
 
 
-def measure(instances: int, seconds: float, runs: int, naive: bool, warmup: float) -> dict:
+def measure(
+    instances: int, seconds: float, runs: int, naive: bool, warmup: float, load: bool = True
+) -> dict:
     import psutil
 
     token = new_token()
@@ -111,13 +114,16 @@ def measure(instances: int, seconds: float, runs: int, naive: bool, warmup: floa
         daemon = Daemon(home, token)
         try:
             t0 = time.monotonic()
-            fast = emulator_layout("overhead", ports, token, health_interval_s=0.1)
+            # vsup adds --enable-server-load-tracking (vsup's vLLM has it): a /load read each
+            # scrape; --no-load-tracking measures without it
+            args = "" if load else "args = { enable-server-load-tracking = false }"
+            fast = emulator_layout("overhead", ports, token, args=args, health_interval_s=0.1)
             result = daemon.client.apply(fast)
             if not result.get("applied"):
                 raise RuntimeError(f"layout refused: {result['errors']}")
             daemon.wait_states({"ready"}, timeout=30 + 2.0 * instances)
             started_s = time.monotonic() - t0
-            plan = daemon.client.apply(emulator_layout("overhead", ports, token))["plan"]
+            plan = daemon.client.apply(emulator_layout("overhead", ports, token, args=args))["plan"]
             assert not plan["restart"] and not plan["start"], plan
             time.sleep(warmup)
             status = daemon.client.status()
@@ -185,12 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="measurement windows (median)")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--no-naive", action="store_true", help="skip the naive poller")
+    ap.add_argument(
+        "--no-load-tracking", action="store_true", help="instances without /load (one GET less)"
+    )
     ap.add_argument("--naive-poller", metavar="PORTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.naive_poller:
         naive_poller([int(p) for p in args.naive_poller.split(",")])
         return 0
-    out = measure(args.instances, args.seconds, args.runs, not args.no_naive, args.warmup)
+    out = measure(
+        args.instances,
+        args.seconds,
+        args.runs,
+        not args.no_naive,
+        args.warmup,
+        load=not args.no_load_tracking,
+    )
     print(last_line(**out))
     return 0
 

@@ -202,6 +202,15 @@ class InstanceStatus:
     stalled: bool | None = None
     stalled_since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
     stalled_for_s: float | None = None  # seconds since then
+    # what showed the work: `engine` (vLLM's gauges), `server` (requests the API server holds,
+    # /load, that no engine shows: a freeze that began while idle), `canary`; None unless stalled
+    stall_evidence: str | None = None
+    stalled_ranks: tuple[int, ...] = ()  # data parallel: the ranks with work and no progress
+    # requests in flight at vLLM's API server (`GET /load`); None without load tracking
+    requests_in_flight: int | None = None
+    # whether vsup reads /load (the instance runs with --enable-server-load-tracking); None
+    # while it does not run
+    load_tracking: bool | None = None
     # What it waits for before its next start (None: nothing); `waiting_for` is its message
     # while a start waits for a turn or for memory, kept for older clients.
     wait: WaitReason | None = None

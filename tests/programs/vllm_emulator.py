@@ -10,10 +10,10 @@ Like `vllm serve` it accepts vLLM's command line (unknown flags are ignored), `-
 `--host`, `--port`; refuses connections until it is ready, then answers `GET /health` 200,
 `GET /metrics` (a payload recorded from the real CPU vLLM 0.32 whose values move: KV usage,
 running/waiting, token and preemption counters; `--disable-log-stats` leaves out the vllm:*
-families as vLLM does), `GET /version`, `GET /v1/models`, `GET /load`,
-`POST /v1/completions` (one token, "ok", whatever was asked: a router in front has something
-to route); and logs vLLM's start-up lines
-(attention backend, "Starting vLLM server on ...", "Application startup complete.").
+families as vLLM does), `GET /version`, `GET /v1/models`, `GET /load`, `POST /v1/completions`
+(one token, "ok", whatever was asked: a router in front has something to route; none at all
+while the mode is `stall` or `frozen-idle`, as a hung engine gives); and logs vLLM's start-up
+lines (attention backend, "Starting vLLM server on ...", "Application startup complete.").
 
 Behaviours on cue:
   --startup-s S (--ready-after S)  listen only after S seconds
@@ -57,13 +57,17 @@ Behaviours on cue:
                                    frozen: a hung engine, /health still 200), `idle` (no
                                    request, nothing moves), `prefill` (1 running, token counters
                                    frozen, KV usage a little higher at each scrape: a long
-                                   chunked prefill). Counters never go back when the mode changes.
+                                   chunked prefill), `frozen-idle` (like `idle`, but 3
+                                   requests in flight at the API server: an engine frozen
+                                   while idle, then requests). Counters never go back when the
+                                   mode changes.
   --request-s S                    each POST /v1/completions is answered S seconds after it
                                    came (held open meanwhile); the gauges do not count it (as
                                    requests on their way into a real engine are not counted)
-  --enable-server-load-tracking    `GET /load` answers `{"server_load": N}`, N the completions
-                                   in flight, as vLLM's flag does; without it /load answers 0,
-                                   as vLLM does
+  --enable-server-load-tracking    `GET /load` answers `{"server_load": N}`, N the requests in
+                                   flight: the mode's (the running and waiting it shows; 3 in
+                                   `frozen-idle`) plus completions held by --request-s, as
+                                   vLLM's flag does; without it /load answers 0, as vLLM does
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -146,6 +150,7 @@ class Payload:
         self._served = 0.0
         self._last = time.monotonic()
         self._kv = 0.5
+        self.in_flight = 0  # requests at the "API server" as of the last render (/load)
 
     def mode(self) -> str:
         if self.mode_file is None:
@@ -176,13 +181,17 @@ class Payload:
             self._kv = values["vllm:kv_cache_usage_perc"]
         elif mode == "stall":
             values.update({"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0})
-        elif mode == "idle":
+        elif mode in ("idle", "frozen-idle"):
             values.update({"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0})
         elif mode == "prefill":
             values.update({"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0})
             self._kv = min(1.0, self._kv + 0.001)  # each scrape: another chunk's blocks
         if mode != "serve":
             values["vllm:kv_cache_usage_perc"] = self._kv
+        held = 3 if mode == "frozen-idle" else 0
+        self.in_flight = held + int(
+            values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"]
+        )
         out = [self.chunks[0]]
         for slot, chunk in zip(self.slots, self.chunks[1:], strict=False):
             out.append(repr(values[slot]))
@@ -225,6 +234,9 @@ class Server:
                 if length:
                     await reader.readexactly(length)
                 route = path.split("?", 1)[0]
+                if route == "/v1/completions" and self.payload.mode() in ("stall", "frozen-idle"):
+                    await reader.read()  # a hung engine never answers: until the client leaves
+                    break
                 if route == "/v1/completions" and self.request_s > 0:
                     self.requests_in_flight += 1
                     try:
@@ -253,7 +265,9 @@ class Server:
         if path == "/metrics":
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.payload.render()
         if path == "/load":
-            load = self.requests_in_flight if self.load_tracking else 0
+            if self.load_tracking and self.payload.mode() == "frozen-idle":
+                self.payload.render()  # the mode's count even before the first scrape
+            load = self.payload.in_flight + self.requests_in_flight if self.load_tracking else 0
             return "200 OK", "application/json", b'{"server_load":%d}' % load
         if path == "/version":
             return "200 OK", "application/json", b'{"version":"0.32.0-emulator"}'

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vsup.control.stalls import stall_work
 from vsup.router import ForeignWorker
 from vsup.snapshot import (
     THROTTLE_HARDWARE,
@@ -300,8 +301,9 @@ def _requests(n: float | None, what: str) -> str:
 
 
 def stalled(inst: InstanceStatus) -> list[Advice]:
-    """Requests running or waiting and no token processed for `stall_after_s` while /health
-    answers 200 (telemetry/stall.py): the engine is hung, and its clients wait for nothing."""
+    """Work (requests at the engine or the API server, or a canary) and no progress for
+    `stall_after_s` while /health answers 200 (telemetry/stall.py): the engine is hung, and its
+    clients wait for nothing."""
     if not inst.stalled:
         return []
     for_s = inst.stalled_for_s or 0.0
@@ -312,8 +314,7 @@ def stalled(inst: InstanceStatus) -> list[Advice]:
             severity="critical",
             instance=inst.name,
             message=(
-                f"{inst.name}: stalled: {_requests(inst.requests_running, 'running')}, "
-                f"{_requests(inst.requests_waiting, 'waiting')}, 0 tokens processed for "
+                f"{inst.name}: stalled: {stall_work(inst)}, 0 tokens processed for "
                 f"{for_s:.0f} s{since} while /health answers 200: its engine is hung (a GPU "
                 f"hang, a stuck collective, a frozen EngineCore). Look at `vsup logs "
                 f"{inst.name}` and the GPU's health (XID errors), then `vsup restart "

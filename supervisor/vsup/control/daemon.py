@@ -209,10 +209,12 @@ class Daemon:
         inst = self.engine.instances.get(name)
         scraper = self.monitor.scraper
         if inst is not None and scraper is not None:
-            result = await scraper.scrape(inst.spec.base_url)
+            # with load tracking, /load also counts requests the engine has not taken yet
+            result = await scraper.scrape(inst.spec.base_url, with_load=inst.spec.load_tracking)
             m = result.metrics if result.ok else None
             if m is not None and m.requests_running is not None:
-                return m.requests_running + (m.requests_waiting or 0)
+                engine = m.requests_running + (m.requests_waiting or 0)
+                return max(engine, float(result.server_load or 0))
         metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
 
@@ -488,17 +490,26 @@ class Daemon:
     def _targets(self) -> list[Target]:
         out = []
         for name, inst in self.engine.instances.items():
+            spec = inst.spec
+            # the canary's /v1 request needs the instance's API key, when it has one
+            key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
             out.append(
                 Target(
                     name=name,
-                    base_url=inst.spec.base_url,
+                    base_url=spec.base_url,
                     run=inst.run,
                     pid=inst.pid,
                     pgid=inst.pgid,
                     gpus=tuple(inst.spec.gpus),
                     live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
-                    attention_flag=inst.spec.arg("attention-backend"),
+                    attention_flag=spec.arg("attention-backend"),
+                    ready=inst.state == State.READY and inst.pid is not None,
+                    load_tracking=spec.load_tracking,
+                    canary_interval_s=spec.canary_interval_s,
+                    stall_after_s=spec.stall_after_s,
+                    dp_ranks=spec.data_parallel_size,
+                    canary_headers=(("Authorization", f"Bearer {key}"),) if key else (),
                 )
             )
         return out

@@ -98,6 +98,11 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         "requests_waiting": GaugeMetricFamily(
             "vsup_instance_requests_waiting", "Requests queued", labels=labels
         ),
+        "requests_in_flight": GaugeMetricFamily(
+            "vsup_instance_requests_in_flight",
+            "Requests in flight at vLLM's API server (its /load; with load tracking only)",
+            labels=labels,
+        ),
         "generation_tokens_per_s": GaugeMetricFamily(
             "vsup_instance_generation_tokens_per_second",
             "Generated tokens per second",
@@ -114,7 +119,7 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         ),
         "stalled": GaugeMetricFamily(
             "vsup_instance_stalled",
-            "1 while a ready instance has requests and processes no token (stall_after_s)",
+            "1 while a ready instance has work and makes no progress (stall_after_s)",
             labels=labels,
         ),
         "stalled_for_s": GaugeMetricFamily(
@@ -123,6 +128,11 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             labels=labels,
         ),
     }
+    rank_stalled = GaugeMetricFamily(
+        "vsup_instance_rank_stalled",
+        "Data parallel: 1 for a rank with work and no progress (stall_after_s), 0 for the others",
+        labels=["name", "rank"],
+    )
     preemptions = CounterMetricFamily(
         "vsup_instance_preemptions",
         "vLLM's preemption counter (resets when the instance restarts)",
@@ -151,11 +161,17 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
                 fam.add_metric([inst.name], float(value))
         if inst.preemptions_total is not None:
             preemptions.add_metric([inst.name], float(inst.preemptions_total))
+        if inst.stalled is not None:
+            for r in inst.ranks:
+                rank_stalled.add_metric(
+                    [inst.name, str(r.rank)], 1 if r.rank in inst.stalled_ranks else 0
+                )
     yield info
     yield state
     yield up
     yield restarts
     yield from gauges.values()
+    yield rank_stalled
     yield preemptions
 
     glabels = ["gpu", "gpu_name"]

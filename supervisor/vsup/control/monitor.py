@@ -7,6 +7,11 @@ server keeps its scrape running in the background (bounded by the scraper's time
 others' figures are used at once, so one instance never delays the rest, and never the API
 (everything here is async or runs in a worker thread). Figures older than telemetry's
 `STALE_AFTER_S` read as unknown.
+
+Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
+also reads `/load`, and an idle `ready` instance whose `canary_interval_s` is set gets one
+`max_tokens = 1` request that often (data parallel: each rank in turn), bounded by its
+`stall_after_s`; telemetry/stall.py judges what they show.
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from vsup.clock import Clock, iso_utc
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
-from vsup.telemetry.gpu.base import GpuSample
+from vsup.telemetry.gpu.base import GpuProbe, GpuSample
 from vsup.telemetry.hbm import (
     Attribution,
     HbmFigure,
@@ -34,7 +39,8 @@ from vsup.telemetry.hbm import (
 )
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.metrics import VllmMetrics
-from vsup.telemetry.scrape import Scraper
+from vsup.telemetry.scrape import CanaryOutcome, Scraper
+from vsup.telemetry.stall import StallView
 
 log = logging.getLogger("vsup.monitor")
 # How often the release check re-reads the GPUs while a dead instance's memory is still listed.
@@ -52,6 +58,22 @@ LIVE_KEYS = (
     "generation_tokens_per_s",
     "prompt_tokens_per_s",
     "prefix_cache_hit_rate",
+    "requests_in_flight",
+)
+
+
+class StallFields(TypedDict):
+    """The InstanceStatus keys of stall detection (`Monitor.stall_fields`)."""
+
+    stalled: bool | None
+    stalled_since: str | None
+    stalled_for_s: float | None
+    stall_evidence: str | None
+    stalled_ranks: tuple[int, ...]
+
+
+NO_STALL_FIELDS = StallFields(
+    stalled=None, stalled_since=None, stalled_for_s=None, stall_evidence=None, stalled_ranks=()
 )
 
 
@@ -68,12 +90,20 @@ class Target:
     live: bool  # ready or unhealthy: a server that answers /metrics
     log_path: Path | None
     attention_flag: object = None  # the spec's --attention-backend, if any
+    ready: bool = False  # /health answers 200 (a canary goes only to a ready server)
+    load_tracking: bool = False  # started with --enable-server-load-tracking: read /load
+    canary_interval_s: float = 0.0  # 0: no canary
+    stall_after_s: float = 0.0  # a canary's deadline
+    dp_ranks: int = 1  # data-parallel ranks (engines) behind the API server
+    canary_headers: tuple[tuple[str, str], ...] = ()  # e.g. the API key, for /v1 routes
 
 
 class Monitor:
     """Telemetry of every instance, fed by `poll()`; read with `fields()` and friends."""
 
-    def __init__(self, clock: Clock, poll_interval: float = 1.0, probe: Any = None) -> None:
+    def __init__(
+        self, clock: Clock, poll_interval: float = 1.0, probe: GpuProbe | None = None
+    ) -> None:
         self.clock = clock
         self.poll_interval = poll_interval
         self.probe = probe  # a telemetry.gpu probe; `open()` opens one when None
@@ -84,6 +114,8 @@ class Monitor:
         self._live: dict[str, bool] = {}
         self._hbm: dict[str, HbmFigure] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._canaries: dict[str, asyncio.Task[None]] = {}
+        self._tracking: dict[str, bool] = {}
         self._unresolved: set[tuple[int, int]] = set()
 
     async def open(self) -> None:
@@ -96,7 +128,7 @@ class Monitor:
             self.scraper = Scraper(timeout_s=SCRAPE_TIMEOUT_S)
 
     async def close(self) -> None:
-        for task in list(self._inflight.values()):
+        for task in [*self._inflight.values(), *self._canaries.values()]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -108,40 +140,49 @@ class Monitor:
 
     @property
     def vendor(self) -> str:
-        return getattr(self.probe, "vendor", "none")
+        return self.probe.vendor if self.probe is not None else "none"
 
     @property
     def gpu_count(self) -> int:
-        return int(getattr(self.probe, "count", 0) or 0)
+        return int(self.probe.count or 0) if self.probe is not None else 0
 
     # ----------------------------------------------------------------- reading
 
-    def fields(self, name: str, live: bool) -> dict[str, Any]:
-        """The InstanceStatus keys telemetry owns; server figures only while `live`."""
+    def fields(self, name: str, live: bool) -> dict[str, object]:
+        """The InstanceStatus keys telemetry owns (values of those keys' types); server
+        figures only while `live`. `load_tracking`: whether vsup reads the instance's /load
+        (None while it does not run)."""
         tel = self._tel.get(name)
         hbm = self._hbm.get(name)
         if tel is None:
-            out: dict[str, Any] = {}
+            out: dict[str, object] = {}
             if hbm is not None:
                 out.update(hbm_bytes=hbm.bytes, hbm_source=hbm.source)
             return out
-        out = tel.fields(hbm)
+        out = dict(tel.fields(hbm))
+        out["load_tracking"] = self._tracking.get(name) if live else None
         if not live:
             out.update({k: None for k in LIVE_KEYS})
         return out
 
-    def stall_fields(self, name: str, ready: bool, stall_after_s: float | None) -> dict[str, Any]:
-        """The InstanceStatus stall keys: judged only while the instance is `ready` (its
-        /health answers 200); unknown otherwise."""
+    def stall_view(self, name: str, ready: bool, stall_after_s: float | None) -> StallView | None:
+        """Stall detection's verdict (telemetry/stall.py), judged only while the instance is
+        `ready` (its /health answers 200); None otherwise."""
         tel = self._tel.get(name)
-        view = tel.stall_view(stall_after_s) if tel is not None and ready else None
+        return tel.stall_view(stall_after_s) if tel is not None and ready else None
+
+    def stall_fields(self, name: str, ready: bool, stall_after_s: float | None) -> StallFields:
+        """The InstanceStatus stall keys (`stall_view`); unknown when it cannot tell."""
+        view = self.stall_view(name, ready, stall_after_s)
         if view is None or view.stalled is None:
-            return {"stalled": None, "stalled_since": None, "stalled_for_s": None}
-        return {
-            "stalled": view.stalled,
-            "stalled_since": iso_utc(view.since_wall) if view.since_wall is not None else None,
-            "stalled_for_s": round(view.for_s, 1) if view.for_s is not None else None,
-        }
+            return NO_STALL_FIELDS
+        return StallFields(
+            stalled=view.stalled,
+            stalled_since=iso_utc(view.since_wall) if view.since_wall is not None else None,
+            stalled_for_s=round(view.for_s, 1) if view.for_s is not None else None,
+            stall_evidence=str(view.evidence) if view.evidence is not None else None,
+            stalled_ranks=view.ranks,
+        )
 
     def metrics(self, name: str) -> VllmMetrics | None:
         tel = self._tel.get(name)
@@ -156,7 +197,7 @@ class Monitor:
         tel = self._tel.get(name)
         return tel.history.kv_peak(window_s) if tel is not None else None
 
-    def history_json(self, name: str) -> dict[str, list]:
+    def history_json(self, name: str) -> dict[str, list[float | None]]:
         tel = self._tel.get(name)
         if tel is None:
             return {
@@ -188,9 +229,13 @@ class Monitor:
                 # A new process: follow its log from the start (the backend line is there).
                 self._runs[t.name] = t.run
                 tel.start_run(t.run, t.log_path)
+                canary = self._canaries.pop(t.name, None)
+                if canary is not None:
+                    canary.cancel()  # the old run's: it says nothing of this one
             if self._live.get(t.name) and not t.live:
                 tel.stopped()
             self._live[t.name] = t.live
+            self._tracking[t.name] = t.load_tracking
         started = []
         for t in targets:
             if t.live and t.name not in self._inflight and self.scraper is not None:
@@ -198,6 +243,7 @@ class Monitor:
                 self._inflight[t.name] = task
                 task.add_done_callback(functools.partial(self._scrape_done, t.name))
                 started.append(task)
+        self._start_canaries(targets)
         side = [
             asyncio.create_task(self._poll_logs()),
             asyncio.create_task(self._poll_gpus(targets)),
@@ -213,11 +259,60 @@ class Monitor:
 
     async def _scrape(self, t: Target) -> None:
         assert self.scraper is not None
-        result = await self.scraper.scrape(t.base_url)
+        result = await self.scraper.scrape(t.base_url, with_load=t.load_tracking)
         tel = self._tel.get(t.name)
         if tel is None or self._runs.get(t.name) != t.run:
             return  # forgotten, or restarted while this scrape was in flight
         tel.observe(result)
+
+    def _start_canaries(self, targets: list[Target]) -> None:
+        """A canary for each ready, idle instance that is owed one (`canary_interval_s`)."""
+        if self.scraper is None:
+            return
+        for t in targets:
+            tel = self._tel.get(t.name)
+            if (
+                tel is None
+                or not t.ready
+                or t.stall_after_s <= 0
+                or t.name in self._canaries
+                or not tel.canary_due(t.canary_interval_s)
+            ):
+                continue
+            task = asyncio.create_task(self._canary(t, tel), name=f"canary {t.name}")
+            self._canaries[t.name] = task
+            task.add_done_callback(functools.partial(self._canary_done, t.name))
+
+    def _canary_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._canaries.get(name) is task:
+            del self._canaries[name]
+
+    async def _canary(self, t: Target, tel: InstanceTelemetry) -> None:
+        assert self.scraper is not None
+        sent = tel.canary_sent()
+        headers = dict(t.canary_headers)
+        rank: int | None = None
+        if t.dp_ranks > 1:
+            rank = tel.canary_rank % t.dp_ranks
+            tel.canary_rank = rank + 1
+        result = None
+        refused_before = tel.canary_error
+        try:
+            if tel.canary_model is None:
+                tel.canary_model = await self.scraper.served_model(t.base_url, headers=headers)
+            if tel.canary_model is not None:
+                result = await self.scraper.canary(
+                    t.base_url, tel.canary_model, t.stall_after_s, rank=rank, headers=headers
+                )
+        finally:
+            if self._tel.get(t.name) is tel and self._runs.get(t.name) == t.run:
+                tel.canary_done(result, str(rank) if rank is not None else None, sent)
+        if result is None:
+            return
+        if result.outcome == CanaryOutcome.TIMED_OUT:
+            log.warning("%s: canary got no answer: %s", t.name, result.error)
+        elif tel.canary_error is not None and tel.canary_error != refused_before:
+            log.warning("%s: canary failed (no stall verdict from it): %s", t.name, result.error)
 
     async def _poll_logs(self) -> None:
         """New log lines of every run (backend, tail for exits): file reads, in one thread."""
@@ -232,8 +327,11 @@ class Monitor:
             return
         refs = [InstanceRef(t.name, t.pid, t.gpus, t.pgid) for t in targets if t.pid]
 
+        probe = self.probe
+        assert probe is not None
+
         def work() -> tuple[tuple[GpuSample, ...], Attribution]:
-            samples = self.probe.snapshot()
+            samples = probe.snapshot()
             return samples, attribute(refs, samples, ProcessTable.scan())
 
         samples, attribution = await asyncio.to_thread(work)
@@ -248,11 +346,12 @@ class Monitor:
         process's memory stays listed until the driver has torn its context down, so this
         polls NVML/amdsmi rather than answering from one sample. Without per-process figures
         it cannot tell, and says released rather than block the GPU forever."""
-        if not self.gpu_count or not gpus:
+        probe = self.probe
+        if probe is None or not self.gpu_count or not gpus:
             return True
         while True:
             try:
-                samples = await asyncio.to_thread(self.probe.snapshot)
+                samples = await asyncio.to_thread(probe.snapshot)
             except Exception:
                 log.exception("GPU probe failed")
                 return True
@@ -288,6 +387,8 @@ class Monitor:
         self._runs.pop(name, None)
         self._live.pop(name, None)
         self._hbm.pop(name, None)
-        task = self._inflight.pop(name, None)
-        if task is not None:
-            task.cancel()
+        self._tracking.pop(name, None)
+        for tasks in (self._inflight, self._canaries):
+            task = tasks.pop(name, None)
+            if task is not None:
+                task.cancel()

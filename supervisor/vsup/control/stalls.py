@@ -2,26 +2,59 @@
 the instance when its layout says `restart.on_stall = true`.
 
 The verdict itself is telemetry's (telemetry/stall.py) and reaches the snapshot as the
-`stalled`, `stalled_since`, `stalled_for_s` keys; the advice (`stalled`) and the alert follow
-from the snapshot. This module only acts on changes of that flag, once per poll.
+`stalled`, `stalled_since`, `stalled_for_s`, `stall_evidence`, `stalled_ranks` keys; the
+advice (`stalled`) and the alert follow from the snapshot. This module only acts on changes of
+that flag, once per poll.
 
 Journal events (`/v1/events`; the daemon's, not the engine's: the engine does not scrape):
-- `stalled`: `run`, `requests_running`, `requests_waiting`, `stalled_since`, `stalled_for_s`,
+- `stalled`: `run`, `requests_running`, `requests_waiting`, `requests_in_flight` (the API
+  server's `/load`, null without load tracking), `evidence` (`engine`, `server`, `canary`),
+  `ranks` (data parallel: the ranks that stalled), `stalled_since`, `stalled_for_s`,
   `stall_after_s`, `on_stall`;
-- `stall_cleared`: `run`, `lasted_s`, `state` (its state now), `why` (`progress`, `idle` or
-  `not ready`).
-With `on_stall` the engine adds `stall_restart` (`run`, `pid`, `why`), then the usual `exit`
-(reason `stalled`) and `restart_scheduled`.
+- `stall_cleared`: `run`, `lasted_s`, `state` (its state now), `why` (`progress`, `idle`,
+  `not ready`, or `off`: detection turned off). A poll that cannot tell (`stalled` null: the
+  figures stale for a moment) ends nothing.
+With `on_stall` the engine adds `stall_restart` (`run`, `pid`, `why`, `rank` for a data-parallel
+rank), then the usual `exit` (reason `stalled`, with that `rank`) and `restart_scheduled`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
+from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import InstanceStatus
-from vsup.states import State
+
+
+class StallJournal(Protocol):
+    """Where the events go (`Journal.append`)."""
+
+    def __call__(self, kind: str, instance: str | None = None, **fields: object) -> object: ...
+
+
+class HasSpec(Protocol):
+    """An engine instance, as far as this module reads it."""
+
+    @property
+    def spec(self) -> InstanceSpec: ...
+
+
+class RouterWake(Protocol):
+    def wake(self) -> None: ...
+
+
+class StallEngine(Protocol):
+    """What StallActions uses of the engine."""
+
+    @property
+    def instances(self) -> Mapping[str, HasSpec]: ...
+
+    @property
+    def router(self) -> RouterWake | None: ...
+
+    def restart_stalled(self, name: str, why: str, rank: int | None = None) -> bool: ...
 
 
 @dataclass
@@ -30,11 +63,35 @@ class _Stall:
     for_s: float
 
 
+def stall_work(inst: InstanceStatus) -> str:
+    """The work that made no progress, for people: `3 running, 5 waiting`, `2 requests in
+    flight at the API server and none at the engine` (data parallel: `.. and 1 of them at the
+    engines`), `a canary request unanswered`; with `data-parallel rank 1: ` before it when
+    ranks are named."""
+    evidence = inst.stall_evidence
+    if evidence == "server":
+        n = inst.requests_in_flight or 0
+        shown = int((inst.requests_running or 0) + (inst.requests_waiting or 0))
+        work = f"{n} request{'s' if n != 1 else ''} in flight at the API server and "
+        work += f"{shown} of them at the engines" if shown else "none at the engine"
+    elif evidence == "canary":
+        work = "a canary request (max_tokens 1) unanswered"
+    else:
+        work = (
+            f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting"
+        )
+    ranks = inst.stalled_ranks
+    if ranks:
+        which = ", ".join(str(r) for r in ranks)
+        work = f"data-parallel rank{'s' if len(ranks) > 1 else ''} {which}: {work}"
+    return work
+
+
 class StallActions:
     """Fed each snapshot's instances; `journal(kind, instance, **keys)` records events and
-    `engine.restart_stalled(name, why)` restarts (the engine's normal restart path)."""
+    `engine.restart_stalled(name, why, rank)` restarts (the engine's normal restart path)."""
 
-    def __init__(self, journal: Callable[..., Any], engine: Any) -> None:
+    def __init__(self, journal: StallJournal, engine: StallEngine) -> None:
         self._journal = journal
         self._engine = engine
         self._stalled: dict[str, _Stall] = {}
@@ -48,10 +105,20 @@ class StallActions:
                 self._began(inst)
             elif inst.stalled and known is not None:
                 known.for_s = inst.stalled_for_s or known.for_s
-            elif known is not None:
+            elif known is not None and not self._unknown_meanwhile(inst, known):
                 self._ended(inst, known)
         for name in [n for n in self._stalled if n not in seen]:
             del self._stalled[name]  # removed from the layout
+
+    def _unknown_meanwhile(self, inst: InstanceStatus, known: _Stall) -> bool:
+        """A reading that cannot tell (`stalled` null: figures gone stale for a moment, a
+        slow scrape on a loaded node) of the same ready run with detection still on: the stall
+        is not over, it is only not seen this poll. Ending it there would journal a
+        `stall_cleared` and then a second `stalled` for one freeze."""
+        if inst.stalled is not None or not inst.is_ready or inst.run != known.run:
+            return False
+        spec = self._spec(inst.name)
+        return spec is not None and bool(spec.stall_after_s)
 
     def _began(self, inst: InstanceStatus) -> None:
         self._stalled[inst.name] = _Stall(inst.run, inst.stalled_for_s or 0.0)
@@ -64,6 +131,9 @@ class StallActions:
             run=inst.run,
             requests_running=inst.requests_running,
             requests_waiting=inst.requests_waiting,
+            requests_in_flight=inst.requests_in_flight,
+            evidence=inst.stall_evidence,
+            ranks=list(inst.stalled_ranks),
             stalled_since=inst.stalled_since,
             stalled_for_s=inst.stalled_for_s,
             stall_after_s=after,
@@ -71,18 +141,24 @@ class StallActions:
         )
         self._membership_changed()
         if on_stall:
+            limit = f" (stall_after_s = {after:g})" if after is not None else ""
             why = (
-                f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} "
-                f"waiting and no token processed for {inst.stalled_for_s or 0:.0f} s "
-                f"(stall_after_s = {after:g})"
+                f"{stall_work(inst)} and no token processed for "
+                f"{inst.stalled_for_s or 0:.0f} s{limit}"
             )
-            self._engine.restart_stalled(inst.name, why)
+            # one rank named: the exit says which (several: the message names them)
+            rank = inst.stalled_ranks[0] if len(inst.stalled_ranks) == 1 else None
+            self._engine.restart_stalled(inst.name, why, rank)
 
     def _ended(self, inst: InstanceStatus, known: _Stall) -> None:
         del self._stalled[inst.name]
-        if inst.state != State.READY or inst.run != known.run:
+        if not inst.is_ready or inst.run != known.run:
             why = "not ready"
-        elif inst.stalled is False and not (inst.requests_running or inst.requests_waiting):
+        elif inst.stalled is None:
+            why = "off"  # stall_after_s turned to 0 (`_unknown_meanwhile` keeps the rest)
+        elif inst.stalled is False and not (
+            inst.requests_running or inst.requests_waiting or inst.requests_in_flight
+        ):
             why = "idle"
         else:
             why = "progress"
@@ -99,10 +175,10 @@ class StallActions:
     def _membership_changed(self) -> None:
         """A stalled instance leaves the router's workers (the daemon's `exclude` hook) now,
         and rejoins when it clears, not at the router's next periodic check."""
-        router = getattr(self._engine, "router", None)
+        router = self._engine.router
         if router is not None:
             router.wake()
 
-    def _spec(self, name: str) -> Any:
+    def _spec(self, name: str) -> InstanceSpec | None:
         inst = self._engine.instances.get(name)
         return inst.spec if inst is not None else None

@@ -55,6 +55,7 @@ LIVE_FIELDS = frozenset(
         "unhealthy_after",
         "unhealthy_grace_s",
         "stall_after_s",
+        "canary_interval_s",
         "profiles",
     }
 )
@@ -405,11 +406,12 @@ class Engine:
             await self.until(lambda: not self._restarting(inst))
             await self.wait(name, DONE_STARTING)
 
-    def restart_stalled(self, name: str, why: str) -> bool:
+    def restart_stalled(self, name: str, why: str, rank: int | None = None) -> bool:
         """End a stalled run and let the restart policy bring it back (`restart.on_stall`):
         like a crash, the exit (reason `stalled`) counts as a failure, so restarts back off and
-        the breaker trips on a server that stalls again and again. False when there is nothing
-        to do: not `ready`, no process, or a stall restart already under way."""
+        the breaker trips on a server that stalls again and again. `rank`: the data-parallel
+        rank that stalled (the exit names it). False when there is nothing to do: not `ready`,
+        no process, or a stall restart already under way."""
         inst = self._get(name)
         if (
             inst.state != State.READY
@@ -418,8 +420,9 @@ class Engine:
             or not isinstance(inst.control.intent, Run)
         ):
             return False
-        inst.control.stall_restart(why)
-        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why)
+        inst.control.stall_restart(why, rank)
+        extra = {"rank": rank} if rank is not None else {}
+        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why, **extra)
         inst.control.kick.set()
         return True
 

@@ -54,6 +54,7 @@ class Restart:
     spec: InstanceSpec | None = None
     cause: ExitReason = ExitReason.STOPPED
     why: str | None = None
+    rank: int | None = None  # data parallel: the rank that stalled (its exit's `rank`)
 
 
 Intent = Run | Stop | Restart
@@ -181,9 +182,10 @@ class IntentCell:
             spec = old.spec
         self._move(Restart(drain, drain_timeout_s, spec), "restart")
 
-    def stall_restart(self, why: str) -> None:
-        """restart.on_stall: end the stalled run as `stalled`. Only from a plain run."""
-        self._move(Restart(cause=ExitReason.STALLED, why=why), "stall")
+    def stall_restart(self, why: str, rank: int | None = None) -> None:
+        """restart.on_stall: end the stalled run as `stalled` (`rank`: the data-parallel rank
+        that stalled, if one did). Only from a plain run."""
+        self._move(Restart(cause=ExitReason.STALLED, why=why, rank=rank), "stall")
 
     def take(self) -> InstanceSpec | None:
         """The runner begins a start: a pending restart is taken (its spec, if any, is

@@ -269,6 +269,9 @@ class Runner:
         inst.process = None
         died = proc.ranks.died
         rank = died[0] if died is not None else None
+        stall = inst.control.stall
+        if rank is None and cause == ExitReason.STALLED and stall is not None:
+            rank = stall.rank  # the data-parallel rank that stalled, if one did
         if died is not None and not classified.excerpt:
             # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
             classified = Classified(classified.reason, _rank_died(*died))
@@ -334,7 +337,8 @@ class Runner:
                 fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
         if rank is not None and decision.action == Action.FAILED and lc.failed_why:
-            lc.failed_why += f" (its last run ended when data-parallel rank {rank} died)"
+            what = "stalled" if last.reason == ExitReason.STALLED else "died"
+            lc.failed_why += f" (its last run ended when data-parallel rank {rank} {what})"
         e.emit(
             inst,
             "exit",

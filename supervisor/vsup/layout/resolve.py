@@ -11,11 +11,16 @@ from typing import Any
 
 from vsup.layout.cpubind import bind_cpu_instances
 from vsup.layout.diagnostics import LayoutError
+from vsup.layout.flags import flag_name
 from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
 from vsup.layout.model import Layout
 from vsup.layout.modelpath import resolve_model_path
-from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.spec import LOAD_TRACKING_FLAG, InstanceSpec, RestartPolicy
 from vsup.layout.structure import check_structure
+from vsup.layout.vllm_flags import flags_for_command
+
+_NO_LOAD_TRACKING = "--no-" + LOAD_TRACKING_FLAG[2:]
+_LOAD_TRACKING_FLAGS = (LOAD_TRACKING_FLAG, _NO_LOAD_TRACKING)
 
 
 def _env_str(v: Any) -> str:
@@ -28,7 +33,12 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
     """The engine's InstanceSpec for one merged instance (assumes its structure checked out)."""
     v = m.values
     restart = dict(v.get("restart", {}))
-    args = {k: a for k, a in v.get("args", {}).items() if a is not False}
+    raw_args = v.get("args", {})
+    args = {
+        k: a
+        for k, a in raw_args.items()
+        if a is not False and flag_name(k) not in _LOAD_TRACKING_FLAGS
+    }
     util = v.get("gpu_memory_utilization")
     return InstanceSpec(
         name=v["name"],
@@ -56,11 +66,28 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         unhealthy_after=int(v["unhealthy_after"]),
         unhealthy_grace_s=float(v["unhealthy_grace_s"]),
         stall_after_s=float(v.get("stall_after_s", InstanceSpec.stall_after_s)),
+        canary_interval_s=float(v.get("canary_interval_s", InstanceSpec.canary_interval_s)),
+        load_tracking=load_tracking(raw_args, v["command"]),
         profiles=tuple(layout.profiles),
         revision=v.get("revision"),
         hf_token_env=v.get("hf_token_env"),
         pull=bool(v.get("pull", True)),
     )
+
+
+def load_tracking(args: dict[str, Any], command: Sequence[str]) -> bool:
+    """Whether vsup adds `--enable-server-load-tracking` (stall detection reads `/load`):
+    as `args` says when it names the flag (`= false`, or `no-... = true`, turns it off), else
+    when the instance's vLLM has the flag. vsup's frozen flag list, used when no vLLM is found,
+    does not count: an unknown flag would stop vLLM at start."""
+    for key, value in args.items():
+        name = flag_name(key)
+        if name == LOAD_TRACKING_FLAG:
+            return value is not False
+        if name == _NO_LOAD_TRACKING:
+            return value is False
+    flags = flags_for_command(list(command))
+    return not flags.frozen and flags.knows(LOAD_TRACKING_FLAG[2:])
 
 
 def resolve_specs(layout: Layout, profile_dirs: Sequence[Path] | None = None) -> list[InstanceSpec]:

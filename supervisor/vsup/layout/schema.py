@@ -283,6 +283,13 @@ COMMON_KEYS: dict[str, Key] = {
             _not_negative,
         ),
         Key(
+            "canary_interval_s",
+            "number",
+            "seconds between the max_tokens = 1 requests vsup sends an idle instance to catch a "
+            "frozen engine (0: never, the default)",
+            _not_negative,
+        ),
+        Key(
             "gpu_memory_utilization",
             "number",
             "fraction of each GPU's memory the instance may take",
@@ -395,6 +402,7 @@ def builtin_defaults() -> dict[str, Any]:
         "unhealthy_after": spec_defaults["unhealthy_after"],
         "unhealthy_grace_s": spec_defaults["unhealthy_grace_s"],
         "stall_after_s": spec_defaults["stall_after_s"],
+        "canary_interval_s": spec_defaults["canary_interval_s"],
     }
 
 

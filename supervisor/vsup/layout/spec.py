@@ -16,6 +16,10 @@ from vsup.layout.parallel import TP_FLAG, ParallelShape, find_arg, parallel_shap
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 
+# vLLM's switch for `GET /load` (its API server's count of requests in flight), which stall
+# detection reads (telemetry/stall.py); vsup adds it where the vLLM knows it (layout/resolve.py).
+LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
+
 # Environment variables removed from every child: vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and
 # HIP_VISIBLE_DEVICES beside it renumbers devices a second time.
 REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
@@ -56,6 +60,12 @@ class InstanceSpec:
     # requests running or waiting and no token processed this long, /health still 200: the
     # instance is `stalled` (telemetry/stall.py); 0 turns the detection off
     stall_after_s: float = 60.0
+    # an idle instance gets one max_tokens = 1 request this often, answered within
+    # stall_after_s or it is stalled (telemetry/stall.py); 0: never
+    canary_interval_s: float = 0.0
+    # --enable-server-load-tracking on its command line: vsup reads its /load. False for a spec
+    # built by hand or kept from a vsup that did not add it (the process runs without it).
+    load_tracking: bool = False
     profiles: tuple[str, ...] = ()
     # A hub model (docs/pull.md): the revision (branch, tag or commit) every replica loads; the
     # daemon's variable holding a Hugging Face token (never the token); whether vsup pulls it
@@ -117,6 +127,8 @@ class InstanceSpec:
         argv = [*self.command, "--model", model, "--host", self.host, "--port", str(self.port)]
         if self.gpus and self.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
+        if self.load_tracking and find_arg(self.args, LOAD_TRACKING_FLAG) is None:
+            argv.append(LOAD_TRACKING_FLAG)
         args = dict(self.args)
         if self.model_path:
             # clients keep asking for the hub id, not the snapshot's path

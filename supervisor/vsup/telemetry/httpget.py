@@ -8,10 +8,11 @@ line itself and reads the answer with asyncio streams, at a small fraction of th
 figures before and after: docs/benchmarks.md ("What the benchmarks changed",
 `benchmarks/overhead.py`).
 
-It does only what vLLM's endpoints need: GET, `Content-Length` or chunked bodies (or a body
-until the server closes), keep-alive with one pool of idle connections per host:port, a
-retry on a fresh connection when a kept-alive one turns out closed, a cap on the body size,
-one deadline per request. Errors are `HttpError` subclasses carrying a message for people.
+It does only what vLLM's endpoints need: GET (and a JSON POST: the stall canary),
+`Content-Length` or chunked bodies (or a body until the server closes), keep-alive with one
+pool of idle connections per host:port, a retry on a fresh connection when a kept-alive one
+turns out closed (GETs only), a cap on the body size, one deadline per request. Errors are
+`HttpError` subclasses carrying a message for people.
 """
 
 from __future__ import annotations
@@ -76,20 +77,49 @@ class HttpGetter:
 
     async def get(self, url: str, timeout: float, connect_timeout: float | None = None) -> Response:
         """GET `url` (http:// only). Raises HttpError; `timeout` bounds the whole request."""
+        return await self.request("GET", url, timeout, connect_timeout)
+
+    async def post_json(
+        self,
+        url: str,
+        body: bytes,
+        timeout: float,
+        connect_timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """POST a JSON `body` to `url` (the canary's one completion). Never retried on a new
+        connection once sent: a POST that reached the server must not run twice."""
+        return await self.request("POST", url, timeout, connect_timeout, body, headers)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        timeout: float,
+        connect_timeout: float | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """One request over a kept-alive connection. Raises HttpError."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise HttpError(f"{url}: only http://HOST[:PORT]/PATH URLs are supported here")
         host, port = parts.hostname, parts.port or 80
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         netloc = f"[{host}]" if ":" in host else host
+        extra = self._extra + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        if body is not None:
+            extra += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         request = (
-            f"GET {path} HTTP/1.1\r\nHost: {netloc}:{port}\r\nUser-Agent: vsup\r\n"
-            f"Accept: */*\r\n{self._extra}\r\n"
-        ).encode("latin-1")
+            f"{method} {path} HTTP/1.1\r\nHost: {netloc}:{port}\r\nUser-Agent: vsup\r\n"
+            f"Accept: */*\r\n{extra}\r\n"
+        ).encode("latin-1") + (body or b"")
         key = (host, port)
         try:
             async with asyncio.timeout(timeout):
-                conn = self._take(key)
+                # A POST goes on a fresh connection: a kept-alive one the server closed meanwhile
+                # would need a retry, and a retried POST may run twice.
+                conn = self._take(key) if body is None else None
                 if conn is not None:
                     try:
                         return await self._exchange(key, conn, request)

@@ -17,6 +17,10 @@ figures only), the baseline against which growth is judged (control/advice.py).
 A failed scrape keeps the last good figures for `stale_after_s` (a blip does not blank the
 dashboard), then they become unknown (a dead server's last KV usage is not its current one).
 The history gets a point per scrape, with gaps (None) for failed ones.
+
+Stall detection (stall.py) is fed each good scrape with its `/load` count, and the canary's
+outcomes: `canary_due(interval_s)` says when an idle server is owed one, `canary_sent()` /
+`canary_done(result, engine, sent)` bracket it (the I/O is the daemon's: control/monitor.py).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from vsup.telemetry.logwatch import LogUpdate, LogWatcher
 from vsup.telemetry.memprofile import EMPTY_FIELDS
 from vsup.telemetry.metrics import VllmMetrics
 from vsup.telemetry.rates import History, InstanceRates, Rates
-from vsup.telemetry.scrape import ScrapeResult
-from vsup.telemetry.stall import StallView, StallWatch
+from vsup.telemetry.scrape import CanaryOutcome, CanaryResult, ScrapeResult
+from vsup.telemetry.stall import StallView, StallWatch, Stamp
 from vsup.telemetry.view import telemetry_fields
 
 STALE_AFTER_S = 5.0
@@ -61,7 +65,13 @@ class InstanceTelemetry:
         self._metrics_at: float | None = None
         self._cache_config: dict[str, str] | None = None
         self._hbm_start: int | None = None
+        self._server_load: int | None = None
         self.last_error: str | None = None
+        self.canary_model: str | None = None  # this run's model id, for its canary requests
+        self._canary_sent_at: float | None = None
+        self._canary_in_flight = False
+        self.canary_rank = 0  # data parallel: the rank the next canary goes to
+        self.canary_error: str | None = None  # the last canary that failed (not a stall)
 
     def start_run(
         self, run: int, log_path: str | os.PathLike[str] | None, log_offset: int = 0
@@ -74,6 +84,11 @@ class InstanceTelemetry:
         self._metrics_at = None
         self._cache_config = None
         self._hbm_start = None
+        self._server_load = None
+        self.canary_model = None
+        self._canary_sent_at = None
+        self._canary_in_flight = False
+        self.canary_error = None
         self.stall.clear()
 
     def poll_log(self) -> LogUpdate | None:
@@ -86,7 +101,14 @@ class InstanceTelemetry:
         if result.ok:
             self._metrics, self._metrics_at = result.metrics, now
             self.rates.observe(result.metrics, run=self.run, t=now)
-            self.stall.observe(result.metrics, now, self._clock.wall())
+            self._server_load = result.server_load
+            self.stall.observe(
+                result.metrics,
+                now,
+                self._clock.wall(),
+                server_load=result.server_load,
+                load_failed=result.load_error is not None,
+            )
             if result.metrics.cache_config is not None:
                 self._cache_config = dict(result.metrics.cache_config)
             self.last_error = None
@@ -105,6 +127,7 @@ class InstanceTelemetry:
         """The process is gone: no current figures, no rates (the history stays)."""
         self._metrics = None
         self._metrics_at = None
+        self._server_load = None
         self.rates.clear()
         self.stall.clear()
 
@@ -117,9 +140,46 @@ class InstanceTelemetry:
             return None
         return self._metrics
 
+    @property
+    def server_load(self) -> int | None:
+        """Requests in flight at the API server (`/load`) as of the latest good scrape, unless
+        that is stale; None without load tracking."""
+        return self._server_load if self.metrics is not None else None
+
     def stall_view(self, stall_after_s: float | None) -> StallView:
-        """Whether this run has work and processes no token (telemetry/stall.py)."""
+        """Whether this run has work and makes no progress (telemetry/stall.py)."""
         return self.stall.view(self._clock.monotonic(), stall_after_s, self.stale_after_s)
+
+    def canary_due(self, interval_s: float) -> bool:
+        """Whether an idle server is owed a canary now: fresh figures that show no work, none
+        in flight, and `interval_s` since the last one was sent."""
+        if interval_s <= 0 or self._canary_in_flight or self.metrics is None:
+            return False
+        if self.stall.idle is not True:
+            return False
+        last = self._canary_sent_at
+        return last is None or self._clock.monotonic() - last >= interval_s
+
+    def canary_sent(self) -> Stamp:
+        """A canary leaves now; returns when (pass it to `canary_done`)."""
+        self._canary_in_flight = True
+        self._canary_sent_at = self._clock.monotonic()
+        return Stamp(self._canary_sent_at, self._clock.wall())
+
+    def canary_done(self, result: CanaryResult | None, engine: str | None, sent: Stamp) -> None:
+        """A canary's outcome (None: it could not be sent, e.g. no model id yet). A timeout is
+        a stall of `engine` from `sent`; an answer clears an earlier lost one; a failure is
+        kept in `canary_error` and judges nothing."""
+        self._canary_in_flight = False
+        if result is None:
+            return
+        if result.outcome == CanaryOutcome.TIMED_OUT:
+            self.stall.canary_lost(engine, sent.t, sent.wall)
+        elif result.outcome == CanaryOutcome.ANSWERED:
+            self.canary_error = None
+            self.stall.canary_answered()
+        else:
+            self.canary_error = result.error
 
     @property
     def current_rates(self) -> Rates:
@@ -151,6 +211,7 @@ class InstanceTelemetry:
         profile = self.watcher.memory.profile() if self.watcher is not None else None
         out.update(profile.fields() if profile is not None else EMPTY_FIELDS)
         out["hbm_start_bytes"] = self._hbm_start
+        out["requests_in_flight"] = self.server_load
         return out
 
     def _note_hbm(self, hbm: HbmFigure | None) -> None:

@@ -17,12 +17,17 @@ Names across versions (the newer one wins when a payload has both):
   `num_gpu_blocks` x `block_size`.
 - `process_start_time_seconds` (the API server's start): a change means a restarted server,
   which is how rates.py tells a counter reset from a counter that grew past its old value.
+- `vllm:request_success_total{finished_reason=...}` (finished requests, summed over reasons)
+  and `vllm:engine_sleep_state{sleep_state="awake"}` (0 while the engine sleeps: sleep mode):
+  read for stall detection (stall.py), per engine.
 
 Several series of one family (data-parallel engines, label `engine`; or several `model_name`s)
 are combined so the result describes the whole server: counters and request gauges are summed;
 KV usage is the mean weighted by each engine's KV capacity (a plain mean when a capacity is
 unknown), i.e. the fraction of all the server's KV blocks in use; KV capacity is the sum over
-engines. Non-finite values (NaN, +Inf) are unknown, not numbers to add.
+engines. Non-finite values (NaN, +Inf) are unknown, not numbers to add. `per_engine` keeps each
+engine's own figures too (`EngineFigures`, keyed by the `engine` label, "" when a payload has
+none): a hung data-parallel rank next to working ones shows only there.
 
 Nothing here raises on bad input: a malformed line is skipped and counted in `bad_lines`, and a
 payload without vLLM metrics gives every value `None` with `vllm_seen` False.
@@ -33,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from vsup.telemetry.promtext import parse_sample
@@ -50,6 +55,10 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES_LEGACY = "vllm:gpu_prefix_cache_queries_total"
 PREFIX_HITS_LEGACY = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
+REQUEST_SUCCESS = "vllm:request_success_total"
+# vLLM's sleep_state label value for the awake gauge (vLLM's word, not a vsup state)
+_AWAKE = "awake"
+SLEEP_STATE = "vllm:engine_sleep_state"
 START_TIME = "process_start_time_seconds"
 
 VLLM_FAMILIES = (
@@ -65,17 +74,57 @@ VLLM_FAMILIES = (
     PREFIX_QUERIES_LEGACY,
     PREFIX_HITS_LEGACY,
     CACHE_CONFIG,
+    REQUEST_SUCCESS,
+    SLEEP_STATE,
 )
+# The families summed per engine (EngineFigures) besides KV usage and the sleep state.
+_PER_ENGINE = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS)
 
 # The literal prefix `\nvllm:` lets the regex engine jump between candidate lines; the
 # alternation then keeps only the wanted names, followed by `{` or a blank (so that
 # `vllm:num_preemptions_total` never matches `vllm:num_preemptions_total_foo`).
+# Of the sleep state only the `awake` series is read (a lookahead skips its other two).
+_SLEEP_AWAKE = r'(?=\{[^}\n]*sleep_state="awake")'
 _WANTED = re.compile(
     r"\n(vllm:(?:"
-    + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
+    + "|".join(
+        re.escape(n[len("vllm:") :]) + (_SLEEP_AWAKE if n == SLEEP_STATE else "")
+        for n in VLLM_FAMILIES
+    )
     + r"))([{ \t][^\n]*)"
 )
 _START = "\n" + START_TIME
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """One engine's (one data-parallel rank's) own figures; None = not in the payload."""
+
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    request_success_total: float | None = None  # finished requests, every finished_reason
+    kv_cache_usage: float | None = None  # 0..1
+    sleeping: bool | None = None  # sleep mode: the engine sleeps (requests wait by design)
+
+    @property
+    def busy(self) -> bool | None:
+        """Requests running or waiting at this engine, as its last stats said; None: no
+        request gauges in the payload."""
+        if self.requests_running is None and self.requests_waiting is None:
+            return None
+        return (self.requests_running or 0) > 0 or (self.requests_waiting or 0) > 0
+
+    @property
+    def requests(self) -> float | None:
+        """Running + waiting; None without request gauges."""
+        if self.requests_running is None and self.requests_waiting is None:
+            return None
+        return (self.requests_running or 0) + (self.requests_waiting or 0)
+
+
+_NO_ENGINES: Mapping[str, EngineFigures] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -88,6 +137,7 @@ class VllmMetrics:
     requests_waiting: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    request_success_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     cache_config: Mapping[str, str] | None = None  # labels of the first engine's series
@@ -98,6 +148,8 @@ class VllmMetrics:
     legacy_names: tuple[str, ...] = ()  # pre-0.12 family names this payload was read through
     vllm_seen: bool = False  # any `vllm:` sample at all (False: not vLLM, or --disable-log-stats)
     bad_lines: int = 0  # wanted lines that did not parse
+    # each engine's own figures, by `engine` label ("" without one), in engine order
+    per_engine: Mapping[str, EngineFigures] = field(default_factory=lambda: _NO_ENGINES)
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -210,13 +262,15 @@ def parse_metrics(text: str) -> VllmMetrics:
             if "model_name" in labels:
                 models.add(labels["model_name"])
 
+    kv_rows = pick(KV_USAGE, KV_USAGE_LEGACY)
     return VllmMetrics(
-        kv_cache_usage=_weighted_mean(pick(KV_USAGE, KV_USAGE_LEGACY), capacities),
+        kv_cache_usage=_weighted_mean(kv_rows, capacities),
         preemptions_total=_sum(series.get(PREEMPTIONS)),
         requests_running=_sum(series.get(RUNNING)),
         requests_waiting=_sum(series.get(WAITING)),
         prompt_tokens_total=_sum(series.get(PROMPT_TOKENS)),
         generation_tokens_total=_sum(series.get(GENERATION_TOKENS)),
+        request_success_total=_sum(series.get(REQUEST_SUCCESS)),
         prefix_cache_queries_total=_sum(pick(PREFIX_QUERIES, PREFIX_QUERIES_LEGACY)),
         prefix_cache_hits_total=_sum(pick(PREFIX_HITS, PREFIX_HITS_LEGACY)),
         cache_config=MappingProxyType(dict(first_config)) if first_config is not None else None,
@@ -227,6 +281,47 @@ def parse_metrics(text: str) -> VllmMetrics:
         legacy_names=tuple(legacy),
         vllm_seen=vllm_seen,
         bad_lines=bad,
+        per_engine=_per_engine(series, kv_rows),
+    )
+
+
+def _per_engine(
+    series: Mapping[str, list[tuple[dict[str, str], float]]],
+    kv_rows: list[tuple[dict[str, str], float]] | None,
+) -> Mapping[str, EngineFigures]:
+    """Each engine's own figures (summed over its other labels: model names, reasons)."""
+    sums: dict[tuple[str, str], float] = {}
+    engines: set[str] = set()
+    for family in _PER_ENGINE:
+        for labels, value in series.get(family, ()):
+            if math.isfinite(value):
+                key = (labels.get("engine", ""), family)
+                sums[key] = sums.get(key, 0.0) + value
+                engines.add(key[0])
+    kv: dict[str, float] = {}
+    for labels, value in kv_rows or ():
+        if math.isfinite(value):
+            kv.setdefault(labels.get("engine", ""), value)
+    sleeping: dict[str, bool] = {}
+    for labels, value in series.get(SLEEP_STATE, ()):
+        if labels.get("sleep_state") == _AWAKE and math.isfinite(value):
+            sleeping[labels.get("engine", "")] = value == 0
+    engines |= set(kv) | set(sleeping)
+    if not engines:
+        return _NO_ENGINES
+    return MappingProxyType(
+        {
+            e: EngineFigures(
+                requests_running=sums.get((e, RUNNING)),
+                requests_waiting=sums.get((e, WAITING)),
+                prompt_tokens_total=sums.get((e, PROMPT_TOKENS)),
+                generation_tokens_total=sums.get((e, GENERATION_TOKENS)),
+                request_success_total=sums.get((e, REQUEST_SUCCESS)),
+                kv_cache_usage=kv.get(e),
+                sleeping=sleeping.get(e),
+            )
+            for e in sorted(engines, key=_engine_order)
+        }
     )
 
 

@@ -1,4 +1,4 @@
-"""Scraping vLLM servers: `/metrics` and `/health`, many at once, never raising.
+"""Scraping vLLM servers: `/metrics`, `/load` and `/health`, many at once, never raising.
 
 One `Scraper` per daemon keeps one connection per server alive and reuses it every poll instead
 of a handshake per scrape. Plain-http servers (every vLLM vsup runs) go through `httpget`, a
@@ -8,14 +8,22 @@ request); https URLs (`vsup probe` of a remote server) go through httpx. Every r
 own timeout; `scrape_all` runs the requests concurrently and reports each result as it lands
 (`on_result`), so a slow or dead server delays nobody else. Results carry errors as text;
 nothing here raises for a server that misbehaves.
+
+`/load` (`{"server_load": N}`, vLLM's `--enable-server-load-tracking`: the API server's own
+count of requests in flight) is read with the scrape when asked (`with_load`), on the same
+kept-alive connection just before `/metrics`. Without that flag vLLM answers 0 whatever runs,
+so it is asked only of servers started with it. `canary()` is stall detection's one request
+to an idle server (telemetry/stall.py): a `max_tokens = 1` completion with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import TypeVar
 
 import httpx
@@ -42,6 +50,27 @@ class ScrapeResult:
     parse_ms: float = 0.0
     size_bytes: int = 0
     text: str | None = None  # the payload, only when asked for (`keep_text`)
+    # `/load`'s requests in flight at the API server (asked with `with_load`); None: not
+    # asked, or no usable answer (`load_error` says why)
+    server_load: int | None = None
+    load_error: str | None = None
+
+
+class CanaryOutcome(StrEnum):
+    ANSWERED = "answered"  # HTTP 200 with a completion
+    TIMED_OUT = "timed_out"  # connected, no answer within the deadline: a frozen engine
+    FAILED = "failed"  # refused, an HTTP error, a bad answer: not a stall (see `error`)
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    """One canary request (`Scraper.canary`)."""
+
+    url: str
+    outcome: CanaryOutcome
+    status: int | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,8 +147,121 @@ class Scraper:
         *,
         timeout_s: float | None = None,
         keep_text: bool = False,
+        with_load: bool = False,
     ) -> ScrapeResult:
-        """GET `base_url`/metrics and parse it. Never raises (except cancellation)."""
+        """GET `base_url`/metrics and parse it; with `with_load`, `/load` first (on the same
+        connection). Never raises (except cancellation)."""
+        if not with_load:
+            return await self._metrics(base_url, timeout_s, keep_text)
+        load, load_error = await self.load(base_url, timeout_s=timeout_s)
+        result = await self._metrics(base_url, timeout_s, keep_text)
+        return replace(result, server_load=load, load_error=load_error)
+
+    async def load(
+        self, base_url: str, *, timeout_s: float | None = None
+    ) -> tuple[int | None, str | None]:
+        """`/load`'s `server_load` (requests in flight at the API server), or None and why.
+        Never raises (except cancellation)."""
+        url = _join(base_url, "/load")
+        try:
+            status, body = await self._get(url, timeout_s or self.timeout_s)
+        except (httpx.HTTPError, httpget.HttpError) as exc:
+            return None, _describe(exc, url)
+        if status != 200:
+            return None, f"{url} answered HTTP {status}"
+        try:
+            value = json.loads(body)["server_load"]
+        except (ValueError, KeyError, TypeError):
+            return None, f"{url} sent no server_load: {body[:80]!r}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None, f"{url} sent server_load {value!r}, not a count"
+        return value, None
+
+    async def served_model(
+        self, base_url: str, *, headers: Mapping[str, str] | None = None
+    ) -> str | None:
+        """The first model id `/v1/models` lists (what a completion names), or None."""
+        url = _join(base_url, "/v1/models")
+        try:
+            if self._transport is None and url.startswith("http://"):
+                resp = await self._fast.request(
+                    "GET", url, self.timeout_s, min(self.timeout_s, 1.0), headers=headers
+                )
+                status, body = resp.status, resp.body
+            else:
+                r = await self._httpx().get(url, headers=dict(headers or {}))
+                status, body = r.status_code, r.content
+            if status != 200:
+                return None
+            model = json.loads(body)["data"][0]["id"]
+        except (httpx.HTTPError, httpget.HttpError, ValueError, KeyError, IndexError, TypeError):
+            return None
+        return model if isinstance(model, str) and model else None
+
+    async def canary(
+        self,
+        base_url: str,
+        model: str,
+        timeout_s: float,
+        *,
+        rank: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> CanaryResult:
+        """One `max_tokens = 1` completion of a one-character prompt, answered within
+        `timeout_s` or not. `rank` pins a data-parallel rank (vLLM's `X-data-parallel-rank`
+        header). Never raises (except cancellation)."""
+        url = _join(base_url, "/v1/completions")
+        body = json.dumps({"model": model, "prompt": ".", "max_tokens": 1}).encode()
+        sent = dict(headers or {})
+        if rank is not None:
+            sent["X-data-parallel-rank"] = str(rank)
+        t0 = time.perf_counter()
+        try:
+            if self._transport is None and url.startswith("http://"):
+                resp = await self._fast.post_json(
+                    url, body, timeout_s, connect_timeout=min(timeout_s, 1.0), headers=sent
+                )
+                status, answer = resp.status, resp.body
+            else:
+                r = await self._httpx().post(
+                    url,
+                    content=body,
+                    headers={**sent, "Content-Type": "application/json"},
+                    timeout=_timeout(timeout_s),
+                )
+                status, answer = r.status_code, r.content
+        except (httpget.Timeout, httpx.TimeoutException) as exc:
+            # connecting is bounded apart (1 s): a timeout after that is a server that took
+            # the request and gave nothing back
+            if isinstance(exc, httpx.ConnectTimeout):
+                outcome = CanaryOutcome.FAILED
+            else:
+                outcome = CanaryOutcome.TIMED_OUT
+            return CanaryResult(
+                url, outcome, error=_describe(exc, url), elapsed_s=time.perf_counter() - t0
+            )
+        except (httpx.HTTPError, httpget.HttpError) as exc:
+            return CanaryResult(
+                url,
+                CanaryOutcome.FAILED,
+                error=_describe(exc, url),
+                elapsed_s=time.perf_counter() - t0,
+            )
+        elapsed = time.perf_counter() - t0
+        if status != 200:
+            text = answer[:200].decode("utf-8", "replace")
+            return CanaryResult(
+                url,
+                CanaryOutcome.FAILED,
+                status=status,
+                error=f"{url} answered HTTP {status}: {text}",
+                elapsed_s=elapsed,
+            )
+        return CanaryResult(url, CanaryOutcome.ANSWERED, status=200, elapsed_s=elapsed)
+
+    async def _metrics(
+        self, base_url: str, timeout_s: float | None, keep_text: bool
+    ) -> ScrapeResult:
         url = _join(base_url, "/metrics")
         t0 = time.perf_counter()
         try:

@@ -29,6 +29,7 @@ class Column:
     priority: int = 0  # lower stays longer when the terminal is narrow
     gpu_only: bool = False  # dropped on a CPU node, where it is always unknown
     parallel_only: bool = False  # shown only when an instance runs DP or PP ranks
+    load_only: bool = False  # shown only when an instance reports requests in flight (/load)
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -45,6 +46,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("preempt", "PREEMPT", 7, right=True, priority=10),
     Column("preempt_rate", "PRE/M", 5, right=True, priority=3),
     Column("run_wait", "RUN/WAIT", 8, right=True, priority=5),
+    # requests in flight at the API server (/load): more than RUN/WAIT shows is the sign of
+    # requests waiting at a frozen engine
+    Column("in_flight", "LOAD", 4, right=True, priority=9, load_only=True),
     Column("tok_s", "TOK/S", 6, right=True, priority=4),
     Column("backend", "BACKEND", 16, priority=13),
     Column("model", "MODEL", 12, priority=14),  # takes what is left
@@ -53,12 +57,19 @@ PADDING = 2  # DataTable's cell padding, one cell each side
 MODEL_MIN = 12
 
 
-def columns_for(width: int, has_gpus: bool, has_parallel: bool = False) -> tuple[Column, ...]:
+def columns_for(
+    width: int, has_gpus: bool, has_parallel: bool = False, has_load: bool = False
+) -> tuple[Column, ...]:
     """The columns that fit `width` cells, most important first, shown in table order;
     the model column takes the remaining width. `has_parallel`: some instance runs data- or
-    pipeline-parallel ranks (`has_parallel_shape`), which adds the SHAPE column."""
+    pipeline-parallel ranks (`has_parallel_shape`), which adds the SHAPE column; `has_load`:
+    some instance reports the API server's requests in flight (`has_load_figures`): LOAD."""
     candidates = [
-        c for c in COLUMNS if (has_gpus or not c.gpu_only) and (has_parallel or not c.parallel_only)
+        c
+        for c in COLUMNS
+        if (has_gpus or not c.gpu_only)
+        and (has_parallel or not c.parallel_only)
+        and (has_load or not c.load_only)
     ]
     keep: set[str] = set()
     used = 0
@@ -82,6 +93,11 @@ def columns_for(width: int, has_gpus: bool, has_parallel: bool = False) -> tuple
             )
         out.append(col)
     return tuple(out)
+
+
+def has_load_figures(instances: Iterable[InstanceStatus]) -> bool:
+    """Whether any instance reports vLLM's /load (load tracking): the LOAD column then shows."""
+    return any(i.requests_in_flight is not None for i in instances)
 
 
 def has_parallel_shape(instances: Iterable[InstanceStatus]) -> bool:
@@ -172,6 +188,12 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
             fmt.running_waiting(inst.requests_running, inst.requests_waiting),
             "yellow" if waiting > 0 else "",
         )
+    if key == "in_flight":
+        n = inst.requests_in_flight
+        if n is None:
+            return (fmt.UNKNOWN, "dim")
+        shown = (inst.requests_running or 0) + (inst.requests_waiting or 0)
+        return (fmt.count(n), "yellow" if n > shown else "")
     if key == "tok_s":
         return (fmt.count(inst.generation_tokens_per_s), "")
     if key == "backend":

@@ -132,7 +132,9 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     first_pid = (await client.status())["instances"][0]["pid"]
 
     cfg = await client.config("a")
-    assert cfg["argv"][-2:] == ["--port", str(daemon.engine.instances["a"].spec.port)]
+    port = str(daemon.engine.instances["a"].spec.port)
+    # the emulator runs on vsup's own Python, whose vLLM (0.32) has load tracking: vsup adds it
+    assert cfg["argv"][-3:] == ["--port", port, "--enable-server-load-tracking"]
     assert cfg["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "s3cret" not in json.dumps(cfg) and "FAKE_KEY_VAR" in cfg["env"]["VLLM_API_KEY"]
 

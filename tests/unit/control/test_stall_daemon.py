@@ -1,6 +1,7 @@
 """Stall detection end to end in a running daemon, on vLLM emulators told what load to show
-(`--mode-file`: stall, idle, prefill, serve): the flag, the advice, the events, the alert, and
-`restart.on_stall` through the engine's restart policy."""
+(`--mode-file`: stall, idle, prefill, serve, frozen-idle): the flag, the advice, the events, the
+alert, `restart.on_stall` through the engine's restart policy, and a freeze that began while
+idle, seen through /load (load tracking) or the canary (without it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ pytestmark = pytest.mark.timeout(120)
 STALL_AFTER_S = 2
 
 
-def layout(modes: dict[str, Path], extra: str = "", restart: str = "") -> str:
+def layout(
+    modes: dict[str, Path],
+    extra: str = "",
+    restart: str = "",
+    args: str = "",
+    more: dict[str, str] | None = None,
+) -> str:
     cmd = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]
 name = "stalls"
@@ -42,7 +49,8 @@ restart = {{ policy = "on-failure", backoff_s = 0.2, backoff_max_s = 1, stable_s
 name = "{name}"
 gpus = []
 port = {free_port()}
-args = {{ mode-file = "{mode}" }}
+args = {{ mode-file = "{mode}"{args} }}
+{(more or {}).get(name, "")}
 """
     return text + extra
 
@@ -197,6 +205,49 @@ async def test_on_stall_restarts_through_the_restart_policy_until_the_breaker_tr
     await asyncio.sleep(STALL_AFTER_S + 1)
     inst = await instance(client, "a")
     assert inst["state"] == "ready" and inst["stalled"] is False
+
+
+async def test_a_freeze_while_idle_is_seen_through_load_or_the_canary(daemons, tmp_path) -> None:
+    # `frozen-idle`: the gauges say idle, the API server holds 3 requests, completions hang
+    _daemon, client = await daemons.start()
+    tracked = mode_files(tmp_path, tracked="serve")
+    await client.apply(layout(tracked), str(tmp_path / "l.toml"))
+    ready = await until(
+        client, "tracked", lambda i: i["state"] == "ready" and i["stalled"] is False
+    )
+    assert ready["load_tracking"] is True  # vsup added the flag (the venv's vLLM has it)
+    cfg = await client.config("tracked")
+    assert "--enable-server-load-tracking" in cfg["argv"]
+    tracked["tracked"].write_text("idle")
+    await until(client, "tracked", lambda i: i["requests_in_flight"] == 0)
+    tracked["tracked"].write_text("frozen-idle")
+    t0 = time.monotonic()
+    stalled = await until(client, "tracked", lambda i: i["stalled"])
+    assert time.monotonic() - t0 >= STALL_AFTER_S - 0.5
+    assert stalled["stall_evidence"] == "server" and stalled["requests_in_flight"] == 3
+    assert (stalled["requests_running"], stalled["requests_waiting"]) == (0, 0)
+    (advice,) = [a for a in (await client.status())["advice"] if a["kind"] == "stalled"]
+    assert "3 requests in flight at the API server and none at the engine" in advice["message"]
+    (event,) = await events_of(client, "stalled")
+    assert event["evidence"] == "server" and event["requests_in_flight"] == 3
+    tracked["tracked"].write_text("serve")
+    await until(client, "tracked", lambda i: i["stalled"] is False)
+
+    # without load tracking the same freeze shows nothing, unless a canary goes there
+    modes = mode_files(tmp_path, blind="idle", canary="idle")
+    off = ", enable-server-load-tracking = false"
+    text = layout(modes, args=off, more={"canary": "canary_interval_s = 1"})
+    await client.apply(text, str(tmp_path / "l2.toml"))
+    for name in modes:
+        inst = await until(client, name, lambda i: i["state"] == "ready" and i["stalled"] is False)
+        assert inst["load_tracking"] is False and inst["requests_in_flight"] is None
+    for name in modes:
+        modes[name].write_text("frozen-idle")
+    stalled = await until(client, "canary", lambda i: i["stalled"], timeout=30)
+    assert stalled["stall_evidence"] == "canary"
+    assert (await instance(client, "blind"))["stalled"] is False  # the blind spot, without both
+    modes["canary"].write_text("idle")
+    await until(client, "canary", lambda i: i["stalled"] is False, timeout=30)
 
 
 ROUTER = Path(sys.executable).parent / "vllm-router"

@@ -3,7 +3,7 @@ dashboard's row and detail pane, the journal events and the on_stall restart req
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +16,7 @@ from vsup.layout.spec import InstanceSpec, RestartPolicy
 from vsup.snapshot import (
     EXIT_REASONS,
     NodeInfo,
+    RankStatus,
     StatusSnapshot,
     SupervisorInfo,
     empty_instance,
@@ -123,9 +124,10 @@ class _Engine:
 
     instances: dict
     restarted: list = field(default_factory=list)
+    router: None = None
 
-    def restart_stalled(self, name: str, why: str) -> bool:
-        self.restarted.append((name, why))
+    def restart_stalled(self, name: str, why: str, rank: int | None = None) -> bool:
+        self.restarted.append((name, why, rank))
         return True
 
 
@@ -144,7 +146,7 @@ def test_stall_start_and_end_are_journaled_once_and_on_stall_asks_for_a_restart(
     assert events[0][2]["on_stall"] is True and events[1][2]["on_stall"] is False
     assert events[0][2]["requests_waiting"] == 5.0 and events[0][2]["stall_after_s"] == 60.0
     assert engine.restarted == [
-        ("g0", "3 running, 5 waiting and no token processed for 72 s (stall_after_s = 60)")
+        ("g0", "3 running, 5 waiting and no token processed for 72 s (stall_after_s = 60)", None)
     ]
     events.clear()
     restarting = empty_instance("g0", state="backoff", run=3)
@@ -155,3 +157,134 @@ def test_stall_start_and_end_are_journaled_once_and_on_stall_asks_for_a_restart(
         ("stall_cleared", "g1", "progress"),
     ]
     assert events[0][2]["lasted_s"] == 72.4
+
+
+def test_a_reading_that_cannot_tell_does_not_end_a_stall():
+    # figures stale for a poll (a slow scrape on a loaded node): `stalled` is null, the run and
+    # its state unchanged; one freeze stays one `stalled` event, ended once when it clears
+    events: list = []
+    engine = _Engine({"g1": _Inst(spec("g1", False))})
+    actions = StallActions(lambda kind, name, **keys: events.append((kind, name, keys)), engine)
+    stalled = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=True)
+    unknown = empty_instance("g1", state="ready", run=1, stalled=None)
+    moving = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=False)
+    for reading in (stalled, unknown, unknown, stalled, moving):
+        actions.observe([reading])
+    assert [(k, e.get("why")) for k, _n, e in events] == [
+        ("stalled", None),
+        ("stall_cleared", "progress"),
+    ]
+    # unknown because the run ended, or because detection was turned off: that ends it
+    events.clear()
+    actions.observe([stalled])
+    actions.observe([empty_instance("g1", state="ready", run=2, stalled=None)])
+    engine.instances["g1"] = _Inst(replace(spec("g1", False), stall_after_s=0.0))
+    actions.observe([stalled])
+    actions.observe([unknown])
+    assert [(k, e.get("why")) for k, _n, e in events] == [
+        ("stalled", None),
+        ("stall_cleared", "not ready"),
+        ("stalled", None),
+        ("stall_cleared", "off"),
+    ]
+
+
+# A freeze that began while idle: requests only the API server's /load counts.
+FROZEN_IDLE = empty_instance(
+    "g2",
+    state="ready",
+    pid=12,
+    port=8002,
+    run=1,
+    requests_running=0.0,
+    requests_waiting=0.0,
+    requests_in_flight=3,
+    load_tracking=True,
+    stalled=True,
+    stalled_since="2026-12-01T04:10:00Z",
+    stalled_for_s=61.0,
+    stall_evidence="server",
+)
+# Data parallel: rank 1 of two frozen under load.
+RANK1 = empty_instance(
+    "dp",
+    state="ready",
+    pid=13,
+    port=8003,
+    run=2,
+    requests_running=16.0,
+    requests_waiting=0.0,
+    requests_in_flight=16,
+    stalled=True,
+    stalled_since="2026-12-01T04:10:00Z",
+    stalled_for_s=65.0,
+    stall_evidence="engine",
+    stalled_ranks=(1,),
+    ranks=(
+        RankStatus(rank=0, gpus=(), pid=20, alive=True, hbm_bytes=None),
+        RankStatus(rank=1, gpus=(), pid=21, alive=True, hbm_bytes=None),
+    ),
+)
+
+
+def test_a_freeze_while_idle_is_told_by_the_api_servers_requests():
+    (advice,) = compute_advice([FROZEN_IDLE], [], AdviceInputs(recent_failures={}))
+    assert "3 requests in flight at the API server and none at the engine" in advice.message
+    detail = exit_text(FROZEN_IDLE).plain
+    assert "stalled 1m01s: 3 in flight at the API server, none at the engine" in detail
+    cols = rows.COLUMNS
+    keys = [c.key for c in cols]
+    assert rows.row_cells(FROZEN_IDLE, cols)[keys.index("in_flight")] == ("3", "yellow")
+    assert rows.row_cells(BUSY, cols)[keys.index("in_flight")] == ("-", "dim")
+    # the LOAD column shows only where some instance reports /load
+    assert rows.has_load_figures([BUSY, FROZEN_IDLE]) and not rows.has_load_figures([BUSY])
+    assert "in_flight" in [c.key for c in rows.columns_for(200, False, has_load=True)]
+    assert "in_flight" not in [c.key for c in rows.columns_for(200, False)]
+    doc = snapshot(FROZEN_IDLE).to_json()["instances"][0]
+    assert (doc["requests_in_flight"], doc["load_tracking"], doc["stall_evidence"]) == (
+        3,
+        True,
+        "server",
+    )
+
+
+def test_prometheus_has_the_requests_in_flight_and_each_ranks_stall():
+    got = {}
+    for fam in text_string_to_metric_families(
+        render_metrics(snapshot(FROZEN_IDLE, RANK1, BUSY)).decode()
+    ):
+        for s in fam.samples:
+            got[(s.name, s.labels.get("name"), s.labels.get("rank"))] = s.value
+    assert got[("vsup_instance_requests_in_flight", "g2", None)] == 3
+    assert ("vsup_instance_requests_in_flight", "g1", None) not in got  # no load tracking
+    assert got[("vsup_instance_rank_stalled", "dp", "1")] == 1
+    assert got[("vsup_instance_rank_stalled", "dp", "0")] == 0
+
+
+def test_a_stalled_rank_is_named_in_the_events_the_advice_and_the_restart():
+    events: list = []
+    dp_spec = replace(spec("dp", True), args={"data-parallel-size": 2})
+    engine = _Engine({"dp": _Inst(dp_spec), "g2": _Inst(spec("g2", True))})
+    actions = StallActions(lambda kind, name, **keys: events.append((kind, name, keys)), engine)
+    actions.observe([RANK1, FROZEN_IDLE])
+    stalled = {n: keys for kind, n, keys in events if kind == "stalled"}
+    assert stalled["dp"]["ranks"] == [1] and stalled["dp"]["evidence"] == "engine"
+    assert stalled["g2"]["evidence"] == "server" and stalled["g2"]["requests_in_flight"] == 3
+    assert engine.restarted == [
+        (
+            "dp",
+            "data-parallel rank 1: 16 running, 0 waiting and no token processed for 65 s "
+            "(stall_after_s = 60)",
+            1,
+        ),
+        (
+            "g2",
+            "3 requests in flight at the API server and none at the engine and no token "
+            "processed for 61 s (stall_after_s = 60)",
+            None,
+        ),
+    ]
+    (advice,) = compute_advice([RANK1], [], AdviceInputs(recent_failures={}))
+    assert "dp: stalled: data-parallel rank 1: 16 running" in advice.message
+    assert exit_text(RANK1).plain.startswith("stalled 1m05s: DP rank 1: 16 running, 0 waiting")
+    assert StatusSnapshot.from_json(snapshot(RANK1).to_json()).instances[0].stalled_ranks == (1,)

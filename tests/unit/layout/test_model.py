@@ -362,6 +362,7 @@ start_timeout_s = 5
     assert a.restart == RestartPolicy(policy="always", backoff_s=7, max_failures=9)
     assert b.restart.backoff_s == 1
     assert a.profiles == ("one", "two")
+    assert a.load_tracking and b.load_tracking
     assert a.argv() == [
         "vllm",
         "serve",
@@ -371,6 +372,7 @@ start_timeout_s = 5
         "192.0.2.1",
         "--port",
         "8000",
+        "--enable-server-load-tracking",  # the installed vLLM (0.32) has it
         "--dtype",
         "float32",
         "--max-num-seqs",

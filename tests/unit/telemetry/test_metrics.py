@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from vsup.telemetry import metrics as M
-from vsup.telemetry.metrics import kv_capacity_tokens, parse_metrics
+from vsup.telemetry.metrics import EngineFigures, kv_capacity_tokens, parse_metrics
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 IDLE = (FIX / "metrics_idle.txt").read_text()
@@ -59,6 +59,7 @@ def reference(text: str) -> dict:
         "requests_waiting": total(M.WAITING),
         "prompt_tokens_total": total(M.PROMPT_TOKENS),
         "generation_tokens_total": total(M.GENERATION_TOKENS),
+        "request_success_total": total(M.REQUEST_SUCCESS),
         "prefix_cache_queries_total": total(M.PREFIX_QUERIES, M.PREFIX_QUERIES_LEGACY),
         "prefix_cache_hits_total": total(M.PREFIX_HITS, M.PREFIX_HITS_LEGACY),
         "kv_capacity_tokens": (
@@ -72,6 +73,29 @@ def view(m: M.VllmMetrics) -> dict:
     return {k: getattr(m, k) for k in reference("")}
 
 
+def per_engine_reference(text: str) -> dict:
+    """Each engine's figures the slow way (every family through prometheus_client)."""
+    out: dict[str, dict] = {}
+    wanted = {
+        M.RUNNING: "requests_running",
+        M.WAITING: "requests_waiting",
+        M.PROMPT_TOKENS: "prompt_tokens_total",
+        M.GENERATION_TOKENS: "generation_tokens_total",
+        M.REQUEST_SUCCESS: "request_success_total",
+    }
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            engine = s.labels.get("engine", "")
+            one = out.setdefault(engine, {})
+            if s.name in wanted and math.isfinite(s.value):
+                one[wanted[s.name]] = one.get(wanted[s.name], 0.0) + s.value
+            elif s.name == M.KV_USAGE:
+                one["kv_cache_usage"] = s.value
+            elif s.name == M.SLEEP_STATE and s.labels.get("sleep_state") == "awake":
+                one["sleeping"] = s.value == 0
+    return {e: one for e, one in out.items() if one}
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -79,11 +103,34 @@ def view(m: M.VllmMetrics) -> dict:
         "metrics_load.txt",
         "metrics_load_next.txt",
         "metrics_load_legacy_names.txt",
+        "dp2/metrics_dp_idle.txt",
+        "dp2/metrics_dp1_frozen_idle.txt",
+        "dp2/metrics_dp1_frozen_load.txt",
     ],
 )
 def test_captured_payloads_read_the_same_as_a_full_prometheus_client_parse(name: str) -> None:
     text = (FIX / name).read_text()
-    assert view(parse_metrics(text)) == pytest.approx(reference(text))
+    m = parse_metrics(text)
+    assert view(m) == pytest.approx(reference(text))
+    if "legacy" not in name:
+        got = {
+            e: {k: v for k, v in vars(f).items() if v is not None} for e, f in m.per_engine.items()
+        }
+        want = per_engine_reference(text)
+        assert set(got) == set(want)
+        for engine, figures in want.items():
+            assert got[engine] == pytest.approx(figures)
+        assert tuple(m.per_engine) == m.engines
+
+
+def test_each_data_parallel_rank_keeps_its_own_figures() -> None:
+    m = parse_metrics((FIX / "dp2" / "metrics_dp1_frozen_load.txt").read_text())
+    zero, one = m.per_engine["0"], m.per_engine["1"]
+    assert (zero.requests_running, one.requests_running) == (8.0, 8.0)
+    assert (zero.generation_tokens_total, one.generation_tokens_total) == (3304.0, 301.0)
+    assert m.generation_tokens_total == 3605.0
+    assert zero.busy and one.busy and zero.requests == 8.0
+    assert EngineFigures().busy is None and EngineFigures().requests is None
 
 
 def test_idle_payload_from_cpu_vllm_032() -> None:

@@ -1,16 +1,18 @@
 """The scraper against real loopback HTTP servers: keep-alive, timeouts, dead and slow
-servers, and concurrency that lets a fast server's result through before a slow one answers."""
+servers, concurrency that lets a fast server's result through before a slow one answers, vLLM's
+`/load` read beside `/metrics`, and the stall canary's one completion."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from vsup.telemetry.scrape import Scraper
+from vsup.telemetry.scrape import CanaryOutcome, Scraper
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 PAYLOAD = (FIX / "metrics_load.txt").read_bytes()
@@ -25,6 +27,7 @@ class HttpServer:
         self.handler = handler
         self.connections = 0
         self.requests: list[str] = []
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []  # (path, headers, body)
         self.request_seen = asyncio.Event()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -56,6 +59,14 @@ class HttpServer:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1].decode()
+                headers = {}
+                for line in head.decode("latin-1").split("\r\n")[1:]:
+                    name, sep, value = line.partition(":")
+                    if sep:
+                        headers[name.strip().lower()] = value.strip()
+                if head.startswith(b"POST "):
+                    body = await reader.readexactly(int(headers.get("content-length", 0)))
+                    self.posts.append((path, headers, body))
                 self.requests.append(path)
                 self.request_seen.set()
                 status, body = await self.handler(path)
@@ -76,6 +87,12 @@ async def vllm_like(path: str) -> tuple[int, bytes]:
         return 200, PAYLOAD
     if path == "/health":
         return 200, b""
+    if path == "/load":  # vLLM with --enable-server-load-tracking
+        return 200, b'{"server_load":7}'
+    if path == "/v1/models":
+        return 200, b'{"object":"list","data":[{"id":"tiny","object":"model"}]}'
+    if path == "/v1/completions":
+        return 200, b'{"choices":[{"text":"x"}],"usage":{"completion_tokens":1}}'
     return 404, b"not found"
 
 
@@ -192,3 +209,79 @@ async def test_health_all_reports_every_server() -> None:
         )
     assert results["up"].ok and results["dead"].status == 503 and results["gone"].status is None
     assert sorted(seen) == ["dead", "gone", "up"]
+
+
+async def test_with_load_reads_load_then_metrics_on_the_same_connection() -> None:
+    async with HttpServer(vllm_like) as server, Scraper(timeout_s=5) as scraper:
+        results = [await scraper.scrape(server.url, with_load=True) for _ in range(2)]
+        plain = await scraper.scrape(server.url)
+    assert [(r.ok, r.server_load, r.load_error) for r in results] == [(True, 7, None)] * 2
+    assert plain.server_load is None  # not asked: a server without the flag answers 0 always
+    assert server.requests == ["/load", "/metrics", "/load", "/metrics", "/metrics"]
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "why"),
+    [
+        (404, b'{"detail":"Not Found"}', "HTTP 404"),
+        (200, b"<html>", "no server_load"),
+        (200, b'{"server_load": "3"}', "not a count"),
+        (200, b'{"server_load": true}', "not a count"),
+    ],
+)
+async def test_a_load_answer_that_is_no_count_is_unknown_and_the_scrape_goes_on(
+    status: int, body: bytes, why: str
+) -> None:
+    async def odd_load(path: str) -> tuple[int, bytes]:
+        return (status, body) if path == "/load" else await vllm_like(path)
+
+    async with HttpServer(odd_load) as server, Scraper() as scraper:
+        result = await scraper.scrape(server.url, with_load=True)
+    assert result.ok and result.metrics.preemptions_total == 2.0
+    assert result.server_load is None and why in (result.load_error or "")
+
+
+async def test_the_canary_is_one_max_tokens_1_completion_with_the_rank_and_key() -> None:
+    async with HttpServer(vllm_like) as server, Scraper() as scraper:
+        auth = {"Authorization": "Bearer k"}
+        model = await scraper.served_model(server.url, headers=auth)
+        answered = await scraper.canary(server.url, "tiny", 5.0, rank=1, headers=auth)
+        plain = await scraper.canary(server.url, "tiny", 5.0)
+    assert model == "tiny"
+    assert answered.outcome == CanaryOutcome.ANSWERED and answered.status == 200
+    assert plain.outcome == CanaryOutcome.ANSWERED
+    (path, headers, body), (_p, plain_headers, _b) = server.posts
+    assert path == "/v1/completions"
+    assert json.loads(body) == {"model": "tiny", "prompt": ".", "max_tokens": 1}
+    assert headers["x-data-parallel-rank"] == "1" and headers["authorization"] == "Bearer k"
+    assert headers["content-type"] == "application/json"
+    assert "x-data-parallel-rank" not in plain_headers
+
+
+async def test_a_canary_without_an_answer_times_out_and_a_refused_one_fails() -> None:
+    never = asyncio.Event()
+
+    async def frozen_engine(path: str) -> tuple[int, bytes]:
+        if path == "/v1/completions":
+            await never.wait()  # the API server took it; the engine never answers
+        return await vllm_like(path)
+
+    async def no_key(path: str) -> tuple[int, bytes]:
+        return 401, b'{"error":"Unauthorized"}'
+
+    async with (
+        HttpServer(frozen_engine) as frozen,
+        HttpServer(no_key) as locked,
+        Scraper() as scraper,
+    ):
+        lost = await scraper.canary(frozen.url, "tiny", 0.3)
+        refused = await scraper.canary(locked.url, "tiny", 5.0)
+        gone = await scraper.canary(refused_url(), "tiny", 5.0)
+        model = await scraper.served_model(locked.url)
+        never.set()
+    assert lost.outcome == CanaryOutcome.TIMED_OUT and "no answer" in (lost.error or "")
+    assert refused.outcome == CanaryOutcome.FAILED and refused.status == 401
+    assert "Unauthorized" in (refused.error or "")
+    assert gone.outcome == CanaryOutcome.FAILED and gone.status is None
+    assert model is None

@@ -90,6 +90,7 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     kv.kv_below_concurrency,
     stall.stall_after_too_short,
     stall.on_stall_ignored,
+    stall.canary_interval,
 )
 
 

@@ -1,4 +1,5 @@
-"""Rules about stall detection: `stall_after_s` and `restart.on_stall` (telemetry/stall.py)."""
+"""Rules about stall detection: `stall_after_s`, `canary_interval_s` and `restart.on_stall`
+(telemetry/stall.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,39 @@ def on_stall_ignored(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
                 m,
                 "restart",
                 "on_stall",
+            )
+        ]
+    return []
+
+
+# vsup polls once a second: a canary more often than that would be several in flight at once.
+CANARY_MIN_S = 1.0
+
+
+def canary_interval(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    value = m.values.get("canary_interval_s")
+    if not is_number(value) or value == 0:
+        return []
+    if value < CANARY_MIN_S:
+        return [
+            origin_diag(
+                ERROR,
+                f"canary_interval_s = {value}: vsup polls once a second; use {CANARY_MIN_S:g} "
+                "or more (every canary is a request vLLM counts), or 0 for no canary",
+                m,
+                "canary_interval_s",
+            )
+        ]
+    after = m.values.get("stall_after_s")
+    if is_number(after) and after == 0:
+        return [
+            origin_diag(
+                WARNING,
+                "canary_interval_s does nothing while stall_after_s = 0 turns stall detection "
+                "off (a canary's deadline is stall_after_s): set stall_after_s or remove "
+                "canary_interval_s",
+                m,
+                "canary_interval_s",
             )
         ]
     return []

@@ -189,6 +189,7 @@ class Dashboard(Screen[None]):
             self.app.size.width - 4,
             bool(snap and snap.gpus),
             bool(snap and rows.has_parallel_shape(snap.instances)),
+            bool(snap and rows.has_load_figures(snap.instances)),
         )
 
     def on_screen_resume(self) -> None:

@@ -16,7 +16,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
-from vsup.states import State
+from vsup.states import ExitReason, State
 from vsup.termtext import printable
 from vsup.tui import fmt
 from vsup.tui.history import METRICS, History, spark
@@ -149,17 +149,29 @@ def exit_summary(last: LastExit | None) -> str:
         return "no exit yet"
     how = f"exit {last.code}" if last.code is not None else (last.signal or "?")
     at = last.at.split("T", 1)[-1] if "T" in last.at else last.at
-    rank = f", data-parallel rank {last.rank} died first" if last.rank is not None else ""
+    what = "stalled" if last.reason == ExitReason.STALLED else "died first"
+    rank = f", data-parallel rank {last.rank} {what}" if last.rank is not None else ""
     return f"{last.reason} ({how}) at {at}{rank}"
 
 
 def stall_summary(inst: InstanceStatus) -> str:
-    """`stalled 1m5s: 3 running, 5 waiting, no token since 12:03:04Z (/health 200)`."""
+    """`stalled 1m5s: 3 running, 5 waiting, no token since 12:03:04Z (/health 200)`; the work
+    is the API server's requests in flight when only it shows them (a freeze that began while
+    idle), a lost canary, and names the data-parallel ranks that stalled."""
     since = inst.stalled_since or ""
     at = since.split("T", 1)[-1] if "T" in since else since
+    if inst.stall_evidence == "server":
+        work = f"{inst.requests_in_flight or 0} in flight at the API server, none at the engine"
+    elif inst.stall_evidence == "canary":
+        work = "a canary request unanswered"
+    else:
+        work = (
+            f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting"
+        )
+    if inst.stalled_ranks:
+        work = "DP rank " + ",".join(str(r) for r in inst.stalled_ranks) + ": " + work
     return (
-        f"stalled {fmt.duration(inst.stalled_for_s)}: "
-        f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting, "
+        f"stalled {fmt.duration(inst.stalled_for_s)}: {work}, "
         f"no token since {at or '?'} (/health 200)"
     )
 

@@ -235,24 +235,47 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
     changed = tmp_path / "v2.toml"
     changed.write_text(layout_text(node, node.env, MAX_MODEL_LEN, changed=name))
 
+    def drain_count() -> int:
+        return sum(
+            1 for e in node.events() if e.get("kind") == "drain" and e.get("instance") == name
+        )
+
+    drains_before = drain_count()
+
+    async def drained() -> None:
+        """Returns once the journal has the changed replica's drain (its requests done)."""
+        while drain_count() == drains_before:
+            await asyncio.sleep(0.2)
+
     async def under_load():
-        stop = asyncio.Event()
-        # 64 tokens: long enough that a drain has requests to wait for; 2 at a time, about 4
-        # a second: steady load that leaves a core to the restarting replica
-        load = asyncio.create_task(
-            steady_load(
-                node.url, node.model, 1200, concurrency=2, max_tokens=64, rate_per_s=4, stop=stop
-            )
+        stop, heavy_stop = asyncio.Event(), asyncio.Event()
+        # Until the replica has drained: 64 tokens, 2 at a time, about 4 a second, so that the
+        # drain has requests to wait for. That load keeps both of the 2 cores busy: under it
+        # the replica's restart took minutes (~595 s once). So from the drain on, through the
+        # restart and the rejoin, a lighter one runs on: 32 tokens, about 2 a second (it runs
+        # from the start too, so that no moment is without load).
+        heavy = asyncio.create_task(
+            steady_load(node.url, node.model, 1200, 2, max_tokens=64, rate_per_s=4, stop=heavy_stop)
+        )
+        light = asyncio.create_task(
+            steady_load(node.url, node.model, 1200, 2, max_tokens=32, rate_per_s=2, stop=stop)
         )
         await asyncio.sleep(3)  # load before the apply...
         t0 = time.monotonic()
-        proc = await asyncio.to_thread(node.vsup, "up", str(changed), "--detach", "--yes", "--wait")
+        apply = asyncio.create_task(
+            asyncio.to_thread(node.vsup, "up", str(changed), "--detach", "--yes", "--wait")
+        )
+        drain = asyncio.create_task(drained())
+        await asyncio.wait([apply, drain], return_when=asyncio.FIRST_COMPLETED)
+        drain.cancel()
+        heavy_stop.set()
+        proc = await apply
         took = time.monotonic() - t0
         await asyncio.sleep(3)  # ...and after it
         stop.set()
-        return proc, took, await load
+        return proc, took, await heavy, await light
 
-    proc, took, load = asyncio.run(under_load())
+    proc, took, heavy, load = asyncio.run(under_load())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rollout done (1/1 restarted)" in proc.stdout, proc.stdout
     assert "router: restart" not in proc.stdout  # only its members restart
@@ -260,11 +283,12 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
     drains = [e for e in events if e.get("kind") == "drain"]
     waited = ", ".join(f"{e['waited_s']:.2f}" for e in drains)
     print(
-        f"\nrolling apply through the router under load: {load.ok} ok, {load.failed} failed "
-        f"in {took:.0f} s; drains waited {waited} s; errors: {load.errors[:3]}"
+        f"\nrolling apply through the router under load: {heavy.ok} + {load.ok} ok, "
+        f"{heavy.failed} + {load.failed} failed in {took:.0f} s; drains waited {waited} s; "
+        f"errors: {(heavy.errors + load.errors)[:3]}"
     )
-    assert load.failed == 0, load.errors[:5]
-    assert load.ok > 40
+    assert heavy.failed == 0 and load.failed == 0, (heavy.errors + load.errors)[:5]
+    assert heavy.ok + load.ok > 40
     url = node.replica(name)
     # the replica left the router before its drain began, and came back after its restart
     left = next(

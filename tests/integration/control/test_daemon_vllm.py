@@ -46,7 +46,8 @@ def start_vsup(home: Path, *args: str) -> subprocess.Popen:
 
 def status(home: Path) -> dict:
     proc = vsup(home, "status", "--json")
-    assert proc.returncode in (0, 1), proc.stderr
+    # 1 is "not all ready"; an error is 1 too, but then there is no document: say what it said
+    assert proc.returncode in (0, 1) and proc.stdout.strip(), (proc.returncode, proc.stderr)
     return json.loads(proc.stdout)
 
 

@@ -47,10 +47,12 @@ $(STAMP): $(DEPS) $(SRC)
 ssh-server:
 	@sh tests/integration/fleet/install-sshd.sh
 
-# Two lanes on two xdist workers (tests/conftest.py): every real-vLLM, tmux and install test on
-# one worker, in file order, so at most one real-vLLM module runs at a time; every other test
-# file on the other. TEST_WORKERS=0 runs all in one process (e.g. to see `-s` output).
-TEST_WORKERS ?= 2
+# Lanes on xdist workers (tests/conftest.py): the real-vLLM, tmux and install modules split over
+# TEST_WORKERS - 1 lanes by their cost, each lane running one module at a time, in file order;
+# every other test file on the last worker. Two real-vLLM modules at once fit 2 cores and
+# 24 GiB: a vLLM test mostly waits (starts, polls, requests). TEST_WORKERS=0 runs all in one
+# process (e.g. to see `-s` output).
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: venv ssh-server

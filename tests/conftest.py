@@ -126,11 +126,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the other, in file order, first. Every other test file is a unit of its own that the remaining
 # worker takes (module fixtures stay in one process), as do the slow lanes' workers once done.
 SLOW_MARKS = ("vllm", "install", "tmux")
-# Seconds each slow module took alone on a quiet 2-core machine (`--durations`); a module not
-# listed counts as one vLLM start. Only the balance between lanes depends on these.
+# Seconds each slow module takes alone on a 2-core machine (`--durations`, rounded; measured on
+# a loaded one and scaled); a module not listed counts as one vLLM start. Only the balance
+# between the lanes depends on these.
 SLOW_COST = {
-    "test_install.py": 200,
+    "test_bench.py": 420,
+    "test_install.py": 150,
+    "test_vllm.py": 140,
+    "test_router_vsup.py": 130,
+    "test_dataparallel_vllm.py": 150,
+    "test_cpu_node_vllm.py": 150,
+    "test_rolling_vllm.py": 150,
+    "test_real_daemon.py": 150,
+    "test_router_real.py": 120,
+    "test_daemon_vllm.py": 110,
+    "test_stall_vllm.py": 95,
     "test_fault_disk_full_vllm.py": 90,
+    "test_fleet_vllm.py": 90,
+    "test_vllm_flags.py": 15,
 }
 DEFAULT_COST = 60
 

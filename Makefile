@@ -49,9 +49,10 @@ ssh-server:
 
 # Lanes on xdist workers (tests/conftest.py): the real-vLLM, tmux and install modules split over
 # TEST_WORKERS - 1 lanes by their cost, each lane running one module at a time, in file order;
-# every other test file on the last worker. The default keeps one real-vLLM module at a time:
-# with two lanes (TEST_WORKERS=3, 25 min here) test_bench's restore-after-down check failed
-# once, not understood yet. TEST_WORKERS=0 runs all in one process (e.g. to see `-s` output).
+# every other test file on the last worker. The default keeps one real-vLLM module at a time
+# (25 min from a fresh clone here, against ~60 min in one process): with two lanes
+# (TEST_WORKERS=3, no faster) test_bench's restore-after-down check failed once, not understood
+# yet. TEST_WORKERS=0 runs all in one process (e.g. to see `-s` output).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 

@@ -44,7 +44,6 @@ def new_ports() -> dict[str, int]:
     return {k: free_port() for k in ("a", "b", "router", "metrics")}
 
 
-@pytest.mark.skipif(not ROUTER.exists(), reason="vllm-router (the router extra) is not installed")
 def test_a_router_change_needs_consent_and_the_plan_says_what_it_costs(home, tmp_path):  # noqa: F811
     ports = new_ports()
     first = routed(tmp_path / "rr.toml", ports, "round_robin")

@@ -346,6 +346,19 @@ def test_sigterm_mid_run_stops_the_clients_and_restores(node, tmp_path):
     assert not bench_clients(home)
 
 
+def layout_on_disk(home: Path) -> str:
+    """What a new daemon takes the running layout from: the state file's layout and journal
+    position, and the journal's apply events (seq, layout), last ones last."""
+    state = json.loads((home / "state.json").read_text())
+    layout = state.get("layout") or {}
+    applies = [
+        (ev["seq"], ev.get("layout"))
+        for line in (home / "journal.jsonl").read_text().splitlines()
+        if '"action":"apply"' in line and (ev := json.loads(line))
+    ]
+    return f"state {layout.get('name')}, journal_seq {state.get('journal_seq')}; applies {applies}"
+
+
 def test_keep_leaves_the_last_layout_running(node):
     home, paths, _ = node
     proc = vsup(home, "bench", str(paths["one"]), "--num-prompts", "4", "--input-len", "32",
@@ -361,10 +374,13 @@ def test_a_layout_left_down_comes_back_down_with_no_daemon(node):
     home, paths, _ = node
     down = vsup(home, "down", "--yes", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
+    left = layout_on_disk(home)
+    assert left.startswith("state one,"), left
     proc = vsup(home, "bench", str(paths["one"]), "--num-prompts", "4", "--input-len", "32",
                 "--output-len", "8", "--yes")  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "replaces the loaded layout one (none of its instances serves)" in proc.stderr
+    shown = f"{proc.stderr}; left by vsup down: {left}; now: {layout_on_disk(home)}"
+    assert "replaces the loaded layout one (none of its instances serves)" in proc.stderr, shown
     assert "stopping the daemon" in proc.stderr
     # a new daemon finds the layout loaded and cpu0 down
     assert vsup(home, "daemon", "--detach").returncode == 0

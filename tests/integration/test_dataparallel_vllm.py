@@ -247,7 +247,14 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         # which figure shows rank 1's requests depends on whether a step of rank 1 reported
         # them before the freeze: its gauges, else only the API server's count (seen: 5 in
         # flight, rank 1's gauges at 0)
-        assert hung["stalled_ranks"] == [1], shown
+        # When only the API server's count shows them, the requests are held by a rank that
+        # has not moved since they came: rank 0, done with its share before then and idle,
+        # cannot be told from frozen rank 1 by any figure vLLM gives (seen in CI: [0, 1]), so
+        # it is named with it; a rank that answered since is never named.
+        named = hung["stalled_ranks"]
+        assert named == [1] or (named == [0, 1] and hung["stall_evidence"] == "server"), shown
+        if named == [0, 1]:
+            assert per_engine_work(port)["0"] == 0, shown  # idle, not a second frozen rank
         assert hung["stall_evidence"] in ("engine", "server"), shown
         # rank 1's requests are held; rank 0 goes on answering its own
         assert hung["state"] == "ready", shown
@@ -258,8 +265,9 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         )
         assert len(got) == 1, stall_seen()
         event = got[0]
-        assert event["ranks"] == [1] and event["evidence"] == hung["stall_evidence"], event
-        assert "data-parallel rank 1: " in vsup(home, "status").stdout
+        assert event["ranks"] == named and event["evidence"] == hung["stall_evidence"], event
+        said = "rank 1: " if named == [1] else "ranks 0, 1: "
+        assert f"data-parallel {said}" in vsup(home, "status").stdout
         os.kill(rank1, signal.SIGCONT)
         stopped.remove(rank1)
         wait_for("the stall to clear", lambda: status(home)["stalled"] is False, 60)

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import asdict
@@ -135,6 +136,9 @@ class Daemon:
         self.layout_specs: Mapping[str, InstanceSpec] | None = None
         self.problems: list[Advice] = []
         self.state_write_error: str | None = None
+        # state documents in the order they were made; the last one written (_write_state)
+        self._state_lock = threading.Lock()
+        self._state_made = self._state_written = 0
         self.node = NodeInfo(
             hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
         )
@@ -415,10 +419,28 @@ class Daemon:
             rollout=self.engine.rollout.to_record() if self.engine.rollout is not None else None,
         )
 
-    def _write_state(self, doc: DaemonState | None = None) -> bool:
-        """Write the state file; False (and `state_write_error` set) when the disk refused."""
+    def _state_ticket(self) -> int:
+        """The order of a state document made now: a write never replaces a newer one."""
+        self._state_made += 1
+        return self._state_made
+
+    def _write_state(self, doc: DaemonState | None = None, ticket: int | None = None) -> bool:
+        """Write the state file; False (and `state_write_error` set) when the disk refused.
+
+        Writes run in threads, and a cancelled `to_thread` write still runs: the shutdown's
+        last write must not be overwritten by an older document finishing after it, so writes
+        are serialized and one made before the last written is dropped."""
+        if doc is None:
+            ticket, doc = self._state_ticket(), self.state_document()
+        with self._state_lock:
+            if ticket is not None and ticket < self._state_written:
+                return True  # a newer state is on disk
+            self._state_written = max(self._state_written, ticket or 0)
+            return self._save_state(doc)
+
+    def _save_state(self, doc: DaemonState) -> bool:
         try:
-            self.state_file.save(doc or self.state_document())
+            self.state_file.save(doc)
         except OSError as exc:
             why = f"cannot write {self.state_file.path}: {exc.strerror or exc}"
             if why != self.state_write_error:
@@ -453,8 +475,8 @@ class Daemon:
 
     async def flush_state(self) -> None:
         """Write the state file now (it is otherwise written shortly after each change)."""
-        doc = self.state_document()
-        await asyncio.to_thread(self._write_state, doc)
+        ticket, doc = self._state_ticket(), self.state_document()
+        await asyncio.to_thread(self._write_state, doc, ticket)
 
     async def _state_writer(self) -> None:
         """Write the state file whenever something changed, at most 10 times a second; a
@@ -462,8 +484,8 @@ class Daemon:
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
-            doc = self.state_document()  # read on the loop; written in a thread
-            if not await asyncio.to_thread(self._write_state, doc):
+            ticket, doc = self._state_ticket(), self.state_document()  # read on the loop
+            if not await asyncio.to_thread(self._write_state, doc, ticket):
                 self._check_writes()
                 await asyncio.sleep(STATE_RETRY_S)
                 self._state_dirty.set()

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from vsup.states import ExitReason, PullState, RolloutState, State
+from vsup.states import ExitReason, PullState, RolloutState, SleepState, State
 
 SCHEMA = 1
 _T = typing.TypeVar("_T")
@@ -149,6 +149,34 @@ class PullStatus:
 
 
 @dataclass(frozen=True)
+class SleepStatus:
+    """An instance that uses vLLM's sleep mode (its layout has a `sleep` table; docs/sleep.md).
+
+    `state` is a `SleepState` (awake, falling_asleep, asleep, waking); `level` the level of the
+    current (or last) sleep; `group` its swap group (at most one member awake at a time);
+    `since_s` seconds in this sleep state; `last_sleep_s`/`last_wake_s` how long the last sleep
+    and wake took (the request until vLLM answered and the memory was seen released or the
+    server answered again); `error` why the last sleep or wake failed (None once one works);
+    `held_bytes` the GPU memory vLLM keeps while asleep where the probe sees it;
+    `idle_sleep_in_s` seconds until idle sleep (`after_idle_s`) puts it to sleep, None when it
+    will not."""
+
+    state: str  # SleepState
+    level: int
+    group: str | None = None
+    since_s: float | None = None
+    last_sleep_s: float | None = None
+    last_wake_s: float | None = None
+    error: str | None = None
+    held_bytes: int | None = None
+    idle_sleep_in_s: float | None = None
+
+    @property
+    def asleep(self) -> bool:
+        return self.state != SleepState.AWAKE
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     name: str
     state: str
@@ -227,6 +255,9 @@ class InstanceStatus:
     # The name vLLM serves the model under when it is not `model` (--served-model-name, or the
     # hub id of a pulled model loaded from its local snapshot); None: `model` itself.
     served_model_name: str | None = None
+    # vLLM's sleep mode (docs/sleep.md): None for an instance that does not use it. A flag beside
+    # `state` like `stalled`: a sleeping server stays `ready` (alive, healthy) but serves nothing.
+    sleep: SleepStatus | None = None
 
     @property
     def is_ready(self) -> bool:

@@ -77,6 +77,19 @@ class PullState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class SleepState(StrEnum):
+    """Where an instance that uses vLLM's sleep mode is (status JSON `sleep.state`; docs/sleep.md).
+
+    Orthogonal to `State`: a sleeping server is a live, healthy process (`ready`) that holds
+    almost no GPU memory and must get no request (vLLM holds a request sent to a sleeping
+    server until the client gives up)."""
+
+    AWAKE = "awake"
+    FALLING_ASLEEP = "falling_asleep"  # out of the router, its requests ending, then /sleep
+    ASLEEP = "asleep"
+    WAKING = "waking"  # /wake_up sent (level 2: weights reloaded), not yet answering
+
+
 class FileState(StrEnum):
     """Where one file of a pull is (vsup.pull.progress)."""
 

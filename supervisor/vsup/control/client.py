@@ -100,6 +100,22 @@ def check_target(name: str) -> str:
     return name if name == ROUTER else check_name(name)
 
 
+def action_body(
+    action: str, names: list[str] | None, all: bool, wait: bool, level: int | None
+) -> dict[str, Any]:
+    """`POST /v1/actions`'s body. `swap` names two instances: the first sleeps, the second
+    wakes (docs/sleep.md)."""
+    body: dict[str, Any] = {
+        "action": action,
+        "names": [check_target(n) for n in names or ()],
+        "all": all,
+        "wait": wait,
+    }
+    if level is not None:
+        body["level"] = level
+    return body
+
+
 def _instance_path(name: str, what: str) -> str:
     """The route of one instance's resource, its name checked and URL-encoded."""
     return f"/v1/instances/{quote(check_name(name), safe='')}/{what}"
@@ -206,10 +222,15 @@ class Client:
         return self._call("POST", "/v1/apply", json=body)
 
     def action(
-        self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
+        self,
+        action: str,
+        names: list[str] | None = None,
+        all: bool = False,
+        wait: bool = True,
+        level: int | None = None,
     ) -> dict[str, Any]:
-        body = {"action": action, "names": [check_target(n) for n in names or ()], "all": all}
-        body["wait"] = wait
+        """`level`: `sleep`'s level (1 or 2; None: the instance's `sleep.level`)."""
+        body = action_body(action, names, all, wait, level)
         return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     def logs(
@@ -310,10 +331,14 @@ class AsyncClient:
         )
 
     async def action(
-        self, action: str, names: list[str] | None = None, all: bool = False, wait: bool = True
+        self,
+        action: str,
+        names: list[str] | None = None,
+        all: bool = False,
+        wait: bool = True,
+        level: int | None = None,
     ) -> dict[str, Any]:
-        body = {"action": action, "names": [check_target(n) for n in names or ()], "all": all}
-        body["wait"] = wait
+        body = action_body(action, names, all, wait, level)
         return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     async def logs(

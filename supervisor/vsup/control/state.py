@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup.fsutil import write_atomic
-from vsup.layout.spec import InstanceSpec, RestartPolicy
+from vsup.layout.spec import InstanceSpec, RestartPolicy, SleepSpec
 
 STATE_VERSION = 1
 
@@ -166,7 +166,12 @@ def spec_from_dict(doc: dict[str, Any]) -> InstanceSpec:
         data["env"] = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
         known = set(InstanceSpec.__dataclass_fields__)
         data = {k: v for k, v in data.items() if k in known}
-        return InstanceSpec(restart=RestartPolicy(**restart), **data)
+        sleep = data.pop("sleep", None)
+        return InstanceSpec(
+            restart=RestartPolicy(**restart),
+            sleep=SleepSpec(**sleep) if sleep is not None else None,
+            **data,
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"cannot rebuild the instance spec ({type(exc).__name__}: {exc})") from exc
 

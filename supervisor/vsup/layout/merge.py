@@ -30,7 +30,7 @@ from vsup.layout.schema import (
 )
 from vsup.layout.sourcemap import SourceMap
 
-MERGED_TABLES = ("args", "env", "restart")
+MERGED_TABLES = ("args", "env", "restart", "sleep")
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,8 @@ def _merge_into(
                     and not _RESTART_TYPES[sub](sub_value)
                 ):
                     continue
+                if key == "sleep" and sub in _SLEEP_TYPES and not _SLEEP_TYPES[sub](sub_value):
+                    continue
                 if key == "args":
                     # `max_model_len` replaces an earlier `max-model-len`: one flag, one value.
                     for existing in [k for k in merged if flag_name(k) == flag_name(sub)]:
@@ -172,6 +174,12 @@ def _env_value_ok(v: Any) -> bool:
     return isinstance(v, str) or is_number(v)
 
 
+_SLEEP_TYPES: dict[str, Callable[[Any], bool]] = {
+    "level": is_int,
+    "after_idle_s": is_number,
+    "start": lambda v: isinstance(v, str),
+    "public_dev_mode": lambda v: isinstance(v, bool),
+}
 _RESTART_TYPES: dict[str, Callable[[Any], bool]] = {
     "policy": lambda v: isinstance(v, str),
     "backoff_s": is_number,

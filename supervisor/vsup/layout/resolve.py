@@ -15,7 +15,7 @@ from vsup.layout.flags import flag_name
 from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
 from vsup.layout.model import Layout
 from vsup.layout.modelpath import resolve_model_path
-from vsup.layout.spec import LOAD_TRACKING_FLAG, InstanceSpec, RestartPolicy
+from vsup.layout.spec import LOAD_TRACKING_FLAG, InstanceSpec, RestartPolicy, SleepSpec
 from vsup.layout.structure import check_structure
 from vsup.layout.vllm_flags import flags_for_command
 
@@ -72,6 +72,20 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         revision=v.get("revision"),
         hf_token_env=v.get("hf_token_env"),
         pull=bool(v.get("pull", True)),
+        sleep=sleep_spec(v.get("sleep")),
+        swap_group=v.get("swap_group"),
+    )
+
+
+def sleep_spec(table: dict[str, Any] | None) -> SleepSpec | None:
+    """The instance's `sleep` table as a SleepSpec; None without one (sleep mode off)."""
+    if table is None:
+        return None
+    return SleepSpec(
+        level=int(table.get("level", SleepSpec.level)),
+        after_idle_s=float(table.get("after_idle_s", SleepSpec.after_idle_s)),
+        start=table.get("start"),
+        public_dev_mode=bool(table.get("public_dev_mode", False)),
     )
 
 

@@ -16,7 +16,13 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, TypeGuard
 
 from vsup.layout.listen import parse_listen
-from vsup.layout.spec import RESTART_POLICIES, InstanceSpec, RestartPolicy
+from vsup.layout.spec import (
+    RESTART_POLICIES,
+    SLEEP_LEVELS,
+    SLEEP_START,
+    InstanceSpec,
+    RestartPolicy,
+)
 
 # vLLM 0.32's own default for --gpu-memory-utilization (vllm/config/cache.py): what an instance
 # that does not set it will take of its GPU.
@@ -175,6 +181,41 @@ RESTART_KEYS: dict[str, Key] = {
     )
 }
 
+
+def _sleep_level(v: Any) -> str | None:
+    if v in SLEEP_LEVELS:
+        return None
+    return (
+        f"must be 1 (weights kept in host RAM: a wake takes seconds) or 2 (weights dropped: a "
+        f"wake reloads them from disk), not {v}"
+    )
+
+
+def _sleep_start(v: Any) -> str | None:
+    if v in SLEEP_START:
+        return None
+    return f"must be 'awake' or 'asleep' (what `vsup up` leaves it as once ready), not {v!r}"
+
+
+SLEEP_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("level", "int", "1: weights to host RAM (default); 2: weights dropped", _sleep_level),
+        Key(
+            "after_idle_s",
+            "number",
+            "put it to sleep after this long with no request (0: never, the default)",
+            _not_negative,
+        ),
+        Key("start", "str", "awake | asleep once `vsup up` has it ready", _sleep_start),
+        Key(
+            "public_dev_mode",
+            "bool",
+            "accept vLLM's dev-mode endpoints (/sleep, /collective_rpc) on a non-loopback host",
+        ),
+    )
+}
+
 LAYOUT_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
@@ -303,6 +344,7 @@ COMMON_KEYS: dict[str, Key] = {
             _hf_token_env,
         ),
         Key("pull", "bool", "pull the hub model before the start (default true; docs/pull.md)"),
+        Key("sleep", "sleep", "vLLM's sleep mode: sleep = { level = 1 } (docs/sleep.md)"),
     )
 }
 
@@ -312,6 +354,12 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
         Key("name", "str", "unique instance name", _name),
         Key("gpus", "int_list", "GPU indices; [] for a CPU instance"),
         Key("port", "int", "the port vLLM listens on", _port),
+        Key(
+            "swap_group",
+            "str",
+            "instances that time-share their GPUs with sleep mode: one awake at a time",
+            _name,
+        ),
     )
 }
 
@@ -427,7 +475,7 @@ def type_problem(key: Key, value: Any) -> str | None:
     elif kind == "int_list":
         ok = isinstance(value, list) and all(is_int(v) for v in value)
         want = "an array of integers"
-    elif kind in ("table", "env_table", "restart"):
+    elif kind in ("table", "env_table", "restart", "sleep"):
         ok = isinstance(value, Mapping)
         want = "a table"
     else:  # pragma: no cover - a Key with an unknown kind is a programming error
@@ -441,6 +489,7 @@ def type_problem(key: Key, value: Any) -> str | None:
         "args": "args = { max-model-len = 8192 }",
         "env": 'env = { VLLM_ROCM_USE_AITER = "1" }',
         "restart": 'restart = { policy = "on-failure" }',
+        "sleep": "sleep = { level = 1 }",
         "port": "port = 8000",
     }.get(key.name)
     hint = f", e.g. {example}" if example else ""

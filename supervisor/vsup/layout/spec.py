@@ -36,6 +36,31 @@ class RestartPolicy:
     on_stall: bool = False
 
 
+# vLLM's sleep mode (docs/sleep.md): the flag that turns it on, and the variable that exposes
+# /sleep, /wake_up, /is_sleeping and /collective_rpc (vLLM's dev-mode endpoints).
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+SLEEP_LEVELS = (1, 2)
+SLEEP_START = ("awake", "asleep")
+
+
+@dataclass(frozen=True)
+class SleepSpec:
+    """An instance's `sleep` table: it may be put to sleep (vLLM's sleep mode).
+
+    level 1 moves its weights to host RAM (a wake copies them back: seconds); level 2 drops
+    them (a wake reloads them from disk). `after_idle_s` > 0: vsup puts it to sleep after that
+    long with no request. `start`: whether `vsup up` leaves it awake or asleep once ready (None:
+    awake, except in a swap group, where only the group's first member in layout order starts
+    awake). `public_dev_mode`: the layout accepts vLLM's dev-mode endpoints on a host other
+    than loopback (refused otherwise)."""
+
+    level: int = 1
+    after_idle_s: float = 0.0
+    start: str | None = None
+    public_dev_mode: bool = False
+
+
 @dataclass(frozen=True)
 class InstanceSpec:
     name: str
@@ -76,6 +101,10 @@ class InstanceSpec:
     # Set by the daemon, never by a layout: the local snapshot a pull left in the cache. vLLM
     # then loads it offline (HF_HUB_OFFLINE=1) under the model's name (--served-model-name).
     model_path: str | None = None
+    # vLLM's sleep mode (docs/sleep.md): None unless the layout gives the instance a `sleep`
+    # table; `swap_group`: instances that time-share their GPUs, at most one awake at a time.
+    sleep: SleepSpec | None = None
+    swap_group: str | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -129,6 +158,8 @@ class InstanceSpec:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
         if self.load_tracking and find_arg(self.args, LOAD_TRACKING_FLAG) is None:
             argv.append(LOAD_TRACKING_FLAG)
+        if self.sleep is not None and find_arg(self.args, SLEEP_MODE_FLAG) is None:
+            argv.append(SLEEP_MODE_FLAG)
         args = dict(self.args)
         if self.model_path:
             # clients keep asking for the hub id, not the snapshot's path
@@ -155,6 +186,8 @@ class InstanceSpec:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         # A CPU instance (gpus = []) sees no GPU at all rather than every GPU.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        if self.sleep is not None:
+            env[DEV_MODE_ENV] = "1"  # /sleep and /wake_up are dev-mode endpoints
         if self.api_key_env:
             secret = (base if base is not None else os.environ).get(self.api_key_env)
             if secret:

@@ -31,6 +31,7 @@ from vsup.layout.schema import (
     RESTART_KEYS,
     ROUTER_ARGS_OWNED_BY_KEYS,
     ROUTER_KEYS,
+    SLEEP_KEYS,
     TOP_KEYS,
     Key,
     is_number,
@@ -185,6 +186,8 @@ def check_table(
         if spec.kind == "restart":
             out += check_table(value, RESTART_KEYS, where.sub(key), "restart")
             out += _check_restart(value, where.sub(key))
+        elif spec.kind == "sleep":
+            out += check_table(value, SLEEP_KEYS, where.sub(key), "sleep")
         elif spec.kind == "table" and key == "args" and section == "router":
             out += _check_router_args(value, where.sub(key))
         elif spec.kind == "table" and key == "args":

@@ -150,6 +150,7 @@ SLOW_COST = {
     "test_router_real.py": 120,
     "test_daemon_vllm.py": 110,
     "test_stall_vllm.py": 95,
+    "test_sleep_vllm.py": 200,
     "test_fault_disk_full_vllm.py": 90,
     "test_fleet_vllm.py": 90,
     "test_vllm_flags.py": 15,

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "vsup.commands.tui",
     "vsup.commands.status",
     "vsup.commands.lifecycle",
+    "vsup.commands.sleep",
     "vsup.commands.logs",
     "vsup.commands.events",
     "vsup.commands.save",

@@ -89,6 +89,7 @@ WAIT_KINDS = (
     "start_slot",  # queued for its turn on the device behind other starts that wait too
     "gpu_memory",  # processes that are no instance's hold the GPU memory its start needs
     "backoff",  # the restart policy's delay before the next attempt
+    "swap_group",  # another member of its swap group is not asleep (docs/sleep.md)
 )
 
 

@@ -239,6 +239,25 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
         )
     if kind == "stall_cleared":
         return f"no longer stalled ({e.get('why') or 'progress'})"
+    if kind == "sleep":
+        held = e.get("held_after")
+        kept = f", {held / 2**30:.1f} GiB still held" if isinstance(held, int) else ""
+        trouble = f"; {e['error']}" if e.get("error") else ""
+        return f"asleep (level {e.get('level')}) in {_s(e.get('took_s'))}{kept}: {e.get('why')}" + (
+            trouble
+        )
+    if kind == "wake":
+        cold = " (cold start: it was not running)" if e.get("cold") else ""
+        return f"awake in {_s(e.get('took_s'))}{cold}: {e.get('why')}"
+    if kind == "swap":
+        return f"swapped in for {e.get('slept')} in {_s(e.get('took_s'))}"
+    if kind in ("sleep_failed", "wake_failed"):
+        what = "sleep" if kind == "sleep_failed" else "wake"
+        return f"{what} FAILED ({e.get('why')}): {e.get('error')}"
+    if kind == "group_wait":
+        if e.get("done"):
+            return f"its swap group let it start after {_s(e.get('waited_s'))}"
+        return f"start waits for its swap group: {e.get('message')}"
     if kind == "rank_exit":
         return f"data-parallel rank {e.get('rank')} (pid {e.get('pid')}) ended: {e.get('message')}"
     if kind == "router_workers":

@@ -19,7 +19,7 @@ from vsup.snapshot import (
     InstanceStatus,
     RouterStatus,
 )
-from vsup.states import ExitReason, PullState, State
+from vsup.states import ExitReason, PullState, SleepState, State
 
 KV_FULL = 0.95
 KV_PEAK_WINDOW_S = 60.0  # the KV-usage peak the advice quotes is over this window
@@ -66,6 +66,7 @@ def compute_advice(
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
         out += stalled(inst)
+        out += sleep_trouble(inst)
     out += pull_failed(instances)
     for gpu in gpus:
         out += foreign_processes(gpu)
@@ -321,6 +322,40 @@ def stalled(inst: InstanceStatus) -> list[Advice]:
                 f"{inst.name}` (its requests fail); restart.on_stall = true makes vsup do that "
                 "by itself."
             ),
+        )
+    ]
+
+
+def sleep_trouble(inst: InstanceStatus) -> list[Advice]:
+    """vLLM's sleep mode (docs/sleep.md): a sleep or wake that failed, or a sleep that left
+    the GPU memory held (seen on some ROCm builds): the swap group's other members cannot use
+    that memory, and a wake that failed leaves the model unserved."""
+    sleep = inst.sleep
+    if sleep is None or not sleep.error:
+        return []
+    if sleep.error.startswith("wake failed"):
+        todo = (
+            f"`vsup logs {inst.name}` says why; `vsup wake {inst.name}` tries again, and "
+            f"`vsup restart {inst.name}` starts it fresh (a cold start)"
+        )
+        severity = "critical" if sleep.state != SleepState.AWAKE else "warning"
+    elif "not released" in sleep.error:
+        todo = (
+            "this vLLM build does not free its memory on sleep: the swap group's other members "
+            f"cannot start or wake beside it. `vsup stop {inst.name}` frees it for good; "
+            "report the build (docs/sleep.md, 'Sleep that keeps the memory')"
+        )
+        severity = "warning"
+    else:
+        todo = f"it stays awake and serving; `vsup logs {inst.name}` says why"
+        severity = "warning"
+    return [
+        Advice(
+            kind="sleep_failed",
+            severity=severity,
+            instance=inst.name,
+            gpu=inst.gpus[0] if inst.gpus else None,
+            message=f"{inst.name}: {sleep.error}. {todo}.",
         )
     ]
 

@@ -28,6 +28,9 @@ from vsup.fsutil import data_from, hole_from, hole_note
 log = logging.getLogger(__name__)
 
 ACTIONS = ("start", "stop", "restart", "drain")
+# vLLM's sleep mode (docs/sleep.md): `swap` names two instances, the first sleeps, the second
+# wakes; `sleep` may carry a `level`.
+SLEEP_ACTIONS = ("sleep", "wake", "swap")
 # The layout's vllm-router in an action's `names` (engine.routing.ROUTER_NAME: no instance
 # name can start with '@'); `all` means every instance, not the router.
 ROUTER = "@router"
@@ -68,6 +71,10 @@ class ControlService(Protocol):
     ) -> dict[str, Any]: ...
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
+
+    async def sleep_action(
+        self, action: str, names: list[str], level: int | None, wait: bool
+    ) -> dict[str, Any]: ...
 
     def log_file(self, name: str, previous: bool) -> LogFile: ...
 
@@ -126,15 +133,19 @@ def build_app(service: ControlService) -> Starlette:
         body = await _body(
             request,
             required={"action": str},
-            optional={"names": list, "all": bool, "wait": bool},
+            optional={"names": list, "all": bool, "wait": bool, "level": int},
         )
         action = body["action"]
-        if action not in ACTIONS:
-            raise BadRequest(f"unknown action {action!r}; use one of: {', '.join(ACTIONS)}")
+        if action not in ACTIONS + SLEEP_ACTIONS:
+            raise BadRequest(
+                f"unknown action {action!r}; use one of: {', '.join(ACTIONS + SLEEP_ACTIONS)}"
+            )
         names = body.get("names") or []
         if not all(isinstance(n, str) and n for n in names):
             raise BadRequest("'names' must be a list of instance names (strings)")
         known = service.instance_names()
+        if action in SLEEP_ACTIONS:
+            return JSONResponse(await _sleep_action(action, names, body, known))
         if body.get("all"):
             if names:
                 raise BadRequest("give 'names' or 'all', not both")
@@ -149,6 +160,25 @@ def build_app(service: ControlService) -> Starlette:
         return JSONResponse(
             await service.action(action, list(dict.fromkeys(names)), body.get("wait", True))
         )
+
+    async def _sleep_action(
+        action: str, names: list[str], body: dict[str, Any], known: Any
+    ) -> dict[str, Any]:
+        if body.get("all") or ROUTER in names:
+            raise BadRequest(f"{action} takes instance names (not 'all', not the router)")
+        want = 2 if action == "swap" else 1
+        if len(names) != want:
+            shape = (
+                "two instances: the one to sleep, then the one to wake"
+                if want == 2
+                else ("one instance")
+            )
+            raise BadRequest(f"{action} takes {shape}")
+        level = body.get("level")
+        if level is not None and (action != "sleep" or level not in (1, 2)):
+            raise BadRequest("'level' goes with sleep only, and is 1 or 2")
+        _check_names(names, known)
+        return await service.sleep_action(action, names, level, body.get("wait", True))
 
     async def logs(request: Request) -> JSONResponse:
         name = _known(request, service)

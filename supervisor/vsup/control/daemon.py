@@ -63,6 +63,7 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import Engine, EngineSettings, Instance
+from vsup.engine.sleep import SleepRefused
 from vsup.layout.compiled import CompiledLayout
 from vsup.layout.listen import format_listen
 from vsup.layout.node import NodeFacts
@@ -94,6 +95,10 @@ LOGGED_EVENTS = {
     "stop_incomplete": ("message",),
     "stuck_gone": ("run", "pids"),
     "stall_restart": ("run", "pid", "why"),
+    "sleep": ("level", "took_s", "why", "error"),
+    "wake": ("took_s", "why"),
+    "sleep_failed": ("why", "error"),
+    "wake_failed": ("why", "error"),
     "error": ("message",),
 }
 
@@ -174,8 +179,9 @@ class Daemon:
         # hub models pulled before their instances start (control/pulls.py)
         self.pulls = Pulls(self.home, self.clock, self.journal.append, self.spawn)
         self.stalls = StallActions(self.journal.append, self.engine)
-        # a ready instance the latest snapshot flags `stalled` gets no request from the router
-        self.engine.router.exclude = self._stalled
+        # a ready instance the latest snapshot flags `stalled`, or one that is not awake (sleep
+        # mode: vLLM holds a request sent to a sleeper), gets no request from the router
+        self.engine.router.exclude = self._excluded
 
     # ----------------------------------------------------------------- engine events
 
@@ -200,6 +206,9 @@ class Daemon:
             log.info("%s %s %s", name or "-", kind, " ".join(f"{k}={doc[k]}" for k in keys))
         if kind not in ("action",):
             self._state_dirty.set()
+
+    def _excluded(self, name: str) -> bool:
+        return self.engine.sleeper.excluded(name) or self._stalled(name)
 
     def _stalled(self, name: str) -> bool:
         """Whether stall detection flags the instance in the latest snapshot (False when it
@@ -526,7 +535,10 @@ class Daemon:
                     live=inst.state in SERVING and inst.pid is not None,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=spec.arg("attention-backend"),
-                    ready=inst.state == State.READY and inst.pid is not None,
+                    # no canary to a sleeper: vLLM would hold it until it wakes
+                    ready=inst.state == State.READY
+                    and inst.pid is not None
+                    and self.engine.sleeper.awake(name),
                     load_tracking=spec.load_tracking,
                     canary_interval_s=spec.canary_interval_s,
                     stall_after_s=spec.stall_after_s,
@@ -543,8 +555,34 @@ class Daemon:
         await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
         snap = self.build_snapshot()
         self.stalls.observe(snap.instances)
+        self._idle_sleep(snap)
         self.alerts.observe(snap.advice)
         return snap
+
+    def _idle_sleep(self, snap: StatusSnapshot) -> None:
+        """Sleep mode's `after_idle_s`: each poll tells the sleeper which instances had work;
+        those idle long enough are put to sleep (in the background; journaled)."""
+        sleeper = self.engine.sleeper
+        for inst in snap.instances:
+            if inst.sleep is None:
+                continue
+            busy = (
+                (inst.requests_in_flight or 0)
+                + (inst.requests_running or 0)
+                + (inst.requests_waiting or 0)
+            )
+            sleeper.observe(inst.name, busy > 0 or bool(inst.generation_tokens_per_s))
+        for name in sleeper.idle_due():
+            after = self.engine.instances[name].spec.sleep
+            why = f"idle for {after.after_idle_s:g} s (sleep.after_idle_s)" if after else "idle"
+            self.spawn(self._sleep_quietly(name, why), f"idle sleep {name}")
+
+    async def _sleep_quietly(self, name: str, why: str) -> None:
+        try:
+            await self.engine.sleeper.sleep(name, why=why)
+        except SleepRefused as exc:
+            log.warning("%s: idle sleep: %s", name, exc)
+        self.state_changed()
 
     async def _poll_router(self) -> None:
         """The router's figures and worker list (at most a poll interval: it never delays one)."""
@@ -587,7 +625,12 @@ class Daemon:
                 **inst.status_fields(),
                 **self.monitor.fields(name, live),
                 **self.monitor.stall_fields(
-                    name, inst.state == State.READY and inst.pid is not None, spec.stall_after_s
+                    name,
+                    # a sleeper holds requests by design: never stalled
+                    inst.state == State.READY
+                    and inst.pid is not None
+                    and self.engine.sleeper.awake(name),
+                    spec.stall_after_s,
                 ),
                 "planned_hbm_bytes": planned,
                 "waiting_for": inst.waiting_for,
@@ -595,6 +638,7 @@ class Daemon:
                 "outdated_fields": drift or (),
                 **parallel_fields(inst, gpus),
                 "pull": self.pulls.for_instance(name),
+                "sleep": self.engine.sleeper.status(name),
             }
             if inst.pid is None:
                 fields["hbm_bytes"] = None  # the figure of a process that is gone

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from vsup.control.host import DaemonHost
 from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.engine.routing import ROUTER_NAME
+from vsup.engine.sleep import SleepRefused
 from vsup.layout.changes import spec_changes
 from vsup.layout.compiled import CompiledLayout, compile_layout
 from vsup.layout.diagnostics import LayoutError
@@ -28,6 +30,8 @@ from vsup.layout.spec import InstanceSpec
 from vsup.layout.store import save_layout
 from vsup.pull.targets import Resolution
 from vsup.states import State
+
+log = logging.getLogger(__name__)
 
 
 class DaemonService:
@@ -227,6 +231,42 @@ class DaemonService:
             else:
                 errors.append({"name": name, "error": str(exc) or type(exc).__name__})
         return {"done": done, "errors": errors}
+
+    async def sleep_action(
+        self, action: str, names: list[str], level: int | None, wait: bool
+    ) -> dict[str, Any]:
+        """`sleep NAME [level]`, `wake NAME`, `swap A B` (docs/sleep.md); the answer's
+        `errors` says why one was refused or failed."""
+        if self.daemon.shutting_down:
+            raise Conflict("the daemon is shutting down (vsup down)")
+        sleeper = self.daemon.engine.sleeper
+        fields: dict[str, Any] = {"level": level} if level is not None else {}
+        self.daemon.journal.append(
+            "action", None, action=action, names=names, by="operator", **fields
+        )
+
+        async def one() -> dict[str, Any]:
+            try:
+                if action == "sleep":
+                    return await sleeper.sleep(names[0], level)
+                if action == "wake":
+                    return await sleeper.wake(names[0])
+                return await sleeper.swap(names[0], names[1])
+            finally:
+                self.daemon.state_changed()
+
+        task = self.daemon.spawn(one(), f"{action} {' '.join(names)}")
+        if not wait:
+            return {"done": [], "pending": names, "errors": []}
+        # Shielded: a client that hangs up does not cancel a sleep half-way.
+        await asyncio.wait([asyncio.shield(task)])
+        exc = task.exception()
+        if exc is None:
+            return {"done": names, "errors": [], "result": task.result()}
+        if not isinstance(exc, SleepRefused):
+            log.error("%s %s failed", action, names, exc_info=exc)
+        error = str(exc) or type(exc).__name__
+        return {"done": [], "errors": [{"name": names[-1], "error": error}]}
 
     def log_file(self, name: str, previous: bool) -> LogFile:
         inst = _instance(self.daemon.engine, name)

@@ -37,6 +37,7 @@ from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
 from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
+from vsup.engine.sleep import Sleeper
 from vsup.engine.states import DONE_STARTING, IDLE, RUNNING, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.layout.spec import InstanceSpec
@@ -143,6 +144,8 @@ class Engine:
         self._rollout_task: asyncio.Task | None = None
         # the layout's vllm-router (engine/routing.py); its membership follows the instances
         self.router = RouterSupervisor(self)
+        # vLLM's sleep mode: sleep, wake, swap and the swap groups' start gate (sleep.py)
+        self.sleeper = Sleeper(self)
 
     # -- reading --------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from vsup.engine.memory import GpuMemoryView
 from vsup.engine.proc import ProcInfo
 from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
+from vsup.engine.sleep import Sleeper
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.layout.spec import InstanceSpec
 
@@ -55,6 +56,11 @@ class RunnerHost(Protocol):
 
     @property
     def instances(self) -> Mapping[str, Instance]: ...
+
+    @property
+    def sleeper(self) -> Sleeper | None:
+        """vLLM's sleep mode (sleep.py): the start gate of swap groups; None for the router."""
+        ...
 
     @property
     def detached(self) -> bool:

@@ -190,6 +190,10 @@ class _RouterHost:
         return {inst.name: inst} if inst is not None else {}
 
     @property
+    def sleeper(self) -> None:
+        return None  # the router never sleeps
+
+    @property
     def detached(self) -> bool:
         return self._engine.detached
 

@@ -32,6 +32,7 @@ from vsup.engine.memory import Fit, Verdict, judge
 from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
+from vsup.engine.sleep import SleepRefused
 from vsup.engine.spawn import Launched, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
 from vsup.snapshot import LastExit, WaitReason
@@ -96,6 +97,8 @@ class Runner:
                 # orphans of the run that died unwatched left memory the GPU still lists
                 self._unreleased()
                 return
+        if not await self._await_group():
+            return
         if not await self._await_memory():
             return
         if not await self._acquire("start"):
@@ -132,6 +135,8 @@ class Runner:
         inst.process = proc
         inst.gpu_released = None
         lc.spawned(run)
+        if e.sleeper is not None:
+            e.sleeper.process_started(inst)
         e.emit(
             inst,
             "spawn",
@@ -153,6 +158,8 @@ class Runner:
         if h.status is not None:
             # it answers, so it is past start-up; the health loop judges the answers from now
             self.lc.became_ready()
+            if self.e.sleeper is not None:
+                await self.e.sleeper.adopted(self.inst)
         elif proc.alive:
             await self._acquire("start", proc)
         await self._supervise(proc)
@@ -179,6 +186,7 @@ class Runner:
                     cause = ExitReason.STALLED
                     break
                 if lc.state == State.READY and self.e.scheduler.mode(inst.name) == "start":
+                    await self._sleep_after_start()
                     self._release()
                 await self._wait(lc.start_remaining_s())
         finally:
@@ -412,6 +420,44 @@ class Runner:
         finally:
             if told is not None:
                 inst.wait = None
+
+    async def _await_group(self) -> bool:
+        """Before a start: a swap-group member waits while another member's process is not
+        asleep (vLLM profiles the GPU's free memory at start; sleep.py). False when the start
+        is no longer wanted meanwhile."""
+        inst, lc, e = self.inst, self.lc, self.e
+        if e.sleeper is None or inst.spec.swap_group is None:
+            return True
+        told: str | None = None
+        t0 = e.clock.monotonic()
+        try:
+            while (reason := e.sleeper.gate(inst)) is not None:
+                if reason.message != told:
+                    told = reason.message
+                    e.emit(inst, "group_wait", done=False, message=told)
+                inst.wait = reason
+                inst.control.kick.clear()
+                await self._wait(e.settings.memory_poll_s)
+                if not isinstance(inst.control.intent, Run) or lc.state != State.STARTING:
+                    return False
+            if told is not None:
+                waited = round(e.clock.monotonic() - t0, 3)
+                e.emit(inst, "group_wait", done=True, waited_s=waited)
+            return True
+        finally:
+            if told is not None:
+                inst.wait = None
+
+    async def _sleep_after_start(self) -> None:
+        """A swap-group member meant to sleep goes to sleep while it still holds its devices'
+        start turn, so the next member's start profiles a GPU it has given back."""
+        sleeper = self.e.sleeper
+        if sleeper is None or not sleeper.sleeps_after_start(self.inst):
+            return
+        try:
+            await sleeper.sleep(self.inst.name, why="started asleep")
+        except SleepRefused as exc:
+            log.warning("%s: %s", self.inst.name, exc)
 
     def _unreleased(self) -> None:
         teardown.fail_unreleased(self.e, self.inst, f"{self.inst.name}'s ended processes")

@@ -1,0 +1,582 @@
+"""vLLM's sleep mode: putting instances to sleep, waking them, swapping the members of a swap
+group, and the start order that keeps a group within its GPU memory (docs/sleep.md).
+
+A sleeping vLLM server is a live, healthy process (`ready`) that has given back its GPU memory
+(level 1: weights copied to host RAM, KV cache dropped; level 2: both dropped) and must get no
+request: vLLM holds a request sent to a sleeping server until the client gives up. So the sleep
+state is kept beside the lifecycle state, never in it, and:
+- before a sleep the instance leaves the router, its running requests end (bounded by its
+  `drain_timeout_s`; still busy then: nothing sleeps, it rejoins and the sleep is refused with
+  the count), then `POST /sleep?level=N`, `GET /is_sleeping`, and - where the GPU telemetry sees
+  its processes - its memory must be seen released (`RELEASED_FRACTION` of what it held,
+  within `RELEASE_TIMEOUT_S`; a server that answers the sleep and keeps the memory, as some
+  ROCm builds do, is `asleep` with an error, and a swap does not wake the other member on it);
+- a wake sends `POST /wake_up` (level 2: weights, `reload_weights`, then the KV cache), waits
+  for `is_sleeping` false and one answered `max_tokens = 1` completion, then it rejoins the
+  router;
+- a swap group (`swap_group`) has at most one member awake: waking a member first puts the
+  awake one to sleep, and a member's *start* waits (`wait` kind `swap_group`) while another
+  member has a process that is not asleep, since vLLM profiles the GPU's free memory at start.
+  Members meant to sleep start first and are put to sleep while they still hold their device's
+  start turn; the member meant to be awake starts last. A member that dies while another is
+  awake is started again when it is woken (its start waits at the gate meanwhile).
+- Idle sleep (`sleep.after_idle_s`): the daemon reports activity each poll (`observe`) and
+  asks for the instances idle that long (`idle_due`).
+
+Operations on one instance never overlap (a lock per instance); the router's membership leaves a
+non-awake instance out (`excluded`), and stall detection and canaries leave it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from vsup.engine import health, stop
+from vsup.snapshot import SleepStatus, WaitReason
+from vsup.states import DONE_STARTING, SleepState, State
+from vsup.telemetry.httpget import HttpError
+
+if TYPE_CHECKING:
+    from vsup.engine.engine import Engine
+    from vsup.engine.instance import Instance
+
+log = logging.getLogger("vsup.engine")
+
+SLEEP_TIMEOUT_S = 300.0  # POST /sleep: level 1 copies the weights to host RAM first
+WAKE_TIMEOUT_S = 600.0  # POST /wake_up (level 2 reloads the weights from disk)
+ANSWER_TIMEOUT_S = 120.0  # the first completion after a wake
+# After /sleep answered, the instance's GPU memory must fall to this share of what it held
+# (seen on an H200: 1.7 of 64.6 GiB kept, 2.6%) within RELEASE_TIMEOUT_S.
+RELEASED_FRACTION = 0.25
+RELEASE_TIMEOUT_S = 30.0
+RELEASE_POLL_S = 0.25
+HELD_WAIT_S = 3.0  # for the telemetry's first figure of a server that just became ready
+
+
+class SleepRefused(Exception):
+    """A sleep, wake or swap that cannot be done or failed; the message is for the operator."""
+
+
+@dataclass
+class SleepTrack:
+    """One sleep-mode instance's sleep state, as vsup drives and last saw it."""
+
+    level: int
+    state: SleepState = SleepState.AWAKE
+    since: float = 0.0  # clock monotonic of the last change
+    want_awake: bool = True  # what the operator (or the layout) asked for last
+    last_sleep_s: float | None = None
+    last_wake_s: float | None = None
+    error: str | None = None
+    held_bytes: int | None = None
+    active_at: float | None = None  # the last poll that saw work (idle sleep)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+
+class Sleeper:
+    """Sleep, wake and swap for the engine's instances (see the module doc)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        self._tracks: dict[str, SleepTrack] = {}
+        # why an instance (awake or not) must get no request from the router now
+        self.on_change: Callable[[], None] | None = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def track(self, name: str) -> SleepTrack | None:
+        """The sleep state of a sleep-mode instance (made on first use); None for others."""
+        inst = self.e.instances.get(name)
+        if inst is None or inst.spec.sleep is None:
+            self._tracks.pop(name, None)
+            return None
+        t = self._tracks.get(name)
+        if t is None:
+            t = self._tracks[name] = SleepTrack(
+                level=inst.spec.sleep.level,
+                since=self.e.clock.monotonic(),
+                want_awake=self._starts_awake(inst),
+            )
+        return t
+
+    def excluded(self, name: str) -> bool:
+        """Whether a ready instance must get no request because it is not awake."""
+        t = self._tracks.get(name)
+        return t is not None and t.state != SleepState.AWAKE
+
+    def awake(self, name: str) -> bool:
+        """False while the instance sleeps, falls asleep or wakes (no canary, no stall)."""
+        return not self.excluded(name)
+
+    def status(self, name: str) -> SleepStatus | None:
+        inst = self.e.instances.get(name)
+        t = self.track(name)
+        if inst is None or t is None:
+            return None
+        now = self.e.clock.monotonic()
+        idle_in = None
+        after = inst.spec.sleep.after_idle_s if inst.spec.sleep else 0.0
+        if after > 0 and t.state == SleepState.AWAKE and inst.state == State.READY:
+            since = t.active_at if t.active_at is not None else inst.state_since
+            idle_in = round(max(0.0, after - (now - since)), 1)
+        return SleepStatus(
+            state=t.state,
+            level=t.level,
+            group=inst.spec.swap_group,
+            since_s=round(now - t.since, 3),
+            last_sleep_s=t.last_sleep_s,
+            last_wake_s=t.last_wake_s,
+            error=t.error,
+            held_bytes=t.held_bytes if t.state == SleepState.ASLEEP else None,
+            idle_sleep_in_s=idle_in,
+        )
+
+    def members(self, group: str) -> list[Instance]:
+        """The instances of swap group `group`, in layout order."""
+        return [i for i in self.e.instances.values() if i.spec.swap_group == group]
+
+    def _starts_awake(self, inst: Instance) -> bool:
+        """What `vsup up` leaves it as: the `start` key, else awake - except in a swap group,
+        where only the first member in layout order (or the one with start = "awake") is."""
+        sleep = inst.spec.sleep
+        if sleep is not None and sleep.start is not None:
+            return sleep.start == "awake"
+        group = inst.spec.swap_group
+        if group is None:
+            return True
+        members = self.members(group)
+        chosen = [m for m in members if m.spec.sleep and m.spec.sleep.start == "awake"]
+        if chosen:
+            return False
+        eligible = [m for m in members if not (m.spec.sleep and m.spec.sleep.start == "asleep")]
+        return bool(eligible) and eligible[0].name == inst.name
+
+    # -- the start gate -----------------------------------------------------------------------
+
+    def gate(self, inst: Instance) -> WaitReason | None:
+        """What a swap-group member's start waits for (None: it may start now)."""
+        group = inst.spec.swap_group
+        t = self.track(inst.name)
+        if group is None or t is None:
+            return None
+        for other in self.members(group):
+            if other is inst:
+                continue
+            ot = self.track(other.name)
+            if other.pid is not None and (ot is None or ot.state != SleepState.ASLEEP):
+                doing = {
+                    State.STARTING: "is starting",
+                    State.STOPPING: "is stopping",
+                }.get(other.state) or (
+                    "is falling asleep"
+                    if ot is not None and ot.state == SleepState.FALLING_ASLEEP
+                    else "is awake"
+                )
+                hint = (
+                    f"; `vsup wake {inst.name}` puts it to sleep first"
+                    if other.state == State.READY
+                    else ""
+                )
+                return WaitReason(
+                    kind="swap_group",
+                    message=f"{other.name} {doing} in swap group {group}{hint}",
+                    instances=(other.name,),
+                )
+            if (
+                other.pid is None
+                and other.control.wants_run
+                and ot is not None
+                and not ot.want_awake
+                and t.want_awake
+            ):
+                return WaitReason(
+                    kind="swap_group",
+                    message=f"{other.name} starts first in swap group {group} (it sleeps once "
+                    "ready)",
+                    instances=(other.name,),
+                )
+        return None
+
+    def sleeps_after_start(self, inst: Instance) -> bool:
+        """Whether an instance that just became ready is to be put to sleep now."""
+        t = self.track(inst.name)
+        return t is not None and not t.want_awake and t.state == SleepState.AWAKE
+
+    def process_started(self, inst: Instance) -> None:
+        """A new process of the instance: it starts awake."""
+        t = self.track(inst.name)
+        if t is not None:
+            self._set(inst, t, SleepState.AWAKE)
+            t.held_bytes = None
+            t.active_at = None
+
+    async def adopted(self, inst: Instance) -> None:
+        """A process an earlier daemon left: its sleep state is what the server says."""
+        t = self.track(inst.name)
+        if t is None:
+            return
+        sleeping = await self._is_sleeping(inst)
+        if sleeping is None:
+            return
+        if sleeping:
+            t.want_awake = False
+            self._set(inst, t, SleepState.ASLEEP)
+        else:
+            t.want_awake = True
+            self._set(inst, t, SleepState.AWAKE)
+
+    # -- idle sleep ---------------------------------------------------------------------------
+
+    def observe(self, name: str, active: bool) -> None:
+        """The daemon's poll: whether the instance had work (requests, tokens) this time."""
+        t = self._tracks.get(name)
+        if t is not None and active:
+            t.active_at = self.e.clock.monotonic()
+
+    def idle_due(self) -> list[str]:
+        """Awake, ready instances with `after_idle_s` and no work for that long."""
+        out = []
+        now = self.e.clock.monotonic()
+        for name, inst in self.e.instances.items():
+            sleep = inst.spec.sleep
+            t = self._tracks.get(name)
+            if sleep is None or t is None or sleep.after_idle_s <= 0:
+                continue
+            if inst.state != State.READY or t.state != SleepState.AWAKE or t.lock.locked():
+                continue
+            since = max(t.active_at or 0.0, inst.state_since, t.since)
+            if now - since >= sleep.after_idle_s:
+                out.append(name)
+        return out
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def sleep(self, name: str, level: int | None = None, why: str = "operator") -> dict:
+        """Put `name` to sleep (see the module doc). Raises SleepRefused."""
+        inst, t = self._sleep_mode(name)
+        async with t.lock:
+            return await self._sleep_locked(inst, t, level, why)
+
+    async def wake(self, name: str, why: str = "operator") -> dict:
+        """Wake `name`; in a swap group the awake member sleeps first. Raises SleepRefused."""
+        inst, t = self._sleep_mode(name)
+        group = inst.spec.swap_group
+        t.want_awake = True
+        if group is not None:
+            for other in self.members(group):
+                ot = self.track(other.name)
+                if other is inst or ot is None:
+                    continue
+                ot.want_awake = False
+                if other.pid is not None and ot.state != SleepState.ASLEEP:
+                    try:
+                        await self.sleep(other.name, why=f"{name} wakes in swap group {group}")
+                    except SleepRefused as exc:
+                        t.want_awake = False
+                        raise SleepRefused(
+                            f"{name} stays asleep: {other.name} must sleep first and did not "
+                            f"({exc})"
+                        ) from exc
+        async with t.lock:
+            if inst.pid is None or inst.state != State.READY:
+                return await self._start_awake(inst, t, why)
+            return await self._wake_locked(inst, t, why)
+
+    async def swap(self, a: str, b: str) -> dict:
+        """`a` sleeps (its memory seen released), then `b` wakes; when `b` does not come up,
+        `a` is woken again so the GPU serves what it served before."""
+        if a == b:
+            raise SleepRefused(f"swap {a} {a}: name two instances")
+        self._sleep_mode(a)
+        self._sleep_mode(b)
+        t0 = self.e.clock.monotonic()
+        slept = await self.sleep(a, why=f"swap to {b}")
+        try:
+            woke = await self.wake(b, why=f"swap from {a}")
+        except SleepRefused as exc:
+            try:
+                await self.wake(a, why=f"swap to {b} failed")
+                back = f"; {a} is awake again"
+            except SleepRefused as again:
+                back = f"; {a} did not wake again either ({again})"
+            raise SleepRefused(f"{b} did not wake ({exc}){back}") from exc
+        took = round(self.e.clock.monotonic() - t0, 3)
+        self.e.emit(self.e.instances[b], "swap", slept=a, took_s=took)
+        return {"slept": slept, "woke": woke, "took_s": took}
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _sleep_mode(self, name: str) -> tuple[Instance, SleepTrack]:
+        inst = self.e.instances.get(name)
+        if inst is None:
+            raise SleepRefused(f"unknown instance {name!r}")
+        t = self.track(name)
+        if t is None:
+            raise SleepRefused(
+                f"{name} does not use sleep mode: give it a sleep table in the layout "
+                "(sleep = { level = 1 }) and apply it"
+            )
+        return inst, t
+
+    def _set(self, inst: Instance, t: SleepTrack, state: SleepState) -> None:
+        if t.state != state:
+            t.state, t.since = state, self.e.clock.monotonic()
+        for other in self._group_of(inst):
+            other.control.kick.set()  # a start waiting at the gate looks again
+        self.e.router.wake()
+        self.e.notify()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _group_of(self, inst: Instance) -> list[Instance]:
+        group = inst.spec.swap_group
+        return [m for m in self.members(group) if m is not inst] if group else []
+
+    async def _sleep_locked(
+        self, inst: Instance, t: SleepTrack, level: int | None, why: str
+    ) -> dict:
+        name = inst.name
+        level = level if level is not None else t.level
+        if level not in (1, 2):
+            raise SleepRefused(f"sleep level {level}: use 1 or 2")
+        if t.state == SleepState.ASLEEP:
+            t.want_awake = False
+            return {"instance": name, "already": True, "level": t.level}
+        if inst.pid is None or inst.state != State.READY:
+            raise SleepRefused(f"{name} is {inst.state}: only a ready instance can be put to sleep")
+        t.want_awake = False
+        t0 = self.e.clock.monotonic()
+        before = await self._held_now(inst)
+        self._set(inst, t, SleepState.FALLING_ASLEEP)
+        try:
+            await self.e.router.leave(name, settle=True)
+            drained, waited, left = await self._drain(inst)
+            if drained is False:
+                raise SleepRefused(
+                    f"{name} still runs {left:g} request(s) after {waited:.0f} s "
+                    f"(drain_timeout_s); nothing slept - try again when it is quieter"
+                )
+            # mode=wait: vLLM 0.32 lets requests in flight end (its default aborts them); older
+            # versions ignore the parameter, and the drain above covers them
+            await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
+            if await self._is_sleeping(inst) is False:
+                raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+        except SleepRefused as exc:
+            t.want_awake = True
+            t.error = f"sleep failed: {exc}"
+            self._set(inst, t, SleepState.AWAKE)
+            self._rejoin(name)
+            self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
+            raise
+        t.level = level
+        kept = await self._await_release(inst, self._awake_bytes(inst, before))
+        took = round(self.e.clock.monotonic() - t0, 3)
+        t.last_sleep_s, t.held_bytes = took, kept
+        t.error = None
+        awake_bytes = self._awake_bytes(inst, before)
+        if awake_bytes and kept is not None and kept > awake_bytes * RELEASED_FRACTION:
+            t.error = (
+                f"asleep but its GPU memory was not released ({_gib(kept)} GiB still held "
+                f"{RELEASE_TIMEOUT_S:.0f} s after the sleep, of {_gib(awake_bytes)} GiB awake)"
+            )
+        self._set(inst, t, SleepState.ASLEEP)
+        self._rejoin(name)  # its sleep state keeps it out of the router until it is awake
+        self.e.emit(
+            inst,
+            "sleep",
+            level=level,
+            why=why,
+            took_s=took,
+            held_before=before,
+            held_after=kept,
+            error=t.error,
+        )
+        if t.error is not None:
+            raise SleepRefused(f"{name} is {t.error}")
+        return {"instance": name, "level": level, "took_s": took, "held_bytes": kept}
+
+    async def _wake_locked(self, inst: Instance, t: SleepTrack, why: str) -> dict:
+        name = inst.name
+        if t.state == SleepState.AWAKE:
+            self._rejoin(name)
+            return {"instance": name, "already": True}
+        t0 = self.e.clock.monotonic()
+        self._set(inst, t, SleepState.WAKING)
+        try:
+            if t.level == 2:
+                await self._post(inst, "/wake_up?tags=weights", WAKE_TIMEOUT_S)
+                await self._post(
+                    inst,
+                    "/collective_rpc",
+                    WAKE_TIMEOUT_S,
+                    json.dumps({"method": "reload_weights"}).encode(),
+                )
+                await self._post(inst, "/wake_up?tags=kv_cache", WAKE_TIMEOUT_S)
+            else:
+                await self._post(inst, "/wake_up", WAKE_TIMEOUT_S)
+            if await self._is_sleeping(inst):
+                raise SleepRefused(f"{name} answered the wake but says it is still sleeping")
+            await self._answers(inst)
+        except SleepRefused as exc:
+            t.error = f"wake failed: {exc}"
+            sleeping = await self._is_sleeping(inst)
+            t.want_awake = False
+            self._set(inst, t, SleepState.ASLEEP if sleeping is not False else SleepState.AWAKE)
+            self.e.emit(inst, "wake_failed", why=why, error=str(exc))
+            raise
+        took = round(self.e.clock.monotonic() - t0, 3)
+        t.last_wake_s, t.error, t.held_bytes = took, None, None
+        t.active_at = self.e.clock.monotonic()
+        self._set(inst, t, SleepState.AWAKE)
+        self._rejoin(name)
+        joined = await self.e.router.joined(name)
+        self.e.emit(inst, "wake", why=why, took_s=took, level=t.level, in_router=joined)
+        return {"instance": name, "took_s": took}
+
+    async def _start_awake(self, inst: Instance, t: SleepTrack, why: str) -> dict:
+        """Waking a member with no ready process: it starts (cold), awake."""
+        name = inst.name
+        t0 = self.e.clock.monotonic()
+        if not inst.control.wants_run:
+            await self.e.start(name)
+        else:
+            inst.control.kick.set()
+        try:
+            state = await self.e.wait(name, DONE_STARTING, inst.spec.start_timeout_s + 60)
+        except TimeoutError:
+            state = inst.state
+        if state != State.READY:
+            raise SleepRefused(f"{name} was not running and its start ended {state}")
+        took = round(self.e.clock.monotonic() - t0, 3)
+        self.e.emit(inst, "wake", why=why, took_s=took, cold=True, level=t.level)
+        return {"instance": name, "took_s": took, "cold": True}
+
+    def _rejoin(self, name: str) -> None:
+        membership = self.e.router.membership
+        if membership is not None:
+            membership.rejoin(name)
+        self.e.router.wake()
+
+    async def _drain(self, inst: Instance) -> tuple[bool | None, float, float]:
+        spec = inst.spec
+        load = None
+        if spec.load_tracking:
+            client = self.e.http_client()
+
+            async def read() -> int | None:
+                return await health.server_load(client, spec.base_url)
+
+            load = read
+        drained, waited, _first = await stop.drain(
+            self.e.requests_running, inst.name, spec.drain_timeout_s, server_load=load
+        )
+        left = 0.0
+        if drained is False:
+            left = float(await stop._in_flight(self.e.requests_running, inst.name, load) or 0)
+        return drained, waited, left
+
+    def _held(self, inst: Instance) -> int | None:
+        """GPU bytes the instance's processes hold now, as the telemetry last saw them."""
+        if self.e.gpu_memory is None or not inst.spec.gpus:
+            return None
+        gpus = self.e.gpu_memory(tuple(inst.spec.gpus))
+        if not gpus:
+            return None
+        held = [h.bytes for g in gpus for h in g.holders if h.instance == inst.name and h.bytes]
+        return sum(held) if held else None
+
+    def _awake_bytes(self, inst: Instance, before: int | None) -> int | None:
+        """What the instance holds awake: the larger of the telemetry's figure before the
+        sleep (which may predate a wake a moment ago) and its planned share."""
+        planned = None
+        util = inst.spec.gpu_memory_utilization
+        if self.e.gpu_memory is not None and inst.spec.gpus and util is not None:
+            gpus = self.e.gpu_memory(tuple(inst.spec.gpus))
+            if gpus:
+                planned = int(util * sum(g.total_bytes for g in gpus))
+        known = [v for v in (before, planned) if v]
+        return max(known) if known else None
+
+    async def _held_now(self, inst: Instance) -> int | None:
+        """What the instance holds before its sleep: the telemetry polls once a second, so a
+        server that just became ready (a member put to sleep after its start) may not be in
+        its figures yet - wait for them up to HELD_WAIT_S where GPU telemetry runs."""
+        held = self._held(inst)
+        if held is not None or self.e.gpu_memory is None or not inst.spec.gpus:
+            return held
+        if self.e.gpu_memory(tuple(inst.spec.gpus)) is None:
+            return None  # no GPU figures at all (no probe): nothing to wait for
+        deadline = time.monotonic() + HELD_WAIT_S
+        while held is None and time.monotonic() < deadline:
+            await asyncio.sleep(RELEASE_POLL_S)
+            held = self._held(inst)
+        return held
+
+    async def _await_release(self, inst: Instance, before: int | None) -> int | None:
+        """What the instance holds once its memory is seen released (or after the timeout)."""
+        if before is None:
+            return None
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S
+        held = self._held(inst)
+        while held is not None and held > before * RELEASED_FRACTION:
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(RELEASE_POLL_S)
+            held = self._held(inst)
+        return held
+
+    def _headers(self, inst: Instance) -> dict[str, str]:
+        import os
+
+        key = os.environ.get(inst.spec.api_key_env) if inst.spec.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _post(self, inst: Instance, path: str, timeout: float, body: bytes = b"") -> None:
+        url = inst.spec.base_url + path
+        try:
+            resp = await self.e.http_client().request(
+                "POST", url, timeout, min(timeout, 5.0), body, self._headers(inst)
+            )
+        except (HttpError, OSError) as exc:
+            raise SleepRefused(f"POST {path}: {exc}") from exc
+        if resp.status == 404:
+            raise SleepRefused(
+                f"POST {path}: 404 - the server runs without sleep mode (started before its "
+                "sleep table was applied? restart it)"
+            )
+        if resp.status != 200:
+            text = resp.body[:300].decode("utf-8", "replace").strip()
+            raise SleepRefused(f"POST {path}: HTTP {resp.status} {text}".rstrip())
+
+    async def _is_sleeping(self, inst: Instance) -> bool | None:
+        try:
+            resp = await self.e.http_client().get(inst.spec.base_url + "/is_sleeping", 10.0, 2.0)
+            doc = json.loads(resp.body) if resp.status == 200 else None
+        except (HttpError, OSError, ValueError):
+            return None
+        value = doc.get("is_sleeping") if isinstance(doc, Mapping) else None
+        return value if isinstance(value, bool) else None
+
+    async def _answers(self, inst: Instance) -> None:
+        """One max_tokens = 1 completion, answered: the engine serves again."""
+        model = inst.spec.served_model_name or inst.spec.model
+        body = json.dumps({"model": model, "prompt": ".", "max_tokens": 1}).encode()
+        url = inst.spec.base_url + "/v1/completions"
+        try:
+            resp = await self.e.http_client().post_json(
+                url, body, ANSWER_TIMEOUT_S, 5.0, self._headers(inst)
+            )
+        except (HttpError, OSError) as exc:
+            raise SleepRefused(f"no completion after the wake: {exc}") from exc
+        if resp.status != 200:
+            raise SleepRefused(f"the first completion after the wake answered HTTP {resp.status}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}"

@@ -1,0 +1,231 @@
+"""vLLM's sleep mode, end to end on real CPU vLLM servers behind the real vllm-router
+(docs/sleep.md): a swap group of two (a awake, b asleep) and one instance outside it.
+
+The CPU build answers the sleep endpoints and pauses its scheduler while asleep (a request sent
+to a sleeper is held, as on a GPU) but frees no memory (`sleep mode is not supported on CPU`):
+these tests prove the protocol and the bookkeeping - the start order, the router's membership,
+swap, wake, the journal, a daemon restart while one sleeps - and the H200 proves the memory
+(docs/gpu-runs). One daemon and one set of servers for the module, the tests in file order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import free_port, outside_cwd
+from tests.programs.router_fleet import completion_body, router_command, steady_load
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+NAMES = ("a", "b", "c")  # a and b time-share (swap group g0); c serves beside them
+
+
+@dataclass
+class Node:
+    home: Path
+    model: str
+    ports: dict[str, int]
+    router_port: int
+
+    def vsup(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "vsup", *args],
+            env=dict(os.environ, VSUP_HOME=str(self.home)),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=outside_cwd(),
+            stdin=subprocess.DEVNULL,
+        )
+
+    def status(self) -> dict:
+        out = self.vsup("status", "--json", timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    def inst(self, name: str) -> dict:
+        return next(i for i in self.status()["instances"] if i["name"] == name)
+
+    def events(self, kind: str) -> list[dict]:
+        lines = (self.home / "journal.jsonl").read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e.get("kind") == kind]
+
+    def in_router(self) -> set[str]:
+        router = self.status().get("router") or {}
+        return {w["name"] for w in router.get("workers", ()) if w.get("in_router")}
+
+    def is_sleeping(self, name: str) -> bool:
+        url = f"http://127.0.0.1:{self.ports[name]}/is_sleeping"
+        return httpx.get(url, timeout=10).json()["is_sleeping"]
+
+
+def layout_text(node: Node, vllm_env: dict) -> str:
+    env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
+    cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
+    text = f"""
+[layout]
+name = "cpu-sleep"
+
+[defaults]
+model = "{node.model}"
+command = {cmd}
+host = "127.0.0.1"
+args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512 }}
+env = {{ {env} }}
+start_timeout_s = 900
+drain_timeout_s = 30
+restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, max_failures = 3 }}
+
+[router]
+port = {node.router_port}
+host = "127.0.0.1"
+policy = "round_robin"
+command = {json.dumps(router_command())}
+"""
+    for name in NAMES:
+        text += f'\n[[instance]]\nname = "{name}"\ngpus = []\nport = {node.ports[name]}\n'
+        if name != "c":
+            text += 'swap_group = "g0"\nsleep = { level = 1 }\n'
+    return text
+
+
+def until(pred, timeout: float, what: str, step: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} (waited {timeout} s)"
+        time.sleep(step)
+
+
+@pytest.fixture(scope="module")
+def node(tiny_model: Path, vllm_env: dict) -> Iterator[Node]:
+    home = Path(tempfile.mkdtemp(prefix="vsup-sl-", dir="/tmp"))
+    node = Node(
+        home=home,
+        model=str(tiny_model),
+        ports={n: free_port() for n in NAMES},
+        router_port=free_port(),
+    )
+    layout = home / "sleep.toml"
+    layout.write_text(layout_text(node, vllm_env))
+    try:
+        up = node.vsup("up", str(layout), "--detach", "--wait", "--yes", "--timeout", "1500",
+                       timeout=1600)  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield node
+    finally:
+        node.vsup("down", "--yes", timeout=300)
+        for proc in psutil.process_iter(["environ"]):
+            try:
+                if (proc.info["environ"] or {}).get("VSUP_HOME") == str(home):
+                    proc.kill()
+            except psutil.Error:
+                pass
+
+
+def test_up_starts_the_group_one_awake_and_the_router_sends_to_awake_ones_only(node):
+    a, b = node.inst("a"), node.inst("b")
+    assert a["state"] == "ready" and b["state"] == "ready", (a, b)
+    assert a["sleep"]["state"] == "awake" and a["sleep"]["group"] == "g0", a["sleep"]
+    assert b["sleep"]["state"] == "asleep" and b["sleep"]["level"] == 1, b["sleep"]
+    assert node.inst("c")["sleep"] is None
+    assert node.is_sleeping("b") and not node.is_sleeping("a")
+    until(lambda: node.in_router() == {"a", "c"}, 60, "a and c in the router, b out")
+    # b was started first and put to sleep before a's start (the group's start order)
+    sleeps = node.events("sleep")
+    assert [(e["instance"], e["why"]) for e in sleeps] == [("b", "started asleep")], sleeps
+    spawns = [e["instance"] for e in node.events("spawn") if e["instance"] in ("a", "b")]
+    assert spawns == ["b", "a"], spawns
+    text = node.vsup("status").stdout
+    assert "asleep" in text, text
+
+
+def test_swap_loses_no_request_of_what_stays_awake(node):
+    stop = asyncio.Event()
+
+    async def load_during_swap():
+        task = asyncio.create_task(
+            steady_load(
+                f"http://127.0.0.1:{node.router_port}",
+                node.model,
+                600,
+                2,
+                max_tokens=2,
+                rate_per_s=4,
+                stop=stop,
+            )  # fmt: skip
+        )
+        await asyncio.sleep(3)
+        swap = await asyncio.to_thread(node.vsup, "swap", "a", "b")
+        await asyncio.sleep(3)
+        stop.set()
+        return swap, await task
+
+    swap, load = asyncio.run(load_during_swap())
+    assert swap.returncode == 0, swap.stdout + swap.stderr
+    assert "a: asleep (level 1)" in swap.stdout and "b: awake in" in swap.stdout, swap.stdout
+    assert load.errors == [], load.errors[:5]
+    assert load.ok >= 10, load.ok
+    assert node.is_sleeping("a") and not node.is_sleeping("b")
+    a, b = node.inst("a"), node.inst("b")
+    assert a["sleep"]["state"] == "asleep" and b["sleep"]["state"] == "awake"
+    assert b["sleep"]["last_wake_s"] is not None and a["sleep"]["last_sleep_s"] is not None
+    until(lambda: node.in_router() == {"b", "c"}, 60, "b and c in the router, a out")
+    swaps = node.events("swap")
+    assert len(swaps) == 1 and swaps[0]["instance"] == "b" and swaps[0]["slept"] == "a"
+    wakes = node.events("wake")
+    assert wakes[-1]["instance"] == "b" and wakes[-1]["took_s"] > 0, wakes
+
+
+def test_refusals_name_the_instance_and_say_why(node):
+    out = node.vsup("sleep", "c")
+    assert out.returncode == 1 and "c does not use sleep mode" in out.stderr, out.stderr
+    out = node.vsup("sleep", "nosuch")
+    assert out.returncode != 0 and "nosuch" in out.stderr, out.stderr
+    out = node.vsup("sleep", "a")  # already asleep
+    assert out.returncode == 0 and "a: already asleep" in out.stdout, out.stdout
+
+
+def test_a_daemon_restart_keeps_the_sleeper_asleep_and_out_of_the_router(node):
+    pid = node.status()["supervisor"]["pid"]
+    os.kill(pid, signal.SIGTERM)  # the daemon ends; its instances go on
+    until(lambda: not psutil.pid_exists(pid), 60, "the daemon gone")
+    assert node.vsup("daemon", "--detach").returncode == 0
+    a = until(lambda: (i := node.inst("a"))["sleep"] and i, 60, "a's sleep state back")
+    assert a["sleep"]["state"] == "asleep", a["sleep"]
+    assert node.inst("b")["sleep"]["state"] == "awake"
+    until(lambda: node.in_router() == {"b", "c"}, 60, "the router's members kept")
+
+
+def test_wake_puts_the_awake_member_to_sleep_first(node):
+    out = node.vsup("wake", "a")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "a: awake in" in out.stdout, out.stdout
+    assert node.is_sleeping("b") and not node.is_sleeping("a")
+    wake = node.events("wake")[-1]
+    slept = node.events("sleep")[-1]
+    assert wake["instance"] == "a" and slept["instance"] == "b", (wake, slept)
+    assert slept["why"] == "a wakes in swap group g0", slept
+    until(lambda: node.in_router() == {"a", "c"}, 60, "a back in the router")
+    answer = httpx.post(
+        f"http://127.0.0.1:{node.router_port}/v1/completions",
+        json=completion_body(node.model, 2),
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text

@@ -1,0 +1,265 @@
+"""vLLM's sleep mode in a running daemon (docs/sleep.md), on vLLM emulators with faithful sleep
+endpoints and a fake HBM that the real NvmlProbe reads (tests/unit/control/fakehbm.py): the
+swap group's start order, sleep and wake with the memory seen released, swap, the faults (a wake
+that answers 500, a sleep that keeps the memory, a sleep while requests run), a daemon restart
+while one sleeps, and a sleeper that dies while its group mate is awake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.unit.control.fakehbm import FakeHbmGpus
+from tests.unit.control.helpers import EMULATOR, free_port
+
+pytestmark = pytest.mark.timeout(180)
+GiB = 2**30
+
+
+@dataclass
+class Member:
+    group: bool = True  # in swap group g0 (GPU 0); else alone on GPU 1
+    sleep: bool = True  # has a sleep table
+    args: str = ""  # more emulator flags, TOML inline-table items
+    cpu: bool = False
+
+
+def layout(gpus: FakeHbmGpus, members: dict[str, Member], util: float = 0.45) -> str:
+    """Emulators that hold 64 GiB awake and 1.7 GiB asleep in their fake HBM."""
+    cmd = json.dumps([sys.executable, str(EMULATOR)])
+    text = f"""[layout]
+name = "sleepers"
+
+[defaults]
+model = "test/fake"
+command = {cmd}
+host = "127.0.0.1"
+health_interval_s = 0.1
+stop_grace_s = 5
+drain_timeout_s = 2
+restart = {{ policy = "on-failure", backoff_s = 0.2, backoff_max_s = 1, stable_s = 60, max_failures = 3 }}
+"""
+    for name, m in members.items():
+        gpu = 0 if m.group else 1
+        # idle figures (the emulator's default `serve` shows requests running all the time,
+        # which a sleep's drain would wait for); its own completions still count in /load
+        mode = gpus.root / f"{name}.mode"
+        mode.write_text("idle")
+        args = gpus.toml_args(gpu, name, 64.0, 1.7) + f', mode-file = "{mode}"'
+        args += f", {m.args}" if m.args else ""
+        text += f"""
+[[instance]]
+name = "{name}"
+port = {free_port()}
+args = {{ {args} }}
+"""
+        text += "gpus = []\n" if m.cpu else f"gpus = [{gpu}]\ngpu_memory_utilization = {util}\n"
+        if m.group:
+            text += 'swap_group = "g0"\n'
+        if m.sleep:
+            text += "sleep = { level = 1 }\n"
+    return text
+
+
+async def instance(client, name: str) -> dict:
+    doc = await client.status()
+    return next(i for i in doc["instances"] if i["name"] == name)
+
+
+async def until(client, name: str, check, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        inst = await instance(client, name)
+        if check(inst):
+            return inst
+        assert time.monotonic() < deadline, f"{name} never got there: {inst}"
+        await asyncio.sleep(0.1)
+
+
+async def events(client, kind: str) -> list[dict]:
+    return [e for e in (await client.events())["events"] if e["kind"] == kind]
+
+
+def asleep(i: dict) -> bool:
+    return i["state"] == "ready" and (i["sleep"] or {}).get("state") == "asleep"
+
+
+def awake(i: dict) -> bool:
+    return i["state"] == "ready" and (i["sleep"] or {}).get("state") == "awake"
+
+
+async def is_sleeping(client, name: str) -> bool:
+    port = (await instance(client, name))["port"]
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"http://127.0.0.1:{port}/is_sleeping")).json()["is_sleeping"]
+
+
+async def test_a_group_starts_one_awake_and_swaps_with_the_memory_seen_released(
+    daemons, tmp_path
+) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(
+        layout(gpus, {"a": Member(), "b": Member()}), str(tmp_path / "l.toml")
+    )
+    assert answer.get("applied"), answer
+    a = await until(client, "a", awake)
+    b = await until(client, "b", asleep)
+    assert a["sleep"]["group"] == "g0" and b["sleep"]["level"] == 1
+    # b started first and slept before a's start: vLLM profiles the free memory at its start
+    spawns = [e["instance"] for e in await events(client, "spawn")]
+    assert spawns == ["b", "a"], spawns
+    (slept,) = await events(client, "sleep")
+    assert slept["instance"] == "b" and slept["why"] == "started asleep"
+    assert slept["held_before"] == 64 * GiB and slept["held_after"] == int(1.7 * GiB)
+    assert b["sleep"]["held_bytes"] == int(1.7 * GiB) and b["hbm_bytes"] == int(1.7 * GiB)
+    a = await until(client, "a", lambda i: i["hbm_bytes"] is not None)  # the next poll's
+    assert a["hbm_bytes"] == 64 * GiB and a["sleep"]["held_bytes"] is None
+
+    answer = await client.action("swap", ["a", "b"])
+    assert answer["errors"] == [], answer
+    result = answer["result"]
+    assert result["slept"]["instance"] == "a" and result["woke"]["instance"] == "b"
+    assert result["slept"]["held_bytes"] == int(1.7 * GiB)
+    a, b = await instance(client, "a"), await instance(client, "b")
+    assert asleep(a) and awake(b), (a["sleep"], b["sleep"])
+    assert a["sleep"]["last_sleep_s"] is not None and b["sleep"]["last_wake_s"] is not None
+    assert await is_sleeping(client, "a") and not await is_sleeping(client, "b")
+    # the held bytes follow the emulators' fake HBM on the next poll
+    b = await until(client, "b", lambda i: i["hbm_bytes"] == 64 * GiB)
+    (swap,) = await events(client, "swap")
+    assert swap["instance"] == "b" and swap["slept"] == "a" and swap["took_s"] > 0
+
+    # waking the sleeper puts the awake member to sleep first
+    answer = await client.action("wake", ["a"])
+    assert answer["errors"] == [], answer
+    assert awake(await instance(client, "a")) and asleep(await instance(client, "b"))
+    last = (await events(client, "sleep"))[-1]
+    assert last["instance"] == "b" and last["why"] == "a wakes in swap group g0"
+    # level 2 on request: the wake reloads the weights
+    answer = await client.action("sleep", ["a"], level=2)
+    assert answer["errors"] == [] and answer["result"]["level"] == 2, answer
+    answer = await client.action("wake", ["a"])
+    assert answer["errors"] == [], answer
+    assert awake(await instance(client, "a"))
+    doc = await client.status()
+    assert not [x for x in doc["advice"] if x["kind"] == "sleep_failed"], doc["advice"]
+
+
+async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    members = {
+        "a": Member(),
+        "b": Member(args='wake-fail = "1"'),
+        # on GPU 1, no group: its sleep answers 200 and keeps the memory (some ROCm builds)
+        "k": Member(group=False, args="sleep-keeps-memory = true"),
+        "plain": Member(group=False, sleep=False, cpu=True),
+    }
+    text = layout(gpus, members)
+    answer = await client.apply(text, str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    for name in ("a", "k"):
+        await until(client, name, awake)
+    await until(client, "b", asleep)
+
+    # a wake that answers 500: b stays asleep with the error, a is woken again
+    answer = await client.action("swap", ["a", "b"])
+    (err,) = answer["errors"]
+    assert "b did not wake" in err["error"] and "HTTP 500" in err["error"], err
+    assert "a is awake again" in err["error"], err
+    a, b = await instance(client, "a"), await instance(client, "b")
+    assert awake(a) and asleep(b), (a["sleep"], b["sleep"])
+    assert b["sleep"]["error"].startswith("wake failed"), b["sleep"]
+    doc = await client.status()
+    (advice,) = [x for x in doc["advice"] if x["kind"] == "sleep_failed"]
+    assert advice["instance"] == "b" and advice["severity"] == "critical", advice
+    (failed,) = await events(client, "wake_failed")
+    assert failed["instance"] == "b" and "500" in failed["error"]
+    # the emulator fails one wake only: the next swap works and clears the error
+    answer = await client.action("swap", ["a", "b"])
+    assert answer["errors"] == [], answer
+    b = await instance(client, "b")
+    assert awake(b) and b["sleep"]["error"] is None
+
+    # a sleep that keeps the memory: asleep (vLLM says so), with the error and the advice
+    answer = await client.action("sleep", ["k"])
+    (err,) = answer["errors"]
+    assert "GPU memory was not released" in err["error"], err
+    k = await instance(client, "k")
+    assert asleep(k) and "not released" in k["sleep"]["error"]
+    doc = await client.status()
+    assert any(x["kind"] == "sleep_failed" and x["instance"] == "k" for x in doc["advice"])
+
+    # no sleep table: refused, naming it
+    answer = await client.action("sleep", ["plain"])
+    (err,) = answer["errors"]
+    assert "plain does not use sleep mode" in err["error"], err
+
+
+async def test_a_sleep_while_requests_run_waits_then_refuses(daemons, tmp_path) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    # each completion takes 6 s: longer than drain_timeout_s = 2
+    members = {"s": Member(group=False, args='request-s = "6"')}
+    answer = await client.apply(layout(gpus, members), str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    s = await until(client, "s", awake)
+    url = f"http://127.0.0.1:{s['port']}/v1/completions"
+    async with httpx.AsyncClient(timeout=30) as http:
+        busy = asyncio.create_task(http.post(url, json={"model": "test/fake", "prompt": "x"}))
+        await asyncio.sleep(0.5)
+        answer = await client.action("sleep", ["s"])
+        (err,) = answer["errors"]
+        assert "still runs 1 request(s)" in err["error"] and "nothing slept" in err["error"], err
+        s = await instance(client, "s")
+        assert awake(s) and s["sleep"]["error"].startswith("sleep failed"), s["sleep"]
+        assert (await busy).status_code == 200  # the request it waited for was not cut
+    answer = await client.action("sleep", ["s"])  # quiet now
+    assert answer["errors"] == [], answer
+
+
+async def test_a_new_daemon_keeps_the_sleeper_asleep_and_a_dead_sleeper_waits_for_its_wake(
+    daemons, tmp_path
+) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(
+        layout(gpus, {"a": Member(), "b": Member()}), str(tmp_path / "l.toml")
+    )
+    assert answer.get("applied"), answer
+    await until(client, "a", awake)
+    b = await until(client, "b", asleep)
+    await daemons.stop(daemon)  # like SIGTERM: the instances go on
+    _daemon2, client = await daemons.start(gpu_probe=gpus.probe())
+    b2 = await until(client, "b", lambda i: i["pid"] == b["pid"] and asleep(i))
+    assert b2["restarts"] == 0
+    assert awake(await instance(client, "a"))
+
+    # b dies asleep: its restart waits while a is awake (vLLM would profile a full GPU)
+    os.kill(b["pid"], signal.SIGKILL)
+    waiting = await until(
+        client, "b", lambda i: (i.get("wait") or {}).get("kind") == "swap_group", 30
+    )
+    assert "a is awake in swap group g0" in waiting["wait"]["message"], waiting["wait"]
+    assert waiting["pid"] is None
+    # waking it puts a to sleep and starts b cold, awake
+    answer = await client.action("wake", ["b"])
+    seen = [
+        (e["kind"], e.get("instance"), e.get("to") or e.get("reason") or e.get("why"))
+        for e in (await client.events())["events"]
+        if e.get("instance") == "b" or e["kind"] in ("sleep", "wake")
+    ]
+    assert answer["errors"] == [], (answer, seen)
+    assert answer["result"]["cold"] is True
+    b3 = await instance(client, "b")
+    assert awake(b3) and b3["pid"] not in (None, b["pid"])
+    assert asleep(await instance(client, "a"))

@@ -87,7 +87,12 @@ def gpu_overcommitted(ctx: Context) -> list[Diagnostic]:
         each = math.floor(MAX_GPU_UTILIZATION_SUM * 100 / count) / 100
         fix = f"(e.g. {each:g} each) or move an instance"
         if share.groups:
-            fix = "or move an instance (or put more of them into one swap group)"
+            fix = (
+                "by lowering gpu_memory_utilization (a swap group counts as its largest member "
+                "plus each sleeper's remainder) or moving an instance"
+            )
+            if share.solo:
+                fix += ", or put the others into the swap group"
         tenants = [*share.solo, *(t for g in share.groups for t in g.members)]
         for t in tenants:
             out.append(

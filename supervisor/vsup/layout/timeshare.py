@@ -34,7 +34,7 @@ from vsup.layout.spec import InstanceSpec
 
 # What a sleeping vLLM keeps on each of its GPUs: its CUDA context, NCCL and cuBLAS buffers and
 # CUDA graphs (not offloaded by default). Seen on an H200 (vLLM 0.26, a 1.5B-shape model at
-# 0.45 of the GPU): ~1.7 GiB of its 64.6 GiB share (VLLM-FACTS.md). None of that grows with
+# 0.45 of the GPU): ~1.7 GiB of its 64.6 GiB share stayed. None of that grows with
 # the share, so it is a fixed figure, rounded up for larger models' graphs.
 SLEEPER_RESERVE_BYTES = 2 * GIB
 # The same as a share of the GPU when its memory is unknown (`--node-gpus N`, no probe): 2 GiB

@@ -100,6 +100,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="U",
         help="share of each GPU for all its instances (default 0.90, at most 0.95)",
     )
+    p.add_argument(
+        "--time-share",
+        action="store_true",
+        help="the --per-gpu instances of each GPU take turns with vLLM's sleep mode: one swap "
+        "group, one awake at a time, each with the whole --utilization (docs/layout.md)",
+    )
+    p.add_argument(
+        "--sleep-level",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="with --time-share: 1 keeps a sleeper's weights in host RAM (a wake takes "
+        "seconds), 2 drops them (a wake reloads them); default 1",
+    )
+    p.add_argument(
+        "--host-ram-gib",
+        type=float,
+        metavar="G",
+        help="the node's RAM in GiB for the level-1 sleepers' weights (default: this node's)",
+    )
     p.add_argument("--name", help="the layout's name (default: from the model and shape)")
     p.add_argument(
         "--explain",
@@ -154,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             hub=not args.offline,
             node=node,
+            time_share=args.time_share,
+            sleep_level=args.sleep_level,
+            host_memory_bytes=int(args.host_ram_gib * GIB) if args.host_ram_gib else None,
         )
         plan = make_plan(req, base_dir=Path.cwd(), out_path=out_path)
     except PlanError as exc:
@@ -175,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     target = NodeFacts(
         tuple(NodeGpu(i, names.get(i), plan.gpu_memory_bytes, node.vendor) for i in range(count)),
         probed=False,
+        host_memory_bytes=plan.host_memory_bytes,
     )
     compiled, diagnostics = compile_document(plan.layout, target)
     for d in diagnostics:

@@ -5,7 +5,8 @@ node's GPUs as the telemetry probe finds them, or a node of N GPUs with `--node-
 Exit 0 when every layout is valid (warnings may still be printed on stderr), 2 when any has
 errors. Each line reads `FILE:LINE: error: instance 'gpu0': key 'port': ... (what to change)`;
 with several layouts, a problem found in another file (a profile) is prefixed with the layout
-it concerns, and each layout ends with its own summary line.
+it concerns, and each layout ends with its own summary line. A valid layout's swap groups
+(instances that time-share GPUs with vLLM's sleep mode) follow it, one line each.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from vsup.layout.compiled import compile_document
     from vsup.layout.model import load_layout
     from vsup.layout.node import NodeFacts
+    from vsup.layout.timeshare import swap_group_summaries
 
     if args.node_gpus is not None and args.node_gpus < 0:
         print("vsup validate: --node-gpus must be 0 or more", file=sys.stderr)
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     several = len(args.layouts) > 1
     for path in args.layouts:
         layout = load_layout(path)
-        _compiled, diagnostics = compile_document(layout, node)
+        compiled, diagnostics = compile_document(layout, node)
+        groups = swap_group_summaries(compiled.specs, layout.base_dir, node) if compiled else []
         errors = [d for d in diagnostics if d.is_error]
         warnings = [d for d in diagnostics if not d.is_error]
         docs.append(
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 "instances": layout.instance_names,
                 "errors": [d.to_json() for d in errors],
                 "warnings": [d.to_json() for d in warnings],
+                "swap_groups": groups,
             }
         )
         if args.json:
@@ -85,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: {_plural(len(errors), 'error')}{note}", file=sys.stderr)
         else:
             print(f"{path}: valid ({_plural(len(layout.instances), 'instance')}{note})")
+            for group in groups:
+                print(f"  swap group {group['text']}")
     invalid = any(not doc["valid"] for doc in docs)
     if args.json:
         out = docs[0] if not several else {"valid": not invalid, "layouts": docs}

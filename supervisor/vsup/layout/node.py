@@ -1,4 +1,5 @@
-"""What validation and `vsup plan` know of the node: its GPUs (count, names, memory, vendor).
+"""What validation and `vsup plan` know of the node: its GPUs (count, names, memory, vendor)
+and its host RAM.
 
 A plain value (`NodeFacts`) handed in by the caller, so the layout package stays a library that
 touches no GPU: the CLI commands and the daemon get it from the telemetry GPU probe
@@ -10,6 +11,8 @@ vsup sets CUDA_VISIBLE_DEVICES from them, with CUDA_DEVICE_ORDER=PCI_BUS_ID).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import psutil
 
 GIB = 1024**3
 
@@ -33,6 +36,8 @@ class NodeFacts:
 
     gpus: tuple[NodeGpu, ...] = ()
     probed: bool = True
+    # the node's RAM (level-1 sleepers keep their weights there); None: unknown, not checked
+    host_memory_bytes: int | None = None
 
     @classmethod
     def given(cls, count: int) -> NodeFacts:
@@ -61,6 +66,14 @@ class NodeFacts:
     def vendor(self) -> str:
         """nvidia | amd | none (no GPU) | unknown (a count given without a probe)."""
         return self.gpus[0].vendor if self.gpus else "none"
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's RAM, for `NodeFacts.host_memory_bytes`; None when it cannot be read."""
+    try:
+        return int(psutil.virtual_memory().total)
+    except (OSError, RuntimeError):
+        return None
 
 
 # The GPUs named on `vsup plan --gpu`, with the memory their drivers report.

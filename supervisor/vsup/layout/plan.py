@@ -15,6 +15,12 @@ The budget per instance (one GPU of it):
                (vsup.layout.kvcache), per DP rank; the instance holds DP times that
     max concurrency at max-model-len = KV tokens / max-model-len
 A plan in which an instance cannot hold one request of max-model-len tokens is refused.
+
+With `time_share` (`vsup plan --time-share`) the instances of each GPU (or group) are one swap
+group instead: each gets the whole `utilization`, one is awake at a time and the others sleep
+(vLLM's sleep mode; docs/layout.md). The GPU then holds the awake member's share plus each
+sleeper's remainder (vsup.layout.timeshare), and level-1 sleepers' weights wait in host RAM: a
+plan whose level-1 weights exceed HOST_RAM_ERROR_SHARE of the node's RAM is refused.
 """
 
 from __future__ import annotations
@@ -42,6 +48,18 @@ from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
 from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.node import GIB, KNOWN_GPUS, PLATFORM_PROFILES, NodeFacts, gpu_kind
 from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
+from vsup.layout.spec import SLEEP_LEVELS
+from vsup.layout.timeshare import (
+    HOST_RAM_ERROR_SHARE,
+    HOST_RAM_WARN_SHARE,
+    SLEEPER_RESERVE_BYTES,
+    GpuShare,
+    SwapGroup,
+    Tenant,
+    gpu_shares,
+    host_ram_need,
+    swap_groups,
+)
 
 DEFAULT_UTILIZATION = 0.90
 DEFAULT_PORT_BASE = 8000
@@ -77,6 +95,10 @@ class PlanRequest:
     hub: bool = True  # may ask the hub (or vsup's cache of it) for a hub id's config
     # this node's GPUs (vsup.telemetry.gpu.node_facts): their memory when no flag gives it
     node: NodeFacts = field(default_factory=NodeFacts)
+    # the instances of each GPU (or group) time-share it: one swap group, one awake at a time
+    time_share: bool = False
+    sleep_level: int = 1  # the swap groups' sleep level (1: weights to host RAM)
+    host_memory_bytes: int | None = None  # the node's RAM when not this node's (--host-ram-gib)
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,8 @@ class InstanceBudget:
     kv_tokens: int | None  # per DP rank: the figure each engine core logs
     max_concurrency: float | None  # at max-model-len, the whole instance
     dp: int = 1
+    swap_group: str | None = None  # with --time-share: the group it takes turns in
+    sleep_level: int | None = None  # with --time-share: its sleep level
 
     @property
     def instance_kv_tokens(self) -> int | None:
@@ -119,10 +143,22 @@ class Plan:
     dp: int = 1
     block_size: int = GPU_BLOCK_SIZE
     batched_tokens: int = DEFAULT_BATCHED_TOKENS_GPU
+    host_memory_bytes: int | None = None  # the node's RAM the level-1 sleepers were sized for
+    host_memory_source: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def tenants(self) -> list[Tenant]:
+        """The instances as the time-sharing accounting counts them (vsup.layout.timeshare)."""
+        return _tenants(self.budgets, self.weight_bytes)
+
+    def gpu_shares(self) -> dict[int, GpuShare]:
+        return {s.gpu: s for s in gpu_shares(self.tenants(), self.gpu_memory_bytes)}
+
+    def swap_groups(self) -> list[SwapGroup]:
+        return swap_groups(self.tenants())
 
 
 def parse_gpus(spec: str, node_count: int | None) -> list[int]:
@@ -232,6 +268,12 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         raise PlanError(
             f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]"
         )
+    if req.time_share and req.per_gpu < 2:
+        raise PlanError(
+            "--time-share: give --per-gpu 2 or more (the instances that take turns on each GPU)"
+        )
+    if req.sleep_level not in SLEEP_LEVELS:
+        raise PlanError(f"--sleep-level {req.sleep_level}: use 1 or 2")
     if req.dtype and dtype_bytes(req.dtype) is None:
         raise PlanError(
             f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
@@ -291,7 +333,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         notes.append(f"profile {profiles[0]} chosen for {kind}; pass --profile to choose others")
 
     groups = [list(req.gpus[i : i + group_size]) for i in range(0, len(req.gpus), group_size)]
-    share = split_utilization(req.utilization, req.per_gpu)
+    # time-shared: whichever member is awake has the whole share
+    share = req.utilization if req.time_share else split_utilization(req.utilization, req.per_gpu)
     if share <= 0:
         raise PlanError(
             f"--per-gpu {req.per_gpu} leaves each instance no memory: use fewer per GPU"
@@ -317,9 +360,16 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
                     f"--port-base {req.port_base}: instance {name} would get port {port}; lower "
                     "--port-base"
                 )
-            tables.append(
-                {"name": name, "gpus": list(group), "port": port, "gpu_memory_utilization": share}
-            )
+            table: dict[str, Any] = {
+                "name": name,
+                "gpus": list(group),
+                "port": port,
+                "gpu_memory_utilization": share,
+            }
+            if req.time_share:
+                table["swap_group"] = base
+                table["sleep"] = {"level": req.sleep_level}
+            tables.append(table)
             budget = int(share * gpu_mem)
             w = weights // req.tp
             over = overhead_bytes(req.tp)
@@ -346,6 +396,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
                     tokens,
                     conc,
                     req.dp,
+                    base if req.time_share else None,
+                    req.sleep_level if req.time_share else None,
                 )
             )
             if kv <= 0:
@@ -390,7 +442,21 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
     }
     if profiles:
         header["profiles"] = profiles
-    defaults = {"model": req.model, "args": args}
+    defaults: dict[str, Any] = {"model": req.model, "args": args}
+    host_memory, host_source = _host_memory(req)
+    if req.time_share:
+        # sleep mode's endpoints are vLLM's dev-mode ones: loopback only (docs/layout.md)
+        defaults["host"] = "127.0.0.1"
+        notes.append(
+            "time-shared: the instances of each GPU are one swap group, one awake at a time "
+            "(vsup sleep / wake / swap; docs/sleep.md); they listen on 127.0.0.1 because sleep "
+            "mode's endpoints are vLLM's dev-mode ones: put a router in front for clients"
+        )
+    time_problems, time_notes = _time_share_checks(
+        budgets, weights, gpu_mem, host_memory, host_source
+    )
+    problems += time_problems
+    notes += time_notes
     layout = Layout.from_tables(
         tables, defaults=defaults, header=header, path=base_dir / "plan.toml"
     )
@@ -413,7 +479,87 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         kv_layout=layout_kv,
         tp=req.tp,
         dp=req.dp,
+        host_memory_bytes=host_memory,
+        host_memory_source=host_source,
     )
+
+
+def _tenants(budgets: Sequence[InstanceBudget], weights: int | None) -> list[Tenant]:
+    return [
+        Tenant(
+            b.name,
+            b.gpus,
+            b.utilization,
+            swap_group=b.swap_group,
+            sleep_level=b.sleep_level,
+            weight_bytes=weights * b.dp if b.sleep_level == 1 and weights is not None else None,
+        )
+        for b in budgets
+    ]
+
+
+def _host_memory(req: PlanRequest) -> tuple[int | None, str]:
+    if req.host_memory_bytes:
+        return req.host_memory_bytes, "--host-ram-gib"
+    if req.node.host_memory_bytes:
+        return req.node.host_memory_bytes, "this node"
+    return None, "unknown"
+
+
+def _time_share_checks(
+    budgets: Sequence[InstanceBudget],
+    weights: int,
+    gpu_mem: int,
+    host_memory: int | None,
+    host_source: str,
+) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
+    """A swap group's GPU (its largest member and the sleepers' remainders) and the level-1
+    sleepers' host RAM: what `vsup validate` would refuse, refused here with advice."""
+    tenants = _tenants(budgets, weights)
+    problems: list[tuple[str, tuple[int, ...], str]] = []
+    notes: list[str] = []
+    seen: set[str] = set()
+    for share in gpu_shares(tenants, gpu_mem):
+        if not share.groups or share.total <= MAX_GPU_UTILIZATION_SUM + 1e-9:
+            continue
+        group = share.groups[0]
+        if group.group in seen:
+            continue  # a TP group's GPUs: said once
+        seen.add(group.group)
+        fits = math.floor((MAX_GPU_UTILIZATION_SUM - group.sleepers * group.reserve) * 100) / 100
+        problems.append(
+            (
+                group.group,
+                (share.gpu,),
+                f"swap group {group.group} claims {share.total:.2f} of GPU {share.gpu} "
+                f"({group.largest:g} awake + {group.sleepers} sleepers x "
+                f"{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB), above {MAX_GPU_UTILIZATION_SUM}: "
+                f"lower --utilization to {fits:g} or use fewer instances per GPU",
+            )
+        )
+    need = host_ram_need(tenants)
+    if need.sleepers and host_memory:
+        total = need.bytes
+        text = (
+            f"level-1 sleepers keep their weights in host RAM: {len(need.sleepers)} x "
+            f"{total / len(need.sleepers) / GIB:.1f} GiB = {total / GIB:.1f} GiB when all "
+            f"sleep, {total / host_memory:.0%} of {host_memory / GIB:.1f} GiB ({host_source})"
+        )
+        if total > HOST_RAM_ERROR_SHARE * host_memory:
+            names = [t.name for t in need.sleepers]
+            problems.append(
+                (
+                    ", ".join(names)
+                    if len(names) <= 3
+                    else f"{len(names)} instances ({names[0]} to {names[-1]})",
+                    (),
+                    f"{text}: above {HOST_RAM_ERROR_SHARE:.0%}; use --sleep-level 2 (weights "
+                    "dropped, a wake reloads them) or fewer instances per GPU",
+                )
+            )
+        elif total > HOST_RAM_WARN_SHARE * host_memory:
+            notes.append(f"{text}: above {HOST_RAM_WARN_SHARE:.0%}, a large part of the node")
+    return problems, notes
 
 
 def _kv_source(info: ModelInfo, kv: KVLayout, req: PlanRequest) -> str:
@@ -496,6 +642,7 @@ def render_budget(plan: Plan) -> str:
     for b in plan.budgets:
         for g in b.gpus:
             by_gpu.setdefault(g, []).append(b)
+    shares = plan.gpu_shares()
     for g in sorted(by_gpu):
         for b in by_gpu[g]:
             rows.append(
@@ -514,10 +661,18 @@ def render_budget(plan: Plan) -> str:
                     "?" if b.max_concurrency is None else f"{b.max_concurrency:.1f}x",
                 )
             )
-        total = sum(b.utilization for b in by_gpu[g])
+        total = shares[g].total
         first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
         rows.append((*first, *[""] * (len(head) - len(first))))
     lines += _table(head, rows, left={1})
+    groups = plan.swap_groups()
+    if groups:
+        lines.append("")
+        lines.append(
+            "swap groups (a GPU's total counts each group by its largest member, plus "
+            f"{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB per sleeper)"
+        )
+        lines += [f"  {g.describe(plan.gpu_memory_bytes)}" for g in groups]
     for n in plan.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
@@ -541,6 +696,7 @@ def render_explain(plan: Plan) -> str:
     for b in plan.budgets:
         for g in b.gpus:
             by_gpu.setdefault(g, []).append(b)
+    shares = plan.gpu_shares()
     seen: dict[tuple, list[int]] = {}
     for g in sorted(by_gpu):
         key = tuple(
@@ -557,16 +713,25 @@ def render_explain(plan: Plan) -> str:
             f"{len(tenants)} instance(s) per GPU" + (f": {names}" if len(tenants) > 1 else "")
         )
         rows: list[tuple[str, str, str]] = []
-        used = 0
         for b in tenants:
             prefix = f"{b.name}: " if len(tenants) > 1 else ""
             rows += _explain_rows(plan, b, prefix)
-            used += b.budget_bytes
+        share = shares[gpus[0]]
+        for group in share.groups:
+            rows.append(
+                (
+                    f"swap group {group.group}: sleepers",
+                    _gib(int(group.sleepers * group.reserve * mem)),
+                    f"one of {len(group.members)} members awake (its budget above counts once, "
+                    f"not {len(group.members)} times); {group.sleepers} asleep, each keeping "
+                    f"~{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB (CUDA context, graphs)",
+                )
+            )
         rows.append(
             (
                 "not given to vLLM",
-                _gib(mem - used),
-                f"1 - {sum(b.utilization for b in tenants):.2f} of the GPU: outside every "
+                _gib(mem - _used_bytes(share, tenants, mem)),
+                f"1 - {share.total:.2f} of the GPU: outside every "
                 "instance's gpu_memory_utilization (the driver's own use, other processes, "
                 "headroom)",
             )
@@ -574,6 +739,17 @@ def render_explain(plan: Plan) -> str:
         out += _table(("item", "GiB", "why"), rows, left={0, 2})
         out.append("")
     return "\n".join(out)
+
+
+def _used_bytes(share: GpuShare, tenants: Sequence[InstanceBudget], mem: int) -> int:
+    """What one GPU's instances may hold at once: the solo budgets, and per swap group its
+    largest member's budget and its sleepers' remainders."""
+    budget = {b.name: b.budget_bytes for b in tenants}
+    used = sum(budget[t.name] for t in share.solo)
+    for group in share.groups:
+        used += max(budget[t.name] for t in group.members)
+        used += int(group.sleepers * group.reserve * mem)
+    return used
 
 
 def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str, str, str]]:

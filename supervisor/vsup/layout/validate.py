@@ -72,6 +72,7 @@ def check(
         node_gpus=node.gpu_count,
         probed=node.probed,
         gpu_memory_bytes=gpu_memory_bytes or node.gpu_memory_bytes,
+        host_memory_bytes=node.host_memory_bytes,
     )
     out += run_rules(ctx)
     return Checked(sorted(merge_repeats(out), key=sort_key), merged)

@@ -4,6 +4,7 @@ libraries: tests/unit/telemetry/gpu_fakes.py)."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from vsup.layout.model import loads_layout
@@ -51,9 +52,16 @@ def test_amd_gpus_are_in_hip_order() -> None:
 
 def test_a_node_without_gpus_is_unknown_not_zero() -> None:
     facts = node_facts(NoneProbe())
-    assert facts == NodeFacts() and facts.gpu_count is None and facts.vendor == "none"
+    assert facts == NodeFacts(host_memory_bytes=facts.host_memory_bytes)
+    assert facts.gpu_count is None and facts.vendor == "none"
     (w,) = validate(loads_layout(LAYOUT, "/tmp/l.toml"), node=facts)
     assert "no GPU found on this node" in w.message and not w.is_error
+
+
+def test_node_facts_know_the_host_ram() -> None:
+    """Level-1 sleepers keep their weights in host RAM: validation sizes them against it."""
+    assert node_facts(NoneProbe()).host_memory_bytes == psutil.virtual_memory().total
+    assert NodeFacts.given(2).host_memory_bytes is None  # another node's: not known
 
 
 def test_a_lost_gpu_still_counts_without_its_memory() -> None:

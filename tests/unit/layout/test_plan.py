@@ -330,3 +330,99 @@ def test_explain_gives_every_item_of_a_shared_gpu_and_why(llama8b):
     assert f"{left / GIB:.2f}" in text
     b = plan.budgets[0]
     assert f"vLLM reports {b.kv_tokens:,} tokens" in text
+
+
+def time_shared(llama8b, **kw) -> PlanRequest:
+    """Two instances per H200 taking turns (one swap group per GPU), on a node of 256 GiB."""
+    base = dict(
+        model=str(llama8b),
+        gpus=[0, 1],
+        per_gpu=2,
+        gpu="H200",
+        max_model_len=8192,
+        time_share=True,
+        host_memory_bytes=256 * GIB,
+    )
+    return PlanRequest(**{**base, **kw})
+
+
+def test_a_swap_group_of_two_at_090_on_one_gpu_fits_and_without_the_group_does_not(llama8b):
+    plan = make_plan(time_shared(llama8b))
+    assert plan.ok, plan.problems
+    tables = plan.layout.instances
+    assert [t["gpu_memory_utilization"] for t in tables] == [0.9] * 4
+    assert [t["swap_group"] for t in tables] == ["gpu0", "gpu0", "gpu1", "gpu1"]
+    assert all(t["sleep"] == {"level": 1} for t in tables)
+    assert plan.layout.defaults["host"] == "127.0.0.1"  # dev-mode endpoints: loopback only
+    # each GPU's total counts the group once: 0.90 awake + one sleeper's 2 GiB of 140 GiB
+    assert plan.gpu_shares()[0].total == pytest.approx(0.9 + 2 / (143771 / 1024))
+    text = render_budget(plan)
+    weights = 2 * plan.weight_bytes / GIB
+    assert (
+        "gpu0: gpu0a, gpu0b time-share GPU 0 - one awake at a time, 0.90 of the GPU; sleepers "
+        f"keep ~2.0 GiB each, level-1 weights {weights:.1f} GiB in host RAM"
+    ) in text
+    total = next(line for line in text.splitlines() if "(GPU 0 total)" in line)
+    assert total.split()[-1] == "0.91"
+    explain = render_explain(plan)
+    assert "swap group gpu0: sleepers" in explain and "1 - 0.91 of the GPU" in explain
+    target = NodeFacts(
+        tuple(NodeGpu(i, "NVIDIA H200", plan.gpu_memory_bytes, "nvidia") for i in range(2)),
+        host_memory_bytes=256 * GIB,
+    )
+    errors = [d for d in validate(plan.layout, node=target, profile_dirs=[CONFIGS]) if d.is_error]
+    assert errors == []
+    # the same instances without their swap groups: 1.80 of each GPU, refused
+    for t in tables:
+        del t["swap_group"]
+    errors = [d for d in validate(plan.layout, node=target, profile_dirs=[CONFIGS]) if d.is_error]
+    named = {name for d in errors for name in (d.instance, *d.others)}
+    assert named == {"gpu0a", "gpu0b", "gpu1a", "gpu1b"}
+    assert all("over-committed" in d.message and "1.80" in d.message for d in errors)
+
+
+def test_time_share_refuses_level_1_weights_beyond_host_ram(llama8b):
+    plan = make_plan(time_shared(llama8b, host_memory_bytes=32 * GIB))
+    assert not plan.ok
+    (problem,) = plan.problems
+    each = plan.weight_bytes / GIB
+    assert problem.startswith("4 instances (gpu0a to gpu1b): level-1 sleepers keep their weights")
+    assert f"4 x {each:.1f} GiB = {4 * each:.1f} GiB when all sleep" in problem
+    assert "of 32.0 GiB (--host-ram-gib): above 80%" in problem and "--sleep-level 2" in problem
+    # level 2 drops the weights instead: nothing waits in host RAM
+    assert make_plan(time_shared(llama8b, host_memory_bytes=32 * GIB, sleep_level=2)).ok
+    # above half the node's RAM: said, not refused
+    warned = make_plan(time_shared(llama8b, host_memory_bytes=96 * GIB))
+    assert warned.ok and any("above 50%" in n for n in warned.notes)
+    # the node's own RAM when no flag gives it
+    node = NodeFacts(host_memory_bytes=32 * GIB)
+    assert not make_plan(time_shared(llama8b, host_memory_bytes=None, node=node)).ok
+
+
+def test_time_share_refuses_more_sleepers_than_fit_beside_the_awake_one(llama8b):
+    plan = make_plan(time_shared(llama8b, gpus=[0], per_gpu=5, host_memory_bytes=None))
+    (problem,) = plan.problems
+    assert problem.startswith("gpu0: swap group gpu0 claims 0.96 of GPU 0")
+    assert "0.9 awake + 4 sleepers x 2 GiB" in problem and "--utilization to 0.89" in problem
+    assert make_plan(time_shared(llama8b, gpus=[0], per_gpu=5, utilization=0.89)).ok
+
+
+def test_time_share_needs_two_per_gpu_and_a_sleep_level(llama8b):
+    with pytest.raises(PlanError, match="--per-gpu 2 or more"):
+        make_plan(time_shared(llama8b, per_gpu=1))
+    with pytest.raises(PlanError, match="--sleep-level 3"):
+        make_plan(time_shared(llama8b, sleep_level=3))
+
+
+def test_cli_time_share_writes_a_layout_that_validates(llama8b, tmp_path, capsys):
+    out = tmp_path / "swap.toml"
+    argv = ["plan", "--model", str(llama8b), "--gpus", "0", "--per-gpu", "2", "--gpu", "H200"]
+    argv += ["--max-model-len", "8192", "--time-share", "--host-ram-gib", "256", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    stdout = capsys.readouterr().out
+    assert "gpu0: gpu0a, gpu0b time-share GPU 0 - one awake at a time" in stdout
+    assert main(["validate", str(out), "--node-gpus", "1"]) == 0
+    assert "swap group gpu0: gpu0a, gpu0b time-share GPU 0" in capsys.readouterr().out
+    argv[-3:-2] = ["16"]  # --host-ram-gib 16: two sleepers' 30 GiB do not fit
+    assert main(argv) == 2
+    assert "vsup plan: refused: gpu0a, gpu0b: level-1 sleepers" in capsys.readouterr().err

@@ -4,8 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`. The structure checks (unknown
-keys, types, profiles) come before them, in `vsup.layout.structure`.
+`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`, `sleep`. The structure
+checks (unknown keys, types, profiles) come before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from vsup.layout.rules import (
     ports,
     router,
     secrets,
+    sleep,
     stall,
 )
 from vsup.layout.rules.context import Context
@@ -54,6 +55,10 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     router.router_command_not_found,
     gpus.no_gpu_on_node,
     gpus.gpu_overcommitted,
+    sleep.swap_group_gpus_differ,
+    sleep.swap_group_of_one,
+    sleep.swap_group_awake_twice,
+    sleep.host_ram_for_sleepers,
     cpu.cpu_instances_outnumber_cores,
 )
 
@@ -91,6 +96,11 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     stall.stall_after_too_short,
     stall.on_stall_ignored,
     stall.canary_interval,
+    sleep.swap_group_without_sleep,
+    sleep.dev_mode_exposed,
+    sleep.sleep_on_cpu,
+    sleep.sleep_flag_unknown,
+    sleep.sleep_flag_without_table,
 )
 
 

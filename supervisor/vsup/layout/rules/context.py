@@ -17,8 +17,9 @@ from vsup.layout.modelinfo import ModelInfo, model_info
 from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.parallel import ParallelShape, parallel_shape
 from vsup.layout.profiles import ProfileCache
-from vsup.layout.schema import is_int
+from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_int, is_number
 from vsup.layout.structure import WrittenTable
+from vsup.layout.timeshare import Tenant
 from vsup.layout.vllm_flags import FlagList, flags_for_command
 
 
@@ -33,6 +34,7 @@ class Context:
     node_gpus: int | None  # None: unknown (no GPU found and no --node-gpus)
     probed: bool  # node_gpus came from this node's probe, not from the caller
     gpu_memory_bytes: int | None
+    host_memory_bytes: int | None = None  # the node's RAM; None: unknown (host RAM not checked)
     _models: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False)
     _flags: dict[tuple, FlagList] = field(default_factory=dict, init=False, repr=False)
 
@@ -50,6 +52,46 @@ class Context:
 
     def local_model_path(self, model: str) -> str:
         return resolve_model_path(model, self.layout.base_dir)
+
+    def tenants(self) -> list[Tenant]:
+        """The instances on GPUs as the GPU and host RAM accounting sees them
+        (vsup.layout.timeshare); one whose share is out of range is left to its own rule."""
+        out = []
+        for m in self.merged:
+            util = m.values.get("gpu_memory_utilization")
+            share = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util is None else util
+            if not m.gpus or not is_number(share) or not 0 < share <= 1:
+                continue
+            sleep = m.values.get("sleep")
+            level = sleep.get("level", 1) if isinstance(sleep, dict) else None
+            group = m.values.get("swap_group") if level is not None else None
+            out.append(
+                Tenant(
+                    m.label,
+                    tuple(g for g in m.gpus if is_int(g)),
+                    float(share),
+                    util is not None,
+                    group if isinstance(group, str) else None,
+                    level if is_int(level) else None,
+                    self.weight_bytes(m) if level == 1 else None,
+                )
+            )
+        return out
+
+    def weight_bytes(self, m: MergedInstance) -> int | None:
+        """The weights the whole instance holds on its GPUs (every DP rank on this node has its
+        own copy); None when the model's size is not known here."""
+        info = self.model_info(m)
+        if info is None:
+            return None
+        dtype = m.arg("dtype")
+        quantization = m.arg("quantization")
+        weights, _ = info.weight_bytes(
+            str(dtype) if dtype else None, str(quantization) if quantization else None
+        )
+        if weights is None:
+            return None
+        return weights * parallelism(m).shape.dp_local
 
     def flags(self, m: MergedInstance) -> FlagList:
         """The `vllm serve` flags of the vLLM the instance's command runs."""

@@ -7,7 +7,8 @@ import math
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules.context import Context, origin_diag
-from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
+from vsup.layout.timeshare import gpu_shares
 
 
 def gpu_index_negative(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
@@ -74,37 +75,34 @@ def no_gpu_on_node(ctx: Context) -> list[Diagnostic]:
 
 def gpu_overcommitted(ctx: Context) -> list[Diagnostic]:
     """The instances of one GPU may claim at most MAX_GPU_UTILIZATION_SUM of it together; one
-    that does not set gpu_memory_utilization counts vLLM's default."""
-    shares: dict[int, list[tuple[MergedInstance, float, bool]]] = {}
-    for m in ctx.merged:
-        if not m.gpus:
-            continue
-        util = m.values.get("gpu_memory_utilization")
-        explicit = util is not None
-        share = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util is None else float(util)
-        if 0 < share <= 1:  # an out-of-range value is reported on its own
-            for g in set(m.gpus):
-                shares.setdefault(g, []).append((m, share, explicit))
+    that does not set gpu_memory_utilization counts vLLM's default. A swap group counts by its
+    largest member plus each sleeper's remainder (vsup.layout.timeshare)."""
+    by_label = {m.label: m for m in ctx.merged}
     out: list[Diagnostic] = []
-    for g in sorted(shares):
-        tenants = shares[g]
-        total = sum(s for _, s, _ in tenants)
+    for share in gpu_shares(ctx.tenants(), ctx.gpu_memory_bytes):
+        total = share.total
         if total <= MAX_GPU_UTILIZATION_SUM + 1e-9:
             continue
-        parts = ", ".join(
-            f"'{m.label}' {s:g}" + ("" if explicit else " (vLLM's default)")
-            for m, s, explicit in tenants
-        )
-        each = math.floor(MAX_GPU_UTILIZATION_SUM * 100 / len(tenants)) / 100
-        for m, _, explicit in tenants:
+        count = len(share.solo) + len(share.groups)
+        each = math.floor(MAX_GPU_UTILIZATION_SUM * 100 / count) / 100
+        fix = f"(e.g. {each:g} each) or move an instance"
+        if share.groups:
+            fix = (
+                "by lowering gpu_memory_utilization (a swap group counts as its largest member "
+                "plus each sleeper's remainder) or moving an instance"
+            )
+            if share.solo:
+                fix += ", or put the others into the swap group"
+        tenants = [*share.solo, *(t for g in share.groups for t in g.members)]
+        for t in tenants:
             out.append(
                 origin_diag(
                     ERROR,
-                    f"GPU {g} is over-committed: gpu_memory_utilization adds up to {total:.2f} "
-                    f"({parts}); keep the sum at or below {MAX_GPU_UTILIZATION_SUM} "
-                    f"(e.g. {each:g} each) or move an instance",
-                    m,
-                    "gpu_memory_utilization" if explicit else "gpus",
+                    f"GPU {share.gpu} is over-committed: gpu_memory_utilization adds up to "
+                    f"{total:.2f} ({share.describe()}); keep the sum at or below "
+                    f"{MAX_GPU_UTILIZATION_SUM} {fix}",
+                    by_label[t.name],
+                    "gpu_memory_utilization" if t.explicit else "gpus",
                 )
             )
     return out

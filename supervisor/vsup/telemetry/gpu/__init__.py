@@ -16,7 +16,7 @@ No probe raises from `snapshot()`. Calls block for microseconds to milliseconds:
 
 from __future__ import annotations
 
-from vsup.layout.node import NodeFacts, NodeGpu
+from vsup.layout.node import NodeFacts, NodeGpu, host_memory_bytes
 from vsup.telemetry.gpu.base import (
     GpuProbe,
     GpuProbeError,
@@ -76,7 +76,8 @@ def node_facts(probe: GpuProbe | None = None) -> NodeFacts:
         if own:
             opened.close()
     return NodeFacts(
-        tuple(NodeGpu(s.index, s.name, s.hbm_total_bytes, opened.vendor) for s in samples)
+        tuple(NodeGpu(s.index, s.name, s.hbm_total_bytes, opened.vendor) for s in samples),
+        host_memory_bytes=host_memory_bytes(),
     )
 
 

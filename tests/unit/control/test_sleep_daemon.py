@@ -32,8 +32,9 @@ class Member:
     cpu: bool = False
 
 
-def layout(gpus: FakeHbmGpus, members: dict[str, Member], util: float = 0.45) -> str:
-    """Emulators that hold 64 GiB awake and 1.7 GiB asleep in their fake HBM."""
+def layout(gpus: FakeHbmGpus, members: dict[str, Member], util: float = 0.9) -> str:
+    """Emulators that hold 64 GiB awake and 1.7 GiB asleep in their fake HBM; a swap group
+    of two at 0.9 of one GPU validates (it counts by its largest member, docs/layout.md)."""
     cmd = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]
 name = "sleepers"

@@ -1,5 +1,5 @@
 # Time-sharing one GPU with vLLM's sleep mode (issue 27, docs/sleep.md), on the H200: two
-# configurations of the 8B shape (max-num-seqs 128 and 256, one served name) at 0.90 each in one
+# configurations of the 8B shape (max-num-seqs 96 and 192, one served name) at 0.90 each in one
 # swap group on GPU 0, behind vllm-router. Measured: `vsup up` (b starts, sleeps, then a starts),
 # HBM per process from nvidia-smi and from vsup before and after each sleep, five swaps back and
 # forth (`vsup swap`, which ends when the woken server has answered a completion) under a light
@@ -33,6 +33,7 @@ start_timeout_s = 900
 
 [router]
 port = 8300
+metrics_port = 8309
 host = "127.0.0.1"
 policy = "round_robin"
 command = ["python3", "-m", "vllm_router.launch_router"]  # the kit's wheel: no console script
@@ -42,18 +43,18 @@ name = "a"
 port = 8301
 gpus = [0]
 swap_group = "g0"
-args = { served-model-name = "llama8b", max-model-len = 4096, max-num-seqs = 128 }
+args = { served-model-name = "llama8b", max-model-len = 4096, max-num-seqs = 96 }
 
 [[instance]]
 name = "b"
 port = 8302
 gpus = [0]
 swap_group = "g0"
-args = { served-model-name = "llama8b", max-model-len = 4096, max-num-seqs = 256 }
+args = { served-model-name = "llama8b", max-model-len = 4096, max-num-seqs = 192 }
 EOF
 
 python3 - "$REC" <<'PYEOF'
-import json, statistics, subprocess, sys, threading, time
+import json, os, statistics, subprocess, sys, threading, time
 from pathlib import Path
 
 import httpx
@@ -84,6 +85,13 @@ def smi() -> dict[int, int]:
     return {int(p): int(m) * 2**20 for p, m in (l.split(",") for l in out.splitlines() if l.strip())}
 
 
+def group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def memory(tag: str) -> dict:
     doc, by_pid = status(), smi()
     row = {}
@@ -91,7 +99,8 @@ def memory(tag: str) -> dict:
         sleep = i.get("sleep") or {}
         row[i["name"]] = {
             "sleep": sleep.get("state"), "vsup_hbm_gib": round((i["hbm_bytes"] or 0) / 2**30, 2),
-            "smi_gib": round(sum(v for p, v in by_pid.items() if p == i["pid"]) / 2**30, 2),
+            # the memory is the EngineCore's, a child in the API server's process group
+            "smi_gib": round(sum(v for p, v in by_pid.items() if group(p) == i["pid"]) / 2**30, 2),
         }
     total = round(sum(by_pid.values()) / 2**30, 2)
     say(f"HBM {tag}: {row}; nvidia-smi total {total} GiB")

@@ -77,7 +77,13 @@ _RULES: tuple[tuple[ExitReason, re.Pattern[str]], ...] = (
             re.IGNORECASE,
         ),
     ),
-    (R.BAD_ARGS, re.compile(r"^[\w./\- ]{1,60}: error: ")),
+    # argparse's refusal, or vLLM's config validation (pydantic), e.g. "1 validation error
+    # for ModelConfig ... Sleep mode is not supported on current platform": a start with the
+    # same arguments fails the same way
+    (
+        R.BAD_ARGS,
+        re.compile(r"^[\w./\- ]{1,60}: error: |\d+ validation errors? for \w*Config\b"),
+    ),
     (
         R.MODEL_NOT_FOUND,
         re.compile(

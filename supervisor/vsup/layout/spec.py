@@ -158,7 +158,9 @@ class InstanceSpec:
             argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
         if self.load_tracking and find_arg(self.args, LOAD_TRACKING_FLAG) is None:
             argv.append(LOAD_TRACKING_FLAG)
-        if self.sleep is not None and find_arg(self.args, SLEEP_MODE_FLAG) is None:
+        if self.sleep is not None and self.gpus and find_arg(self.args, SLEEP_MODE_FLAG) is None:
+            # vLLM's CPU build refuses the flag ("Sleep mode is not supported on current
+            # platform", 0.32) and serves /sleep with dev mode alone (its sleep frees nothing)
             argv.append(SLEEP_MODE_FLAG)
         args = dict(self.args)
         if self.model_path:

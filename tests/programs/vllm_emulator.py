@@ -68,6 +68,39 @@ Behaviours on cue:
                                    flight: the mode's (the running and waiting it shows; 3 in
                                    `frozen-idle`) plus completions held by --request-s, as
                                    vLLM's flag does; without it /load answers 0, as vLLM does
+Sleep mode (vLLM's, docs/sleep.md; the endpoints' shapes are vLLM's
+vllm/entrypoints/serve/dev/{sleep,rpc}/api_router.py):
+  --enable-sleep-mode              with VLLM_SERVER_DEV_MODE=1 in the environment (without it
+                                   the routes below answer 404, as vLLM's do):
+                                   `POST /sleep?level=1|2` (200, empty body, once the sleep is
+                                   done), `POST /wake_up` with optional repeated
+                                   `tags=weights|kv_cache` (200, empty; it is awake once every
+                                   tag is), `GET /is_sleeping` -> `{"is_sleeping": bool}`,
+                                   `POST /collective_rpc {"method": "reload_weights"}` ->
+                                   `{"results": [null]}` (other methods: 500). While asleep
+                                   (until every tag is awake) a POST /v1/completions is held
+                                   without an answer and answered once it wakes, as real vLLM
+                                   does; /load counts it; /health stays 200; /metrics shows
+                                   `vllm:engine_sleep_state{sleep_state="awake"} 0` and
+                                   `weights_offloaded` (level 1) or `discard_all` (level 2) 1,
+                                   running/waiting 0 and the counters standing still. A sleep
+                                   while asleep and a wake while awake are no-ops (vLLM logs a
+                                   warning). Dev mode without --enable-sleep-mode: /sleep
+                                   answers 500 (the emulator's choice; vsup passes both)
+  --sleep-s S / --wake-s S         a sleep / a wake takes S seconds before it answers
+  --wake-fail N                    the next N /wake_up answer 500 with vLLM's error JSON (a
+                                   CUDA out-of-memory message) and it stays asleep
+  --sleep-keeps-memory             /sleep answers 200 and it is asleep, but its fake HBM stays
+                                   full (seen on ROCm builds)
+  --fake-hbm-file F --fake-hbm-gib G [--sleep-keep-gib K]
+                                   a fake GPU memory for tests (tests/unit/control/fakehbm.py
+                                   reads it as NVML would): F holds `{"pid": <this pid>,
+                                   "bytes": N}`, replaced atomically at each change: G GiB once
+                                   it listens, K GiB while asleep (default 2.6% of G, as an
+                                   H200 sleeper kept 1.7 of 64.6 GiB). G - K is half weights,
+                                   half KV cache: a wake with tags=weights brings back the
+                                   weights' half (after level 2 only once reload_weights ran),
+                                   tags=kv_cache the other half
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -79,6 +112,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import re
@@ -88,6 +122,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import parse_qs
 
 HERE = Path(__file__).resolve()
 DEFAULT_PAYLOAD = HERE.parent.parent / "fixtures" / "vllm-0.32-cpu" / "metrics_idle.txt"
@@ -110,7 +145,10 @@ _MOVING = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "process_start_time_seconds",
+    "vllm:engine_sleep_state",
 )
+# vLLM's sleep_state label values: awake, then level 1's and level 2's
+SLEEP_LABELS = ("awake", "weights_offloaded", "discard_all")
 
 
 def hello(role: str) -> None:
@@ -139,7 +177,9 @@ class Payload:
         pos = 0
         for m in line_re.finditer(text):
             self.chunks.append(text[pos : m.start(3)])
-            self.slots.append(m.group(1))
+            label = re.search(r'sleep_state="([^"]*)"', m.group(2) or "")
+            # the sleep state's three series each get their own slot
+            self.slots.append(f"{m.group(1)}/{label.group(1)}" if label else m.group(1))
             pos = m.end(3)
         self.chunks.append(text[pos:])
         self.t0 = time.monotonic()
@@ -151,6 +191,7 @@ class Payload:
         self._last = time.monotonic()
         self._kv = 0.5
         self.in_flight = 0  # requests at the "API server" as of the last render (/load)
+        self.sleep_level = 0  # 0: awake; 1 or 2: asleep at that level (SleepMode sets it)
 
     def mode(self) -> str:
         if self.mode_file is None:
@@ -163,7 +204,8 @@ class Payload:
 
     def render(self) -> bytes:
         now = time.monotonic()
-        mode = self.mode()
+        # a sleeping engine runs nothing: the figures of an idle one, KV cache discarded
+        mode = "idle" if self.sleep_level else self.mode()
         if mode == "serve":
             self._served += now - self._last
         self._last = now
@@ -187,7 +229,9 @@ class Payload:
             values.update({"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0})
             self._kv = min(1.0, self._kv + 0.001)  # each scrape: another chunk's blocks
         if mode != "serve":
-            values["vllm:kv_cache_usage_perc"] = self._kv
+            values["vllm:kv_cache_usage_perc"] = 0.0 if self.sleep_level else self._kv
+        for level, label in enumerate(SLEEP_LABELS):
+            values[f"vllm:engine_sleep_state/{label}"] = float(self.sleep_level == level)
         held = 3 if mode == "frozen-idle" else 0
         self.in_flight = held + int(
             values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"]
@@ -197,6 +241,156 @@ class Payload:
             out.append(repr(values[slot]))
             out.append(chunk)
         return "".join(out).encode()
+
+
+GiB = 1 << 30
+# What an H200 sleeper kept of its memory (1.7 of 64.6 GiB: VLLM-FACTS.md).
+SLEEP_KEEP_SHARE = 0.026
+TAGS = ("weights", "kv_cache")
+
+
+class FakeHbm:
+    """`--fake-hbm-file`: the GPU memory this process would hold, as a file a test's NVML fake
+    reads (`{"pid": ..., "bytes": ...}`, replaced atomically so a reader never sees half)."""
+
+    def __init__(self, path: Path, gib: float, keep_gib: float | None) -> None:
+        self.path = path
+        self.full = int(gib * GiB)
+        self.keep = int((gib * SLEEP_KEEP_SHARE if keep_gib is None else keep_gib) * GiB)
+        # what a sleep frees: half weights, half KV cache
+        self.weights = (self.full - self.keep) // 2
+        self.kv = self.full - self.keep - self.weights
+
+    def write(self, weights: bool, kv: bool) -> None:
+        held = self.keep + (self.weights if weights else 0) + (self.kv if kv else 0)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "bytes": held}))
+        os.replace(tmp, self.path)
+
+
+class SleepMode:
+    """vLLM's sleep mode behind the dev-mode routes: which tags sleep, the level of the sleep,
+    whether level 2 dropped the weights (until `reload_weights`), and the faults on cue."""
+
+    def __init__(self, args: argparse.Namespace, payload: Payload, hbm: FakeHbm | None) -> None:
+        self.enabled = bool(args.enable_sleep_mode)
+        self.payload = payload
+        self.hbm = hbm
+        self.sleep_s = args.sleep_s
+        self.wake_s = args.wake_s
+        self.wake_fail = args.wake_fail
+        self.keeps_memory = args.sleep_keeps_memory
+        self.level = 0
+        self.sleeping: set[str] = set()  # tags still asleep
+        self.weights_dropped = False  # level 2: the weights are gone until reload_weights
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.lock = asyncio.Lock()  # the engine runs one utility call at a time
+        self.write_hbm()
+
+    def write_hbm(self) -> None:
+        if self.hbm is None:
+            return
+        if self.sleeping and self.keeps_memory:
+            self.hbm.write(True, True)
+            return
+        weights = "weights" not in self.sleeping and not self.weights_dropped
+        self.hbm.write(weights, "kv_cache" not in self.sleeping)
+
+    @staticmethod
+    def log(line: str) -> None:
+        print(f"(EngineCore pid={os.getpid()}) INFO {line}", flush=True)
+
+    async def sleep(self, query: dict[str, list[str]]) -> tuple[str, str, bytes]:
+        if not self.enabled:
+            return _error(500, "Sleep mode is not enabled (start it with --enable-sleep-mode)")
+        try:
+            level = int(query.get("level", ["1"])[0])
+        except ValueError as exc:
+            return _error(500, f"ValueError: {exc}")
+        async with self.lock:
+            if self.sleeping:
+                self.log("[executor_base.py] Executor is already sleeping.")
+                return "200 OK", "application/json", b""
+            t0 = time.monotonic()
+            await asyncio.sleep(self.sleep_s)
+            # vLLM's worker: level 1 backs the weights up, any other level discards them
+            self.level = 1 if level == 1 else 2
+            self.sleeping = set(TAGS)
+            self.weights_dropped = self.level == 2
+            self.awake.clear()
+            self.payload.sleep_level = self.level
+            self.write_hbm()
+            if self.hbm is not None:
+                freed = 0 if self.keeps_memory else self.hbm.full - self.hbm.keep
+                kept = self.hbm.full - freed
+                self.log(
+                    f"[gpu_worker.py] Sleep mode freed {freed / GiB:.2f} GiB memory, "
+                    f"{kept / GiB:.2f} GiB memory is still in use."
+                )
+            self.log(
+                f"[executor_base.py] It took {time.monotonic() - t0:.6f} seconds to fall asleep."
+            )
+        return "200 OK", "application/json", b""
+
+    async def wake_up(self, query: dict[str, list[str]]) -> tuple[str, str, bytes]:
+        tags = query.get("tags") or list(TAGS)  # none given: every tag, as vLLM does
+        async with self.lock:
+            if not self.sleeping:
+                self.log("[executor_base.py] Executor is not sleeping.")
+                return "200 OK", "application/json", b""
+            t0 = time.monotonic()
+            await asyncio.sleep(self.wake_s)
+            if self.wake_fail > 0:
+                self.wake_fail -= 1
+                return _error(
+                    500,
+                    "CUDA out of memory. Tried to allocate 30.00 GiB. GPU 0 has a total capacity "
+                    "of 139.80 GiB of which 1.25 GiB is free.",
+                    "InternalServerError",
+                )
+            self.sleeping -= set(tags)
+            self.write_hbm()
+            self.log(
+                f"[executor_base.py] It took {time.monotonic() - t0:.6f} seconds to wake up "
+                f"tags {sorted(set(tags))}."
+            )
+            if not self.sleeping:
+                self.payload.sleep_level = 0
+                self.awake.set()
+        return "200 OK", "application/json", b""
+
+    async def collective_rpc(self, body: bytes) -> tuple[str, str, bytes]:
+        try:
+            doc = json.loads(body or b"null")
+        except json.JSONDecodeError as exc:
+            return _error(400, f"JSON decode error: {exc}", "BadRequestError", detail=True)
+        method = doc.get("method") if isinstance(doc, dict) else None
+        if method is None:
+            return _error(400, "Missing 'method' in request body", "BadRequestError", detail=True)
+        if method != "reload_weights":
+            return _error(500, f"AttributeError: 'Worker' object has no attribute '{method}'")
+        async with self.lock:
+            self.weights_dropped = False
+            self.write_hbm()
+        return "200 OK", "application/json", b'{"results":[null]}'
+
+    def is_sleeping(self) -> tuple[str, str, bytes]:
+        body = json.dumps({"is_sleeping": bool(self.sleeping)}).encode()
+        return "200 OK", "application/json", body
+
+
+def _error(
+    code: int, message: str, kind: str = "InternalServerError", detail: bool = False
+) -> tuple[str, str, bytes]:
+    """vLLM's error answer (its ErrorResponse JSON), or FastAPI's `{"detail": ...}` for an
+    HTTPException a route raised."""
+    reason = {400: "Bad Request", 500: "Internal Server Error"}[code]
+    if detail:
+        body = {"detail": message}
+    else:
+        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return f"{code} {reason}", "application/json", json.dumps(body).encode()
 
 
 class Server:
@@ -209,6 +403,8 @@ class Server:
         health: dict[str, int],
         request_s: float = 0.0,
         load_tracking: bool = False,
+        sleep: SleepMode | None = None,
+        dev_mode: bool = False,
     ) -> None:
         self.payload = payload
         self.model = model
@@ -216,6 +412,45 @@ class Server:
         self.request_s = request_s
         self.load_tracking = load_tracking
         self.requests_in_flight = 0  # completions received and not yet answered (/load)
+        self.sleep = sleep
+        self.dev_mode = dev_mode  # VLLM_SERVER_DEV_MODE=1: the sleep routes exist
+
+    async def _held_while_asleep(self, reader: asyncio.StreamReader) -> bool:
+        """Hold a completion while the engine sleeps, as vLLM does; False when the client
+        left meanwhile (nothing to answer)."""
+        if self.sleep is None or self.sleep.awake.is_set():
+            return True
+        self.requests_in_flight += 1
+        woke = asyncio.ensure_future(self.sleep.awake.wait())
+        left = asyncio.ensure_future(reader.read(1))  # b"": the client closed its end
+        try:
+            done, _ = await asyncio.wait((woke, left), return_when=asyncio.FIRST_COMPLETED)
+            if left in done and (left.exception() is not None or left.result() == b""):
+                return False
+            await woke
+            return True
+        finally:
+            self.requests_in_flight -= 1
+            for task in (woke, left):
+                task.cancel()
+            # the read must be gone before the next request's readuntil
+            await asyncio.gather(woke, left, return_exceptions=True)
+
+    async def dev_route(
+        self, method: str, route: str, query: dict[str, list[str]], body: bytes
+    ) -> tuple[str, str, bytes] | None:
+        """vLLM's dev-mode sleep routes; None: not one of them (or dev mode is off)."""
+        if not self.dev_mode or self.sleep is None:
+            return None
+        if route == "/sleep" and method == "POST":
+            return await self.sleep.sleep(query)
+        if route == "/wake_up" and method == "POST":
+            return await self.sleep.wake_up(query)
+        if route == "/is_sleeping" and method == "GET":
+            return self.sleep.is_sleeping()
+        if route == "/collective_rpc" and method == "POST":
+            return await self.sleep.collective_rpc(body)
+        return None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -223,6 +458,7 @@ class Server:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.split(b"\r\n")
                 parts = lines[0].decode("latin-1").split(" ")
+                method = parts[0]
                 path = parts[1] if len(parts) > 1 else "/"
                 length, close = 0, False
                 for line in lines[1:]:
@@ -231,11 +467,12 @@ class Server:
                         length = int(line.split(b":", 1)[1])
                     elif low.startswith(b"connection:") and b"close" in low:
                         close = True
-                if length:
-                    await reader.readexactly(length)
-                route = path.split("?", 1)[0]
+                body = await reader.readexactly(length) if length else b""
+                route, _, qs = path.partition("?")
                 if route == "/v1/completions" and self.payload.mode() in ("stall", "frozen-idle"):
                     await reader.read()  # a hung engine never answers: until the client leaves
+                    break
+                if route == "/v1/completions" and not await self._held_while_asleep(reader):
                     break
                 if route == "/v1/completions" and self.request_s > 0:
                     self.requests_in_flight += 1
@@ -243,11 +480,12 @@ class Server:
                         await asyncio.sleep(self.request_s)
                     finally:
                         self.requests_in_flight -= 1
-                status, ctype, body = self.route(route)
+                answer = await self.dev_route(method, route, parse_qs(qs), body)
+                status, ctype, out = answer or self.route(route)
                 writer.write(
                     f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n"
-                    f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
+                    f"content-length: {len(out)}\r\n\r\n".encode()
+                    + out
                 )
                 await writer.drain()
                 if close:
@@ -446,12 +684,18 @@ async def _serve(
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None
+        # one fake HBM per process: the first port's engine holds it
+        hbm = None
+        if args.fake_hbm_file and not servers:
+            hbm = FakeHbm(Path(args.fake_hbm_file), args.fake_hbm_gib, args.sleep_keep_gib)
         srv = Server(
             payload,
             args.served_model_name or args.model,
             health,
             request_s=args.request_s,
             load_tracking=args.enable_server_load_tracking,
+            sleep=SleepMode(args, payload, hbm),
+            dev_mode=_dev_mode(),
         )
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
@@ -461,6 +705,14 @@ async def _serve(
     )
     print("INFO:     Application startup complete.", flush=True)
     await loop.create_future()  # until a signal or --exit-after ends the process
+
+
+def _dev_mode() -> bool:
+    """vLLM's envs.VLLM_SERVER_DEV_MODE: bool(int(...)) of the variable, "0" by default."""
+    try:
+        return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))
+    except ValueError:
+        return False
 
 
 def _spam(rate: float) -> None:
@@ -509,6 +761,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode-file")
     p.add_argument("--request-s", type=float, default=0.0)
     p.add_argument("--enable-server-load-tracking", action="store_true")
+    p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--sleep-s", type=float, default=0.0)
+    p.add_argument("--wake-s", type=float, default=0.0)
+    p.add_argument("--wake-fail", type=int, default=0)
+    p.add_argument("--sleep-keeps-memory", action="store_true")
+    p.add_argument("--fake-hbm-file")
+    p.add_argument("--fake-hbm-gib", type=float, default=0.0)
+    p.add_argument("--sleep-keep-gib", type=float)
     p.add_argument("--spam", action="store_true")
     p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)

@@ -18,6 +18,7 @@ from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
 from vsup.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
+from vsup.tui.widgets.header import header_text
 from vsup.tui.widgets.instances import InstanceTable
 
 from tests.tui.conftest import make_app, make_client, settle
@@ -118,6 +119,9 @@ async def test_a_sleeper_reads_as_such_in_its_row_dimmed_with_what_it_keeps():
         assert cells["gpu5"].plain == "☾ asleep L1" and "red" in str(cells["gpu5"].style)
         assert cells["gpu0"].plain == "● ready", "awake with sleep mode: a plain ready row"
         assert table.get_cell("gpu3", "state").plain.startswith("◐"), "starting: its state"
+        # sleepers are ready (live, healthy); the header says how many serve nothing
+        assert "ready 7/9 (4 asleep)" in header_text(app.snapshot, False, False).plain
+        assert "ready 7/9 ☾4" in header_text(app.snapshot, False, True).plain
         hbm = table.get_cell("gpu1", "hbm")
         assert hbm.plain == "☾1.7G" and str(hbm.style) == "dim"
         assert "/" not in hbm.plain, "a sleeper's planned share is not weighed against"

@@ -15,9 +15,9 @@ from vsup.tui import fmt
 def header_text(
     snapshot: StatusSnapshot | None, readonly: bool, narrow: bool, width: int | None = None
 ) -> Text:
-    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 (2 asleep) │ ▲ 2 alerts · worst: gpu7 crash loop │
-    BENCH 2/3 │ ROLLOUT 1/2 │ PULL 43% │ READ-ONLY`. The worst alert's words take what `width`
-    leaves (cut with `…`), so the marks after it stay on the line."""
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 (2 asleep) │ ▲ 2 alerts · worst: gpu7
+    crash loop │ BENCH 2/3 │ ROLLOUT 1/2 │ PULL 43% │ READ-ONLY`. The worst alert's words take
+    what `width` leaves (cut with `…`), so the marks after it stay on the line."""
     text = Text()
     head: Text | None = None  # the text before the worst alert's label
     label: tuple[str, str, str] | None = None  # its lead, the label and its style

@@ -171,3 +171,16 @@ def test_filter_open_above_the_footer(snap_compare):
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=NARROW, run_before=_chain(_live(gpu), filtering))
+
+
+def test_sleepers(snap_compare):
+    """Sleep mode (issue 27): sleepers dimmed with what they keep, one waking, one on its way
+    to sleep, one whose wake failed; the selected sleeper's details in the side panel."""
+    from tests.tui.test_sleep import sleep_node
+
+    app = make_app(make_client(sleep_node()))
+
+    async def ready(pilot):
+        await settle(pilot, lambda: pilot.app.renders >= 1)
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=_chain(ready, _select("gpu1")))

@@ -25,12 +25,14 @@ from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
 from vsup.snapshot import ROLLOUT_STATES, STATES, THROTTLE_REASONS, WAIT_KINDS, StatusSnapshot
-from vsup.states import RolloutState, State
+from vsup.states import RolloutState, SleepState, State
 
 if TYPE_CHECKING:
     from vsup.control.server import ServedApp
 
 log = logging.getLogger(__name__)
+
+SLEEP_STATES = tuple(s.value for s in SleepState)
 
 
 class SnapshotCollector:
@@ -217,6 +219,73 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     yield from router_metrics(snap)
     yield from rollout_metrics(snap)
     yield from wait_metrics(snap)
+    yield from sleep_metrics(snap)
+
+
+def sleep_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """Sleep mode (docs/sleep.md), for the instances that use it (none for the others):
+    `vsup_instance_sleep_state{name,state}` 1 for its current SleepState, 0 for the others (a
+    sleeper's `vsup_instance_state` stays `ready`); its level; how long the last sleep and wake
+    took; what it keeps while asleep; seconds until idle sleep. Unknown values are left out."""
+    state = GaugeMetricFamily(
+        "vsup_instance_sleep_state",
+        "Sleep mode: 1 for the instance's current sleep state (awake, falling_asleep, asleep, "
+        "waking), 0 for the others",
+        labels=["name", "state"],
+    )
+    level = GaugeMetricFamily(
+        "vsup_instance_sleep_level",
+        "Sleep mode: the level of the current or last sleep (1: weights in host RAM, 2: dropped)",
+        labels=["name"],
+    )
+    gauges = {
+        "since_s": GaugeMetricFamily(
+            "vsup_instance_sleep_state_seconds",
+            "Sleep mode: seconds in the current sleep state",
+            labels=["name"],
+        ),
+        "last_sleep_s": GaugeMetricFamily(
+            "vsup_instance_sleep_last_sleep_seconds",
+            "Sleep mode: how long the last sleep took (until its memory was seen released)",
+            labels=["name"],
+        ),
+        "last_wake_s": GaugeMetricFamily(
+            "vsup_instance_sleep_last_wake_seconds",
+            "Sleep mode: how long the last wake took (until the server answered again)",
+            labels=["name"],
+        ),
+        "held_bytes": GaugeMetricFamily(
+            "vsup_instance_sleep_held_bytes",
+            "Sleep mode: GPU memory the instance keeps while asleep",
+            labels=["name"],
+        ),
+        "idle_sleep_in_s": GaugeMetricFamily(
+            "vsup_instance_sleep_idle_seconds_remaining",
+            "Sleep mode: seconds until idle sleep (after_idle_s) puts the instance to sleep",
+            labels=["name"],
+        ),
+    }
+    failed = GaugeMetricFamily(
+        "vsup_instance_sleep_failed",
+        "Sleep mode: 1 while the last sleep or wake failed (status JSON sleep.error says why)",
+        labels=["name"],
+    )
+    for inst in snap.instances:
+        s = inst.sleep
+        if s is None:
+            continue
+        for st in sorted(set(SLEEP_STATES) | {s.state}):
+            state.add_metric([inst.name, st], 1 if s.state == st else 0)
+        level.add_metric([inst.name], s.level)
+        for key, fam in gauges.items():
+            value = getattr(s, key)
+            if value is not None:
+                fam.add_metric([inst.name], float(value))
+        failed.add_metric([inst.name], 1 if s.error else 0)
+    yield state
+    yield level
+    yield from gauges.values()
+    yield failed
 
 
 def router_metrics(snap: StatusSnapshot) -> Iterator[Metric]:

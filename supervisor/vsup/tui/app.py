@@ -21,10 +21,11 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
+from vsup import sleepview
 from vsup.clock import Clock, SystemClock
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.states import State
-from vsup.tui import layout_edit, rows
+from vsup.tui import fmt, layout_edit, rows
 from vsup.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, KEYS
@@ -61,12 +62,35 @@ _CONFIRM = {
         "Stop {name}?",
         "It stays stopped until started again (u); the restart policy leaves it alone.",
     ),
+    "sleep": (
+        "Put {name} to sleep?",
+        "It leaves the router, its running requests end, then vLLM frees its GPU memory "
+        "(level {level}: {level_words}). It serves nothing until woken; requests sent to it "
+        "directly wait until then.",
+    ),
+    "swap": (
+        "Swap {name} for {other}?",
+        "{name} leaves the router and goes to sleep (level {level}: {level_words}); once its "
+        "memory is seen released, {other} wakes and rejoins the router. {name} serves nothing "
+        "until woken again.",
+    ),
     "drain": (
         "Drain {name}?",
         "vsup waits until no request is running on port {port} (up to the drain timeout), "
         "then stops it. Stop routing traffic to it first.",
     ),
 }
+
+
+def _confirm_fields(inst: InstanceStatus) -> dict[str, Any]:
+    """What a confirmation's text may name: the instance, its port, its sleep level."""
+    level = inst.sleep.level if inst.sleep is not None else 1
+    return {
+        "name": inst.name,
+        "port": inst.port,
+        "level": level,
+        "level_words": sleepview.LEVEL_WORDS.get(level, "?"),
+    }
 
 
 def _unreachable(error: BaseException | None) -> bool:
@@ -327,7 +351,7 @@ class DashboardApp(App[None]):
     @on(Dashboard.Requested)
     def _requested(self, message: Dashboard.Requested) -> None:
         action, name = message.action, message.name
-        if action in ("restart", "stop", "start", "drain"):
+        if action in ("restart", "stop", "start", "drain", "sleep", "wake"):
             self.lifecycle(action, name)
         elif action in ("logs", "previous_logs"):
             self.open_logs(name, previous=action == "previous_logs")
@@ -353,7 +377,7 @@ class DashboardApp(App[None]):
             return
         if KEY_BY_ACTION[verb].confirm:
             question, details = _CONFIRM[verb]
-            fields = {"name": inst.name, "port": inst.port}
+            fields = _confirm_fields(inst)
             name = inst.name
 
             def confirmed(ok: bool | None) -> None:  # None: the screen was dismissed
@@ -369,15 +393,37 @@ class DashboardApp(App[None]):
         else:
             self._send_action(verb, inst.name)
 
+    def swap(self, name: str, other: str) -> None:
+        """Put `name` to sleep and wake `other` once its memory is released (asks first:
+        `name` then serves nothing)."""
+        inst = self.snapshot.instance(name) if self.snapshot else None
+        if inst is None:
+            return
+        question, details = _CONFIRM["swap"]
+        fields = {**_confirm_fields(inst), "other": other}
+
+        def confirmed(ok: bool | None) -> None:
+            if ok:
+                self._send_action("swap", name, other)
+
+        self.push_screen(
+            ConfirmScreen(question.format(**fields), details.format(**fields), yes="Swap"),
+            callback=confirmed,
+        )
+
     @work(name="action", group="action", exit_on_error=False)
-    async def _send_action(self, verb: str, name: str) -> None:
-        self.notify(f"{verb}: {name}…", timeout=3)
-        answer = await self.client.action(verb, [name])
+    async def _send_action(self, verb: str, name: str, other: str | None = None) -> None:
+        """One action through the daemon (off the event loop); `other`: swap's instance to
+        wake."""
+        names = [name] if other is None else [name, other]
+        what = " → ".join(names)
+        self.notify(f"{verb}: {what}…", timeout=3)
+        answer = await self.client.action(verb, names)
         errors = answer_errors(answer)
         if errors:
-            self.notify("\n".join(errors), title=f"{verb} {name} refused", severity="error")
+            self.notify("\n".join(errors), title=f"{verb} {what} refused", severity="error")
         else:
-            self.notify(f"{verb}: {name} done", timeout=3)
+            self.notify(f"{verb}: {what} done", timeout=3)
         self.tick()
 
     def open_logs(self, name: str | None, previous: bool) -> None:
@@ -577,6 +623,7 @@ class DashboardApp(App[None]):
                     escape(f"{key.help} · key {self.key_display(key.id)}"),
                     functools.partial(self.run_action, key.action, screen),
                 )
+            yield from self._swap_commands(screen, inst)
             for sort, (label, _, _) in rows.SORTS.items():
                 yield SystemCommand(
                     f"Sort by {label}",
@@ -585,6 +632,25 @@ class DashboardApp(App[None]):
                     discover=False,
                 )
         yield from super().get_system_commands(screen)
+
+    def _swap_commands(
+        self, screen: Screen, inst: InstanceStatus | None
+    ) -> Iterable[SystemCommand]:
+        """`Swap A → B`: one entry per sleeping instance B the selected A (awake, with sleep
+        mode) can hand its GPU to; B's swap group first."""
+        if inst is None or self.snapshot is None or screen.check_action("sleep", ()) is not True:
+            return
+        group = inst.sleep.group if inst.sleep is not None else None
+        sleepers = [i for i in self.snapshot.instances if i.name != inst.name and fmt.is_asleep(i)]
+        sleepers.sort(key=lambda i: (i.sleep is None or i.sleep.group != group, i.name))
+        for other in sleepers:
+            same = other.sleep is not None and group is not None and other.sleep.group == group
+            where = f" (swap group {group})" if same else ""
+            yield SystemCommand(
+                f"Swap {inst.name} → {other.name}",
+                escape(f"{inst.name} sleeps, then {other.name} wakes{where} (asks first)"),
+                functools.partial(self.swap, inst.name, other.name),
+            )
 
     def _sort_by(self, sort: str) -> None:
         self.dashboard.sort_by(sort)

@@ -38,7 +38,9 @@ class DashboardClient(Protocol):
         ...
 
     async def action(self, action: str, names: list[str], all: bool = False) -> dict[str, Any]:
-        """POST /v1/actions (start|stop|restart|drain): `{"done": [...], "errors": [...]}`.
+        """POST /v1/actions (start|stop|restart|drain|sleep|wake|swap):
+        `{"done": [...], "errors": [...]}`. `swap` names two instances: the first sleeps, then
+        the second wakes; `sleep` uses the instance's own `sleep.level`.
 
         `names` is a list because AsyncClient's parameter is one (a Sequence here would be
         wider than what it accepts)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from vsup import sleepview
 from vsup.layout.modelpath import is_local_model
 from vsup.snapshot import Advice, InstanceStatus, RolloutStatus
-from vsup.states import RolloutState, State
+from vsup.states import RolloutState, SleepState, State
 from vsup.termtext import printable
 
 UNKNOWN = "-"
@@ -26,6 +27,11 @@ STATE_LOOK: dict[str, tuple[str, str]] = {
     "stopped": ("○", "dim"),
     "failed": ("✖", "bold red"),
 }
+
+# Sleep mode (docs/sleep.md): a sleeper stays `ready` but serves nothing; its row is dimmed.
+SLEEP_SYMBOL = "☾"
+SLEEP_STYLE = "dim"
+SLEEP_ERROR_STYLE = "dim red"
 
 SEVERITY_LOOK: dict[str, tuple[str, str]] = {
     "critical": ("✖", "bold red"),
@@ -46,6 +52,41 @@ def stalled_label(stalled_for_s: float | None) -> str:
     """A ready instance that processes no token: `⏸ stall 1m05s` (its state stays ready);
     short enough for the state column."""
     return f"⏸ stall {duration(stalled_for_s)}"
+
+
+def shows_sleep(inst: InstanceStatus) -> bool:
+    """Whether its state cell tells its sleep rather than its state: it uses sleep mode, is
+    not awake, and runs (a sleeper that stopped or failed shows that instead)."""
+    return sleepview.sleeping(inst.sleep) and inst.state in (State.READY, State.UNHEALTHY)
+
+
+def sleep_label(inst: InstanceStatus) -> str | None:
+    """`☾ asleep L1`, `☾ waking…`, `☾ sleeping…` (falling asleep: out of the router, its
+    requests ending, then vLLM's sleep), fit for the state column; None when `shows_sleep` is
+    False."""
+    if inst.sleep is None or not shows_sleep(inst):
+        return None
+    return f"{SLEEP_SYMBOL} {sleepview.state_word(inst.sleep, short=True)}"
+
+
+def sleep_style(inst: InstanceStatus) -> str:
+    """Dimmed (it serves nothing by design); dim red when its last sleep or wake failed."""
+    if inst.sleep is not None and inst.sleep.error:
+        return SLEEP_ERROR_STYLE
+    return SLEEP_STYLE
+
+
+def sleep_kept_bytes(inst: InstanceStatus) -> int | None:
+    """The GPU memory a sleeper keeps: the daemon's figure for it, else what the probe sees
+    its processes hold."""
+    if inst.sleep is not None and inst.sleep.held_bytes is not None:
+        return inst.sleep.held_bytes
+    return inst.hbm_bytes
+
+
+def is_asleep(inst: InstanceStatus) -> bool:
+    """Fully asleep (not on its way in or out): what `wake` applies to."""
+    return inst.sleep is not None and inst.sleep.state == SleepState.ASLEEP
 
 
 def state_style(state: str) -> str:

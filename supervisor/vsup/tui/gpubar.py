@@ -47,6 +47,9 @@ class Share:
     actual: int | None  # bytes on this GPU, None when not known per process
     planned: int | None  # bytes the layout planned on this GPU
     over_plan: bool = False  # the daemon's advice says it holds more than planned
+    # sleep mode: it keeps a remainder and its planned share is free for the awake member of
+    # its swap group (so no plan mark of its own)
+    asleep: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,10 @@ def gpu_use(
             planned = int(inst.gpu_memory_utilization * gpu.hbm_total_bytes)
         elif inst.planned_hbm_bytes is not None:
             planned = inst.planned_hbm_bytes // max(1, len(inst.gpus))
-        shares.append(Share(inst.name, actual, planned, inst.name in over_plan))
+        asleep = fmt.shows_sleep(inst)
+        if asleep:
+            planned = None
+        shares.append(Share(inst.name, actual, planned, inst.name in over_plan, asleep))
     attributed = sum(s.actual or 0 for s in shares) + foreign
     other = max(0, (gpu.hbm_used_bytes or 0) - attributed)
     return GpuUse(gpu, tuple(shares), foreign, other)
@@ -140,6 +146,10 @@ def legend(use: GpuUse) -> Text:
     for index, share in enumerate(use.shares):
         colour = INSTANCE_COLOURS[index % len(INSTANCE_COLOURS)]
         text.append(INSTANCE_CHARS[index % 2], colour)
+        if share.asleep:
+            text.append(f"{fmt.SLEEP_SYMBOL}{share.name} {fmt.gib(share.actual)}", fmt.SLEEP_STYLE)
+            text.append("  ")
+            continue
         text.append(share.name, "bold red" if share.over_plan else "")
         text.append(f" {fmt.gib(share.actual)}/{fmt.gib(share.planned)}")
         if share.over_plan:

@@ -66,6 +66,29 @@ KEYS: tuple[Key, ...] = (
         selection=True,
     ),
     Key(
+        "sleep",
+        "z",
+        "sleep",
+        "Sleep",
+        "Put the selected instance to sleep: vLLM's sleep mode frees its GPU memory and it serves "
+        "nothing until woken (asks first; needs a `sleep` table in the layout)",
+        show=False,
+        mutates=True,
+        confirm=True,
+        selection=True,
+    ),
+    Key(
+        "wake",
+        "Z",
+        "wake",
+        "Wake",
+        "Wake the selected sleeping instance (it rejoins the router once it answers); "
+        "swap in the palette (ctrl+p) puts the selected one to sleep and wakes another",
+        show=False,
+        mutates=True,
+        selection=True,
+    ),
+    Key(
         "logs",
         "l",
         "logs",

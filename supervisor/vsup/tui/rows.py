@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vsup import pullview
+from vsup import pullview, sleepview
 from vsup.snapshot import Advice, InstanceStatus
 from vsup.states import State
 from vsup.tui import fmt
@@ -127,6 +127,11 @@ def over_plan_names(advice: Iterable[Advice]) -> frozenset[str]:
 def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
     """`60.1/63.5G` (actual/planned); `▲` and red when `over` (the advice says it holds more
     than planned); `~` when the figure is per device rather than per process."""
+    if fmt.shows_sleep(inst):
+        # what a sleeper keeps (its CUDA context and non-torch memory), against no plan:
+        # its planned share is free for the awake member of its swap group
+        kept = fmt.sleep_kept_bytes(inst)
+        return (f"{fmt.SLEEP_SYMBOL}{fmt.size(kept)}" if kept is not None else fmt.UNKNOWN, "dim")
     if inst.hbm_bytes is None:
         return (fmt.UNKNOWN, "dim")
     approx = "~" if inst.hbm_source == "device" else ""
@@ -151,6 +156,9 @@ def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
     if key == "state":
         if inst.stalled:
             return (fmt.stalled_label(inst.stalled_for_s), "bold red")
+        sleep = fmt.sleep_label(inst)
+        if sleep is not None:
+            return (fmt.truncate(sleep, width), fmt.sleep_style(inst))
         if inst.pull is not None and inst.state == State.STOPPED:
             # a new instance waiting for its weights, or kept from starting by a failed pull
             mark = pullview.state_mark(inst.pull)
@@ -217,9 +225,19 @@ def row_cells(inst: InstanceStatus, columns: Sequence[Column], over_plan: bool =
 _STATE_RANK = {
     s: i
     for i, s in enumerate(
-        ("failed", "unhealthy", "backoff", "starting", "stopping", "stopped", "ready")
+        ("failed", "unhealthy", "backoff", "starting", "stopping", "stopped", "asleep", "ready")
     )
 }
+
+
+def _sort_state(i: InstanceStatus) -> str:
+    """The state a row sorts by: a stall ranks as unhealthy, a sleeper after the stopped
+    ones (it serves nothing, by choice)."""
+    if i.stalled:
+        return "unhealthy"
+    if fmt.shows_sleep(i):
+        return "asleep"
+    return i.state
 
 
 def _num(value: float | None) -> float:
@@ -231,7 +249,7 @@ SORTS: dict[str, tuple[str, Callable[[InstanceStatus], Any], bool]] = {
     "name": ("name", lambda i: i.name, False),
     "state": (
         "state (problems first)",
-        lambda i: (_STATE_RANK.get("unhealthy" if i.stalled else i.state, -1), i.name),
+        lambda i: (_STATE_RANK.get(_sort_state(i), -1), i.name),
         False,
     ),
     "kv": ("KV cache use", lambda i: _num(i.kv_cache_usage), True),
@@ -260,6 +278,8 @@ def matches(inst: InstanceStatus, text: str) -> bool:
         return True
     needle = text.lower()
     state = f"{inst.state} stalled" if inst.stalled else inst.state
+    if inst.sleep is not None:
+        state += f" {sleepview.state_word(inst.sleep, ellipsis='')} sleep"
     hay = (
         inst.name,
         inst.model or "",

@@ -22,9 +22,10 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, TabPane
 
+from vsup import sleepview
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
-from vsup.states import IDLE, SERVING, State
+from vsup.states import IDLE, SERVING, SleepState, State
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
@@ -50,6 +51,11 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
         return state in IDLE
     if action == "drain":
         return state in SERVING
+    if action == "sleep":
+        # awake and serving, with sleep mode (the layout's `sleep` table)
+        return inst.sleep is not None and inst.sleep.state == SleepState.AWAKE and state in SERVING
+    if action == "wake":
+        return inst.sleep is not None and inst.sleep.state == SleepState.ASLEEP and state in SERVING
     if action == "previous_logs":
         return (inst.run or 0) > 1 or inst.last_exit is not None
     return True
@@ -259,7 +265,16 @@ class Dashboard(Screen[None]):
         advice = self.snapshot.advice if self.snapshot else ()
         self.query_one(SidePanel).show(inst, advice)
         self.query_one(DetailTabs).show_instance(inst)
-        key = (inst.name, inst.state, applicable("previous_logs", inst)) if inst else None
+        key = (
+            (
+                inst.name,
+                inst.state,
+                applicable("previous_logs", inst),
+                inst.sleep.state if inst.sleep is not None else None,
+            )
+            if inst
+            else None
+        )
         if key != self._bindings_key:
             self._bindings_key = key
             self.refresh_bindings()
@@ -406,6 +421,10 @@ class Dashboard(Screen[None]):
                 what = "no instance is selected"
             elif key.action == "previous_logs":
                 what = f"{inst.name} has no previous run (this is its first)"
+            elif key.action in ("sleep", "wake") and inst.sleep is None:
+                what = f"{inst.name} has no sleep mode (its layout needs sleep = {{ level = 1 }})"
+            elif key.action in ("sleep", "wake") and inst.sleep and inst.state in SERVING:
+                what = f"{inst.name} is {sleepview.state_word(inst.sleep, ellipsis='')}"
             else:
                 what = f"{inst.name} is {inst.state}"
             self.notify(f"{key.description}: not applicable, {what}", severity="warning")
@@ -425,6 +444,12 @@ class Dashboard(Screen[None]):
 
     def action_drain(self) -> None:
         self._request("drain")
+
+    def action_sleep(self) -> None:
+        self._request("sleep")
+
+    def action_wake(self) -> None:
+        self._request("wake")
 
     def action_logs(self) -> None:
         self._request("logs")

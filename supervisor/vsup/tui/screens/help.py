@@ -25,11 +25,20 @@ def help_table(keys: Mapping[str, str], readonly: bool) -> Table:
     for key in KEYS:
         note = "  (disabled: --readonly)" if readonly and key.mutates else ""
         table.add_row(keys.get(key.id, key.key), Text(key.help + note, "dim" if note else ""))
-    table.add_row("ctrl+p", "Command palette: every action that applies to the selection")
+    table.add_row(
+        "ctrl+p",
+        "Command palette: every action that applies to the selection; `Swap A → B` puts the "
+        "selected instance to sleep and wakes B",
+    )
     table.add_row("", "")
     table.add_row(Text("states", "bold underline"), "")
     for state, (symbol, style) in fmt.STATE_LOOK.items():
         table.add_row(Text(symbol, style), state)
+    table.add_row(
+        Text(f"{fmt.SLEEP_SYMBOL} asleep L1", fmt.SLEEP_STYLE),
+        "sleep mode: a live server that frees its GPU memory and serves nothing (L1: weights in "
+        "host RAM, L2: dropped); `sleeping…` falling asleep, `waking…`; HBM: what it keeps",
+    )
     table.add_row("", "")
     table.add_row(Text("HBM bar", "bold underline"), "")
     table.add_row(

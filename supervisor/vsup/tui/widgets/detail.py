@@ -14,6 +14,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
 
+from vsup import sleepview
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.states import ExitReason, State
@@ -59,6 +60,34 @@ def not_serving_text(inst: InstanceStatus) -> Text:
     return text
 
 
+def sleep_text(inst: InstanceStatus | None) -> Text:
+    """Sleep mode of the selected instance (empty without it): where it is and since when,
+    level, swap group, what the last sleep and wake took, what it keeps, the idle-sleep
+    countdown, and why the last sleep or wake failed (in red)."""
+    if inst is None or inst.sleep is None:
+        return Text("")
+    s = inst.sleep
+    text = Text("sleep ", "bold")
+    parts = sleepview.detail_parts(s)
+    if s.error:
+        parts = parts[:-1]
+    text.append(" · ".join(fmt.safe(p) for p in parts), "dim" if not fmt.shows_sleep(inst) else "")
+    if s.error:
+        text.append(f"\nlast sleep/wake failed: {fmt.safe(s.error)}", "red")
+    return text
+
+
+def sleeping_text(inst: InstanceStatus) -> Text:
+    """What the sparkline lines say of a sleeper: it serves nothing by choice, and how to
+    wake it (its figures would only be flat lines)."""
+    assert inst.sleep is not None
+    text = Text()
+    text.append(f"{fmt.sleep_label(inst)}", "bold")
+    text.append(f"\n{sleepview.detail_parts(inst.sleep)[0]}: serves nothing, routes none", "dim")
+    text.append("\na wake or a swap (ctrl+p) brings it back", "dim")
+    return text
+
+
 class SparkPanel(Widget):
     """KV %, generation tok/s and preemptions/min of the selected instance, one line each;
     for an instance that does not serve, what it waits for or how far its start is."""
@@ -86,6 +115,8 @@ class SparkPanel(Widget):
             return (None, self.size.width)
         if inst.state not in SERVING:
             return (inst.name, self.size.width, not_serving_text(inst).plain)
+        if fmt.shows_sleep(inst):
+            return (inst.name, self.size.width, sleeping_text(inst).plain)
         width = self._spark_width()
         return (
             inst.name,
@@ -103,6 +134,8 @@ class SparkPanel(Widget):
             return Text("no instance selected", "dim")
         if inst.state not in SERVING:
             return not_serving_text(inst)
+        if fmt.shows_sleep(inst):
+            return sleeping_text(inst)
         width = self._spark_width()
         lines = []
         for key, label in METRICS:
@@ -185,6 +218,10 @@ def exit_text(inst: InstanceStatus | None) -> Text:
     summary = fmt.wait_summary(inst)
     if summary:
         text.append(summary + "\n", "bold yellow")
+    sleep = sleep_text(inst)
+    if sleep.plain:
+        text.append_text(sleep)
+        text.append("\n")
     text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
     text.append(f"\nrestarts   {inst.restarts}")
     if inst.state == State.BACKOFF and inst.backoff_remaining_s is not None:
@@ -276,6 +313,7 @@ class SidePanel(Vertical):
     SidePanel #advice { height: auto; margin-top: 1; }
     SidePanel #exit-line { height: auto; margin-top: 1; }
     SidePanel #memory { height: auto; margin-top: 1; }
+    SidePanel #sleep { height: auto; margin-top: 1; }
     SidePanel #ranks { height: auto; margin-top: 1; }
     """
 
@@ -287,6 +325,7 @@ class SidePanel(Vertical):
         yield SparkPanel(self.history, id="sparks")
         with VerticalScroll(id="side-scroll"):
             yield Static(id="advice")
+            yield Static(id="sleep")
             yield Static(id="memory")
             yield Static(id="ranks")
             yield Static(id="exit-line")
@@ -298,9 +337,15 @@ class SidePanel(Vertical):
         title = f"{shown} · {fmt.state_label(inst.state)}" if inst else "no selection"
         if inst is not None and inst.stalled:
             title = f"{shown} · {fmt.stalled_label(inst.stalled_for_s)}"
+        elif inst is not None and fmt.shows_sleep(inst):
+            title = f"{shown} · {fmt.sleep_label(inst)}"
         if self.border_title != title:
             self.border_title = title
         _update_if_changed(self.query_one("#advice", Static), advice_text(advice, name))
+        sleep = self.query_one("#sleep", Static)
+        sleep_line = sleep_text(inst)
+        sleep.display = bool(sleep_line.plain)
+        _update_if_changed(sleep, sleep_line)
         memory = self.query_one("#memory", Static)
         memory_line = memory_text(inst)
         memory.display = bool(memory_line.plain)

@@ -15,9 +15,9 @@ from vsup.tui import fmt
 def header_text(
     snapshot: StatusSnapshot | None, readonly: bool, narrow: bool, width: int | None = None
 ) -> Text:
-    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 │ ▲ 2 alerts · worst: gpu7 crash loop │
-    BENCH 2/3 │ ROLLOUT 1/2 │ PULL 43% │ READ-ONLY`. The worst alert's words take what `width`
-    leaves (cut with `…`), so the marks after it stay on the line."""
+    """`vsup │ node │ NVIDIA ×8 │ up 3h12m │ ready 7/8 (2 asleep) │ ▲ 2 alerts · worst: gpu7
+    crash loop │ BENCH 2/3 │ ROLLOUT 1/2 │ PULL 43% │ READ-ONLY`. The worst alert's words take
+    what `width` leaves (cut with `…`), so the marks after it stay on the line."""
     text = Text()
     head: Text | None = None  # the text before the worst alert's label
     label: tuple[str, str, str] | None = None  # its lead, the label and its style
@@ -51,6 +51,10 @@ def header_text(
         text.append(sep)
         ready, total = snapshot.ready_count, len(snapshot.instances)
         text.append(f"ready {ready}/{total}", "green" if ready == total else "bold yellow")
+        asleep = sum(1 for i in snapshot.instances if fmt.shows_sleep(i))
+        if asleep:
+            # sleepers count as ready (live, healthy) but serve nothing: say how many
+            text.append(f" {fmt.SLEEP_SYMBOL}{asleep}" if narrow else f" ({asleep} asleep)", "dim")
         alerts = len(snapshot.advice)
         text.append(sep)
         if alerts:

@@ -182,6 +182,8 @@ class Daemon:
         # a ready instance the latest snapshot flags `stalled`, or one that is not awake (sleep
         # mode: vLLM holds a request sent to a sleeper), gets no request from the router
         self.engine.router.exclude = self._excluded
+        self.engine.sleeper.weights_of = self._weights_of
+        self.engine.sleeper.engine_requests = self._engine_requests
 
     # ----------------------------------------------------------------- engine events
 
@@ -207,6 +209,11 @@ class Daemon:
         if kind not in ("action",):
             self._state_dirty.set()
 
+    def _weights_of(self, name: str) -> int | None:
+        """The weights vLLM loaded for the instance (its start-up log), for a level-1 sleep."""
+        inst = self._snapshot.instance(name) if self._snapshot is not None else None
+        return inst.vllm_weights_bytes if inst is not None else None
+
     def _excluded(self, name: str) -> bool:
         return self.engine.sleeper.excluded(name) or self._stalled(name)
 
@@ -230,6 +237,18 @@ class Daemon:
                 return max(engine, float(result.server_load or 0))
         metrics = self.monitor.metrics(name)
         return metrics.requests_running if metrics is not None else None
+
+    async def _engine_requests(self, name: str) -> float | None:
+        """The engine's running + waiting alone, read fresh (vLLM's gauges, not /load)."""
+        inst = self.engine.instances.get(name)
+        scraper = self.monitor.scraper
+        if inst is None or scraper is None:
+            return None
+        result = await scraper.scrape(inst.spec.base_url, with_load=False)
+        m = result.metrics if result.ok else None
+        if m is None or m.requests_running is None:
+            return None
+        return m.requests_running + (m.requests_waiting or 0)
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -33,7 +33,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,6 +56,8 @@ ANSWER_TIMEOUT_S = 120.0  # the first completion after a wake
 RELEASED_FRACTION = 0.25
 RELEASE_TIMEOUT_S = 30.0
 RELEASE_POLL_S = 0.25
+# host RAM a level-1 sleep wants free beyond the weights themselves (pinned-buffer slack)
+HOST_RAM_MARGIN = 1.1
 HELD_WAIT_S = 3.0  # for the telemetry's first figure of a server that just became ready
 
 
@@ -85,8 +87,15 @@ class Sleeper:
     def __init__(self, engine: Engine) -> None:
         self.e = engine
         self._tracks: dict[str, SleepTrack] = {}
-        # why an instance (awake or not) must get no request from the router now
-        self.on_change: Callable[[], None] | None = None
+        self.on_change: Callable[[], None] | None = None  # a sleep state changed
+        # A level-1 sleep copies the weights to host RAM: the daemon tells their size (vLLM's
+        # start-up log, telemetry/memprofile.py; None: unknown, not checked) and the host RAM
+        # available now (psutil's `available`).
+        self.weights_of: Callable[[str], int | None] = lambda _name: None
+        # The engine's own running + waiting, read fresh (None: unknown): a drain that ends
+        # with the API server's /load above 0 while the engine holds nothing sleeps anyway.
+        self.engine_requests: Callable[[str], Awaitable[float | None]] | None = None
+        self.host_available: Callable[[], int] = _host_available
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -108,7 +117,9 @@ class Sleeper:
     def excluded(self, name: str) -> bool:
         """Whether a ready instance must get no request because it is not awake."""
         t = self._tracks.get(name)
-        return t is not None and t.state != SleepState.AWAKE
+        # not awake, or about to sleep (a member meant to sleep once its start is done: it must
+        # not join the router for the moment before its sleep)
+        return t is not None and (t.state != SleepState.AWAKE or not t.want_awake)
 
     def awake(self, name: str) -> bool:
         """False while the instance sleeps, falls asleep or wakes (no canary, no stall)."""
@@ -181,6 +192,8 @@ class Sleeper:
                 hint = (
                     f"; `vsup wake {inst.name}` puts it to sleep first"
                     if other.state == State.READY
+                    and ot is not None
+                    and ot.state == SleepState.AWAKE
                     else ""
                 )
                 return WaitReason(
@@ -350,6 +363,13 @@ class Sleeper:
             return {"instance": name, "already": True, "level": t.level}
         if inst.pid is None or inst.state != State.READY:
             raise SleepRefused(f"{name} is {inst.state}: only a ready instance can be put to sleep")
+        if level == 1:
+            try:
+                self._check_host_ram(inst)
+            except SleepRefused as exc:
+                t.error = f"sleep failed: {exc}"
+                self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
+                raise
         t.want_awake = False
         t0 = self.e.clock.monotonic()
         before = await self._held_now(inst)
@@ -357,6 +377,15 @@ class Sleeper:
         try:
             await self.e.router.leave(name, settle=True)
             drained, waited, left = await self._drain(inst)
+            if drained is False and await self._engine_idle(inst):
+                # /load counts requests the engine does not hold: ones still in the API
+                # server's hands (the paused scheduler keeps them for the wake) or a count
+                # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
+                self.e.emit(
+                    inst, "drain", drained=False, waited_s=round(waited, 3), requests=left,
+                    why=f"/load still {left:g} while its engine runs none: sleeps anyway",
+                )  # fmt: skip
+                drained = True
             if drained is False:
                 raise SleepRefused(
                     f"{name} still runs {left:g} request(s) after {waited:.0f} s "
@@ -457,6 +486,21 @@ class Sleeper:
         self.e.emit(inst, "wake", why=why, took_s=took, cold=True, level=t.level)
         return {"instance": name, "took_s": took, "cold": True}
 
+    def _check_host_ram(self, inst: Instance) -> None:
+        """A level-1 sleep needs host RAM for the weights (vLLM pins a buffer that size): refuse
+        it, with the figures, when the node does not have it available now."""
+        weights = self.weights_of(inst.name)
+        if not weights:
+            return
+        available = self.host_available()
+        need = int(weights * HOST_RAM_MARGIN)
+        if available < need:
+            raise SleepRefused(
+                f"a level-1 sleep of {inst.name} copies its {_gib(weights)} GiB of weights to "
+                f"host RAM and only {_gib(available)} GiB is available: use --level 2 (the wake "
+                "reloads them from disk) or free host memory; nothing slept"
+            )
+
     def _rejoin(self, name: str) -> None:
         membership = self.e.router.membership
         if membership is not None:
@@ -480,6 +524,12 @@ class Sleeper:
         if drained is False:
             left = float(await stop._in_flight(self.e.requests_running, inst.name, load) or 0)
         return drained, waited, left
+
+    async def _engine_idle(self, inst: Instance) -> bool:
+        if self.engine_requests is None:
+            return False
+        value = await self.engine_requests(inst.name)
+        return value is not None and value <= 0
 
     def _held(self, inst: Instance) -> int | None:
         """GPU bytes the instance's processes hold now, as the telemetry last saw them."""
@@ -576,6 +626,12 @@ class Sleeper:
             raise SleepRefused(f"no completion after the wake: {exc}") from exc
         if resp.status != 200:
             raise SleepRefused(f"the first completion after the wake answered HTTP {resp.status}")
+
+
+def _host_available() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _gib(n: int) -> str:

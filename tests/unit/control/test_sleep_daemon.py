@@ -157,7 +157,7 @@ async def test_a_group_starts_one_awake_and_swaps_with_the_memory_seen_released(
 
 async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> None:
     gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
-    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    daemon, client = await daemons.start(gpu_probe=gpus.probe())
     members = {
         "a": Member(),
         "b": Member(args='wake-fail = "1"'),
@@ -200,6 +200,17 @@ async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> Non
     doc = await client.status()
     assert any(x["kind"] == "sleep_failed" and x["instance"] == "k" for x in doc["advice"])
 
+    # a level-1 sleep without the host RAM for the weights: refused before anything happens
+    daemon.engine.sleeper.weights_of = lambda name: 60 * GiB
+    daemon.engine.sleeper.host_available = lambda: 20 * GiB
+    answer = await client.action("sleep", ["b"])  # b is the group's awake member now
+    (err,) = answer["errors"]
+    assert "copies its 60.0 GiB of weights to host RAM and only 20.0 GiB" in err["error"], err
+    assert "--level 2" in err["error"] and awake(await instance(client, "b"))
+    answer = await client.action("sleep", ["b"], level=2)  # level 2 needs no host RAM
+    assert answer["errors"] == [], answer
+    daemon.engine.sleeper.weights_of = lambda name: None
+
     # no sleep table: refused, naming it
     answer = await client.action("sleep", ["plain"])
     (err,) = answer["errors"]
@@ -209,23 +220,39 @@ async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> Non
 async def test_a_sleep_while_requests_run_waits_then_refuses(daemons, tmp_path) -> None:
     gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
     _daemon, client = await daemons.start(gpu_probe=gpus.probe())
-    # each completion takes 6 s: longer than drain_timeout_s = 2
-    members = {"s": Member(group=False, args='request-s = "6"')}
+    # completions answered 4 s after they come, counted by /load only (on their way into the
+    # engine, or a count vLLM never took back)
+    members = {"s": Member(group=False, args='request-s = "4", enable-server-load-tracking = true')}
     answer = await client.apply(layout(gpus, members), str(tmp_path / "l.toml"))
     assert answer.get("applied"), answer
     s = await until(client, "s", awake)
+    mode = gpus.root / "s.mode"
+
+    # the engine runs a request (a long prefill) past drain_timeout_s = 2: refused, awake
+    mode.write_text("prefill")
+    answer = await client.action("sleep", ["s"])
+    (err,) = answer["errors"]
+    assert "still runs 1 request(s) after 2 s" in err["error"], err
+    assert "nothing slept" in err["error"], err
+    s = await instance(client, "s")
+    assert awake(s) and s["sleep"]["error"].startswith("sleep failed"), s["sleep"]
+    (failed,) = await events(client, "sleep_failed")
+    assert failed["instance"] == "s"
+
+    # /load above 0 while the engine holds nothing: it sleeps, and the request is held by
+    # the sleeping server and answered after the wake, not lost
+    mode.write_text("idle")
     url = f"http://127.0.0.1:{s['port']}/v1/completions"
-    async with httpx.AsyncClient(timeout=30) as http:
-        busy = asyncio.create_task(http.post(url, json={"model": "test/fake", "prompt": "x"}))
+    async with httpx.AsyncClient(timeout=60) as http:
+        held = asyncio.create_task(http.post(url, json={"model": "test/fake", "prompt": "x"}))
         await asyncio.sleep(0.5)
         answer = await client.action("sleep", ["s"])
-        (err,) = answer["errors"]
-        assert "still runs 1 request(s)" in err["error"] and "nothing slept" in err["error"], err
-        s = await instance(client, "s")
-        assert awake(s) and s["sleep"]["error"].startswith("sleep failed"), s["sleep"]
-        assert (await busy).status_code == 200  # the request it waited for was not cut
-    answer = await client.action("sleep", ["s"])  # quiet now
-    assert answer["errors"] == [], answer
+        assert answer["errors"] == [], answer
+        drains = [e for e in await events(client, "drain") if e["instance"] == "s"]
+        assert drains and "sleeps anyway" in drains[-1]["why"], drains
+        answer = await client.action("wake", ["s"])
+        assert answer["errors"] == [], answer
+        assert (await held).status_code == 200
 
 
 async def test_a_new_daemon_keeps_the_sleeper_asleep_and_a_dead_sleeper_waits_for_its_wake(

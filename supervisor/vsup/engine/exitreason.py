@@ -77,13 +77,7 @@ _RULES: tuple[tuple[ExitReason, re.Pattern[str]], ...] = (
             re.IGNORECASE,
         ),
     ),
-    # argparse's refusal, or vLLM's config validation (pydantic), e.g. "1 validation error
-    # for ModelConfig ... Sleep mode is not supported on current platform": a start with the
-    # same arguments fails the same way
-    (
-        R.BAD_ARGS,
-        re.compile(r"^[\w./\- ]{1,60}: error: |\d+ validation errors? for \w*Config\b"),
-    ),
+    (R.BAD_ARGS, re.compile(r"^[\w./\- ]{1,60}: error: ")),
     (
         R.MODEL_NOT_FOUND,
         re.compile(
@@ -126,6 +120,10 @@ _RULES: tuple[tuple[ExitReason, re.Pattern[str]], ...] = (
             r"EngineDeadError|EngineCore encountered an issue|Engine core initialization failed"
         ),
     ),
+    # vLLM's config validation (pydantic) when no rule above said more (a missing model is
+    # one too): "1 validation error for ModelConfig ... Sleep mode is not supported on current
+    # platform". A start with the same arguments fails the same way.
+    (R.BAD_ARGS, re.compile(r"\d+ validation errors? for \w*Config\b")),
 )
 
 # A Python exception line, as the last line of a traceback prints it.

@@ -33,9 +33,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vsup.engine import health, stop
 from vsup.snapshot import SleepStatus, WaitReason
@@ -43,8 +43,36 @@ from vsup.states import DONE_STARTING, SleepState, State
 from vsup.telemetry.httpget import HttpError
 
 if TYPE_CHECKING:
-    from vsup.engine.engine import Engine
+    from vsup.clock import Clock
     from vsup.engine.instance import Instance
+    from vsup.engine.memory import GpuMemoryView
+    from vsup.engine.stop import RequestsRunning
+    from vsup.telemetry.httpget import HttpGetter
+
+
+class SleepHost(Protocol):
+    """What the sleeper uses of the engine (engine.py's Engine is one; a Protocol, so this
+    module imports neither the engine nor its router)."""
+
+    clock: Clock
+    gpu_memory: GpuMemoryView | None
+    requests_running: RequestsRunning | None
+    router: Any  # engine.routing.RouterSupervisor: leave, joined, wake, membership
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None: ...
+
+    def notify(self) -> None: ...
+
+    def http_client(self) -> HttpGetter: ...
+
+    async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None: ...
+
+    async def wait(
+        self, name: str, states: Iterable[str] = ..., timeout: float | None = None
+    ) -> State: ...
 
 log = logging.getLogger("vsup.engine")
 
@@ -84,7 +112,7 @@ class SleepTrack:
 class Sleeper:
     """Sleep, wake and swap for the engine's instances (see the module doc)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: SleepHost) -> None:
         self.e = engine
         self._tracks: dict[str, SleepTrack] = {}
         self.on_change: Callable[[], None] | None = None  # a sleep state changed

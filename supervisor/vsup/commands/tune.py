@@ -454,16 +454,22 @@ def _tune_guarded(
             _say(f"{why}: stopping the clients, then restoring the original layout")
             runner._abort_current()
         finally:
+            # from here on a signal only says to wait: the original must come back
+            runner.restoring = True
             runner.progress.clear()
-            header = _header(args, base, space, rungs, workload, started_at, t0, __version__)
-            header["host"] = socket.gethostname()
-            header["interrupted"] = interrupted
-            header["search"]["budget_hit"] = result.budget_hit
-            header["original_layout"] = {"name": original.name, "path": original.path}
-            header["out_dir"] = str(out_dir)
-            doc = _document(header, cands, steps, result, slo, rungs, args)
+            doc: dict[str, Any] | None = None
+            try:
+                header = _header(args, base, space, rungs, workload, started_at, t0, __version__)
+                header["host"] = socket.gethostname()
+                header["interrupted"] = interrupted
+                header["search"]["budget_hit"] = result.budget_hit
+                header["original_layout"] = {"name": original.name, "path": original.path}
+                header["out_dir"] = str(out_dir)
+                doc = _document(header, cands, steps, result, slo, rungs, args)
+            except Exception as exc:  # a report that fails must not keep the original away
+                _say(f"could not build the report ({exc!r}); restoring all the same")
             restore_to = original
-            if args.apply and doc["best"] and not interrupted:
+            if args.apply and doc is not None and doc["best"] and not interrupted:
                 best = next(c for c in cands if c.index == doc["best"]["index"])
                 _say(f"--apply: leaving the best layout {best.name} running")
                 restore_to = Original(
@@ -474,12 +480,15 @@ def _tune_guarded(
                     daemon_was_running=True,
                 )
             try:
-                doc["restore"] = runner.restore(restore_to)
+                restore = runner.restore(restore_to)
             finally:
                 if runner.publisher is not None:
                     runner.publisher.close()
+        if doc is None:
+            raise CommandFailed(f"vsup tune: no report; restore: {restore.get('outcome')}", 1)
+        doc["restore"] = restore
         guard.restoring = True
-        if doc["restore"].get("outcome") != "failed":
+        if restore.get("outcome") != "failed":
             guard.release()
     return _finish(args, doc, cands, out_dir, base)
 

@@ -153,8 +153,12 @@ def candidate_summary(
         return {**doc, "status": "slo_violated", "reason": why}
     if result is not None and cand.index in result.finished:
         return {**doc, "status": "finished", "reason": None}
+    if result is not None and result.budget_stopped == cand.index:
+        why = f"stopped after rung {final.rung + 1}: the time budget ran out"
+        return {**doc, "status": "cut", "reason": why}
     if final.rung < last:
-        return {**doc, "status": "cut", "reason": f"cut after rung {final.rung}: it lost"}
+        why = f"cut after rung {final.rung + 1}: below the rung's cut-off"
+        return {**doc, "status": "cut", "reason": why}
     return {**doc, "status": "cut", "reason": "the last rung's repeats did not all run"}
 
 

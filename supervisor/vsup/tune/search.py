@@ -152,6 +152,7 @@ class SearchResult:
     stopped_at: dict[int, int]  # candidate -> the last rung it ran
     skipped: dict[int, str]  # candidate -> why it never ran (budget)
     budget_hit: bool
+    budget_stopped: int | None = None  # the candidate the budget stopped after a rung
 
 
 def run_search(
@@ -200,6 +201,8 @@ def run_search(
             if step is None:  # the budget stopped it before its first step here
                 if rung == 0:
                     skipped[cand.index] = "the time budget ran out"
+                else:
+                    out.budget_stopped = cand.index
                 break
             stopped_at[cand.index] = rung
             score = _median(scores) if scores and step.outcome == "ok" else None

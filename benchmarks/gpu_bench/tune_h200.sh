@@ -5,7 +5,6 @@
 # once it ended. Needs `source .vllmkit-b/stage.sh` done in the call (see common.sh).
 set -u
 source .vllmkit-b/stage.sh || exit 3
-source benchmarks/gpu_bench/common.sh
 RUN=/tmp/tune-run
 SLO="ttft_p99<=2s,tpot_p99<=100ms"
 follow() {
@@ -25,6 +24,8 @@ follow() {
 }
 case "${1:-start}" in
 start)
+    # installs vsup's wheel (only here: `follow` must not replace it under the running tune)
+    source benchmarks/gpu_bench/common.sh
     rm -rf "$RUN" && mkdir -p "$RUN"
     # --warmups 0 when this vLLM's client lacks --num-warmups (the kit's 0.26 should have it)
     warm=2
@@ -36,6 +37,10 @@ start)
         -o $RUN/best.toml >$RUN/tune.txt 2>&1; echo \$? >$RUN/rc" </dev/null >/dev/null 2>&1 &
     follow 540
     ;;
-follow) follow 560 ;;
+follow)
+    export VSUP_HOME=/tmp/vsup-home PYTHONUNBUFFERED=1
+    cd /tmp || exit 1
+    follow 560
+    ;;
 *) echo "usage: tune_h200.sh [start|follow]"; exit 2 ;;
 esac

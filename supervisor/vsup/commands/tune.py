@@ -408,6 +408,8 @@ def _tune_guarded(
         cursor: dict[str, int] = {}
 
         def progress(cand: Candidate, rung: int, prompts: int, repeat: int) -> Step:
+            # first of all: an interrupt from here on cuts this step, and the JSON says so
+            cursor.update(index=cand.index, rung=rung, prompts=prompts, repeat=repeat)
             position = runnable.index(cand) + 1
             done.add(cand.index)
             per = None
@@ -419,7 +421,6 @@ def _tune_guarded(
                 f"({prompts} prompts{rep}); elapsed {_dur(time.monotonic() - t0)}, "
                 f"{eta_text(len(runnable) - position + 1, per)}"
             )
-            cursor.update(index=cand.index, rung=rung, prompts=prompts, repeat=repeat)
             step = measurer(cand, rung, prompts, repeat)
             steps.append(step)
             cursor.clear()  # measured: an interrupt from here on cuts no step

@@ -156,10 +156,11 @@ def candidate_summary(
     if result is not None and result.budget_stopped == cand.index:
         why = f"stopped after rung {final.rung + 1}: the time budget ran out"
         return {**doc, "status": "cut", "reason": why}
-    if final.rung < last:
+    if result is not None and cand.index in result.cut:
         why = f"cut after rung {final.rung + 1}: below the rung's cut-off"
         return {**doc, "status": "cut", "reason": why}
-    return {**doc, "status": "cut", "reason": "the last rung's repeats did not all run"}
+    # measured, but the search ended (an interrupt) before it decided on it
+    return {**doc, "status": "interrupted", "reason": f"stopped after rung {final.rung + 1}"}
 
 
 def rank(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -153,6 +153,7 @@ class SearchResult:
     skipped: dict[int, str]  # candidate -> why it never ran (budget)
     budget_hit: bool
     budget_stopped: int | None = None  # the candidate the budget stopped after a rung
+    cut: list[int] = field(default_factory=list)  # candidates the rule stopped before the end
 
 
 def run_search(
@@ -209,7 +210,13 @@ def run_search(
             halving.record(rung, score)
             if rung == last and step.outcome == "ok" and len(scores) == n:
                 finished.append(cand.index)
-            if budget_hit or not halving.promote(rung, score):
+            if budget_hit:
+                if cand.index not in finished:
+                    out.budget_stopped = cand.index
+                break
+            if not halving.promote(rung, score):
+                if rung < last and step.outcome == "ok":
+                    out.cut.append(cand.index)
                 break
             rung += 1
     return out

@@ -141,3 +141,16 @@ def test_the_renderings_say_the_same_as_the_document(tmp_path):
     assert tomllib.loads(text)["layout"]["name"] == "base-mns8"
     compiled, diags = compile_layout(text, tmp_path / "best.toml", NodeFacts())
     assert compiled is not None, [d.format() for d in diags]
+
+
+def test_a_candidate_the_search_never_decided_on_is_interrupted_not_cut():
+    cands = [cand(1, 8), cand(2, 1)]
+    steps = [step(1, 0, 0, run(500, 300, 4.0, True), 50), step(2, 0, 0, run(400, 300, 3, True), 50)]
+    header = {"base_layout": {"name": "b", "path": "/b.toml"}, "workload": {}, "search": {}}
+    result = SearchResult(steps, [], {}, {}, False, cut=[2])
+    doc = build_document(header=header, candidates=cands, steps=steps, result=result,
+                         slo=parse_slo("ttft_p99<=1s"), rungs=[50, 100], repeats=2,
+                         margin=0.05)  # fmt: skip
+    first, second = doc["candidates"]
+    assert first["status"] == "interrupted" and second["status"] == "cut"
+    assert "below the rung's cut-off" in second["reason"]

@@ -77,7 +77,7 @@ def test_each_candidate_runs_its_rungs_in_one_go_and_losers_stop_early():
                         clock=m.clock)  # fmt: skip
     assert m.calls == [(1, 0, 0), (1, 1, 0), (1, 1, 1), (2, 0, 0), (3, 0, 0), (3, 1, 0),
                        (3, 1, 1), (4, 0, 0)]  # fmt: skip
-    assert result.finished == [1, 3]
+    assert result.finished == [1, 3] and result.cut == [2, 4]
     assert result.stopped_at == {1: 1, 2: 0, 3: 1, 4: 0}
     assert not result.budget_hit and result.skipped == {}
 

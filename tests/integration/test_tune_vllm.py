@@ -9,7 +9,7 @@ well past the SLO's 1 s while 8 answers them all at once: the SLO rules it out. 
 mid-search: the original comes back and the JSON keeps what was measured.
 
 Each vLLM start costs ~45 s and 2 GiB here: one instance runs at a time, and the workload is
-tiny (8 prompts of 32 tokens in, 128 out).
+tiny (8 prompts of 32 tokens in, 128 out). Last, `--apply` leaves the winner running.
 """
 
 from __future__ import annotations
@@ -220,4 +220,24 @@ def test_sigterm_mid_search_restores_and_keeps_the_results_so_far(node, tmp_path
     never = next(c for c in doc["candidates"] if c["name"] == "orig-mns1")
     assert never["status"] == "skipped" and not never["steps"]
     assert status(home)["supervisor"]["layout"] == "orig"
+    assert not (home / "layout-lease.json").exists()
+
+
+def test_apply_leaves_the_best_layout_running(node, tmp_path):
+    """Last in the module: the daemon keeps the tune's layout. One candidate, the base's own
+    setting: the daemon sees the same instance, so nothing restarts."""
+    home, base = node
+    pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+    space = tmp_path / "space.toml"
+    space.write_text("[tune]\nargs = { max-num-seqs = [8] }\n")
+    proc = vsup(home, "tune", str(base), "--space", str(space), *WORKLOAD, "--repeats", "1",
+                "--yes", "--apply")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--apply: leaving the best layout orig-base running" in proc.stderr
+    assert "one run per candidate" in proc.stdout  # no spread without repeats: said so
+    after = status(home)
+    assert after["supervisor"]["layout"] == "orig-base"  # nothing varies: "base"
+    assert [(i["name"], i["state"], i["pid"]) for i in after["instances"]] == [
+        ("cpu0", "ready", pid)
+    ]
     assert not (home / "layout-lease.json").exists()

@@ -140,6 +140,7 @@ SLOW_MARKS = ("vllm", "install", "tmux")
 # between the lanes depends on these.
 SLOW_COST = {
     "test_bench.py": 420,
+    "test_tune_vllm.py": 300,
     "test_install.py": 150,
     "test_vllm.py": 140,
     "test_router_vsup.py": 130,

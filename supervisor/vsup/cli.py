@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "vsup.commands.probe",
     "vsup.commands.down",
     "vsup.commands.bench",
+    "vsup.commands.tune",
     "vsup.commands.fleet",
     "vsup.commands.paths",
     "vsup.commands.daemon",

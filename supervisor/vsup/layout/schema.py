@@ -418,7 +418,8 @@ ROUTER_DEFAULTS: dict[str, Any] = {
     "command": ["vllm-router"],
 }
 
-TOP_KEYS = ("layout", "defaults", "instance", "alerts", "router")
+# `tune`: the search space of `vsup tune` (vsup/tune/space.py checks it; a run ignores it)
+TOP_KEYS = ("layout", "defaults", "instance", "alerts", "router", "tune")
 PROFILE_TOP_KEYS = ("profile", "defaults")
 PROFILE_HEADER_KEYS: dict[str, Key] = {
     k.name: k for k in (Key("description", "str", "what the profile is for"),)

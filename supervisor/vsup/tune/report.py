@@ -1,0 +1,634 @@
+"""A tune's output: the document (what `--json` writes), and what is rendered from it: the ranked
+table, markdown, the throughput/latency plot (SVG written here; PNG through matplotlib when it is
+installed), a plot for the terminal, and the chosen layout's file with its comment block.
+
+Everything printed is rendered from the document, so what is shown is what is saved. A
+candidate's figures are those of the last rung it ran (the median of its repeats there); the
+rung is in the table, since figures of a smaller rung are rougher.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from vsup.bench.report import MIN_RATIO_DURATION_S, MIN_RATIO_REQUESTS
+from vsup.tune.pareto import Point, front
+from vsup.tune.search import SearchResult, Step
+from vsup.tune.slo import Slo
+from vsup.tune.space import Candidate
+
+SCHEMA = 1
+CRASHED = ("not_ready", "failed", "partial", "invalid")
+
+
+# -- the document --------------------------------------------------------------------------
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    known = sorted(x for x in xs if x is not None)
+    if not known:
+        return None
+    mid = len(known) // 2
+    return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
+
+
+def _spread(xs: Sequence[float | None]) -> float | None:
+    """(max - min) / median of the repeats, None below two."""
+    known = [x for x in xs if x is not None]
+    med = _median(known)
+    if len(known) < 2 or not med:
+        return None
+    return (max(known) - min(known)) / med
+
+
+def _step_json(step: Step) -> dict[str, Any]:
+    return {
+        "rung": step.rung,
+        "prompts": step.prompts,
+        "repeat": step.repeat,
+        "outcome": step.outcome,
+        "score": step.score,
+        "slo_met": step.slo_met,
+        "seconds": round(step.seconds, 1),
+        "problems": list(step.result.get("problems", ())),
+        "run": step.result,
+    }
+
+
+def _figures(steps: Sequence[Step]) -> dict[str, Any]:
+    """The median figures of the steps (one rung's repeats) and their spread."""
+    runs = [s.result for s in steps]
+    tot = [r.get("totals") or {} for r in runs]
+
+    def pick(f: Any) -> list[float | None]:
+        return [f(t, r) for t, r in zip(tot, runs, strict=True)]
+
+    goodput = pick(lambda t, r: (r.get("slo") or {}).get("goodput"))
+    thr = pick(lambda t, r: t.get("output_throughput"))
+    tpj = pick(lambda t, r: (r.get("energy") or {}).get("tokens_per_joule"))
+    ttft = pick(lambda t, r: (t.get("ttft_ms") or {}).get("p99"))
+    return {
+        "goodput": _median(goodput),
+        "output_throughput": _median(thr),
+        "request_throughput": _median(pick(lambda t, r: t.get("request_throughput"))),
+        "ttft_p50_ms": _median(pick(lambda t, r: (t.get("ttft_ms") or {}).get("p50"))),
+        "ttft_p99_ms": _median(ttft),
+        "tpot_p50_ms": _median(pick(lambda t, r: (t.get("tpot_ms") or {}).get("p50"))),
+        "tpot_p99_ms": _median(pick(lambda t, r: (t.get("tpot_ms") or {}).get("p99"))),
+        "e2el_p99_ms": _median(pick(lambda t, r: (t.get("e2el_ms") or {}).get("p99"))),
+        "tokens_per_joule": _median(tpj),
+        "energy_why": next(
+            ((r.get("energy") or {}).get("why") for r in runs if r.get("energy")), None
+        ),
+        "completed": sum(int(t.get("completed") or 0) for t in tot),
+        "failed": sum(int(t.get("failed") or 0) for t in tot),
+        "duration_s": _median(pick(lambda t, r: t.get("duration_s"))),
+        "spread": {
+            "goodput": _spread(goodput),
+            "output_throughput": _spread(thr),
+            "ttft_p99_ms": _spread(ttft),
+        },
+        "repeats": len(steps),
+        "values": {"goodput": goodput, "output_throughput": thr, "ttft_p99_ms": ttft},
+    }
+
+
+def _latency(slo: Slo | None, steps: Sequence[Step], figures: dict[str, Any]) -> float | None:
+    """The plot's latency: the SLO's first term's value, else TTFT p99."""
+    if slo is None:
+        return figures.get("ttft_p99_ms")
+    vals = [((s.result.get("slo") or {}).get("terms") or [{}])[0].get("value_ms") for s in steps]
+    return _median(vals)
+
+
+def candidate_summary(
+    cand: Candidate, steps: Sequence[Step], result: SearchResult | None, slo: Slo | None, last: int
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {**cand.to_json(), "status": None, "reason": None, "rung": None}
+    doc["steps"] = [_step_json(s) for s in steps]
+    if cand.pruned:
+        return {**doc, "status": "pruned", "reason": cand.pruned}
+    if not steps:
+        why = (result.skipped.get(cand.index) if result else None) or "never ran"
+        return {**doc, "status": "skipped", "reason": why}
+    final = steps[-1]
+    doc["rung"] = final.rung
+    doc["prompts"] = final.prompts
+    if final.outcome != "ok":
+        status = "interrupted" if final.outcome == "interrupted" else "crashed"
+        problems = final.result.get("problems") or [final.outcome]
+        reason = f"{final.outcome} at rung {final.rung}: " + "; ".join(problems)
+        return {**doc, "status": status, "reason": reason, "outcome": final.outcome}
+    rung_steps = [s for s in steps if s.rung == final.rung and s.outcome == "ok"]
+    figures = _figures(rung_steps)
+    met = all(s.slo_met for s in rung_steps)
+    doc.update(
+        figures=figures,
+        slo_met=met,
+        slo_terms=(rung_steps[-1].result.get("slo") or {}).get("terms"),
+        latency_ms=_latency(slo, rung_steps, figures),
+        score=_median([s.score for s in rung_steps]),
+        small_sample=figures["completed"] / max(1, len(rung_steps)) < MIN_RATIO_REQUESTS
+        or (figures["duration_s"] or 0.0) < MIN_RATIO_DURATION_S,
+        clients=[
+            {
+                "instance": i.get("name"),
+                "seed": i.get("seed"),
+                "command": (i.get("client") or {}).get("command"),
+                "equivalent": (i.get("client") or {}).get("equivalent"),
+            }
+            for i in rung_steps[-1].result.get("instances", ())
+        ],
+    )
+    if not met:
+        broken = [
+            f"{t['slo']} (got {_ms(t['value_ms'])})"
+            for t in doc["slo_terms"] or ()
+            if not t["holds"]
+        ]
+        why = "ruled out by the SLO: " + (", ".join(broken) or "requests failed")
+        return {**doc, "status": "slo_violated", "reason": why}
+    if result is not None and cand.index in result.finished:
+        return {**doc, "status": "finished", "reason": None}
+    if result is not None and result.budget_stopped == cand.index:
+        why = f"stopped after rung {final.rung + 1}: the time budget ran out"
+        return {**doc, "status": "cut", "reason": why}
+    if result is not None and cand.index in result.cut:
+        why = f"cut after rung {final.rung + 1}: below the rung's cut-off"
+        return {**doc, "status": "cut", "reason": why}
+    # measured, but the search ended (an interrupt) before it decided on it
+    return {**doc, "status": "interrupted", "reason": f"stopped after rung {final.rung + 1}"}
+
+
+def rank(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Candidates with figures, best first: meeting the SLO, then the rung reached (figures of
+    the full workload before those of a smaller rung), then the score."""
+    measured = [c for c in cands if c.get("figures")]
+    measured.sort(key=lambda c: (not c["slo_met"], -(c["rung"] or 0), -(c["score"] or 0.0)))
+    for n, c in enumerate(measured, 1):
+        c["rank"] = n
+    return measured
+
+
+def mark_front(cands: list[dict[str, Any]]) -> list[str]:
+    """Mark each candidate's `pareto` and return the front's names (throughput ascending)."""
+    points = [
+        Point(c["index"], c["figures"]["output_throughput"], c.get("latency_ms"))
+        for c in cands
+        if c.get("figures")
+    ]
+    on = {p.key for p in front(points)}
+    names = {c["index"]: c["name"] for c in cands}
+    for c in cands:
+        c["pareto"] = c["index"] in on
+    return [names[p.key] for p in front(points)]
+
+
+def warnings_for(ranked: list[dict[str, Any]], repeats: int, margin: float) -> list[str]:
+    """What the reader must know before trusting the ranking."""
+    out: list[str] = []
+    if repeats < 2:
+        out.append(
+            "one run per candidate at the last rung: no spread was measured; --repeats 3 "
+            "tells a real difference from noise"
+        )
+    ok = [c for c in ranked if c["slo_met"]]
+    small = [c for c in ranked if c["small_sample"]]
+    if small:
+        f = small[0]["figures"]
+        out.append(
+            f"small sample: {', '.join(c['name'] for c in small)}: figures from fewer than "
+            f"{MIN_RATIO_REQUESTS} requests or {MIN_RATIO_DURATION_S:.0f} s per run (e.g. "
+            f"{f['completed'] // max(1, f['repeats'])} requests over "
+            f"{f['duration_s'] or 0:.1f} s): "
+            "differences between them may be noise; raise --num-prompts"
+        )
+    if len(ok) >= 2 and ok[0]["rung"] == ok[1]["rung"]:
+        a, b = ok[0], ok[1]
+        sa, sb = a["score"] or 0.0, b["score"] or 0.0
+        gap = (sa - sb) / sa if sa else 0.0
+        noise = max(
+            margin,
+            a["figures"]["spread"]["goodput"] or 0.0,
+            b["figures"]["spread"]["goodput"] or 0.0,
+            a["figures"]["spread"]["output_throughput"] or 0.0,
+            b["figures"]["spread"]["output_throughput"] or 0.0,
+        )
+        if gap <= noise:
+            out.append(
+                f"{a['name']} and {b['name']} differ by {gap:.1%}, inside the noise "
+                f"({noise:.1%}: the repeats' spread or the {margin:.0%} margin): treat them as "
+                "equal"
+            )
+    cut_early = [c for c in ranked if c["status"] == "cut" and c["rung"] == 0]
+    if cut_early:
+        out.append(
+            f"{len(cut_early)} candidate(s) were cut after the first rung only; their figures "
+            "come from its few prompts"
+        )
+    return out
+
+
+def build_document(
+    *,
+    header: dict[str, Any],
+    candidates: Sequence[Candidate],
+    steps: Sequence[Step],
+    result: SearchResult | None,
+    slo: Slo | None,
+    rungs: Sequence[int],
+    repeats: int,
+    margin: float,
+) -> dict[str, Any]:
+    """The tune's document (see the module doc); `header` brings the run's facts."""
+    by: dict[int, list[Step]] = {}
+    for s in steps:
+        by.setdefault(s.candidate, []).append(s)
+    last = len(rungs) - 1
+    cands = [candidate_summary(c, by.get(c.index, []), result, slo, last) for c in candidates]
+    ranked = rank(cands)
+    front_names = mark_front(cands)
+    best = next((c for c in ranked if c["slo_met"]), None)
+    doc = {
+        "schema": SCHEMA,
+        **header,
+        "slo": slo.to_json() if slo else None,
+        "objective": "goodput under the SLO (requests/s)" if slo else "output tokens/s",
+        "candidates": cands,
+        "ranking": [c["name"] for c in ranked],
+        "pareto": {
+            "x": "output tokens/s",
+            "y": (slo.terms[0].text.split("<")[0] + " ms") if slo else "ttft_p99 ms",
+            "front": front_names,
+        },
+        "best": None
+        if best is None
+        else {"name": best["name"], "index": best["index"], "words": best["words"]},
+        "warnings": warnings_for(ranked, repeats, margin),
+    }
+    return doc
+
+
+# -- text ----------------------------------------------------------------------------------
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return fmt.format(v)
+
+
+def _ms(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f}s" if v >= 1000 else f"{v:.0f}ms"
+
+
+def _pair(a: Any, b: Any) -> str:
+    return "-" if a is None else f"{_num(a, '{:.0f}')}/{_num(b, '{:.0f}')}"
+
+
+def _spread_text(c: dict[str, Any], key: str) -> str:
+    f = c.get("figures") or {}
+    s = (f.get("spread") or {}).get(key)
+    if f.get("repeats", 0) < 2:
+        return "-"
+    return f"±{s / 2:.0%}" if s is not None else "-"
+
+
+COLUMNS = (
+    "rank",
+    "candidate",
+    "status",
+    "rung",
+    "goodput r/s",
+    "out tok/s",
+    "spread",
+    "TTFT p50/p99 ms",
+    "TPOT p50/p99 ms",
+    "tok/J",
+    "front",
+)
+
+
+def table_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    ordered = sorted(doc["candidates"], key=lambda c: (c.get("rank") or 10**6, c["index"]))
+    rows: list[tuple[str, ...]] = []
+    for c in ordered:
+        f = c.get("figures") or {}
+        rung = "-" if c.get("rung") is None else f"{c['rung'] + 1} ({c.get('prompts')}p)"
+        rows.append(
+            (
+                str(c.get("rank") or "-"),
+                c["name"],
+                c["status"],
+                rung,
+                _num(f.get("goodput"), "{:.2f}"),
+                _num(f.get("output_throughput")),
+                _spread_text(c, "output_throughput"),
+                _pair(f.get("ttft_p50_ms"), f.get("ttft_p99_ms")),
+                _pair(f.get("tpot_p50_ms"), f.get("tpot_p99_ms")),
+                _num(f.get("tokens_per_joule"), "{:.2f}"),
+                "*" if c.get("pareto") else "",
+            )
+        )
+    return rows
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """The ranked table, what each candidate varies, the reasons and the warnings."""
+    rows = [COLUMNS, *table_rows(doc)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]  # fmt: skip
+    lines.append("")
+    for c in sorted(doc["candidates"], key=lambda c: c["index"]):
+        why = f": {c['reason']}" if c.get("reason") else ""
+        lines.append(f"  {c['name']}: {c['words']}{why}")
+    best = doc.get("best")
+    lines.append("")
+    if best:
+        lines.append(f"best under the SLO: {best['name']} ({best['words']})")
+    else:
+        lines.append("no candidate met the SLO" if doc.get("slo") else "no candidate ran cleanly")
+    for w in doc.get("warnings", ()):
+        lines.append(f"warning: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    wl = doc.get("workload") or {}
+    search = doc.get("search") or {}
+    lines = [
+        f"# vsup tune: {doc.get('base_layout', {}).get('name')}",
+        "",
+        f"- SLO: `{(doc.get('slo') or {}).get('text') or 'none'}`; objective: {doc['objective']}",
+        f"- workload: {wl.get('num_prompts')} prompts, input {wl.get('input_len')}, output "
+        f"{wl.get('output_len')}, rate {wl.get('request_rate')}, dataset {wl.get('dataset')}, "
+        f"seed {wl.get('seed')}, warm-ups {wl.get('warmups')}",
+        f"- search: {search.get('method')}, eta {search.get('eta')}, rungs "
+        f"{search.get('rungs')} prompts, repeats {search.get('repeats')}, "
+        f"budget {search.get('budget_s') or 'none'} s, elapsed {search.get('elapsed_s')} s",
+        f"- vsup {doc.get('vsup_version')}, vLLM {doc.get('vllm_version')}, started "
+        f"{doc.get('started_at')}" + (" (interrupted)" if doc.get("interrupted") else ""),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for r in table_rows(doc):
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in r) + " |")
+    lines += ["", "## Candidates", ""]
+    for c in sorted(doc["candidates"], key=lambda c: c["index"]):
+        why = f" - {c['reason']}" if c.get("reason") else ""
+        lines.append(f"- **{c['name']}**: {c['words']}{why}")
+    lines += ["", f"Pareto front ({doc['pareto']['x']} vs {doc['pareto']['y']}): "
+              + (", ".join(doc["pareto"]["front"]) or "none"), ""]  # fmt: skip
+    best = doc.get("best")
+    lines.append(f"**Best under the SLO:** {best['name']} ({best['words']})" if best else
+                 "**No candidate met the SLO.**")  # fmt: skip
+    if doc.get("warnings"):
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
+    chosen = next((c for c in doc["candidates"] if best and c["index"] == best["index"]), None)
+    if chosen and chosen.get("clients"):
+        lines += ["", "## The best candidate's clients", ""]
+        for cl in chosen["clients"]:
+            lines += [f"- {cl['instance']} (seed {cl['seed']}):", "", "```", str(cl["command"]),
+                      "```"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def dump_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, default=str) + "\n"
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def _points(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in doc["candidates"]
+        if c.get("figures")
+        and c["figures"].get("output_throughput") is not None
+        and c.get("latency_ms") is not None
+    ]
+
+
+def _mark(index: int) -> str:
+    return "123456789abcdefghijklmnopqrstuvwxyz"[(index - 1) % 35]
+
+
+def _limit(doc: dict[str, Any]) -> float | None:
+    slo = doc.get("slo")
+    return slo["terms"][0]["limit_ms"] if slo else None
+
+
+def render_terminal_plot(doc: dict[str, Any], width: int = 56, height: int = 14) -> str:
+    """Throughput (x) against latency (y) in characters: each candidate its mark, the SLO's
+    limit a row of dashes; the legend names the marks and stars the front."""
+    pts = _points(doc)
+    if not pts:
+        return "(no candidate has figures to plot)\n"
+    xs = [c["figures"]["output_throughput"] for c in pts]
+    ys = [c["latency_ms"] for c in pts]
+    limit = _limit(doc)
+    x0, x1 = _span(xs)
+    y0, y1 = _span(ys + ([limit] if limit is not None else []))
+    grid = [[" "] * width for _ in range(height)]
+
+    def cell(x: float, y: float) -> tuple[int, int]:
+        col = round((x - x0) / (x1 - x0) * (width - 1))
+        row = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+        return row, col
+
+    if limit is not None:
+        row, _ = cell(x0, limit)
+        grid[row] = ["-"] * width
+    for c, x, y in zip(pts, xs, ys, strict=True):
+        row, col = cell(x, y)
+        grid[row][col] = _mark(c["index"])
+    ylab = doc["pareto"]["y"]
+    out = [f"{ylab} (lower is better)" + (f"; --- SLO limit {_ms(limit)}" if limit else "")]
+    for i, line in enumerate(grid):
+        tick = _num(y1, "{:.0f}") if i == 0 else (_num(y0, "{:.0f}") if i == height - 1 else "")
+        out.append(f"{tick:>8} |" + "".join(line))
+    out.append(" " * 9 + "+" + "-" * width)
+    out.append(" " * 10 + f"{x0:.1f}".ljust(width - 10) + f"{x1:.1f}")
+    out.append(" " * 10 + "output tokens/s (higher is better)")
+    for c in pts:
+        star = "*" if c.get("pareto") else " "
+        out.append(f"  {star} {_mark(c['index'])} {c['name']}")
+    out.append("  (* on the Pareto front)")
+    return "\n".join(out) + "\n"
+
+
+def _span(values: Sequence[float]) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-9:
+        pad = abs(hi) * 0.1 or 1.0
+        return lo - pad, hi + pad
+    pad = (hi - lo) * 0.08
+    return max(0.0, lo - pad), hi + pad
+
+
+def render_svg(doc: dict[str, Any]) -> str:
+    """The same plot as an SVG image (no plotting library needed)."""
+    w, h, left, right, top, bottom = 720, 460, 80, 200, 40, 60
+    pw, ph = w - left - right, h - top - bottom
+    pts = _points(doc)
+    title = f"vsup tune: {doc.get('base_layout', {}).get('name')}"
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<text x="{left}" y="24" font-size="15">{_esc(title)}</text>',
+    ]
+    if not pts:
+        parts.append(f'<text x="{left}" y="{top + 40}">no candidate has figures to plot</text>')
+        return "\n".join([*parts, "</svg>"]) + "\n"
+    xs = [c["figures"]["output_throughput"] for c in pts]
+    ys = [c["latency_ms"] for c in pts]
+    limit = _limit(doc)
+    x0, x1 = _span(xs)
+    y0, y1 = _span(ys + ([limit] if limit is not None else []))
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    parts.append(
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>'
+    )
+    for i in range(6):
+        xv, yv = x0 + (x1 - x0) * i / 5, y0 + (y1 - y0) * i / 5
+        parts.append(
+            f'<text x="{px(xv):.1f}" y="{top + ph + 18}" text-anchor="middle">{xv:.1f}</text>'
+        )
+        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.0f}</text>')
+    parts.append(
+        f'<text x="{left + pw / 2}" y="{h - 15}" text-anchor="middle">output tokens/s '
+        "(higher is better)</text>"
+    )
+    parts.append(
+        f'<text x="18" y="{top + ph / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 18 {top + ph / 2})">{_esc(doc["pareto"]["y"])} (lower is better)'
+        "</text>"
+    )
+    if limit is not None:
+        parts.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{py(limit):.1f}" y2="{py(limit):.1f}" '
+            'stroke="#c33" stroke-dasharray="6 4"/>'
+        )
+        parts.append(
+            f'<text x="{left + pw - 4}" y="{py(limit) - 5:.1f}" text-anchor="end" '
+            f'fill="#c33">SLO {_esc(_ms(limit))}</text>'
+        )
+    on = sorted(
+        (c for c in pts if c.get("pareto")), key=lambda c: c["figures"]["output_throughput"]
+    )
+    if len(on) > 1:
+        path = " ".join(f"{px(c['figures']['output_throughput']):.1f},{py(c['latency_ms']):.1f}"
+                        for c in on)  # fmt: skip
+        parts.append(f'<polyline points="{path}" fill="none" stroke="#36c" stroke-width="1.5"/>')
+    best = (doc.get("best") or {}).get("index")
+    for c, x, y in zip(pts, xs, ys, strict=True):
+        colour = "#2a2" if c["index"] == best else ("#36c" if c.get("pareto") else "#999")
+        parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{colour}"/>')
+        parts.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 6:.1f}">{_mark(c["index"])}</text>')
+    for n, c in enumerate(pts):
+        star = " *" if c.get("pareto") else ""
+        parts.append(
+            f'<text x="{w - right + 12}" y="{top + 14 + 16 * n}">{_mark(c["index"])} '
+            f"{_esc(c['name'])}{star}</text>"
+        )
+    parts.append(
+        f'<text x="{w - right + 12}" y="{top + 30 + 16 * len(pts)}" fill="#666">* Pareto front; '
+        "green: best</text>"
+    )
+    return "\n".join([*parts, "</svg>"]) + "\n"
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def has_matplotlib() -> bool:
+    try:
+        import matplotlib  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_png(doc: dict[str, Any], path: str) -> None:
+    """The plot as PNG through matplotlib (only where it is installed: `has_matplotlib`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+
+    pts = _points(doc)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for c in pts:
+        colour = "tab:green" if c["index"] == (doc.get("best") or {}).get("index") else (
+            "tab:blue" if c.get("pareto") else "tab:gray")  # fmt: skip
+        ax.scatter(c["figures"]["output_throughput"], c["latency_ms"], color=colour)
+        ax.annotate(c["name"], (c["figures"]["output_throughput"], c["latency_ms"]), fontsize=7)
+    on = sorted(
+        (c for c in pts if c.get("pareto")), key=lambda c: c["figures"]["output_throughput"]
+    )
+    if len(on) > 1:
+        ax.plot([c["figures"]["output_throughput"] for c in on], [c["latency_ms"] for c in on])
+    if _limit(doc) is not None:
+        ax.axhline(_limit(doc), color="tab:red", linestyle="--", label="SLO")
+    ax.set_xlabel("output tokens/s")
+    ax.set_ylabel(doc["pareto"]["y"])
+    ax.set_title(f"vsup tune: {doc.get('base_layout', {}).get('name')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the chosen layout ---------------------------------------------------------------------
+
+
+def best_layout_text(doc: dict[str, Any], candidate_toml: str, out_name: str) -> str:
+    """The best candidate's layout with a comment block saying how it was chosen."""
+    best = doc["best"]
+    chosen = next(c for c in doc["candidates"] if c["index"] == best["index"])
+    f = chosen["figures"]
+    search = doc["search"]
+    wl = doc["workload"]
+    ran = [c for c in doc["candidates"] if c.get("figures")]
+    pruned = sum(1 for c in doc["candidates"] if c["status"] == "pruned")
+    lines = [
+        f"# Chosen by `vsup tune` at {doc.get('ended_at')} on {doc.get('host')} "
+        f"(vsup {doc.get('vsup_version')}, vLLM {doc.get('vllm_version')}).",
+        f"# Base layout: {doc['base_layout']['path']}",
+        f"# SLO: {(doc.get('slo') or {}).get('text') or 'none'}; objective: {doc['objective']}.",
+        f"# Workload: {wl.get('num_prompts')} prompts, input {wl.get('input_len')}, output "
+        f"{wl.get('output_len')}, request rate {wl.get('request_rate')}, dataset "
+        f"{wl.get('dataset')}, seed {wl.get('seed')}.",
+        f"# Search: {search['method']} (eta {search['eta']}, rungs {search['rungs']} prompts, "
+        f"{search['repeats']} repeat(s) at the last); {len(doc['candidates'])} candidates, "
+        f"{pruned} pruned before starting, {len(ran)} measured.",
+        f"# This one ({best['words']}): goodput {_num(f['goodput'], '{:.2f}')} req/s, "
+        f"{_num(f['output_throughput'])} output tok/s, TTFT p99 {_ms(f['ttft_p99_ms'])}, "
+        f"TPOT p99 {_ms(f['tpot_p99_ms'])}, over {f['repeats']} run(s) of "
+        f"{chosen.get('prompts')} prompts; rank 1 of {len(doc['ranking'])}.",
+    ]
+    if len(doc["ranking"]) > 1:
+        lines.append(f"# Runner-up: {doc['ranking'][1]}.")
+    for w in doc.get("warnings", ()):
+        lines.append(f"# Warning: {w}")
+    lines += [
+        "# Validated on this node; not applied. Apply it with "
+        f"`vsup up {out_name}` (or run the tune with --apply).",
+        "",
+    ]
+    return "\n".join(lines) + candidate_toml

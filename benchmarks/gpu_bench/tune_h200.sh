@@ -2,7 +2,8 @@
 # the tune takes longer (six candidates, ~1-1.5 min to start each): `start` runs it detached
 # (setsid nohup: it outlives the call, as vsup's daemon does) and follows it for 9 minutes;
 # `follow` follows it again in the next call (same warm machine) and copies the results to $OUT
-# once it ended. Needs `source .vllmkit-b/stage.sh` done in the call (see common.sh).
+# once it ended. TUNE_BUDGET, TUNE_PROMPTS and TUNE_REPEATS shrink it to the device time left
+# (the 2026-12-02 run: TUNE_BUDGET=11m TUNE_PROMPTS=300 TUNE_REPEATS=1). Needs `source .vllmkit-b/stage.sh` done in the call (see common.sh).
 set -u
 source .vllmkit-b/stage.sh || exit 3
 RUN=/tmp/tune-run
@@ -31,8 +32,9 @@ start)
     warm=2
     python3 -m vllm.entrypoints.cli.main bench serve --help 2>/dev/null | grep -q -- --num-warmups || warm=0
     setsid nohup bash -c "python3 -m vsup tune /tmp/h200-tune-base.toml --slo '$SLO' \
-        --num-prompts 600 --input-len 512 --output-len 256 --request-rate 20 --seed 0 \
-        --min-prompts 100 --repeats 2 --warmups $warm --budget 20m --yes \
+        --num-prompts ${TUNE_PROMPTS:-600} --input-len 512 --output-len 256 --request-rate 20 \
+        --seed 0 --min-prompts 100 --repeats ${TUNE_REPEATS:-2} --warmups $warm \
+        --budget ${TUNE_BUDGET:-20m} --yes \
         --out-dir $RUN/out --json $RUN/tune.json --markdown $RUN/tune.md --plot $RUN/tune.svg \
         -o $RUN/best.toml >$RUN/tune.txt 2>&1; echo \$? >$RUN/rc" </dev/null >/dev/null 2>&1 &
     follow 540

@@ -23,6 +23,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
     "bench": {"layout", "control.client", "control.errors", "commands.progress"},
+    # vsup tune: candidates, search and reports on the bench's runner (docs/tune.md)
+    "tune": {"layout", "bench", "control.errors", "commands.progress"},
     "fleet": {"control.errors", "layout.model"},
     "pull": {"layout"},
     "cli": {"*"},

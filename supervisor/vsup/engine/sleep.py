@@ -74,6 +74,7 @@ class SleepHost(Protocol):
         self, name: str, states: Iterable[str] = ..., timeout: float | None = None
     ) -> State: ...
 
+
 log = logging.getLogger("vsup.engine")
 
 SLEEP_TIMEOUT_S = 300.0  # POST /sleep: level 1 copies the weights to host RAM first

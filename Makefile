@@ -48,11 +48,11 @@ ssh-server:
 	@sh tests/integration/fleet/install-sshd.sh
 
 # Lanes on xdist workers (tests/conftest.py): the real-vLLM, tmux and install modules split over
-# TEST_WORKERS - 1 lanes by their cost, each lane running one module at a time, in file order;
-# every other test file on the last worker. The default keeps one real-vLLM module at a time
-# (25 min from a fresh clone here, against ~60 min in one process): with two lanes
-# (TEST_WORKERS=3, no faster) test_bench's restore-after-down check failed once, not understood
-# yet. TEST_WORKERS=0 runs all in one process (e.g. to see `-s` output).
+# TEST_WORKERS lanes by their cost, each lane running one module at a time, in file order, then
+# every other test file, each whole on one worker. (Until 2026-12-02 the lanes were set only in
+# xdist's controller, where nothing is collected: every test was a scope of its own, a module's
+# tests ran on both workers with a fixture each, and test_bench's test that builds on the one
+# before it failed when they landed apart.) TEST_WORKERS=0 runs all in one process (`-s`).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 

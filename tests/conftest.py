@@ -131,9 +131,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The slow lanes: tests that start real vLLM servers (or build venvs, or drive tmux on real vLLM)
 # cost 30-150 s of CPU per server start on a 2-core machine. Under pytest-xdist (`make test` runs
 # `-n N --dist loadgroup`), each slow module goes to one of VSUP_TEST_SLOW_LANES lanes (default:
-# one per worker but the last), balanced by its measured cost; a lane runs its modules one after
-# the other, in file order, first. Every other test file is a unit of its own that the remaining
-# worker takes (module fixtures stay in one process), as do the slow lanes' workers once done.
+# one per worker), balanced by its measured cost; a lane runs its modules one after the other,
+# in file order, first. Every other test file is a unit of its own that the workers take once
+# their lane is done (module fixtures stay in one process).
 SLOW_MARKS = ("vllm", "install", "tmux")
 # Seconds each slow module takes alone on a 2-core machine (`--durations`, rounded; measured on
 # a loaded one and scaled); a module not listed counts as one vLLM start. Only the balance
@@ -164,15 +164,32 @@ def is_slow(item: pytest.Item) -> bool:
 
 
 def slow_lanes(config: pytest.Config) -> int:
+    # Collection happens in the workers, where xdist sets `numprocesses` to None and `dist` to
+    # "no": the worker count comes from `workerinput` there.
     workers = config.getoption("numprocesses", 0) or 0
+    workerinput = getattr(config, "workerinput", None)
+    if not workers and workerinput is not None:
+        workers = int(workerinput.get("workercount", 0) or 0)
     wanted = os.environ.get("VSUP_TEST_SLOW_LANES")
-    lanes = int(wanted) if wanted else max(1, int(workers) - 1)
+    lanes = int(wanted) if wanted else int(workers)
     return max(1, lanes)
+
+
+def _loadgroup(config: pytest.Config) -> bool:
+    """`--dist loadgroup`, in the controller (`dist`) or in a worker (xdist sets `dist` to
+    "no" there and `loadgroup` to True). A test with no group is a scope of its own, so a
+    module's tests would be spread over workers, each with its own module fixtures, and tests
+    that build on the one before (test_bench's) would run on a fresh node."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return config.getoption("dist", "no") == "loadgroup" or bool(
+        getattr(config.option, "loadgroup", False)
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+    if not _loadgroup(config):
         return
     modules: dict[str, list[pytest.Item]] = {}
     rest: list[pytest.Item] = []

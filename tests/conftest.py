@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 # shadow an installed package.
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
+
+from tests.ports import free_port  # noqa: E402  (the one place tests get ports; re-exported)
 
 _OUTSIDE: list[Path] = []
 
@@ -90,22 +91,6 @@ def vsup_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import shutil
 
     shutil.rmtree(home, ignore_errors=True)
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now, and not one this process handed out
-    before: ports asked for in a row are not bound until a layout starts, and the kernel may
-    give the same one twice (seen in CI: two instances of one layout on one port)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 @pytest.fixture

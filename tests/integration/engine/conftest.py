@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 import uuid
@@ -24,6 +23,7 @@ from vsup.engine import Engine, EngineSettings
 from vsup.engine.proc import process_table, read_stat
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
+from tests.ports import free_port
 from tests.programs.proctoken import kill_token, token_pids  # noqa: F401 (re-exported)
 
 EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
@@ -162,16 +162,5 @@ def emulator_spec(token: str, port_factory):
 
 @pytest.fixture
 def port_factory():
-    """Distinct free loopback ports (tests/conftest.py's free_port, without repeats)."""
-    taken: set[int] = set()
-
-    def make() -> int:
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                p = s.getsockname()[1]
-            if p not in taken:
-                taken.add(p)
-                return p
-
-    return make
+    """Distinct free loopback ports (tests/ports.py)."""
+    return free_port

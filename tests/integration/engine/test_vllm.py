@@ -24,15 +24,10 @@ from vsup.engine import Engine, EngineSettings
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 from tests.integration.engine.conftest import Events, group_members, kill_token, pid_alive
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MODULE = pytest.mark.asyncio(loop_scope="module")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_spec(name, model, command, env, token, **kw) -> InstanceSpec:

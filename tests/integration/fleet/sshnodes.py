@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.ports import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,12 +43,6 @@ def sshd_missing() -> str | None:
     if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
         return "no OpenSSH client (ssh, ssh-keygen): apt-get install openssh-client"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path) -> str:

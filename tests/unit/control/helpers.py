@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
+
+from tests.ports import free_port  # noqa: F401  (re-exported for the control tests)
 
 EMULATOR = Path(__file__).parents[2] / "programs" / "vllm_emulator.py"
 
@@ -35,19 +36,3 @@ gpus = []
 port = {port}
 """
     return text
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now, and not one this process handed out
-    before: ports asked for in a row are not bound until a layout starts, and the kernel may
-    give the same one twice (seen in CI: two instances of one layout on one port)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port

@@ -57,24 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     # "*" and checked in run: a greedy `--dataset sharegpt FILE` may take the layouts after it
     p.add_argument("layouts", nargs="*", metavar="LAYOUT", help="layout TOML files, in order")
-    w = p.add_argument_group("workload (flags override the --workload file)")
-    w.add_argument("--workload", metavar="FILE", help="a TOML file with a [bench] table")
-    w.add_argument("--num-prompts", type=int, metavar="N", help="prompts per layout (200)")
-    w.add_argument("--input-len", type=int, metavar="N", help="prompt tokens, random (512)")
-    w.add_argument("--output-len", type=int, metavar="N", help="output tokens (128)")
-    w.add_argument(
-        "--request-rate",
-        type=_rate,
-        metavar="R",
-        help="requests/s over the whole layout (default inf: all at once)",
+    add_workload_arguments(
+        p,
+        prompts="prompts per layout (200)",
+        rate="requests/s over the whole layout (default inf: all at once)",
     )
-    w.add_argument(
-        "--dataset",
-        nargs="+",
-        metavar=("random|sharegpt", "FILE"),
-        help="random (default), or sharegpt FILE",
-    )
-    w.add_argument("--seed", type=int, help="the client's seed (instance i gets seed + i)")
     p.add_argument("--json", metavar="FILE", help="write every figure and client command here")
     p.add_argument("--markdown", metavar="FILE", help="write the table as markdown here")
     p.add_argument(
@@ -83,25 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--keep", action="store_true", help="leave the last layout running instead of restoring"
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=1200.0,
-        metavar="S",
-        help="how long a layout may take to become ready (default 1200 s)",
-    )
-    p.add_argument(
-        "--run-timeout",
-        type=float,
-        default=3600.0,
-        metavar="S",
-        help="how long one layout's clients may run (default 3600 s)",
-    )
-    p.add_argument(
-        "--out-dir",
-        metavar="DIR",
-        help="where the clients' logs and result files go (default $VSUP_HOME/bench/TIME)",
-    )
+    add_limit_arguments(p, "layout", "layout", "the clients' logs and result files", "bench")
     p.add_argument(
         "--restore",
         action="store_true",
@@ -116,25 +85,81 @@ def run(args: argparse.Namespace) -> int:
     return run_command(_bench, args)
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload:
-    """The workload: the --workload file's [bench] table, then the flags over it."""
+def add_workload_arguments(
+    p: argparse.ArgumentParser, prompts: str, rate: str
+) -> argparse._ArgumentGroup:
+    """The workload flags `vsup bench` and `vsup tune` share (`workload_base` and
+    `workload_overrides` read them)."""
+    w = p.add_argument_group("workload (flags override the --workload file's [bench] table)")
+    w.add_argument("--workload", metavar="FILE", help="a TOML file with a [bench] table")
+    w.add_argument("--num-prompts", type=int, metavar="N", help=prompts)
+    w.add_argument("--input-len", type=int, metavar="N", help="prompt tokens, random (512)")
+    w.add_argument("--output-len", type=int, metavar="N", help="output tokens (128)")
+    w.add_argument("--request-rate", type=_rate, metavar="R", help=rate)
+    w.add_argument(
+        "--dataset",
+        nargs="+",
+        metavar=("random|sharegpt", "FILE"),
+        help="random (default), or sharegpt FILE",
+    )
+    w.add_argument("--seed", type=int, help="the clients' seed (instance i gets seed + i)")
+    return w
+
+
+def add_limit_arguments(
+    p: argparse.ArgumentParser, what: str, run: str, files: str, verb: str
+) -> None:
+    """--timeout (to ready), --run-timeout (the clients) and --out-dir, as bench and tune
+    name them: `what` becomes ready ("layout", "candidate"), `run` is one client run."""
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help=f"how long a {what} may take to become ready (default 1200 s)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help=f"how long one {run}'s clients may run (default 3600 s)",
+    )
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help=f"where {files} go (default $VSUP_HOME/{verb}/TIME)",
+    )
+
+
+def workload_base(args: argparse.Namespace) -> Workload:
+    """The --workload file's [bench] table (or the defaults), with --dataset over it: the flag
+    replaces the file's dataset and its path together."""
     from dataclasses import replace
 
     from vsup.bench.workload import Workload, load_workload
 
     base = load_workload(args.workload) if args.workload else Workload()
     if args.dataset:
-        # The flag replaces the file's dataset and its path together.
         path = args.dataset[1] if len(args.dataset) == 2 else None
         base = replace(base, dataset=args.dataset[0], dataset_path=path)
-    wl = base.with_overrides(
-        num_prompts=args.num_prompts,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        request_rate=args.request_rate,
-        seed=args.seed,
-    )
-    return wl.check("vsup bench")
+    return base
+
+
+def workload_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload flags to lay over `workload_base` (None: not given)."""
+    return {
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "request_rate": args.request_rate,
+        "seed": args.seed,
+    }
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The workload: the --workload file's [bench] table, then the flags over it."""
+    return workload_base(args).with_overrides(**workload_overrides(args)).check("vsup bench")
 
 
 def read_layouts(paths: list[str]) -> list[LayoutToRun]:

@@ -29,7 +29,12 @@ if TYPE_CHECKING:
     from vsup.layout.node import NodeFacts
     from vsup.tune.space import Base, Candidate
 
-from vsup.commands.bench import _rate
+from vsup.commands.bench import (
+    add_limit_arguments,
+    add_workload_arguments,
+    workload_base,
+    workload_overrides,
+)
 
 
 def _duration(text: str) -> float:
@@ -76,16 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--space", metavar="FILE", help="a TOML file whose [tune] table overrides the space"
     )
-    w = p.add_argument_group("workload (flags override the --workload file's [bench] table)")
-    w.add_argument("--workload", metavar="FILE", help="a TOML file with a [bench] table")
-    w.add_argument("--num-prompts", type=int, metavar="N", help="prompts of the last rung (200)")
-    w.add_argument("--input-len", type=int, metavar="N", help="prompt tokens, random (512)")
-    w.add_argument("--output-len", type=int, metavar="N", help="output tokens (128)")
-    w.add_argument("--request-rate", type=_rate, metavar="R", help="requests/s (default inf)")
-    w.add_argument(
-        "--dataset", nargs="+", metavar=("random|sharegpt", "FILE"), help="random or sharegpt FILE"
+    w = add_workload_arguments(
+        p, prompts="prompts of the last rung (200)", rate="requests/s (default inf)"
     )
-    w.add_argument("--seed", type=int, help="the clients' seed (instance i gets seed + i)")
     w.add_argument(
         "--warmups",
         type=int,
@@ -128,25 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--apply", action="store_true", help="leave the best layout running instead of restoring"
     )
     p.add_argument("--yes", "-y", action="store_true", help="replace the running layout")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=1200.0,
-        metavar="S",
-        help="how long a candidate may take to become ready (default 1200 s)",
-    )
-    p.add_argument(
-        "--run-timeout",
-        type=float,
-        default=3600.0,
-        metavar="S",
-        help="how long one rung's clients may run (default 3600 s)",
-    )
-    p.add_argument(
-        "--out-dir",
-        metavar="DIR",
-        help="where the candidates, the clients' logs and results go "
-        "(default $VSUP_HOME/tune/TIME)",
+    add_limit_arguments(
+        p, "candidate", "rung", "the candidates, the clients' logs and results", "tune"
     )
     p.set_defaults(func=run)
 
@@ -216,23 +197,13 @@ def space_overrides(args: argparse.Namespace, base: Base) -> list[tuple[str, Any
 
 
 def workload_from_args(args: argparse.Namespace) -> Any:
-    from dataclasses import asdict, replace
+    """`vsup bench`'s workload with --warmups: the clients' warm-up requests."""
+    from dataclasses import asdict
 
-    from vsup.bench.workload import Workload, load_workload
     from vsup.tune.measure import TuneWorkload
 
-    base = load_workload(args.workload) if args.workload else Workload()
-    if args.dataset:
-        path = args.dataset[1] if len(args.dataset) == 2 else None
-        base = replace(base, dataset=args.dataset[0], dataset_path=path)
-    wl = TuneWorkload(**asdict(base), warmups=max(0, args.warmups)).with_overrides(
-        num_prompts=args.num_prompts,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        request_rate=args.request_rate,
-        seed=args.seed,
-    )
-    return wl.check("vsup tune")
+    base = TuneWorkload(**asdict(workload_base(args)), warmups=max(0, args.warmups))
+    return base.with_overrides(**workload_overrides(args)).check("vsup tune")
 
 
 def check_outputs(args: argparse.Namespace) -> None:

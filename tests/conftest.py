@@ -51,6 +51,19 @@ def run_vsup(
     )
 
 
+def until(pred, timeout: float, what: str, step: float = 0.25):
+    """`pred()`'s first true value, asked every `step` s; fails with `what` after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} (waited {timeout} s)"
+        time.sleep(step)
+
+
 def _interrupted(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

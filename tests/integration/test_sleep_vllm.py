@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, outside_cwd, until
 from tests.programs.router_fleet import completion_body, router_command, steady_load
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -101,16 +100,6 @@ command = {json.dumps(router_command())}
         if name != "c":
             text += 'swap_group = "g0"\nsleep = { level = 1 }\n'
     return text
-
-
-def until(pred, timeout: float, what: str, step: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} (waited {timeout} s)"
-        time.sleep(step)
 
 
 @pytest.fixture(scope="module")

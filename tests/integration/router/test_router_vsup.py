@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, outside_cwd
+from tests.conftest import free_port, outside_cwd, until
 from tests.programs.router_fleet import (
     MAX_MODEL_LEN,
     VLLM_ENV,
@@ -112,16 +112,6 @@ restart = {{ policy = "always", backoff_s = 1, backoff_max_s = 5 }}
             f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}"{extra} }}\n'
         )
     return text
-
-
-def until(pred, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(step)
 
 
 def serving_all(node: Node) -> dict | None:

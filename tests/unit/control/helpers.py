@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 from tests.ports import free_port  # noqa: F401  (re-exported for the control tests)
@@ -36,3 +38,20 @@ gpus = []
 port = {port}
 """
     return text
+
+
+async def instance(client, name: str) -> dict:
+    """One instance of the daemon's status (an asyncio client of vsup.control.client)."""
+    doc = await client.status()
+    return next(i for i in doc["instances"] if i["name"] == name)
+
+
+async def until(client, name: str, check, timeout: float = 30.0) -> dict:
+    """The instance's status once `check(it)` holds; fails naming it after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        inst = await instance(client, name)
+        if check(inst):
+            return inst
+        assert time.monotonic() < deadline, f"{name} never got there: {inst}"
+        await asyncio.sleep(0.1)

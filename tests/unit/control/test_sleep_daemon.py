@@ -11,14 +11,13 @@ import json
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from tests.unit.control.fakehbm import FakeHbmGpus
-from tests.unit.control.helpers import EMULATOR, free_port
+from tests.unit.control.helpers import EMULATOR, free_port, instance, until
 
 pytestmark = pytest.mark.timeout(180)
 GiB = 2**30
@@ -68,21 +67,6 @@ args = {{ {args} }}
         if m.sleep:
             text += "sleep = { level = 1 }\n"
     return text
-
-
-async def instance(client, name: str) -> dict:
-    doc = await client.status()
-    return next(i for i in doc["instances"] if i["name"] == name)
-
-
-async def until(client, name: str, check, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        inst = await instance(client, name)
-        if check(inst):
-            return inst
-        assert time.monotonic() < deadline, f"{name} never got there: {inst}"
-        await asyncio.sleep(0.1)
 
 
 async def events(client, kind: str) -> list[dict]:

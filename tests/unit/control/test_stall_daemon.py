@@ -16,7 +16,7 @@ import pytest
 
 from vsup.telemetry.metrics import parse_metrics
 
-from tests.unit.control.helpers import EMULATOR, free_port
+from tests.unit.control.helpers import EMULATOR, free_port, instance, until
 from tests.unit.control.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,21 +61,6 @@ def mode_files(tmp_path: Path, **modes: str) -> dict[str, Path]:
         out[name] = tmp_path / f"{name}.mode"
         out[name].write_text(mode)
     return out
-
-
-async def instance(client, name: str) -> dict:
-    doc = await client.status()
-    return next(i for i in doc["instances"] if i["name"] == name)
-
-
-async def until(client, name: str, check, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        inst = await instance(client, name)
-        if check(inst):
-            return inst
-        assert time.monotonic() < deadline, f"{name} never got there: {inst}"
-        await asyncio.sleep(0.1)
 
 
 async def events_of(client, kind: str, at_least: int = 1, timeout: float = 10.0) -> list[dict]:

@@ -401,14 +401,19 @@ class SupervisorInfo:
 BENCH_PHASES = ("applying", "waiting_ready", "warming", "running", "collecting", "restoring")
 
 
+# Who reports a bench's progress: `vsup bench`, or `vsup tune` measuring its candidates.
+BENCH_TOOLS = ("bench", "tune")
+
+
 @dataclass(frozen=True)
 class BenchStatus:
     """A `vsup bench` run in progress, as its client last reported it to the daemon
     (control/benchprogress.py; status JSON's `bench`).
 
-    `index`/`count`: which layout of how many (None while restoring); `elapsed_s`: seconds in
-    this phase; `age_s`: seconds since the bench last reported (it does every second). A key
-    the daemon adds to the report must be a field here (with a default), or clients lose it."""
+    `index`/`count`: which layout of how many (None while restoring); `tool`: `vsup bench`, or
+    `vsup tune` (its layouts are candidates); `elapsed_s`: seconds in this phase; `age_s`:
+    seconds since the bench last reported (it does every second). A key the daemon adds to the
+    report must be a field here (with a default), or clients lose it."""
 
     pid: int
     phase: str
@@ -420,6 +425,7 @@ class BenchStatus:
     elapsed_s: float | None = None
     started_at: str | None = None
     age_s: float | None = None
+    tool: str = "bench"  # BENCH_TOOLS: `vsup tune` reports through the same route
 
 
 BenchProgress = BenchStatus  # its earlier name

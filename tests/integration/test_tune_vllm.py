@@ -73,7 +73,8 @@ def status(home: Path) -> dict:
 
 
 class PhaseWatch(threading.Thread):
-    """The (layout, phase) pairs the daemon showed for the tune, as the dashboard draws them."""
+    """The (tool, layout, phase, index, count) the daemon showed for the tune, as the dashboard
+    draws them."""
 
     def __init__(self, home: Path) -> None:
         super().__init__(daemon=True)
@@ -87,7 +88,7 @@ class PhaseWatch(threading.Thread):
         while not self.stop.is_set():
             with contextlib.suppress(Exception):
                 b = self.client.status().get("bench")
-                key = b and (b.get("layout"), b.get("phase"), b.get("index"), b.get("count"))
+                key = b and (b["tool"], b["layout"], b["phase"], b["index"], b["count"])
                 if key and (not self.seen or self.seen[-1] != key):
                     self.seen.append(key)
             self.stop.wait(0.2)
@@ -167,7 +168,7 @@ def test_the_slo_rules_one_out_and_the_best_layout_is_written_valid(node, tmp_pa
     xml.dom.minidom.parse(str(out["svg"]))
     # progress: candidate i/N on stderr, and the phases the dashboard shows
     assert "candidate 2/2 orig-mns1: rung 1/2 (4 prompts)" in proc.stderr
-    assert ("orig-mns1", "waiting_ready", 2, 2) in seen, seen
+    assert ("tune", "orig-mns1", "waiting_ready", 2, 2) in seen, seen
     # the best layout: its comment block, valid, not applied
     text = best.read_text()
     assert text.startswith("# Chosen by `vsup tune`") and "[tune]" not in text

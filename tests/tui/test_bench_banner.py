@@ -76,3 +76,17 @@ async def test_the_bench_line_fits_a_narrow_terminal_on_one_line():
         await settle(pilot, lambda: bar.region.height == 1)
         assert _plain(bar).startswith("◆ bench 2/3 'two-per-gpu': waiting until its instances")
         assert "BENCH 2/3" in _plain(app.screen.query_one(NodeHeader))
+
+
+async def test_a_tune_shows_as_a_tune_not_a_bench():
+    """`vsup tune` reports through the bench's route with tool "tune": the operator reads what
+    really replaced the layout (its candidates), and which command restores it."""
+    client = make_client(with_bench({**BENCH, "layout": "orig-mns8", "tool": "tune"}))
+    app = make_app(client)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot, lambda: app.selected is not None)
+        line = _plain(app.screen.query_one(BenchBar))
+        assert line.startswith("◆ tune 2/3 'orig-mns8': running 412/1000 requests "), line
+        assert "vsup tune (pid 4242) replaced the running layout" in line
+        header = _plain(app.screen.query_one(NodeHeader))
+        assert "TUNE 2/3" in header and "BENCH" not in header

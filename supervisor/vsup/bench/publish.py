@@ -31,8 +31,11 @@ class ProgressPublisher:
         make_client: Callable[[], Any],
         interval: float = INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        tool: str = "bench",
     ) -> None:
+        """`tool`: who runs ("bench", or "tune": snapshot.BENCH_TOOLS), for the dashboard."""
         self.make_client = make_client
+        self.tool = tool
         self.interval = interval
         self.clock = clock
         self.pid = os.getpid()
@@ -88,6 +91,7 @@ class ProgressPublisher:
                 **self._state,
                 "elapsed_s": round(self.clock() - self._phase_since, 1),
                 "started_at": self.started_at,
+                "tool": self.tool,
             }
 
     def close(self) -> None:

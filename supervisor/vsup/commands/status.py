@@ -127,8 +127,8 @@ def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     if b.phase in ("running", "collecting") and b.requests_total:
         what += f" {b.requests_done or 0}/{b.requests_total} requests"
     return _p(
-        f"BENCH{where} {b.layout or ''}: {what}, {fmt_duration(b.elapsed_s)} "
-        f"(vsup bench pid {b.pid} replaced the layout; it restores it at the end)"
+        f"{b.tool.upper()}{where} {b.layout or ''}: {what}, {fmt_duration(b.elapsed_s)} "
+        f"(vsup {b.tool} pid {b.pid} replaced the layout; it restores it at the end)"
     )
 
 

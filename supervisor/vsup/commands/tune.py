@@ -361,7 +361,7 @@ def _tune_guarded(
                 ready_timeout=args.timeout,
                 run_timeout=args.run_timeout,
                 say=_say,
-                publisher=ProgressPublisher(lambda: Client(home)),
+                publisher=ProgressPublisher(lambda: Client(home), tool="tune"),
                 guard=guard,
             )
             guard.claim(original.to_json(), [(c.name, c.toml) for c in runnable])

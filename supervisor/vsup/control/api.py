@@ -239,6 +239,7 @@ def build_app(service: ControlService) -> Starlette:
 
     async def bench_progress(request: Request) -> JSONResponse:
         from vsup.control.benchprogress import PHASES
+        from vsup.snapshot import BENCH_TOOLS
 
         count = (int, type(None))
         body = await _body(
@@ -252,12 +253,15 @@ def build_app(service: ControlService) -> Starlette:
                 "requests_total": count,
                 "elapsed_s": (int, float),
                 "started_at": (str, type(None)),
+                "tool": str,
             },
         )
         if body["phase"] not in PHASES:
             raise BadRequest(f"unknown phase {body['phase']!r}; use one of: {', '.join(PHASES)}")
         if body["pid"] <= 0:
             raise BadRequest(f"'pid' must be a process id (got {body['pid']})")
+        if body.get("tool", "bench") not in BENCH_TOOLS:
+            raise BadRequest(f"unknown tool {body['tool']!r}; use one of: {', '.join(BENCH_TOOLS)}")
         return JSONResponse(service.bench_progress(body))
 
     routes = [

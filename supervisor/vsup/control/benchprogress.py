@@ -109,6 +109,7 @@ class BenchProgressBoard:
             "elapsed_s": round(now - rep.phase_since, 1),
             "started_at": body.get("started_at"),
             "age_s": round(age, 1),
+            "tool": body.get("tool", "bench"),
         }
 
     # ---------------------------------------------------------------- a bench that died

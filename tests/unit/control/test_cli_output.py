@@ -77,6 +77,10 @@ def test_status_says_a_bench_replaced_the_layout_under_the_header_line():
         "(vsup bench pid 4242 replaced the layout; it restores it at the end)"
     )
     assert lines[2].split()[:3] == ["NAME", "STATE", "PID"]
+    # a tune reports through the same route: it says what it is
+    d["bench"]["tool"] = "tune"
+    assert render(d).splitlines()[1].startswith("TUNE 2/3 two: running 412/1000 requests")
+    assert "(vsup tune pid 4242 replaced the layout" in render(d)
 
 
 def test_progress_is_silent_in_a_pipe_and_live_on_a_terminal():

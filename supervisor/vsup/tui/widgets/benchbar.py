@@ -25,7 +25,7 @@ BAR_CELLS = 20
 def bench_text(bench: BenchProgress) -> Text:
     """`◆ bench 2/3 'two-per-gpu': running 412/1000 requests ████▏    1m12s · ...`."""
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append("◆ bench", "bold")
+    text.append(f"◆ {bench.tool}", "bold")
     if bench.index is not None and bench.count is not None:
         text.append(f" {bench.index}/{bench.count}", "bold")
     if bench.layout and bench.phase != "restoring":
@@ -39,7 +39,8 @@ def bench_text(bench: BenchProgress) -> Text:
         text.append_text(_bar((done or 0) / total))
     text.append(f" {fmt.duration(bench.elapsed_s)}")
     text.append(
-        f" · the bench (pid {bench.pid}) replaced the running layout; it restores it at the end",
+        f" · vsup {bench.tool} (pid {bench.pid}) replaced the running layout; it restores it "
+        "at the end",
         "dim",
     )
     return text

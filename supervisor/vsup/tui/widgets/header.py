@@ -73,10 +73,11 @@ def header_text(
             text.append("no alerts", "dim")
         bench = snapshot.bench
         if bench is not None:
-            # the layout under test replaced the running one: say so where the eye lands first
+            # the layout under test (a bench's or a tune's) replaced the running one: say so
+            # where the eye lands first
             of = f" {bench.index}/{bench.count}" if bench.index and bench.count else ""
             text.append(sep)
-            text.append(f" BENCH{of} ", "bold black on yellow")
+            text.append(f" {bench.tool.upper()}{of} ", "bold black on yellow")
         mark = fmt.rollout_mark(snapshot.rollout)
         if mark is not None:
             # a layout change in progress (or left half-done): the rollout line says more

@@ -426,6 +426,7 @@ class BenchStatus:
     started_at: str | None = None
     age_s: float | None = None
     tool: str = "bench"  # BENCH_TOOLS: `vsup tune` reports through the same route
+    eta_s: float | None = None  # about how long the whole run has left (a tune says it)
 
 
 BenchProgress = BenchStatus  # its earlier name

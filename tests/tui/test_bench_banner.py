@@ -81,12 +81,15 @@ async def test_the_bench_line_fits_a_narrow_terminal_on_one_line():
 async def test_a_tune_shows_as_a_tune_not_a_bench():
     """`vsup tune` reports through the bench's route with tool "tune": the operator reads what
     really replaced the layout (its candidates), and which command restores it."""
-    client = make_client(with_bench({**BENCH, "layout": "orig-mns8", "tool": "tune"}))
+    client = make_client(
+        with_bench({**BENCH, "layout": "orig-mns8", "tool": "tune", "eta_s": 750.0})
+    )
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.selected is not None)
         line = _plain(app.screen.query_one(BenchBar))
         assert line.startswith("◆ tune 2/3 'orig-mns8': running 412/1000 requests "), line
         assert "vsup tune (pid 4242) replaced the running layout" in line
+        assert "1m12s · ~12m30s left · vsup tune" in line  # the whole tune's ETA
         header = _plain(app.screen.query_one(NodeHeader))
         assert "TUNE 2/3" in header and "BENCH" not in header

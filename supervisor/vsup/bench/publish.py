@@ -44,6 +44,7 @@ class ProgressPublisher:
         self._lock = threading.Lock()
         self._state: dict[str, Any] = {}
         self._phase_since = clock()
+        self._eta_at: float | None = None  # by `clock`: when the whole run should be over
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,6 +77,12 @@ class ProgressPublisher:
             self._phase_since = self.clock()
         self._wake.set()
 
+    def eta(self, seconds: float | None) -> None:
+        """The whole run should be over in about `seconds` (None: unknown); each report
+        counts it down."""
+        with self._lock:
+            self._eta_at = None if seconds is None else self.clock() + max(0.0, seconds)
+
     def requests(self, done: int, total: int) -> None:
         with self._lock:
             self._state["requests_done"] = done
@@ -86,13 +93,17 @@ class ProgressPublisher:
         with self._lock:
             if not self._state:
                 return None
-            return {
+            now = self.clock()
+            report = {
                 "pid": self.pid,
                 **self._state,
-                "elapsed_s": round(self.clock() - self._phase_since, 1),
+                "elapsed_s": round(now - self._phase_since, 1),
                 "started_at": self.started_at,
                 "tool": self.tool,
             }
+            if self._eta_at is not None:
+                report["eta_s"] = round(max(0.0, self._eta_at - now), 1)
+            return report
 
     def close(self) -> None:
         """Stop reporting and tell the daemon the bench is over."""

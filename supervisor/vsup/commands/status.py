@@ -126,6 +126,8 @@ def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     what = b.phase.replace("_", " ")
     if b.phase in ("running", "collecting") and b.requests_total:
         what += f" {b.requests_done or 0}/{b.requests_total} requests"
+    if b.eta_s is not None and b.phase != "restoring":
+        what += f" (~{fmt_duration(b.eta_s)} left of the whole {b.tool})"
     return _p(
         f"{b.tool.upper()}{where} {b.layout or ''}: {what}, {fmt_duration(b.elapsed_s)} "
         f"(vsup {b.tool} pid {b.pid} replaced the layout; it restores it at the end)"

@@ -308,7 +308,15 @@ def _tune_guarded(
     from vsup.control.client import Client
     from vsup.states import IDLE, SERVING
     from vsup.tune.measure import Measurer, TuneRunner
-    from vsup.tune.search import DEFAULT_MARGIN, Halving, SearchResult, Step, eta_text, run_search
+    from vsup.tune.search import (
+        DEFAULT_MARGIN,
+        Halving,
+        SearchResult,
+        Step,
+        eta_seconds,
+        eta_text,
+        run_search,
+    )
 
     probe = Client(home)
     daemon_was_running = probe.alive() is not None
@@ -386,11 +394,14 @@ def _tune_guarded(
             per = None
             if len(done) > 1:
                 per = (time.monotonic() - t0) / (len(done) - 1)
+            elapsed = time.monotonic() - t0
+            left = eta_seconds(len(runnable) - position + 1, per, args.budget, elapsed)
+            if runner.publisher is not None:
+                runner.publisher.eta(left)  # the dashboard's `~12m left`
             rep = f", repeat {repeat + 1}/{args.repeats}" if rung == len(rungs) - 1 else ""
             _say(
                 f"candidate {position}/{len(runnable)} {cand.name}: rung {rung + 1}/{len(rungs)} "
-                f"({prompts} prompts{rep}); elapsed {_dur(time.monotonic() - t0)}, "
-                f"{eta_text(len(runnable) - position + 1, per)}"
+                f"({prompts} prompts{rep}); elapsed {_dur(elapsed)}, {eta_text(left)}"
             )
             step = measurer(cand, rung, prompts, repeat)
             steps.append(step)

@@ -254,6 +254,7 @@ def build_app(service: ControlService) -> Starlette:
                 "elapsed_s": (int, float),
                 "started_at": (str, type(None)),
                 "tool": str,
+                "eta_s": (int, float, type(None)),
             },
         )
         if body["phase"] not in PHASES:

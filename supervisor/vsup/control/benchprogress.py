@@ -110,6 +110,8 @@ class BenchProgressBoard:
             "started_at": body.get("started_at"),
             "age_s": round(age, 1),
             "tool": body.get("tool", "bench"),
+            # counted down by the daemon's clock between reports, as elapsed_s counts up
+            "eta_s": None if body.get("eta_s") is None else round(max(0.0, body["eta_s"] - age), 1),
         }
 
     # ---------------------------------------------------------------- a bench that died

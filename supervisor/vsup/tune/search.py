@@ -222,10 +222,22 @@ def run_search(
     return out
 
 
-def eta_text(remaining_candidates: int, per_candidate: float | None) -> str:
-    """`~4m10s left` or `ETA unknown`."""
-    if per_candidate is None:
+def eta_seconds(
+    remaining_candidates: int, per_candidate: float | None, budget_s: float | None, elapsed_s: float
+) -> float | None:
+    """About how long the search has left: the candidates left at the mean time of those run,
+    never past the budget; None while unknown (no candidate finished, no budget)."""
+    estimate = None if per_candidate is None else remaining_candidates * per_candidate
+    if budget_s is None:
+        return estimate
+    left = max(0.0, budget_s - elapsed_s)
+    return left if estimate is None else min(estimate, left)
+
+
+def eta_text(seconds: float | None) -> str:
+    """`~4m10s left` (eta_seconds) or `ETA unknown`."""
+    if seconds is None:
         return "ETA unknown until the first candidate ran"
     from vsup.commands.progress import fmt_duration
 
-    return f"~{fmt_duration(remaining_candidates * per_candidate)} left"
+    return f"~{fmt_duration(seconds)} left"

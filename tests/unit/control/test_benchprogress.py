@@ -46,6 +46,34 @@ def test_a_report_is_shown_with_its_phase_time_moving_between_reports():
     assert shown["pid"] == os.getpid()
 
 
+def test_a_tune_says_who_it_is_and_its_eta_counts_down_between_reports():
+    clock = FakeClock()
+    board = BenchProgressBoard(clock)
+    board.update(report())
+    assert board.current()["tool"] == "bench" and board.current()["eta_s"] is None
+    board.update(report(tool="tune", eta_s=600.0))
+    clock.advance(4)
+    shown = board.current()
+    assert shown["tool"] == "tune" and shown["eta_s"] == 596.0
+    clock.advance(STALE_S - 4.5)
+    assert board.current()["eta_s"] == 590.5  # never below 0, never above what was said
+    assert board.status().eta_s == 590.5 and board.status().tool == "tune"
+
+
+def test_the_publisher_counts_its_eta_down_and_leaves_it_out_while_unknown():
+    now = [100.0]
+    pub = ProgressPublisher(lambda: None, clock=lambda: now[0], tool="tune")
+    pub.phase("running", layout="c1", index=1, count=4)
+    assert "eta_s" not in pub.report() and pub.report()["tool"] == "tune"
+    pub.eta(300.0)
+    now[0] += 30
+    assert pub.report()["eta_s"] == 270.0
+    now[0] += 400
+    assert pub.report()["eta_s"] == 0.0
+    pub.eta(None)
+    assert "eta_s" not in pub.report()
+
+
 def test_a_bench_that_stops_reporting_is_forgotten_after_the_stale_time():
     clock = FakeClock()
     board = BenchProgressBoard(clock)
@@ -141,6 +169,8 @@ async def test_the_daemon_serves_the_bench_reports_of_a_publisher_and_drops_them
         ({"pid": 0, "phase": "running"}, "'pid' must be a process id"),
         ({"pid": 5, "phase": "running", "requests_done": 1.5}, "'requests_done' must be"),
         ({"pid": 5, "phase": "running", "colour": "red"}, "unknown key 'colour'"),
+        ({"pid": 5, "phase": "running", "tool": "sweep"}, "unknown tool 'sweep'"),
+        ({"pid": 5, "phase": "running", "eta_s": "soon"}, "'eta_s' must be"),
     ],
 )
 async def test_bad_bench_reports_get_400_saying_what_to_send(daemons, body, fragment):

@@ -78,8 +78,14 @@ def test_status_says_a_bench_replaced_the_layout_under_the_header_line():
     )
     assert lines[2].split()[:3] == ["NAME", "STATE", "PID"]
     # a tune reports through the same route: it says what it is
-    d["bench"]["tool"] = "tune"
-    assert render(d).splitlines()[1].startswith("TUNE 2/3 two: running 412/1000 requests")
+    d["bench"].update(tool="tune", eta_s=750.0)
+    assert (
+        render(d)
+        .splitlines()[1]
+        .startswith(
+            "TUNE 2/3 two: running 412/1000 requests (~12m30s left of the whole tune), 1m12s"
+        )
+    )
     assert "(vsup tune pid 4242 replaced the layout" in render(d)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from vsup.tune.search import Halving, Step, run_search, rung_sizes
+from vsup.tune.search import Halving, Step, eta_seconds, eta_text, run_search, rung_sizes
 
 
 @pytest.mark.parametrize(
@@ -106,3 +106,13 @@ def test_the_budget_stops_what_would_run_past_it():
     assert len(m.calls) == 3 and result.budget_hit
     assert set(result.skipped) >= {4, 5}
     assert all(why == "the time budget ran out" for why in result.skipped.values())
+
+
+def test_the_eta_is_the_candidates_left_at_the_mean_time_never_past_the_budget():
+    assert eta_seconds(3, None, None, 50.0) is None  # nothing finished, no budget: unknown
+    assert eta_text(None) == "ETA unknown until the first candidate ran"
+    assert eta_seconds(3, 100.0, None, 200.0) == 300.0
+    assert eta_seconds(3, 100.0, 600.0, 500.0) == 100.0  # the budget ends it first
+    assert eta_seconds(3, None, 600.0, 500.0) == 100.0  # known from the budget alone
+    assert eta_seconds(3, 100.0, 600.0, 700.0) == 0.0
+    assert eta_text(300.0) == "~5m00s left"

@@ -38,6 +38,8 @@ def bench_text(bench: BenchProgress) -> Text:
         text.append(f" {done or 0}/{total} requests ")
         text.append_text(_bar((done or 0) / total))
     text.append(f" {fmt.duration(bench.elapsed_s)}")
+    if bench.eta_s is not None and bench.phase != "restoring":
+        text.append(f" · ~{fmt.duration(bench.eta_s)} left", "bold")
     text.append(
         f" · vsup {bench.tool} (pid {bench.pid}) replaced the running layout; it restores it "
         "at the end",

@@ -137,28 +137,43 @@ async def test_live_server_under_load_shows_preemptions_kv_usage_and_rates(
             async def scrape_once() -> None:
                 result = await scraper.scrape(url)
                 assert result.ok, result.error
-                assert result.parse_ms < 5
                 seen.append(result.metrics)
                 best_rates.append(rates.observe(result.metrics))
 
             probe = asyncio.create_task(_probe_cli(url, log_path))
-            # This machine can stall every process for seconds while vLLM computes (measured:
-            # a 0.3 s sleep took 5.5 s with the CPUs idle), so one round of load may pass
-            # between two scrapes. Another round (at most 4) until a scrape lands while
-            # requests wait on the full cache.
-            for _round in range(4):
-                started, before = time.monotonic(), len(seen)
-                load = asyncio.gather(*(complete(i) for i in range(12)))
-                while not load.done():
-                    await scrape_once()
-                    await asyncio.sleep(0.3)
-                await load
-                rounds.append(f"{len(seen) - before} scrapes in {time.monotonic() - started:.1f} s")
-                if any(m.requests_waiting for m in seen) and any(m.kv_cache_usage for m in seen):
-                    break
-            # counters are cumulative: one scrape after the load counts every preemption
-            await scrape_once()
-            doc = await probe
+            load: asyncio.Future | None = None
+            try:
+                # This machine can stall every process for seconds while vLLM computes
+                # (measured: a 0.3 s sleep took 5.5 s with the CPUs idle), so one round of load
+                # may pass between two scrapes. Another round (at most 4) until a scrape lands
+                # while requests wait on the full cache.
+                for _round in range(4):
+                    started, before = time.monotonic(), len(seen)
+                    load = asyncio.gather(*(complete(i) for i in range(12)))
+                    while not load.done():
+                        await scrape_once()
+                        await asyncio.sleep(0.3)
+                    await load
+                    rounds.append(
+                        f"{len(seen) - before} scrapes in {time.monotonic() - started:.1f} s"
+                    )
+                    if any(m.requests_waiting for m in seen) and any(
+                        m.kv_cache_usage for m in seen
+                    ):
+                        break
+                # counters are cumulative: one scrape after the load counts every preemption
+                await scrape_once()
+                doc = await asyncio.wait_for(probe, timeout=120)
+            finally:
+                # a failed scrape must not leave the load and the probe running: the test once
+                # hung here for 30 minutes (pytest-timeout's alarm fired into the event loop
+                # while the requests and the client pool were still open)
+                for task in (load, probe):
+                    if task is not None and not task.done():
+                        task.cancel()
+                await asyncio.gather(
+                    *(x for x in (load, probe) if x is not None), return_exceptions=True
+                )
 
     trace = (
         f"rounds: {rounds}; preemptions {[m.preemptions_total for m in seen]}, "

@@ -31,6 +31,9 @@ from tests.conftest import free_port, run_vsup
 
 # A vLLM start takes 30 s on an idle 2-core machine and 4 min on a loaded one: generous limits.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3000)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 N = 2
 MAX_UNAVAILABLE = 1

@@ -29,6 +29,9 @@ from tests.conftest import free_port, outside_cwd, until
 from tests.programs.router_fleet import completion_body, router_command, steady_load
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 NAMES = ("a", "b", "c")  # a and b time-share (swap group g0); c serves beside them
 

@@ -33,6 +33,9 @@ import pytest
 from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 vsup = partial(run_vsup, timeout=600)
 SLO = "ttft_p99<=1s"

@@ -39,6 +39,9 @@ from vsup.tui import fmt
 from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.tmux]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 ROOT = Path(__file__).parents[2]
 

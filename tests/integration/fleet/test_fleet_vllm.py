@@ -21,6 +21,9 @@ from tests.integration.fleet.conftest import node_layout
 from tests.integration.fleet.sshnodes import SshFleet, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 
 @pytest.fixture(scope="module")

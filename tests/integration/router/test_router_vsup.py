@@ -35,6 +35,9 @@ from tests.programs.router_fleet import (
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests vsup over vLLM's HTTP API, and a start costs about half as long that way
+VLLM_ONE_PROCESS = True
 
 NAMES = ("r0", "r1")
 

@@ -20,6 +20,9 @@ from typing import Any
 from vsup.control.errors import ControlError, DaemonUnavailable
 
 INTERVAL_S = 1.0
+# Keys a daemon older than them refuses (400, "unknown key"): after such a refusal the
+# publisher sends its reports without them, so a new `vsup bench` still shows on an old daemon.
+NEWER_KEYS = ("tool", "eta_s")
 
 
 class ProgressPublisher:
@@ -50,6 +53,7 @@ class ProgressPublisher:
         self._thread: threading.Thread | None = None
         self._client: Any = None
         self._refused = False  # the daemon has no such route (an older vsup): stop asking
+        self._lean = False  # the daemon refused NEWER_KEYS: leave them out
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="bench-progress", daemon=True)
@@ -128,6 +132,8 @@ class ProgressPublisher:
     def _send(self, report: dict[str, Any]) -> None:
         if self._refused:
             return
+        if self._lean:
+            report = {k: v for k, v in report.items() if k not in NEWER_KEYS}
         try:
             if self._client is None:
                 self._client = self.make_client()
@@ -136,6 +142,8 @@ class ProgressPublisher:
         except ControlError as exc:
             if exc.status in (404, 405):
                 self._refused = True
+            elif exc.status == 400 and not self._lean and any(k in report for k in NEWER_KEYS):
+                self._lean = True  # an older daemon: the next report goes without them
         except (DaemonUnavailable, OSError):
             pass  # a daemon that restarts answers the next report
         except Exception:

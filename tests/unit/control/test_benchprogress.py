@@ -74,6 +74,30 @@ def test_the_publisher_counts_its_eta_down_and_leaves_it_out_while_unknown():
     assert "eta_s" not in pub.report()
 
 
+def test_an_older_daemon_that_refuses_the_new_keys_still_gets_the_reports():
+    """A vsup upgraded under a running daemon: its bench reports `tool` and `eta_s`, which the
+    old daemon's API refuses as unknown keys; the reports go on without them."""
+    from vsup.control.errors import BadRequest
+
+    class OldDaemon:
+        taken: list[dict] = []
+
+        def bench_progress(self, report: dict) -> dict:
+            if set(report) - {"pid", "phase", "layout", "index", "count", "requests_done",
+                              "requests_total", "elapsed_s", "started_at"}:  # fmt: skip
+                raise BadRequest("unknown key 'tool'")
+            self.taken.append(report)
+            return {"bench": report}
+
+    pub = ProgressPublisher(OldDaemon, tool="tune")
+    pub.phase("running", layout="c1", index=1, count=2)
+    pub.eta(60.0)
+    pub._send(pub.report())  # refused: the publisher learns
+    pub._send(pub.report())
+    assert [r["layout"] for r in OldDaemon.taken] == ["c1"] and pub.sent == 1
+    assert "tool" not in OldDaemon.taken[0] and "eta_s" not in OldDaemon.taken[0]
+
+
 def test_a_bench_that_stops_reporting_is_forgotten_after_the_stale_time():
     clock = FakeClock()
     board = BenchProgressBoard(clock)

@@ -29,6 +29,10 @@ import pytest
 from tests.conftest import free_port, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
+# each rank's model worker inside its EngineCore_DP process (tests/conftest.py, vllm_env), as
+# on GPUs at TP1: the ranks this module freezes and kills are those processes either way, and
+# each of its four DP2 starts imports torch and vLLM twice less
+VLLM_ONE_PROCESS = True
 
 
 vsup = partial(run_vsup, timeout=1200)

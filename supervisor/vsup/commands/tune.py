@@ -391,10 +391,8 @@ def _tune_guarded(
             cursor.update(index=cand.index, rung=rung, prompts=prompts, repeat=repeat)
             position = runnable.index(cand) + 1
             done.add(cand.index)
-            per = None
-            if len(done) > 1:
-                per = (time.monotonic() - t0) / (len(done) - 1)
             elapsed = time.monotonic() - t0
+            per = elapsed / (len(done) - 1) if len(done) > 1 else None
             left = eta_seconds(len(runnable) - position + 1, per, args.budget, elapsed)
             if runner.publisher is not None:
                 runner.publisher.eta(left)  # the dashboard's `~12m left`

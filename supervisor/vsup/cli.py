@@ -1,4 +1,4 @@
-"""The `vsup` command line (the contract: README.md "Commands" and docs/ARCHITECTURE.md).
+"""The `vsup` command line (the contract: docs/commands.md and docs/ARCHITECTURE.md).
 
 Each command lives in its own module under `supervisor/vsup/commands/` with two functions:
 `register(subparsers)` adds its parser (cheap: no heavy imports at module level) and

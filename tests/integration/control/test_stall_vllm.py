@@ -15,7 +15,7 @@ In order, on one server:
    request: the run ends through the restart policy (exit reason `stalled`, one restart
    counted), a new run is spawned with load tracking, nothing of the frozen one is left.
 Nothing stays SIGSTOPped: every stopped pid gets SIGCONT in `finally`. The figures are printed
-(`-s`); README.md ("On call: stalled instances") quotes them.
+(`-s`); docs/benchmarks.md ("Stall detection on real vLLM") quotes them.
 
 Written for a loaded 2-core machine (a full run, other real-vLLM tests just ended): every wait
 is for an event, bounded generously; no bound on when `stalled` may come is taken from the

@@ -17,6 +17,9 @@ from tests.faults.helpers import alive, instance, vsup, wait_for
 from tests.faults.test_fault_disk_full import fill
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# The worker inside its EngineCore (tests/conftest.py, vllm_env): what is tested is the full disk,
+# the kill and the restart; a SIGKILLed API server still leaves its EngineCore to sweep.
+VLLM_ONE_PROCESS = True
 
 
 def test_a_killed_vllm_restarts_and_serves_on_a_full_disk(

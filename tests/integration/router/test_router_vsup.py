@@ -126,11 +126,16 @@ def serving_all(node: Node) -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(
+    tiny_model: Path, vllm_env: dict, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Node]:
     home = Path(tempfile.mkdtemp(prefix="vsup-", dir="/tmp"))
     ports = {name: free_port() for name in NAMES}
     layout = tmp_path_factory.mktemp("layouts") / "v1.toml"
-    n = Node(home, str(tiny_model), ports, free_port(), free_port(), layout, dict(VLLM_ENV))
+    # vllm_env carries the one-process mode this module asks for (VLLM_ONE_PROCESS): until
+    # 2026-12-05 the layout took VLLM_ENV alone and the flag did nothing (3 starts in 3 processes)
+    env = {**VLLM_ENV, **vllm_env}
+    n = Node(home, str(tiny_model), ports, free_port(), free_port(), layout, env)
     layout.write_text(layout_text(n, n.env, MAX_MODEL_LEN))
     try:
         up = n.vsup("up", str(layout), "--detach", "--wait", "--timeout", "1200")

@@ -84,7 +84,7 @@ def test_ranks_are_found_by_title_with_their_workers(server) -> None:
 
 
 async def test_a_rank_that_dies_is_reported_at_once_and_only_it(server) -> None:
-    """"At once": by its pidfd, with no scan in between (a RankWatch scans only when
+    """ "At once": by its pidfd, with no scan in between (a RankWatch scans only when
     `update` is called, and nothing calls it from the kill to the report)."""
     exits: list[tuple[int, int]] = []
     died = asyncio.Event()

@@ -205,7 +205,9 @@ def test_dev_zero_a_fifo_a_directory_and_a_huge_file_are_refused_quickly(tmp_pat
     }
     for path, words in cases.items():
         loaded: list = []
-        loader = threading.Thread(target=lambda: loaded.append(load_layout(path)), daemon=True)
+        loader = threading.Thread(
+            target=lambda p=path, out=loaded: out.append(load_layout(p)), daemon=True
+        )
         loader.start()
         loader.join(60)
         if loader.is_alive() and path == str(fifo):  # let it go before failing

@@ -3,9 +3,14 @@
 Two replicas of the tiny model run with `[layout] max_unavailable = 1`; a change to
 `[defaults] args` is applied with `vsup up --yes --wait` while a client thread sends completion
 requests to both replicas at once, round after round, the whole time (two, not more: CI has two
-cores, and each restarting vLLM needs them while the others serve). Every round must get
-at least N - max_unavailable = 2 answers, and the restarts must have been seen (rounds with a
-replica down), one replica after another.
+cores, and each restarting vLLM needs them while the others serve). It asserts:
+- every round during the apply gets at least N - max_unavailable = 1 answer of the 2 (never
+  both replicas down at once), over more than 20 rounds;
+- the client saw the restarts, one replica after another (r0 down, then r1), and both answer
+  in the last round;
+- the CLI reported both waves in layout order and the rollout done (2/2);
+- afterwards both replicas are ready with new pids, status's rollout is done, and the journal
+  has a drain for r0 then r1.
 
 Bounded: requests go to 127.0.0.1 only, one per replica per round, at most MAX_ROUNDS rounds,
 each with a timeout.

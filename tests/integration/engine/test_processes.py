@@ -131,35 +131,32 @@ async def test_orphans_of_a_killed_server_are_sigkilled_at_once(engine, emulator
     os.kill(server, signal.SIGKILL)
     (sweep,) = await events.wait(lambda e: e["kind"] == "sweep", timeout=30)
     assert core in sweep["pids"] and not pid_alive(core)
-    assert sweep["kill"] is True and sweep["waited_s"] < 2.0, sweep
+    assert sweep["kill"] is True, sweep
+    # SIGKILL first and only: no SIGTERM (the core would have held on for 30 s), no grace
     (said,) = vsup_lines(read_log(eng, "a", 1))
     assert f"SIGKILL to pid {core}: orphan sweep: the API server (pid {server}) is gone" in said
+    assert "SIGTERM" not in said and "grace" not in said, said
 
 
-async def test_exit_is_seen_within_100ms_p99(engine, emulator_spec, events):
-    """SIGKILL -> `exit` event, measured over many kills (restart at once, stable_s=0)."""
+async def test_every_sigkill_is_seen_as_an_exit_of_its_instance(engine, emulator_spec, events):
+    """SIGKILL -> an `exit` event of that instance and run, classified as a SIGKILL, and the
+    instance out of `ready`, for kill after kill (restart at once, stable_s=0). How fast
+    (p99 <= 100 ms, measured ~5 ms) is a benchmark: `python -m benchmarks.crash_detect`,
+    figure in docs/benchmarks.md."""
     eng = engine()
     spec = emulator_spec(
         "a", restart=RestartPolicy(backoff_s=0.01, backoff_max_s=0.01, stable_s=0, max_failures=0)
     )
     await eng.apply([spec])
-    latencies = []
-    for i in range(40):
-        await events.wait(lambda e: e["kind"] == "ready", count=i + 1, timeout=20)
-        pid = eng.instances["a"].pid
-        t0 = time.monotonic()
+    for i in range(10):
+        await events.wait(lambda e: e["kind"] == "ready", count=i + 1, timeout=60)
+        inst = eng.instances["a"]
+        pid, run = inst.pid, inst.run
         os.kill(pid, signal.SIGKILL)
-        await events.wait(lambda e: e["kind"] == "exit", count=i + 1, timeout=10)
-        t_exit = events.stamped("exit", "a")[i][0]
-        latencies.append(t_exit - t0)
+        await events.wait(lambda e: e["kind"] == "exit", count=i + 1, timeout=60)
+        ev = events.of("exit", "a")[i]
+        assert (ev["pid"], ev["run"], ev["signal"]) == (pid, run, "SIGKILL"), ev
         assert eng.instances["a"].state != "ready"
-    latencies.sort()
-    p99 = latencies[int(0.99 * (len(latencies) - 1))]
-    print(
-        f"SIGKILL -> exit event: median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
-        f"p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms over {len(latencies)}"
-    )
-    assert p99 <= 0.100
 
 
 async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(
@@ -174,7 +171,9 @@ async def test_sigterm_deaf_program_is_sigkilled_after_the_grace_period(
     took = time.monotonic() - t0
     (stop_ev,) = events.of("stop", "a")
     assert stop_ev["term"] and stop_ev["kill"]
-    assert 1.0 <= took < 5.0
+    # it waited the grace out (a lower bound); how soon after it the SIGKILL lands is a
+    # benchmark (`python -m benchmarks.stop_release`, docs/benchmarks.md)
+    assert took >= 1.0
     inst = eng.instances["a"]
     assert inst.state == "stopped" and inst.pid is None
     assert (inst.last_exit.reason, inst.last_exit.signal) == ("stopped", "SIGKILL")
@@ -447,7 +446,8 @@ async def test_a_drain_reads_a_zero_from_the_engine_gauges_twice(engine, emulato
     await eng.stop("a", drain=True)
     (drain,) = events.of("drain", "a")
     assert drain["drained"] is True and drain["requests"] == 0, drain
-    assert 1.0 <= drain["waited_s"] < 5, drain  # waited through the two reads of 2 (0.5 s each)
+    assert drain["waited_s"] >= 1.0, drain  # waited through the two reads of 2 (0.5 s each)
+    assert next(said, None) is None  # it ended on the two zeros: every read taken, no more
 
 
 async def test_a_drain_waits_for_requests_the_engine_gauges_do_not_show(

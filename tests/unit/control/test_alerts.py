@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import sys
-import time
+import threading
 
 import psutil
 import pytest
@@ -137,14 +137,26 @@ async def test_only_the_chosen_kinds_at_or_above_the_minimum_severity_are_sent(r
 
 
 async def test_a_failing_receiver_is_retried_and_supervision_never_waits_for_it() -> None:
-    slow = Receiver(statuses=[500, 503], delay_s=0.3)
+    """observe() only queues. The receiver holds every delivery on an event this test holds:
+    both observe() calls return while the first delivery is still held there, then the
+    deliveries are retried and arrive once the receiver answers. (A blocking observe() would
+    return only when the safety timer opens the gate, and the first assert would fail.)"""
+    gate = threading.Event()
+    opener = threading.Timer(60, gate.set)
+    opener.start()
+    slow = Receiver(statuses=[500, 503], gate=gate)
     clock = FakeClock()
     alerts = await alerts_for(slow.url, clock)
     try:
-        started = time.perf_counter()
         alerts.observe([ECC])
         alerts.observe([ECC, CRASH])
-        assert time.perf_counter() - started < 0.05  # observe only queues
+        assert not gate.is_set(), "observe() returned only once the receiver answered"
+        for _ in range(600):  # the first delivery reaches the receiver, which holds it
+            if slow.arrived:
+                break
+            await asyncio.sleep(0.05)
+        assert slow.arrived >= 1 and slow.bodies == [] and not gate.is_set()
+        gate.set()
         await settle(alerts)
         assert sorted(t.split(": ")[0] for t in slow.texts) == [
             "[vsup node1] CRITICAL gpu_health",
@@ -152,6 +164,8 @@ async def test_a_failing_receiver_is_retried_and_supervision_never_waits_for_it(
         ]
         assert alerts.failed == 2 and alerts.delivered == 2
     finally:
+        gate.set()
+        opener.cancel()
         await alerts.aclose()
         slow.close()
 

@@ -93,8 +93,9 @@ async def test_a_hung_engine_is_flagged_advised_alerted_and_clears(
         t0 = time.monotonic()
         stalled = await until(client, "a", lambda i: i["stalled"])
         took = time.monotonic() - t0
-        # from the last scrape that saw tokens (one poll, 0.2 s, before the cue at most)
-        assert STALL_AFTER_S - 0.5 <= took < STALL_AFTER_S + 5, took
+        # not before stall_after_s from the last scrape that saw tokens (one poll, 0.2 s,
+        # before the cue at most): a lower bound. How late after it is a machine's speed.
+        assert took >= STALL_AFTER_S - 0.5, took
         assert stalled["state"] == "ready"
         assert stalled["requests_running"] == 3 and stalled["requests_waiting"] == 5
         assert stalled["stalled_for_s"] >= STALL_AFTER_S and stalled["stalled_since"]

@@ -11,15 +11,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Receiver:
     """A webhook receiver on 127.0.0.1: records JSON bodies, answers scripted statuses."""
 
-    def __init__(self, statuses: list[int] | None = None, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        statuses: list[int] | None = None,
+        delay_s: float = 0.0,
+        gate: threading.Event | None = None,
+    ) -> None:
+        """`gate`: when given, each request is held (read, not answered) until it is set;
+        `arrived` counts the requests read so far."""
         self.bodies: list[dict] = []
         self.statuses = list(statuses or [])
         self.delay_s = delay_s
+        self.gate = gate
+        self.arrived = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.arrived += 1
+                if receiver.gate is not None:
+                    receiver.gate.wait()
                 time.sleep(receiver.delay_s)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 if status < 300:

@@ -183,9 +183,9 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
         return f"unhealthy: /health failed {e.get('failures')} time(s) ({status}{err}{rank})"
     if kind == "exit":
         reason = e.get("reason") or "unknown"
-        how = ", ".join(x for x in (_how_exited(e), _run(e)) if x)
         if reason == ExitReason.STOPPED:
-            return f"stopped ({how})"
+            return f"stopped ({', '.join(x for x in (_run(e), _how_exited(e)) if x)})"
+        how = ", ".join(x for x in (_how_exited(e), _run(e)) if x)
         said = _last_line(e.get("log_excerpt"))
         rank = f", data-parallel rank {e['rank']} died first" if e.get("rank") is not None else ""
         return f"exited: {reason} ({how}{rank})" + (f": {said}" if said else "")

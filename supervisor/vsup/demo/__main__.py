@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         home = home_of_demo()
         log = open(home / "demo-load.log", "ab")
         load = subprocess.Popen(
-            [sys.executable, "-m", "vsup.demo.load", *map(str, ports)],
+            [sys.executable, "-m", "vsup.demo.load", *map(str, ports), "--vsup-home", str(home)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

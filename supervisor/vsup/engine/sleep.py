@@ -306,8 +306,8 @@ class Sleeper:
             return await self._sleep_locked(inst, t, level, why)
 
     async def wake(self, name: str, why: str = "operator") -> dict:
-        """Wake `name`; in a swap group the awake member sleeps first (the answer's `slept`
-        lists those sleeps' answers). Raises SleepRefused."""
+        """Wake `name`; in a swap group the awake member sleeps first (the answer's
+        `group_slept` lists those sleeps' answers). Raises SleepRefused."""
         inst, t = self._sleep_mode(name)
         group = inst.spec.swap_group
         t.want_awake = True
@@ -334,7 +334,7 @@ class Sleeper:
                 woke = await self._start_awake(inst, t, why)
             else:
                 woke = await self._wake_locked(inst, t, why)
-        return {**woke, "slept": slept} if slept else woke
+        return {**woke, "group_slept": slept} if slept else woke
 
     async def swap(self, a: str, b: str) -> dict:
         """`a` sleeps (its memory seen released), then `b` wakes; when `b` does not come up,

@@ -146,7 +146,7 @@ def test_a_start_that_timed_out_is_advice_until_the_instance_serves():
 
 def test_a_wake_in_a_swap_group_says_who_went_to_sleep_first():
     answer = {"instance": "s2", "took_s": 0.8,
-              "slept": [{"instance": "s1", "level": 1, "took_s": 1.2, "held_bytes": None}]}  # fmt: skip
+              "group_slept": [{"instance": "s1", "level": 1, "took_s": 1.2, "held_bytes": None}]}  # fmt: skip
     assert sleep.describe("wake", answer) == (
         "s1: asleep (level 1) in 1.2 s (its swap group's other member)\ns2: awake in 0.8 s"
     )

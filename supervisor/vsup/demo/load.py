@@ -72,7 +72,8 @@ class Gate:
                     names = []
                 if names and self._open.is_set():
                     self._open.clear()
-                    print(f"load: paused while {', '.join(names)} starts", file=sys.stderr)
+                    verb = "starts" if len(names) == 1 else "start"
+                    print(f"load: paused while {', '.join(names)} {verb}", file=sys.stderr)
                 elif not names and not self._open.is_set():
                     self._open.set()
                     print("load: resumed", file=sys.stderr)

@@ -1,8 +1,8 @@
-"""Where `stall_after_s` goes (issue 35, item 17): the README said "per layout", an operator
-wrote it in `[layout]`, and `[layout]` refuses it. It is an instance key (InstanceSpec,
-control/stalls.py reads it per instance; docs/layout.md lists it with the instance keys), so the
-layout-wide place is `[defaults]`: the README names exactly the places that take it, and
-`[layout]` says where it belongs."""
+"""Where `stall_after_s` goes (issue 35, item 17): the on-call docs (then the README) said "per
+layout", an operator wrote it in `[layout]`, and `[layout]` refuses it. It is an instance key
+(InstanceSpec, control/stalls.py reads it per instance; docs/layout.md lists it with the
+instance keys), so the layout-wide place is `[defaults]`: docs/oncall.md names exactly the
+places that take it, and `[layout]` says where it belongs."""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ def diagnostics(**tables: str) -> list[str]:
     return [d.format() for d in validate(loads_layout(text, "l.toml"), node_gpus=1)]
 
 
-def test_the_readme_names_the_places_that_take_stall_after_s():
-    readme = " ".join((REPO / "README.md").read_text().split())
-    m = re.search(r"makes no progress at all for `stall_after_s` \(([^)]*)\)", readme)
-    assert m, "README: the sentence that says where stall_after_s goes"
+def test_the_docs_name_the_places_that_take_stall_after_s():
+    oncall = " ".join((REPO / "docs" / "oncall.md").read_text().split())
+    m = re.search(r"makes no progress at all for `stall_after_s` \(([^)]*)\)", oncall)
+    assert m, "docs/oncall.md: the sentence that says where stall_after_s goes"
     places = re.findall(r"`(\[\[?\w+\]\]?)`", m.group(1))
     assert places == ["[defaults]", "[[instance]]"], m.group(1)
     for place in places:

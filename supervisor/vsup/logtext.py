@@ -10,7 +10,9 @@ vLLM's start-up draws tqdm bars that redraw in place. Seen in a real CUDA vLLM 0
   carriage return overwrites, and vLLM's banner lines end in `\\r\\n`.
 
 `TerminalLines` turns such text into display lines: within a line each `\\r` segment overwrites
-the start of what was there (as a terminal does), ANSI escapes (colours, cursor moves) go, and
+the start of what was there (as a terminal does), ANSI escapes (colours, cursor moves, window
+titles) go, any other control character (a BEL, a stray ESC) is shown as an escape (`\\x07`,
+vsup.termtext.printable) so that a log can never drive the terminal that shows it, and
 consecutive states of one bar (same description and total, progress not going back) keep only
 the last. It works on a stream (`feed` chunks as they arrive; lines that a later chunk may still
 change are `pending`), so a follower shows a bar moving in place. `collapse(text)` does a whole
@@ -22,8 +24,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# CSI sequences (colours, cursor moves, erase) and the two-character escapes.
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+from vsup.termtext import printable
+
+# OSC sequences (a window title: ESC ] 0;TEXT BEL, or ending in ESC \\), CSI sequences
+# (colours, cursor moves, erase) and the two-character escapes.
+_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # tqdm's default `{desc}: {percentage:3.0f}%|{bar}| {n}/{total} [...]` and vLLM's
 # `{desc}: {percentage:3.0f}% Completed | {n}/{total} [...]`.
 _BAR = re.compile(
@@ -45,6 +50,11 @@ def render_line(raw: str) -> str:
         if segment:
             shown = segment + shown[len(segment) :]
     return shown.rstrip()
+
+
+def _shown(raw: str) -> str:
+    """A display line: as a terminal shows it, and safe to print (no control characters)."""
+    return printable(render_line(raw), newlines=True)
 
 
 @dataclass(frozen=True)
@@ -83,14 +93,14 @@ class TerminalLines:
         self._partial = parts.pop()
         out: list[str] = []
         for raw in parts:
-            out += self._add(render_line(raw))
+            out += self._add(_shown(raw))
         return out
 
     def pending(self) -> list[str]:
         """Lines shown for now: held bar states, then the line still being written."""
         lines = [line for _, line in self._held]
         if self._partial:
-            partial = render_line(self._partial)
+            partial = _shown(self._partial)
             state = bar_state(partial)
             held = self._match(state) if state is not None else None
             if held is not None:
@@ -103,7 +113,7 @@ class TerminalLines:
         out = [line for _, line in self._held]
         self._held = []
         if self._partial:
-            out += self._add(render_line(self._partial))
+            out += self._add(_shown(self._partial))
             out += [line for _, line in self._held]
             self._held, self._partial = [], ""
         return out
@@ -135,7 +145,7 @@ class TerminalLines:
 def collapse(text: str) -> str:
     """A whole log text as a terminal would leave it on screen (see the module doc)."""
     if "\r" not in text and "\x1b" not in text and "%" not in text:
-        return text  # nothing to redraw: the common case costs one scan
+        return printable(text, newlines=True)  # nothing to redraw: the common case
     lines = TerminalLines()
     out = lines.feed(text) + lines.flush()
     return "\n".join(out) + ("\n" if text.endswith("\n") and out else "")

@@ -24,12 +24,44 @@ def vsup_home(create: bool = True) -> Path:
     """The directory for the socket, state file, journal and logs (see the module's rules).
     `create=False` names it without creating anything (`vsup paths`)."""
     env = os.environ.get("VSUP_HOME")
-    if env:
-        home = Path(env).expanduser()
-    else:
-        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-        home = Path(state) / "vsup"
+    home = Path(env).expanduser() if env else _default_home()
     return private_home(home.absolute(), create=create)
+
+
+def _default_home() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "vsup"
+
+
+def vsup_program() -> str:
+    """How to run this vsup from a shell: `vsup` when that is the one on PATH, else its path
+    (`make demo` runs the checkout's .venv, which is rarely activated)."""
+    import shutil
+    import sys
+
+    mine = Path(sys.executable).parent / "vsup"
+    found = shutil.which("vsup")
+    if found and Path(found).resolve() == mine.resolve():
+        return "vsup"
+    return str(mine) if mine.exists() else f"{sys.executable} -m vsup"
+
+
+def attach_command(home: Path | None = None) -> str:
+    """The shell command that reaches the daemon of `home` (default: this VSUP_HOME): the
+    program alone when a plain run finds that home (the default one), else with
+    `VSUP_HOME=...` before it - a plain `vsup` would look in the default home and find no
+    daemon there (the demo's, a test's, a service's own home)."""
+    import shlex
+
+    home = vsup_home(create=False) if home is None else home
+    try:
+        default = private_home(_default_home().absolute(), create=False)
+    except OSError:
+        default = None
+    program = vsup_program()
+    if default is not None and home == default:
+        return program
+    return f"VSUP_HOME={shlex.quote(str(home))} {program}"
 
 
 def private_home(home: Path, create: bool = True) -> Path:

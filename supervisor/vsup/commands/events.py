@@ -33,6 +33,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # Kinds whose words another event of the same moment already says.
 _QUIET = frozenset({"state"})
+_PULLS = ("pull_start", "pull_progress", "pull_done", "pull_failed")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -106,11 +107,13 @@ def subject(event: dict[str, Any]) -> str:
 
 
 def concerns(event: dict[str, Any], name: str) -> bool:
-    """Whether `--instance name` shows `event`."""
+    """Whether `--instance name` shows `event` (an operator's action naming it, a pull of its
+    model included)."""
     if subject(event) == name:
         return True
-    names = event.get("names")
-    return event.get("kind") == "action" and isinstance(names, list) and name in names
+    kind = event.get("kind")
+    names = event.get("instances") if kind in _PULLS else event.get("names")
+    return kind in ("action", *_PULLS) and isinstance(names, list) and name in names
 
 
 def _s(value: Any) -> str:
@@ -124,6 +127,11 @@ def _last_line(text: Any, limit: int = 160) -> str:
     if not isinstance(text, str) or not text.strip():
         return ""
     return text.strip().splitlines()[-1].strip()[:limit]
+
+
+def _run(e: dict[str, Any]) -> str:
+    """`run 3`; empty when the event has no run (a start refused before any process)."""
+    return f"run {e['run']}" if e.get("run") is not None else ""
 
 
 def _how_exited(e: dict[str, Any]) -> str:
@@ -176,12 +184,11 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
     if kind == "exit":
         reason = e.get("reason") or "unknown"
         if reason == ExitReason.STOPPED:
-            return f"stopped (run {e.get('run')}, {_how_exited(e)})"
+            return f"stopped ({', '.join(x for x in (_run(e), _how_exited(e)) if x)})"
+        how = ", ".join(x for x in (_how_exited(e), _run(e)) if x)
         said = _last_line(e.get("log_excerpt"))
         rank = f", data-parallel rank {e['rank']} died first" if e.get("rank") is not None else ""
-        return f"exited: {reason} ({_how_exited(e)}, run {e.get('run')}{rank})" + (
-            f": {said}" if said else ""
-        )
+        return f"exited: {reason} ({how}{rank})" + (f": {said}" if said else "")
     if kind == "restart_scheduled":
         delay = float(e.get("delay_s") or 0)
         when = "at once" if delay <= 0 else f"in {delay:.0f} s"
@@ -231,11 +238,18 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
     if kind == "stall_restart":
         return f"restarting a stalled engine: {e.get('why')}"
     if kind == "stalled":
-        return (
-            f"STALLED: {int(e.get('requests_running') or 0)} running, "
-            f"{int(e.get('requests_waiting') or 0)} waiting, no token for "
-            f"{_s(e.get('stalled_for_s'))}"
-            + ("; restart.on_stall restarts it" if e.get("on_stall") else "")
+        from vsup.control.stalls import work_words
+
+        ranks = e.get("ranks")
+        work = work_words(
+            e.get("evidence"),
+            e.get("requests_running"),
+            e.get("requests_waiting"),
+            e.get("requests_in_flight"),
+            tuple(ranks) if isinstance(ranks, list) else (),
+        )
+        return f"STALLED: {work}, no token for {_s(e.get('stalled_for_s'))}" + (
+            "; restart.on_stall restarts it" if e.get("on_stall") else ""
         )
     if kind == "stall_cleared":
         return f"no longer stalled ({e.get('why') or 'progress'})"
@@ -274,8 +288,39 @@ def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str |
         return f"control socket bound again ({e.get('was') or 'it was gone'})"
     if kind == "error":
         return f"vsup error: {e.get('message')}"
+    if kind in _PULLS:
+        return _pull(e)
     keys = {k: v for k, v in e.items() if k not in ("seq", "t", "kind", "instance", "router")}
     return f"{kind}" + (f" {json.dumps(keys, default=str)[:200]}" if keys else "")
+
+
+def _pull(e: dict[str, Any]) -> str:
+    """A hub model's pull (control/pulls.py) in the words `vsup status` uses (pullview)."""
+    from vsup import pullview
+
+    who = ", ".join(e.get("instances") or ())
+    what = pullview.label(e) + (f" for {who}" if who else "")
+    kind = e.get("kind")
+    if kind == "pull_start":
+        commit = f" (commit {str(e['commit'])[:12]})" if e.get("commit") else ""
+        return (
+            f"pull of {what} started: {e.get('files')} file(s), "
+            f"{pullview.human_bytes(e.get('bytes_to_fetch'))} to fetch of "
+            f"{pullview.human_bytes(e.get('bytes_total'))}{commit}"
+        )
+    if kind == "pull_progress":
+        pct = pullview.percent(e)
+        rate = f", {pullview.human_bytes(e['rate_bps'])}/s" if e.get("rate_bps") else ""
+        return (
+            f"pull of {what}: {pullview.human_bytes(e.get('bytes_done'))}/"
+            f"{pullview.human_bytes(e.get('bytes_total'))}" + (f" ({pct})" if pct else "") + rate
+        )
+    if kind == "pull_done":
+        return (
+            f"pulled {what}: {pullview.human_bytes(e.get('fetched_bytes'))} fetched in "
+            f"{pullview.duration(e.get('elapsed_s'))}, snapshot {e.get('snapshot')}"
+        )
+    return f"pull of {what} FAILED ({e.get('reason')}): {e.get('message')}"
 
 
 def _action(e: dict[str, Any]) -> str | None:
@@ -311,14 +356,22 @@ def _rollout(e: dict[str, Any]) -> str:
     return head
 
 
+def local_time(event: dict[str, Any]) -> str:
+    """The event's time as a person reads it here: `2026-12-01 21:13:55`, local."""
+    t = event_time(event)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "?"
+
+
 def render(event: dict[str, Any], width: int, urls: dict[str, str] | None = None) -> str | None:
-    """The event's line: local time, whose, what; None when it is left out."""
+    """The event's line: local time, whose, what; None when it is left out. What came from a
+    layout, a log or a server (a name, an exit's last log line, a message) is made safe for a
+    terminal (termtext.printable): an escape sequence in it is shown, never sent."""
+    from vsup.termtext import printable
+
     words = describe(event, urls)
     if words is None:
         return None
-    t = event_time(event)
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "?"
-    return f"{when}  {subject(event).ljust(width)}  {words}"
+    return f"{local_time(event)}  {printable(subject(event).ljust(width))}  {printable(words)}"
 
 
 def first_seq(client: Client, since_wall: float | None) -> int:

@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from vsup.commands import exits
 from vsup.states import NodeOutcome
+from vsup.termtext import printable
 
 if TYPE_CHECKING:
     from vsup.fleet.model import Fleet
@@ -362,21 +364,50 @@ def confirm(interrupts: dict[str, list[str]]) -> int:
 # -- events ----------------------------------------------------------------------------------
 
 
+# The width of the WHO column (instance, @router or vsup) of `vsup fleet events`.
+WHO_WIDTH = 10
+
+
+def event_line(ev: dict[str, Any], width: int) -> str | None:
+    """One node's journal event as `vsup events` says it (its words, local time), with the
+    node after the time: `2026-12-01 21:13:55  gpu01  a           ready after 31.2 s (...)`.
+    None for an event `vsup events` leaves out (a `state` change other events already say)."""
+    from vsup.commands.events import describe, local_time, subject
+
+    words = describe(ev)
+    if words is None:
+        return None
+    node, who = printable(ev.get("node", "?")).ljust(width), printable(subject(ev)).ljust(WHO_WIDTH)
+    return f"{local_time(ev)}  {node}  {who}  {printable(words)}"
+
+
 async def _events(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
-    from vsup.fleet.events import Merger, format_event
+    from vsup.fleet.events import Merger
     from vsup.fleet.query import FleetClient
 
     width = max(len(n.name) for n in nodes)
 
     def note(text: str) -> None:
-        print(f"vsup fleet events: {text}", file=sys.stderr, flush=True)
+        print(f"vsup fleet events: {printable(text)}", file=sys.stderr, flush=True)
 
     async with FleetClient(fleet) as fc:
         merger = Merger(fc, nodes)
         tail = max(0, args.lines)
         while True:
-            for ev in await merger.round(tail, note):
-                line = json.dumps(ev) if args.json else format_event(ev, width)
+            fresh = {name for name, nxt in merger.next.items() if nxt is None}
+            # In words, `-n N` is the last N lines per node: the events left out (`state`) are
+            # about half of a journal, so a node's first read reaches 4 N events back.
+            events = await merger.round(tail if args.json else tail * 4, note)
+            lines = [(ev, json.dumps(ev) if args.json else event_line(ev, width)) for ev in events]
+            skip = Counter(ev.get("node") for ev, line in lines if line is not None)
+            for node in skip:
+                skip[node] = max(0, skip[node] - tail) if node in fresh and not args.json else 0
+            for ev, line in lines:
+                if line is None:
+                    continue
+                if skip[ev.get("node")] > 0:
+                    skip[ev.get("node")] -= 1
+                    continue
                 print(line, flush=True)
             if not args.follow:
                 return exits.FAILED if merger.down else exits.OK

@@ -74,7 +74,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(action: str, result: dict[str, Any]) -> str:
-    """One line per outcome: `a: asleep (level 1) in 1.4 s, 1.7 GiB still held`."""
+    """One line per outcome: `a: asleep (level 1) in 1.4 s, 1.7 GiB still held`. A wake in a
+    swap group says first which member went to sleep for it."""
+    if action == "wake" and result.get("group_slept"):
+        group = [
+            describe("sleep", s) + " (its swap group's other member)" for s in result["group_slept"]
+        ]
+        return "\n".join([*group, describe("wake", {**result, "group_slept": None})])
     if action == "swap":
         slept, woke = result.get("slept") or {}, result.get("woke") or {}
         return "\n".join(

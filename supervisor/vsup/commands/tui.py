@@ -3,7 +3,8 @@
 Starts the daemon when none runs (the dashboard starts, stops and edits instances), except
 with `--readonly` or `--screenshot`: watching never starts one, it says that none runs for
 this VSUP_HOME (exit status 4). `q` detaches: the daemon and every instance keep running, and
-`vsup` attaches again from any SSH session.
+`vsup` attaches again from any SSH session (the detach message says `VSUP_HOME=... vsup` when
+the home is not the default one, which a plain `vsup` would not find).
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(path)
         return 0
-    app = DashboardApp(AsyncClient(), readonly=args.readonly, keymap=keymap, refresh_s=args.refresh)
+    from vsup.paths import attach_command
+
+    app = DashboardApp(
+        AsyncClient(),
+        readonly=args.readonly,
+        keymap=keymap,
+        refresh_s=args.refresh,
+        attach_command=attach_command(),
+    )
     app.run()
     return app.return_code or 0

@@ -65,6 +65,7 @@ def compute_advice(
         out += kv_too_small(inst, inputs.kv_peak.get(inst.name))
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
+        out += start_timed_out(inst)
         out += stalled(inst)
         out += sleep_trouble(inst)
     out += pull_failed(instances)
@@ -267,6 +268,35 @@ def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
             )
         ]
     return []
+
+
+def start_timed_out(inst: InstanceStatus) -> list[Advice]:
+    """Its last start was ended at `start_timeout_s` and it does not serve yet (starting again,
+    backing off, or failed): a start slower than its timeout, most often on a busy node (other
+    starts, a load on its cores), where the next try may time out the same way."""
+    last = inst.last_exit
+    if last is None or last.reason != ExitReason.STARTUP_TIMEOUT:
+        return []
+    if inst.state not in (State.STARTING, State.BACKOFF, State.FAILED):
+        return []
+    limit = f"{inst.start_timeout_s:g} s" if inst.start_timeout_s else "its start_timeout_s"
+    # starting again: that start's log is the previous run's
+    log = f"vsup logs {inst.name}" + (" --previous" if inst.state == State.STARTING else "")
+    return [
+        Advice(
+            kind="start_timeout",
+            severity="warning",
+            instance=inst.name,
+            message=(
+                f"{inst.name}: its last start timed out (not ready {limit} after it began, "
+                f"start_timeout_s). A busy node (other instances starting or serving on the "
+                f"same cores or GPUs) slows a start down: raise start_timeout_s for "
+                f"{inst.name} in the layout ([defaults] or its [[instance]]) and run `vsup up "
+                f"LAYOUT`, or start it when the node is quieter. `{log}` shows how far that "
+                "start got."
+            ),
+        )
+    ]
 
 
 # Exits that the same command line repeats: the layout must change, and `vsup restart` would

@@ -68,19 +68,34 @@ def stall_work(inst: InstanceStatus) -> str:
     flight at the API server and none at the engine` (data parallel: `.. and 1 of them at the
     engines`), `a canary request unanswered`; with `data-parallel rank 1: ` before it when
     ranks are named."""
-    evidence = inst.stall_evidence
+    return work_words(
+        inst.stall_evidence,
+        inst.requests_running,
+        inst.requests_waiting,
+        inst.requests_in_flight,
+        tuple(inst.stalled_ranks),
+    )
+
+
+def work_words(
+    evidence: str | None,
+    running: float | None,
+    waiting: float | None,
+    in_flight: float | None,
+    ranks: tuple[int, ...] = (),
+) -> str:
+    """`stall_work` from the figures themselves (a `stalled` journal event carries them): with
+    evidence `server` the engine's gauges read 0 (frozen at its last stats) and the work is what
+    the API server holds, so that is what is said."""
     if evidence == "server":
-        n = inst.requests_in_flight or 0
-        shown = int((inst.requests_running or 0) + (inst.requests_waiting or 0))
+        n = int(in_flight or 0)
+        shown = int((running or 0) + (waiting or 0))
         work = f"{n} request{'s' if n != 1 else ''} in flight at the API server and "
         work += f"{shown} of them at the engines" if shown else "none at the engine"
     elif evidence == "canary":
         work = "a canary request (max_tokens 1) unanswered"
     else:
-        work = (
-            f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting"
-        )
-    ranks = inst.stalled_ranks
+        work = f"{int(running or 0)} running, {int(waiting or 0)} waiting"
     if ranks:
         which = ", ".join(str(r) for r in ranks)
         work = f"data-parallel rank{'s' if len(ranks) > 1 else ''} {which}: {work}"

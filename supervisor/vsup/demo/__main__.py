@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         home = home_of_demo()
         log = open(home / "demo-load.log", "ab")
         load = subprocess.Popen(
-            [sys.executable, "-m", "vsup.demo.load", *map(str, ports)],
+            [sys.executable, "-m", "vsup.demo.load", *map(str, ports), "--vsup-home", str(home)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -80,21 +80,11 @@ def home_of_demo() -> Path:
     return paths.vsup_home()
 
 
-def vsup_program() -> str:
-    """How to run this vsup from a shell: `vsup` when that is the one on PATH, else its path
-    (`make demo` runs the checkout's .venv, which is rarely activated)."""
-    import shutil
-
-    mine = Path(sys.executable).parent / "vsup"
-    found = shutil.which("vsup")
-    if found and Path(found).resolve() == mine.resolve():
-        return "vsup"
-    return str(mine) if mine.exists() else f"{sys.executable} -m vsup"
-
-
 def detach_message(home: Path) -> str:
     """What re-attaches: a plain `vsup` uses the default VSUP_HOME, not the demo's, and would
     find no daemon there."""
+    from vsup.paths import vsup_program
+
     vsup = vsup_program()
     return (
         f"demo: the instances keep running under the vsup daemon of VSUP_HOME={home}.\n"

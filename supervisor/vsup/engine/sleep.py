@@ -306,10 +306,12 @@ class Sleeper:
             return await self._sleep_locked(inst, t, level, why)
 
     async def wake(self, name: str, why: str = "operator") -> dict:
-        """Wake `name`; in a swap group the awake member sleeps first. Raises SleepRefused."""
+        """Wake `name`; in a swap group the awake member sleeps first (the answer's
+        `group_slept` lists those sleeps' answers). Raises SleepRefused."""
         inst, t = self._sleep_mode(name)
         group = inst.spec.swap_group
         t.want_awake = True
+        slept: list[dict] = []
         if group is not None:
             for other in self.members(group):
                 ot = self.track(other.name)
@@ -318,7 +320,9 @@ class Sleeper:
                 ot.want_awake = False
                 if other.pid is not None and ot.state != SleepState.ASLEEP:
                     try:
-                        await self.sleep(other.name, why=f"{name} wakes in swap group {group}")
+                        slept.append(
+                            await self.sleep(other.name, why=f"{name} wakes in swap group {group}")
+                        )
                     except SleepRefused as exc:
                         t.want_awake = False
                         raise SleepRefused(
@@ -327,8 +331,10 @@ class Sleeper:
                         ) from exc
         async with t.lock:
             if inst.pid is None or inst.state != State.READY:
-                return await self._start_awake(inst, t, why)
-            return await self._wake_locked(inst, t, why)
+                woke = await self._start_awake(inst, t, why)
+            else:
+                woke = await self._wake_locked(inst, t, why)
+        return {**woke, "group_slept": slept} if slept else woke
 
     async def swap(self, a: str, b: str) -> dict:
         """`a` sleeps (its memory seen released), then `b` wakes; when `b` does not come up,

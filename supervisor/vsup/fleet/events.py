@@ -3,13 +3,13 @@
 Each node's journal keeps its own `seq`; the merge orders by the events' `t` (UTC, ISO 8601)
 within each round of reads, so a follow shows every node's events as they come, a second at
 most after they happen. A node that stops answering is said once, and again when it is back;
-its events are read from where it left off (nothing is skipped while it was away).
+its events are read from where it left off (nothing is skipped while it was away). The command
+(commands/fleet.py) says each event in `vsup events`' words.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,25 +19,6 @@ from vsup.fleet.query import FleetClient
 
 # `since` beyond any journal: the answer is empty and its `next` is where the journal ends.
 END = 2**62
-SKIP_KEYS = {"t", "kind", "instance", "seq", "toml", "spec", "node", "plan"}
-
-
-def format_event(ev: dict[str, Any], width: int = 10) -> str:
-    """`2026-05-11T09:00:01Z gpu01      ready        a  run=1 pid=4242 startup_s=31.2`."""
-    who = ev.get("instance") or (f"router:{ev['router']}" if ev.get("router") else "-")
-    rest = []
-    for k, v in ev.items():
-        if k in SKIP_KEYS or (k == "router" and who.startswith("router")):
-            continue
-        if isinstance(v, str):
-            v = v.strip().splitlines()[-1][:160] if v.strip() else ""
-        elif isinstance(v, (dict, list)):
-            v = json.dumps(v, separators=(",", ":"))[:160]
-        rest.append(f"{k}={v}")
-    return (
-        f"{ev.get('t', '?')} {ev.get('node', '?'):<{width}} {ev.get('kind', '?'):<12} {who}  "
-        + " ".join(rest)
-    )
 
 
 class Merger:

@@ -116,8 +116,12 @@ class DashboardApp(App[None]):
         refresh_s: float = 1.0,
         local_checks: bool = True,
         node_gpus: int | None = None,
+        attach_command: str = "vsup",
     ) -> None:
         super().__init__()
+        # what the detach message tells to run again (`VSUP_HOME=... vsup` for a home that a
+        # plain `vsup` would not find: paths.attach_command)
+        self.attach_command = attach_command
         self.client = client
         self.readonly = readonly
         self.user_keymap = dict(keymap or {})
@@ -444,7 +448,9 @@ class DashboardApp(App[None]):
 
     def detach(self) -> None:
         """Leave; the daemon and every instance keep running."""
-        self.exit(message="detached: instances keep running; run `vsup` to attach again")
+        self.exit(
+            message=f"detached: instances keep running; run `{self.attach_command}` to attach again"
+        )
 
     # -- layout editing -------------------------------------------------------------------------
 

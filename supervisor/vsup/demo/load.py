@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from vsup import paths
+from vsup.states import State
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROMPTS = (
@@ -59,7 +60,7 @@ class Gate:
         self._open.set()
 
     def starting(self, status: dict) -> list[str]:
-        return [i["name"] for i in status.get("instances", ()) if i.get("state") == "starting"]
+        return [i["name"] for i in status.get("instances", ()) if i.get("state") == State.STARTING]
 
     async def watch(self) -> None:
         if self.socket is None:

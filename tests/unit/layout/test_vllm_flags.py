@@ -40,8 +40,12 @@ def installed_vllm_version() -> str:
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("VSUP_HOME", str(tmp_path / "home"))
     vllm_flags._found.clear()
+    # the frozen list is cached once per process: one read while a test patched FROZEN_VERSION
+    # named the next test's list "vLLM 0.0" (seen in a unit run on two workers)
+    vllm_flags.frozen_flags.cache_clear()
     yield tmp_path / "home"
     vllm_flags._found.clear()
+    vllm_flags.frozen_flags.cache_clear()
 
 
 def fake_python(root: Path, body: str, version: str = "9.9.0", dist: str = "vllm") -> str:

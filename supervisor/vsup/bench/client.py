@@ -110,10 +110,9 @@ def client_flags(
     """Every flag of one client: the instance's address and model, the workload share, and
     where the figures go."""
     flags = ["--backend", "vllm", "--base-url", spec.base_url, "--model", spec.model]
-    served = spec.arg("served-model-name")
+    served = spec.served_model_name
     if served:
-        name = served[0] if isinstance(served, list | tuple) else str(served).split()[0]
-        flags += ["--served-model-name", str(name)]
+        flags += ["--served-model-name", served]
     tokenizer = spec.arg("tokenizer")
     flags += ["--tokenizer", str(tokenizer or spec.model)]
     if spec.arg("trust-remote-code") not in (None, False):

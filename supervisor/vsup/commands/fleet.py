@@ -271,6 +271,15 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
         return exits.BAD_INPUT
+    relative = relative_models(layout)
+    if relative:
+        for d in relative:
+            print(d.format(), file=sys.stderr)
+        print(
+            f"vsup fleet up: {path} names models by relative paths; nothing was changed",
+            file=sys.stderr,
+        )
+        return exits.BAD_INPUT
     if not nodes:
         print("vsup fleet up: no nodes chosen", file=sys.stderr)
         return exits.BAD_INPUT
@@ -310,6 +319,38 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
         print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
     return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
+
+
+def relative_models(layout: Any) -> list[Any]:
+    """The layout's models written as paths relative to its directory (or, without `./`, naming
+    a directory there): the nodes get the layout as text, so nothing is beside it there."""
+    from vsup.layout.diagnostics import ERROR, Diagnostic
+    from vsup.layout.modelpath import is_local_model
+
+    out = []
+    raw = layout.document.get("instance")
+    tables: list[tuple[Any, tuple[Any, ...]]] = [(layout.defaults, ("defaults",))]
+    tables += [(t, ("instance", i)) for i, t in enumerate(raw if isinstance(raw, list) else [])]
+    for table, where in tables:
+        model = table.get("model") if isinstance(table, dict) else None
+        if not isinstance(model, str) or model.startswith(("/", "~")):
+            continue
+        if is_local_model(model) or (layout.base_dir / model).is_dir():
+            name = table.get("name") if where[0] == "instance" else None
+            out.append(
+                Diagnostic(
+                    ERROR,
+                    f"model '{model}' is a path relative to the layout's directory, which the "
+                    "nodes do not have (the layout is sent as text): a fleet layout needs "
+                    "absolute paths (the same on every node) or hub ids",
+                    file=layout.file,
+                    line=layout.line(*where, "model"),
+                    instance=name if isinstance(name, str) else None,
+                    key="model",
+                    table=None if where[0] == "instance" else "[defaults]",
+                )
+            )
+    return out
 
 
 def plan_line(plan: dict[str, Any], serving: set[str]) -> str:

@@ -93,8 +93,9 @@ def _targets(args: argparse.Namespace) -> list[Any]:
     import os
     from pathlib import Path
 
+    from vsup.layout.diagnostics import ERROR, WARNING
     from vsup.pull import cache as cache_mod
-    from vsup.pull.targets import PullTarget, group, target_of, wants_pull
+    from vsup.pull.targets import PullTarget, group, pulls_hub_model, target_of, wants_pull
 
     if args.workers < 1:
         raise _BadInput("--workers must be 1 or more")
@@ -124,15 +125,64 @@ def _targets(args: argparse.Namespace) -> list[Any]:
         print_diagnostics([d for d in diagnostics if d.is_error])
         raise _BadInput(f"{path} is not valid; nothing was pulled")
     specs = compiled.specs
-    # the explicit command asks the hub even where HF_HUB_OFFLINE is set for the instances'
-    # vLLM (their env): only the keys `pull = false` and local paths are left out
+    # as for `vsup up`: local paths, `pull = false` and instances whose env sets HF_HUB_OFFLINE
+    # are left out (the daemon's own HF_HUB_OFFLINE is this process's: the pull says `offline`)
     hub_specs = [s for s in specs if wants_pull(s, {})]
+    offline = [s for s in specs if pulls_hub_model(s) and not wants_pull(s, {})]
     if not hub_specs:
+        print_diagnostics(_offline_diagnostics(compiled, offline, ERROR))
         raise _BadInput(
-            f"{path} names no hub model to pull (local paths and instances with pull = false "
-            "are left out)"
+            f"{path} names no hub model to pull (local paths, instances with pull = false and "
+            "instances whose env sets HF_HUB_OFFLINE are left out)"
         )
+    print_diagnostics(_offline_diagnostics(compiled, offline, WARNING))
     return group(target_of(s) for s in hub_specs)
+
+
+def _offline_diagnostics(compiled: Any, specs: list[Any], severity: str) -> list[Any]:
+    """Why each instance's hub model is not pulled (its env sets HF_HUB_OFFLINE, and where),
+    and what to do: pull it by hand, or let vsup pull it."""
+    import shlex
+
+    from vsup.layout.diagnostics import Diagnostic, merge_repeats
+    from vsup.layout.merge import merge_instances, profile_cache_for
+    from vsup.pull.targets import target_of
+
+    merged = {
+        m.name: m
+        for m in merge_instances(compiled.layout, profile_cache_for(compiled.layout, None))
+    }
+    out = []
+    for spec in specs:
+        m = merged.get(spec.name)
+        origin = m.origin("env", "HF_HUB_OFFLINE") if m is not None else None
+        here = origin is not None and origin.file == compiled.path
+        where = "" if origin is None or here else f" (set in {origin.label}: {origin.file})"
+        target = target_of(spec)
+        command = ["vsup", "pull", "--model", spec.model]
+        if target.revision:
+            command += ["--revision", target.revision]
+        command += ["--cache-dir", str(target.cache_dir)]
+        value = spec.env.get("HF_HUB_OFFLINE")
+        message = (
+            f'HF_HUB_OFFLINE = "{value}"{where} tells vsup not to ask the hub, so it pulls '
+            f"{spec.model} neither here nor in `vsup up` (vLLM looks for it in the cache, "
+            f"offline): pull it by hand with `{shlex.join(command)}`, or write "
+            'env = { HF_HUB_OFFLINE = "0" } in [defaults] or the instance, and vsup pulls it '
+            "here and in `vsup up`"
+        )
+        line = origin.line if origin is not None and here else None
+        out.append(
+            Diagnostic(
+                severity,
+                message,
+                file=compiled.path,
+                line=line,
+                instance=spec.name,
+                key="env.HF_HUB_OFFLINE",
+            )
+        )
+    return merge_repeats(out)
 
 
 def _pull_one(target: Any, args: argparse.Namespace) -> dict[str, Any]:

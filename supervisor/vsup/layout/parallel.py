@@ -39,7 +39,9 @@ def canonical_flag(key: str) -> str:
 
 
 def find_arg(args: Mapping[str, Any], flag: str) -> tuple[str, Any] | None:
-    """(key as written, value) of the `args` entry that sets `flag`, or None."""
+    """(key as written, value) of the `args` entry that sets `flag` (written `--x-y`, `x-y` or
+    `x_y`), or None."""
+    flag = canonical_flag(flag)
     for key, value in args.items():
         # `false` removes a flag a profile set (vsup.layout.flags): it sets nothing
         if canonical_flag(key) == flag and value is not False and value is not None:

@@ -144,7 +144,8 @@ def router_spec(layout: Layout, specs: Sequence[InstanceSpec]) -> RouterSpec | N
         return None
     values = {**ROUTER_DEFAULTS, **table}
     model = values.get("model")
-    members = [s for s in specs if model is None or s.model == model]
+    # `model` names the model or the name it is served under (what clients ask the router for)
+    members = [s for s in specs if model is None or model in (s.model, s.client_model_name)]
     restart = RestartPolicy(**values["restart"]) if "restart" in values else RestartPolicy()
     return RouterSpec(
         port=values["port"],

@@ -23,6 +23,23 @@ LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
 # Environment variables removed from every child: vLLM on ROCm reads CUDA_VISIBLE_DEVICES, and
 # HIP_VISIBLE_DEVICES beside it renumbers devices a second time.
 REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
+# The variables huggingface_hub reads a token from: a pulled instance runs offline and gets
+# none of them (nor the one `hf_token_env` names): the model's remote code could read it.
+HUB_TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SERVED_NAME_FLAG = "--served-model-name"
+
+
+def served_name(args: Mapping[str, Any]) -> str | None:
+    """The first name an `args` table's --served-model-name gives (vLLM answers to each, and
+    names the model by the first), or None when it sets none."""
+    found = find_arg(args, SERVED_NAME_FLAG)
+    served = found[1] if found else None
+    if isinstance(served, list | tuple):
+        served = served[0] if served else None
+    if served is None or isinstance(served, bool):
+        return None
+    name = str(served).split()
+    return name[0] if name else None
 
 
 @dataclass(frozen=True)
@@ -164,10 +181,11 @@ class InstanceSpec:
             argv.append(SLEEP_MODE_FLAG)
         args = dict(self.args)
         if self.model_path:
-            # clients keep asking for the hub id, not the snapshot's path
-            if find_arg(args, "served-model-name") is None:
+            # clients keep asking for the hub id, not the snapshot's path; the layout's own
+            # served-model-name wins (however its key is spelled)
+            if find_arg(args, SERVED_NAME_FLAG) is None:
                 args["served-model-name"] = self.model
-        elif self.revision and find_arg(args, "revision") is None:
+        elif self.revision and find_arg(args, "--revision") is None:
             args["revision"] = self.revision
         shape = self.parallel
         # The TP size follows from the GPUs: all of them, or each DP rank's (and PP stage's)
@@ -180,10 +198,15 @@ class InstanceSpec:
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment the instance runs with: `base` (the daemon's), then the layout's
-        env, pinned to its GPUs, HIP_VISIBLE_DEVICES removed, the API key by name only."""
+        env, pinned to its GPUs, HIP_VISIBLE_DEVICES removed, the API key by name only; pulled
+        (`model_path`): offline, without HF_TOKEN, HUGGING_FACE_HUB_TOKEN and `hf_token_env`."""
         env = dict(os.environ if base is None else base)
         env.update({k: str(v) for k, v in self.env.items()})
-        for key in REMOVED_ENV:
+        removed: tuple[str, ...] = REMOVED_ENV
+        if self.model_path:
+            # pulled: the daemon's token variables (inherited) stay out of the model's process
+            removed += HUB_TOKEN_ENV + ((self.hf_token_env,) if self.hf_token_env else ())
+        for key in removed:
             env.pop(key, None)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         # A CPU instance (gpus = []) sees no GPU at all rather than every GPU.
@@ -207,14 +230,13 @@ class InstanceSpec:
     def served_model_name(self) -> str | None:
         """The name clients ask vLLM for when it is not the `model` value: the first
         `--served-model-name`, or the hub id of a model loaded from its pulled snapshot."""
-        served = self.arg("served-model-name")
-        if isinstance(served, list | tuple):
-            served = served[0] if served else None
-        if served not in (None, False, True):
-            name = str(served).split()
-            if name:
-                return name[0]
-        return self.model if self.model_path else None
+        return served_name(self.args) or (self.model if self.model_path else None)
+
+    @property
+    def client_model_name(self) -> str:
+        """The model name a request to this instance carries (what `/v1/models` lists first):
+        the served name, else the `model` value vLLM was given."""
+        return self.served_model_name or self.model
 
     def arg(self, name: str, default: Any = None) -> Any:
         want = flag_name(name)

@@ -39,12 +39,15 @@ def instance_env(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> d
     return env
 
 
+def pulls_hub_model(spec: InstanceSpec) -> bool:
+    """A hub model with `pull` on: vsup pulls it unless the instance runs offline."""
+    # a hub id is `org/name` (or a legacy bare `name`); local paths start with / ./ ../ ~
+    return spec.pull and not is_local_model(spec.model) and spec.model.count("/") <= 1
+
+
 def wants_pull(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> bool:
     """Whether vsup pulls this instance's model (see the module's docstring)."""
-    # a hub id is `org/name` (or a legacy bare `name`); local paths start with / ./ ../ ~
-    if not spec.pull or is_local_model(spec.model) or spec.model.count("/") > 1:
-        return False
-    return not is_offline(instance_env(spec, base))
+    return pulls_hub_model(spec) and not is_offline(instance_env(spec, base))
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def model_not_hub_id(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     if not isinstance(model, str) or not model.strip() or is_local_model(model):
         return []
     if HUB_ID.match(model) and ".." not in model and "--" not in model and len(model) <= 96:
-        return []
+        return _hub_id_beside_a_directory(ctx, m, model)
     here = (ctx.layout.base_dir or Path.cwd()) / model
     hint = (
         f'; the directory {here} exists: write model = "./{model}"'
@@ -77,6 +77,26 @@ def model_not_hub_id(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
         origin_diag(
             ERROR,
             f"model '{model}' is neither a hub id (org/name) nor a local path{hint}",
+            m,
+            "model",
+        )
+    ]
+
+
+def _hub_id_beside_a_directory(ctx: Context, m: MergedInstance, model: str) -> list[Diagnostic]:
+    """`models/tiny` reads as a hub id, and vLLM would ask the hub for it (model_not_found)
+    although `./models/tiny` is a directory beside the layout: almost surely a missing `./`."""
+    if ctx.layout.path is None:
+        return []  # no file, no "beside": the daemon's own directory means nothing
+    here = ctx.layout.base_dir / model
+    if not here.is_dir():
+        return []
+    return [
+        origin_diag(
+            ERROR,
+            f"model '{model}' reads as a hub id, but {here} is a directory beside the layout: "
+            f'did you mean ./{model}? (write model = "./{model}"; for the hub model of that '
+            "name, move the directory)",
             m,
             "model",
         )

@@ -15,6 +15,7 @@ from vsup.layout.routerspec import ROUTER_MISSING_HINT
 from vsup.layout.rules.context import Context
 from vsup.layout.rules.dataparallel import _extra_ports as extra_ports
 from vsup.layout.schema import ROUTER_DEFAULTS, is_int
+from vsup.layout.spec import served_name
 from vsup.layout.vllm_flags import instance_path
 
 
@@ -74,14 +75,20 @@ def router_models(ctx: Context) -> list[Diagnostic]:
     router = ctx.layout.router
     if router is None:
         return []
-    served = (m.values.get("model") for m in ctx.merged)
-    models = {x for x in served if isinstance(x, str)}
+    # each instance's model as written, and the name its clients ask for (served-model-name):
+    # `model` may give either; the instances it picks must answer to one name
+    named: list[tuple[str, str]] = []
+    for m in ctx.merged:
+        model = m.values.get("model")
+        if isinstance(model, str):
+            named.append((model, served_name(m.args) or model))
     wanted = router.get("model")
     if isinstance(wanted, str):
-        if models and wanted not in models:
-            shown = ", ".join(f"'{x}'" for x in sorted(models))
+        if named and not any(wanted in n for n in named):
+            shown = ", ".join(f"'{x}'" for x in sorted({x for n in named for x in n}))
             return [_diag(ctx, f"no instance serves model '{wanted}': use one of {shown}", "model")]
-        return []
+        named = [n for n in named if wanted in n]
+    models = {asked for _, asked in named}
     if len(models) > 1:
         shown = ", ".join(f"'{x}'" for x in sorted(models))
         return [

@@ -152,14 +152,15 @@ class Runner:
         ready yet (co-tenants must not start beside it)."""
         proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
         proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
+        if self.e.sleeper is not None:
+            # its sleep state is asked of its server until it says (in the background)
+            await self.e.sleeper.adopted(self.inst)
         h = await health.check(
             self.e.http_client(), self.inst.spec.health_url, self.e.settings.health_timeout_s
         )
         if h.status is not None:
             # it answers, so it is past start-up; the health loop judges the answers from now
             self.lc.became_ready()
-            if self.e.sleeper is not None:
-                await self.e.sleeper.adopted(self.inst)
         elif proc.alive:
             await self._acquire("start", proc)
         await self._supervise(proc)

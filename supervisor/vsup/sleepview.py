@@ -22,6 +22,7 @@ _WORDS: dict[str, str] = {
     SleepState.FALLING_ASLEEP: "falling asleep",
     SleepState.ASLEEP: "asleep",
     SleepState.WAKING: "waking",
+    SleepState.UNKNOWN: "sleep unknown",
 }
 # Sleep levels in words: what a wake has to do.
 LEVEL_WORDS: dict[int, str] = {1: "weights in host RAM", 2: "weights dropped"}

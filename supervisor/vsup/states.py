@@ -88,6 +88,9 @@ class SleepState(StrEnum):
     FALLING_ASLEEP = "falling_asleep"  # out of the router, its requests ending, then /sleep
     ASLEEP = "asleep"
     WAKING = "waking"  # /wake_up sent (level 2: weights reloaded), not yet answering
+    # adopted from an earlier daemon and the server has not said yet (its engine busy, e.g. with
+    # a sleep that daemon asked for): out of the router until it does
+    UNKNOWN = "unknown"
 
 
 class FileState(StrEnum):

@@ -11,12 +11,14 @@ swap, wake, the journal, a daemon restart while one sleeps - and the H200 proves
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,3 +223,98 @@ def test_wake_puts_the_awake_member_to_sleep_first(node):
         timeout=60,
     )
     assert answer.status_code == 200, answer.text
+
+
+def engine_core(api_pid: int) -> psutil.Process:
+    for p in psutil.Process(api_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "VLLM::EngineCore":
+                return p
+    raise AssertionError(f"no VLLM::EngineCore under pid {api_pid}")
+
+
+def sleeps_in_flight(node: Node, name: str) -> float:
+    """vLLM's own count of /sleep calls it is serving (`vllm:sleep_mode_operations_in_flight`)."""
+    text = httpx.get(f"http://127.0.0.1:{node.ports[name]}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("vllm:sleep_mode_operations_in_flight{") and 'operation="sleep"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_daemon_killed_mid_sleep_leaves_a_new_one_that_tells_the_sleep_and_wakes_it(node):
+    """Issue 35 item 4: the daemon is SIGKILLed while vLLM is still doing its /sleep (its
+    EngineCore is frozen, as a GPU's first level-1 sleep keeps it busy for 9-14 s, so the sleep
+    and /is_sleeping wait in its queue). The next daemon must never show the instance awake
+    while the server has not said so, keep it out of the router, show it asleep once the
+    server sleeps, and `vsup wake` must wake it."""
+    a = node.inst("a")
+    assert a["sleep"]["state"] == "awake" and node.is_sleeping("b"), (a, node.inst("b"))
+    core = engine_core(a["pid"])
+    old = node.status()["supervisor"]["pid"]
+    core.suspend()
+    sleeper = None
+    try:
+        sleeper = subprocess.Popen(
+            [sys.executable, "-m", "vsup", "sleep", "a"],
+            env=dict(os.environ, VSUP_HOME=str(node.home)),
+            cwd=outside_cwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        # vLLM has the daemon's /sleep in hand (the frozen engine holds it): kill the daemon
+        until(lambda: sleeps_in_flight(node, "a") >= 1, 120, "vLLM serving a's /sleep")
+        os.kill(old, signal.SIGKILL)
+        until(lambda: not psutil.pid_exists(old), 60, "the daemon gone")
+        sleeper.communicate(timeout=60)
+        t0 = time.monotonic()
+        assert node.vsup("daemon", "--detach").returncode == 0
+        first = node.inst("a")
+        print(f"first status {time.monotonic() - t0:.2f} s after the new daemon's start: "
+              f"{first['sleep']}")  # fmt: skip
+        # the server has not said (its engine is busy with the sleep): anything but awake
+        assert first["sleep"]["state"] != "awake", first["sleep"]
+        assert "a" not in node.in_router()
+    finally:
+        core.resume()
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+    t1 = time.monotonic()
+    asleep = until(
+        lambda: (s := node.inst("a")["sleep"])["state"] == "asleep" and s, 120, "a seen asleep"
+    )
+    print(f"asleep in the new daemon's status {time.monotonic() - t1:.2f} s after the engine "
+          f"went on: {asleep}")  # fmt: skip
+    assert node.is_sleeping("a")
+    assert "a" not in node.in_router()
+    out = node.vsup("wake", "a")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "a: awake in" in out.stdout, out.stdout
+    assert not node.is_sleeping("a") and node.is_sleeping("b")
+    until(lambda: node.in_router() == {"a", "c"}, 60, "a back in the router")
+    answer = httpx.post(
+        f"http://127.0.0.1:{node.router_port}/v1/completions",
+        json=completion_body(node.model, 2),
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_daemon_killed_after_a_sleep_leaves_a_new_one_that_shows_it_asleep_at_once(node):
+    """The first status of a daemon started after one was SIGKILLed says asleep for the
+    instance its server says sleeps (the adoption asks the server before it answers)."""
+    assert node.vsup("sleep", "a").returncode == 0
+    assert node.is_sleeping("a")
+    old = node.status()["supervisor"]["pid"]
+    os.kill(old, signal.SIGKILL)
+    until(lambda: not psutil.pid_exists(old), 60, "the daemon gone")
+    t0 = time.monotonic()
+    assert node.vsup("daemon", "--detach").returncode == 0
+    first = node.inst("a")
+    print(f"first status {time.monotonic() - t0:.2f} s after the new daemon's start: "
+          f"{first['sleep']}")  # fmt: skip
+    assert first["sleep"]["state"] == "asleep", first["sleep"]
+    out = node.vsup("wake", "a")
+    assert out.returncode == 0 and "a: awake in" in out.stdout, out.stdout + out.stderr
+    assert not node.is_sleeping("a")

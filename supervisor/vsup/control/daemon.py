@@ -579,12 +579,16 @@ class Daemon:
         return snap
 
     def _idle_sleep(self, snap: StatusSnapshot) -> None:
-        """Sleep mode's `after_idle_s`: each poll tells the sleeper which instances had work;
-        those idle long enough are put to sleep (in the background; journaled)."""
+        """Sleep mode: each poll tells the sleeper what each server's metrics say of its sleep
+        (a disagreement is checked with the server) and which instances had work; those idle
+        for `after_idle_s` are put to sleep (in the background; journaled)."""
         sleeper = self.engine.sleeper
         for inst in snap.instances:
             if inst.sleep is None:
                 continue
+            if inst.state == State.READY:
+                # what its server's metrics say of its sleep, against vsup's view
+                sleeper.observe_server(inst.name, self.monitor.metrics(inst.name))
             busy = (
                 (inst.requests_in_flight or 0)
                 + (inst.requests_running or 0)

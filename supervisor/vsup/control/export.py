@@ -230,7 +230,7 @@ def sleep_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     state = GaugeMetricFamily(
         "vsup_instance_sleep_state",
         "Sleep mode: 1 for the instance's current sleep state (awake, falling_asleep, asleep, "
-        "waking), 0 for the others",
+        "waking; unknown: adopted, the server has not said yet), 0 for the others",
         labels=["name", "state"],
     )
     level = GaugeMetricFamily(

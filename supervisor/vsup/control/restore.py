@@ -262,15 +262,20 @@ def _alert_restart(
 
 
 async def _settle_adopted(engine: Engine) -> None:
-    """Give adopted instances one health check before the API answers, so that the first
-    status after a daemon restart says `ready` for servers that are (bounded wait)."""
+    """Give adopted instances one health check (and sleep-mode ones their server's word on
+    their sleep) before the API answers, so that the first status after a daemon restart says
+    `ready` for servers that are, and `asleep` for sleepers (bounded wait; until then a
+    sleeper's sleep state is `unknown`, never `awake`)."""
     adopted = [n for n, i in engine.instances.items() if getattr(i, "adopted", False)]
     if not adopted:
         return
     settled = (State.READY, State.UNHEALTHY, State.BACKOFF, State.FAILED, State.STOPPED)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(
-            asyncio.gather(*(engine.wait(n, settled) for n in adopted)),
+            asyncio.gather(
+                *(engine.wait(n, settled) for n in adopted),
+                *(engine.sleeper.told(n) for n in adopted),
+            ),
             ADOPT_SETTLE_S,
         )
 

@@ -445,6 +445,7 @@ class Engine:
         inst = self._instances[spec.name] = self._new_instance(spec)
         if not take_over(self, inst, record):
             return None
+        self.sleeper.adopting(inst)  # its sleep state is unknown until its server says
         self._ensure_runner(inst)
         return inst
 

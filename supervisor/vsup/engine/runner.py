@@ -152,14 +152,15 @@ class Runner:
         ready yet (co-tenants must not start beside it)."""
         proc.exit_future.add_done_callback(lambda _f: self.inst.control.kick.set())
         proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
+        if self.e.sleeper is not None:
+            # its sleep state is asked of its server until it says (in the background)
+            await self.e.sleeper.adopted(self.inst)
         h = await health.check(
             self.e.http_client(), self.inst.spec.health_url, self.e.settings.health_timeout_s
         )
         if h.status is not None:
             # it answers, so it is past start-up; the health loop judges the answers from now
             self.lc.became_ready()
-            if self.e.sleeper is not None:
-                await self.e.sleeper.adopted(self.inst)
         elif proc.alive:
             await self._acquire("start", proc)
         await self._supervise(proc)
@@ -569,15 +570,20 @@ class Runner:
 
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)
-        and keep the run log under its cap."""
+        and see that a log guard keeps the run log under its cap (logcap.py)."""
         table = await self.e.scan_processes()
         members = proc.tree(table)
         proc.remember(members)
         if self.inst.spec.data_parallel_size > 1:
             titles = await asyncio.to_thread(read_titles, proc.ranks.unnamed(members))
             proc.ranks.update(members, titles)
-        if self.inst.logs.over_cap(proc.run):
-            await asyncio.to_thread(self.inst.logs.cap, proc.run)
+        if not self.inst.logs.guarded(proc.run):
+            # a run adopted from a vsup without log guards, or whose guard died
+            try:
+                await asyncio.to_thread(self.inst.logs.start_guard, proc.run, proc.pgid)
+            except OSError as exc:
+                log.warning("%s: cannot start the log guard of run %d: %s", self.inst.name,
+                            proc.run, exc)  # fmt: skip
 
     # -- device turns -------------------------------------------------------------------------
 

@@ -29,6 +29,6 @@ class EngineSettings:
     log_max_bytes: int = DEFAULT_MAX_BYTES  # a run log's cap (one `.1` copy beside it)
     # spawns of an exit that recurs whatever vsup does (bad_args, ...) before the breaker trips
     deterministic_spawns: int = 1
-    chores_interval_s: float = 5.0  # process tree rescan and log cap, per running instance
+    chores_interval_s: float = 5.0  # process tree rescan and log guard check, per instance
     memory_poll_s: float = 1.0  # a start waiting for GPU memory re-reads the figures so often
     stuck_poll_s: float = 1.0  # processes that outlived SIGKILL are looked for so often

@@ -22,6 +22,17 @@ state is kept beside the lifecycle state, never in it, and:
   awake is started again when it is woken (its start waits at the gate meanwhile).
 - Idle sleep (`sleep.after_idle_s`): the daemon reports activity each poll (`observe`) and
   asks for the instances idle that long (`idle_due`).
+- Reconciliation: vsup's own view can be wrong when its operation was not seen to the end (a
+  daemon killed during a sleep: the server finishes it alone) or when someone else used the
+  dev-mode endpoints. An adopted instance starts `unknown` (out of the router; `vsup wake`
+  works on it) until its server says (`reconcile`): `GET /is_sleeping`, and the API server's
+  `/metrics` (answered while the engine is busy) - a sleep or wake call in flight there
+  (`vllm:sleep_mode_operations_in_flight`) is `falling_asleep` or `waking`, the sleep-state
+  gauge (`vllm:engine_sleep_state`) says asleep and at which level. It is asked again every
+  `RECONCILE_POLL_S` until the answer is final (awake or asleep, nothing in flight). Each
+  daemon poll also hands the latest scrape to `observe_server`: a gauge or a call in flight
+  that disagrees with vsup's view (with no operation of vsup's under way) starts the same
+  reconciliation.
 
 Operations on one instance never overlap (a lock per instance); the router's membership leaves a
 non-awake instance out (`excluded`), and stall detection and canaries leave it alone.
@@ -33,7 +44,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +52,7 @@ from vsup.engine import health, stop
 from vsup.snapshot import SleepStatus, WaitReason
 from vsup.states import DONE_STARTING, SleepState, State
 from vsup.telemetry.httpget import HttpError
+from vsup.telemetry.metrics import VllmMetrics, parse_metrics
 
 if TYPE_CHECKING:
     from vsup.clock import Clock
@@ -68,6 +80,8 @@ class SleepHost(Protocol):
 
     def http_client(self) -> HttpGetter: ...
 
+    def spawn_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
+
     async def start(self, name: str, wait: bool = False, automatic: bool = False) -> None: ...
 
     async def wait(
@@ -88,6 +102,15 @@ RELEASE_POLL_S = 0.25
 # host RAM a level-1 sleep wants free beyond the weights themselves (pinned-buffer slack)
 HOST_RAM_MARGIN = 1.1
 HELD_WAIT_S = 3.0  # for the telemetry's first figure of a server that just became ready
+# Reconciling vsup's view with the server's (see the module doc): each read waits this long
+# for /is_sleeping and /metrics (an engine busy with a sleep answers /is_sleeping only after
+# it: a GPU's first level-1 sleep takes 9-14 s), and is repeated this often until it is final.
+RECONCILE_READ_S = 3.0
+RECONCILE_POLL_S = 1.0
+# A disagreement seen in the daemon's scrapes is checked with the server at most this often.
+DRIFT_CHECK_S = 5.0
+# What the server's answer can be: final, or under way (asked again)
+_FINAL = (SleepState.AWAKE, SleepState.ASLEEP)
 
 
 class SleepRefused(Exception):
@@ -108,6 +131,11 @@ class SleepTrack:
     held_bytes: int | None = None
     active_at: float | None = None  # the last poll that saw work (idle sleep)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # reconciling with the server (see the module doc): the task, set once it first answered,
+    # and when a disagreement in the scrapes was last checked
+    reconciling: asyncio.Task | None = field(default=None, repr=False)
+    told: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    drift_checked: float | None = None
 
 
 class Sleeper:
@@ -258,20 +286,110 @@ class Sleeper:
             t.held_bytes = None
             t.active_at = None
 
-    async def adopted(self, inst: Instance) -> None:
-        """A process an earlier daemon left: its sleep state is what the server says."""
+    def adopting(self, inst: Instance) -> None:
+        """A process an earlier daemon left, just taken over: nothing is known of its sleep
+        until its server says (`unknown`: out of the router, never shown awake meanwhile)."""
         t = self.track(inst.name)
-        if t is None:
+        if t is not None:
+            t.told.clear()
+            self._set(inst, t, SleepState.UNKNOWN)
+
+    async def adopted(self, inst: Instance) -> None:
+        """The adopted process answers HTTP: its sleep state is what the server says, asked
+        until the answer is final (in the background: the runner goes on supervising)."""
+        t = self.track(inst.name)
+        if t is not None:
+            self._reconcile_soon(inst, t, "adopted")
+
+    async def told(self, name: str) -> None:
+        """Until the server of an adopted instance first said where its sleep is (a daemon's
+        first status waits for it, bounded: restore.py)."""
+        t = self._tracks.get(name)
+        if t is not None and t.state == SleepState.UNKNOWN:
+            await t.told.wait()
+
+    def observe_server(self, name: str, metrics: VllmMetrics | None) -> None:
+        """The daemon's latest scrape of a ready instance: a sleep or wake call in flight, or a
+        sleep-state gauge that disagrees with vsup's view while no operation of vsup's runs,
+        is checked with the server (at most every DRIFT_CHECK_S)."""
+        t = self._tracks.get(name)
+        inst = self.e.instances.get(name)
+        if t is None or inst is None or metrics is None or t.state not in _FINAL:
             return
-        sleeping = await self._is_sleeping(inst)
-        if sleeping is None:
+        if t.lock.locked() or (t.reconciling is not None and not t.reconciling.done()):
             return
-        if sleeping:
-            t.want_awake = False
-            self._set(inst, t, SleepState.ASLEEP)
-        else:
-            t.want_awake = True
-            self._set(inst, t, SleepState.AWAKE)
+        in_flight = bool(metrics.sleeps_in_flight) or bool(metrics.wakes_in_flight)
+        disagrees = metrics.sleeping is not None and metrics.sleeping != (
+            t.state == SleepState.ASLEEP
+        )
+        if not (in_flight or disagrees):
+            return
+        now = self.e.clock.monotonic()
+        if t.drift_checked is not None and now - t.drift_checked < DRIFT_CHECK_S:
+            return
+        t.drift_checked = now
+        self._reconcile_soon(inst, t, "its server's metrics disagree with vsup's view")
+
+    def _reconcile_soon(self, inst: Instance, t: SleepTrack, why: str) -> None:
+        if t.reconciling is None or t.reconciling.done():
+            t.reconciling = self.e.spawn_background(self._reconcile(inst, t, why))
+
+    async def _reconcile(self, inst: Instance, t: SleepTrack, why: str) -> None:
+        """Ask the server until its answer is final (see the module doc). An operation of
+        vsup's on the instance (which holds the lock) or another process ends it."""
+        proc = inst.process
+        while inst.process is proc and proc is not None and proc.alive:
+            async with t.lock:
+                if inst.process is not proc:
+                    return
+                seen, level = await self._server_state(inst)
+                if seen is not None:
+                    t.told.set()
+                    if level is not None:
+                        t.level = level
+                    if seen == SleepState.ASLEEP:
+                        t.want_awake = False
+                    elif seen == SleepState.AWAKE:
+                        t.want_awake = True
+                    if seen != t.state:
+                        log.info(
+                            "%s: its server says %s (vsup had %s; %s)", inst.name, seen, t.state,
+                            why,
+                        )  # fmt: skip
+                        self._set(inst, t, seen)
+                    if seen in _FINAL:
+                        self._rejoin(inst.name)  # out while not awake (`excluded`)
+                        return
+            await asyncio.sleep(RECONCILE_POLL_S)
+
+    async def _server_state(self, inst: Instance) -> tuple[SleepState | None, int | None]:
+        """Where the server says its sleep is (None: it does not say), and the level it sleeps
+        at when its metrics tell. A call in flight wins: /is_sleeping says true from the moment
+        a sleep pauses the scheduler, before the memory is given back."""
+        metrics = await self._metrics(inst)
+        level = metrics.sleep_level if metrics is not None else None
+        if metrics is not None and metrics.sleeps_in_flight:
+            return SleepState.FALLING_ASLEEP, level
+        if metrics is not None and metrics.wakes_in_flight:
+            return SleepState.WAKING, level
+        sleeping = await self._is_sleeping(inst, RECONCILE_READ_S)
+        if sleeping is not None:
+            return (SleepState.ASLEEP if sleeping else SleepState.AWAKE), level
+        if metrics is not None and metrics.sleeping:
+            # the gauge is set once a sleep is done: asleep, whatever keeps the engine busy now
+            return SleepState.ASLEEP, level
+        return None, level
+
+    async def _metrics(self, inst: Instance) -> VllmMetrics | None:
+        try:
+            resp = await self.e.http_client().get(
+                inst.spec.base_url + "/metrics", RECONCILE_READ_S, 2.0
+            )
+        except (HttpError, OSError):
+            return None
+        if resp.status != 200:
+            return None
+        return parse_metrics(resp.body.decode("utf-8", "replace"))
 
     # -- idle sleep ---------------------------------------------------------------------------
 
@@ -639,9 +757,11 @@ class Sleeper:
             text = resp.body[:300].decode("utf-8", "replace").strip()
             raise SleepRefused(f"POST {path}: HTTP {resp.status} {text}".rstrip())
 
-    async def _is_sleeping(self, inst: Instance) -> bool | None:
+    async def _is_sleeping(self, inst: Instance, timeout: float = 10.0) -> bool | None:
         try:
-            resp = await self.e.http_client().get(inst.spec.base_url + "/is_sleeping", 10.0, 2.0)
+            resp = await self.e.http_client().get(
+                inst.spec.base_url + "/is_sleeping", timeout, min(timeout, 2.0)
+            )
             doc = json.loads(resp.body) if resp.status == 200 else None
         except (HttpError, OSError, ValueError):
             return None

@@ -6,7 +6,8 @@
   with `python` runs the interpreter (and venv) the daemon runs.
 - The child gets its own session and process group (`start_new_session=True`): a dropped SSH
   session or a dying daemon sends it nothing, and vsup signals the whole group.
-- stdin is /dev/null; stdout and stderr go to the run's log file (runlog.py).
+- stdin is /dev/null; stdout and stderr go to the run's log file (runlog.py), which the run's
+  log guard (logcap.py, started here once the child runs) keeps under its cap, daemon or not.
 - A foreign listener on the port is found before spawning: the run is refused with
   `port_in_use`, and a command that does not exist with `bad_args`; both fail fast.
 
@@ -17,6 +18,7 @@ Everything here blocks (fork/exec, a socket bind, a scan of sockets): the runner
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shlex
 import socket
@@ -31,6 +33,8 @@ from vsup.engine.proc import read_stat
 from vsup.engine.runlog import RunLogs
 from vsup.engine.states import ExitReason
 from vsup.layout.spec import InstanceSpec
+
+log = logging.getLogger("vsup.engine")
 
 
 @dataclass(frozen=True)
@@ -130,4 +134,8 @@ def launch(
     info = read_stat(popen.pid)
     # read_stat finds the child even if it exited already: nothing reaps it before our pidfd
     create_time = info.create_time if info is not None else 0.0
+    try:
+        logs.start_guard(run, popen.pid)
+    except OSError as exc:  # the engine's chores try again
+        log.warning("%s: no log guard for run %d yet: %s", spec.name, run, exc)
     return Launched(popen, popen.pid, popen.pid, create_time)

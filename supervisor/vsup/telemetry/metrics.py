@@ -19,7 +19,12 @@ Names across versions (the newer one wins when a payload has both):
   which is how rates.py tells a counter reset from a counter that grew past its old value.
 - `vllm:request_success_total{finished_reason=...}` (finished requests, summed over reasons)
   and `vllm:engine_sleep_state{sleep_state="awake"}` (0 while the engine sleeps: sleep mode):
-  read for stall detection (stall.py), per engine.
+  read for stall detection (stall.py), per engine. The sleep state's `weights_offloaded` and
+  `discard_all` series (1 while asleep at level 1, 2) and `vllm:sleep_mode_operations_in_flight
+  {operation="sleep"|"wake"|...}` (the API server's count of sleep-mode calls it is serving, in
+  vLLM 0.32; answered while the engine is busy with one) tell the server's sleep state to a
+  daemon that did not see it happen (engine/sleep.py reconciles with them). vLLM sets the
+  sleep-state gauge once a sleep or a full wake is done, so it says nothing about one under way.
 
 Several series of one family (data-parallel engines, label `engine`; or several `model_name`s)
 are combined so the result describes the whole server: counters and request gauges are summed;
@@ -56,9 +61,12 @@ PREFIX_QUERIES_LEGACY = "vllm:gpu_prefix_cache_queries_total"
 PREFIX_HITS_LEGACY = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 REQUEST_SUCCESS = "vllm:request_success_total"
-# vLLM's sleep_state label value for the awake gauge (vLLM's word, not a vsup state)
+# vLLM's sleep_state label values (vLLM's words, not vsup states): the awake gauge, and the
+# level-1 and level-2 ones
 _AWAKE = "awake"
+_SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
 SLEEP_STATE = "vllm:engine_sleep_state"
+SLEEP_OPS = "vllm:sleep_mode_operations_in_flight"
 START_TIME = "process_start_time_seconds"
 
 VLLM_FAMILIES = (
@@ -76,6 +84,7 @@ VLLM_FAMILIES = (
     CACHE_CONFIG,
     REQUEST_SUCCESS,
     SLEEP_STATE,
+    SLEEP_OPS,
 )
 # The families summed per engine (EngineFigures) besides KV usage and the sleep state.
 _PER_ENGINE = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS)
@@ -83,14 +92,9 @@ _PER_ENGINE = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCE
 # The literal prefix `\nvllm:` lets the regex engine jump between candidate lines; the
 # alternation then keeps only the wanted names, followed by `{` or a blank (so that
 # `vllm:num_preemptions_total` never matches `vllm:num_preemptions_total_foo`).
-# Of the sleep state only the `awake` series is read (a lookahead skips its other two).
-_SLEEP_AWAKE = r'(?=\{[^}\n]*sleep_state="awake")'
 _WANTED = re.compile(
     r"\n(vllm:(?:"
-    + "|".join(
-        re.escape(n[len("vllm:") :]) + (_SLEEP_AWAKE if n == SLEEP_STATE else "")
-        for n in VLLM_FAMILIES
-    )
+    + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
     + r"))([{ \t][^\n]*)"
 )
 _START = "\n" + START_TIME
@@ -150,6 +154,12 @@ class VllmMetrics:
     bad_lines: int = 0  # wanted lines that did not parse
     # each engine's own figures, by `engine` label ("" without one), in engine order
     per_engine: Mapping[str, EngineFigures] = field(default_factory=lambda: _NO_ENGINES)
+    # sleep mode, for the whole server: any engine asleep (the sleep-state gauge; None without
+    # it), the level it sleeps at, and the sleep and wake calls the API server is serving now
+    sleeping: bool | None = None
+    sleep_level: int | None = None
+    sleeps_in_flight: float | None = None
+    wakes_in_flight: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -263,6 +273,12 @@ def parse_metrics(text: str) -> VllmMetrics:
                 models.add(labels["model_name"])
 
     kv_rows = pick(KV_USAGE, KV_USAGE_LEGACY)
+    sleeping, level = _sleep_state(series.get(SLEEP_STATE))
+    ops: dict[str, float] = {}
+    for labels, value in series.get(SLEEP_OPS, ()):
+        if math.isfinite(value):
+            op = labels.get("operation", "")
+            ops[op] = ops.get(op, 0.0) + value
     return VllmMetrics(
         kv_cache_usage=_weighted_mean(kv_rows, capacities),
         preemptions_total=_sum(series.get(PREEMPTIONS)),
@@ -282,7 +298,27 @@ def parse_metrics(text: str) -> VllmMetrics:
         vllm_seen=vllm_seen,
         bad_lines=bad,
         per_engine=_per_engine(series, kv_rows),
+        sleeping=sleeping,
+        sleep_level=level,
+        sleeps_in_flight=ops.get("sleep"),
+        wakes_in_flight=ops.get("wake"),
     )
+
+
+def _sleep_state(rows: list[tuple[dict[str, str], float]] | None) -> tuple[bool | None, int | None]:
+    """(any engine asleep, the deepest level an engine sleeps at) from the sleep-state gauge;
+    (None, None) without it."""
+    sleeping: bool | None = None
+    level: int | None = None
+    for labels, value in rows or ():
+        if not math.isfinite(value):
+            continue
+        kind = labels.get("sleep_state")
+        if kind == _AWAKE:
+            sleeping = bool(sleeping) or value == 0
+        elif kind in _SLEEP_LEVELS and value == 1:
+            level = max(level or 0, _SLEEP_LEVELS[kind])
+    return sleeping, level if sleeping else None
 
 
 def _per_engine(

@@ -118,8 +118,8 @@ def test_prometheus_exports_the_sleep_state_level_and_durations():
             if metric == "vsup_instance_sleep_state" and labels[0] == ("name", name)
         }
 
-    assert state("b") == {"awake": 0, "falling_asleep": 0, "asleep": 1, "waking": 0}
-    assert state("a") == {"awake": 1, "falling_asleep": 0, "asleep": 0, "waking": 0}
+    assert state("b") == {"awake": 0, "falling_asleep": 0, "asleep": 1, "waking": 0, "unknown": 0}
+    assert state("a") == {"awake": 1, "falling_asleep": 0, "asleep": 0, "waking": 0, "unknown": 0}
     assert state("d")["falling_asleep"] == 1 and state("c")["waking"] == 1
     assert state("e") == {}, "no sleep mode: no sleep series"
     assert got[("vsup_instance_state", (("name", "b"), ("state", "ready")))] == 1

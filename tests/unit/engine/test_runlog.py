@@ -1,3 +1,11 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
 from vsup.engine.runlog import RunLogs
 
 
@@ -131,27 +139,60 @@ def test_the_log_watcher_reads_on_after_the_released_part(tmp_path):
     writer.close()
 
 
-def test_the_guard_thread_keeps_a_watched_run_under_its_cap(tmp_path):
-    import time
+def guards_of(path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) > 3 and cmd[-4].endswith("logcap.py") and cmd[-3] == str(path):
+            out.append(p)
+    return out
 
-    from vsup.engine.runlog import GUARD
 
+def test_a_log_guard_keeps_its_run_under_the_cap_without_a_daemon_and_ends_with_the_run(
+    tmp_path,
+):
+    # the "instance": a process group of its own that writes its log as fast as it can
     logs = RunLogs(tmp_path, "a", max_bytes=2 * MIB)
-    writer = logs.open_for_run(1, "[vsup] run 1")
-    assert not logs.over_cap(1)  # watched from now on, as the engine's chores do
-    assert logs.path(1) in GUARD.watched()
-    peak = 0
-    for k in range(40):  # 40 x 640 KiB, faster than any check could keep up with by chance
-        spam(writer, k * 10_000, (k + 1) * 10_000)
-        peak = max(peak, on_disk(logs.path(1)))
-        time.sleep(0.05)
-    writer.close()
-    deadline = time.monotonic() + 10
-    while on_disk(logs.path(1)) > 2 * MIB + logs.step_bytes and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert logs.path(1).stat().st_size > 20 * MIB
-    assert on_disk(logs.path(1)) <= 2 * MIB + logs.step_bytes
-    assert peak < 8 * MIB, peak
-    logs.open_for_run(2, "[vsup] run 2").close()
-    logs.over_cap(2)
-    assert logs.path(1) not in GUARD.watched() and logs.path(2) in GUARD.watched()
+    with logs.open_for_run(1, "[vsup] run 1") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-c", SPAMMER], stdout=out, stderr=out, start_new_session=True
+        )
+    try:
+        logs.start_guard(1, child.pid)  # returns once the guard holds the run
+        assert logs.guarded(1)
+        (guard,) = guards_of(logs.path(1))
+        # nobody's child here (it forked away from the process this test started), in a
+        # session and group of its own: not part of the instance's tree or group
+        assert guard.ppid() != os.getpid() and os.getpgid(guard.pid) != child.pid
+        assert psutil.Process(guard.pid).pid not in [c.pid for c in psutil.Process().children()]
+        logs.start_guard(1, child.pid)  # a second guard finds the run held and goes
+        assert len(guards_of(logs.path(1))) == 1
+        peak = 0
+        deadline = time.monotonic() + 60
+        while logs.path(1).stat().st_size < 40 * MIB:
+            assert time.monotonic() < deadline, "the writer stopped"
+            peak = max(peak, on_disk(logs.path(1)))
+            time.sleep(0.02)
+        assert peak <= 2 * MIB + logs.step_bytes + 16 * MIB, peak / MIB
+        with open(logs.path(1), "rb") as f:
+            assert f.read(12) == b"[vsup] run 1"  # the start of the run is kept
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    # the run is over: a last check, then the guard goes
+    deadline = time.monotonic() + 30
+    while guards_of(logs.path(1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not guards_of(logs.path(1))
+    assert not logs.guarded(1) and on_disk(logs.path(1)) <= 2 * MIB + logs.step_bytes
+
+
+# writes 65-byte lines, 64 KiB at a time, about 16 MB/s, until killed
+SPAMMER = """
+import os, time
+n = 0
+while True:
+    os.write(1, b"".join(b"line %08d %s\\n" % (i, b"x" * 50) for i in range(n, n + 1024)))
+    n += 1024
+    time.sleep(0.004)
+"""

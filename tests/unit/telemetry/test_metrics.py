@@ -337,3 +337,31 @@ def test_the_benchmark_prints_its_figures_on_its_last_line(capsys) -> None:
     assert main(["--iterations", "20"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"parse_ms=[\d.]+ baseline_ms=[\d.]+ ratio=[\d.]+", last)
+
+
+def test_a_sleep_in_flight_and_the_sleep_state_gauge_are_read() -> None:
+    # captured: the engine busy (frozen) with a /sleep the API server holds; the gauge still
+    # says awake (vLLM sets it once the sleep is done)
+    text = (FIX / "metrics_sleep_in_flight.txt").read_text()
+    m = parse_metrics(text)
+    assert (m.sleeps_in_flight, m.wakes_in_flight) == (1.0, None)
+    assert (m.sleeping, m.sleep_level) == (False, None)
+    # the same server once asleep at level 1 (the three series as vLLM sets them)
+    asleep = re.sub(r'(sleep_state="awake"\}) 1\.0', r"\1 0.0", text)
+    asleep = re.sub(r'(sleep_state="weights_offloaded"\}) 0\.0', r"\1 1.0", asleep)
+    asleep = asleep.replace('{operation="sleep"} 1.0', '{operation="sleep"} 0.0')
+    m = parse_metrics(asleep)
+    assert (m.sleeping, m.sleep_level, m.sleeps_in_flight) == (True, 1, 0.0)
+    assert m.per_engine["0"].sleeping is True
+    # an awake server that never slept: no call counted
+    m = parse_metrics(LOAD)
+    assert (m.sleeping, m.sleep_level, m.sleeps_in_flight, m.wakes_in_flight) == (
+        False,
+        None,
+        None,
+        None,
+    )
+    # no sleep families at all (vLLM 0.26): nothing known
+    older = "\n".join(line for line in LOAD.splitlines() if "sleep" not in line)
+    m = parse_metrics(older)
+    assert (m.sleeping, m.sleep_level, m.sleeps_in_flight) == (None, None, None)

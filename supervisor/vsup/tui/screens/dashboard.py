@@ -55,7 +55,12 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
         # awake and serving, with sleep mode (the layout's `sleep` table)
         return inst.sleep is not None and inst.sleep.state == SleepState.AWAKE and state in SERVING
     if action == "wake":
-        return inst.sleep is not None and inst.sleep.state == SleepState.ASLEEP and state in SERVING
+        # asleep, or adopted with a sleep state its server has not told yet
+        return (
+            inst.sleep is not None
+            and inst.sleep.state in (SleepState.ASLEEP, SleepState.UNKNOWN)
+            and state in SERVING
+        )
     if action == "previous_logs":
         return (inst.run or 0) > 1 or inst.last_exit is not None
     return True

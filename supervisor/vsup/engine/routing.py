@@ -91,6 +91,11 @@ JOIN_TIMEOUT_S = 30.0
 # authentication). The router retries a request that finds no worker for about 0.4 s (its
 # default 5 attempts), so a member put back within this long costs no request.
 WATCH_S = 0.1
+# ... and this often while someone else keeps changing them (for ATTACK_S after the last
+# change undone): a remove loop takes a member out again as soon as it is back, so the sooner
+# vsup sees it gone, the more of the time it is there for the router's retries to find.
+WATCH_BUSY_S = 0.02
+ATTACK_S = 5.0
 WATCH_TIMEOUT_S = 2.0
 # A foreign worker is news (event, advice, alert) for this long after its last removal...
 FOREIGN_RECENT_S = 600.0
@@ -247,6 +252,7 @@ class RouterSupervisor:
         # worker URLs vsup put in the running router and has not taken out itself: one of them
         # missing from the router's list was removed by someone else
         self._placed: set[str] = set()
+        self._attacked_at: float | None = None  # when the watch last undid someone's change
         self._last_counts: tuple[float, float | None, float | None] | None = None
         self._host = _RouterHost(engine, self)
         self._dirty = asyncio.Event()
@@ -490,9 +496,17 @@ class RouterSupervisor:
             for url in change.remove:
                 await self.client.remove_worker(url)
                 removed.append(url)
-            for url in change.add:
-                await self.client.add_worker(url)
-                added.append(url)
+            # at once: each add waits for the worker's /health, slow on a busy CPU server
+            client = self.client
+            results = await asyncio.gather(
+                *(client.add_worker(url) for url in change.add), return_exceptions=True
+            )
+            added += [
+                u for u, r in zip(change.add, results, strict=True) if r is True or r is False
+            ]
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
         finally:
             self.in_router = [u for u in listed if u not in removed] + [
                 u for u in added if u not in listed
@@ -508,6 +522,8 @@ class RouterSupervisor:
                 self.emit("router_workers", add=own_add, remove=own_remove)
             self._note_foreign([u for u in removed if u in foreign])
             self._note_removed([u for u in added if u in taken])
+            if foreign or taken:
+                self._attacked_at = self.e.clock.monotonic()
             if added or removed:
                 self.e.notify()  # a rollout may wait for a member to be back (joined)
 
@@ -578,7 +594,9 @@ class RouterSupervisor:
                         self.last_error = None
             except RouterError as exc:
                 self.last_error = str(exc)  # the next round tries again
-            await asyncio.sleep(WATCH_S)
+            at = self._attacked_at
+            busy = at is not None and self.e.clock.monotonic() - at < ATTACK_S
+            await asyncio.sleep(WATCH_BUSY_S if busy else WATCH_S)
 
     async def _list_workers(self) -> list[str]:
         """The router's worker list over the engine's kept-alive client: a tenth of httpx's

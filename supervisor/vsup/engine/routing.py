@@ -54,6 +54,7 @@ from vsup.router import (
     ROUTER_MISSING_HINT,
     ROUTER_STOP_GRACE_S,
     ForeignWorker,
+    MembershipChange,
     RemovedWorker,
     RouterClient,
     RouterError,
@@ -480,16 +481,21 @@ class RouterSupervisor:
         self.last_error = None
         self.e.notify()  # a rollout may wait for a member to be back (joined)
 
-    async def _sync(self, listed: list[str]) -> None:
+    async def _sync(self, listed: list[str], undo_only: bool = False) -> None:
         """Make the router's workers (`listed`, just read) the ready members: remove what vsup
         does not want there (workers someone else added among them), add what it wants (members
-        someone else removed among them). The caller holds `_lock`. Raises RouterError; what
-        was done before is recorded all the same."""
+        someone else removed among them). `undo_only` (the watch): only undo someone else's
+        changes, and leave vsup's own to the reconcile (woken when there are some). The caller
+        holds `_lock`. Raises RouterError; what was done before is recorded all the same."""
         assert self.client is not None and self.membership is not None
         states = self.states()
-        foreign = set(self.membership.foreign(listed))
-        taken = set(self.membership.taken(states, self._placed, listed))
+        foreign = self.membership.foreign(listed)
+        taken = self.membership.taken(states, self._placed, listed)
         change = self.membership.plan(states, listed)
+        if undo_only:
+            if set(change.add) - set(taken) or set(change.remove) - set(foreign):
+                self.wake()
+            change = MembershipChange(add=taken, remove=foreign)
         removed: list[str] = []
         added: list[str] = []
         try:
@@ -590,7 +596,7 @@ class RouterSupervisor:
             try:
                 async with self._lock:
                     if self.serving:
-                        await self._sync(await self._list_workers())
+                        await self._sync(await self._list_workers(), undo_only=True)
                         self.last_error = None
             except RouterError as exc:
                 self.last_error = str(exc)  # the next round tries again

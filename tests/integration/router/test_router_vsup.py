@@ -250,7 +250,12 @@ def test_another_users_remove_worker_loop_fails_few_requests_and_is_named(node: 
                     errors.append(f"{resp.status_code} {resp.text[:80]}")
         return await loop, ok, errors, sorted(latencies)
 
+    seen_before = len(node.events())
     proc, ok, errors, latencies = asyncio.run(under_attack())
+    during = node.events()[seen_before:]
+    # how vsup's changes went meanwhile: all put-backs by the watch, or some by the reconcile
+    own = [e for e in during if e.get("kind") == "router_workers"]
+    router_states = [e.get("to") for e in during if e.get("kind") == "state" and e.get("router")]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     loop = json.loads(proc.stdout)
     failed = len(errors)
@@ -260,7 +265,8 @@ def test_another_users_remove_worker_loop_fails_few_requests_and_is_named(node: 
         f"{total} requests failed; members listed again after p50 "
         f"{loop['back_p50_s'] * 1000:.0f} ms, max {loop['back_max_s'] * 1000:.0f} ms; request "
         f"p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; "
-        f"errors: {errors[:3]}"
+        f"errors: {errors[:3]}; vsup's own membership changes meanwhile: {own[:4]}; router "
+        f"states: {router_states}"
     )
     assert loop["removals"] > 20 and loop["seen_back"] > 10  # it removed them again and again
     assert total >= 20 and failed <= 0.05 * total, errors[:5]

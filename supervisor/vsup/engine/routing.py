@@ -632,9 +632,9 @@ class RouterSupervisor:
                 last_seen_mono=now_m,
                 router_host=self.spec.host,
                 router_port=self.spec.port,
-                users=users if users is not None else (old.users if old else ()),
+                users=_merged(old.users if old is not None else (), users),
             )
-            self._keep(self.foreign, rec)
+            self._keep("router_foreign_worker", self.foreign, rec)
             self._tell("router_foreign_worker", rec, old is None, removals=rec.removals)
 
     def _note_removed(self, urls: Iterable[str]) -> None:
@@ -654,9 +654,9 @@ class RouterSupervisor:
                 last_seen_mono=now_m,
                 router_host=self.spec.host,
                 router_port=self.spec.port,
-                users=users if users is not None else (old.users if old else ()),
+                users=_merged(old.users if old is not None else (), users),
             )
-            self._keep(self.removed, rec)
+            self._keep("router_worker_removed", self.removed, rec)
             self._tell("router_worker_removed", rec, old is None, restores=rec.restores)
 
     def _recent(self, table: dict[str, Any], url: str) -> Any:
@@ -667,14 +667,13 @@ class RouterSupervisor:
             del table[u]
         return table.get(url)
 
-    def _keep(self, table: dict[str, Any], rec: Any) -> None:
+    def _keep(self, kind: str, table: dict[str, Any], rec: Any) -> None:
         table.pop(rec.url, None)  # the latest last: the oldest go first below
         table[rec.url] = rec
         while len(table) > FOREIGN_MAX:
             oldest = next(iter(table))
             del table[oldest]
-            for key in [k for k in self._told if k[1] == oldest]:
-                del self._told[key]
+            self._told.pop((kind, oldest), None)
 
     def _users(self, key: tuple[str, str], old: Any) -> tuple[str, ...] | None:
         """Other users connected to the router's port, read when the incident's event is due
@@ -700,11 +699,10 @@ class RouterSupervisor:
         self._told[key] = now_m
         for k in [k for k, t in self._told.items() if now_m - t > FOREIGN_RECENT_S]:
             del self._told[k]
-        what = (
-            "removed a worker vsup did not add"
-            if kind == "router_foreign_worker"
-            else ("put back a member someone else removed")
-        )
+        what = {
+            "router_foreign_worker": "removed a worker vsup did not add",
+            "router_worker_removed": "put back a member someone else removed",
+        }[kind]
         log.warning(
             "router: %s: %s (%s since %s; other users connected to its port: %s)",
             what,
@@ -858,6 +856,11 @@ class RouterSupervisor:
                 Runner(self._host, inst).run(), name="vsup-runner-router"
             )
         inst.control.kick.set()
+
+
+def _merged(old: tuple[str, ...], new: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The users seen connected over an incident: those seen before and those read now."""
+    return old if new is None else tuple(sorted(set(old) | set(new)))
 
 
 def endpoint(spec: RouterSpec, node_host: str | None = None) -> str:

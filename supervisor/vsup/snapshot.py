@@ -497,6 +497,20 @@ class RouterForeignWorker:
     first_seen: str  # ISO 8601 UTC: the first removal of this incident
     last_seen: str  # and the latest
     removals: int  # how often vsup removed it (it comes back while something re-adds it)
+    users: tuple[str, ...] = ()  # other local users connected to the router's port then
+
+
+@dataclass(frozen=True)
+class RouterRemovedWorker:
+    """A member someone else removed from the router, found missing and put back by vsup (the
+    recent ones; router/membership.py RemovedWorker)."""
+
+    url: str
+    name: str  # the instance
+    first_seen: str  # ISO 8601 UTC: the first restore of this incident
+    last_seen: str  # and the latest
+    restores: int  # how often vsup put it back (a remove loop takes it out again and again)
+    users: tuple[str, ...] = ()  # other local users connected to the router's port then
 
 
 @dataclass(frozen=True)
@@ -526,6 +540,7 @@ class RouterStatus:
     error: str | None = None  # the last error talking to it
     workers: tuple[RouterWorker, ...] = ()
     foreign_workers: tuple[RouterForeignWorker, ...] = ()
+    removed_workers: tuple[RouterRemovedWorker, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vsup.control.stalls import stall_work
-from vsup.router import ForeignWorker
+from vsup.router import ForeignWorker, RemovedWorker
 from vsup.snapshot import (
     THROTTLE_HARDWARE,
     THROTTLE_THERMAL,
@@ -52,6 +52,8 @@ class AdviceInputs:
     kv_peak: Mapping[str, float | None] = field(default_factory=dict)  # max KV usage, last minute
     # workers someone else added to the router and vsup removed, recently (engine/routing.py)
     foreign_workers: tuple[ForeignWorker, ...] = ()
+    # members someone else removed from the router and vsup put back, recently
+    removed_workers: tuple[RemovedWorker, ...] = ()
     router: RouterStatus | None = None  # the layout's router, as the status shows it
 
 
@@ -74,6 +76,7 @@ def compute_advice(
         out += gpu_health(gpu, instances)
     out += router_failed(inputs.router)
     out += router_foreign_workers(inputs.foreign_workers)
+    out += router_removed_workers(inputs.removed_workers)
     order = {"critical": 0, "warning": 1, "info": 2}
     return tuple(sorted(out, key=lambda a: order.get(a.severity, 3)))
 
@@ -457,12 +460,52 @@ def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:
             severity="critical",
             message=(
                 f"the router on {first.router_host}:{first.router_port} was given workers vsup "
-                f"did not add, and vsup removed them: {seen}. Anyone who reaches the router's "
-                "port can do this (vllm-router's /add_worker has no authentication): find who "
-                "sent it, and keep [router] host on 127.0.0.1 or firewall the port."
+                f"did not add, and vsup removed them: {seen}.{_users_line(workers)} Anyone who "
+                "reaches the router's port can do this (vllm-router's /add_worker has no "
+                "authentication): find who sent it, and keep [router] host on 127.0.0.1 or "
+                "firewall the port (docs/router.md, Who can reach it)."
             ),
         )
     ]
+
+
+def router_removed_workers(workers: Iterable[RemovedWorker]) -> list[Advice]:
+    """Someone removed members from the router (`POST /remove_worker`, no authentication):
+    vsup put them back, but requests that found no worker meanwhile failed, and a loop of
+    removals fails many. Critical, one advice for all of them."""
+    workers = list(workers)
+    if not workers:
+        return []
+    first = workers[0]
+    seen = "; ".join(
+        f"{w.name} {w.url} (first at {w.first_seen}, put back "
+        + ("once" if w.restores == 1 else f"{w.restores} times, last at {w.last_seen}")
+        + ")"
+        for w in workers[:FOREIGN_WORKERS_SHOWN]
+    )
+    if len(workers) > FOREIGN_WORKERS_SHOWN:
+        seen += f"; and {len(workers) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
+    return [
+        Advice(
+            kind="router_worker_removed",
+            severity="critical",
+            message=(
+                f"someone removed workers from the router on {first.router_host}:"
+                f"{first.router_port}, and vsup put them back: {seen}.{_users_line(workers)} "
+                "Requests that found no worker meanwhile failed. Anyone who reaches the "
+                "router's port can do this (vllm-router's /remove_worker has no "
+                "authentication): find who sent it; only a firewall rule by user keeps other "
+                "local users out (docs/router.md, Who can reach it)."
+            ),
+        )
+    ]
+
+
+def _users_line(workers: Iterable[ForeignWorker | RemovedWorker]) -> str:
+    users = sorted({u for w in workers for u in w.users})
+    if not users:
+        return ""
+    return " Other local users connected to the router's port then: " + ", ".join(users) + "."
 
 
 # Hardware XIDs after which the GPU goes on working: a row remap recorded (63), a rising rate

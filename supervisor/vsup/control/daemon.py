@@ -675,6 +675,7 @@ class Daemon:
             problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
             kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
             foreign_workers=self.engine.router.foreign_recent(),
+            removed_workers=self.engine.router.removed_recent(),
             router=router_status,
         )
         rollout_status = None

@@ -14,11 +14,13 @@ instance state change wakes one reconcile task (debounced, serialised, retried w
 router does not answer); before the engine stops, restarts or drains a member it calls `leave`,
 which removes it from the router first, so it gets no new request while its running ones end.
 
-Workers vsup did not add: vllm-router's worker API has no authentication, so anyone who reaches
-its port can add a server of their own. While the router serves, a watch reads its worker list
-every WATCH_S and removes any worker that is no member at once; each removal is counted
-(`foreign`), journaled (`router_foreign_worker`, rate-limited) and kept for the advice and the
-status for FOREIGN_RECENT_S (docs/router.md, "Workers vsup did not add").
+Changes vsup did not make: vllm-router's worker API has no authentication, so anyone who
+reaches its port can add a server of their own or remove a member. While the router serves, a
+watch reads its worker list every WATCH_S and undoes both at once: a worker that is no member is
+removed (`foreign`), a member vsup had put there and still wants is added back (`removed`).
+Each is counted, journaled (`router_foreign_worker`, `router_worker_removed`; rate-limited),
+named with the other local users connected to the router's port then (router/peers.py), and
+kept for the advice and the status for FOREIGN_RECENT_S (docs/router.md, "Who can reach it").
 """
 
 from __future__ import annotations
@@ -52,13 +54,16 @@ from vsup.router import (
     ROUTER_MISSING_HINT,
     ROUTER_STOP_GRACE_S,
     ForeignWorker,
+    MembershipChange,
+    RemovedWorker,
     RouterClient,
     RouterError,
     RouterMembership,
     RouterMetrics,
     RouterSpec,
 )
-from vsup.snapshot import RouterForeignWorker, RouterStatus, RouterWorker
+from vsup.router.peers import other_users
+from vsup.snapshot import RouterForeignWorker, RouterRemovedWorker, RouterStatus, RouterWorker
 from vsup.telemetry.httpget import HttpError
 
 log = logging.getLogger("vsup.engine")
@@ -82,9 +87,16 @@ DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
 # A rollout waits at most this long for a restarted instance to be a worker again (add_worker
 # waits for its /health, which a ready instance answers at once).
 JOIN_TIMEOUT_S = 30.0
-# While the router serves, its worker list is read this often and a worker vsup did not add is
-# removed (docs/router.md: the worker API has no authentication).
+# While the router serves, its worker list is read this often: a worker vsup did not add is
+# removed, a member someone else removed is put back (docs/router.md: the worker API has no
+# authentication). The router retries a request that finds no worker for about 0.4 s (its
+# default 5 attempts), so a member put back within this long costs no request.
 WATCH_S = 0.1
+# ... and this often while someone else keeps changing them (for ATTACK_S after the last
+# change undone): a remove loop takes a member out again as soon as it is back, so the sooner
+# vsup sees it gone, the more of the time it is there for the router's retries to find.
+WATCH_BUSY_S = 0.02
+ATTACK_S = 5.0
 WATCH_TIMEOUT_S = 2.0
 # A foreign worker is news (event, advice, alert) for this long after its last removal...
 FOREIGN_RECENT_S = 600.0
@@ -235,7 +247,13 @@ class RouterSupervisor:
         self.errors_per_s: float | None = None
         # workers someone else added through the router's open worker API, by URL (watch)
         self.foreign: dict[str, ForeignWorker] = {}
-        self._foreign_told: dict[str, float] = {}  # url -> when its last event was sent
+        # members someone else removed through it and vsup put back, by URL (watch)
+        self.removed: dict[str, RemovedWorker] = {}
+        self._told: dict[tuple[str, str], float] = {}  # (kind, url) -> when its last event went
+        # worker URLs vsup put in the running router and has not taken out itself: one of them
+        # missing from the router's list was removed by someone else
+        self._placed: set[str] = set()
+        self._attacked_at: float | None = None  # when the watch last undid someone's change
         self._last_counts: tuple[float, float | None, float | None] | None = None
         self._host = _RouterHost(engine, self)
         self._dirty = asyncio.Event()
@@ -252,6 +270,8 @@ class RouterSupervisor:
 
     def _on_state(self, inst: Instance, old: State, new: State) -> None:
         self.emit("state", **{"from": old, "to": new})
+        if new != State.READY:
+            self._placed.clear()  # a restarted router starts with no worker
         if new == State.READY:
             self.wake()
             self._watch()
@@ -390,7 +410,11 @@ class RouterSupervisor:
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S), self._lock:
                 assert self.client is not None
+                # the watch may have taken it out already (it follows `desired` too): then
+                # the removal is journaled once, by it
+                already = self.in_router is not None and url not in self.in_router
                 await self.client.remove_worker(url)
+                self._placed.discard(url)
         except (RouterError, TimeoutError) as exc:
             self.last_error = f"removing {name} from the router: {exc}"
             log.warning("%s", self.last_error)
@@ -398,7 +422,8 @@ class RouterSupervisor:
             return
         if self.in_router is not None:
             self.in_router = [u for u in self.in_router if u != url]
-        self.emit("router_workers", add=[], remove=[url], why=f"{name} leaves")
+        if not already:
+            self.emit("router_workers", add=[], remove=[url], why=f"{name} leaves")
         if settle:
             await asyncio.sleep(LEAVE_SETTLE_S)
 
@@ -452,13 +477,61 @@ class RouterSupervisor:
             return
         assert self.client is not None
         async with self._lock:
-            change = await self.membership.reconcile(self.client, self.states())
-            self.in_router = self.membership.desired(self.states())
+            await self._sync(await self.client.list_workers())
         self.last_error = None
-        if change:
-            self.emit("router_workers", add=list(change.add), remove=list(change.remove))
-            self._note_foreign(self.membership.foreign(change.remove))
         self.e.notify()  # a rollout may wait for a member to be back (joined)
+
+    async def _sync(self, listed: list[str], undo_only: bool = False) -> None:
+        """Make the router's workers (`listed`, just read) the ready members: remove what vsup
+        does not want there (workers someone else added among them), add what it wants (members
+        someone else removed among them). `undo_only` (the watch): only undo someone else's
+        changes, and leave vsup's own to the reconcile (woken when there are some). The caller
+        holds `_lock`. Raises RouterError; what was done before is recorded all the same."""
+        assert self.client is not None and self.membership is not None
+        states = self.states()
+        foreign = self.membership.foreign(listed)
+        taken = self.membership.taken(states, self._placed, listed)
+        change = self.membership.plan(states, listed)
+        if undo_only:
+            if set(change.add) - set(taken) or set(change.remove) - set(foreign):
+                self.wake()
+            change = MembershipChange(add=taken, remove=foreign)
+        removed: list[str] = []
+        added: list[str] = []
+        try:
+            for url in change.remove:
+                await self.client.remove_worker(url)
+                removed.append(url)
+            # at once: each add waits for the worker's /health, slow on a busy CPU server
+            client = self.client
+            results = await asyncio.gather(
+                *(client.add_worker(url) for url in change.add), return_exceptions=True
+            )
+            added += [
+                u for u, r in zip(change.add, results, strict=True) if r is True or r is False
+            ]
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        finally:
+            self.in_router = [u for u in listed if u not in removed] + [
+                u for u in added if u not in listed
+            ]
+            # what vsup wants there and is there (an adopted router's members too): from now
+            # on, one of them missing was removed by someone else
+            self._placed = set(self.membership.desired(states)) & set(self.in_router)
+            # vsup's own changes are journaled as such; undoing someone else's is an incident
+            # of its own (rate-limited: a loop would otherwise write dozens of events a second)
+            own_add = [u for u in added if u not in taken]
+            own_remove = [u for u in removed if u not in foreign]
+            if own_add or own_remove:
+                self.emit("router_workers", add=own_add, remove=own_remove)
+            self._note_foreign([u for u in removed if u in foreign])
+            self._note_removed([u for u in added if u in taken])
+            if foreign or taken:
+                self._attacked_at = self.e.clock.monotonic()
+            if added or removed:
+                self.e.notify()  # a rollout may wait for a member to be back (joined)
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -488,13 +561,12 @@ class RouterSupervisor:
             self._last_counts = None
             return
         assert self.client is not None and self.membership is not None
+        self._watch()  # the watch reads the worker list (in_router) and undoes others' changes
         try:
             metrics = await self.client.metrics()
-            listed = await self.client.list_workers()
         except RouterError as exc:
             self.last_error = str(exc)
             return
-        self.in_router = await self._remove_foreign(listed)
         now = self.e.clock.monotonic()
         counts = (now, metrics.requests_total, metrics.errors_total)
         prev = self._last_counts
@@ -502,10 +574,12 @@ class RouterSupervisor:
         self.errors_per_s = _rate(prev, counts, 2)
         self._last_counts = counts
         self.metrics = metrics
-        if set(self.in_router) != set(self.membership.desired(self.states())):
+        if self.in_router is not None and set(self.in_router) != set(
+            self.membership.desired(self.states())
+        ):
             self.wake()  # drift (a stalled flag changed, a member added by hand)
 
-    # -- workers vsup did not add ----------------------------------------------------------
+    # -- worker changes vsup did not make ------------------------------------------------
 
     def _watch(self) -> None:
         """Watch the router's worker list while it serves (one task)."""
@@ -515,16 +589,20 @@ class RouterSupervisor:
 
     async def _watch_loop(self) -> None:
         """vllm-router's worker API has no authentication (docs/router.md): anyone who reaches
-        its port can add a worker of their own and get a share of the requests. Read the list
-        every WATCH_S and remove such a worker at once, not at the next poll or reconcile."""
+        its port can add a worker of their own (and get a share of the requests) or remove a
+        member (and fail every request once none is left). Read the list every WATCH_S and undo
+        either at once, not at the next poll or reconcile."""
         while self.serving:
             try:
-                listed = await self._list_workers()
-            except RouterError:
-                listed = None  # the poll reports it; the next round tries again
-            if listed is not None:
-                await self._remove_foreign(listed)
-            await asyncio.sleep(WATCH_S)
+                async with self._lock:
+                    if self.serving:
+                        await self._sync(await self._list_workers(), undo_only=True)
+                        self.last_error = None
+            except RouterError as exc:
+                self.last_error = str(exc)  # the next round tries again
+            at = self._attacked_at
+            busy = at is not None and self.e.clock.monotonic() - at < ATTACK_S
+            await asyncio.sleep(WATCH_BUSY_S if busy else WATCH_S)
 
     async def _list_workers(self) -> list[str]:
         """The router's worker list over the engine's kept-alive client: a tenth of httpx's
@@ -539,43 +617,13 @@ class RouterSupervisor:
         except (HttpError, OSError, ValueError, AttributeError) as exc:
             raise RouterError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
 
-    async def _remove_foreign(self, listed: list[str]) -> list[str]:
-        """Remove every worker in `listed` that is no member of the layout (records it, an
-        event, advice); returns the list without them. A member listed while vsup does not
-        want it is drift for the reconcile, not foreign."""
-        if self.membership is None or self.client is None:
-            return listed
-        foreign = self.membership.foreign(listed)
-        if not foreign:
-            return listed
-        removed = []
-        for url in foreign:
-            try:
-                await self.client.remove_worker(url)
-            except RouterError as exc:
-                self.last_error = f"removing a foreign worker {url}: {exc}"
-                continue
-            removed.append(url)
-        self._note_foreign(removed)
-        return [u for u in listed if u not in removed]
-
     def _note_foreign(self, urls: Iterable[str]) -> None:
-        """Count the removal of each foreign worker URL; journal the first of an incident and
-        then one event per FOREIGN_EVENT_S while it keeps coming back (an add_worker loop would
-        otherwise write four events a second)."""
-        if self.spec is None:
-            return
-        now_m = self.e.clock.monotonic()
-        at = iso_utc(self.e.clock.wall())
-        for url in [
-            u for u, f in self.foreign.items() if now_m - f.last_seen_mono > FOREIGN_RECENT_S
-        ]:
-            del self.foreign[url]
-            self._foreign_told.pop(url, None)
+        """Count the removal of each foreign worker URL (someone else added it)."""
         for url in urls:
-            old = self.foreign.get(url)
-            if old is None or now_m - old.last_seen_mono > FOREIGN_RECENT_S:
-                old = None  # a new incident
+            old = self._recent(self.foreign, url)
+            users = self._users(("router_foreign_worker", url), old)
+            at, now_m = iso_utc(self.e.clock.wall()), self.e.clock.monotonic()
+            assert self.spec is not None
             rec = ForeignWorker(
                 url=url,
                 first_seen=old.first_seen if old is not None else at,
@@ -584,34 +632,99 @@ class RouterSupervisor:
                 last_seen_mono=now_m,
                 router_host=self.spec.host,
                 router_port=self.spec.port,
+                users=_merged(old.users if old is not None else (), users),
             )
-            self.foreign.pop(url, None)  # the latest last: the oldest go first below
-            self.foreign[url] = rec
-            while len(self.foreign) > FOREIGN_MAX:
-                oldest = next(iter(self.foreign))
-                del self.foreign[oldest]
-                self._foreign_told.pop(oldest, None)
-            told = self._foreign_told.get(url)
-            if old is None or told is None or now_m - told >= FOREIGN_EVENT_S:
-                self._foreign_told[url] = now_m
-                log.warning(
-                    "router: removed worker %s, which vsup did not add (%d time(s) since %s)",
-                    url,
-                    rec.removals,
-                    rec.first_seen,
-                )
-                self.emit(
-                    "router_foreign_worker",
-                    url=url,
-                    removals=rec.removals,
-                    first_seen=rec.first_seen,
-                )
+            self._keep("router_foreign_worker", self.foreign, rec)
+            self._tell("router_foreign_worker", rec, old is None, removals=rec.removals)
+
+    def _note_removed(self, urls: Iterable[str]) -> None:
+        """Count each member vsup put back after someone else removed it."""
+        assert self.membership is not None
+        for url in urls:
+            old = self._recent(self.removed, url)
+            users = self._users(("router_worker_removed", url), old)
+            at, now_m = iso_utc(self.e.clock.wall()), self.e.clock.monotonic()
+            assert self.spec is not None
+            rec = RemovedWorker(
+                url=url,
+                name=self.membership.name_of(url) or "?",
+                first_seen=old.first_seen if old is not None else at,
+                last_seen=at,
+                restores=(old.restores if old is not None else 0) + 1,
+                last_seen_mono=now_m,
+                router_host=self.spec.host,
+                router_port=self.spec.port,
+                users=_merged(old.users if old is not None else (), users),
+            )
+            self._keep("router_worker_removed", self.removed, rec)
+            self._tell("router_worker_removed", rec, old is None, restores=rec.restores)
+
+    def _recent(self, table: dict[str, Any], url: str) -> Any:
+        """The record of `url`'s incident, None when it is new (none, or none for
+        FOREIGN_RECENT_S); drops the records that have aged out."""
+        now_m = self.e.clock.monotonic()
+        for u in [u for u, r in table.items() if now_m - r.last_seen_mono > FOREIGN_RECENT_S]:
+            del table[u]
+        return table.get(url)
+
+    def _keep(self, kind: str, table: dict[str, Any], rec: Any) -> None:
+        table.pop(rec.url, None)  # the latest last: the oldest go first below
+        table[rec.url] = rec
+        while len(table) > FOREIGN_MAX:
+            oldest = next(iter(table))
+            del table[oldest]
+            self._told.pop((kind, oldest), None)
+
+    def _users(self, key: tuple[str, str], old: Any) -> tuple[str, ...] | None:
+        """Other users connected to the router's port, read when the incident's event is due
+        (its first change, then at most once per FOREIGN_EVENT_S): None when not due."""
+        told = self._told.get(key)
+        if (
+            old is not None
+            and told is not None
+            and self.e.clock.monotonic() - told < FOREIGN_EVENT_S
+        ):
+            return None
+        assert self.spec is not None
+        return other_users(self.spec.port)
+
+    def _tell(self, kind: str, rec: ForeignWorker | RemovedWorker, new: bool, **count: int) -> None:
+        """Journal an incident's first change, then one event per FOREIGN_EVENT_S while it
+        goes on (a loop would otherwise write dozens of events a second)."""
+        key = (kind, rec.url)
+        now_m = self.e.clock.monotonic()
+        told = self._told.get(key)
+        if not new and told is not None and now_m - told < FOREIGN_EVENT_S:
+            return
+        self._told[key] = now_m
+        for k in [k for k, t in self._told.items() if now_m - t > FOREIGN_RECENT_S]:
+            del self._told[k]
+        what = {
+            "router_foreign_worker": "removed a worker vsup did not add",
+            "router_worker_removed": "put back a member someone else removed",
+        }[kind]
+        log.warning(
+            "router: %s: %s (%s since %s; other users connected to its port: %s)",
+            what,
+            rec.url,
+            ", ".join(f"{k} {v}" for k, v in count.items()),
+            rec.first_seen,
+            ", ".join(rec.users) or "none",
+        )
+        self.emit(kind, url=rec.url, first_seen=rec.first_seen, users=list(rec.users), **count)
 
     def foreign_recent(self) -> tuple[ForeignWorker, ...]:
         """Foreign workers removed within the last FOREIGN_RECENT_S (advice, status)."""
         now_m = self.e.clock.monotonic()
         return tuple(
             f for f in self.foreign.values() if now_m - f.last_seen_mono <= FOREIGN_RECENT_S
+        )
+
+    def removed_recent(self) -> tuple[RemovedWorker, ...]:
+        """Members someone else removed and vsup put back within FOREIGN_RECENT_S."""
+        now_m = self.e.clock.monotonic()
+        return tuple(
+            r for r in self.removed.values() if now_m - r.last_seen_mono <= FOREIGN_RECENT_S
         )
 
     def status_json(self, node_host: str | None = None) -> RouterStatus | None:
@@ -669,9 +782,24 @@ class RouterSupervisor:
             workers=tuple(workers),
             foreign_workers=tuple(
                 RouterForeignWorker(
-                    url=f.url, first_seen=f.first_seen, last_seen=f.last_seen, removals=f.removals
+                    url=f.url,
+                    first_seen=f.first_seen,
+                    last_seen=f.last_seen,
+                    removals=f.removals,
+                    users=f.users,
                 )
                 for f in self.foreign_recent()
+            ),
+            removed_workers=tuple(
+                RouterRemovedWorker(
+                    url=r.url,
+                    name=r.name,
+                    first_seen=r.first_seen,
+                    last_seen=r.last_seen,
+                    restores=r.restores,
+                    users=r.users,
+                )
+                for r in self.removed_recent()
             ),
         )
 
@@ -709,7 +837,9 @@ class RouterSupervisor:
         self.in_router = None
         self.metrics = None
         self.foreign.clear()
-        self._foreign_told.clear()
+        self.removed.clear()
+        self._told.clear()
+        self._placed.clear()
         if self.client is not None:
             self.e.spawn_background(self.client.aclose())
             self.client = None
@@ -726,6 +856,11 @@ class RouterSupervisor:
                 Runner(self._host, inst).run(), name="vsup-runner-router"
             )
         inst.control.kick.set()
+
+
+def _merged(old: tuple[str, ...], new: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The users seen connected over an incident: those seen before and those read now."""
+    return old if new is None else tuple(sorted(set(old) | set(new)))
 
 
 def endpoint(spec: RouterSpec, node_host: str | None = None) -> str:

@@ -21,6 +21,18 @@ STARTUP_CHECK_INTERVAL_S = 1
 # ... and if one of them dies in that instant, the router exits after this long instead of
 # waiting its default 600 s; the restart policy then starts it again with the new list.
 STARTUP_TIMEOUT_S = 30
+# vllm-router retries a request that found no worker, or a refusal, with a backoff (by default
+# 5 attempts over about 0.4 s). vsup retries densely over about as long instead: every 4 ms, so
+# that a request caught by a remove_worker loop another local user runs (the worker API has no
+# authentication, docs/router.md "Who can reach it") finds the member vsup puts back within the
+# watch's 0.1 s, however briefly the loop leaves it there. A layout that sets any retry flag
+# in `args` gets none of these.
+DENSE_RETRIES: dict[str, Any] = {
+    "retry-max-retries": 100,
+    "retry-initial-backoff-ms": 4,
+    "retry-max-backoff-ms": 4,
+    "retry-backoff-multiplier": 1.0,
+}
 # A stopped router finishes the requests it is running (its port closes at once) for at most
 # this long, then vsup kills it: a restart's gap includes that wait (docs/router.md).
 ROUTER_STOP_GRACE_S = 10.0
@@ -88,7 +100,10 @@ class RouterSpec:
             "worker-startup-check-interval": STARTUP_CHECK_INTERVAL_S,
             "worker-startup-timeout-secs": STARTUP_TIMEOUT_S,
         }
-        args.update((k.replace("_", "-"), v) for k, v in self.args.items())
+        own = {k.replace("_", "-"): v for k, v in self.args.items()}
+        if not any(k.startswith("retry-") or k == "disable-retries" for k in own):
+            args.update(DENSE_RETRIES)
+        args.update(own)
         argv += args_to_flags(args)
         if worker_urls:
             argv += ["--worker-urls", *worker_urls]

@@ -251,6 +251,7 @@ ALERT_KINDS = (
     "daemon_restarted",
     "stalled",
     "router_foreign_worker",
+    "router_worker_removed",
 )
 SEVERITIES = ("info", "warning", "critical")
 

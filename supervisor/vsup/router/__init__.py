@@ -10,7 +10,13 @@ from vsup.layout.routerspec import (
     router_spec,
 )
 from vsup.router.client import RouterClient, RouterError, RouterMetrics, parse_router_metrics
-from vsup.router.membership import EXCLUDED, ForeignWorker, MembershipChange, RouterMembership
+from vsup.router.membership import (
+    EXCLUDED,
+    ForeignWorker,
+    MembershipChange,
+    RemovedWorker,
+    RouterMembership,
+)
 
 __all__ = [
     "EXCLUDED",
@@ -18,6 +24,7 @@ __all__ = [
     "ROUTER_STOP_GRACE_S",
     "ForeignWorker",
     "MembershipChange",
+    "RemovedWorker",
     "RouterClient",
     "RouterError",
     "RouterMembership",

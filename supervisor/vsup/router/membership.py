@@ -31,6 +31,8 @@ class ForeignWorker:
     last_seen_mono: float  # the clock's monotonic seconds of the latest removal
     router_host: str  # the address the router listens on (what let it in)
     router_port: int
+    # other local users connected to the router's port when vsup found it (router/peers.py)
+    users: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +40,33 @@ class ForeignWorker:
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
             "removals": self.removals,
+            "users": list(self.users),
+        }
+
+
+@dataclass(frozen=True)
+class RemovedWorker:
+    """A member someone else removed from the router (`POST /remove_worker`), as vsup found it
+    missing and put it back."""
+
+    url: str
+    name: str  # the instance it is
+    first_seen: str  # ISO-8601 UTC of the first restore of this incident
+    last_seen: str  # and of the latest
+    restores: int  # how often vsup put it back (a remove loop takes it out again and again)
+    last_seen_mono: float
+    router_host: str
+    router_port: int
+    users: tuple[str, ...] = ()  # other local users connected to the router's port then
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "name": self.name,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "restores": self.restores,
+            "users": list(self.users),
         }
 
 
@@ -89,6 +118,18 @@ class RouterMembership:
         router's API (which has no authentication), to be removed at once."""
         mine = set(self.workers.values())
         return tuple(u for u in dict.fromkeys(urls) if u not in mine)
+
+    def taken(
+        self, states: Mapping[str, str], placed: Iterable[str], current: Iterable[str]
+    ) -> tuple[str, ...]:
+        """Members vsup wants and put in the router (`placed`) that are no longer in its
+        `current` list: someone else removed them through the open worker API (vsup removes a
+        member only after `leave` or a state change has taken it out of `desired`)."""
+        have, placed = set(current), set(placed)
+        return tuple(u for u in self.desired(states) if u in placed and u not in have)
+
+    def name_of(self, url: str) -> str | None:
+        return next((n for n, u in self.workers.items() if u == url), None)
 
     def leave(self, name: str) -> str | None:
         """Mark `name` as leaving (a drain, stop or restart is about to start): it stays out

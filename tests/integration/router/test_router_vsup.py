@@ -33,6 +33,7 @@ from tests.programs.router_fleet import (
     router_command,
     steady_load,
 )
+from tests.programs.second_user import run_as, second_user, system_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
 # the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
@@ -220,6 +221,70 @@ def test_a_restarted_daemon_adopts_the_router(node: Node):
     assert after["pid"] == before["pid"]  # adopted, not started again
     adopted = [e for e in node.events() if e.get("kind") == "adopt" and e.get("router")]
     assert adopted and adopted[-1]["adopted"] is True
+
+
+def test_another_users_remove_worker_loop_fails_few_requests_and_is_named(node: Node):
+    """Binding to loopback keeps other hosts out, not other users: a second local user runs a
+    remove_worker loop against the router (tests/programs/remove_loop.py: list, remove each, as
+    fast as one connection goes) for 15 s while requests go through it one at a time. vsup's
+    watch puts each member back within tenths of a second and the router's dense retries (4 ms)
+    carry a request over the gap: at most 5% fail (the audit: 229 of 287 before). The daemon
+    raises critical advice naming that user, lists the members it put back, and journals it."""
+    user, python = second_user(), system_python()
+    until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    script = (Path(__file__).parents[2] / "programs" / "remove_loop.py").read_text()
+
+    async def under_attack():
+        argv = [python, "-", node.url, "15"]
+        loop = asyncio.create_task(asyncio.to_thread(run_as, user, argv, script, 90))
+        ok, errors, latencies = 0, [], []
+        async with httpx.AsyncClient(timeout=30) as http:
+            while not loop.done():  # one at a time, for as long as the loop runs (15 s)
+                t0 = time.monotonic()
+                try:
+                    resp = await http.post(
+                        f"{node.url}/v1/completions", json=completion_body(node.model, 2)
+                    )
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc))
+                    continue
+                latencies.append(time.monotonic() - t0)
+                if resp.status_code == 200:
+                    ok += 1
+                else:
+                    errors.append(f"{resp.status_code} {resp.text[:80]}")
+        return await loop, ok, errors, sorted(latencies)
+
+    seen_before = len(node.events())
+    proc, ok, errors, latencies = asyncio.run(under_attack())
+    during = node.events()[seen_before:]
+    # how vsup's changes went meanwhile: all put-backs by the watch, or some by the reconcile
+    own = [e for e in during if e.get("kind") == "router_workers"]
+    router_states = [e.get("to") for e in during if e.get("kind") == "state" and e.get("router")]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loop = json.loads(proc.stdout)
+    failed = len(errors)
+    total = ok + failed
+    print(
+        f"\n{user}'s remove_worker loop for 15 s: {loop['removals']} removals; {failed} of "
+        f"{total} requests failed; members listed again after p50 "
+        f"{loop['back_p50_s'] * 1000:.0f} ms, max {loop['back_max_s'] * 1000:.0f} ms; request "
+        f"p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; "
+        f"errors: {errors[:3]}; vsup's own membership changes meanwhile: {own[:4]}; router "
+        f"states: {router_states}"
+    )
+    assert loop["removals"] > 20 and loop["seen_back"] > 10  # it removed them again and again
+    assert total >= 20 and failed <= 0.05 * total, errors[:5]
+    until(lambda: serving_all(node), 30, "vsup did not put both members back")
+    doc = node.status()
+    (advice,) = [a for a in doc["advice"] if a["kind"] == "router_worker_removed"]
+    assert advice["severity"] == "critical" and f"{user} (uid " in advice["message"]
+    back = {w["name"]: w for w in doc["router"]["removed_workers"]}
+    assert set(back) == set(NAMES), back
+    assert all(w["restores"] >= 1 and any(user in u for u in w["users"]) for w in back.values())
+    told = [e for e in node.events() if e.get("kind") == "router_worker_removed"]
+    # one event per member and incident (then at most one a minute), not one per removal
+    assert sorted(e["url"] for e in told) == sorted(node.replica(n) for n in NAMES)
 
 
 def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path: Path):

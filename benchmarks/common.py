@@ -150,7 +150,9 @@ def emulator_layout(
     stop_grace_s: float = 10.0,
 ) -> str:
     """A layout of emulated vLLM instances `e000`.. on `ports` (CPU instances unless `gpus`
-    gives each one's GPU list)."""
+    gives each one's GPU list). `pull = false`: the emulator loads no model, and
+    "bench/emulated" reads as a hub id the daemon would otherwise pull before the start (every
+    instance then stays `stopped (pull failed)`)."""
     import json
 
     cmd = json.dumps([PYTHON, str(EMULATOR)])
@@ -159,6 +161,7 @@ name = "{name}"
 
 [defaults]
 model = "bench/emulated"
+pull = false
 command = {cmd}
 host = "127.0.0.1"
 health_interval_s = {health_interval_s}
@@ -217,6 +220,13 @@ class Daemon:
             insts = [i for i in status["instances"] if names is None or i["name"] in names]
             if insts and all(i["state"] in want for i in insts):
                 return status
+            failed = [i for i in insts if (i.get("pull") or {}).get("state") == "failed"]
+            if failed:  # no start follows a failed pull: say why now, not after the timeout
+                pull = failed[0]["pull"]
+                raise RuntimeError(
+                    f"the daemon's pull of {pull['model']} failed ({pull['reason']}: "
+                    f"{pull['message']}); {len(failed)} instance(s) stay stopped"
+                )
             if time.monotonic() > deadline:
                 states = {i["name"]: i["state"] for i in insts}
                 raise TimeoutError(f"instances not {sorted(want)} after {timeout} s: {states}")

@@ -75,6 +75,7 @@ def layout_text(gpu_count: int) -> str:
 
     text = (
         '[layout]\nname = "gpu-verify"\n\n[defaults]\nmodel = "emulated/vllm-emulator"\n'
+        "pull = false\n"  # the emulator loads no model: nothing for the daemon to pull
         'host = "127.0.0.1"\nstart_timeout_s = 180\nstop_grace_s = 10\n'
         'restart = { policy = "on-failure", backoff_s = 1, max_failures = 5 }\n\n'
     )

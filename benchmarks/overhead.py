@@ -6,9 +6,10 @@ A daemon of its own (`python -m vsup daemon`, a temporary VSUP_HOME) supervises 
 emulators (tests/programs/vllm_emulator.py: a payload recorded from the real vLLM 0.32 whose
 values move; not vLLM). The daemon watches only processes it starts, so each instance is its
 own emulator process (~20 MB each), started by the daemon from a layout of CPU instances
-(`gpus = []`). They share the "cpu" device and so start one after another; the layout is
-applied first with `health_interval_s = 0.1` to make that quick, then again with the default
-1 s, which the engine takes without a restart. What is measured is the steady state: per
+(`gpus = []`, `pull = false`: the emulator loads no model). They share the "cpu" device and
+so start one after another; the layout is applied first with `health_interval_s = 0.1` to
+make that quick, then again with the default 1 s, which the engine takes without a restart.
+What is measured is the steady state: per
 instance, one /health check and one /metrics scrape with its /load read (+ parse, rates,
 snapshot, history) a second (`--no-load-tracking`: without /load).
 
@@ -22,7 +23,8 @@ scrape fully with prometheus_client (`text_string_to_metric_families`), one inst
 another each second. `naive_ratio` = naive CPU / daemon CPU.
 
 Last line: `instances=N daemon_cpu_pct=.. per_instance_poll_ms=.. naive_cpu_pct=..
-naive_ratio=.. daemon_rss_mb=..`. Targets here: <= 2 % at 8 instances, <= 10 % at 64.
+naive_ratio=.. daemon_rss_mb=..`. Targets (issue 35): <= 2 % at 64 instances, <= 5 % at 128
+(docs/benchmarks.md has the figures and what is left).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ to answer, and what pollers of the status cost the daemon.
 A daemon of its own (`python -m vsup daemon`, a temporary VSUP_HOME) supervises N vLLM
 emulators (tests/programs/vllm_emulator.py, one process each, ~15 MB; not vLLM), all ready and
 scraped at 1 Hz. Then:
-- `cli_status_ms`, `cli_status_json_ms`: wall time of `python -m vsup status` and
-  `python -m vsup status --json` as a user runs them (a new process each time, output to a
-  pipe), R runs each; p50 and p99 (nearest rank);
+- `cli_status_ms`, `cli_status_json_ms`, `cli_version_ms`: wall time of `python -m vsup
+  status`, `python -m vsup status --json` and `python -m vsup --version` (the CLI's start-up
+  alone) as a user runs them (a new process each time, output to a pipe), R runs each; p50
+  and p99 (nearest rank);
 - `api_status_ms`: one GET /v1/status through the control client from a warm process (the
   daemon's part: snapshot, JSON, the socket), R requests;
 - `daemon_cpu_pct` (no client) and `daemon_cpu_pollers_pct` (P threads each calling
@@ -20,8 +21,9 @@ supervisor | tar -x -C /tmp/old`): `PYTHONPATH=/tmp/old/supervisor python -m
 benchmarks.status_scale ...` runs the daemon, the CLI and the client from that copy.
 
 Last line: `instances=N cli_status_p50_ms=.. cli_status_p99_ms=.. cli_status_json_p50_ms=..
-cli_status_json_p99_ms=.. api_status_p50_ms=.. api_status_p99_ms=.. daemon_cpu_pct=..
-daemon_cpu_pollers_pct=.. pollers=P`. Target: `vsup status` at 128 instances within 200 ms.
+cli_status_json_p99_ms=.. cli_version_p50_ms=.. cli_version_p99_ms=.. api_status_p50_ms=..
+api_status_p99_ms=.. daemon_cpu_pct=.. daemon_cpu_pollers_pct=.. pollers=P`. Target: `vsup
+status` at 128 instances within 200 ms.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
                     time.sleep(0.05)
             text = cli_times(home, ["status"], runs)
             js = cli_times(home, ["status", "--json"], runs)
+            version = cli_times(home, ["--version"], runs)
 
             idle = median([cpu_window(daemon.pid, seconds) for _ in range(3)])
             stop = threading.Event()
@@ -142,6 +145,8 @@ def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
         "cli_status_p99_ms": percentile(text, 99) * ms,
         "cli_status_json_p50_ms": median(js) * ms,
         "cli_status_json_p99_ms": percentile(js, 99) * ms,
+        "cli_version_p50_ms": median(version) * ms,
+        "cli_version_p99_ms": percentile(version, 99) * ms,
         "api_status_p50_ms": median(api) * ms,
         "api_status_p99_ms": percentile(api, 99) * ms,
         "daemon_cpu_pct": idle,

@@ -14,58 +14,89 @@ lets it through instead, for a developer).
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
 from vsup import __version__
 from vsup.commands.exits import BAD_INPUT, BROKEN_PIPE, INTERRUPTED, one_line
 
-# command name -> module; order is the order of `vsup --help`.
-COMMAND_MODULES = (
-    "vsup.commands.plan",
-    "vsup.commands.validate",
-    "vsup.commands.pull",
-    "vsup.commands.up",
-    "vsup.commands.tui",
-    "vsup.commands.status",
-    "vsup.commands.lifecycle",
-    "vsup.commands.sleep",
-    "vsup.commands.logs",
-    "vsup.commands.events",
-    "vsup.commands.save",
-    "vsup.commands.probe",
-    "vsup.commands.down",
-    "vsup.commands.bench",
-    "vsup.commands.tune",
-    "vsup.commands.fleet",
-    "vsup.commands.paths",
-    "vsup.commands.daemon",
-    "vsup.commands.service",
-)
+# Not `typing.TYPE_CHECKING`: `vsup --version` imports nothing it does not use (typing is
+# ~5 ms); type checkers read this name the same way.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+# command name -> the module that registers it; order is the order of `vsup --help`. A
+# command's module is imported only when that command runs (or for `--help`, an unknown
+# command, a bare `vsup`): `vsup status` and `vsup --version` do not pay for the others'
+# imports. tests/unit/test_cli_imports.py checks that each module registers exactly its names.
+COMMANDS: dict[str, str] = {
+    "plan": "vsup.commands.plan",
+    "validate": "vsup.commands.validate",
+    "pull": "vsup.commands.pull",
+    "up": "vsup.commands.up",
+    "tui": "vsup.commands.tui",
+    "status": "vsup.commands.status",
+    "start": "vsup.commands.lifecycle",
+    "stop": "vsup.commands.lifecycle",
+    "restart": "vsup.commands.lifecycle",
+    "drain": "vsup.commands.lifecycle",
+    "sleep": "vsup.commands.sleep",
+    "wake": "vsup.commands.sleep",
+    "swap": "vsup.commands.sleep",
+    "logs": "vsup.commands.logs",
+    "events": "vsup.commands.events",
+    "save": "vsup.commands.save",
+    "probe": "vsup.commands.probe",
+    "down": "vsup.commands.down",
+    "bench": "vsup.commands.bench",
+    "tune": "vsup.commands.tune",
+    "fleet": "vsup.commands.fleet",
+    "paths": "vsup.commands.paths",
+    "daemon": "vsup.commands.daemon",
+    "service": "vsup.commands.service",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `vsup`: with `command` (one of COMMANDS), only that command's module is
+    imported and registered; without, every command (`vsup --help` lists them all)."""
+    import argparse
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="vsup",
         description="vLLM node supervisor: launch, watch and restart many vLLM servers.",
     )
     parser.add_argument("--version", action="version", version=f"vsup {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         # A module that fails to import is a broken install or rename: it must show, not
         # quietly remove its command.
         importlib.import_module(name).register(sub)
     return parser
 
 
+def wanted_command(argv: list[str]) -> str | None:
+    """The command `argv` names, when it is one of COMMANDS and nothing before it needs the
+    whole parser; None otherwise (build every command: help, an unknown command, an error)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    return argv[0] if argv[0] in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        if argv == ["--version"]:
+            # no parser at all: argparse's own import and set-up are most of what is left
+            print(f"vsup {__version__}")
+            return 0
         if not argv or argv[0] in ("--readonly",):
             # bare `vsup` attaches the dashboard
             argv = ["tui", *argv]
+        parser = build_parser(wanted_command(argv))
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()

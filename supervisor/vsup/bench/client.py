@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,13 @@ class ClientRun:
         return shlex.join(self.argv)
 
     def start(self) -> None:
+        """Start the client. Call it from the thread that lives as long as vsup (the main
+        thread): the client is killed when the thread that started it ends (`_die_with`)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Its own session: the terminal's Ctrl-C reaches vsup only, which stops the clients
-        # itself (and then restores the layout).
+        # itself (and then restores the layout). A vsup that is SIGKILLed stops nothing: the
+        # kernel then kills the client (`_die_with`), or it would send its load for the rest
+        # of its run.
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -184,6 +189,7 @@ class ClientRun:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=str(self.result_path.parent),
+            preexec_fn=_die_with(os.getpid()),
         )
         self._reader = threading.Thread(
             target=self._read, name=f"bench-{self.instance}", daemon=True
@@ -287,6 +293,32 @@ class ClientRun:
             if re.search(r"(Error|Exception|error:)", line):
                 return line.strip()[:300]
         return f"exit status {code}" if code is not None else "no result"
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """What the client runs between fork and exec: PR_SET_PDEATHSIG, so that the kernel sends
+    it SIGKILL when vsup's thread that started it ends, however vsup ends (SIGKILL included);
+    and if vsup already died before that (its pid is no longer the parent), exit at once.
+    The setting survives the exec into vLLM's Python. None where there is no prctl (not
+    Linux): the client is then stopped only by vsup itself."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def client_argv(python: str, flags: list[str]) -> list[str]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vsup.layout.diagnostics import Diagnostic
 
 GPU_CHOICES = ("MI300X", "MI325X", "MI355X", "H200", "H100")
 
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from vsup.commands.exits import BAD_INPUT, FAILED, OK
     from vsup.layout.compiled import compile_document
     from vsup.layout.diagnostics import LayoutError
+    from vsup.layout.model import dumps_layout
     from vsup.layout.node import GIB, NodeFacts, NodeGpu
     from vsup.layout.plan import (
         PlanError,
@@ -154,8 +160,12 @@ def run(args: argparse.Namespace) -> int:
 
     out_path = Path(args.output) if args.output else None
     node = node_facts()
+    # sized for a GPU named on the command line: a plan for another node's GPUs
+    other_node = (
+        "--gpu-mem-gib" if args.gpu_mem_gib else (f"--gpu {args.gpu}" if args.gpu else None)
+    )
     try:
-        gpus = parse_gpus(args.gpus, node.gpu_count)
+        gpus = parse_gpus(args.gpus, node.gpu_count, other_node)
         req = PlanRequest(
             model=args.model,
             gpus=gpus,
@@ -184,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
         return BAD_INPUT
     report = sys.stdout if out_path else sys.stderr
     print(render_budget(plan), file=report, end="")
+    if args.gpus.strip() == "all" and not node.gpu_count:
+        print(
+            f"note: --gpus all: no GPU on this machine; planned for a node of {len(gpus)} GPUs "
+            f"({other_node}); list them (--gpus 0-3) for another count",
+            file=report,
+        )
     if args.explain:
         print("", file=report)
         print(render_explain(plan), file=report, end="")
@@ -200,19 +216,27 @@ def run(args: argparse.Namespace) -> int:
         probed=False,
         host_memory_bytes=plan.host_memory_bytes,
     )
-    compiled, diagnostics = compile_document(plan.layout, target)
+    # Without -o the layout has no file: its diagnostics name none (make_plan's placeholder
+    # path does not exist). Relative model paths stay relative to the working directory.
+    layout = plan.layout if out_path else replace(plan.layout, path=None)
+    compiled, diagnostics = compile_document(layout, target)
+    diagnostics = [_elsewhere(d, args.model) for d in diagnostics]
     for d in diagnostics:
-        print(d.format(), file=sys.stderr)
-    if compiled is None:
-        print("vsup plan: the planned layout does not validate (see above)", file=sys.stderr)
+        print(d.format() if d.file else f"planned layout: {d.format()}", file=sys.stderr)
+    if any(d.is_error for d in diagnostics):
+        unwritten = f"; nothing written to {out_path}" if out_path else ""
+        print(
+            f"vsup plan: the planned layout does not validate (see above){unwritten}",
+            file=sys.stderr,
+        )
         return BAD_INPUT
     if out_path is None:
-        sys.stdout.write(compiled.text)
+        sys.stdout.write(compiled.text if compiled else dumps_layout(layout))
         return OK
     try:
         # `-o` names the file the operator asked for: its directory is made like `mkdir -p`.
-        # It compiled just now against the same node: saving need not validate again.
-        save_layout(compiled.layout, out_path, parents=True, check=False)
+        # It was checked just now against the same node: saving need not validate again.
+        save_layout(layout, out_path, parents=True, check=False)
     except LayoutError as exc:
         print(f"vsup plan: {exc}", file=sys.stderr)
         return BAD_INPUT
@@ -221,3 +245,23 @@ def run(args: argparse.Namespace) -> int:
         return FAILED
     print(f"wrote {out_path} ({len(plan.budgets)} instances)", file=report)
     return OK
+
+
+def _elsewhere(d: Diagnostic, model: str) -> Diagnostic:
+    """`d`, a warning instead when it is the validation's error about a local model directory
+    without weights: a plan is sized from the config alone (planning for another node from a
+    copy of its config.json), and the weights are the node's that runs the layout, where
+    `vsup validate` and `vsup up` check them."""
+    from vsup.layout.diagnostics import WARNING
+    from vsup.layout.modelpath import is_local_model
+
+    if not (d.is_error and d.key == "model" and is_local_model(model)):
+        return d
+    if "has no weights" not in d.message or "no config.json" in d.message:
+        return d
+    where = d.message.split(" has ", 1)[0].removeprefix("local model directory ")
+    message = (
+        f"local model directory {where} has no weights on this machine: the layout is written "
+        "for a node that has them there (vsup validate on that node checks it)"
+    )
+    return replace(d, severity=WARNING, message=message)

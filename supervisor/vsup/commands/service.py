@@ -92,6 +92,14 @@ def quote(value: str) -> str:
     return value
 
 
+def literal(value: str) -> str:
+    """A value systemd takes as the rest of the line, unquoted (`Description=`,
+    `WorkingDirectory=`, `EnvironmentFile=`): `%` doubled (a specifier) and nothing else:
+    quotes there would be part of the path ("WorkingDirectory= path is not absolute"), and a
+    space is just a character of it."""
+    return value.replace("%", "%%")
+
+
 def unit_text(
     home: Path,
     interpreter: str,
@@ -109,7 +117,7 @@ def unit_text(
         "# restarted if it dies. At start it takes back the running layout from the state file;",
         "# processes from before a reboot are neither adopted nor swept, and start fresh.",
         "[Unit]",
-        f"Description=vsup daemon for VSUP_HOME={home}",
+        f"Description={literal(f'vsup daemon for VSUP_HOME={home}')}",
         "After=network-online.target",
         "Wants=network-online.target",
         "",
@@ -122,8 +130,8 @@ def unit_text(
     lines += [
         "# Variables the instances need that must not be written here (the API key that",
         "# api_key_env names, HF_TOKEN): one NAME=value a line in this file, mode 0600.",
-        f"EnvironmentFile=-{quote(str(env_file()))}",
-        f"WorkingDirectory={quote(str(home))}",
+        f"EnvironmentFile=-{literal(str(env_file()))}",
+        f"WorkingDirectory={literal(str(home))}",
         f"ExecStart={quote(interpreter)} -m vsup daemon",
         "# Only the daemon is signalled: it leaves the instances running (`vsup down` stops",
         "# them), and they live in this unit's cgroup.",

@@ -9,7 +9,9 @@
 - stdin is /dev/null; stdout and stderr go to the run's log file (runlog.py), which the run's
   log guard (logcap.py, started here once the child runs) keeps under its cap, daemon or not.
 - A foreign listener on the port is found before spawning: the run is refused with
-  `port_in_use`, and a command that does not exist with `bad_args`; both fail fast.
+  `port_in_use`, and a command that does not exist with `bad_args`; both fail fast. A port
+  held only by TIME-WAIT connections (which vLLM could not bind either) is waited out first,
+  for at most the 60 s a TIME-WAIT lasts.
 
 Everything here blocks (fork/exec, a socket bind, a scan of sockets): the runner calls
 `launch` from a thread.
@@ -24,6 +26,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -64,8 +67,21 @@ def child_env(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> dict
     return env
 
 
+# Linux keeps a closed connection in TIME-WAIT for 60 s (TCP_TIMEWAIT_LEN, not tunable).
+TIME_WAIT_S = 61.0
+TIME_WAIT_POLL_S = 0.25
+IN_TIME_WAIT = "connections in TIME-WAIT only (no process listens)"
+
+
 def port_holder(host: str, port: int) -> str | None:
-    """None if `host:port` can be bound now, else who holds it (for the operator)."""
+    """None if `host:port` can be bound now, else who holds it (for the operator):
+    a listening process, IN_TIME_WAIT, or "another process".
+
+    The bind is tried as vLLM's (uvicorn's) own: with SO_REUSEADDR, which lets it bind beside
+    TIME-WAIT leftovers of sockets that had it too (a vLLM that ran there before). A closed
+    socket without it (a client's port, a server that did not set it) blocks that bind on
+    Linux until its TIME-WAIT ends, for vLLM as for this check (SO_REUSEPORT, which vLLM
+    adds, does not help either): that is IN_TIME_WAIT, which `launch` waits out."""
     try:
         infos = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -80,8 +96,31 @@ def port_holder(host: str, port: int) -> str | None:
                 s.bind(addr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    return _listener(port) or "another process"
+                    return _listener(port) or _time_wait(port) or "another process"
     return None
+
+
+def _time_wait(port: int) -> str | None:
+    """IN_TIME_WAIT when the only TCP sockets on local `port` are in TIME-WAIT."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    mine = [c for c in conns if c.laddr and c.laddr.port == port]
+    if mine and all(c.status == psutil.CONN_TIME_WAIT for c in mine):
+        return IN_TIME_WAIT
+    return None
+
+
+def wait_out_time_wait(host: str, port: int, limit_s: float | None = None) -> str | None:
+    """Poll `port_holder` while the port is held by TIME-WAIT connections only, at most
+    `limit_s` (TIME_WAIT_S): what holds it then (None: free)."""
+    deadline = time.monotonic() + (TIME_WAIT_S if limit_s is None else limit_s)
+    holder = port_holder(host, port)
+    while holder == IN_TIME_WAIT and time.monotonic() < deadline:
+        time.sleep(TIME_WAIT_POLL_S)
+        holder = port_holder(host, port)
+    return holder
 
 
 def _listener(port: int) -> str | None:
@@ -107,6 +146,16 @@ def launch(
 ) -> Launched | Refused:
     """Start run `run` of `spec`, or say why it cannot start (blocking)."""
     holder = port_holder(spec.host, spec.port)
+    if holder == IN_TIME_WAIT:
+        # vLLM could not bind it either; it is free within a minute: wait, then start
+        holder = wait_out_time_wait(spec.host, spec.port)
+    if holder == IN_TIME_WAIT:
+        return Refused(
+            ExitReason.PORT_IN_USE,
+            f"port {spec.port} on {spec.host} is still held by {holder} after "
+            f"{TIME_WAIT_S:.0f} s: closed connections of a program that did not set "
+            f"SO_REUSEADDR; give instance {spec.name!r} another `port`, or start it again",
+        )
     if holder is not None:
         return Refused(
             ExitReason.PORT_IN_USE,

@@ -62,6 +62,9 @@ from vsup.layout.timeshare import (
 )
 
 DEFAULT_UTILIZATION = 0.90
+# GPUs of one node on every platform KNOWN_GPUS names (HGX H100/H200, MI300X/MI325X/MI355X
+# OAM): what `--gpus all` means when planning for another node from a machine without GPUs.
+NODE_GPUS = 8
 DEFAULT_PORT_BASE = 8000
 FALLBACK_MAX_MODEL_LEN = 8192
 
@@ -161,14 +164,19 @@ class Plan:
         return swap_groups(self.tenants())
 
 
-def parse_gpus(spec: str, node_count: int | None) -> list[int]:
-    """`all` -> every GPU of this node; `0,1,4-7` -> [0, 1, 4, 5, 6, 7]."""
+def parse_gpus(spec: str, node_count: int | None, other_node: str | None = None) -> list[int]:
+    """`all` -> every GPU of this node; `0,1,4-7` -> [0, 1, 4, 5, 6, 7].
+
+    `other_node`: the plan is for another node's GPUs (`--gpu H200`, `--gpu-mem-gib G`: what
+    the flag said); on a machine without GPUs `all` is then that node's NODE_GPUS."""
     spec = spec.strip()
     if spec == "all":
+        if not node_count and other_node:
+            return list(range(NODE_GPUS))
         if not node_count:
             raise PlanError(
                 "--gpus all: no GPU found on this node; list the GPUs instead, e.g. --gpus "
-                "0,1,2,3,4,5,6,7"
+                "0,1,2,3,4,5,6,7, or name the node's GPU (--gpu H200: all is its 8)"
             )
         return list(range(node_count))
     out: list[int] = []

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vsup.telemetry.promtext import parse_sample
+from vsup.telemetry.promtext import parse_sample, parse_value
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
@@ -224,6 +224,30 @@ def wanted_lines(text: str) -> list[tuple[str, str]]:
     return found
 
 
+# A sample line's head (name and label set) -> its labels, parsed once: a server repeats the
+# same heads in every scrape and only the values move, and parsing a label set was most of a
+# scrape's parse (benchmarks/overhead.py). The labels are shared: nothing may change them.
+_HEADS: dict[str, dict[str, str]] = {}
+_HEADS_MAX = 4096
+
+
+def _sample(name: str, rest: str) -> tuple[dict[str, str], float]:
+    """The labels and value of the sample line `name + rest` (promtext.parse_sample, with the
+    label set's parse remembered by its text). Raises ValueError."""
+    end = rest.rfind("}") + 1 if rest[:1] == "{" else 0
+    if end:
+        head = name + rest[:end]
+        labels = _HEADS.get(head)
+        if labels is not None:
+            return labels, parse_value(rest[end:])
+    sample = parse_sample(name + rest)
+    if end:
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[head] = sample.labels
+    return sample.labels, sample.value
+
+
 def parse_metrics(text: str) -> VllmMetrics:
     """Read the families vsup shows from a vLLM `/metrics` payload (see the module doc)."""
     if not isinstance(text, str) or not text:
@@ -232,11 +256,11 @@ def parse_metrics(text: str) -> VllmMetrics:
     bad = 0
     for name, rest in wanted_lines(text):
         try:
-            sample = parse_sample(name + rest.rstrip("\r"))
+            labels, value = _sample(name, rest.rstrip("\r"))
         except ValueError:
             bad += 1
             continue
-        series.setdefault(name, []).append((sample.labels, sample.value))
+        series.setdefault(name, []).append((labels, value))
 
     start = _start_time(text)
     vllm_seen = bool(series) or text.startswith("vllm:") or "\nvllm:" in text

@@ -205,9 +205,16 @@ class History:
         if not self._points:
             return None
         since = self._points[-1].t - window_s
-        seen = [p.kv_cache_usage for p in reversed(self._points) if p.t >= since]
-        known = [v for v in seen if v is not None]
-        return max(known) if known else None
+        peak: float | None = None
+        # newest first, and stop at the window's start: the daemon asks for every instance at
+        # every poll, and the history holds 10 minutes (a walk of it all cost O(history))
+        for p in reversed(self._points):
+            if p.t < since:
+                break
+            v = p.kv_cache_usage
+            if v is not None and (peak is None or v > peak):
+                peak = v
+        return peak
 
     def __len__(self) -> int:
         return len(self._points)

@@ -149,7 +149,11 @@ def candidate_summary(
             for t in doc["slo_terms"] or ()
             if not t["holds"]
         ]
-        why = "ruled out by the SLO: " + (", ".join(broken) or "requests failed")
+        if slo is None:  # no SLO: a candidate must answer every request
+            failed = figures["failed"]
+            why = f"ruled out: {failed} request(s) failed" if failed else "ruled out: no request"
+        else:
+            why = "ruled out by the SLO: " + (", ".join(broken) or "requests failed")
         return {**doc, "status": "slo_violated", "reason": why}
     if result is not None and cand.index in result.finished:
         return {**doc, "status": "finished", "reason": None}
@@ -312,11 +316,25 @@ COLUMNS = (
     "tok/J",
     "front",
 )
+GOODPUT = COLUMNS.index("goodput r/s")
+
+
+def columns(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The table's columns: goodput (requests/s within the SLO) only when there is an SLO."""
+    return COLUMNS if doc.get("slo") else COLUMNS[:GOODPUT] + COLUMNS[GOODPUT + 1 :]
+
+
+def best_words(doc: dict[str, Any]) -> str:
+    """How the best candidate was chosen, in words."""
+    if doc.get("slo"):
+        return "best under the SLO"
+    return "best (most output tokens/s, every request answered; no SLO)"
 
 
 def table_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     ordered = sorted(doc["candidates"], key=lambda c: (c.get("rank") or 10**6, c["index"]))
     rows: list[tuple[str, ...]] = []
+    slo = bool(doc.get("slo"))
     for c in ordered:
         f = c.get("figures") or {}
         rung = "-" if c.get("rung") is None else f"{c['rung'] + 1} ({c.get('prompts')}p)"
@@ -326,7 +344,7 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
                 c["name"],
                 c["status"],
                 rung,
-                _num(f.get("goodput"), "{:.2f}"),
+                *((_num(f.get("goodput"), "{:.2f}"),) if slo else ()),
                 _num(f.get("output_throughput")),
                 _spread_text(c, "output_throughput"),
                 _pair(f.get("ttft_p50_ms"), f.get("ttft_p99_ms")),
@@ -340,8 +358,9 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def render_table(doc: dict[str, Any]) -> str:
     """The ranked table, what each candidate varies, the reasons and the warnings."""
-    rows = [COLUMNS, *table_rows(doc)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    head = columns(doc)
+    rows = [head, *table_rows(doc)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]  # fmt: skip
     lines.append("")
@@ -351,7 +370,7 @@ def render_table(doc: dict[str, Any]) -> str:
     best = doc.get("best")
     lines.append("")
     if best:
-        lines.append(f"best under the SLO: {best['name']} ({best['words']})")
+        lines.append(f"{best_words(doc)}: {best['name']} ({best['words']})")
     else:
         lines.append("no candidate met the SLO" if doc.get("slo") else "no candidate ran cleanly")
     for w in doc.get("warnings", ()):
@@ -375,8 +394,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"- vsup {doc.get('vsup_version')}, vLLM {doc.get('vllm_version')}, started "
         f"{doc.get('started_at')}" + (" (interrupted)" if doc.get("interrupted") else ""),
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "| " + " | ".join(columns(doc)) + " |",
+        "|" + "---|" * len(columns(doc)),
     ]
     for r in table_rows(doc):
         lines.append("| " + " | ".join(cell.replace("|", "/") for cell in r) + " |")
@@ -387,8 +406,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"Pareto front ({doc['pareto']['x']} vs {doc['pareto']['y']}): "
               + (", ".join(doc["pareto"]["front"]) or "none"), ""]  # fmt: skip
     best = doc.get("best")
-    lines.append(f"**Best under the SLO:** {best['name']} ({best['words']})" if best else
-                 "**No candidate met the SLO.**")  # fmt: skip
+    words = best_words(doc)
+    lines.append(f"**{words[0].upper()}{words[1:]}:** {best['name']} ({best['words']})" if best
+                 else "**No candidate met the SLO.**" if doc.get("slo")
+                 else "**No candidate ran cleanly.**")  # fmt: skip
     if doc.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     chosen = next((c for c in doc["candidates"] if best and c["index"] == best["index"]), None)
@@ -417,8 +438,10 @@ def _points(doc: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _mark(index: int) -> str:
-    return "123456789abcdefghijklmnopqrstuvwxyz"[(index - 1) % 35]
+def _mark(rank: int) -> str:
+    """A candidate's one-character mark in the terminal plot: its rank in the table (1-9, then
+    a = 10, b = 11, ...)."""
+    return "123456789abcdefghijklmnopqrstuvwxyz"[(rank - 1) % 35]
 
 
 def _limit(doc: dict[str, Any]) -> float | None:
@@ -449,7 +472,7 @@ def render_terminal_plot(doc: dict[str, Any], width: int = 56, height: int = 14)
         grid[row] = ["-"] * width
     for c, x, y in zip(pts, xs, ys, strict=True):
         row, col = cell(x, y)
-        grid[row][col] = _mark(c["index"])
+        grid[row][col] = _mark(c["rank"])
     ylab = doc["pareto"]["y"]
     out = [f"{ylab} (lower is better)" + (f"; --- SLO limit {_ms(limit)}" if limit else "")]
     for i, line in enumerate(grid):
@@ -458,20 +481,19 @@ def render_terminal_plot(doc: dict[str, Any], width: int = 56, height: int = 14)
     out.append(" " * 9 + "+" + "-" * width)
     out.append(" " * 10 + f"{x0:.1f}".ljust(width - 10) + f"{x1:.1f}")
     out.append(" " * 10 + "output tokens/s (higher is better)")
-    for c in pts:
+    for c in sorted(pts, key=lambda c: c["rank"]):
         star = "*" if c.get("pareto") else " "
-        out.append(f"  {star} {_mark(c['index'])} {c['name']}")
-    out.append("  (* on the Pareto front)")
+        out.append(f"  {star} {_mark(c['rank'])} {c['name']}")
+    out.append("  (marks: the rank in the table; * on the Pareto front; axes start at 0)")
     return "\n".join(out) + "\n"
 
 
 def _span(values: Sequence[float]) -> tuple[float, float]:
-    lo, hi = min(values), max(values)
-    if hi - lo < 1e-9:
-        pad = abs(hi) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.08
-    return max(0.0, lo - pad), hi + pad
+    """An axis from 0 to a little above the largest value. From 0, not zoomed onto the
+    points: two candidates 2 % apart (inside the noise of a few runs) must look 2 % apart, not
+    at the two ends of the plot."""
+    hi = max(max(values), 0.0)
+    return 0.0, hi * 1.08 if hi > 0 else 1.0
 
 
 def render_svg(doc: dict[str, Any]) -> str:
@@ -539,16 +561,16 @@ def render_svg(doc: dict[str, Any]) -> str:
     for c, x, y in zip(pts, xs, ys, strict=True):
         colour = "#2a2" if c["index"] == best else ("#36c" if c.get("pareto") else "#999")
         parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{colour}"/>')
-        parts.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 6:.1f}">{_mark(c["index"])}</text>')
-    for n, c in enumerate(pts):
+        parts.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 6:.1f}">{c["rank"]}</text>')
+    for n, c in enumerate(sorted(pts, key=lambda c: c["rank"])):
         star = " *" if c.get("pareto") else ""
         parts.append(
-            f'<text x="{w - right + 12}" y="{top + 14 + 16 * n}">{_mark(c["index"])} '
+            f'<text x="{w - right + 12}" y="{top + 14 + 16 * n}">{c["rank"]} '
             f"{_esc(c['name'])}{star}</text>"
         )
     parts.append(
-        f'<text x="{w - right + 12}" y="{top + 30 + 16 * len(pts)}" fill="#666">* Pareto front; '
-        "green: best</text>"
+        f'<text x="{w - right + 12}" y="{top + 30 + 16 * len(pts)}" fill="#666">rank; '
+        "* Pareto front; green: best</text>"
     )
     return "\n".join([*parts, "</svg>"]) + "\n"
 
@@ -578,7 +600,8 @@ def write_png(doc: dict[str, Any], path: str) -> None:
         colour = "tab:green" if c["index"] == (doc.get("best") or {}).get("index") else (
             "tab:blue" if c.get("pareto") else "tab:gray")  # fmt: skip
         ax.scatter(c["figures"]["output_throughput"], c["latency_ms"], color=colour)
-        ax.annotate(c["name"], (c["figures"]["output_throughput"], c["latency_ms"]), fontsize=7)
+        label = f"{c['rank']} {c['name']}"
+        ax.annotate(label, (c["figures"]["output_throughput"], c["latency_ms"]), fontsize=7)
     on = sorted(
         (c for c in pts if c.get("pareto")), key=lambda c: c["figures"]["output_throughput"]
     )
@@ -586,6 +609,8 @@ def write_png(doc: dict[str, Any], path: str) -> None:
         ax.plot([c["figures"]["output_throughput"] for c in on], [c["latency_ms"] for c in on])
     if _limit(doc) is not None:
         ax.axhline(_limit(doc), color="tab:red", linestyle="--", label="SLO")
+    ax.set_xlim(left=0)  # from 0: a gap inside the noise must not fill the plot (_span)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("output tokens/s")
     ax.set_ylabel(doc["pareto"]["y"])
     ax.set_title(f"vsup tune: {doc.get('base_layout', {}).get('name')}")
@@ -617,8 +642,9 @@ def best_layout_text(doc: dict[str, Any], candidate_toml: str, out_name: str) ->
         f"# Search: {search['method']} (eta {search['eta']}, rungs {search['rungs']} prompts, "
         f"{search['repeats']} repeat(s) at the last); {len(doc['candidates'])} candidates, "
         f"{pruned} pruned before starting, {len(ran)} measured.",
-        f"# This one ({best['words']}): goodput {_num(f['goodput'], '{:.2f}')} req/s, "
-        f"{_num(f['output_throughput'])} output tok/s, TTFT p99 {_ms(f['ttft_p99_ms'])}, "
+        f"# This one ({best['words']}): "
+        + (f"goodput {_num(f['goodput'], '{:.2f}')} req/s, " if doc.get("slo") else "")
+        + f"{_num(f['output_throughput'])} output tok/s, TTFT p99 {_ms(f['ttft_p99_ms'])}, "
         f"TPOT p99 {_ms(f['tpot_p99_ms'])}, over {f['repeats']} run(s) of "
         f"{chosen.get('prompts')} prompts; rank 1 of {len(doc['ranking'])}.",
     ]

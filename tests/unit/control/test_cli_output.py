@@ -147,7 +147,7 @@ def test_an_unexpected_error_is_one_line_naming_the_traceback_file(monkeypatch, 
         raise RuntimeError("boom\nsecond line")
 
     parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda *a: parser)
     monkeypatch.setattr(
         parser, "parse_args", lambda argv: type("A", (), {"func": staticmethod(broken)})()
     )

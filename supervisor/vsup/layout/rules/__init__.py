@@ -98,6 +98,7 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     stall.canary_interval,
     sleep.swap_group_without_sleep,
     sleep.dev_mode_exposed,
+    sleep.dev_mode_env_exposed,
     sleep.sleep_on_cpu,
     sleep.sleep_flag_unknown,
     sleep.sleep_flag_without_table,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -150,13 +151,23 @@ def local_model_incomplete(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
 
 
 def command_not_found(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
-    """Only a warning: layouts are often checked on another machine than the one they run on."""
+    """Not found: only a warning, layouts are often checked on another machine than the one
+    they run on. Found but not runnable by this user (a directory it may not enter, no
+    execute bit): an error, the start would fail."""
     command = m.values.get("command")
     if not (isinstance(command, list) and command and command[0]):
         return []
     program = command[0]
     found = shutil.which(program, path=instance_path())
-    if program in ("python", "python3") or found or Path(program).is_file():
+    if program in ("python", "python3") or found:
+        return []
+    try:
+        exists = Path(program).is_file()
+    except OSError as exc:  # a directory on the way this user may not enter
+        return [_command_error(m, program, f"cannot be read: {exc.strerror or exc}")]
+    if exists and not os.access(program, os.X_OK):
+        return [_command_error(m, program, "is not executable by this user")]
+    if exists:
         return []
     return [
         origin_diag(
@@ -168,6 +179,17 @@ def command_not_found(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             "command",
         )
     ]
+
+
+def _command_error(m: MergedInstance, program: str, what: str) -> Diagnostic:
+    """The instance's program exists but this user cannot run it: vLLM would never start."""
+    return origin_diag(
+        ERROR,
+        f"command '{program}' {what}: the instance could not start; fix the permissions of "
+        "the file and its directories, or set command to a program this user may run",
+        m,
+        "command",
+    )
 
 
 def on_the_fly_quantization(ctx: Context, m: MergedInstance) -> list[Diagnostic]:

@@ -18,7 +18,7 @@ from vsup.layout.merge import MergedInstance
 from vsup.layout.node import GIB
 from vsup.layout.rules.context import Context, origin_diag
 from vsup.layout.rules.flags import _runs_vllm as runs_vllm
-from vsup.layout.spec import SLEEP_MODE_FLAG
+from vsup.layout.spec import DEV_MODE_ENV, SLEEP_MODE_FLAG
 from vsup.layout.timeshare import HOST_RAM_ERROR_SHARE, HOST_RAM_WARN_SHARE, host_ram_need
 
 _FLAG = SLEEP_MODE_FLAG[2:]
@@ -151,6 +151,34 @@ def dev_mode_exposed(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             "opt in with sleep = { public_dev_mode = true }",
             m,
             "host",
+        )
+    ]
+
+
+def dev_mode_env_exposed(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """VLLM_SERVER_DEV_MODE turned on through `env` opens the same endpoints as a sleep table
+    does, without one: on a host other than loopback a warning says so (a sleep table's case
+    is `dev_mode_exposed`'s). On as vLLM reads it: an integer other than 0."""
+    if DEV_MODE_ENV not in m.env or _sleep(m) is not None:
+        return []
+    raw = str(m.env[DEV_MODE_ENV]).strip()
+    try:
+        on = int(raw) != 0
+    except ValueError:
+        on = False  # vLLM itself would fail to read it; not this rule's to say
+    host = m.values.get("host")
+    if not on or not isinstance(host, str) or _is_loopback(host):
+        return []
+    return [
+        origin_diag(
+            WARNING,
+            f"{DEV_MODE_ENV}={raw} turns on vLLM's dev mode, and host = '{host}' exposes its "
+            "/sleep, /wake_up, /collective_rpc (any method on the workers) and "
+            "/reset_prefix_cache endpoints to whoever reaches the port; set host = "
+            '"127.0.0.1" and put a router in front, or remove the variable',
+            m,
+            "env",
+            DEV_MODE_ENV,
         )
     ]
 

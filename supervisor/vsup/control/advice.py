@@ -437,6 +437,14 @@ def router_failed(router: RouterStatus | None) -> list[Advice]:
     ]
 
 
+def _incidents(lines: list[str]) -> str:
+    """The first FOREIGN_WORKERS_SHOWN of a router incident's workers, and how many more."""
+    seen = "; ".join(lines[:FOREIGN_WORKERS_SHOWN])
+    if len(lines) > FOREIGN_WORKERS_SHOWN:
+        seen += f"; and {len(lines) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
+    return seen
+
+
 def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:
     """Someone added a worker of their own to the router (its worker API has no
     authentication): vsup removed it, but requests may have gone there meanwhile, and whoever
@@ -446,14 +454,14 @@ def router_foreign_workers(workers: Iterable[ForeignWorker]) -> list[Advice]:
     if not workers:
         return []
     first = workers[0]
-    seen = "; ".join(
-        f"{w.url} (first at {w.first_seen}, removed "
-        + ("once" if w.removals == 1 else f"{w.removals} times, last at {w.last_seen}")
-        + ")"
-        for w in workers[:FOREIGN_WORKERS_SHOWN]
+    seen = _incidents(
+        [
+            f"{w.url} (first at {w.first_seen}, removed "
+            + ("once" if w.removals == 1 else f"{w.removals} times, last at {w.last_seen}")
+            + ")"
+            for w in workers
+        ]
     )
-    if len(workers) > FOREIGN_WORKERS_SHOWN:
-        seen += f"; and {len(workers) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
     return [
         Advice(
             kind="router_foreign_worker",
@@ -477,14 +485,14 @@ def router_removed_workers(workers: Iterable[RemovedWorker]) -> list[Advice]:
     if not workers:
         return []
     first = workers[0]
-    seen = "; ".join(
-        f"{w.name} {w.url} (first at {w.first_seen}, put back "
-        + ("once" if w.restores == 1 else f"{w.restores} times, last at {w.last_seen}")
-        + ")"
-        for w in workers[:FOREIGN_WORKERS_SHOWN]
+    seen = _incidents(
+        [
+            f"{w.name} {w.url} (first at {w.first_seen}, put back "
+            + ("once" if w.restores == 1 else f"{w.restores} times, last at {w.last_seen}")
+            + ")"
+            for w in workers
+        ]
     )
-    if len(workers) > FOREIGN_WORKERS_SHOWN:
-        seen += f"; and {len(workers) - FOREIGN_WORKERS_SHOWN} more (vsup status --json)"
     return [
         Advice(
             kind="router_worker_removed",

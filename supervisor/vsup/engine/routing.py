@@ -619,45 +619,43 @@ class RouterSupervisor:
 
     def _note_foreign(self, urls: Iterable[str]) -> None:
         """Count the removal of each foreign worker URL (someone else added it)."""
+        kind = "router_foreign_worker"
         for url in urls:
-            old = self._recent(self.foreign, url)
-            users = self._users(("router_foreign_worker", url), old)
-            at, now_m = iso_utc(self.e.clock.wall()), self.e.clock.monotonic()
-            assert self.spec is not None
-            rec = ForeignWorker(
-                url=url,
-                first_seen=old.first_seen if old is not None else at,
-                last_seen=at,
-                removals=(old.removals if old is not None else 0) + 1,
-                last_seen_mono=now_m,
-                router_host=self.spec.host,
-                router_port=self.spec.port,
-                users=_merged(old.users if old is not None else (), users),
-            )
-            self._keep("router_foreign_worker", self.foreign, rec)
-            self._tell("router_foreign_worker", rec, old is None, removals=rec.removals)
+            old, fields = self._incident(kind, self.foreign, url, "removals")
+            rec = ForeignWorker(**fields)
+            self._keep(kind, self.foreign, rec)
+            self._tell(kind, rec, old is None, removals=rec.removals)
 
     def _note_removed(self, urls: Iterable[str]) -> None:
         """Count each member vsup put back after someone else removed it."""
         assert self.membership is not None
+        kind = "router_worker_removed"
         for url in urls:
-            old = self._recent(self.removed, url)
-            users = self._users(("router_worker_removed", url), old)
-            at, now_m = iso_utc(self.e.clock.wall()), self.e.clock.monotonic()
-            assert self.spec is not None
-            rec = RemovedWorker(
-                url=url,
-                name=self.membership.name_of(url) or "?",
-                first_seen=old.first_seen if old is not None else at,
-                last_seen=at,
-                restores=(old.restores if old is not None else 0) + 1,
-                last_seen_mono=now_m,
-                router_host=self.spec.host,
-                router_port=self.spec.port,
-                users=_merged(old.users if old is not None else (), users),
-            )
-            self._keep("router_worker_removed", self.removed, rec)
-            self._tell("router_worker_removed", rec, old is None, restores=rec.restores)
+            old, fields = self._incident(kind, self.removed, url, "restores")
+            rec = RemovedWorker(name=self.membership.name_of(url) or "?", **fields)
+            self._keep(kind, self.removed, rec)
+            self._tell(kind, rec, old is None, restores=rec.restores)
+
+    def _incident(
+        self, kind: str, table: dict[str, Any], url: str, counter: str
+    ) -> tuple[Any, dict[str, Any]]:
+        """The last record of `url`'s incident (None when new) and the fields of its next one:
+        seen now, `counter` (removals or restores) one more, the users connected merged in."""
+        assert self.spec is not None
+        old = self._recent(table, url)
+        users = self._users((kind, url), old)
+        at = iso_utc(self.e.clock.wall())
+        fields: dict[str, Any] = {
+            "url": url,
+            "first_seen": old.first_seen if old is not None else at,
+            "last_seen": at,
+            counter: (getattr(old, counter) if old is not None else 0) + 1,
+            "last_seen_mono": self.e.clock.monotonic(),
+            "router_host": self.spec.host,
+            "router_port": self.spec.port,
+            "users": _merged(old.users if old is not None else (), users),
+        }
+        return old, fields
 
     def _recent(self, table: dict[str, Any], url: str) -> Any:
         """The record of `url`'s incident, None when it is new (none, or none for

@@ -120,6 +120,7 @@ class FakeHub:
         self._held: list[threading.Event] = []
         self.down = False  # every connection closed unanswered (a network that is gone)
         self._lock = threading.Lock()
+        self._in_flight = 0  # requests being answered: a cut-off transfer is recorded at its end
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -176,6 +177,12 @@ class FakeHub:
             r.sent for r in list(self.requests) if model is None or r.path.startswith(f"/{model}/")
         )
 
+    def idle(self) -> bool:
+        """No request is being answered: every transfer so far, a client's abandoned one too
+        (recorded when the hub's next write fails), is in `requests`."""
+        with self._lock:
+            return self._in_flight == 0
+
     def wait_for(self, pred: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not pred():
@@ -229,10 +236,19 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def do_HEAD(self) -> None:
-        self._serve(head=True)
+        self._counted(head=True)
 
     def do_GET(self) -> None:
-        self._serve(head=False)
+        self._counted(head=False)
+
+    def _counted(self, head: bool) -> None:
+        with self.fake._lock:
+            self.fake._in_flight += 1
+        try:
+            self._serve(head)
+        finally:
+            with self.fake._lock:
+                self.fake._in_flight -= 1
 
     # -- helpers ---------------------------------------------------------------------------
 

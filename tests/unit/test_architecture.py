@@ -22,11 +22,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "commands": {"*"},
     "demo": {"layout"},
     "router": {"layout", "telemetry.promtext"},
-    "bench": {"layout", "control.client", "control.errors", "commands.progress"},
+    "bench": {"layout", "control.client", "control.errors", "progress"},
     # vsup tune: candidates, search and reports on the bench's runner (docs/tune.md)
-    "tune": {"layout", "bench", "control.errors", "commands.progress"},
+    "tune": {"layout", "bench", "control.errors", "progress"},
     "fleet": {"control.errors", "layout.model"},
     "pull": {"layout"},
+    # the live line of a command that waits (CLI, bench, tune): it asks the daemon's client
+    "progress": {"control.errors", "control.client"},
     "cli": {"*"},
     "__main__": {"cli"},
 }

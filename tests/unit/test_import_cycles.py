@@ -48,3 +48,12 @@ def test_no_import_cycle_in_the_layout_package_even_through_function_imports():
     assert cycle is None, "import cycle (function-level imports included): " + " -> ".join(
         cycle or []
     )
+
+
+def test_no_command_imports_another_that_imports_it_back():
+    """Commands borrow from each other lazily, inside functions; a pair that does it both ways
+    (pull and up did: `compile_here` one way, `PullDisplay` the other) is one command's helpers
+    living in the wrong module. Shared helpers go to `commands/cliutil.py`."""
+    graph = within(import_graph(module_level_only=False), "vsup.commands")
+    cycle = find_cycle(graph)
+    assert cycle is None, "commands import each other: " + " -> ".join(cycle or [])

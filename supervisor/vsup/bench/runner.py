@@ -32,9 +32,9 @@ from vsup.bench.publish import ProgressPublisher
 from vsup.bench.sampler import Sampler, summarize
 from vsup.bench.split import split_prompts, split_rate, weights_for
 from vsup.bench.workload import Workload
-from vsup.commands.progress import Progress, fmt_duration, wait_ready
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.layout.spec import InstanceSpec
+from vsup.progress import Progress, fmt_duration, wait_ready
 from vsup.states import RolloutState, State
 
 # How long the clients may take to import vLLM and parse their flags before the barrier.

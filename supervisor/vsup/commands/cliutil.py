@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from vsup.commands.exits import NO_DAEMON, CommandFailed, known_error
-from vsup.commands.progress import Progress, fmt_duration
 from vsup.control.client import Client, NoDaemon, connect
 from vsup.control.errors import DaemonUnavailable
+from vsup.progress import Progress, fmt_duration
 
-__all__ = ["CommandFailed", "client_for_cli", "print_diagnostics", "run_command"]
+if TYPE_CHECKING:
+    from vsup.layout.compiled import CompiledLayout
+    from vsup.layout.diagnostics import Diagnostic
+
+__all__ = ["CommandFailed", "client_for_cli", "compile_here", "print_diagnostics", "run_command"]
 
 
 def client_for_cli(start: bool = True) -> Client:
@@ -60,3 +65,13 @@ def print_diagnostics(items: list[Any], stream: TextIO | None = None) -> None:
         else:
             text = str(item)
         print(text, file=stream)
+
+
+def compile_here(path: Path) -> tuple[CompiledLayout | None, list[Diagnostic]]:
+    """The layout file compiled in this process, before the daemon sees it: read once (a
+    regular UTF-8 file of at most 1 MiB, not /dev/zero), checked against this node's GPUs
+    (the telemetry probe). No module of the daemon is imported."""
+    from vsup.layout.compiled import compile_file
+    from vsup.telemetry.gpu import node_facts
+
+    return compile_file(path, node_facts())

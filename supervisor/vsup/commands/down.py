@@ -34,11 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vsup import paths
     from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
-    from vsup.commands.progress import Progress, fmt_duration
     from vsup.control.client import Client
     from vsup.control.errors import DaemonUnavailable
     from vsup.control.liveness import recorded_live_instances
     from vsup.control.lock import daemon_lock_holder
+    from vsup.progress import Progress, fmt_duration
 
     def body(args: argparse.Namespace) -> int:
         home = paths.vsup_home()

@@ -121,8 +121,8 @@ def progress_note(args: argparse.Namespace) -> None:
 
 def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     """Wait for `names` to be ready; print the outcome; 0 when all are ready."""
-    from vsup.commands.progress import Progress, wait_ready
     from vsup.control.client import ROUTER
+    from vsup.progress import Progress, wait_ready
 
     ok = True
     if ROUTER in names:

@@ -115,8 +115,7 @@ def _targets(args: argparse.Namespace) -> list[Any]:
             "--revision, --cache-dir, --token-env and --load-format go with --model; a layout "
             "says them with its keys (revision, env HF_HOME, hf_token_env, args load-format)"
         )
-    from vsup.commands.cliutil import print_diagnostics
-    from vsup.commands.up import compile_here
+    from vsup.commands.cliutil import compile_here, print_diagnostics
 
     path = Path(args.layout).expanduser().absolute()
     compiled, diagnostics = compile_here(path)

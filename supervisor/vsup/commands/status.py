@@ -117,7 +117,7 @@ def _p(text: Any) -> str:
 def bench_line(b: BenchStatus | dict[str, Any]) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
     from vsup.snapshot import BenchStatus, StatusSnapshot
 
     if isinstance(b, dict):
@@ -168,7 +168,7 @@ def port_holder_note(port: Any) -> str:
 
 def short_duration(seconds: float | None) -> str:
     """`fmt_duration` without a zero tail: `20m`, `1h`, `2m10s`."""
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
 
     text = fmt_duration(seconds)
     for zero in ("m00s", "h00m"):
@@ -207,7 +207,7 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
 
 def state_cell(i: InstanceStatus) -> str:
     """The STATE column: the state, then what it waits for or how far its start is."""
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
     from vsup.pullview import state_mark
 
     state = i.state
@@ -272,7 +272,7 @@ def _rank(r: RankStatus) -> str:
 def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     """The readable table: a header line, one row per instance, exits and advice below.
     `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
     from vsup.pullview import pull_line
     from vsup.routerview import router_line
     from vsup.snapshot import StatusSnapshot

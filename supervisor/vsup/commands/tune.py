@@ -475,7 +475,7 @@ def _tune_guarded(
 
 
 def _dur(seconds: float) -> str:
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
 
     return fmt_duration(seconds)
 

@@ -39,8 +39,6 @@ from vsup.states import SERVING, PullState, RolloutState, State
 
 if TYPE_CHECKING:
     from vsup.control.client import Client
-    from vsup.layout.compiled import CompiledLayout
-    from vsup.layout.diagnostics import Diagnostic
 
 # `vsup up` refused because the plan stops or restarts serving instances and nobody confirmed.
 EXIT_NOT_CONFIRMED = NOT_CONFIRMED
@@ -104,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from vsup.commands.cliutil import CommandFailed, client_for_cli, print_diagnostics
+    from vsup.commands.cliutil import CommandFailed, client_for_cli, compile_here, print_diagnostics
     from vsup.commands.lifecycle import wait_and_report
 
     path = Path(args.layout).expanduser().absolute()
@@ -346,16 +344,6 @@ def follow_rollout(
             print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
             return 1
         sleep(interval)
-
-
-def compile_here(path: Path) -> tuple[CompiledLayout | None, list[Diagnostic]]:
-    """The layout file compiled in this process, before the daemon sees it: read once (a
-    regular UTF-8 file of at most 1 MiB, not /dev/zero), checked against this node's GPUs
-    (the telemetry probe). No module of the daemon is imported."""
-    from vsup.layout.compiled import compile_file
-    from vsup.telemetry.gpu import node_facts
-
-    return compile_file(path, node_facts())
 
 
 def print_plan(plan: dict, serving: set[str] | None = None) -> None:

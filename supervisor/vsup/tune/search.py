@@ -238,6 +238,6 @@ def eta_text(seconds: float | None) -> str:
     """`~4m10s left` (eta_seconds) or `ETA unknown`."""
     if seconds is None:
         return "ETA unknown until the first candidate ran"
-    from vsup.commands.progress import fmt_duration
+    from vsup.progress import fmt_duration
 
     return f"~{fmt_duration(seconds)} left"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
-from vsup.commands.progress import Progress, describe_waiting, fmt_duration
 from vsup.commands.status import render
 from vsup.control.api import read_log_chunk
+from vsup.progress import Progress, describe_waiting, fmt_duration
 from vsup.snapshot import (
     Advice,
     LastExit,

@@ -2,9 +2,11 @@
 literals: a typo in `inst.state == "redy"` is always False and nothing would say so, while
 `State.REDY` fails at once. Checked on the installed package, every module.
 
-What counts as a state: an expression ending in `.state` or `.reason`, a variable named `state`,
-`reason` or `*_state`, and a JSON document's `["state"]` / `.get("state")` (the same names read
-back from the status JSON: a StrEnum member equals its string, so the comparison still works).
+What counts as a state: an expression ending in `.state`, `.reason` or `.rollout`, a variable
+named `state`, `reason` or `*_state`, a JSON document's `["state"]` / `.get("state")` (the same
+names read back from the status JSON: a StrEnum member equals its string, so the comparison still
+works), and a lookup by any key in a mapping named `states` or `*_states` (`states.get(n)`,
+`states[n]`: how a command reads every instance's state at once).
 """
 
 from __future__ import annotations
@@ -15,7 +17,23 @@ from pathlib import Path
 import vsup
 
 PACKAGE = Path(vsup.__file__).parent
-WORDS = ("state", "reason")
+WORDS = ("state", "reason", "rollout")
+MAPPINGS = ("states",)  # name -> state
+
+
+def _mapping(node: ast.expr) -> str | None:
+    """`states` of `states.get(n)` or `states[n]` (a key that is not a literal string)."""
+    if isinstance(node, ast.Subscript):
+        return _name(node.value)
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and not isinstance(node.args[0], ast.Constant)
+    ):
+        return _name(node.func.value)
+    return None
 
 
 def _name(node: ast.expr) -> str | None:
@@ -39,7 +57,10 @@ def _name(node: ast.expr) -> str | None:
 
 def names_a_state(node: ast.expr) -> bool:
     name = _name(node)
-    return name is not None and any(name == w or name.endswith("_" + w) for w in WORDS)
+    if name is not None and any(name == w or name.endswith("_" + w) for w in WORDS):
+        return True
+    held = _mapping(node)
+    return held is not None and any(held == m or held.endswith("_" + m) for m in MAPPINGS)
 
 
 def is_string_literal(node: ast.expr) -> bool:
@@ -70,14 +91,19 @@ i["state"] == "ready"
 router.get("state") == "failed"
 last.reason == "stopped"
 old_state in ["ready"]
+states.get(n) != "ready"
+all_states[name] == "stopped"
+v.rollout != "done"
 """
     good = """
 inst.state == State.READY
 inst.state in IDLE
 kind == "spawn"
 inst.state is None
+states.get(n) == State.READY
+states.get("note") == "x"
 """
-    assert len(literal_comparisons(bad)) == 7
+    assert len(literal_comparisons(bad)) == 10
     assert literal_comparisons(good) == []
 
 

@@ -532,7 +532,7 @@ class BenchRunner:
                 if not ok:
                     states = {i["name"]: i["state"] for i in doc.get("instances", ())}
                     not_ready = {
-                        n: states.get(n) for n in original.serving if states.get(n) != "ready"
+                        n: states.get(n) for n in original.serving if states.get(n) != State.READY
                     }
                     self.say(f"the original layout is back but not ready: {not_ready}")
                     return {

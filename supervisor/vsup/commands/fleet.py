@@ -17,7 +17,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from vsup.commands import exits
-from vsup.states import NodeOutcome
+from vsup.states import NodeOutcome, RolloutState
 from vsup.termtext import printable
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ def render_status(fleet: Fleet, views: list[NodeView]) -> str:
         elif v.worst is not None and v.worst.severity in ("critical", "error"):
             who = f" ({v.worst.instance})" if v.worst.instance else ""
             lines.append(f"{v.name}: {v.worst.severity}{who}: {v.worst.message}")
-        if v.rollout and v.rollout != "done":
+        if v.rollout and v.rollout != RolloutState.DONE:
             lines.append(f"{v.name}: rollout {v.rollout}")
     return "\n".join(lines) + "\n"
 

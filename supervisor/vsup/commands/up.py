@@ -246,7 +246,7 @@ def _until_applied(
     end = clock() + limit_s
     while clock() < end:
         states = {i["name"]: i["state"] for i in client.status().get("instances", ())}
-        if all(states.get(n) != "stopped" for n in names):
+        if all(states.get(n) != State.STOPPED for n in names):
             return
         sleep(0.2)
 

@@ -171,7 +171,7 @@ async def apply_and_wait(
         if rolled and all(states.get(n) == State.READY for n in names):
             return None
         if time.monotonic() > deadline:
-            waiting = sorted(n for n in names if states.get(n) != "ready")
+            waiting = sorted(n for n in names if states.get(n) != State.READY)
             return f"not ready within {timeout:.0f} s: " + ", ".join(
                 f"{n} {states.get(n)}" for n in waiting
             )

@@ -96,7 +96,7 @@ layout_documents = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_any_document_survives_save_and_load_unchanged(doc):
     text = dumps_document(doc)
@@ -107,7 +107,7 @@ def test_any_document_survives_save_and_load_unchanged(doc):
     assert second == first
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(layout_documents)
 def test_layout_load_save_load_is_identity(doc):
     first = loads_layout(dumps_document(doc))
@@ -465,7 +465,7 @@ plausible_layouts = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plausible_layouts, st.one_of(st.none(), st.integers(min_value=0, max_value=8)))
 def test_validate_and_resolve_never_crash_on_any_layout(doc, node_gpus):
     from vsup.layout.validate import validate

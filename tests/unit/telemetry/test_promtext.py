@@ -118,7 +118,7 @@ def same(a, b) -> bool:
     return (math.isnan(x) and math.isnan(y)) or x == y
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(sample_lines())
 @example('vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0"} 1.0')
 @example('m{path="C:\\\\dir\\"x\\"",msg="a,b}c=d\\nnext"} +Inf')
@@ -138,7 +138,7 @@ def test_sample_lines_parse_as_prometheus_client_parses_them(line: str) -> None:
 TAIL = st.text(alphabet='ab=",{}\\ \t1e.+-_#nN:', max_size=30)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(NAME, st.sampled_from(["", " ", "\t", "{", " {", '{a="']), TAIL)
 def test_malformed_lines_are_never_read_differently_from_prometheus_client(
     name: str, joint: str, tail: str

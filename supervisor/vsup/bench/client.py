@@ -13,7 +13,6 @@ start together. The figures come back through `--save-result --save-detailed` as
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -98,11 +97,6 @@ def _shebang_python(path: str, search: str) -> str | None:
         found = shutil.which(words[1], path=search)
         return found if found and _is_python(found) else None
     return words[0] if _is_python(words[0]) else None
-
-
-def vllm_importable_here() -> bool:
-    """Whether this interpreter holds vLLM (the fallback is only useful then)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def client_flags(

@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, OK
@@ -366,8 +365,3 @@ def _rate_eta(doc: dict[str, Any]) -> dict[str, str]:
 
 def _short(name: str, width: int = 40) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1) :]
-
-
-def describe_targets(targets: Sequence[Any]) -> list[str]:
-    """One line per pull a layout needs, for `vsup up`'s plan."""
-    return [f"pull first: {t.label} for {', '.join(t.instances)}" for t in targets]

@@ -22,7 +22,7 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from vsup.telemetry.dpranks import SeenRank, rank_from_title, read_title
 
@@ -30,12 +30,6 @@ from vsup.telemetry.dpranks import SeenRank, rank_from_title, read_title
 def read_titles(pids: list[int]) -> dict[int, str]:
     """pid -> process title (blocking: call from a thread)."""
     return {pid: read_title(pid) for pid in pids}
-
-
-class _Member(Protocol):
-    pid: int
-    ppid: int
-    create_time: float
 
 
 @dataclass

@@ -203,12 +203,3 @@ class FleetClient:
         results = await asyncio.gather(*(self.status(n) for n in chosen))
         self.health.save()
         return [view for view, _ in results]
-
-    async def status_docs(
-        self, nodes: Iterable[Node] | None = None
-    ) -> list[tuple[NodeView, dict[str, Any] | None]]:
-        """As `status_all`, with each node's status JSON."""
-        chosen = list(self.fleet.nodes if nodes is None else nodes)
-        results = await asyncio.gather(*(self.status(n) for n in chosen))
-        self.health.save()
-        return list(results)

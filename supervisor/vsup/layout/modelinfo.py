@@ -245,10 +245,6 @@ class ModelInfo:
         return text_config(self.config) if self.config else {}
 
     @property
-    def num_layers(self) -> int | None:
-        return _num(self.arch, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
-
-    @property
     def hidden_size(self) -> int | None:
         return _num(self.arch, "hidden_size", "n_embd", "d_model")
 

@@ -79,10 +79,6 @@ class ParallelShape:
         return self.tp * self.pp * self.dp_local
 
     @property
-    def gpus_per_rank(self) -> int:
-        return self.tp * self.pp
-
-    @property
     def spans_nodes(self) -> bool:
         """A DP group with ranks on other nodes (`--data-parallel-size-local` < size)."""
         return self.dp_local < self.dp

@@ -340,3 +340,9 @@ async def test_a_refresh_tick_after_the_last_screen_is_gone_does_nothing(client)
     assert app.on_dashboard is False
     app.tick()  # must not raise ScreenStackError
     assert len(client.calls) == made, "a refresh was scheduled for a closed dashboard"
+
+
+def test_every_column_has_a_cell_and_every_cell_a_column():
+    """The row is table-driven (rows._CELLS): a column added without its cell, or a cell left
+    behind by a removed column, shows here rather than as a KeyError on a live dashboard."""
+    assert {c.key for c in rows.COLUMNS} == set(rows._CELLS)

@@ -142,77 +142,86 @@ def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
     return (f"{approx}{fmt.size(inst.hbm_bytes)}", "")
 
 
+def _state_cell(inst: InstanceStatus, width: int) -> Cell:
+    if inst.stalled:
+        return (fmt.stalled_label(inst.stalled_for_s), "bold red")
+    sleep = fmt.sleep_label(inst)
+    if sleep is not None:
+        return (fmt.truncate(sleep, width), fmt.sleep_style(inst))
+    if inst.pull is not None and inst.state == State.STOPPED:
+        # a new instance waiting for its weights, or kept from starting by a failed pull
+        mark = pullview.state_mark(inst.pull)
+        if mark == "pull failed":
+            return ("✖ pull failed", "bold red")
+        if mark:
+            return (f"⇣ {mark}", "bold cyan")
+    wait_text = fmt.wait_cell(inst)
+    if wait_text is not None:
+        return (fmt.truncate(wait_text, width), fmt.state_style(inst.state))
+    label = fmt.state_label(inst.state, inst.backoff_remaining_s)
+    if inst.outdated:
+        # a rollout not yet at it, or one a killed daemon left half-done
+        return (fmt.truncate(f"{label} old", width), "yellow")
+    return (label, fmt.state_style(inst.state))
+
+
+def _parallel_cell(inst: InstanceStatus, width: int) -> Cell:
+    label = inst.parallel.label if inst.parallel is not None else fmt.UNKNOWN
+    dead = any(r.alive is False for r in inst.ranks)
+    return (fmt.truncate(label, width), "bold red" if dead else "")
+
+
+def _preempt_rate_cell(inst: InstanceStatus) -> Cell:
+    rate = inst.preemptions_per_min
+    style = "dim" if rate is None else ("bold red" if rate > 0 else "")
+    return (fmt.count(rate), style)
+
+
+def _run_wait_cell(inst: InstanceStatus) -> Cell:
+    waiting = inst.requests_waiting or 0
+    return (
+        fmt.running_waiting(inst.requests_running, inst.requests_waiting),
+        "yellow" if waiting > 0 else "",
+    )
+
+
+def _in_flight_cell(inst: InstanceStatus) -> Cell:
+    n = inst.requests_in_flight
+    if n is None:
+        return (fmt.UNKNOWN, "dim")
+    shown = (inst.requests_running or 0) + (inst.requests_waiting or 0)
+    return (fmt.count(n), "yellow" if n > shown else "")
+
+
+def _backend_cell(inst: InstanceStatus, width: int) -> Cell:
+    style = "" if inst.backend_source == "log" else "italic"
+    return (fmt.truncate(fmt.safe(fmt.backend(inst.backend, inst.backend_source)), width), style)
+
+
+# column key -> its cell from (instance, width, over plan): one entry per column of COLUMNS
+_CELLS: dict[str, Callable[[InstanceStatus, int, bool], Cell]] = {
+    "name": lambda i, w, o: (fmt.truncate(fmt.safe(i.name), w), "bold"),
+    "gpus": lambda i, w, o: (fmt.gpus(i.gpus), ""),
+    "parallel": lambda i, w, o: _parallel_cell(i, w),
+    "port": lambda i, w, o: (str(i.port) if i.port is not None else fmt.UNKNOWN, ""),
+    "state": lambda i, w, o: _state_cell(i, w),
+    "uptime": lambda i, w, o: (fmt.duration(i.uptime_s), ""),
+    "restarts": lambda i, w, o: (str(i.restarts), "yellow" if i.restarts else ""),
+    "hbm": lambda i, w, o: hbm_cell(i, o),
+    "kv": lambda i, w, o: (fmt.percent(i.kv_cache_usage), _kv_style(i.kv_cache_usage)),
+    "kv_cap": lambda i, w, o: (fmt.count(i.kv_capacity_tokens), ""),
+    "preempt": lambda i, w, o: (fmt.count(i.preemptions_total), ""),
+    "preempt_rate": lambda i, w, o: _preempt_rate_cell(i),
+    "run_wait": lambda i, w, o: _run_wait_cell(i),
+    "in_flight": lambda i, w, o: _in_flight_cell(i),
+    "tok_s": lambda i, w, o: (fmt.count(i.generation_tokens_per_s), ""),
+    "backend": lambda i, w, o: _backend_cell(i, w),
+    "model": lambda i, w, o: (fmt.model_name(fmt.model_label(i), w), ""),
+}
+
+
 def _cell(inst: InstanceStatus, key: str, width: int, over: bool) -> Cell:
-    if key == "name":
-        return (fmt.truncate(fmt.safe(inst.name), width), "bold")
-    if key == "gpus":
-        return (fmt.gpus(inst.gpus), "")
-    if key == "parallel":
-        label = inst.parallel.label if inst.parallel is not None else fmt.UNKNOWN
-        dead = any(r.alive is False for r in inst.ranks)
-        return (fmt.truncate(label, width), "bold red" if dead else "")
-    if key == "port":
-        return (str(inst.port) if inst.port is not None else fmt.UNKNOWN, "")
-    if key == "state":
-        if inst.stalled:
-            return (fmt.stalled_label(inst.stalled_for_s), "bold red")
-        sleep = fmt.sleep_label(inst)
-        if sleep is not None:
-            return (fmt.truncate(sleep, width), fmt.sleep_style(inst))
-        if inst.pull is not None and inst.state == State.STOPPED:
-            # a new instance waiting for its weights, or kept from starting by a failed pull
-            mark = pullview.state_mark(inst.pull)
-            if mark == "pull failed":
-                return ("✖ pull failed", "bold red")
-            if mark:
-                return (f"⇣ {mark}", "bold cyan")
-        wait_text = fmt.wait_cell(inst)
-        if wait_text is not None:
-            return (fmt.truncate(wait_text, width), fmt.state_style(inst.state))
-        label = fmt.state_label(inst.state, inst.backoff_remaining_s)
-        if inst.outdated:
-            # a rollout not yet at it, or one a killed daemon left half-done
-            return (fmt.truncate(f"{label} old", width), "yellow")
-        return (label, fmt.state_style(inst.state))
-    if key == "uptime":
-        return (fmt.duration(inst.uptime_s), "")
-    if key == "restarts":
-        return (str(inst.restarts), "yellow" if inst.restarts else "")
-    if key == "hbm":
-        return hbm_cell(inst, over)
-    if key == "kv":
-        return (fmt.percent(inst.kv_cache_usage), _kv_style(inst.kv_cache_usage))
-    if key == "kv_cap":
-        return (fmt.count(inst.kv_capacity_tokens), "")
-    if key == "preempt":
-        return (fmt.count(inst.preemptions_total), "")
-    if key == "preempt_rate":
-        rate = inst.preemptions_per_min
-        style = "dim" if rate is None else ("bold red" if rate > 0 else "")
-        return (fmt.count(rate), style)
-    if key == "run_wait":
-        waiting = inst.requests_waiting or 0
-        return (
-            fmt.running_waiting(inst.requests_running, inst.requests_waiting),
-            "yellow" if waiting > 0 else "",
-        )
-    if key == "in_flight":
-        n = inst.requests_in_flight
-        if n is None:
-            return (fmt.UNKNOWN, "dim")
-        shown = (inst.requests_running or 0) + (inst.requests_waiting or 0)
-        return (fmt.count(n), "yellow" if n > shown else "")
-    if key == "tok_s":
-        return (fmt.count(inst.generation_tokens_per_s), "")
-    if key == "backend":
-        style = "" if inst.backend_source == "log" else "italic"
-        return (
-            fmt.truncate(fmt.safe(fmt.backend(inst.backend, inst.backend_source)), width),
-            style,
-        )
-    if key == "model":
-        return (fmt.model_name(fmt.model_label(inst), width), "")
-    raise KeyError(key)
+    return _CELLS[key](inst, width, over)  # KeyError for a column without a cell
 
 
 def row_cells(inst: InstanceStatus, columns: Sequence[Column], over_plan: bool = False) -> Row:

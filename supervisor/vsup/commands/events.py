@@ -157,144 +157,240 @@ def _plan_words(plan: Any) -> str:
     return "; ".join(parts) or "nothing to change"
 
 
-def describe(event: dict[str, Any], urls: dict[str, str] | None = None) -> str | None:
+Event = dict[str, Any]
+Words = Callable[[Event, dict[str, str]], "str | None"]
+# kind -> its words (None: left out of the text); each kind says itself in one small function
+_WORDS: dict[str, Words] = {}
+
+
+def _says(*kinds: str) -> Callable[[Words], Words]:
+    def register(fn: Words) -> Words:
+        for kind in kinds:
+            _WORDS[kind] = fn
+        return fn
+
+    return register
+
+
+def describe(event: Event, urls: dict[str, str] | None = None) -> str | None:
     """What the event says, in words; None for one that is left out of the text."""
-    urls = urls or {}
     kind = event.get("kind")
-    e = event
     if kind in _QUIET:
         return None
-    if kind == "daemon_start":
-        return f"vsup daemon started (pid {e.get('pid')}, version {e.get('version')})"
-    if kind == "daemon_stop":
-        left = e.get("left_running") or []
-        running = f"; left running: {', '.join(left)}" if left else ""
-        return f"vsup daemon stopped (pid {e.get('pid')}){running}"
-    if kind == "action":
-        return _action(e)
-    if kind == "spawn":
-        return f"started run {e.get('run')} (pid {e.get('pid')})"
-    if kind == "ready":
-        return f"ready after {_s(e.get('startup_s'))} (run {e.get('run')}, pid {e.get('pid')})"
-    if kind == "unhealthy":
-        status = f"HTTP {e['status']}" if e.get("status") is not None else "no answer"
-        err = f", {e['error']}" if e.get("error") else ""
-        rank = f", data-parallel rank {e['rank']} died" if e.get("rank") is not None else ""
-        return f"unhealthy: /health failed {e.get('failures')} time(s) ({status}{err}{rank})"
-    if kind == "exit":
-        reason = e.get("reason") or "unknown"
-        if reason == ExitReason.STOPPED:
-            return f"stopped ({', '.join(x for x in (_run(e), _how_exited(e)) if x)})"
-        how = ", ".join(x for x in (_how_exited(e), _run(e)) if x)
-        said = _last_line(e.get("log_excerpt"))
-        rank = f", data-parallel rank {e['rank']} died first" if e.get("rank") is not None else ""
-        return f"exited: {reason} ({how}{rank})" + (f": {said}" if said else "")
-    if kind == "restart_scheduled":
-        delay = float(e.get("delay_s") or 0)
-        when = "at once" if delay <= 0 else f"in {delay:.0f} s"
-        why = f"; {e['why']}" if e.get("why") else ""
-        return f"restart {when} after {e.get('reason')} (failure {e.get('failures')}){why}"
-    if kind == "failed":
-        return f"FAILED ({e.get('reason')}, {e.get('failures')} failure(s)): {e.get('why')}"
-    if kind == "memory_wait":
-        if e.get("done"):
-            return f"GPU memory free after waiting {_s(e.get('waited_s'))}"
-        return f"waits for GPU memory: {e.get('message')}"
-    if kind == "rollout":
-        return _rollout(e)
-    if kind == "sweep":
-        pids = ", ".join(str(p) for p in e.get("pids") or ())
-        how = " with SIGKILL" if e.get("kill") else ""
-        return f"ended what was left of run {e.get('run')}{how}: pids {pids}"
-    if kind == "drain":
-        if e.get("drained") is True:
-            first = e.get("requests")
-            had = f" ({int(first)} in flight at its start)" if first else ""
-            return f"drained in {_s(e.get('waited_s'))}{had}"
-        if e.get("drained") is False:
-            return f"drain timed out after {_s(e.get('waited_s'))} with requests still running"
-        return f"drain: running requests unknown after {_s(e.get('waited_s'))}"
-    if kind == "stop":
-        if e.get("kill"):
-            return (
-                f"stop: SIGKILL after the grace ({_s(e.get('waited_s'))} in all): it did not "
-                "end on SIGTERM"
-            )
-        return None  # the exit event says it stopped
-    if kind == "gpu_release":
-        gpus = ",".join(str(g) for g in e.get("gpus") or ())
-        state = {True: "released", False: "NOT released", None: "unknown"}[e.get("released")]
-        return f"GPU {gpus} memory {state} after {_s(e.get('waited_s'))}"
-    if kind == "adopt":
-        if e.get("adopted"):
-            return f"re-adopted run {e.get('run')} (pid {e.get('pid')}) from the last daemon"
-        return f"not re-adopted (run {e.get('run')}): {e.get('why')}"
-    if kind == "removed":
-        return "removed from the layout"
-    if kind == "stop_incomplete":
-        return f"processes outlived SIGKILL: {e.get('message')}"
-    if kind == "stuck_gone":
-        return "the processes that outlived SIGKILL are gone"
-    if kind == "stall_restart":
-        return f"restarting a stalled engine: {e.get('why')}"
-    if kind == "stalled":
-        from vsup.control.stalls import work_words
-
-        ranks = e.get("ranks")
-        work = work_words(
-            e.get("evidence"),
-            e.get("requests_running"),
-            e.get("requests_waiting"),
-            e.get("requests_in_flight"),
-            tuple(ranks) if isinstance(ranks, list) else (),
-        )
-        return f"STALLED: {work}, no token for {_s(e.get('stalled_for_s'))}" + (
-            "; restart.on_stall restarts it" if e.get("on_stall") else ""
-        )
-    if kind == "stall_cleared":
-        return f"no longer stalled ({e.get('why') or 'progress'})"
-    if kind == "sleep":
-        held = e.get("held_after")
-        kept = f", {held / 2**30:.1f} GiB still held" if isinstance(held, int) else ""
-        trouble = f"; {e['error']}" if e.get("error") else ""
-        return f"asleep (level {e.get('level')}) in {_s(e.get('took_s'))}{kept}: {e.get('why')}" + (
-            trouble
-        )
-    if kind == "wake":
-        cold = " (cold start: it was not running)" if e.get("cold") else ""
-        return f"awake in {_s(e.get('took_s'))}{cold}: {e.get('why')}"
-    if kind == "swap":
-        return f"swapped in for {e.get('slept')} in {_s(e.get('took_s'))}"
-    if kind in ("sleep_failed", "wake_failed"):
-        what = "sleep" if kind == "sleep_failed" else "wake"
-        return f"{what} FAILED ({e.get('why')}): {e.get('error')}"
-    if kind == "group_wait":
-        if e.get("done"):
-            return f"its swap group let it start after {_s(e.get('waited_s'))}"
-        return f"start waits for its swap group: {e.get('message')}"
-    if kind == "rank_exit":
-        return f"data-parallel rank {e.get('rank')} (pid {e.get('pid')}) ended: {e.get('message')}"
-    if kind == "router_workers":
-        parts = []
-        if e.get("add"):
-            parts.append("added " + ", ".join(urls.get(u, u) for u in e["add"]))
-        if e.get("remove"):
-            parts.append("removed " + ", ".join(urls.get(u, u) for u in e["remove"]))
-        why = f" ({e['why']})" if e.get("why") else ""
-        return "workers: " + ("; ".join(parts) or "unchanged") + why
-    if kind == "problem":
-        return f"problem ({e.get('problem')}): {e.get('message')}"
-    if kind == "socket_rebound":
-        return f"control socket bound again ({e.get('was') or 'it was gone'})"
-    if kind == "error":
-        return f"vsup error: {e.get('message')}"
-    if kind in _PULLS:
-        return _pull(e)
-    keys = {k: v for k, v in e.items() if k not in ("seq", "t", "kind", "instance", "router")}
+    words = _WORDS.get(str(kind))
+    if words is not None:
+        return words(event, urls or {})
+    keys = {k: v for k, v in event.items() if k not in ("seq", "t", "kind", "instance", "router")}
     return f"{kind}" + (f" {json.dumps(keys, default=str)[:200]}" if keys else "")
 
 
-def _pull(e: dict[str, Any]) -> str:
+@_says("daemon_start")
+def _daemon_start(e: Event, urls: dict[str, str]) -> str:
+    return f"vsup daemon started (pid {e.get('pid')}, version {e.get('version')})"
+
+
+@_says("daemon_stop")
+def _daemon_stop(e: Event, urls: dict[str, str]) -> str:
+    left = e.get("left_running") or []
+    running = f"; left running: {', '.join(left)}" if left else ""
+    return f"vsup daemon stopped (pid {e.get('pid')}){running}"
+
+
+@_says("spawn")
+def _spawn(e: Event, urls: dict[str, str]) -> str:
+    return f"started run {e.get('run')} (pid {e.get('pid')})"
+
+
+@_says("ready")
+def _ready(e: Event, urls: dict[str, str]) -> str:
+    return f"ready after {_s(e.get('startup_s'))} (run {e.get('run')}, pid {e.get('pid')})"
+
+
+@_says("unhealthy")
+def _unhealthy(e: Event, urls: dict[str, str]) -> str:
+    status = f"HTTP {e['status']}" if e.get("status") is not None else "no answer"
+    err = f", {e['error']}" if e.get("error") else ""
+    rank = f", data-parallel rank {e['rank']} died" if e.get("rank") is not None else ""
+    return f"unhealthy: /health failed {e.get('failures')} time(s) ({status}{err}{rank})"
+
+
+@_says("exit")
+def _exit(e: Event, urls: dict[str, str]) -> str:
+    reason = e.get("reason") or "unknown"
+    if reason == ExitReason.STOPPED:
+        return f"stopped ({', '.join(x for x in (_run(e), _how_exited(e)) if x)})"
+    how = ", ".join(x for x in (_how_exited(e), _run(e)) if x)
+    said = _last_line(e.get("log_excerpt"))
+    rank = f", data-parallel rank {e['rank']} died first" if e.get("rank") is not None else ""
+    return f"exited: {reason} ({how}{rank})" + (f": {said}" if said else "")
+
+
+@_says("restart_scheduled")
+def _restart_scheduled(e: Event, urls: dict[str, str]) -> str:
+    delay = float(e.get("delay_s") or 0)
+    when = "at once" if delay <= 0 else f"in {delay:.0f} s"
+    why = f"; {e['why']}" if e.get("why") else ""
+    return f"restart {when} after {e.get('reason')} (failure {e.get('failures')}){why}"
+
+
+@_says("failed")
+def _failed(e: Event, urls: dict[str, str]) -> str:
+    return f"FAILED ({e.get('reason')}, {e.get('failures')} failure(s)): {e.get('why')}"
+
+
+@_says("memory_wait")
+def _memory_wait(e: Event, urls: dict[str, str]) -> str:
+    if e.get("done"):
+        return f"GPU memory free after waiting {_s(e.get('waited_s'))}"
+    return f"waits for GPU memory: {e.get('message')}"
+
+
+@_says("sweep")
+def _sweep(e: Event, urls: dict[str, str]) -> str:
+    pids = ", ".join(str(p) for p in e.get("pids") or ())
+    how = " with SIGKILL" if e.get("kill") else ""
+    return f"ended what was left of run {e.get('run')}{how}: pids {pids}"
+
+
+@_says("drain")
+def _drain(e: Event, urls: dict[str, str]) -> str:
+    if e.get("drained") is True:
+        first = e.get("requests")
+        had = f" ({int(first)} in flight at its start)" if first else ""
+        return f"drained in {_s(e.get('waited_s'))}{had}"
+    if e.get("drained") is False:
+        return f"drain timed out after {_s(e.get('waited_s'))} with requests still running"
+    return f"drain: running requests unknown after {_s(e.get('waited_s'))}"
+
+
+@_says("stop")
+def _stop(e: Event, urls: dict[str, str]) -> str | None:
+    if e.get("kill"):
+        return (
+            f"stop: SIGKILL after the grace ({_s(e.get('waited_s'))} in all): it did not "
+            "end on SIGTERM"
+        )
+    return None  # the exit event says it stopped
+
+
+@_says("gpu_release")
+def _gpu_release(e: Event, urls: dict[str, str]) -> str:
+    gpus = ",".join(str(g) for g in e.get("gpus") or ())
+    state = {True: "released", False: "NOT released", None: "unknown"}[e.get("released")]
+    return f"GPU {gpus} memory {state} after {_s(e.get('waited_s'))}"
+
+
+@_says("adopt")
+def _adopt(e: Event, urls: dict[str, str]) -> str:
+    if e.get("adopted"):
+        return f"re-adopted run {e.get('run')} (pid {e.get('pid')}) from the last daemon"
+    return f"not re-adopted (run {e.get('run')}): {e.get('why')}"
+
+
+@_says("stalled")
+def _stalled(e: Event, urls: dict[str, str]) -> str:
+    from vsup.control.stalls import work_words
+
+    ranks = e.get("ranks")
+    work = work_words(
+        e.get("evidence"),
+        e.get("requests_running"),
+        e.get("requests_waiting"),
+        e.get("requests_in_flight"),
+        tuple(ranks) if isinstance(ranks, list) else (),
+    )
+    return f"STALLED: {work}, no token for {_s(e.get('stalled_for_s'))}" + (
+        "; restart.on_stall restarts it" if e.get("on_stall") else ""
+    )
+
+
+@_says("sleep")
+def _sleep(e: Event, urls: dict[str, str]) -> str:
+    held = e.get("held_after")
+    kept = f", {held / 2**30:.1f} GiB still held" if isinstance(held, int) else ""
+    trouble = f"; {e['error']}" if e.get("error") else ""
+    return f"asleep (level {e.get('level')}) in {_s(e.get('took_s'))}{kept}: {e.get('why')}" + (
+        trouble
+    )
+
+
+@_says("wake")
+def _wake(e: Event, urls: dict[str, str]) -> str:
+    cold = " (cold start: it was not running)" if e.get("cold") else ""
+    return f"awake in {_s(e.get('took_s'))}{cold}: {e.get('why')}"
+
+
+@_says("sleep_failed", "wake_failed")
+def _sleep_failed(e: Event, urls: dict[str, str]) -> str:
+    what = "sleep" if e.get("kind") == "sleep_failed" else "wake"
+    return f"{what} FAILED ({e.get('why')}): {e.get('error')}"
+
+
+@_says("group_wait")
+def _group_wait(e: Event, urls: dict[str, str]) -> str:
+    if e.get("done"):
+        return f"its swap group let it start after {_s(e.get('waited_s'))}"
+    return f"start waits for its swap group: {e.get('message')}"
+
+
+@_says("router_workers")
+def _router_workers(e: Event, urls: dict[str, str]) -> str:
+    parts = []
+    if e.get("add"):
+        parts.append("added " + ", ".join(urls.get(u, u) for u in e["add"]))
+    if e.get("remove"):
+        parts.append("removed " + ", ".join(urls.get(u, u) for u in e["remove"]))
+    why = f" ({e['why']})" if e.get("why") else ""
+    return "workers: " + ("; ".join(parts) or "unchanged") + why
+
+
+def _users(e: Event) -> str:
+    users = ", ".join(str(u) for u in e.get("users") or ())
+    return f"local users connected to its port: {users or 'none seen'}"
+
+
+@_says("router_foreign_worker")
+def _router_foreign(e: Event, urls: dict[str, str]) -> str:
+    url = str(e.get("url"))
+    return f"SOMEONE ELSE added worker {url}; removed it (removal {e.get('removals')}, {_users(e)})"
+
+
+@_says("router_worker_removed")
+def _router_removed(e: Event, urls: dict[str, str]) -> str:
+    url = str(e.get("url"))
+    name = urls.get(url, url)
+    return (
+        f"SOMEONE ELSE removed worker {name}; put it back (restore {e.get('restores')}, "
+        f"{_users(e)})"
+    )
+
+
+# the one-liners: kind -> its words from the event's fields
+_LINES: dict[str, Callable[[Event], str]] = {
+    "removed": lambda e: "removed from the layout",
+    "stop_incomplete": lambda e: f"processes outlived SIGKILL: {e.get('message')}",
+    "stuck_gone": lambda e: "the processes that outlived SIGKILL are gone",
+    "stall_restart": lambda e: f"restarting a stalled engine: {e.get('why')}",
+    "stall_cleared": lambda e: f"no longer stalled ({e.get('why') or 'progress'})",
+    "swap": lambda e: f"swapped in for {e.get('slept')} in {_s(e.get('took_s'))}",
+    "rank_exit": lambda e: (
+        f"data-parallel rank {e.get('rank')} (pid {e.get('pid')}) ended: {e.get('message')}"
+    ),
+    "problem": lambda e: f"problem ({e.get('problem')}): {e.get('message')}",
+    "socket_rebound": lambda e: f"control socket bound again ({e.get('was') or 'it was gone'})",
+    "error": lambda e: f"vsup error: {e.get('message')}",
+}
+
+
+def _one_line(line: Callable[[Event], str]) -> Words:
+    return lambda e, urls: line(e)
+
+
+_WORDS.update({kind: _one_line(line) for kind, line in _LINES.items()})
+
+
+@_says(*_PULLS)
+def _pull(e: Event, urls: dict[str, str] | None = None) -> str:
     """A hub model's pull (control/pulls.py) in the words `vsup status` uses (pullview)."""
     from vsup import pullview
 
@@ -323,7 +419,8 @@ def _pull(e: dict[str, Any]) -> str:
     return f"pull of {what} FAILED ({e.get('reason')}): {e.get('message')}"
 
 
-def _action(e: dict[str, Any]) -> str | None:
+@_says("action")
+def _action(e: Event, urls: dict[str, str] | None = None) -> str | None:
     action = e.get("action")
     if e.get("by") == "operator":
         names = ", ".join(e.get("names") or ()) or "every instance"
@@ -343,7 +440,8 @@ def _action(e: dict[str, Any]) -> str | None:
     return None  # the engine's echo of an operator's action or an apply, said above
 
 
-def _rollout(e: dict[str, Any]) -> str:
+@_says("rollout")
+def _rollout(e: Event, urls: dict[str, str] | None = None) -> str:
     state = e.get("state")
     head = (
         f"rollout {state}: wave {e.get('wave')}/{e.get('waves')}, "

@@ -163,3 +163,20 @@ def test_the_attach_command_names_a_home_a_plain_vsup_would_not_find(monkeypatch
     # VSUP_HOME naming the default home: the plain command finds it
     monkeypatch.setenv("VSUP_HOME", str(tmp_path / "state" / "vsup"))
     assert paths.attach_command() == paths.vsup_program()
+
+
+def test_router_incidents_say_who_changed_the_workers_in_words():
+    removed = {"kind": "router_worker_removed", "router": 8000, "url": "http://127.0.0.1:8101",
+               "first_seen": "2026-12-05T12:00:00.000Z", "users": ["intruder (uid 1001)"],
+               "restores": 3}  # fmt: skip
+    words = describe(removed, {"http://127.0.0.1:8101": "gpu1"})
+    assert words == (
+        "SOMEONE ELSE removed worker gpu1; put it back (restore 3, local users connected to its "
+        "port: intruder (uid 1001))"
+    )
+    foreign = {"kind": "router_foreign_worker", "router": 8000, "url": "http://127.0.0.1:9999",
+               "first_seen": "2026-12-05T12:00:00.000Z", "users": [], "removals": 1}  # fmt: skip
+    assert describe(foreign) == (
+        "SOMEONE ELSE added worker http://127.0.0.1:9999; removed it (removal 1, local users "
+        "connected to its port: none seen)"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
         Parallel,
         RankStatus,
         RolloutStatus,
+        RouterStatus,
         StatusSnapshot,
     )
 
@@ -269,22 +271,111 @@ def _rank(r: RankStatus) -> str:
     return f"DP{r.rank} gpu {gpus} pid {_num(r.pid, '{}')} {state}{hbm}"
 
 
-def render(doc: StatusSnapshot | dict[str, Any]) -> str:
-    """The readable table: a header line, one row per instance, exits and advice below.
-    `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
-    from vsup.progress import fmt_duration
-    from vsup.pullview import pull_line
-    from vsup.routerview import router_line
-    from vsup.snapshot import StatusSnapshot
+def _hbm_cell(i: InstanceStatus) -> str:
+    if i.hbm_bytes is None:
+        return "n/a" if i.gpus else "-"
+    return f"{i.hbm_bytes / GiB:.1f}G"
 
-    snap = doc if isinstance(doc, StatusSnapshot) else StatusSnapshot.from_json(doc)
+
+def _run_wait_cell(i: InstanceStatus) -> str:
+    if i.requests_running is None and i.requests_waiting is None:
+        return "-"
+    return f"{_num(i.requests_running)}/{_num(i.requests_waiting)}"
+
+
+def _backend_cell(i: InstanceStatus) -> str:
+    backend = i.backend or "-"
+    if i.backend and i.backend_source not in (None, "log"):
+        backend += "*"  # inferred: the footnote says so
+    return _p(backend)
+
+
+def _duration(seconds: float | None) -> str:
+    from vsup.progress import fmt_duration
+
+    return fmt_duration(seconds)
+
+
+# The table's columns: header, and the cell of an instance's row.
+COLUMNS: tuple[tuple[str, Callable[[InstanceStatus], str]], ...] = (
+    ("NAME", lambda i: _p(i.name)),
+    ("STATE", lambda i: state_cell(i)),
+    ("PID", lambda i: _num(i.pid, "{}")),
+    ("PORT", lambda i: _num(i.port, "{}")),
+    ("GPUS", lambda i: ",".join(str(g) for g in i.gpus) or "cpu"),
+    ("SHAPE", lambda i: _shape(i.parallel)),
+    ("KV", lambda i: _num(i.kv_cache_usage, "{:.0%}")),
+    ("PREEMPT/MIN", lambda i: _num(i.preemptions_per_min, "{:.1f}")),
+    ("RUN/WAIT", _run_wait_cell),
+    ("TOK/S", lambda i: _num(i.generation_tokens_per_s, "{:.1f}")),
+    ("HBM", _hbm_cell),
+    ("BACKEND", _backend_cell),
+    ("RESTARTS", lambda i: str(i.restarts)),
+    ("UPTIME", lambda i: _duration(i.uptime_s)),
+)
+
+
+def _router_row(router: RouterStatus) -> tuple[str, ...]:
+    """The router's own row: it is no instance, so only the columns that apply."""
+    return (
+        "(router)",
+        router.state,
+        _num(router.pid, "{}"),
+        _num(router.port, "{}"),
+        *("-",) * (len(COLUMNS) - 6),
+        str(router.restarts),
+        _duration(router.uptime_s),
+    )
+
+
+def _exit_line(i: InstanceStatus) -> str | None:
+    le = i.last_exit
+    if not le or i.state == State.READY:
+        return None
+    line = f"{i.name}: last exit {le.reason} ({exit_how(le)}) at {le.at}"
+    if le.rank is not None:
+        line += f", data-parallel rank {le.rank} died first"
+    if le.log_excerpt:
+        line += f": {le.log_excerpt.strip().splitlines()[-1][:160]}"
+    if le.reason == ExitReason.PORT_IN_USE and "in use by" not in (le.log_excerpt or ""):
+        line += port_holder_note(i.port)
+    return _p(line)
+
+
+def _outdated_line(i: InstanceStatus) -> str | None:
+    if not i.outdated:
+        return None
+    differ = ", ".join(i.outdated_fields) or "spec"
+    return _p(
+        f"{i.name}: runs an older spec than the layout ({differ} differ); "
+        "`vsup up LAYOUT` restarts it with the layout's"
+    )
+
+
+def _ranks_line(i: InstanceStatus) -> str | None:
+    return _p(f"{i.name} ranks: " + "; ".join(_rank(r) for r in i.ranks)) if i.ranks else None
+
+
+# What the table does not say, below it: each kind of line for every instance, in this order.
+NOTES: tuple[Callable[[InstanceStatus], str | None], ...] = (
+    lambda i: wait_line(i),
+    _exit_line,
+    _outdated_line,
+    lambda i: sleep_line(i),
+    _ranks_line,
+)
+
+
+def _head_lines(snap: StatusSnapshot) -> list[str]:
+    """The header line, then a bench, a rollout and pulls in progress."""
+    from vsup.pullview import pull_line
+
     sup = snap.supervisor
-    insts = snap.instances
     lines = [
         _p(
             f"vsup {sup.version} · layout {sup.layout or '(none)'} · "
-            f"{snap.ready_count}/{len(insts)} ready · daemon pid {sup.pid} up "
-            f"{fmt_duration(sup.uptime_s)}"
+            f"{snap.ready_count}/{len(snap.instances)} ready · daemon pid {sup.pid} up "
+            f"{_duration(sup.uptime_s)}"
         )
     ]
     if snap.bench is not None:
@@ -292,107 +383,34 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
     lines.extend(rollout_lines(snap.rollout))
     # hub models pulled before their instances start (a failed one is advice; docs/pull.md)
     lines += [pull_line(p) for p in snap.pulls if p.state == PullState.PULLING]
-    header = (
-        "NAME",
-        "STATE",
-        "PID",
-        "PORT",
-        "GPUS",
-        "SHAPE",
-        "KV",
-        "PREEMPT/MIN",
-        "RUN/WAIT",
-        "TOK/S",
-        "HBM",
-        "BACKEND",
-        "RESTARTS",
-        "UPTIME",
-    )
-    rows: list[tuple[str, ...]] = [header]
-    for i in insts:
-        hbm = "-" if i.hbm_bytes is None else f"{i.hbm_bytes / GiB:.1f}G"
-        if i.hbm_bytes is None and i.gpus:
-            hbm = "n/a"
-        rw = (
-            "-"
-            if i.requests_running is None and i.requests_waiting is None
-            else f"{_num(i.requests_running)}/{_num(i.requests_waiting)}"
-        )
-        backend = i.backend or "-"
-        if i.backend and i.backend_source not in (None, "log"):
-            backend += "*"
-        rows.append(
-            (
-                _p(i.name),
-                state_cell(i),
-                _num(i.pid, "{}"),
-                _num(i.port, "{}"),
-                ",".join(str(g) for g in i.gpus) or "cpu",
-                _shape(i.parallel),
-                _num(i.kv_cache_usage, "{:.0%}"),
-                _num(i.preemptions_per_min, "{:.1f}"),
-                rw,
-                _num(i.generation_tokens_per_s, "{:.1f}"),
-                hbm,
-                _p(backend),
-                str(i.restarts),
-                fmt_duration(i.uptime_s),
-            )
-        )
-    router = snap.router
-    if router is not None:
-        # the router's own row: it is no instance, so only the columns that apply
-        rows.append(
-            (
-                "(router)",
-                router.state,
-                _num(router.pid, "{}"),
-                _num(router.port, "{}"),
-                *("-",) * (len(header) - 6),
-                str(router.restarts),
-                fmt_duration(router.uptime_s),
-            )
-        )
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    for r in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip())
+    return lines
+
+
+def _table(snap: StatusSnapshot) -> list[str]:
+    rows = [tuple(h for h, _ in COLUMNS)]
+    rows += [tuple(cell(i) for _, cell in COLUMNS) for i in snap.instances]
+    if snap.router is not None:
+        rows.append(_router_row(snap.router))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(COLUMNS))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
+
+
+def render(doc: StatusSnapshot | dict[str, Any]) -> str:
+    """The readable table: a header line, one row per instance, exits and advice below.
+    `doc` is the status document (read into a `StatusSnapshot`) or the snapshot itself."""
+    from vsup.routerview import router_line
+    from vsup.snapshot import StatusSnapshot
+
+    snap = doc if isinstance(doc, StatusSnapshot) else StatusSnapshot.from_json(doc)
+    insts = snap.instances
+    lines = _head_lines(snap) + _table(snap)
     if not insts:
         lines.append("(no instances: `vsup up LAYOUT` starts some)")
-    for i in insts:
-        line = wait_line(i)
-        if line is not None:
-            lines.append(line)
-    for i in insts:
-        le = i.last_exit
-        if le and i.state != State.READY:
-            line = f"{i.name}: last exit {le.reason} ({exit_how(le)}) at {le.at}"
-            if le.rank is not None:
-                line += f", data-parallel rank {le.rank} died first"
-            if le.log_excerpt:
-                line += f": {le.log_excerpt.strip().splitlines()[-1][:160]}"
-            if le.reason == ExitReason.PORT_IN_USE and "in use by" not in (le.log_excerpt or ""):
-                line += port_holder_note(i.port)
-            lines.append(_p(line))
-    for i in insts:
-        if i.outdated:
-            differ = ", ".join(i.outdated_fields) or "spec"
-            lines.append(
-                _p(
-                    f"{i.name}: runs an older spec than the layout ({differ} differ); "
-                    "`vsup up LAYOUT` restarts it with the layout's"
-                )
-            )
-    for i in insts:
-        line = sleep_line(i)
-        if line is not None:
-            lines.append(line)
-    for i in insts:
-        if i.ranks:
-            lines.append(_p(f"{i.name} ranks: " + "; ".join(_rank(r) for r in i.ranks)))
-    if router is not None:
-        lines.append(router_line(router) or "")
+    for note in NOTES:
+        lines += [line for line in map(note, insts) if line is not None]
+    if snap.router is not None:
+        lines.append(router_line(snap.router) or "")
     if any(i.backend_source not in (None, "log") and i.backend for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
-    for a in snap.advice:
-        lines.append(_p(f"{a.severity}: {a.message}"))
+    lines += [_p(f"{a.severity}: {a.message}") for a in snap.advice]
     return "\n".join(lines) + "\n"

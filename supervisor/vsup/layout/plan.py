@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from vsup.layout.budget import (
 from vsup.layout.kvcache import (
     DEFAULT_BATCHED_TOKENS_GPU,
     GPU_BLOCK_SIZE,
+    MLA,
     KVLayout,
     in_flight_tokens,
 )
@@ -225,22 +226,33 @@ def _suffix(j: int, per: int) -> str:
     return "" if per == 1 else "abcdefghijklmnopqrstuvwxyz"[j] if j < 26 else f"-{j}"
 
 
-def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
-    """(bytes, where that came from, GPU kind) - explicit flags first, then the node's GPUs."""
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory, where the figure came from and the GPU's kind (its platform profile)."""
+
+    bytes: int
+    source: str
+    kind: str | None
+
+
+def _gpu_memory(req: PlanRequest) -> GpuMemory:
+    """Explicit flags first, then the node's GPUs."""
     if req.gpu_memory_bytes:
-        return req.gpu_memory_bytes, "--gpu-mem-gib", gpu_kind(req.gpu) if req.gpu else None
+        return GpuMemory(
+            req.gpu_memory_bytes, "--gpu-mem-gib", gpu_kind(req.gpu) if req.gpu else None
+        )
     if req.gpu:
         kind = gpu_kind(req.gpu)
         if kind is None:
             raise PlanError(
                 f"--gpu {req.gpu!r}: unknown; use one of {', '.join(KNOWN_GPUS)} or --gpu-mem-gib G"
             )
-        return KNOWN_GPUS[kind][1], f"{kind} (--gpu)", kind
+        return GpuMemory(KNOWN_GPUS[kind][1], f"{kind} (--gpu)", kind)
     memory = req.node.gpu_memory_bytes
     if memory:
         names = req.node.gpu_names
         kind = gpu_kind(names[0]) if names else None
-        return memory, f"{', '.join(sorted(names)) or 'GPU'} (this node)", kind
+        return GpuMemory(memory, f"{', '.join(sorted(names)) or 'GPU'} (this node)", kind)
     raise PlanError(
         "no GPU found on this node to size the plan: give --gpu "
         + "|".join(KNOWN_GPUS)
@@ -251,10 +263,77 @@ def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
 def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | None = None) -> Plan:
     """Plan `req`: the layout and its budget (check `plan.ok`; `problems` say what to change).
 
+    The stages are those `--explain` prints: the model's weights, its KV bytes per token (layer
+    kind by layer kind), the budget of one GPU of an instance, and the placement of the
+    instances on the GPUs; then the layout that says it, and the time-sharing checks.
+
     `base_dir` resolves a relative local model path (the working directory by default);
     `out_path` is where the layout will be written (its relative model path is rewritten for it).
     """
     base_dir = base_dir or Path.cwd()
+    _check_request(req)
+    info = _model(req, base_dir)
+    gpu = _gpu_memory(req)
+    weights = model_weights(req, info)
+    context = _context_length(req, info)
+    kv = kv_per_token(req, info)
+    profiles, profile_notes = _profiles(req, gpu.kind)
+    budget = budget_per_gpu(req, gpu, weights, kv, context)
+    seats = place(req)
+    budgets = tuple(_instance_budget(req, seat, budget) for seat in seats)
+    # every instance has the same budget: its problem is theirs, said once (_grouped)
+    problems = [(s.name, s.gpus, budget.problem) for s in seats if budget.problem]
+    host_memory, host_source = _host_memory(req)
+    time_problems, time_notes = _time_share_checks(
+        budgets, weights.bytes, gpu.bytes, host_memory, host_source
+    )
+    layout = _layout(req, info, seats, budget.utilization, context, profiles, base_dir)
+    notes = [*kv.notes, *_parallel_notes(req, info), *profile_notes]
+    notes += [TIME_SHARE_NOTE] if req.time_share else []
+    return Plan(
+        layout=layout if out_path is None else layout.relocated(out_path),
+        budgets=budgets,
+        info=info,
+        weight_bytes=weights.bytes,
+        weight_source=weights.source,
+        kv_bytes_per_token=kv.bytes,
+        kv_source=kv.source,
+        max_model_len=context.tokens,
+        max_model_len_source=context.source,
+        gpu_memory_bytes=gpu.bytes,
+        gpu_memory_source=gpu.source,
+        notes=(*notes, *time_notes),
+        problems=_grouped([*problems, *time_problems]),
+        kv_layout=kv.layout,
+        tp=req.tp,
+        dp=req.dp,
+        host_memory_bytes=host_memory,
+        host_memory_source=host_source,
+    )
+
+
+def _check_request(req: PlanRequest) -> None:
+    """The request's own figures, before any file is read."""
+    _check_shape(req)
+    if not 0 < req.utilization <= MAX_GPU_UTILIZATION_SUM:
+        raise PlanError(
+            f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]"
+        )
+    if req.time_share and req.per_gpu < 2:
+        raise PlanError(
+            "--time-share: give --per-gpu 2 or more (the instances that take turns on each GPU)"
+        )
+    if req.sleep_level not in SLEEP_LEVELS:
+        raise PlanError(f"--sleep-level {req.sleep_level}: use 1 or 2")
+    if req.dtype and dtype_bytes(req.dtype) is None:
+        raise PlanError(
+            f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
+            "awq or gptq"
+        )
+
+
+def _check_shape(req: PlanRequest) -> None:
+    """Instances per GPU, TP and DP, and GPUs that TP x DP divides."""
     if req.per_gpu < 1 or req.per_gpu > 26:
         raise PlanError(f"--per-gpu {req.per_gpu}: use 1 to 26 instances per GPU")
     if req.tp < 1:
@@ -272,21 +351,10 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             f"{what} = {group_size} GPUs per instance does not divide the {len(req.gpus)} GPUs "
             f"given: use a multiple of {group_size} GPUs"
         )
-    if not 0 < req.utilization <= MAX_GPU_UTILIZATION_SUM:
-        raise PlanError(
-            f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]"
-        )
-    if req.time_share and req.per_gpu < 2:
-        raise PlanError(
-            "--time-share: give --per-gpu 2 or more (the instances that take turns on each GPU)"
-        )
-    if req.sleep_level not in SLEEP_LEVELS:
-        raise PlanError(f"--sleep-level {req.sleep_level}: use 1 or 2")
-    if req.dtype and dtype_bytes(req.dtype) is None:
-        raise PlanError(
-            f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
-            "awq or gptq"
-        )
+
+
+def _model(req: PlanRequest, base_dir: Path) -> ModelInfo:
+    """The model's config and files, or the --params and --dtype that stand in for them."""
     if is_local_model(req.model) and not Path(resolve_model_path(req.model, base_dir)).is_dir():
         raise PlanError(f"--model {req.model}: no such directory")
     info = model_info(req.model, base_dir, params=req.params, dtype=req.dtype, hub=req.hub)
@@ -296,143 +364,328 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             f"{why}. Or give --params B (billions) and --dtype D (e.g. --params 8 --dtype "
             "bfloat16), or point --model at a local directory"
         )
-    gpu_mem, gpu_source, kind = _gpu_memory(req)
-    weights, weight_source = info.weight_bytes()
-    notes: list[str] = []
-    if weights is None:
-        raise PlanError(f"cannot size {req.model}'s weights: {weight_source}")
-    if req.max_model_len:
-        max_len, max_len_source = req.max_model_len, "--max-model-len"
-    elif info.max_position_embeddings:
-        max_len, max_len_source = (
-            info.max_position_embeddings,
-            "the model's max_position_embeddings",
-        )
-    else:
-        max_len, max_len_source = (
-            FALLBACK_MAX_MODEL_LEN,
-            "default (no config: pass --max-model-len)",
-        )
-    layout_kv = info.kv_layout(req.kv_cache_dtype, req.tp)
-    per_token = layout_kv.bytes_per_token if layout_kv is not None else None
-    per_token = per_token or None
-    if per_token is None:
-        kv_source = "unknown without the model's config.json"
-        notes.append(
-            "KV tokens are unknown: the model's config.json is needed for the KV bytes per token"
-        )
-    else:
-        kv_source = _kv_source(info, layout_kv, req)  # type: ignore[arg-type]
-    if req.dp > 1 and info.is_moe:
-        notes.append(
-            "a mixture-of-experts model with --dp: the layout sets enable-expert-parallel, so the "
-            "experts spread over all TP x DP GPUs; the weights per GPU below count each rank "
-            "holding all of them / TP (an upper bound)"
-        )
-    if req.dp > 1:
-        notes.append(
-            f"each instance is one vLLM server with {req.dp} data-parallel ranks behind one port: "
-            "vsup supervises it as one process group (a dead rank takes the instance down and "
-            "vsup restarts it whole; docs/layout.md)"
-        )
-    profiles = list(req.profiles) if req.profiles is not None else []
-    if req.profiles is None and kind and kind in PLATFORM_PROFILES:
-        profiles = [PLATFORM_PROFILES[kind]]
-        notes.append(f"profile {profiles[0]} chosen for {kind}; pass --profile to choose others")
+    return info
 
-    groups = [list(req.gpus[i : i + group_size]) for i in range(0, len(req.gpus), group_size)]
-    # time-shared: whichever member is awake has the whole share
+
+# -- stage 1: the weights ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    """The whole model's weights (every GPU of a TP group holds 1/TP of them)."""
+
+    bytes: int
+    source: str
+
+    def per_gpu(self, tp: int) -> int:
+        return self.bytes // tp
+
+
+def model_weights(req: PlanRequest, info: ModelInfo) -> ModelWeights:
+    weights, source = info.weight_bytes()
+    if weights is None:
+        raise PlanError(f"cannot size {req.model}'s weights: {source}")
+    return ModelWeights(weights, source)
+
+
+@dataclass(frozen=True)
+class ContextLength:
+    """The max-model-len every instance must hold one request of."""
+
+    tokens: int
+    source: str
+
+
+def _context_length(req: PlanRequest, info: ModelInfo) -> ContextLength:
+    if req.max_model_len:
+        return ContextLength(req.max_model_len, "--max-model-len")
+    if info.max_position_embeddings:
+        return ContextLength(info.max_position_embeddings, "the model's max_position_embeddings")
+    return ContextLength(FALLBACK_MAX_MODEL_LEN, "default (no config: pass --max-model-len)")
+
+
+# -- stage 2: KV bytes per token, layer kind by layer kind ---------------------------------
+
+
+@dataclass(frozen=True)
+class KVPerToken:
+    """A token slot of vLLM's KV pool on one GPU of an instance, and how it follows from the
+    model's layers (vsup.layout.kvcache groups them as vLLM's KV cache manager does)."""
+
+    layout: KVLayout | None
+    bytes: int | None  # None: unknown (no config.json)
+    source: str
+    notes: tuple[str, ...] = ()
+
+
+KV_UNKNOWN_NOTE = (
+    "KV tokens are unknown: the model's config.json is needed for the KV bytes per token"
+)
+
+
+def kv_per_token(req: PlanRequest, info: ModelInfo) -> KVPerToken:
+    layout = info.kv_layout(req.kv_cache_dtype, req.tp)
+    per_token = layout.bytes_per_token if layout is not None else None
+    if layout is None or not per_token:
+        return KVPerToken(
+            layout,
+            None,
+            "unknown without the model's config.json",
+            (KV_UNKNOWN_NOTE,),
+        )
+    return KVPerToken(layout, per_token, _kv_source(info, layout, req.tp))
+
+
+def _kv_source(info: ModelInfo, kv: KVLayout, tp: int) -> str:
+    """How the KV bytes per token follow from the config, in words: the layer kinds, one
+    attention layer's bytes per token, how vLLM's groups share the pool, the per-sequence state
+    of linear layers, and what the layout could not tell."""
+    parts = [kv.describe(), _attention_bytes(info, kv, tp), *_pool_sharing(kv)]
+    if kv.state_bytes_per_sequence:
+        # vLLM's MambaSpec: a fixed state per sequence (its page), not per token
+        parts.append(
+            f"linear layers keep {kv.state_bytes_per_sequence / 2**20:.1f} MiB of state per "
+            "sequence besides"
+        )
+    return "; ".join([*parts, *kv.notes])
+
+
+def _attention_bytes(info: ModelInfo, kv: KVLayout, tp: int) -> str:
+    """One attention layer's bytes per token, as vLLM's specs size a page per block token.
+
+    MLAAttentionSpec: one latent of kv_lora_rank + qk_rope_head_dim elements (no separate V),
+    the same on every TP rank. FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec:
+    K and V of num_kv_heads (split over TP, at least one per rank) x head_size elements."""
+    if MLA in kv.kinds:
+        rope = info.arch.get("qk_rope_head_dim") or 0
+        return (
+            f"MLA: (kv_lora_rank {info.kv_lora_rank} + qk_rope_head_dim {rope}) x {kv.width}"
+            " bytes per layer, the same on every TP rank"
+        )
+    kv_per_rank = max(1, (info.num_kv_heads or 1) // tp)
+    return f"{kv_per_rank} KV heads x {info.head_dim} head dim x 2 x {kv.width} bytes per layer"
+
+
+def _pool_sharing(kv: KVLayout) -> list[str]:
+    """Several layer kinds: vLLM's hybrid KV cache manager groups them into one block pool."""
+    if len(kv.groups) <= 1:
+        return []
+    size = kv.groups[0].size
+    return [
+        f"vLLM groups them {len(kv.groups)} ways of {size} layers sharing one block pool, so "
+        f"a token slot is {size} layers, not all {sum(kv.kinds.values())}, and a windowed "
+        "request holds only its window's blocks"
+    ]
+
+
+# -- stage 3: the budget of one GPU of an instance -----------------------------------------
+
+
+def _share(req: PlanRequest) -> float:
+    """Each instance's gpu_memory_utilization: time-shared, whichever member is awake has the
+    whole share; else the GPU's `utilization` split evenly."""
     share = req.utilization if req.time_share else split_utilization(req.utilization, req.per_gpu)
     if share <= 0:
         raise PlanError(
             f"--per-gpu {req.per_gpu} leaves each instance no memory: use fewer per GPU"
         )
-    tables: list[dict[str, Any]] = []
-    budgets: list[InstanceBudget] = []
-    # (instance, its GPUs, what is wrong): instances alike share a problem, said once
-    problems: list[tuple[str, tuple[int, ...], str]] = []
-    port = req.port_base
-    for k, group in enumerate(groups):
-        if req.tp == 1 and req.dp == 1:
-            base = f"gpu{group[0]}"
-        elif req.dp == 1:
-            base = f"tp{req.tp}-{k}"
-        elif req.tp == 1:
-            base = f"dp{req.dp}-{k}"
-        else:
-            base = f"tp{req.tp}dp{req.dp}-{k}"
+    return share
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """One GPU of an instance: its share, the budget that is, what of it the weights and the
+    activation/graph reserve take, the KV cache the rest, the tokens vLLM will report for it,
+    and why an instance of it is refused (None: it is not)."""
+
+    utilization: float
+    budget: int
+    weights: int
+    overhead: int
+    kv: int
+    tokens: int | None  # per DP rank; None: KV bytes per token unknown
+    concurrency: float | None  # full-length requests at once, the whole instance
+    problem: str | None = None
+
+
+def budget_per_gpu(
+    req: PlanRequest,
+    gpu: GpuMemory,
+    weights: ModelWeights,
+    kv: KVPerToken,
+    context: ContextLength,
+) -> GpuBudget:
+    share = _share(req)
+    budget = int(share * gpu.bytes)
+    w = weights.per_gpu(req.tp)
+    over = overhead_bytes(req.tp)
+    kv_bytes = budget - w - over
+    tokens = None
+    if kv.layout is not None and kv.bytes:
+        in_flight = in_flight_tokens(DEFAULT_BATCHED_TOKENS_GPU, True)
+        tokens = kv.layout.tokens(kv_bytes, context.tokens, GPU_BLOCK_SIZE, in_flight)
+    conc = tokens * req.dp / context.tokens if tokens is not None else None
+    out = GpuBudget(share, budget, w, over, kv_bytes, tokens, conc)
+    return replace(out, problem=_budget_problem(req, gpu, out, context))
+
+
+def _budget_problem(
+    req: PlanRequest, gpu: GpuMemory, b: GpuBudget, context: ContextLength
+) -> str | None:
+    """No room for the KV cache, or too little for one request of max-model-len."""
+    max_len = context.tokens
+    if b.kv <= 0:
+        return (
+            f"{b.utilization:g} of {gpu.bytes / GIB:.0f} GiB = {b.budget / GIB:.1f} GiB cannot "
+            f"hold {b.weights / GIB:.1f} GiB of weights plus {b.overhead / GIB:.1f} GiB overhead: "
+            "use fewer instances per GPU (--per-gpu), a larger --tp, or a quantized "
+            "model"
+        )
+    if b.tokens is not None and b.tokens < max_len:
+        return (
+            f"its KV cache holds {b.tokens} tokens"
+            + (" per data-parallel rank" if req.dp > 1 else "")
+            + f", less than one request of max-model-len {max_len}: lower "
+            f"--max-model-len (to {b.tokens} or less), use fewer instances per GPU, a "
+            "larger --tp, or --kv-cache-dtype fp8"
+        )
+    return None
+
+
+# -- stage 4: placement --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where one instance goes: its name, its GPUs (a TP x DP group), its port, and the group
+    it belongs to (its swap group when time-shared)."""
+
+    name: str
+    gpus: tuple[int, ...]
+    port: int
+    group: str
+
+
+def place(req: PlanRequest) -> tuple[Seat, ...]:
+    """`per_gpu` instances on each group of TP x DP consecutive GPUs, ports counting up."""
+    size = req.tp * req.dp
+    seats: list[Seat] = []
+    for k, i in enumerate(range(0, len(req.gpus), size)):
+        gpus = tuple(req.gpus[i : i + size])
+        base = _group_name(req, k, gpus[0])
         for j in range(req.per_gpu):
             name = base + _suffix(j, req.per_gpu)
+            port = req.port_base + len(seats)
             if not 1 <= port <= 65535:
                 raise PlanError(
                     f"--port-base {req.port_base}: instance {name} would get port {port}; lower "
                     "--port-base"
                 )
-            table: dict[str, Any] = {
-                "name": name,
-                "gpus": list(group),
-                "port": port,
-                "gpu_memory_utilization": share,
-            }
-            if req.time_share:
-                table["swap_group"] = base
-                table["sleep"] = {"level": req.sleep_level}
-            tables.append(table)
-            budget = int(share * gpu_mem)
-            w = weights // req.tp
-            over = overhead_bytes(req.tp)
-            kv = budget - w - over
-            tokens = (
-                layout_kv.tokens(
-                    kv, max_len, GPU_BLOCK_SIZE, in_flight_tokens(DEFAULT_BATCHED_TOKENS_GPU, True)
-                )
-                if layout_kv is not None and per_token
-                else None
-            )
-            conc = tokens * req.dp / max_len if tokens is not None else None
-            budgets.append(
-                InstanceBudget(
-                    name,
-                    tuple(group),
-                    port,
-                    req.tp,
-                    share,
-                    budget,
-                    w,
-                    over,
-                    kv,
-                    tokens,
-                    conc,
-                    req.dp,
-                    base if req.time_share else None,
-                    req.sleep_level if req.time_share else None,
-                )
-            )
-            if kv <= 0:
-                problems.append(
-                    (
-                        name,
-                        tuple(group),
-                        f"{share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB cannot "
-                        f"hold {w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: "
-                        "use fewer instances per GPU (--per-gpu), a larger --tp, or a quantized "
-                        "model",
-                    )
-                )
-            elif tokens is not None and tokens < max_len:
-                problems.append(
-                    (
-                        name,
-                        tuple(group),
-                        f"its KV cache holds {tokens} tokens"
-                        + (" per data-parallel rank" if req.dp > 1 else "")
-                        + f", less than one request of max-model-len {max_len}: lower "
-                        f"--max-model-len (to {tokens} or less), use fewer instances per GPU, a "
-                        "larger --tp, or --kv-cache-dtype fp8",
-                    )
-                )
-            port += 1
-    args: dict[str, Any] = {"max-model-len": max_len}
+            seats.append(Seat(name, gpus, port, base))
+    return tuple(seats)
+
+
+def _group_name(req: PlanRequest, k: int, first_gpu: int) -> str:
+    if req.tp == 1 and req.dp == 1:
+        return f"gpu{first_gpu}"
+    if req.dp == 1:
+        return f"tp{req.tp}-{k}"
+    if req.tp == 1:
+        return f"dp{req.dp}-{k}"
+    return f"tp{req.tp}dp{req.dp}-{k}"
+
+
+def _instance_budget(req: PlanRequest, seat: Seat, m: GpuBudget) -> InstanceBudget:
+    return InstanceBudget(
+        seat.name,
+        seat.gpus,
+        seat.port,
+        req.tp,
+        m.utilization,
+        m.budget,
+        m.weights,
+        m.overhead,
+        m.kv,
+        m.tokens,
+        m.concurrency,
+        req.dp,
+        seat.group if req.time_share else None,
+        req.sleep_level if req.time_share else None,
+    )
+
+
+# -- the layout that says it ---------------------------------------------------------------
+
+TIME_SHARE_NOTE = (
+    "time-shared: the instances of each GPU are one swap group, one awake at a time "
+    "(vsup sleep / wake / swap; docs/sleep.md); they listen on 127.0.0.1 because sleep "
+    "mode's endpoints are vLLM's dev-mode ones: put a router in front for clients"
+)
+
+
+def _profiles(req: PlanRequest, kind: str | None) -> tuple[list[str], list[str]]:
+    """The profiles the layout lists (the GPU's platform profile unless given), and a note."""
+    if req.profiles is not None:
+        return list(req.profiles), []
+    if kind and kind in PLATFORM_PROFILES:
+        profile = PLATFORM_PROFILES[kind]
+        return [profile], [f"profile {profile} chosen for {kind}; pass --profile to choose others"]
+    return [], []
+
+
+def _parallel_notes(req: PlanRequest, info: ModelInfo) -> list[str]:
+    if req.dp <= 1:
+        return []
+    notes = []
+    if info.is_moe:
+        notes.append(
+            "a mixture-of-experts model with --dp: the layout sets enable-expert-parallel, so the "
+            "experts spread over all TP x DP GPUs; the weights per GPU below count each rank "
+            "holding all of them / TP (an upper bound)"
+        )
+    notes.append(
+        f"each instance is one vLLM server with {req.dp} data-parallel ranks behind one port: "
+        "vsup supervises it as one process group (a dead rank takes the instance down and "
+        "vsup restarts it whole; docs/layout.md)"
+    )
+    return notes
+
+
+def _layout(
+    req: PlanRequest,
+    info: ModelInfo,
+    seats: Sequence[Seat],
+    share: float,
+    context: ContextLength,
+    profiles: list[str],
+    base_dir: Path,
+) -> Layout:
+    header = _header(req, len(seats))
+    if profiles:
+        header["profiles"] = profiles
+    defaults: dict[str, Any] = {"model": req.model, "args": _args(req, info, context)}
+    if req.time_share:
+        # sleep mode's endpoints are vLLM's dev-mode ones: loopback only (docs/layout.md)
+        defaults["host"] = "127.0.0.1"
+    tables = [_instance_table(req, seat, share) for seat in seats]
+    return Layout.from_tables(tables, defaults=defaults, header=header, path=base_dir / "plan.toml")
+
+
+def _instance_table(req: PlanRequest, seat: Seat, share: float) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "name": seat.name,
+        "gpus": list(seat.gpus),
+        "port": seat.port,
+        "gpu_memory_utilization": share,
+    }
+    if req.time_share:
+        table["swap_group"] = seat.group
+        table["sleep"] = {"level": req.sleep_level}
+    return table
+
+
+def _args(req: PlanRequest, info: ModelInfo, context: ContextLength) -> dict[str, Any]:
+    args: dict[str, Any] = {"max-model-len": context.tokens}
     if req.tp > 1:
         args["tensor-parallel-size"] = req.tp
     if req.dp > 1:
@@ -441,55 +694,18 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             args["enable-expert-parallel"] = True
     if req.kv_cache_dtype:
         args["kv-cache-dtype"] = req.kv_cache_dtype
+    return args
+
+
+def _header(req: PlanRequest, instances: int) -> dict[str, Any]:
     shape = f"TP{req.tp}" + (f" x DP{req.dp}" if req.dp > 1 else "")
-    header: dict[str, Any] = {
-        "name": req.name
-        or f"{_slug(req.model)}-{len(tables)}x-tp{req.tp}" + (f"dp{req.dp}" if req.dp > 1 else ""),
+    dp = f"dp{req.dp}" if req.dp > 1 else ""
+    per = "GPU" if req.tp * req.dp == 1 else "group"
+    return {
+        "name": req.name or f"{_slug(req.model)}-{instances}x-tp{req.tp}{dp}",
         "description": f"vsup plan: {req.model} on GPUs {','.join(map(str, req.gpus))}, "
-        f"{req.per_gpu} per {'GPU' if group_size == 1 else 'group'}, {shape}",
+        f"{req.per_gpu} per {per}, {shape}",
     }
-    if profiles:
-        header["profiles"] = profiles
-    defaults: dict[str, Any] = {"model": req.model, "args": args}
-    host_memory, host_source = _host_memory(req)
-    if req.time_share:
-        # sleep mode's endpoints are vLLM's dev-mode ones: loopback only (docs/layout.md)
-        defaults["host"] = "127.0.0.1"
-        notes.append(
-            "time-shared: the instances of each GPU are one swap group, one awake at a time "
-            "(vsup sleep / wake / swap; docs/sleep.md); they listen on 127.0.0.1 because sleep "
-            "mode's endpoints are vLLM's dev-mode ones: put a router in front for clients"
-        )
-    time_problems, time_notes = _time_share_checks(
-        budgets, weights, gpu_mem, host_memory, host_source
-    )
-    problems += time_problems
-    notes += time_notes
-    layout = Layout.from_tables(
-        tables, defaults=defaults, header=header, path=base_dir / "plan.toml"
-    )
-    if out_path is not None:
-        layout = layout.relocated(out_path)
-    return Plan(
-        layout=layout,
-        budgets=tuple(budgets),
-        info=info,
-        weight_bytes=weights,
-        weight_source=weight_source,
-        kv_bytes_per_token=per_token,
-        kv_source=kv_source,
-        max_model_len=max_len,
-        max_model_len_source=max_len_source,
-        gpu_memory_bytes=gpu_mem,
-        gpu_memory_source=gpu_source,
-        notes=tuple(notes),
-        problems=_grouped(problems),
-        kv_layout=layout_kv,
-        tp=req.tp,
-        dp=req.dp,
-        host_memory_bytes=host_memory,
-        host_memory_source=host_source,
-    )
 
 
 def _tenants(budgets: Sequence[InstanceBudget], weights: int | None) -> list[Tenant]:
@@ -568,36 +784,6 @@ def _time_share_checks(
         elif total > HOST_RAM_WARN_SHARE * host_memory:
             notes.append(f"{text}: above {HOST_RAM_WARN_SHARE:.0%}, a large part of the node")
     return problems, notes
-
-
-def _kv_source(info: ModelInfo, kv: KVLayout, req: PlanRequest) -> str:
-    """How the KV bytes per token follow from the config, in words."""
-    width = kv.width
-    if info.is_mla:
-        rope = info.arch.get("qk_rope_head_dim") or 0
-        per_layer = f"MLA: (kv_lora_rank {info.kv_lora_rank} + qk_rope_head_dim {rope}) x {width}"
-        per_layer += " bytes per layer, the same on every TP rank"
-    else:
-        kv_per_rank = max(1, (info.num_kv_heads or 1) // req.tp)
-        per_layer = (
-            f"{kv_per_rank} KV heads x {info.head_dim} head dim x 2 x {width} bytes per layer"
-        )
-    text = f"{kv.describe()}; {per_layer}"
-    if len(kv.groups) > 1:
-        size = kv.groups[0].size
-        text += (
-            f"; vLLM groups them {len(kv.groups)} ways of {size} layers sharing one block pool, so "
-            f"a token slot is {size} layers, not all {sum(kv.kinds.values())}, and a windowed "
-            "request holds only its window's blocks"
-        )
-    if kv.state_bytes_per_sequence:
-        text += (
-            f"; linear layers keep {kv.state_bytes_per_sequence / 2**20:.1f} MiB of state per "
-            "sequence besides"
-        )
-    for note in kv.notes:
-        text += f"; {note}"
-    return text
 
 
 def _gib(n: int | None) -> str:

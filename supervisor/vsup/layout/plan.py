@@ -71,6 +71,7 @@ from vsup.layout.timeshare import (
     HOST_RAM_ERROR_SHARE,
     HOST_RAM_WARN_SHARE,
     SLEEPER_RESERVE_BYTES,
+    Tenant,
     gpu_shares,
     host_ram_need,
 )
@@ -158,9 +159,8 @@ def _grouped(problems: list[tuple[str, tuple[int, ...], str]]) -> tuple[str, ...
 def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | None = None) -> Plan:
     """Plan `req`: the layout and its budget (check `plan.ok`; `problems` say what to change).
 
-    The stages are those `--explain` prints: the model's weights, its KV bytes per token (layer
-    kind by layer kind), the budget of one GPU of an instance, and the placement of the
-    instances on the GPUs; then the layout that says it, and the time-sharing checks.
+    The stages `--explain` prints (weights, KV bytes per token by layer kind, the budget of one
+    GPU, placement: vsup.layout.planstages), then the layout and the time-sharing checks.
 
     `base_dir` resolves a relative local model path (the working directory by default);
     `out_path` is where the layout will be written (its relative model path is rewritten for it).
@@ -183,8 +183,8 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         budgets, weights.bytes, gpu.bytes, host_memory, host_source
     )
     layout = _layout(req, info, seats, budget.utilization, context, profiles, base_dir)
-    notes = [*kv.notes, *_parallel_notes(req, info), *profile_notes]
-    notes += [TIME_SHARE_NOTE] if req.time_share else []
+    shared = [TIME_SHARE_NOTE] if req.time_share else []
+    notes = [*kv.notes, *_parallel_notes(req, info), *profile_notes, *shared, *time_notes]
     return Plan(
         layout=layout if out_path is None else layout.relocated(out_path),
         budgets=budgets,
@@ -197,7 +197,7 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
         max_model_len_source=context.source,
         gpu_memory_bytes=gpu.bytes,
         gpu_memory_source=gpu.source,
-        notes=(*notes, *time_notes),
+        notes=tuple(notes),
         problems=_grouped([*problems, *time_problems]),
         kv_layout=kv.layout,
         tp=req.tp,
@@ -337,7 +337,6 @@ def _time_share_checks(
     sleepers' host RAM: what `vsup validate` would refuse, refused here with advice."""
     tenants = tenants_of(budgets, weights)
     problems: list[tuple[str, tuple[int, ...], str]] = []
-    notes: list[str] = []
     seen: set[str] = set()
     for share in gpu_shares(tenants, gpu_mem):
         if not share.groups or share.total <= MAX_GPU_UTILIZATION_SUM + 1e-9:
@@ -357,6 +356,17 @@ def _time_share_checks(
                 f"lower --utilization to {fits:g} or use fewer instances per GPU",
             )
         )
+    host_problems, notes = _host_ram_checks(tenants, host_memory, host_source)
+    return problems + host_problems, notes
+
+
+def _host_ram_checks(
+    tenants: Sequence[Tenant], host_memory: int | None, host_source: str
+) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
+    """The level-1 sleepers' weights in host RAM: refused above HOST_RAM_ERROR_SHARE of it,
+    a note above HOST_RAM_WARN_SHARE."""
+    problems: list[tuple[str, tuple[int, ...], str]] = []
+    notes: list[str] = []
     need = host_ram_need(tenants)
     if need.sleepers and host_memory:
         total = need.bytes

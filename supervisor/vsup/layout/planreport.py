@@ -107,11 +107,25 @@ def _gib(n: int | None) -> str:
 
 def render_budget(plan: Plan) -> str:
     """The per-GPU memory budget as a text table, with where each figure came from."""
+    lines = [*_sources(plan), "", *_budget_table(plan)]
+    groups = plan.swap_groups()
+    if groups:
+        lines.append("")
+        lines.append(
+            "swap groups (a GPU's total counts each group by its largest member, plus "
+            f"{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB per sleeper)"
+        )
+        lines += [f"  {g.describe(plan.gpu_memory_bytes)}" for g in groups]
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _sources(plan: Plan) -> list[str]:
+    """Each figure the budget starts from, and where it came from."""
     info = plan.info
-    lines = []
     params = info.params
     p = f"{params / 1e9:.2f}B params ({info.params_source})" if params else "parameters unknown"
-    lines.append(f"model      {info.model}: {p}")
+    lines = [f"model      {info.model}: {p}"]
     if info.source:
         lines.append(f"files      {info.source}")
     lines.append(f"weights    {_gib(plan.weight_bytes)} GiB ({plan.weight_source})")
@@ -122,15 +136,17 @@ def render_budget(plan: Plan) -> str:
         )
     else:
         lines.append(f"KV cache   bytes per token {plan.kv_source}")
-    lines.append(
-        f"GPU        {plan.gpu_memory_bytes / GIB:.1f} GiB each ({plan.gpu_memory_source})"
-    )
-    lines.append(f"max len    {plan.max_model_len} tokens ({plan.max_model_len_source})")
-    lines.append(
+    return [
+        *lines,
+        f"GPU        {plan.gpu_memory_bytes / GIB:.1f} GiB each ({plan.gpu_memory_source})",
+        f"max len    {plan.max_model_len} tokens ({plan.max_model_len_source})",
         f"overhead   {OVERHEAD_BYTES / GIB:.1f} GiB per instance per GPU "
-        f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
-    )
-    lines.append("")
+        f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate",
+    ]
+
+
+def _budget_table(plan: Plan) -> list[str]:
+    """A row per instance on each GPU, then the GPU's total share."""
     dp = plan.dp > 1
     head = (
         "GPU",
@@ -147,44 +163,40 @@ def render_budget(plan: Plan) -> str:
         f"max conc @{plan.max_model_len}",
     )
     rows = []
+    by_gpu = _by_gpu(plan)
+    shares = plan.gpu_shares()
+    for g in sorted(by_gpu):
+        rows += [_budget_row(g, b, dp) for b in by_gpu[g]]
+        total = shares[g].total
+        first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
+        rows.append((*first, *[""] * (len(head) - len(first))))
+    return _table(head, rows, left={1})
+
+
+def _budget_row(g: int, b: InstanceBudget, dp: bool) -> tuple[str, ...]:
+    return (
+        str(g),
+        b.name,
+        str(b.port),
+        str(b.tp),
+        *((str(b.dp),) if dp else ()),
+        f"{b.utilization:.2f}",
+        _gib(b.budget_bytes),
+        _gib(b.weight_bytes),
+        _gib(b.overhead_bytes),
+        _gib(b.kv_bytes),
+        "?" if b.kv_tokens is None else f"{b.kv_tokens:,}",
+        "?" if b.max_concurrency is None else f"{b.max_concurrency:.1f}x",
+    )
+
+
+def _by_gpu(plan: Plan) -> dict[int, list[InstanceBudget]]:
+    """The instances on each GPU (an instance of TP x DP GPUs is on each of them)."""
     by_gpu: dict[int, list[InstanceBudget]] = {}
     for b in plan.budgets:
         for g in b.gpus:
             by_gpu.setdefault(g, []).append(b)
-    shares = plan.gpu_shares()
-    for g in sorted(by_gpu):
-        for b in by_gpu[g]:
-            rows.append(
-                (
-                    str(g),
-                    b.name,
-                    str(b.port),
-                    str(b.tp),
-                    *((str(b.dp),) if dp else ()),
-                    f"{b.utilization:.2f}",
-                    _gib(b.budget_bytes),
-                    _gib(b.weight_bytes),
-                    _gib(b.overhead_bytes),
-                    _gib(b.kv_bytes),
-                    "?" if b.kv_tokens is None else f"{b.kv_tokens:,}",
-                    "?" if b.max_concurrency is None else f"{b.max_concurrency:.1f}x",
-                )
-            )
-        total = shares[g].total
-        first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
-        rows.append((*first, *[""] * (len(head) - len(first))))
-    lines += _table(head, rows, left={1})
-    groups = plan.swap_groups()
-    if groups:
-        lines.append("")
-        lines.append(
-            "swap groups (a GPU's total counts each group by its largest member, plus "
-            f"{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB per sleeper)"
-        )
-        lines += [f"  {g.describe(plan.gpu_memory_bytes)}" for g in groups]
-    for n in plan.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines) + "\n"
+    return by_gpu
 
 
 def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
@@ -201,10 +213,7 @@ def render_explain(plan: Plan) -> str:
     """`vsup plan --explain`: each GPU's memory, item by item, and why each number is what it is.
     GPUs whose instances have the same figures are shown once."""
     out: list[str] = []
-    by_gpu: dict[int, list[InstanceBudget]] = {}
-    for b in plan.budgets:
-        for g in b.gpus:
-            by_gpu.setdefault(g, []).append(b)
+    by_gpu = _by_gpu(plan)
     shares = plan.gpu_shares()
     seen: dict[tuple, list[int]] = {}
     for g in sorted(by_gpu):
@@ -225,29 +234,36 @@ def render_explain(plan: Plan) -> str:
         for b in tenants:
             prefix = f"{b.name}: " if len(tenants) > 1 else ""
             rows += _explain_rows(plan, b, prefix)
-        share = shares[gpus[0]]
-        for group in share.groups:
-            rows.append(
-                (
-                    f"swap group {group.group}: sleepers",
-                    _gib(int(group.sleepers * group.reserve * mem)),
-                    f"one of {len(group.members)} members awake (its budget above counts once, "
-                    f"not {len(group.members)} times); {group.sleepers} asleep, each keeping "
-                    f"~{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB (CUDA context, graphs)",
-                )
-            )
-        rows.append(
-            (
-                "not given to vLLM",
-                _gib(mem - _used_bytes(share, tenants, mem)),
-                f"1 - {share.total:.2f} of the GPU: outside every "
-                "instance's gpu_memory_utilization (the driver's own use, other processes, "
-                "headroom)",
-            )
-        )
+        rows += _shared_rows(shares[gpus[0]], tenants, mem)
         out += _table(("item", "GiB", "why"), rows, left={0, 2})
         out.append("")
     return "\n".join(out)
+
+
+def _shared_rows(
+    share: GpuShare, tenants: Sequence[InstanceBudget], mem: int
+) -> list[tuple[str, str, str]]:
+    """The GPU's own rows: its swap groups' sleepers, and what no instance was given."""
+    rows = [
+        (
+            f"swap group {group.group}: sleepers",
+            _gib(int(group.sleepers * group.reserve * mem)),
+            f"one of {len(group.members)} members awake (its budget above counts once, "
+            f"not {len(group.members)} times); {group.sleepers} asleep, each keeping "
+            f"~{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB (CUDA context, graphs)",
+        )
+        for group in share.groups
+    ]
+    rows.append(
+        (
+            "not given to vLLM",
+            _gib(mem - _used_bytes(share, tenants, mem)),
+            f"1 - {share.total:.2f} of the GPU: outside every "
+            "instance's gpu_memory_utilization (the driver's own use, other processes, "
+            "headroom)",
+        )
+    )
+    return rows
 
 
 def _used_bytes(share: GpuShare, tenants: Sequence[InstanceBudget], mem: int) -> int:
@@ -262,61 +278,56 @@ def _used_bytes(share: GpuShare, tenants: Sequence[InstanceBudget], mem: int) ->
 
 
 def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str, str, str]]:
+    """One instance's items on one GPU: budget, weights, activation/graph reserve, KV cache."""
     mem = plan.gpu_memory_bytes
-    rows = [
+    tp_note = f" / TP {b.tp}: each GPU of a TP group holds 1/{b.tp}" if b.tp > 1 else ""
+    dp_note = "; every DP rank holds its own copy" if b.dp > 1 else ""
+    comm = f", +{COMM_OVERHEAD_BYTES / GIB:.1f} GiB of TP communication buffers" if b.tp > 1 else ""
+    return [
         (
             f"{prefix}budget",
             _gib(b.budget_bytes),
             f"gpu_memory_utilization {b.utilization:.2f} x {mem / GIB:.1f} GiB: all vLLM may use "
             "on this GPU (weights, activations and graphs, KV cache)",
-        )
-    ]
-    tp_note = f" / TP {b.tp}: each GPU of a TP group holds 1/{b.tp}" if b.tp > 1 else ""
-    dp_note = "; every DP rank holds its own copy" if b.dp > 1 else ""
-    rows.append(
+        ),
         (
             f"{prefix}weights",
             _gib(b.weight_bytes),
             f"{_gib(plan.weight_bytes)} GiB from {plan.weight_source}{tp_note}{dp_note}",
-        )
-    )
-    rows.append(
+        ),
         (
             f"{prefix}activation/graph reserve",
             _gib(b.overhead_bytes),
             f"an estimate: {OVERHEAD_BYTES / GIB:.1f} GiB for the peak activations of a "
-            "max-num-batched-tokens step, CUDA/HIP graphs and allocator slack"
-            + (
-                f", +{COMM_OVERHEAD_BYTES / GIB:.1f} GiB of TP communication buffers"
-                if b.tp > 1
-                else ""
-            )
-            + "; vLLM measures the real figure by profiling at start-up and gives the KV cache the "
-            "rest",
-        )
+            f"max-num-batched-tokens step, CUDA/HIP graphs and allocator slack{comm}; vLLM "
+            "measures the real figure by profiling at start-up and gives the KV cache the rest",
+        ),
+        (f"{prefix}KV cache", _gib(b.kv_bytes), _kv_why(plan, b)),
+    ]
+
+
+def _kv_why(plan: Plan, b: InstanceBudget) -> str:
+    """The KV cache's blocks, what one full-length request takes of them, and the tokens and
+    concurrency vLLM will report."""
+    if b.kv_tokens is None or not plan.kv_bytes_per_token or plan.kv_layout is None:
+        return "what is left: budget - weights - reserve (tokens unknown without a config.json)"
+    per_req = plan.kv_layout.blocks_per_request(
+        plan.max_model_len, plan.block_size, in_flight_tokens(plan.batched_tokens, True)
     )
-    if b.kv_tokens is not None and plan.kv_bytes_per_token and plan.kv_layout is not None:
-        kv = plan.kv_layout
-        per_req = kv.blocks_per_request(
-            plan.max_model_len, plan.block_size, in_flight_tokens(plan.batched_tokens, True)
-        )
-        blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
-        why = (
-            f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "
-            f"tokens x {plan.kv_bytes_per_token / 1024:.1f} KiB per token; a "
-            f"{plan.max_model_len:,}-token request takes {per_req:,} blocks, so vLLM reports "
-            f"{b.kv_tokens:,} tokens"
-        )
-        if b.dp > 1:
-            why += f" per rank ({b.instance_kv_tokens:,} for the instance's {b.dp} ranks)"
-        why += f", {b.max_concurrency:.1f} full-length requests at once"
-    else:
-        why = "what is left: budget - weights - reserve (tokens unknown without a config.json)"
-    rows.append((f"{prefix}KV cache", _gib(b.kv_bytes), why))
-    return rows
+    blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
+    why = (
+        f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "
+        f"tokens x {plan.kv_bytes_per_token / 1024:.1f} KiB per token; a "
+        f"{plan.max_model_len:,}-token request takes {per_req:,} blocks, so vLLM reports "
+        f"{b.kv_tokens:,} tokens"
+    )
+    if b.dp > 1:
+        why += f" per rank ({b.instance_kv_tokens:,} for the instance's {b.dp} ranks)"
+    return why + f", {b.max_concurrency:.1f} full-length requests at once"
 
 
 def gpu_ranges(gpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
     out = []
     start = prev = gpus[0]
     for g in [*gpus[1:], None]:

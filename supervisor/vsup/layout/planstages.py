@@ -39,11 +39,7 @@ from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
 from vsup.layout.spec import SLEEP_LEVELS
 
 DEFAULT_UTILIZATION = 0.90
-
-
 DEFAULT_PORT_BASE = 8000
-
-
 FALLBACK_MAX_MODEL_LEN = 8192
 
 
@@ -171,6 +167,9 @@ def gpu_memory(req: PlanRequest) -> GpuMemory:
     )
 
 
+# -- stage 1: the weights --------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ModelWeights:
     """The whole model's weights (every GPU of a TP group holds 1/TP of them)."""
@@ -203,6 +202,9 @@ def context_length(req: PlanRequest, info: ModelInfo) -> ContextLength:
     if info.max_position_embeddings:
         return ContextLength(info.max_position_embeddings, "the model's max_position_embeddings")
     return ContextLength(FALLBACK_MAX_MODEL_LEN, "default (no config: pass --max-model-len)")
+
+
+# -- stage 2: KV bytes per token, layer kind by layer kind -----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,9 @@ def _pool_sharing(kv: KVLayout) -> list[str]:
     ]
 
 
+# -- stage 3: the budget of one GPU of an instance -------------------------------------------------
+
+
 def _share(req: PlanRequest) -> float:
     """Each instance's gpu_memory_utilization: time-shared, whichever member is awake has the
     whole share; else the GPU's `utilization` split evenly."""
@@ -345,6 +350,9 @@ def _budget_problem(
             "larger --tp, or --kv-cache-dtype fp8"
         )
     return None
+
+
+# -- stage 4: placement ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ group instead: each gets the whole `utilization`, one is awake at a time and the
 (vLLM's sleep mode; docs/layout.md). The GPU then holds the awake member's share plus each
 sleeper's remainder (vsup.layout.timeshare), and level-1 sleepers' weights wait in host RAM: a
 plan whose level-1 weights exceed HOST_RAM_ERROR_SHARE of the node's RAM is refused.
+
+`make_plan` composes the stages `--explain` prints (vsup.layout.planstages: weights, KV bytes
+per token by layer kind, the budget of one GPU, placement), then writes the layout and checks
+the swap groups; the `Plan` and its tables are vsup.layout.planreport's.
 """
 
 from __future__ import annotations
@@ -28,140 +32,71 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vsup.layout.budget import (
-    COMM_OVERHEAD_BYTES,
-    OVERHEAD_BYTES,
-    overhead_bytes,
-)
-from vsup.layout.kvcache import (
-    DEFAULT_BATCHED_TOKENS_GPU,
-    GPU_BLOCK_SIZE,
-    KVLayout,
-    in_flight_tokens,
-)
+from vsup.layout.budget import overhead_bytes
 from vsup.layout.model import Layout
-from vsup.layout.modelinfo import ModelInfo, dtype_bytes, model_info
-from vsup.layout.modelpath import is_local_model, resolve_model_path
-from vsup.layout.node import GIB, KNOWN_GPUS, PLATFORM_PROFILES, NodeFacts, gpu_kind
+from vsup.layout.modelinfo import ModelInfo
+from vsup.layout.node import GIB, PLATFORM_PROFILES
+from vsup.layout.planreport import (
+    InstanceBudget,
+    Plan,
+    gpu_ranges,
+    render_budget,
+    render_explain,
+    tenants_of,
+)
+from vsup.layout.planstages import (
+    DEFAULT_PORT_BASE,
+    DEFAULT_UTILIZATION,
+    FALLBACK_MAX_MODEL_LEN,
+    ContextLength,
+    GpuBudget,
+    PlanError,
+    PlanRequest,
+    Seat,
+    budget_per_gpu,
+    check_request,
+    context_length,
+    gpu_memory,
+    kv_per_token,
+    model_facts,
+    model_weights,
+    place,
+    split_utilization,
+)
 from vsup.layout.schema import MAX_GPU_UTILIZATION_SUM
-from vsup.layout.spec import SLEEP_LEVELS
 from vsup.layout.timeshare import (
     HOST_RAM_ERROR_SHARE,
     HOST_RAM_WARN_SHARE,
     SLEEPER_RESERVE_BYTES,
-    GpuShare,
-    SwapGroup,
     Tenant,
     gpu_shares,
     host_ram_need,
-    swap_groups,
 )
 
-DEFAULT_UTILIZATION = 0.90
+# what callers import from here: the request, the plan and its reports, the stages' figures
+__all__ = [
+    "DEFAULT_PORT_BASE",
+    "DEFAULT_UTILIZATION",
+    "FALLBACK_MAX_MODEL_LEN",
+    "NODE_GPUS",
+    "InstanceBudget",
+    "Plan",
+    "PlanError",
+    "PlanRequest",
+    "make_plan",
+    "overhead_bytes",
+    "parse_gpus",
+    "render_budget",
+    "render_explain",
+    "split_utilization",
+]
+
 # GPUs of one node on every platform KNOWN_GPUS names (HGX H100/H200, MI300X/MI325X/MI355X
 # OAM): what `--gpus all` means when planning for another node from a machine without GPUs.
 NODE_GPUS = 8
-DEFAULT_PORT_BASE = 8000
-FALLBACK_MAX_MODEL_LEN = 8192
-
-
-def split_utilization(total: float, tenants: int) -> float:
-    """Each tenant's share of one GPU, rounded down to 0.01: 0.90/2 -> 0.45, 0.90/4 -> 0.22."""
-    return math.floor(total * 100 / tenants + 1e-9) / 100
-
-
-class PlanError(ValueError):
-    """The plan cannot be made; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    model: str
-    gpus: Sequence[int]
-    per_gpu: int = 1
-    tp: int = 1
-    dp: int = 1  # data-parallel ranks per instance (each of `tp` GPUs)
-    port_base: int = DEFAULT_PORT_BASE
-    profiles: Sequence[str] | None = None  # None: the platform profile of the GPU, if known
-    gpu: str | None = None  # MI300X | MI325X | MI355X | H200 | H100
-    gpu_memory_bytes: int | None = None
-    params: float | None = None  # parameters (not billions)
-    dtype: str | None = None  # the checkpoint's dtype or quantization, for the weight size
-    max_model_len: int | None = None
-    utilization: float = DEFAULT_UTILIZATION  # per GPU, all its instances together
-    kv_cache_dtype: str | None = None
-    name: str | None = None
-    hub: bool = True  # may ask the hub (or vsup's cache of it) for a hub id's config
-    # this node's GPUs (vsup.telemetry.gpu.node_facts): their memory when no flag gives it
-    node: NodeFacts = field(default_factory=NodeFacts)
-    # the instances of each GPU (or group) time-share it: one swap group, one awake at a time
-    time_share: bool = False
-    sleep_level: int = 1  # the swap groups' sleep level (1: weights to host RAM)
-    host_memory_bytes: int | None = None  # the node's RAM when not this node's (--host-ram-gib)
-
-
-@dataclass(frozen=True)
-class InstanceBudget:
-    name: str
-    gpus: tuple[int, ...]
-    port: int
-    tp: int
-    utilization: float
-    budget_bytes: int
-    weight_bytes: int | None  # per GPU
-    overhead_bytes: int
-    kv_bytes: int | None  # per GPU
-    kv_tokens: int | None  # per DP rank: the figure each engine core logs
-    max_concurrency: float | None  # at max-model-len, the whole instance
-    dp: int = 1
-    swap_group: str | None = None  # with --time-share: the group it takes turns in
-    sleep_level: int | None = None  # with --time-share: its sleep level
-
-    @property
-    def instance_kv_tokens(self) -> int | None:
-        return None if self.kv_tokens is None else self.kv_tokens * self.dp
-
-
-@dataclass(frozen=True)
-class Plan:
-    layout: Layout
-    budgets: tuple[InstanceBudget, ...]
-    info: ModelInfo
-    weight_bytes: int | None  # the whole model
-    weight_source: str
-    kv_bytes_per_token: int | None  # per GPU of one instance: a slot of vLLM's KV pool
-    kv_source: str
-    max_model_len: int
-    max_model_len_source: str
-    gpu_memory_bytes: int
-    gpu_memory_source: str
-    notes: tuple[str, ...] = ()
-    problems: tuple[str, ...] = field(default=())  # why the plan is refused
-    kv_layout: KVLayout | None = None
-    tp: int = 1
-    dp: int = 1
-    block_size: int = GPU_BLOCK_SIZE
-    batched_tokens: int = DEFAULT_BATCHED_TOKENS_GPU
-    host_memory_bytes: int | None = None  # the node's RAM the level-1 sleepers were sized for
-    host_memory_source: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def tenants(self) -> list[Tenant]:
-        """The instances as the time-sharing accounting counts them (vsup.layout.timeshare)."""
-        return _tenants(self.budgets, self.weight_bytes)
-
-    def gpu_shares(self) -> dict[int, GpuShare]:
-        return {s.gpu: s for s in gpu_shares(self.tenants(), self.gpu_memory_bytes)}
-
-    def swap_groups(self) -> list[SwapGroup]:
-        return swap_groups(self.tenants())
 
 
 def parse_gpus(spec: str, node_count: int | None, other_node: str | None = None) -> list[int]:
@@ -215,224 +150,152 @@ def _grouped(problems: list[tuple[str, tuple[int, ...], str]]) -> tuple[str, ...
             on = sorted({g for _, group in who for g in group})
             subject = (
                 f"{len(names)} instances ({names[0]} to {names[-1]}) on "
-                f"GPU{'s' if len(on) > 1 else ''} {_ranges(on)}"
+                f"GPU{'s' if len(on) > 1 else ''} {gpu_ranges(on)}"
             )
         out.append(f"{subject}: {text}")
     return tuple(out)
 
 
-def _suffix(j: int, per: int) -> str:
-    return "" if per == 1 else "abcdefghijklmnopqrstuvwxyz"[j] if j < 26 else f"-{j}"
-
-
-def _gpu_memory(req: PlanRequest) -> tuple[int, str, str | None]:
-    """(bytes, where that came from, GPU kind) - explicit flags first, then the node's GPUs."""
-    if req.gpu_memory_bytes:
-        return req.gpu_memory_bytes, "--gpu-mem-gib", gpu_kind(req.gpu) if req.gpu else None
-    if req.gpu:
-        kind = gpu_kind(req.gpu)
-        if kind is None:
-            raise PlanError(
-                f"--gpu {req.gpu!r}: unknown; use one of {', '.join(KNOWN_GPUS)} or --gpu-mem-gib G"
-            )
-        return KNOWN_GPUS[kind][1], f"{kind} (--gpu)", kind
-    memory = req.node.gpu_memory_bytes
-    if memory:
-        names = req.node.gpu_names
-        kind = gpu_kind(names[0]) if names else None
-        return memory, f"{', '.join(sorted(names)) or 'GPU'} (this node)", kind
-    raise PlanError(
-        "no GPU found on this node to size the plan: give --gpu "
-        + "|".join(KNOWN_GPUS)
-        + " or --gpu-mem-gib G"
-    )
-
-
 def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | None = None) -> Plan:
     """Plan `req`: the layout and its budget (check `plan.ok`; `problems` say what to change).
+
+    The stages `--explain` prints (weights, KV bytes per token by layer kind, the budget of one
+    GPU, placement: vsup.layout.planstages), then the layout and the time-sharing checks.
 
     `base_dir` resolves a relative local model path (the working directory by default);
     `out_path` is where the layout will be written (its relative model path is rewritten for it).
     """
     base_dir = base_dir or Path.cwd()
-    if req.per_gpu < 1 or req.per_gpu > 26:
-        raise PlanError(f"--per-gpu {req.per_gpu}: use 1 to 26 instances per GPU")
-    if req.tp < 1:
-        raise PlanError(f"--tp {req.tp}: use 1 or more")
-    if req.dp < 1:
-        raise PlanError(f"--dp {req.dp}: use 1 or more")
-    if not req.gpus:
-        raise PlanError("--gpus: name at least one GPU")
-    if any(g < 0 for g in req.gpus):
-        raise PlanError("--gpus: GPU indices start at 0")
-    group_size = req.tp * req.dp
-    if len(req.gpus) % group_size:
-        what = f"--tp {req.tp}" + (f" x --dp {req.dp}" if req.dp > 1 else "")
-        raise PlanError(
-            f"{what} = {group_size} GPUs per instance does not divide the {len(req.gpus)} GPUs "
-            f"given: use a multiple of {group_size} GPUs"
-        )
-    if not 0 < req.utilization <= MAX_GPU_UTILIZATION_SUM:
-        raise PlanError(
-            f"--utilization {req.utilization}: use a value in (0, {MAX_GPU_UTILIZATION_SUM}]"
-        )
-    if req.time_share and req.per_gpu < 2:
-        raise PlanError(
-            "--time-share: give --per-gpu 2 or more (the instances that take turns on each GPU)"
-        )
-    if req.sleep_level not in SLEEP_LEVELS:
-        raise PlanError(f"--sleep-level {req.sleep_level}: use 1 or 2")
-    if req.dtype and dtype_bytes(req.dtype) is None:
-        raise PlanError(
-            f"--dtype {req.dtype!r}: unknown; use bfloat16, float16, float32, fp8, int8, int4, "
-            "awq or gptq"
-        )
-    if is_local_model(req.model) and not Path(resolve_model_path(req.model, base_dir)).is_dir():
-        raise PlanError(f"--model {req.model}: no such directory")
-    info = model_info(req.model, base_dir, params=req.params, dtype=req.dtype, hub=req.hub)
-    if info.config is None and info.safetensors is None and not (req.params and req.dtype):
-        why = info.missing or f"{req.model} has no local files here (no config.json)"
-        raise PlanError(
-            f"{why}. Or give --params B (billions) and --dtype D (e.g. --params 8 --dtype "
-            "bfloat16), or point --model at a local directory"
-        )
-    gpu_mem, gpu_source, kind = _gpu_memory(req)
-    weights, weight_source = info.weight_bytes()
-    notes: list[str] = []
-    if weights is None:
-        raise PlanError(f"cannot size {req.model}'s weights: {weight_source}")
-    if req.max_model_len:
-        max_len, max_len_source = req.max_model_len, "--max-model-len"
-    elif info.max_position_embeddings:
-        max_len, max_len_source = (
-            info.max_position_embeddings,
-            "the model's max_position_embeddings",
-        )
-    else:
-        max_len, max_len_source = (
-            FALLBACK_MAX_MODEL_LEN,
-            "default (no config: pass --max-model-len)",
-        )
-    layout_kv = info.kv_layout(req.kv_cache_dtype, req.tp)
-    per_token = layout_kv.bytes_per_token if layout_kv is not None else None
-    per_token = per_token or None
-    if per_token is None:
-        kv_source = "unknown without the model's config.json"
-        notes.append(
-            "KV tokens are unknown: the model's config.json is needed for the KV bytes per token"
-        )
-    else:
-        kv_source = _kv_source(info, layout_kv, req)  # type: ignore[arg-type]
-    if req.dp > 1 and info.is_moe:
+    check_request(req)
+    info = model_facts(req, base_dir)
+    gpu = gpu_memory(req)
+    weights = model_weights(req, info)
+    context = context_length(req, info)
+    kv = kv_per_token(req, info)
+    profiles, profile_notes = _profiles(req, gpu.kind)
+    budget = budget_per_gpu(req, gpu, weights, kv, context)
+    seats = place(req)
+    budgets = tuple(_instance_budget(req, seat, budget) for seat in seats)
+    # every instance has the same budget: its problem is theirs, said once (_grouped)
+    problems = [(s.name, s.gpus, budget.problem) for s in seats if budget.problem]
+    host_memory, host_source = _host_memory(req)
+    time_problems, time_notes = _time_share_checks(
+        budgets, weights.bytes, gpu.bytes, host_memory, host_source
+    )
+    layout = _layout(req, info, seats, budget.utilization, context, profiles, base_dir)
+    shared = [TIME_SHARE_NOTE] if req.time_share else []
+    notes = [*kv.notes, *_parallel_notes(req, info), *profile_notes, *shared, *time_notes]
+    return Plan(
+        layout=layout if out_path is None else layout.relocated(out_path),
+        budgets=budgets,
+        info=info,
+        weight_bytes=weights.bytes,
+        weight_source=weights.source,
+        kv_bytes_per_token=kv.bytes,
+        kv_source=kv.source,
+        max_model_len=context.tokens,
+        max_model_len_source=context.source,
+        gpu_memory_bytes=gpu.bytes,
+        gpu_memory_source=gpu.source,
+        notes=tuple(notes),
+        problems=_grouped([*problems, *time_problems]),
+        kv_layout=kv.layout,
+        tp=req.tp,
+        dp=req.dp,
+        host_memory_bytes=host_memory,
+        host_memory_source=host_source,
+    )
+
+
+def _instance_budget(req: PlanRequest, seat: Seat, m: GpuBudget) -> InstanceBudget:
+    return InstanceBudget(
+        seat.name,
+        seat.gpus,
+        seat.port,
+        req.tp,
+        m.utilization,
+        m.budget,
+        m.weights,
+        m.overhead,
+        m.kv,
+        m.tokens,
+        m.concurrency,
+        req.dp,
+        seat.group if req.time_share else None,
+        req.sleep_level if req.time_share else None,
+    )
+
+
+TIME_SHARE_NOTE = (
+    "time-shared: the instances of each GPU are one swap group, one awake at a time "
+    "(vsup sleep / wake / swap; docs/sleep.md); they listen on 127.0.0.1 because sleep "
+    "mode's endpoints are vLLM's dev-mode ones: put a router in front for clients"
+)
+
+
+def _profiles(req: PlanRequest, kind: str | None) -> tuple[list[str], list[str]]:
+    """The profiles the layout lists (the GPU's platform profile unless given), and a note."""
+    if req.profiles is not None:
+        return list(req.profiles), []
+    if kind and kind in PLATFORM_PROFILES:
+        profile = PLATFORM_PROFILES[kind]
+        return [profile], [f"profile {profile} chosen for {kind}; pass --profile to choose others"]
+    return [], []
+
+
+def _parallel_notes(req: PlanRequest, info: ModelInfo) -> list[str]:
+    if req.dp <= 1:
+        return []
+    notes = []
+    if info.is_moe:
         notes.append(
             "a mixture-of-experts model with --dp: the layout sets enable-expert-parallel, so the "
             "experts spread over all TP x DP GPUs; the weights per GPU below count each rank "
             "holding all of them / TP (an upper bound)"
         )
-    if req.dp > 1:
-        notes.append(
-            f"each instance is one vLLM server with {req.dp} data-parallel ranks behind one port: "
-            "vsup supervises it as one process group (a dead rank takes the instance down and "
-            "vsup restarts it whole; docs/layout.md)"
-        )
-    profiles = list(req.profiles) if req.profiles is not None else []
-    if req.profiles is None and kind and kind in PLATFORM_PROFILES:
-        profiles = [PLATFORM_PROFILES[kind]]
-        notes.append(f"profile {profiles[0]} chosen for {kind}; pass --profile to choose others")
+    notes.append(
+        f"each instance is one vLLM server with {req.dp} data-parallel ranks behind one port: "
+        "vsup supervises it as one process group (a dead rank takes the instance down and "
+        "vsup restarts it whole; docs/layout.md)"
+    )
+    return notes
 
-    groups = [list(req.gpus[i : i + group_size]) for i in range(0, len(req.gpus), group_size)]
-    # time-shared: whichever member is awake has the whole share
-    share = req.utilization if req.time_share else split_utilization(req.utilization, req.per_gpu)
-    if share <= 0:
-        raise PlanError(
-            f"--per-gpu {req.per_gpu} leaves each instance no memory: use fewer per GPU"
-        )
-    tables: list[dict[str, Any]] = []
-    budgets: list[InstanceBudget] = []
-    # (instance, its GPUs, what is wrong): instances alike share a problem, said once
-    problems: list[tuple[str, tuple[int, ...], str]] = []
-    port = req.port_base
-    for k, group in enumerate(groups):
-        if req.tp == 1 and req.dp == 1:
-            base = f"gpu{group[0]}"
-        elif req.dp == 1:
-            base = f"tp{req.tp}-{k}"
-        elif req.tp == 1:
-            base = f"dp{req.dp}-{k}"
-        else:
-            base = f"tp{req.tp}dp{req.dp}-{k}"
-        for j in range(req.per_gpu):
-            name = base + _suffix(j, req.per_gpu)
-            if not 1 <= port <= 65535:
-                raise PlanError(
-                    f"--port-base {req.port_base}: instance {name} would get port {port}; lower "
-                    "--port-base"
-                )
-            table: dict[str, Any] = {
-                "name": name,
-                "gpus": list(group),
-                "port": port,
-                "gpu_memory_utilization": share,
-            }
-            if req.time_share:
-                table["swap_group"] = base
-                table["sleep"] = {"level": req.sleep_level}
-            tables.append(table)
-            budget = int(share * gpu_mem)
-            w = weights // req.tp
-            over = overhead_bytes(req.tp)
-            kv = budget - w - over
-            tokens = (
-                layout_kv.tokens(
-                    kv, max_len, GPU_BLOCK_SIZE, in_flight_tokens(DEFAULT_BATCHED_TOKENS_GPU, True)
-                )
-                if layout_kv is not None and per_token
-                else None
-            )
-            conc = tokens * req.dp / max_len if tokens is not None else None
-            budgets.append(
-                InstanceBudget(
-                    name,
-                    tuple(group),
-                    port,
-                    req.tp,
-                    share,
-                    budget,
-                    w,
-                    over,
-                    kv,
-                    tokens,
-                    conc,
-                    req.dp,
-                    base if req.time_share else None,
-                    req.sleep_level if req.time_share else None,
-                )
-            )
-            if kv <= 0:
-                problems.append(
-                    (
-                        name,
-                        tuple(group),
-                        f"{share:g} of {gpu_mem / GIB:.0f} GiB = {budget / GIB:.1f} GiB cannot "
-                        f"hold {w / GIB:.1f} GiB of weights plus {over / GIB:.1f} GiB overhead: "
-                        "use fewer instances per GPU (--per-gpu), a larger --tp, or a quantized "
-                        "model",
-                    )
-                )
-            elif tokens is not None and tokens < max_len:
-                problems.append(
-                    (
-                        name,
-                        tuple(group),
-                        f"its KV cache holds {tokens} tokens"
-                        + (" per data-parallel rank" if req.dp > 1 else "")
-                        + f", less than one request of max-model-len {max_len}: lower "
-                        f"--max-model-len (to {tokens} or less), use fewer instances per GPU, a "
-                        "larger --tp, or --kv-cache-dtype fp8",
-                    )
-                )
-            port += 1
-    args: dict[str, Any] = {"max-model-len": max_len}
+
+def _layout(
+    req: PlanRequest,
+    info: ModelInfo,
+    seats: Sequence[Seat],
+    share: float,
+    context: ContextLength,
+    profiles: list[str],
+    base_dir: Path,
+) -> Layout:
+    header = _header(req, len(seats))
+    if profiles:
+        header["profiles"] = profiles
+    defaults: dict[str, Any] = {"model": req.model, "args": _args(req, info, context)}
+    if req.time_share:
+        # sleep mode's endpoints are vLLM's dev-mode ones: loopback only (docs/layout.md)
+        defaults["host"] = "127.0.0.1"
+    tables = [_instance_table(req, seat, share) for seat in seats]
+    return Layout.from_tables(tables, defaults=defaults, header=header, path=base_dir / "plan.toml")
+
+
+def _instance_table(req: PlanRequest, seat: Seat, share: float) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "name": seat.name,
+        "gpus": list(seat.gpus),
+        "port": seat.port,
+        "gpu_memory_utilization": share,
+    }
+    if req.time_share:
+        table["swap_group"] = seat.group
+        table["sleep"] = {"level": req.sleep_level}
+    return table
+
+
+def _args(req: PlanRequest, info: ModelInfo, context: ContextLength) -> dict[str, Any]:
+    args: dict[str, Any] = {"max-model-len": context.tokens}
     if req.tp > 1:
         args["tensor-parallel-size"] = req.tp
     if req.dp > 1:
@@ -441,69 +304,18 @@ def make_plan(req: PlanRequest, base_dir: Path | None = None, out_path: Path | N
             args["enable-expert-parallel"] = True
     if req.kv_cache_dtype:
         args["kv-cache-dtype"] = req.kv_cache_dtype
+    return args
+
+
+def _header(req: PlanRequest, instances: int) -> dict[str, Any]:
     shape = f"TP{req.tp}" + (f" x DP{req.dp}" if req.dp > 1 else "")
-    header: dict[str, Any] = {
-        "name": req.name
-        or f"{_slug(req.model)}-{len(tables)}x-tp{req.tp}" + (f"dp{req.dp}" if req.dp > 1 else ""),
+    dp = f"dp{req.dp}" if req.dp > 1 else ""
+    per = "GPU" if req.tp * req.dp == 1 else "group"
+    return {
+        "name": req.name or f"{_slug(req.model)}-{instances}x-tp{req.tp}{dp}",
         "description": f"vsup plan: {req.model} on GPUs {','.join(map(str, req.gpus))}, "
-        f"{req.per_gpu} per {'GPU' if group_size == 1 else 'group'}, {shape}",
+        f"{req.per_gpu} per {per}, {shape}",
     }
-    if profiles:
-        header["profiles"] = profiles
-    defaults: dict[str, Any] = {"model": req.model, "args": args}
-    host_memory, host_source = _host_memory(req)
-    if req.time_share:
-        # sleep mode's endpoints are vLLM's dev-mode ones: loopback only (docs/layout.md)
-        defaults["host"] = "127.0.0.1"
-        notes.append(
-            "time-shared: the instances of each GPU are one swap group, one awake at a time "
-            "(vsup sleep / wake / swap; docs/sleep.md); they listen on 127.0.0.1 because sleep "
-            "mode's endpoints are vLLM's dev-mode ones: put a router in front for clients"
-        )
-    time_problems, time_notes = _time_share_checks(
-        budgets, weights, gpu_mem, host_memory, host_source
-    )
-    problems += time_problems
-    notes += time_notes
-    layout = Layout.from_tables(
-        tables, defaults=defaults, header=header, path=base_dir / "plan.toml"
-    )
-    if out_path is not None:
-        layout = layout.relocated(out_path)
-    return Plan(
-        layout=layout,
-        budgets=tuple(budgets),
-        info=info,
-        weight_bytes=weights,
-        weight_source=weight_source,
-        kv_bytes_per_token=per_token,
-        kv_source=kv_source,
-        max_model_len=max_len,
-        max_model_len_source=max_len_source,
-        gpu_memory_bytes=gpu_mem,
-        gpu_memory_source=gpu_source,
-        notes=tuple(notes),
-        problems=_grouped(problems),
-        kv_layout=layout_kv,
-        tp=req.tp,
-        dp=req.dp,
-        host_memory_bytes=host_memory,
-        host_memory_source=host_source,
-    )
-
-
-def _tenants(budgets: Sequence[InstanceBudget], weights: int | None) -> list[Tenant]:
-    return [
-        Tenant(
-            b.name,
-            b.gpus,
-            b.utilization,
-            swap_group=b.swap_group,
-            sleep_level=b.sleep_level,
-            weight_bytes=weights * b.dp if b.sleep_level == 1 and weights is not None else None,
-        )
-        for b in budgets
-    ]
 
 
 def _host_memory(req: PlanRequest) -> tuple[int | None, str]:
@@ -523,9 +335,8 @@ def _time_share_checks(
 ) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
     """A swap group's GPU (its largest member and the sleepers' remainders) and the level-1
     sleepers' host RAM: what `vsup validate` would refuse, refused here with advice."""
-    tenants = _tenants(budgets, weights)
+    tenants = tenants_of(budgets, weights)
     problems: list[tuple[str, tuple[int, ...], str]] = []
-    notes: list[str] = []
     seen: set[str] = set()
     for share in gpu_shares(tenants, gpu_mem):
         if not share.groups or share.total <= MAX_GPU_UTILIZATION_SUM + 1e-9:
@@ -545,6 +356,17 @@ def _time_share_checks(
                 f"lower --utilization to {fits:g} or use fewer instances per GPU",
             )
         )
+    host_problems, notes = _host_ram_checks(tenants, host_memory, host_source)
+    return problems + host_problems, notes
+
+
+def _host_ram_checks(
+    tenants: Sequence[Tenant], host_memory: int | None, host_source: str
+) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
+    """The level-1 sleepers' weights in host RAM: refused above HOST_RAM_ERROR_SHARE of it,
+    a note above HOST_RAM_WARN_SHARE."""
+    problems: list[tuple[str, tuple[int, ...], str]] = []
+    notes: list[str] = []
     need = host_ram_need(tenants)
     if need.sleepers and host_memory:
         total = need.bytes
@@ -568,261 +390,3 @@ def _time_share_checks(
         elif total > HOST_RAM_WARN_SHARE * host_memory:
             notes.append(f"{text}: above {HOST_RAM_WARN_SHARE:.0%}, a large part of the node")
     return problems, notes
-
-
-def _kv_source(info: ModelInfo, kv: KVLayout, req: PlanRequest) -> str:
-    """How the KV bytes per token follow from the config, in words."""
-    width = kv.width
-    if info.is_mla:
-        rope = info.arch.get("qk_rope_head_dim") or 0
-        per_layer = f"MLA: (kv_lora_rank {info.kv_lora_rank} + qk_rope_head_dim {rope}) x {width}"
-        per_layer += " bytes per layer, the same on every TP rank"
-    else:
-        kv_per_rank = max(1, (info.num_kv_heads or 1) // req.tp)
-        per_layer = (
-            f"{kv_per_rank} KV heads x {info.head_dim} head dim x 2 x {width} bytes per layer"
-        )
-    text = f"{kv.describe()}; {per_layer}"
-    if len(kv.groups) > 1:
-        size = kv.groups[0].size
-        text += (
-            f"; vLLM groups them {len(kv.groups)} ways of {size} layers sharing one block pool, so "
-            f"a token slot is {size} layers, not all {sum(kv.kinds.values())}, and a windowed "
-            "request holds only its window's blocks"
-        )
-    if kv.state_bytes_per_sequence:
-        text += (
-            f"; linear layers keep {kv.state_bytes_per_sequence / 2**20:.1f} MiB of state per "
-            "sequence besides"
-        )
-    for note in kv.notes:
-        text += f"; {note}"
-    return text
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / GIB:.2f}"
-
-
-def render_budget(plan: Plan) -> str:
-    """The per-GPU memory budget as a text table, with where each figure came from."""
-    info = plan.info
-    lines = []
-    params = info.params
-    p = f"{params / 1e9:.2f}B params ({info.params_source})" if params else "parameters unknown"
-    lines.append(f"model      {info.model}: {p}")
-    if info.source:
-        lines.append(f"files      {info.source}")
-    lines.append(f"weights    {_gib(plan.weight_bytes)} GiB ({plan.weight_source})")
-    if plan.kv_bytes_per_token:
-        lines.append(
-            f"KV cache   {plan.kv_bytes_per_token / 1024:.1f} KiB per token per GPU "
-            f"({plan.kv_source})"
-        )
-    else:
-        lines.append(f"KV cache   bytes per token {plan.kv_source}")
-    lines.append(
-        f"GPU        {plan.gpu_memory_bytes / GIB:.1f} GiB each ({plan.gpu_memory_source})"
-    )
-    lines.append(f"max len    {plan.max_model_len} tokens ({plan.max_model_len_source})")
-    lines.append(
-        f"overhead   {OVERHEAD_BYTES / GIB:.1f} GiB per instance per GPU "
-        f"(+{COMM_OVERHEAD_BYTES / GIB:.1f} GiB for TP>1): an estimate"
-    )
-    lines.append("")
-    dp = plan.dp > 1
-    head = (
-        "GPU",
-        "instance",
-        "port",
-        "TP",
-        *(("DP",) if dp else ()),
-        "util",
-        "budget GiB",
-        "weights GiB",
-        "overhead GiB",
-        "KV GiB",
-        "KV tokens" + (" per rank" if dp else ""),
-        f"max conc @{plan.max_model_len}",
-    )
-    rows = []
-    by_gpu: dict[int, list[InstanceBudget]] = {}
-    for b in plan.budgets:
-        for g in b.gpus:
-            by_gpu.setdefault(g, []).append(b)
-    shares = plan.gpu_shares()
-    for g in sorted(by_gpu):
-        for b in by_gpu[g]:
-            rows.append(
-                (
-                    str(g),
-                    b.name,
-                    str(b.port),
-                    str(b.tp),
-                    *((str(b.dp),) if dp else ()),
-                    f"{b.utilization:.2f}",
-                    _gib(b.budget_bytes),
-                    _gib(b.weight_bytes),
-                    _gib(b.overhead_bytes),
-                    _gib(b.kv_bytes),
-                    "?" if b.kv_tokens is None else f"{b.kv_tokens:,}",
-                    "?" if b.max_concurrency is None else f"{b.max_concurrency:.1f}x",
-                )
-            )
-        total = shares[g].total
-        first = ("", f"(GPU {g} total)", "", "", *([""] if dp else []), f"{total:.2f}")
-        rows.append((*first, *[""] * (len(head) - len(first))))
-    lines += _table(head, rows, left={1})
-    groups = plan.swap_groups()
-    if groups:
-        lines.append("")
-        lines.append(
-            "swap groups (a GPU's total counts each group by its largest member, plus "
-            f"{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB per sleeper)"
-        )
-        lines += [f"  {g.describe(plan.gpu_memory_bytes)}" for g in groups]
-    for n in plan.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines) + "\n"
-
-
-def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    return [
-        "  ".join(
-            c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)
-        ).rstrip()
-        for r in (head, *rows)
-    ]
-
-
-def render_explain(plan: Plan) -> str:
-    """`vsup plan --explain`: each GPU's memory, item by item, and why each number is what it is.
-    GPUs whose instances have the same figures are shown once."""
-    out: list[str] = []
-    by_gpu: dict[int, list[InstanceBudget]] = {}
-    for b in plan.budgets:
-        for g in b.gpus:
-            by_gpu.setdefault(g, []).append(b)
-    shares = plan.gpu_shares()
-    seen: dict[tuple, list[int]] = {}
-    for g in sorted(by_gpu):
-        key = tuple(
-            (b.utilization, b.weight_bytes, b.overhead_bytes, b.kv_bytes) for b in by_gpu[g]
-        )
-        seen.setdefault(key, []).append(g)
-    mem = plan.gpu_memory_bytes
-    for gpus in seen.values():
-        tenants = by_gpu[gpus[0]]
-        names = ", ".join(b.name for b in tenants)
-        label = "GPU " + _ranges(gpus)
-        out.append(
-            f"{label}: {mem / GIB:.1f} GiB ({plan.gpu_memory_source}); "
-            f"{len(tenants)} instance(s) per GPU" + (f": {names}" if len(tenants) > 1 else "")
-        )
-        rows: list[tuple[str, str, str]] = []
-        for b in tenants:
-            prefix = f"{b.name}: " if len(tenants) > 1 else ""
-            rows += _explain_rows(plan, b, prefix)
-        share = shares[gpus[0]]
-        for group in share.groups:
-            rows.append(
-                (
-                    f"swap group {group.group}: sleepers",
-                    _gib(int(group.sleepers * group.reserve * mem)),
-                    f"one of {len(group.members)} members awake (its budget above counts once, "
-                    f"not {len(group.members)} times); {group.sleepers} asleep, each keeping "
-                    f"~{SLEEPER_RESERVE_BYTES / GIB:.0f} GiB (CUDA context, graphs)",
-                )
-            )
-        rows.append(
-            (
-                "not given to vLLM",
-                _gib(mem - _used_bytes(share, tenants, mem)),
-                f"1 - {share.total:.2f} of the GPU: outside every "
-                "instance's gpu_memory_utilization (the driver's own use, other processes, "
-                "headroom)",
-            )
-        )
-        out += _table(("item", "GiB", "why"), rows, left={0, 2})
-        out.append("")
-    return "\n".join(out)
-
-
-def _used_bytes(share: GpuShare, tenants: Sequence[InstanceBudget], mem: int) -> int:
-    """What one GPU's instances may hold at once: the solo budgets, and per swap group its
-    largest member's budget and its sleepers' remainders."""
-    budget = {b.name: b.budget_bytes for b in tenants}
-    used = sum(budget[t.name] for t in share.solo)
-    for group in share.groups:
-        used += max(budget[t.name] for t in group.members)
-        used += int(group.sleepers * group.reserve * mem)
-    return used
-
-
-def _explain_rows(plan: Plan, b: InstanceBudget, prefix: str) -> list[tuple[str, str, str]]:
-    mem = plan.gpu_memory_bytes
-    rows = [
-        (
-            f"{prefix}budget",
-            _gib(b.budget_bytes),
-            f"gpu_memory_utilization {b.utilization:.2f} x {mem / GIB:.1f} GiB: all vLLM may use "
-            "on this GPU (weights, activations and graphs, KV cache)",
-        )
-    ]
-    tp_note = f" / TP {b.tp}: each GPU of a TP group holds 1/{b.tp}" if b.tp > 1 else ""
-    dp_note = "; every DP rank holds its own copy" if b.dp > 1 else ""
-    rows.append(
-        (
-            f"{prefix}weights",
-            _gib(b.weight_bytes),
-            f"{_gib(plan.weight_bytes)} GiB from {plan.weight_source}{tp_note}{dp_note}",
-        )
-    )
-    rows.append(
-        (
-            f"{prefix}activation/graph reserve",
-            _gib(b.overhead_bytes),
-            f"an estimate: {OVERHEAD_BYTES / GIB:.1f} GiB for the peak activations of a "
-            "max-num-batched-tokens step, CUDA/HIP graphs and allocator slack"
-            + (
-                f", +{COMM_OVERHEAD_BYTES / GIB:.1f} GiB of TP communication buffers"
-                if b.tp > 1
-                else ""
-            )
-            + "; vLLM measures the real figure by profiling at start-up and gives the KV cache the "
-            "rest",
-        )
-    )
-    if b.kv_tokens is not None and plan.kv_bytes_per_token and plan.kv_layout is not None:
-        kv = plan.kv_layout
-        per_req = kv.blocks_per_request(
-            plan.max_model_len, plan.block_size, in_flight_tokens(plan.batched_tokens, True)
-        )
-        blocks = max(0, int((b.kv_bytes or 0) // (plan.kv_bytes_per_token * plan.block_size)))
-        why = (
-            f"what is left: budget - weights - reserve = {blocks:,} blocks of {plan.block_size} "
-            f"tokens x {plan.kv_bytes_per_token / 1024:.1f} KiB per token; a "
-            f"{plan.max_model_len:,}-token request takes {per_req:,} blocks, so vLLM reports "
-            f"{b.kv_tokens:,} tokens"
-        )
-        if b.dp > 1:
-            why += f" per rank ({b.instance_kv_tokens:,} for the instance's {b.dp} ranks)"
-        why += f", {b.max_concurrency:.1f} full-length requests at once"
-    else:
-        why = "what is left: budget - weights - reserve (tokens unknown without a config.json)"
-    rows.append((f"{prefix}KV cache", _gib(b.kv_bytes), why))
-    return rows
-
-
-def _ranges(gpus: list[int]) -> str:
-    out = []
-    start = prev = gpus[0]
-    for g in [*gpus[1:], None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if g is not None:
-            start = prev = g
-    return ",".join(out)

@@ -4,8 +4,16 @@ One scenario, because each vLLM start costs ~30 s and 2 GiB here:
 two `vsup up --detach --wait` at once start one daemon and two instances; SIGKILL of the daemon
 leaves the instances serving; the next `vsup status` starts a daemon that re-adopts them (same
 pid, still ready, no restart counted); an instance killed while no daemon watched is found
-vanished and restarted; an adopted instance's later death is detected and restarted; real
-telemetry reaches `status` and the Prometheus export; `vsup down` leaves no process behind.
+vanished and restarted; an adopted instance's later death is detected and its restart scheduled
+and queued behind its co-tenant's start; real telemetry reaches `status` and the Prometheus
+export; `vsup down` leaves no process behind.
+
+vLLM runs in one-process mode (VLLM_ONE_PROCESS, tests/conftest.py `vllm_env`): API server +
+`VLLM::EngineCore` with the model worker inside, the tree of a GPU server at TP1. What is
+adopted, watched and swept here is the API server's process group, and that tree still has a
+child the SIGKILL of the server orphans (the EngineCore), which `vsup down` must not leave
+behind. The three-level CPU tree (a `VLLM::Worker` under the EngineCore) stays covered by
+tests/integration/engine/test_vllm.py (its sweep) and test_cpu_node_vllm.py.
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ import httpx
 import psutil
 import pytest
 
+from vsup.control.client import Client
+
 from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = pytest.mark.vllm
+VLLM_ONE_PROCESS = True
 
 
 vsup = partial(run_vsup, timeout=120)
@@ -126,8 +137,9 @@ def group_alive(pgid: int) -> list[int]:
     return left
 
 
-# Four vLLM starts (two at once, a vanished one, a killed adopted one): its own waits (300 s for
-# `up`, 240 s for a restart) exceed the suite's 300 s default on a loaded 2-core machine.
+# Three vLLM starts (two at once, a vanished one; the killed adopted one is stopped while it
+# waits for its turn): its own waits (300 s for `up`, 120 s for an exit) exceed the suite's
+# 300 s default on a loaded 2-core machine.
 @pytest.mark.timeout(900)
 def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_path):
     home = vsup_home
@@ -232,16 +244,47 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
             and (e["kind"] == "unhealthy" or (e["kind"] == "state" and e.get("to") == "unhealthy"))
         ], between
 
-        # restarted by its policy: a new process of the next run, spawned once cpu1 (its
-        # co-tenant on the CPU, restarting since the re-adoption) is ready. That a restarted
-        # vLLM becomes ready again is test_vllm's; waiting for it here cost a whole start.
-        def cpu0_restarted():
-            i = {x["name"]: x for x in status(home)["instances"]}["cpu0"]
-            return i if i["pid"] not in (None, pids["cpu0"]) else None
+        # Restarted by its policy: scheduled at the exit, then queued behind cpu1's start
+        # (restarting since the re-adoption, a vLLM start of 20 s or more), which holds the
+        # device `cpu`: first for the stop turn that sweeps what the SIGKILL left of its run
+        # (its EngineCore, orphaned), then for its start turn. Queued there, the adopted
+        # instance's runner is in the loop every instance runs after an exit; a spawn and a
+        # restarted vLLM's return to ready are test_vllm's (after a SIGKILL) and
+        # test_stall_vllm's (after a stall restart). Waiting for the spawn here cost cpu1's
+        # whole start. `vsup down` then has to sweep those orphans (checked below).
+        def scheduled():
+            return [
+                e
+                for e in journal(home)[before_kill:]
+                if e["kind"] == "restart_scheduled" and e["instance"] == "cpu0"
+            ]
 
-        back = wait_for(cpu0_restarted, 400, "cpu0 to be restarted", interval=0.5)
-        assert back["restarts"] == restarts["cpu0"] + 1
-        assert back["state"] in ("starting", "ready")
+        plan = wait_for(scheduled, 30, "cpu0's restart to be scheduled")[0]
+        after = journal(home)[before_kill:]
+        assert after.index(plan) > after.index(seen), after  # decided at the exit
+        assert plan["reason"] == seen["reason"], plan
+
+        def queued_or_spawned():
+            with Client(home) as client:
+                i = {x["name"]: x for x in client.status()["instances"]}
+            c0 = i["cpu0"]
+            if c0["pid"] is None and "cpu1" in ((c0["wait"] or {}).get("instances") or []):
+                return i
+            return i if c0["pid"] not in (None, pids["cpu0"]) else None
+
+        now = wait_for(queued_or_spawned, 120, "cpu0's restart to queue or spawn", interval=0.5)
+        back = now["cpu0"]
+        if back["pid"] is None:
+            # queued: not spawned (a restart is counted at its spawn), waiting for cpu1's start
+            assert back["state"] in ("backoff", "starting"), now
+            assert back["wait"]["kind"] == "co_tenant", now
+            assert back["last_exit"]["reason"] == seen["reason"], now
+            assert back["restarts"] == restarts["cpu0"], now
+            assert now["cpu1"]["state"] == "starting", now
+        else:
+            # cpu1 was ready before cpu0's turn came: spawned at once, as the next run
+            assert back["restarts"] == restarts["cpu0"] + 1, now
+            assert back["state"] in ("starting", "ready"), now
 
         # `vsup down`: every instance stopped, the daemon gone, no process left.
         doc = status(home)

@@ -23,6 +23,13 @@ test's own view of the requests (it is taken from before they were sent, or from
 last progress the test saw); every assertion says what was seen (the status keys, /health's
 answers, the journal's stall events), so a failure reads from CI output alone.
 
+vLLM runs in one-process mode (VLLM_ONE_PROCESS, tests/conftest.py `vllm_env`): API server +
+`VLLM::EngineCore` with the model worker inside, the process tree of a GPU server at TP1. The
+frozen process is then the engine itself, forward pass included, as a hung GPU engine at TP1
+is; the CPU build's default tree adds a `VLLM::Worker` under the EngineCore, which a freeze of
+the EngineCore left running (waiting for its next step). The freeze under load waits for the
+EngineCore's own CPU share, which in this mode is the model's work.
+
 The long-prefill rule is checked on a real vLLM's figures replayed (tests/unit/telemetry/
 test_stall.py, tests/fixtures/vllm-0.32-cpu/prefill_slowed.txt) and on the emulator
 (tests/unit/control/test_stall_daemon.py): slowing the tiny model's prefill here takes SIGSTOP
@@ -50,6 +57,7 @@ from vsup.control.client import Client
 from tests.conftest import free_port, run_vsup
 
 pytestmark = pytest.mark.vllm
+VLLM_ONE_PROCESS = True
 STALL_AFTER_S = 5
 
 

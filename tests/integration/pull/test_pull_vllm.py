@@ -68,7 +68,7 @@ hf_token_env = "MY_HUB_TOKEN"
 command = {cmd}
 host = "127.0.0.1"
 args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", VLLM_ENABLE_V1_MULTIPROCESSING = "0" }}
 start_timeout_s = 600
 
 [[instance]]
@@ -77,6 +77,11 @@ gpus = []
 port = {port}
 """
     )
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 (one-process mode, tests/conftest.py `vllm_env`): the
+    # worker runs inside the EngineCore, a vLLM import less per start; what is tested is the
+    # start from the pulled snapshot, and the engine is still a process of its own whose
+    # environment is checked below.
+
     # the daemon (started by `vsup up`) inherits both: the token the layout names, and a
     # huggingface_hub default the hub refuses for this model (the pull must not use it)
     monkeypatch.setenv("MY_HUB_TOKEN", TOKEN)

@@ -83,12 +83,14 @@ def wait_ready(
     names: list[str],
     timeout: float,
     progress: Progress,
-    interval: float = 0.5,
+    interval: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[bool, dict[str, Any]]:
     """Poll status until every named instance is ready (True) or one failed or the time is up
-    (False). Returns the outcome and the last status document."""
+    (False). Returns the outcome and the last status document. A status is a few ms of the
+    daemon's time: asked every 0.2 s, a ready instance is reported within a fifth of a second
+    (it was 0.5 s: each `--wait` came a quarter of a second late on average)."""
     deadline = clock() + timeout
     t0 = clock()
     doc: dict[str, Any] = {}

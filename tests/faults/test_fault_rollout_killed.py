@@ -22,7 +22,7 @@ def layout(ports: dict[str, int], say: str) -> str:
     # the emulator always reports a request running: each drain lasts drain_timeout_s
     return emulator_layout(
         ports,
-        extra_header="max_unavailable = 1\ndrain_timeout_s = 3",
+        extra_header="max_unavailable = 1\ndrain_timeout_s = 1.5",
         args=f'args = {{ say = "{say}" }}',
     )
 

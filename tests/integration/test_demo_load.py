@@ -28,7 +28,7 @@ from tests.unit.control.helpers import EMULATOR, free_port
 pytestmark = pytest.mark.timeout(180)
 
 
-def layout_text(ports: dict[str, int], idle: Path) -> str:
+def layout_text(ports: dict[str, int], idle: Path, b_start: Path) -> str:
     emulator = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]
 name = "demo-load"
@@ -44,8 +44,9 @@ drain_timeout_s = 1
 restart = {{ policy = "on-failure", backoff_s = 0.2, backoff_max_s = 1, stable_s = 60, max_failures = 3 }}
 """
     for name, port in ports.items():
-        # b's start takes 8 s: long enough to see the load paused for it
-        startup = ", startup-s = 8" if name == "b" else ""
+        # b's start takes what b_start says: 0 s for the first, 8 s for the restart (long
+        # enough to see the load paused for it)
+        startup = f', startup-s-file = "{b_start}"' if name == "b" else ""
         text += f"""
 [[instance]]
 name = "{name}"
@@ -70,7 +71,9 @@ def test_the_demo_load_pauses_while_an_instance_starts(vsup_home: Path, tmp_path
     idle = tmp_path / "idle.mode"
     idle.write_text("idle")
     layout = tmp_path / "demo-load.toml"
-    layout.write_text(layout_text(ports, idle))
+    b_start = tmp_path / "b-startup-s"
+    b_start.write_text("0")
+    layout.write_text(layout_text(ports, idle, b_start))
     up = run_vsup(vsup_home, "up", str(layout), "--detach", "--wait", "--timeout", "90")
     assert up.returncode == 0, up.stdout + up.stderr
     log = tmp_path / "load.log"
@@ -86,6 +89,7 @@ def test_the_demo_load_pauses_while_an_instance_starts(vsup_home: Path, tmp_path
         )  # fmt: skip
     try:
         until(lambda: in_flight(ports["a"]) > 0, 60, "the load to reach a")
+        b_start.write_text("8")
         restart = subprocess.Popen(
             [sys.executable, "-m", "vsup", "restart", "b"],
             env=dict(os.environ, VSUP_HOME=str(vsup_home)),

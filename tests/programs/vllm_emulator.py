@@ -17,6 +17,9 @@ lines (attention backend, "Starting vLLM server on ...", "Application startup co
 
 Behaviours on cue:
   --startup-s S (--ready-after S)  listen only after S seconds
+  --startup-s-file F               ... after the seconds F's first word says, read at each start
+                                   (a missing file: --startup-s): one layout whose first start
+                                   is quick and whose restart is slow
   --engine-child                   start an "EngineCore" child in the same process group; like
                                    vLLM's, it survives a SIGKILL of this process (re-parented
                                    to PID 1, holding its memory)
@@ -674,8 +677,11 @@ async def _serve(
             os._exit(0)
 
         tasks.append(asyncio.create_task(watch_core()))
-    if args.startup_s:
-        await asyncio.sleep(args.startup_s)
+    startup_s = args.startup_s
+    if args.startup_s_file and Path(args.startup_s_file).exists():
+        startup_s = float(Path(args.startup_s_file).read_text().split()[0])
+    if startup_s:
+        await asyncio.sleep(startup_s)
     print(
         f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}", flush=True
     )
@@ -742,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ports", help="serve every port in A-B from this one process")
     p.add_argument("--startup-s", "--ready-after", dest="startup_s", type=float, default=0.0)
+    p.add_argument("--startup-s-file")
     p.add_argument("--engine-child", action="store_true")
     p.add_argument("--setsid-child", action="store_true")
     p.add_argument("--core-term-s", type=float, default=0.0)

@@ -153,7 +153,7 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
     return 0 if ok else 1
 
 
-def wait_router(client: Client, timeout: float, interval: float = 0.5) -> bool:
+def wait_router(client: Client, timeout: float, interval: float = 0.2) -> bool:
     """Wait for the router to serve (`ready`); print the outcome; True when it does."""
     import time
 

@@ -268,7 +268,7 @@ def wait_router(client: Any, timeout: float) -> int:
         if router.get("state") == State.FAILED or time.monotonic() > deadline:
             print(f"vsup up: the router does not serve: {router_line(router)}", file=sys.stderr)
             return 1
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def serving_names(status: dict[str, Any]) -> set[str]:
@@ -322,7 +322,7 @@ def describe_rollout(r: dict[str, Any]) -> str:
 def follow_rollout(
     client: Client,
     timeout: float,
-    interval: float = 0.5,
+    interval: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:

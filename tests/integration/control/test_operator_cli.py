@@ -229,9 +229,10 @@ def test_the_router_has_verbs_logs_and_events_like_an_instance(home, tmp_path):
     bad = vsup(home, "events", "--since", "yesterday-ish")
     assert bad.returncode == 2 and "--since" in bad.stderr
 
-    watcher = popen(home, "events", "-f", "--since", "1s")
+    # once it printed what was there (b's restart), it follows: a's stop is new to it
+    watcher = popen(home, "events", "-f", "--since", "1h")
     try:
-        time.sleep(1.5)
+        read_until(watcher, lambda t: "operator: restart b" in t)
         assert vsup(home, "stop", "a").returncode == 0
         seen = read_until(watcher, lambda t: "operator: stop a" in t and "stopped (run" in t)
     finally:

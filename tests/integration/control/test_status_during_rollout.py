@@ -4,8 +4,9 @@
 
 Two CPU instances share the device `cpu`, so the second waits for the first's start; then a
 change of their args rolls, one instance at a time. vLLM emulators (tests/programs/
-vllm_emulator.py) stand in for vLLM: they start in START_S seconds and always report a request
-running, so each drain lasts drain_timeout_s - a window wide enough to look at each phase.
+vllm_emulator.py) stand in for vLLM: a starts in START_S seconds, the window in which the
+operator looks at the co-tenant wait and at wave 1; b, whose waves are only seen to begin and
+end, in B_START_S. Both always report a request running, so each drain lasts drain_timeout_s.
 tests/integration/test_rolling_vllm.py does a rolling apply with real vLLM."""
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ from tests.unit.control.helpers import emulator_layout, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
-START_S = 8  # each emulator's start-up: the time a co-tenant waits, and a wave's restart
+START_S = 8  # a's start-up: the time its co-tenant waits, and wave 1's restart
+B_START_S = 2  # b's: nothing is looked at while b starts
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
 def layout(ports: dict[str, int], say: str) -> str:
-    return emulator_layout(
+    text = emulator_layout(
         ports,
-        extra_header="max_unavailable = 1\ndrain_timeout_s = 3",
+        extra_header="max_unavailable = 1\ndrain_timeout_s = 1",
         args=f'args = {{ say = "{say}", startup-s = {START_S} }}',
     )
+    # an instance's args merge into the defaults' key by key (docs/layout.md)
+    return text.replace('name = "b"\n', f'name = "b"\nargs = {{ startup-s = {B_START_S} }}\n')
 
 
 def status_json(home) -> dict:

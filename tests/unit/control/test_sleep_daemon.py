@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from vsup.engine import sleep as sleep_engine
+
 from tests.unit.control.fakehbm import FakeHbmGpus
 from tests.unit.control.helpers import EMULATOR, free_port, instance, until
 
@@ -139,7 +141,7 @@ async def test_a_group_starts_one_awake_and_swaps_with_the_memory_seen_released(
     assert not [x for x in doc["advice"] if x["kind"] == "sleep_failed"], doc["advice"]
 
 
-async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> None:
+async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path, monkeypatch) -> None:
     gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
     daemon, client = await daemons.start(gpu_probe=gpus.probe())
     members = {
@@ -175,8 +177,12 @@ async def test_refusals_and_faults_leave_a_clear_state(daemons, tmp_path) -> Non
     b = await instance(client, "b")
     assert awake(b) and b["sleep"]["error"] is None
 
-    # a sleep that keeps the memory: asleep (vLLM says so), with the error and the advice
-    answer = await client.action("sleep", ["k"])
+    # a sleep that keeps the memory: asleep (vLLM says so), with the error and the advice.
+    # The sleeper gives up on the release after RELEASE_TIMEOUT_S (30 s); k never releases,
+    # so this daemon (in this process) waits 2 s instead of waiting the 30 s out.
+    with monkeypatch.context() as patch:
+        patch.setattr(sleep_engine, "RELEASE_TIMEOUT_S", 2.0)
+        answer = await client.action("sleep", ["k"])
     (err,) = answer["errors"]
     assert "GPU memory was not released" in err["error"], err
     k = await instance(client, "k")

@@ -81,6 +81,8 @@ LEAVE_TIMEOUT_S = 5.0
 # While the router starts, /liveness is asked this often (docs/router.md, "What a router change
 # costs": each poll of the 1 s health interval added half a second to the gap on average).
 START_POLL_S = 0.05
+# ... and once it serves, its /liveness is read this often (a request to it fails meanwhile)
+ROUTER_HEALTH_INTERVAL_S = 1.0
 RETRY_S = 1.0  # a reconcile the router refused is tried again this often
 RECHECK_S = 10.0  # and the worker set is compared with vsup's view at least this often
 DEBOUNCE_S = 0.05  # state changes that come together make one reconcile
@@ -156,7 +158,7 @@ def process_spec(spec: RouterSpec) -> RouterProcessSpec:
         start_timeout_s=60.0,
         stop_grace_s=ROUTER_STOP_GRACE_S,
         drain_timeout_s=0.0,
-        health_interval_s=1.0,
+        health_interval_s=ROUTER_HEALTH_INTERVAL_S,
         unhealthy_after=3,
         unhealthy_grace_s=10.0,
         router=spec,

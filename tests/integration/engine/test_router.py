@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from vsup.engine import routing
 from vsup.engine.routing import ROUTER_NAME
 from vsup.layout.spec import RestartPolicy
 from vsup.router import RouterClient, RouterSpec
@@ -168,14 +169,17 @@ async def test_a_rollout_takes_the_next_replica_out_only_once_the_last_is_back_i
 
 
 async def test_a_worker_someone_else_adds_is_removed_at_once_and_reported(
-    engine, emulator_spec, port_factory, token, events
+    engine, emulator_spec, port_factory, token, events, monkeypatch
 ):
     """vllm-router's worker API has no authentication: anyone who reaches its port can add a
     server of their own. vsup removes it at once (its watch reads the worker list every
     WATCH_S, not at the 10 s recheck), journals it, and keeps it for the advice; a request
     stream through the router sees no request reach it after that. Then an add_worker loop:
     it keeps coming back, vsup keeps removing it, and the journal gets one event, not one per
-    removal. Figures are printed (docs/router.md)."""
+    removal. Figures are printed (docs/router.md); the time it takes is
+    benchmarks/router_foreign.py's."""
+    # "at once": with the periodic recheck an hour away, only the watch can remove it
+    monkeypatch.setattr(routing, "RECHECK_S", 3600.0)
     eng = engine()
     a = emulator_spec("a")
     spec = router_spec(port_factory, token, [a])
@@ -189,7 +193,7 @@ async def test_a_worker_someone_else_adds_is_removed_at_once_and_reported(
             await until(lambda: load.sent > 5, timeout=30)
             assert await add_worker(spec.base_url, intruder.url) == 200
             added = time.monotonic()
-            deadline = added + 5  # at once, not at the 10 s recheck
+            deadline = added + 60  # generous: the recheck that could also remove it is off
             while intruder.url in await listed(spec.base_url):
                 assert time.monotonic() < deadline, "the foreign worker was not removed"
                 await asyncio.sleep(0.005)
@@ -238,12 +242,14 @@ async def test_a_worker_someone_else_adds_is_removed_at_once_and_reported(
 
 
 async def test_a_restarted_router_is_seen_listening_at_once(
-    engine, emulator_spec, port_factory, token, events
+    engine, emulator_spec, port_factory, token, events, monkeypatch
 ):
     """While the router restarts every request to it fails, so vsup asks whether it listens
-    every 50 ms (not at the 1 s health interval) and hands it its workers right away: the
-    `ready` follows its first answer by a fraction of the poll a health interval would add."""
-    import statistics
+    every START_POLL_S (50 ms), not at its health interval, and hands it its workers right away.
+    Proven without a clock: the health interval is an hour here, so a start seen only at a
+    health poll would never be `ready` in time. The lag from its first answer to `ready` is
+    printed; what a restart costs clients is benchmarks/router_restart.py's."""
+    monkeypatch.setattr(routing, "ROUTER_HEALTH_INTERVAL_S", 3600.0)
     import threading
 
     import httpx
@@ -296,5 +302,4 @@ async def test_a_restarted_router_is_seen_listening_at_once(
         done.set()
         thread.join()
     print(f"\nrouter answered -> vsup saw it ready: {[round(x, 3) for x in lags]} s")
-    # with the 1 s health interval the median lag was ~0.5 s (uniform over the interval)
-    assert statistics.median(lags) < 0.25, lags
+    assert len(lags) == 5 and eng.router.inst.spec.health_interval_s == 3600.0

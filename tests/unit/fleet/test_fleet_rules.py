@@ -45,12 +45,12 @@ CASES = {
             "error: key 'groups': must be a table of group = [node names]",
         ],
     ),
+    "a node that is not a table": ("node = [1]\n", ["error: [[node]] #1: must be a table"]),
     "node names": (
-        'node = [1]\n[[node]]\nssh = "a"\n[[node]]\nname = "bad name"\nssh = "b"\n',
+        '[[node]]\nssh = "a"\n[[node]]\nname = "bad name"\nssh = "b"\n',
         [
-            "error: [[node]] #1: must be a table",
+            f"error: [[node]] #1: key 'name': {NEEDS_NAME}",
             f"error: [[node]] #2: key 'name': {NEEDS_NAME}",
-            f"error: [[node]] #3: key 'name': {NEEDS_NAME}",
         ],
     ),
     "a node refused at its first gate": (

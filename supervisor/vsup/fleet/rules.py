@@ -34,16 +34,26 @@ FLEET_KEYS = {"name", "ssh_config", "timeout_s", "connect_timeout_s"}
 NODE_KEYS = {"name", "ssh", "home", "vsup", "groups", "metrics_host"}
 TOP_KEYS = {"fleet", "node", "groups"}
 
-BAD: Any = object()  # what a reader returns for a value it refuses
+
+@dataclass(frozen=True)
+class Refused:
+    """What a reader returns for a value it refuses; `why`, when given, says it instead of the
+    field's message."""
+
+    why: str | None = None
+
+
+BAD: Any = Refused()
 
 
 @dataclass(frozen=True)
 class Field:
-    """A key of a table: how its value is read (`read` returns BAD for a value it refuses),
-    what the error says then, and the value when it is left out or refused."""
+    """A key of a table: how its value is read (`read` returns a `Refused` for a value it
+    refuses), what the error says then (the refusal's `why`, else `message`), and the value
+    when it is left out or refused."""
 
     key: str
-    read: Callable[[Any], Any]
+    read: Callable[[Any], Any]  # the value as written -> the value kept, or a Refused
     message: str
     default: Any
 
@@ -51,10 +61,12 @@ class Field:
         if self.key not in table:
             return self.default
         got = self.read(table[self.key])
-        return self.default if got is BAD else got
+        return self.default if isinstance(got, Refused) else got
 
-    def refuses(self, table: dict[str, Any]) -> bool:
-        return self.key in table and self.read(table[self.key]) is BAD
+    def refusal(self, table: dict[str, Any]) -> str | None:
+        """What the error says of the value `table` holds; None when it is fine or left out."""
+        got = self.read(table[self.key]) if self.key in table else None
+        return (got.why or self.message) if isinstance(got, Refused) else None
 
 
 def _string(value: Any) -> Any:
@@ -73,7 +85,11 @@ def _node_home(value: Any) -> Any:
 
 def _command(value: Any) -> Any:
     if isinstance(value, str) and value.strip():
-        return tuple(shlex.split(value))
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:  # a quote left open
+            why = f"{value!r} cannot be split into words ({exc}): close the quote, or write"
+            return Refused(f"{why} the words as a list")
     if isinstance(value, list) and value and all(isinstance(w, str) and w for w in value):
         return tuple(value)
     return BAD
@@ -214,8 +230,8 @@ def unknown_fleet_keys(ctx: FleetCheck) -> Iterator[Diagnostic]:
 
 def bad_fleet_values(ctx: FleetCheck) -> Iterator[Diagnostic]:
     for f in FLEET_FIELDS.values():
-        if f.refuses(ctx.head):
-            yield ctx.error(f.message, key=f.key, table="[fleet]")
+        if why := f.refusal(ctx.head):
+            yield ctx.error(why, key=f.key, table="[fleet]")
 
 
 def ssh_config_not_a_file(ctx: FleetCheck) -> Iterator[Diagnostic]:
@@ -329,8 +345,8 @@ def ssh_shared(ctx: FleetCheck, node: NodeTable) -> Iterator[Diagnostic]:
 
 def bad_node_values(ctx: FleetCheck, node: NodeTable) -> Iterator[Diagnostic]:
     for f in NODE_FIELDS.values():
-        if f.refuses(node.table):
-            yield ctx.error(f.message, key=f.key, table=node.where)
+        if why := f.refusal(node.table):
+            yield ctx.error(why, key=f.key, table=node.where)
 
 
 # (rule, gate): a gate's error drops the node

@@ -161,3 +161,13 @@ def test_every_rule_is_in_a_table():
         and not isinstance(f, type)
     }
     assert written - helpers == listed
+
+
+def test_a_remote_command_with_an_unclosed_quote_is_an_error_not_a_crash():
+    """`load_fleet` never raises for bad input: shlex's ValueError became a traceback."""
+    fleet = loads_fleet('[[node]]\nname = "a"\nssh = "a"\nvsup = "\'/opt/my vsup"\n')
+    assert [d.format() for d in fleet.errors] == [
+        "<fleet>: error: node 'a': key 'vsup': \"'/opt/my vsup\" cannot be split into words "
+        "(No closing quotation): close the quote, or write the words as a list"
+    ]
+    assert fleet.node("a").vsup == ("vsup",)

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,223 +93,284 @@ class ControlService(Protocol):
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
+# A route's handler: the request's checks, then the service's answer (the JSON body of a 200).
+# Each raises ControlError (BadRequest, UnknownInstances, ...) for an answer of another status.
+Handler = Callable[[ControlService, Request], Awaitable[Any]]
+
+
 def build_app(service: ControlService) -> Starlette:
-    """The ASGI app for `service`."""
-
-    async def ping(request: Request) -> JSONResponse:
-        return JSONResponse(service.ping())
-
-    async def status(request: Request) -> JSONResponse:
-        return JSONResponse(service.status())
-
-    async def layout(request: Request) -> JSONResponse:
-        return JSONResponse(service.layout())
-
-    async def apply(request: Request) -> JSONResponse:
-        body = await _body(
-            request,
-            required={"toml": str},
-            optional={
-                "path": (str, type(None)),
-                "dry_run": bool,
-                "all_at_once": bool,
-                "pull": bool,
-            },
-        )
-        path = body.get("path")
-        if path is not None and not os.path.isabs(path):
-            raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
-        dry_run = body.get("dry_run", False)
-        # only keys that are not their default reach the service (its older callers)
-        extra: dict[str, bool] = {}
-        if body.get("all_at_once", False):
-            extra["all_at_once"] = True
-        if not body.get("pull", True):
-            extra["pull"] = False  # `vsup up --no-pull`: start from the cache or let vLLM fetch
-        answer = await service.apply(body["toml"], path, dry_run, **extra)
-        return JSONResponse(answer)
-
-    async def actions(request: Request) -> JSONResponse:
-        body = await _body(
-            request,
-            required={"action": str},
-            optional={"names": list, "all": bool, "wait": bool, "level": int},
-        )
-        action = body["action"]
-        if action not in ACTIONS + SLEEP_ACTIONS:
-            raise BadRequest(
-                f"unknown action {action!r}; use one of: {', '.join(ACTIONS + SLEEP_ACTIONS)}"
-            )
-        names = body.get("names") or []
-        if not all(isinstance(n, str) and n for n in names):
-            raise BadRequest("'names' must be a list of instance names (strings)")
-        known = service.instance_names()
-        if action in SLEEP_ACTIONS:
-            return JSONResponse(await _sleep_action(action, names, body, known))
-        if body.get("all"):
-            if names:
-                raise BadRequest("give 'names' or 'all', not both")
-            if action == "drain":
-                raise BadRequest("drain takes instance names, not 'all'")
-            names = list(known)
-        elif not names:
-            raise BadRequest("no instance named: give 'names' or set 'all'")
-        if ROUTER in names and action == "drain":
-            raise BadRequest("drain takes instances; the router has no requests of its own")
-        _check_names([n for n in names if n != ROUTER], known)
-        return JSONResponse(
-            await service.action(action, list(dict.fromkeys(names)), body.get("wait", True))
-        )
-
-    async def _sleep_action(
-        action: str, names: list[str], body: dict[str, Any], known: Any
-    ) -> dict[str, Any]:
-        if body.get("all") or ROUTER in names:
-            raise BadRequest(f"{action} takes instance names (not 'all', not the router)")
-        want = 2 if action == "swap" else 1
-        if len(names) != want:
-            shape = (
-                "two instances: the one to sleep, then the one to wake"
-                if want == 2
-                else ("one instance")
-            )
-            raise BadRequest(f"{action} takes {shape}")
-        level = body.get("level")
-        if level is not None and (action != "sleep" or level not in (1, 2)):
-            raise BadRequest("'level' goes with sleep only, and is 1 or 2")
-        _check_names(names, known)
-        return await service.sleep_action(action, names, level, body.get("wait", True))
-
-    async def logs(request: Request) -> JSONResponse:
-        name = _known(request, service)
-        q = request.query_params
-        _only(q.keys(), ("previous", "offset", "tail"), "query")
-        previous = _flag(q.get("previous"), "previous")
-        offset = _nonneg(q.get("offset"), "offset")
-        tail = _nonneg(q.get("tail"), "tail")
-        if offset is not None and tail is not None:
-            raise BadRequest("give 'offset' or 'tail', not both")
-        lf = service.log_file(name, previous)
-        if lf.path is None:
-            which = "previous run" if previous else "log yet"
-            raise ControlError(f"instance {name!r} has no {which}", status=404)
-        chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
-        return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})
-
-    async def router_logs(request: Request) -> JSONResponse:
-        # the layout's vllm-router (`vsup logs @router`); the same query and answer as an
-        # instance's log
-        q = request.query_params
-        _only(q.keys(), ("previous", "offset", "tail"), "query")
-        previous = _flag(q.get("previous"), "previous")
-        offset = _nonneg(q.get("offset"), "offset")
-        tail = _nonneg(q.get("tail"), "tail")
-        if offset is not None and tail is not None:
-            raise BadRequest("give 'offset' or 'tail', not both")
-        lf = service.router_log_file(previous)
-        if lf.path is None:
-            which = "previous run" if previous else "log yet"
-            raise ControlError(f"the router has no {which}", status=404)
-        chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
-        return JSONResponse({"run": lf.run, "path": str(lf.path), **chunk})
-
-    async def config(request: Request) -> JSONResponse:
-        return JSONResponse(service.config(_known(request, service)))
-
-    async def history(request: Request) -> JSONResponse:
-        return JSONResponse(service.history(_known(request, service)))
-
-    async def events(request: Request) -> JSONResponse:
-        q = request.query_params
-        _only(q.keys(), ("since", "limit"), "query")
-        since = _nonneg(q.get("since"), "since") or 0
-        limit = _nonneg(q.get("limit"), "limit")
-        limit = 1000 if limit is None else max(1, min(limit, 10000))
-        return JSONResponse(service.events(since, limit))
-
-    async def save(request: Request) -> JSONResponse:
-        body = await _body(request, required={"path": str}, optional={"parents": bool})
-        if not os.path.isabs(body["path"]):
-            raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
-        return JSONResponse(await service.save(body["path"], body.get("parents", False)))
-
-    async def shutdown(request: Request) -> JSONResponse:
-        body = await _body(request, optional={"stop_instances": bool})
-        return JSONResponse(await service.shutdown(body.get("stop_instances", True)))
-
-    async def bench_progress(request: Request) -> JSONResponse:
-        from vsup.control.benchprogress import PHASES
-        from vsup.snapshot import BENCH_TOOLS
-
-        count = (int, type(None))
-        body = await _body(
-            request,
-            required={"pid": int, "phase": str},
-            optional={
-                "layout": (str, type(None)),
-                "index": count,
-                "count": count,
-                "requests_done": count,
-                "requests_total": count,
-                "elapsed_s": (int, float),
-                "started_at": (str, type(None)),
-                "tool": str,
-                "eta_s": (int, float, type(None)),
-            },
-        )
-        if body["phase"] not in PHASES:
-            raise BadRequest(f"unknown phase {body['phase']!r}; use one of: {', '.join(PHASES)}")
-        if body["pid"] <= 0:
-            raise BadRequest(f"'pid' must be a process id (got {body['pid']})")
-        if body.get("tool", "bench") not in BENCH_TOOLS:
-            raise BadRequest(f"unknown tool {body['tool']!r}; use one of: {', '.join(BENCH_TOOLS)}")
-        return JSONResponse(service.bench_progress(body))
-
-    routes = [
-        Route("/v1/ping", ping, methods=["GET"]),
-        Route("/v1/status", status, methods=["GET"]),
-        Route("/v1/layout", layout, methods=["GET"]),
-        Route("/v1/apply", apply, methods=["POST"]),
-        Route("/v1/actions", actions, methods=["POST"]),
-        Route("/v1/instances/{name}/logs", logs, methods=["GET"]),
-        Route("/v1/router/logs", router_logs, methods=["GET"]),
-        Route("/v1/instances/{name}/config", config, methods=["GET"]),
-        Route("/v1/instances/{name}/history", history, methods=["GET"]),
-        Route("/v1/events", events, methods=["GET"]),
-        Route("/v1/save", save, methods=["POST"]),
-        Route("/v1/shutdown", shutdown, methods=["POST"]),
-        Route("/v1/bench/progress", bench_progress, methods=["POST"]),
-    ]
-
-    async def control_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ControlError)
-        return JSONResponse({**exc.body, "error": exc.message}, status_code=exc.status)
-
-    async def http_error(request: Request, exc: Exception) -> JSONResponse:
-        status = getattr(exc, "status_code", 500)
-        detail = getattr(exc, "detail", "") or ""
-        if status == 404:
-            detail = f"no route {request.method} {request.url.path}"
-        elif status == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}"
-        return JSONResponse({"error": detail}, status_code=status)
-
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("control API: %s %s failed", request.method, request.url.path)
-        return JSONResponse(
-            {"error": f"internal error: {type(exc).__name__}: {exc} (see daemon.log)"},
-            status_code=500,
-        )
-
+    """The ASGI app for `service`: ROUTES, each answering JSON, and the error answers."""
     from starlette.exceptions import HTTPException
 
     return Starlette(
-        routes=routes,
+        routes=[
+            Route(path, _endpoint(service, handler), methods=[method])
+            for method, path, handler in ROUTES
+        ],
         exception_handlers={
-            ControlError: control_error,
-            HTTPException: http_error,
-            Exception: internal_error,
+            ControlError: _control_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
         },
+    )
+
+
+def _endpoint(
+    service: ControlService, handler: Handler
+) -> Callable[[Request], Awaitable[JSONResponse]]:
+    async def endpoint(request: Request) -> JSONResponse:
+        return JSONResponse(await handler(service, request))
+
+    endpoint.__name__ = handler.__name__.lstrip("_")
+    return endpoint
+
+
+# -- the daemon and its layout
+
+
+async def _ping(service: ControlService, request: Request) -> Any:
+    return service.ping()
+
+
+async def _status(service: ControlService, request: Request) -> Any:
+    return service.status()
+
+
+async def _layout(service: ControlService, request: Request) -> Any:
+    return service.layout()
+
+
+async def _apply(service: ControlService, request: Request) -> Any:
+    body = await _body(
+        request,
+        required={"toml": str},
+        optional={
+            "path": (str, type(None)),
+            "dry_run": bool,
+            "all_at_once": bool,
+            "pull": bool,
+        },
+    )
+    path = body.get("path")
+    if path is not None and not os.path.isabs(path):
+        raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
+    dry_run = body.get("dry_run", False)
+    # only keys that are not their default reach the service (its older callers)
+    extra: dict[str, bool] = {}
+    if body.get("all_at_once", False):
+        extra["all_at_once"] = True
+    if not body.get("pull", True):
+        extra["pull"] = False  # `vsup up --no-pull`: start from the cache or let vLLM fetch
+    return await service.apply(body["toml"], path, dry_run, **extra)
+
+
+async def _save(service: ControlService, request: Request) -> Any:
+    body = await _body(request, required={"path": str}, optional={"parents": bool})
+    if not os.path.isabs(body["path"]):
+        raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
+    return await service.save(body["path"], body.get("parents", False))
+
+
+async def _shutdown(service: ControlService, request: Request) -> Any:
+    body = await _body(request, optional={"stop_instances": bool})
+    return await service.shutdown(body.get("stop_instances", True))
+
+
+# -- actions: start, stop, restart, drain; sleep mode's sleep, wake, swap
+
+
+async def _actions(service: ControlService, request: Request) -> Any:
+    body = await _body(
+        request,
+        required={"action": str},
+        optional={"names": list, "all": bool, "wait": bool, "level": int},
+    )
+    action = body["action"]
+    if action not in ACTIONS + SLEEP_ACTIONS:
+        raise BadRequest(
+            f"unknown action {action!r}; use one of: {', '.join(ACTIONS + SLEEP_ACTIONS)}"
+        )
+    names = body.get("names") or []
+    if not all(isinstance(n, str) and n for n in names):
+        raise BadRequest("'names' must be a list of instance names (strings)")
+    known = service.instance_names()
+    if action in SLEEP_ACTIONS:
+        return await _sleep_action(service, action, names, body, known)
+    return await _instance_action(service, action, names, body, known)
+
+
+async def _instance_action(
+    service: ControlService, action: str, names: list[str], body: dict[str, Any], known: list[str]
+) -> Any:
+    if body.get("all"):
+        if names:
+            raise BadRequest("give 'names' or 'all', not both")
+        if action == "drain":
+            raise BadRequest("drain takes instance names, not 'all'")
+        names = list(known)
+    elif not names:
+        raise BadRequest("no instance named: give 'names' or set 'all'")
+    if ROUTER in names and action == "drain":
+        raise BadRequest("drain takes instances; the router has no requests of its own")
+    _check_names([n for n in names if n != ROUTER], known)
+    return await service.action(action, list(dict.fromkeys(names)), body.get("wait", True))
+
+
+async def _sleep_action(
+    service: ControlService, action: str, names: list[str], body: dict[str, Any], known: list[str]
+) -> Any:
+    if body.get("all") or ROUTER in names:
+        raise BadRequest(f"{action} takes instance names (not 'all', not the router)")
+    want = 2 if action == "swap" else 1
+    if len(names) != want:
+        shape = (
+            "two instances: the one to sleep, then the one to wake"
+            if want == 2
+            else ("one instance")
+        )
+        raise BadRequest(f"{action} takes {shape}")
+    level = body.get("level")
+    if level is not None and (action != "sleep" or level not in (1, 2)):
+        raise BadRequest("'level' goes with sleep only, and is 1 or 2")
+    _check_names(names, known)
+    return await service.sleep_action(action, names, level, body.get("wait", True))
+
+
+# -- an instance's log, config and history; the router's log
+
+
+async def _logs(service: ControlService, request: Request) -> Any:
+    name = _known(request, service)
+    previous, offset, tail = _log_query(request)
+    lf = service.log_file(name, previous)
+    if lf.path is None:
+        raise ControlError(f"instance {name!r} has no {_no_log(previous)}", status=404)
+    return await _log_chunk(lf, offset, tail)
+
+
+async def _router_logs(service: ControlService, request: Request) -> Any:
+    # the layout's vllm-router (`vsup logs @router`); the same query and answer as an
+    # instance's log
+    previous, offset, tail = _log_query(request)
+    lf = service.router_log_file(previous)
+    if lf.path is None:
+        raise ControlError(f"the router has no {_no_log(previous)}", status=404)
+    return await _log_chunk(lf, offset, tail)
+
+
+def _log_query(request: Request) -> tuple[bool, int | None, int | None]:
+    """A log request's `previous`, `offset` and `tail`."""
+    q = request.query_params
+    _only(q.keys(), ("previous", "offset", "tail"), "query")
+    previous = _flag(q.get("previous"), "previous")
+    offset = _nonneg(q.get("offset"), "offset")
+    tail = _nonneg(q.get("tail"), "tail")
+    if offset is not None and tail is not None:
+        raise BadRequest("give 'offset' or 'tail', not both")
+    return previous, offset, tail
+
+
+def _no_log(previous: bool) -> str:
+    return "previous run" if previous else "log yet"
+
+
+async def _log_chunk(lf: LogFile, offset: int | None, tail: int | None) -> dict[str, Any]:
+    assert lf.path is not None
+    chunk = await asyncio.to_thread(read_log_chunk, lf.path, offset, tail)
+    return {"run": lf.run, "path": str(lf.path), **chunk}
+
+
+async def _config(service: ControlService, request: Request) -> Any:
+    return service.config(_known(request, service))
+
+
+async def _history(service: ControlService, request: Request) -> Any:
+    return service.history(_known(request, service))
+
+
+# -- the journal
+
+
+async def _events(service: ControlService, request: Request) -> Any:
+    q = request.query_params
+    _only(q.keys(), ("since", "limit"), "query")
+    since = _nonneg(q.get("since"), "since") or 0
+    limit = _nonneg(q.get("limit"), "limit")
+    limit = 1000 if limit is None else max(1, min(limit, 10000))
+    return service.events(since, limit)
+
+
+# -- `vsup bench` / `vsup tune` progress reports
+
+_COUNT = (int, type(None))
+BENCH_PROGRESS_KEYS: dict[str, Any] = {
+    "layout": (str, type(None)),
+    "index": _COUNT,
+    "count": _COUNT,
+    "requests_done": _COUNT,
+    "requests_total": _COUNT,
+    "elapsed_s": (int, float),
+    "started_at": (str, type(None)),
+    "tool": str,
+    "eta_s": (int, float, type(None)),
+}
+
+
+async def _bench_progress(service: ControlService, request: Request) -> Any:
+    from vsup.control.benchprogress import PHASES
+    from vsup.snapshot import BENCH_TOOLS
+
+    body = await _body(request, required={"pid": int, "phase": str}, optional=BENCH_PROGRESS_KEYS)
+    if body["phase"] not in PHASES:
+        raise BadRequest(f"unknown phase {body['phase']!r}; use one of: {', '.join(PHASES)}")
+    if body["pid"] <= 0:
+        raise BadRequest(f"'pid' must be a process id (got {body['pid']})")
+    if body.get("tool", "bench") not in BENCH_TOOLS:
+        raise BadRequest(f"unknown tool {body['tool']!r}; use one of: {', '.join(BENCH_TOOLS)}")
+    return service.bench_progress(body)
+
+
+# method, path, handler: docs/ARCHITECTURE.md ("Control API") describes each
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/v1/ping", _ping),
+    ("GET", "/v1/status", _status),
+    ("GET", "/v1/layout", _layout),
+    ("POST", "/v1/apply", _apply),
+    ("POST", "/v1/actions", _actions),
+    ("GET", "/v1/instances/{name}/logs", _logs),
+    ("GET", "/v1/router/logs", _router_logs),
+    ("GET", "/v1/instances/{name}/config", _config),
+    ("GET", "/v1/instances/{name}/history", _history),
+    ("GET", "/v1/events", _events),
+    ("POST", "/v1/save", _save),
+    ("POST", "/v1/shutdown", _shutdown),
+    ("POST", "/v1/bench/progress", _bench_progress),
+)
+
+
+# -- the error answers: every one is {"error": message}
+
+
+async def _control_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ControlError)
+    return JSONResponse({**exc.body, "error": exc.message}, status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "") or ""
+    if status == 404:
+        detail = f"no route {request.method} {request.url.path}"
+    elif status == 405:
+        detail = f"{request.method} is not allowed on {request.url.path}"
+    return JSONResponse({"error": detail}, status_code=status)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("control API: %s %s failed", request.method, request.url.path)
+    return JSONResponse(
+        {"error": f"internal error: {type(exc).__name__}: {exc} (see daemon.log)"},
+        status_code=500,
     )
 
 

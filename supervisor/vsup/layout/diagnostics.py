@@ -8,65 +8,21 @@ its message says what to change. `vsup validate` prints them one per line:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
-ERROR = "error"
-WARNING = "warning"
-# How many further instances a folded diagnostic names before "and N more".
-SHOWN_OTHERS = 4
+# Diagnostic lives in the leaf vsup.diagnostics (the fleet file's validation reports with it
+# too); its names stay importable from here, where the layout's rules take them.
+from vsup.diagnostics import ERROR, SHOWN_OTHERS, WARNING, Diagnostic
 
-
-@dataclass(frozen=True)
-class Diagnostic:
-    severity: str  # "error" | "warning"
-    message: str  # what is wrong and what to change
-    file: str | None = None  # the layout or profile file the problem is in
-    line: int | None = None  # 1-based, where the source text shows it
-    instance: str | None = None  # the instance it concerns, if one
-    key: str | None = None  # dotted key inside its table, e.g. "args.max-model-len"
-    table: str | None = None  # "[layout]", "[defaults]", "profile 'x'" when not an instance
-    others: tuple[str, ...] = ()  # further instances with the very same problem
-
-    @property
-    def is_error(self) -> bool:
-        return self.severity == ERROR
-
-    def format(self) -> str:
-        """One line: `FILE:LINE: error: instance 'gpu0': key 'port': message`."""
-        where = ""
-        if self.file:
-            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
-        parts = [f"{where}{self.severity}"]
-        if self.instance is not None:
-            label = f"instance '{self.instance}'"
-            if self.others:
-                shown = ", ".join(f"'{o}'" for o in self.others[:SHOWN_OTHERS])
-                more = len(self.others) - SHOWN_OTHERS
-                label += f" (and {shown}" + (f" and {more} more)" if more > 0 else ")")
-            parts.append(label)
-        elif self.table:
-            parts.append(self.table)
-        if self.key:
-            parts.append(f"key '{self.key}'")
-        parts.append(self.message)
-        return ": ".join(parts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "severity": self.severity,
-            "message": self.message,
-            "file": self.file,
-            "line": self.line,
-            "instance": self.instance,
-            "key": self.key,
-            "table": self.table,
-            "others": list(self.others),
-            "text": self.format(),
-        }
-
-    def __str__(self) -> str:
-        return self.format()
+__all__ = [
+    "ERROR",
+    "SHOWN_OTHERS",
+    "WARNING",
+    "Diagnostic",
+    "LayoutError",
+    "merge_repeats",
+    "sort_key",
+]
 
 
 class LayoutError(ValueError):

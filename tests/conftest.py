@@ -126,10 +126,12 @@ def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     (vllm/platforms/cpu.py forces the multiproc executor otherwise), which is the process tree
     a GPU server at TP1 has (API server + EngineCore) and one torch+vLLM import less per start:
     measured 40 s against 71 s to ready beside the suite. The modules that test vsup over
-    vLLM's HTTP API use it (bench, tune, router, rolling, sleep, fleet, the dashboard), and data
-    parallel (its ranks are the EngineCore_DP processes either way); those about vLLM's own
-    process tree (stalls, crashes and re-adoption, CPU core binding, the engine) run the CPU
-    build as it comes."""
+    vLLM's HTTP API use it (bench, tune, router, sleep, fleet, the dashboard, pull), data
+    parallel (its ranks are the EngineCore_DP processes either way), stalls (the frozen
+    EngineCore is the engine itself, as on a GPU at TP1) and re-adoption (the API server's
+    group is still two levels with an orphanable child); those about the three-process tree
+    (the engine's orphan sweep and engine death, CPU core binding, which needs the mp executor)
+    run the CPU build as it comes."""
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -146,27 +148,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # in file order, first. Every other test file is a unit of its own that the workers take once
 # their lane is done (module fixtures stay in one process).
 SLOW_MARKS = ("vllm", "install", "tmux")
-# Seconds each slow module took in a full run from a fresh clone on 2 cores (2026-12-02: the
-# slowest tests as `--durations` printed them, the rest estimated); a module not listed counts as
-# one vLLM start. Only the balance between the lanes depends on these.
+# Seconds each slow module takes in a full run from a fresh clone on 2 cores (2026-12-05: the
+# slowest tests as `--durations` printed them and the modules run alone, the rest estimated);
+# a module not listed counts as one vLLM start. Only the balance between the lanes depends on
+# these.
 SLOW_COST = {
     "test_bench.py": 420,
-    "test_router_vsup.py": 400,
-    "test_dataparallel_vllm.py": 400,
+    "test_router_vsup.py": 420,
+    "test_dataparallel_vllm.py": 300,
     "test_tune_vllm.py": 380,
-    "test_vllm.py": 350,
+    "test_vllm.py": 300,
     "test_sleep_vllm.py": 300,
-    "test_daemon_vllm.py": 280,
-    "test_rolling_vllm.py": 280,
+    "test_daemon_vllm.py": 130,
     "test_real_daemon.py": 250,
-    "test_router_real.py": 200,
-    "test_stall_vllm.py": 190,
-    "test_cpu_profile_starts.py": 170,
-    "test_cpu_node_vllm.py": 170,
-    "test_fault_disk_full_vllm.py": 165,
+    "test_router_real.py": 150,
+    "test_stall_vllm.py": 150,
+    "test_cpu_node_vllm.py": 200,
+    "test_fault_disk_full_vllm.py": 120,
     "test_install.py": 160,
-    "test_probe_real_vllm.py": 100,
-    "test_pull_vllm.py": 100,
+    "test_pull_vllm.py": 50,
     "test_fleet_vllm.py": 90,
     "test_vllm_flags.py": 15,
 }

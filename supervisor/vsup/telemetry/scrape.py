@@ -10,9 +10,12 @@ own timeout; `scrape_all` runs the requests concurrently and reports each result
 nothing here raises for a server that misbehaves.
 
 `/load` (`{"server_load": N}`, vLLM's `--enable-server-load-tracking`: the API server's own
-count of requests in flight) is read with the scrape when asked (`with_load`), on the same
-kept-alive connection just before `/metrics`. Without that flag vLLM answers 0 whatever runs,
-so it is asked only of servers started with it. `canary()` is stall detection's one request
+count of requests in flight) is read with the scrape when asked (`with_load`), and `/health`
+too (`with_health`: the daemon's engine takes that answer as its check of a ready instance);
+on a plain-http server the scrape's requests are written at once on one kept-alive connection
+(HTTP/1.1 pipelining: vLLM's uvicorn answers them in order), which costs about half the CPU of
+three round trips. Without the load flag vLLM answers 0 whatever runs, so /load is asked only
+of servers started with it. `canary()` is stall detection's one request
 to an idle server (telemetry/stall.py): a `max_tokens = 1` completion with a deadline.
 """
 

@@ -1,10 +1,11 @@
 """Keep-alive HTTP/1.1 GETs to plain-http servers: what the daemon polls vLLM with, every second.
 
 Why not httpx here: the daemon makes up to three requests per instance per second (/health,
-/load and /metrics, pipelined: `get_all`), httpx's CPU per request is high even on a kept-alive loopback connection, and its
-connection pool walks every pooled connection on every request (O(N) per request, O(N^2) per
-poll), which made it most of the daemon's CPU at 64 instances. This client writes the request
-line itself and reads the answer with asyncio streams, at a small fraction of that cost. The
+/load and /metrics, pipelined: `get_all`), httpx's CPU per request is high even on a kept-alive
+loopback connection, and its connection pool walks every pooled connection on every request
+(O(N) per request, O(N^2) per poll), which made it most of the daemon's CPU at 64 instances.
+This client writes the request line itself and reads the answer with asyncio streams, at a
+small fraction of that cost. The
 figures before and after: docs/benchmarks.md ("What the benchmarks changed",
 `benchmarks/overhead.py`).
 

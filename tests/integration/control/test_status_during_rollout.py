@@ -6,7 +6,7 @@ Two CPU instances share the device `cpu`, so the second waits for the first's st
 change of their args rolls, one instance at a time. vLLM emulators (tests/programs/
 vllm_emulator.py) stand in for vLLM: they start in START_S seconds and always report a request
 running, so each drain lasts drain_timeout_s - a window wide enough to look at each phase.
-tests/integration/test_rolling_vllm.py does a rolling apply with real vLLM."""
+tests/integration/router/test_router_vsup.py does a rolling apply with real vLLM."""
 
 from __future__ import annotations
 

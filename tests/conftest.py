@@ -154,7 +154,7 @@ SLOW_MARKS = ("vllm", "install", "tmux")
 # these.
 SLOW_COST = {
     "test_bench.py": 420,
-    "test_router_vsup.py": 420,
+    "test_router_vsup.py": 480,
     "test_dataparallel_vllm.py": 300,
     "test_tune_vllm.py": 380,
     "test_vllm.py": 300,

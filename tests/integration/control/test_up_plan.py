@@ -1,7 +1,7 @@
 """`vsup up` as operators run it: the plan is printed first, stopping or restarting serving
 instances needs a terminal's yes or --yes (exit 3 and nothing changed otherwise), --dry-run
 changes nothing, and --wait follows a rolling apply wave by wave. vLLM emulators stand in for
-vLLM (tests/programs/vllm_emulator.py); test_rolling_vllm.py does the rollout with real vLLM."""
+vLLM (tests/programs/vllm_emulator.py); router/test_router_vsup.py does the rollout with real vLLM."""
 
 from __future__ import annotations
 

@@ -36,6 +36,10 @@ from tests.programs.router_fleet import (
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
+# this module tests the router in front of vLLM's HTTP API, not vLLM's process tree (the crash
+# test SIGKILLs a replica's whole process group either way), and a start costs less that way
+VLLM_ONE_PROCESS = True
 
 
 @dataclass
@@ -57,14 +61,17 @@ class Router:
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(
+    tiny_model: Path, vllm_env: dict, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
     logs = tmp_path_factory.mktemp("fleet")
     ports = {"r0": free_port(), "r1": free_port()}
     procs: dict[str, Popen] = {}
     try:
         for i, (name, port) in enumerate(ports.items()):
             # one core each: vLLM CPU binds every instance's OpenMP threads to core 0 by default
-            env = {**VLLM_ENV, "VLLM_CPU_OMP_THREADS_BIND": str(i % max(1, os.cpu_count() or 1))}
+            bind = str(i % max(1, os.cpu_count() or 1))
+            env = {**VLLM_ENV, **vllm_env, "VLLM_CPU_OMP_THREADS_BIND": bind}
             procs[name] = spawn(vllm_argv(tiny_model, port), logs / f"{name}.log", env)
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         for name, url in urls.items():

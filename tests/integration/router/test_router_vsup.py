@@ -5,6 +5,21 @@ One daemon and one fleet for the module (a vLLM start costs 30 s and 2 GiB here)
 in file order and the rolling apply comes last (it changes the layout). Each replica is pinned
 to a core of its own. Requests go to 127.0.0.1 only, bounded in number and time. Figures are
 printed (`-s`) and kept in docs/router.md.
+
+The rolling apply changes `[defaults] args` (max-model-len), so both replicas restart, one wave
+each (`max_unavailable = 1`), under load through the router and under a client that asks each
+replica directly once per round. It asserts (until 2026-12-05 test_rolling_vllm.py proved the
+first half with two replicas of its own, 4 vLLM starts more):
+- every direct round during the apply gets at least N - max_unavailable = 1 answer of the 2
+  (never both replicas down at once), over more than 20 rounds; the client saw r0 go down,
+  then r1; both answer in the last round;
+- the CLI reported the restart as rolling, both waves in layout order and the rollout done
+  (2/2); the router itself did not restart;
+- no request through the router failed (more than 40 ran);
+- each replica left the router before its drain, drained, and came back in after its restart,
+  and r1 left only once r0 was back; the journal's drains are r0's, then r1's;
+- afterwards both replicas are ready with new pids and serve the new max-model-len, status's
+  rollout is done (2/2) and both are in the router.
 """
 
 from __future__ import annotations
@@ -17,8 +32,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,9 +96,8 @@ class Node:
         return f"http://127.0.0.1:{self.ports[name]}"
 
 
-def layout_text(node: Node, vllm_env: dict, max_model_len: int, changed: str | None = None) -> str:
-    """The two replicas behind the router; `changed` names one whose spec differs (an env
-    variable of its own), so that applying the text restarts that replica alone."""
+def layout_text(node: Node, vllm_env: dict, max_model_len: int) -> str:
+    """The two replicas behind the router (a change of `max_model_len` restarts both)."""
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     text = f"""
@@ -110,10 +126,9 @@ restart = {{ policy = "always", backoff_s = 1, backoff_max_s = 5 }}
     for i, name in enumerate(NAMES):
         # one core each: vLLM CPU binds every instance's OpenMP threads to core 0 by default
         bind = i % max(1, os.cpu_count() or 1)
-        extra = ', VSUP_TEST_GENERATION = "2"' if name == changed else ""
         text += (
             f'\n[[instance]]\nname = "{name}"\ngpus = []\nport = {node.ports[name]}\n'
-            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}"{extra} }}\n'
+            f'env = {{ VLLM_CPU_OMP_THREADS_BIND = "{bind}" }}\n'
         )
     return text
 
@@ -287,41 +302,82 @@ def test_another_users_remove_worker_loop_fails_few_requests_and_is_named(node: 
     assert sorted(e["url"] for e in told) == sorted(node.replica(n) for n in NAMES)
 
 
-def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path: Path):
-    until(lambda: serving_all(node), 60, "the router does not serve both replicas")
-    # One replica changes: the router takes it out, it drains and restarts under load while the
-    # other serves, and it comes back in. (That a second wave waits for the first replica to be
-    # back in the router is engine/test_router.py's, with the real router and emulators: a
-    # second real restart here cost minutes of CI.)
-    name = NAMES[1]
-    kept = {i["name"]: i["pid"] for i in node.status()["instances"]}[NAMES[0]]
-    changed = tmp_path / "v2.toml"
-    changed.write_text(layout_text(node, node.env, MAX_MODEL_LEN, changed=name))
+# the rolling apply's direct client: one request per replica per round, each bounded in time
+REQUEST_TIMEOUT_S = 20.0
+MAX_ROUNDS = 4000
+MAX_UNAVAILABLE = 1  # the layout's
+NEW_MAX_MODEL_LEN = MAX_MODEL_LEN - 512
 
-    def drain_count() -> int:
-        return sum(
-            1 for e in node.events() if e.get("kind") == "drain" and e.get("instance") == name
+
+def answers(url: str, model: str) -> bool:
+    """One short completion straight to a replica on a fresh connection; True on a 200."""
+    try:
+        resp = httpx.post(
+            f"{url}/v1/completions", json=completion_body(model, 4), timeout=REQUEST_TIMEOUT_S
+        )
+    except httpx.HTTPError:
+        return False
+    return resp.status_code == 200
+
+
+class DirectClient(threading.Thread):
+    """Asks every replica at once, past the router, once per round, until stopped: it sees
+    which replicas serve at each moment, whatever the router does."""
+
+    def __init__(self, urls: list[str], model: str) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.model = urls, model
+        self.rounds: list[tuple[float, tuple[bool, ...]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with ThreadPoolExecutor(len(self.urls)) as pool:
+            while not self.stop.is_set() and len(self.rounds) < MAX_ROUNDS:
+                t = time.monotonic()
+                oks = tuple(pool.map(lambda u: answers(u, self.model), self.urls))
+                self.rounds.append((t, oks))
+                # a round every half second: steady, and leaves the cores to a restarting replica
+                self.stop.wait(0.5)
+
+
+def served_max_model_len(url: str) -> int:
+    (card,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    return card["max_model_len"]
+
+
+def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path: Path):
+    """Both replicas restart, r0 then r1, under load through the router and a direct client
+    (the module's docstring lists what it asserts)."""
+    until(lambda: serving_all(node), 60, "the router does not serve both replicas")
+    urls = [node.replica(n) for n in NAMES]
+    assert [served_max_model_len(u) for u in urls] == [MAX_MODEL_LEN] * len(NAMES)
+    before = {i["name"]: i["pid"] for i in node.status()["instances"]}
+    changed = tmp_path / "v2.toml"
+    changed.write_text(layout_text(node, node.env, NEW_MAX_MODEL_LEN))
+    seen = len(node.events())
+
+    def drained_first() -> bool:
+        return any(
+            e.get("kind") == "drain" and e.get("instance") == NAMES[0] for e in node.events()[seen:]
         )
 
-    drains_before = drain_count()
-
     async def drained() -> None:
-        """Returns once the journal has the changed replica's drain (its requests done)."""
-        while drain_count() == drains_before:
+        """Returns once the journal has the first wave's drain (its requests done)."""
+        while not drained_first():
             await asyncio.sleep(0.2)
 
     async def under_load():
         stop, heavy_stop = asyncio.Event(), asyncio.Event()
-        # Until the replica has drained: 64 tokens, 2 at a time, about 4 a second, so that the
-        # drain has requests to wait for. That load keeps both of the 2 cores busy: under it
-        # the replica's restart took minutes (~595 s once). So from the drain on, through the
-        # restart and the rejoin, a lighter one runs on: 32 tokens, about 2 a second (it runs
-        # from the start too, so that no moment is without load).
+        # Until the first replica has drained: 64 tokens, 2 at a time, about 4 a second, so that
+        # the drain has requests to wait for. That load keeps both of the 2 cores busy: under it
+        # a replica's restart took minutes (~595 s once). So from that drain on, through both
+        # restarts and rejoins, a lighter one runs on: 32 tokens, about 2 a second (it runs
+        # from the start too, so that no moment is without load; r1's drain waits for it).
         heavy = asyncio.create_task(
-            steady_load(node.url, node.model, 1200, 2, max_tokens=64, rate_per_s=4, stop=heavy_stop)
+            steady_load(node.url, node.model, 1500, 2, max_tokens=64, rate_per_s=4, stop=heavy_stop)
         )
         light = asyncio.create_task(
-            steady_load(node.url, node.model, 1200, 2, max_tokens=32, rate_per_s=2, stop=stop)
+            steady_load(node.url, node.model, 1500, 2, max_tokens=32, rate_per_s=2, stop=stop)
         )
         await asyncio.sleep(3)  # load before the apply...
         t0 = time.monotonic()
@@ -336,40 +392,87 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
         took = time.monotonic() - t0
         await asyncio.sleep(3)  # ...and after it
         stop.set()
-        return proc, took, await heavy, await light
+        return proc, t0, took, await heavy, await light
 
-    proc, took, heavy, load = asyncio.run(under_load())
+    direct = DirectClient(urls, node.model)
+    direct.start()
+    try:
+        # the direct client sees both replicas answer before the change
+        until(
+            lambda: any(all(oks) for _, oks in direct.rounds),
+            60,
+            "the replicas did not answer the direct client before the change",
+            step=0.2,
+        )
+        proc, t_apply, took, heavy, load = asyncio.run(under_load())
+    finally:
+        direct.stop.set()
+        direct.join(REQUEST_TIMEOUT_S * 2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rollout done (1/1 restarted)" in proc.stdout, proc.stdout
-    assert "router: restart" not in proc.stdout  # only its members restart
-    events = node.events()
+    out = proc.stdout
+    assert f"restart (changed, rolling): {', '.join(NAMES)}" in out, out
+    for wave, name in enumerate(NAMES, start=1):
+        assert f"rollout wave {wave}/{len(NAMES)}: restarting {name}" in out, out
+    assert f"rollout done ({len(NAMES)}/{len(NAMES)} restarted)" in out, out
+    assert "router: restart" not in out  # only its members restart
+
+    events = node.events()[seen:]
     drains = [e for e in events if e.get("kind") == "drain"]
-    waited = ", ".join(f"{e['waited_s']:.2f}" for e in drains)
+    during = [(t, oks) for t, oks in direct.rounds if t >= t_apply]
+    answered = [sum(oks) for _, oks in during]
+    waited = ", ".join(f"{e['instance']} {e['waited_s']:.2f}" for e in drains)
     print(
         f"\nrolling apply through the router under load: {heavy.ok} + {load.ok} ok, "
         f"{heavy.failed} + {load.failed} failed in {took:.0f} s; drains waited {waited} s; "
-        f"errors: {(heavy.errors + load.errors)[:3]}"
+        f"errors: {(heavy.errors + load.errors)[:3]}; direct client: {len(during)} rounds of "
+        f"{len(NAMES)}, {sum(1 for a in answered if a < len(NAMES))} with a replica down, "
+        f"fewest answers {min(answered, default=0)}/{len(NAMES)}"
     )
+    # nothing lost through the router
     assert heavy.failed == 0 and load.failed == 0, (heavy.errors + load.errors)[:5]
     assert heavy.ok + load.ok > 40
-    url = node.replica(name)
-    # the replica left the router before its drain began, and came back after its restart
-    left = next(
-        i
-        for i, e in enumerate(events)
-        if e.get("kind") == "router_workers" and url in e.get("remove", ())
-    )
-    drain = next(
-        i
-        for i, e in enumerate(events)
-        if i > left and e.get("kind") == "drain" and e.get("instance") == name
-    )
-    assert events[drain]["drained"] is True
-    assert any(
-        e.get("kind") == "router_workers" and url in e.get("add", ()) for e in events[drain:]
-    )
-    # the other replica served throughout
-    assert {i["name"]: i["pid"] for i in node.status()["instances"]}[NAMES[0]] == kept
+    # at every moment at least N - max_unavailable replicas served, as their clients see them
+    assert len(during) > 20, "too few rounds to judge"
+    assert min(answered) >= len(NAMES) - MAX_UNAVAILABLE, [
+        (round(t - t_apply, 1), oks) for t, oks in during if sum(oks) < len(NAMES) - 1
+    ]
+    # the restarts really happened under the client's eyes, one replica after another
+    down_order: list[int] = []
+    for _, oks in during:
+        for i, ok in enumerate(oks):
+            if not ok and (not down_order or down_order[-1] != i):
+                down_order.append(i)
+    assert down_order == list(range(len(NAMES))), down_order
+    assert all(during[-1][1]), "every replica answers after the rollout"
+
+    # each replica left the router before its drain began, and came back after its restart;
+    # the second wave took r1 out only once r0 was back in
+    assert [e["instance"] for e in drains] == list(NAMES)
+    back_at = -1
+    for name in NAMES:
+        url = node.replica(name)
+        left = next(
+            i
+            for i, e in enumerate(events)
+            if e.get("kind") == "router_workers" and url in e.get("remove", ())
+        )
+        assert left > back_at, f"{name} left the router before the wave before it was back"
+        drain = next(
+            i
+            for i, e in enumerate(events)
+            if i > left and e.get("kind") == "drain" and e.get("instance") == name
+        )
+        assert events[drain]["drained"] is True
+        back_at = next(
+            i
+            for i, e in enumerate(events)
+            if i > drain and e.get("kind") == "router_workers" and url in e.get("add", ())
+        )
+
     doc = node.status()
-    assert doc["rollout"]["state"] == "done"
+    assert doc["rollout"]["state"] == "done" and doc["rollout"]["done"] == len(NAMES)
+    after = {i["name"]: i for i in doc["instances"]}
+    assert all(after[n]["state"] == "ready" and after[n]["pid"] != before[n] for n in NAMES)
     assert all(w["in_router"] for w in doc["router"]["workers"])
+    # the new spec is the one each replica serves
+    assert [served_max_model_len(u) for u in urls] == [NEW_MAX_MODEL_LEN] * len(NAMES)

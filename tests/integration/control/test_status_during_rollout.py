@@ -4,16 +4,10 @@
 
 Two CPU instances share the device `cpu`, so the second waits for the first's start; then a
 change of their args rolls, one instance at a time. vLLM emulators (tests/programs/
-<<<<<<< HEAD
 vllm_emulator.py) stand in for vLLM: a starts in START_S seconds, the window in which the
 operator looks at the co-tenant wait and at wave 1; b, whose waves are only seen to begin and
 end, in B_START_S. Both always report a request running, so each drain lasts drain_timeout_s.
-tests/integration/test_rolling_vllm.py does a rolling apply with real vLLM."""
-=======
-vllm_emulator.py) stand in for vLLM: they start in START_S seconds and always report a request
-running, so each drain lasts drain_timeout_s - a window wide enough to look at each phase.
 tests/integration/router/test_router_vsup.py does a rolling apply with real vLLM."""
->>>>>>> fold-rolling
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ TESTS ?= tests
 PYTEST_ARGS ?=
 SRC := $(shell find supervisor configs -type f ! -name "*.pyc" ! -path "*/__pycache__/*" ! -path "*/.mypy_cache/*")
 # The suite runs from a directory outside the checkout: nothing may depend on the cwd.
-PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && $(PY) -m pytest -c $(CURDIR)/pyproject.toml \
+PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && VSUP_TEST_SLOW_LANES=$(TEST_LANES) \
+	$(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
 
 .PHONY: all venv deps ssh-server test test-fast lint demo demo-attach demo-down bench clean
@@ -53,7 +54,10 @@ ssh-server:
 # xdist's controller, where nothing is collected: every test was a scope of its own, a module's
 # tests ran on both workers with a fixture each, and test_bench's test that builds on the one
 # before it failed when they landed apart.) TEST_WORKERS=0 runs all in one process (`-s`).
-TEST_WORKERS ?= 2
+# Three workers on two lanes: the real-vLLM lanes (CPU-bound, two at a time on 2 cores) run while
+# the third worker takes the other test files, which mostly wait on daemons and emulators.
+TEST_WORKERS ?= 3
+TEST_LANES ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: venv ssh-server

@@ -287,8 +287,12 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         got = wait_for(
             "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 15
         )
-        assert len(got) == 1, stall_seen()
-        event = got[0]
+        # with only the API server's count as evidence, rank 0 finishing its share reads as
+        # progress (a clear) and then as idle, so a stall of [1] may clear and come back as
+        # [0, 1] while rank 1 stays frozen (seen alone and in the suite, 2026-12-05): every
+        # stall names rank 1, and the last is the one the status shows
+        assert 1 <= len(got) <= 2 and all(1 in e["ranks"] for e in got), stall_seen()
+        event = got[-1]
         assert event["ranks"] == named and event["evidence"] == hung["stall_evidence"], event
         said = "rank 1: " if named == [1] else "ranks 0, 1: "
         assert f"data-parallel {said}" in vsup(home, "status").stdout
@@ -309,7 +313,12 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         hung = wait_for("rank 1 stalled while idle", stalled_rank, STALL_AFTER_S + 60)
         figures["DP=2, rank 1 frozen idle, requests -> stalled"] = time.monotonic() - t0
         shown = f"{hung}; {stall_seen()}"
-        assert hung["stalled_ranks"] == [1] and hung["stall_evidence"] == "server", shown
+        # rank 0, done with its share, cannot be told from frozen rank 1 by the server's count
+        # (as under load above): named with it, and then it is idle
+        assert hung["stall_evidence"] == "server", shown
+        assert hung["stalled_ranks"] in ([1], [0, 1]), shown
+        if hung["stalled_ranks"] == [0, 1]:
+            assert per_engine_work(port)["0"] == 0, shown
         # rank 0 answers what it got while rank 1 stays frozen
         wait_for("rank 0's answers", lambda: held.answers.count(200) >= 1, 60, lambda: held.answers)
         os.kill(rank1, signal.SIGCONT)

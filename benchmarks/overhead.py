@@ -10,8 +10,9 @@ own emulator process (~20 MB each), started by the daemon from a layout of CPU i
 so start one after another; the layout is applied first with `health_interval_s = 0.1` to
 make that quick, then again with the default 1 s, which the engine takes without a restart.
 What is measured is the steady state: per
-instance, one /health check and one /metrics scrape with its /load read (+ parse, rates,
-snapshot, history) a second (`--no-load-tracking`: without /load).
+instance, one scrape a second, /health, /load and /metrics pipelined on one connection (the
+engine's health loop takes that /health answer), + parse, rates, snapshot, history
+(`--no-load-tracking`: without /load).
 
 CPU is the daemon's own process accounting (user + system time of its pid, psutil), over R
 windows of S seconds each; the figure is the median window, as % of one core.

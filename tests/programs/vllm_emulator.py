@@ -67,6 +67,8 @@ Behaviours on cue:
   --request-s S                    each POST /v1/completions is answered S seconds after it
                                    came (held open meanwhile); the gauges do not count it (as
                                    requests on their way into a real engine are not counted)
+  --request-log PATH               append `CONNECTION PATH` for each request (the connection's
+                                   number in this process: which requests shared one)
   --enable-server-load-tracking    `GET /load` answers `{"server_load": N}`, N the requests in
                                    flight: the mode's (the running and waiting it shows; 3 in
                                    `frozen-idle`) plus completions held by --request-s, as
@@ -417,6 +419,8 @@ class Server:
         self.requests_in_flight = 0  # completions received and not yet answered (/load)
         self.sleep = sleep
         self.dev_mode = dev_mode  # VLLM_SERVER_DEV_MODE=1: the sleep routes exist
+        self.request_log: Path | None = None  # --request-log: "CONNECTION PATH" per request
+        self._connections = 0
 
     async def _held_while_asleep(self, reader: asyncio.StreamReader) -> bool:
         """Hold a completion while the engine sleeps, as vLLM does; False when the client
@@ -456,6 +460,8 @@ class Server:
         return None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        connection = self._connections
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -463,6 +469,9 @@ class Server:
                 parts = lines[0].decode("latin-1").split(" ")
                 method = parts[0]
                 path = parts[1] if len(parts) > 1 else "/"
+                if self.request_log is not None:
+                    with self.request_log.open("a") as f:
+                        f.write(f"{connection} {path}\n")
                 length, close = 0, False
                 for line in lines[1:]:
                     low = line.lower()
@@ -703,6 +712,7 @@ async def _serve(
             sleep=SleepMode(args, payload, hbm),
             dev_mode=_dev_mode(),
         )
+        srv.request_log = Path(args.request_log) if args.request_log else None
         servers.append(await asyncio.start_server(srv.handle, args.host, port))
     print(
         f"(APIServer pid={os.getpid()}) INFO Starting vLLM server on "
@@ -767,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
     p.add_argument("--request-s", type=float, default=0.0)
+    p.add_argument("--request-log", help="append 'CONNECTION PATH' for every request")
     p.add_argument("--enable-server-load-tracking", action="store_true")
     p.add_argument("--enable-sleep-mode", action="store_true")
     p.add_argument("--sleep-s", type=float, default=0.0)

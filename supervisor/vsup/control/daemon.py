@@ -184,6 +184,8 @@ class Daemon:
         self.engine.router.exclude = self._excluded
         self.engine.sleeper.weights_of = self._weights_of
         self.engine.sleeper.engine_requests = self._engine_requests
+        # a scrape asks /health with /metrics: the engine's check of that second
+        self.monitor.on_health = self.engine.health_answered
 
     # ----------------------------------------------------------------- engine events
 

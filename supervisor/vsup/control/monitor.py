@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -117,6 +117,10 @@ class Monitor:
         self._canaries: dict[str, asyncio.Task[None]] = {}
         self._tracking: dict[str, bool] = {}
         self._unresolved: set[tuple[int, int]] = set()
+        # Told `(name, run, status)` of each `/health` a scrape asked with its /metrics (on
+        # the same connection, pipelined): the engine takes it for its own check that second
+        # (engine/runner.py). None: scrapes do not ask /health.
+        self.on_health: Callable[[str, int, int], None] | None = None
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -259,10 +263,14 @@ class Monitor:
 
     async def _scrape(self, t: Target) -> None:
         assert self.scraper is not None
-        result = await self.scraper.scrape(t.base_url, with_load=t.load_tracking)
+        result = await self.scraper.scrape(
+            t.base_url, with_load=t.load_tracking, with_health=self.on_health is not None
+        )
         tel = self._tel.get(t.name)
         if tel is None or self._runs.get(t.name) != t.run:
             return  # forgotten, or restarted while this scrape was in flight
+        if result.health_status is not None and self.on_health is not None:
+            self.on_health(t.name, t.run, result.health_status)
         tel.observe(result)
 
     def _start_canaries(self, targets: list[Target]) -> None:

@@ -69,6 +69,10 @@ class Lifecycle:
         self.last_health_status: int | None = None
         self.engine_part_died = False  # a data-parallel rank's engine core ended (ranks.py)
         self.last_answer_at: float | None = None  # the last /health answer, of any status
+        # /health answers someone else got (the telemetry scrape): the latest status and how
+        # many so far, so the health loop takes each at most once (runner.py)
+        self.answered_status: int | None = None
+        self.answered_count = 0
         self._restart_pending = False
         # why the instance is `failed` (cleared when it leaves that state), for people
         self.failed_why: str | None = None
@@ -124,6 +128,7 @@ class Lifecycle:
         self.health_failures = 0
         self.last_health_status = None
         self.engine_part_died = False
+        self.answered_status = None
         if self._restart_pending:
             self.restarts += 1
             self._restart_pending = False
@@ -139,6 +144,11 @@ class Lifecycle:
         self.ready_since = self.last_answer_at = self.clock.monotonic()
         self._enter(State.READY)
         return True
+
+    def health_answered(self, status: int) -> None:
+        """The current run answered `/health` with `status` to someone else's request."""
+        self.answered_status = status
+        self.answered_count += 1
 
     def health_ok(self) -> None:
         self.health_failures = 0

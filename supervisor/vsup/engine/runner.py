@@ -531,10 +531,19 @@ class Runner:
         inst, lc, e = self.inst, self.lc, self.e
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
+        taken = lc.answered_count
         while proc.alive:
-            h = await health.check(
-                e.http_client(), inst.spec.health_url, e.settings.health_timeout_s
-            )
+            # A ready server's scrape asks /health too (pipelined with /metrics): an answer
+            # it got since the last check is this check, with no request of its own. Without
+            # one (starting, no scrape this second, or no answer) the loop asks itself.
+            answered, status = lc.answered_count, lc.answered_status
+            if lc.state == State.READY and answered != taken and status is not None:
+                h = health.Health(status == 200, status)
+            else:
+                h = await health.check(
+                    e.http_client(), inst.spec.health_url, e.settings.health_timeout_s
+                )
+            taken = answered
             if not proc.alive or inst.process is not proc:
                 return
             if lc.state == State.STARTING:

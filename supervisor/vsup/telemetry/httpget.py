@@ -1,10 +1,11 @@
 """Keep-alive HTTP/1.1 GETs to plain-http servers: what the daemon polls vLLM with, every second.
 
-Why not httpx here: the daemon makes two requests per instance per second (/health and
-/metrics), httpx's CPU per request is high even on a kept-alive loopback connection, and its
-connection pool walks every pooled connection on every request (O(N) per request, O(N^2) per
-poll), which made it most of the daemon's CPU at 64 instances. This client writes the request
-line itself and reads the answer with asyncio streams, at a small fraction of that cost. The
+Why not httpx here: the daemon makes up to three requests per instance per second (/health,
+/load and /metrics, pipelined: `get_all`), httpx's CPU per request is high even on a kept-alive
+loopback connection, and its connection pool walks every pooled connection on every request
+(O(N) per request, O(N^2) per poll), which made it most of the daemon's CPU at 64 instances.
+This client writes the request line itself and reads the answer with asyncio streams, at a
+small fraction of that cost. The
 figures before and after: docs/benchmarks.md ("What the benchmarks changed",
 `benchmarks/overhead.py`).
 
@@ -18,13 +19,15 @@ turns out closed (GETs only), a cap on the body size, one deadline per request. 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 DEFAULT_MAX_BODY = 8 << 20
 MAX_IDLE_PER_HOST = 4
 _HEAD_LIMIT = 64 << 10
+_T = TypeVar("_T")
 
 
 class HttpError(Exception):
@@ -101,6 +104,42 @@ class HttpGetter:
         headers: Mapping[str, str] | None = None,
     ) -> Response:
         """One request over a kept-alive connection. Raises HttpError."""
+        host, port, request = self._encode(method, url, body, headers)
+        return await self._deadline(
+            url,
+            timeout,
+            self._attempt(
+                (host, port), url, host, port, request, body is None, connect_timeout or timeout
+            ),  # fmt: skip
+        )
+
+    async def get_all(
+        self, urls: Sequence[str], timeout: float, connect_timeout: float | None = None
+    ) -> list[Response]:
+        """GET every URL of one server (same host and port) in order, the requests written
+        at once on one kept-alive connection (HTTP/1.1 pipelining: one write and the answers
+        read back to back, instead of a round trip each). Raises HttpError when the
+        connection fails; a server that closes the connection after an answer gets the rest
+        asked again, one by one. `timeout` bounds the whole call."""
+        if not urls:
+            return []
+        encoded = [self._encode("GET", url, None, None) for url in urls]
+        host, port = encoded[0][0], encoded[0][1]
+        if any((h, p) != (host, port) for h, p, _r in encoded):
+            raise HttpError(f"{urls[0]}: get_all asks one server; got {', '.join(urls)}")
+        return await self._deadline(
+            urls[0],
+            timeout,
+            self._attempt_all(
+                urls, host, port, [r for _h, _p, r in encoded], connect_timeout or timeout
+            ),  # fmt: skip
+        )
+
+    def _encode(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> tuple[str, int, bytes]:
+        """(host, port, the request's bytes); raises HttpError for a URL this client cannot
+        ask."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise HttpError(f"{url}: only http://HOST[:PORT]/PATH URLs are supported here")
@@ -114,7 +153,10 @@ class HttpGetter:
             f"{method} {path} HTTP/1.1\r\nHost: {netloc}:{port}\r\nUser-Agent: vsup\r\n"
             f"Accept: */*\r\n{extra}\r\n"
         ).encode("latin-1") + (body or b"")
-        key = (host, port)
+        return host, port, request
+
+    async def _deadline(self, url: str, timeout: float, work: Awaitable[_T]) -> _T:
+        """Await `work` within `timeout` (HttpGetter.Timeout after it)."""
         # One deadline for the whole request: a timer that cancels this task, as
         # asyncio.timeout() does, without its machinery (a fifth of a kept-alive GET's CPU
         # here, and the daemon makes three a second per instance).
@@ -130,8 +172,7 @@ class HttpGetter:
 
         timer = asyncio.get_running_loop().call_later(timeout, expire)
         try:
-            return await self._attempt(key, url, host, port, request, body is None,
-                                       connect_timeout or timeout)  # fmt: skip
+            return await work
         except asyncio.CancelledError:
             if expired and task.uncancel() <= cancelling:
                 raise Timeout(f"{url}: no answer within {timeout:g} s") from None
@@ -166,6 +207,66 @@ class HttpGetter:
             raise ProtocolError(
                 f"{url}: the server closed the connection without answering"
             ) from exc
+
+    async def _attempt_all(
+        self,
+        urls: Sequence[str],
+        host: str,
+        port: int,
+        requests: list[bytes],
+        connect_timeout: float,
+    ) -> list[Response]:
+        key = (host, port)
+        conn = self._take(key)
+        if conn is not None:
+            try:
+                return await self._pipelined(key, conn, urls, requests, connect_timeout)
+            except _Stale:
+                pass  # the server closed it while idle: one try on a new connection
+        conn = await self._connect(host, port, connect_timeout)
+        try:
+            return await self._pipelined(key, conn, urls, requests, connect_timeout)
+        except _Stale as exc:
+            raise ProtocolError(
+                f"{urls[0]}: the server closed the connection without answering"
+            ) from exc
+
+    async def _pipelined(
+        self,
+        key: tuple[str, int],
+        conn: _Conn,
+        urls: Sequence[str],
+        requests: list[bytes],
+        connect_timeout: float,
+    ) -> list[Response]:
+        reader, writer = conn
+        keep = False
+        out: list[Response] = []
+        try:
+            try:
+                writer.write(b"".join(requests))
+            except (ConnectionResetError, BrokenPipeError):
+                raise _Stale() from None
+            for _ in requests:
+                try:
+                    response, keep = await self._read_answer(reader)
+                except _Stale:
+                    if not out:
+                        raise
+                    keep = False  # it closed after an answer: the rest are asked again
+                    break
+                out.append(response)
+                if not keep:
+                    break
+        finally:
+            self._release(key, conn, keep)
+        for url in urls[len(out) :]:
+            # the server ended the connection after an answer: the rest one by one
+            request = requests[len(out)]
+            out.append(
+                await self._attempt(key, url, key[0], key[1], request, True, connect_timeout)
+            )
+        return out
 
     async def aclose(self) -> None:
         self._closed = True
@@ -204,36 +305,48 @@ class HttpGetter:
         try:
             try:
                 writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                if not exc.partial:
-                    raise _Stale() from None
-                raise ProtocolError("the server hung up in the middle of its answer") from None
             except (ConnectionResetError, BrokenPipeError):
                 raise _Stale() from None
-            except asyncio.LimitOverrunError:
-                raise ProtocolError("the answer's headers are over 64 KiB") from None
-            status, headers, version = _parse_head(head)
-            try:
-                body, until_eof = await self._body(reader, headers)
-            except asyncio.IncompleteReadError:
-                raise ProtocolError("the server hung up in the middle of its answer") from None
-            except (ConnectionError, ValueError) as exc:
-                raise ProtocolError(f"bad answer body ({exc})") from None
-            conn_hdr = headers.get("connection", "").lower()
-            keep = not until_eof and (
-                "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
-            )
-            return Response(status, body)
+            response, keep = await self._read_answer(reader)
+            return response
         finally:
-            if keep and not self._closed:
-                idle = self._idle.setdefault(key, [])
-                if len(idle) < MAX_IDLE_PER_HOST:
-                    idle.append(conn)
-                else:
-                    writer.close()
-            else:
-                writer.close()
+            self._release(key, conn, keep)
+
+    async def _read_answer(self, reader: asyncio.StreamReader) -> tuple[Response, bool]:
+        """One answer off the connection, and whether the connection may be used again.
+        Raises _Stale when the server closed the connection before the answer began."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                raise _Stale() from None
+            raise ProtocolError("the server hung up in the middle of its answer") from None
+        except (ConnectionResetError, BrokenPipeError):
+            raise _Stale() from None
+        except asyncio.LimitOverrunError:
+            raise ProtocolError("the answer's headers are over 64 KiB") from None
+        status, headers, version = _parse_head(head)
+        try:
+            body, until_eof = await self._body(reader, headers)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("the server hung up in the middle of its answer") from None
+        except (ConnectionError, ValueError) as exc:
+            raise ProtocolError(f"bad answer body ({exc})") from None
+        conn_hdr = headers.get("connection", "").lower()
+        keep = not until_eof and (
+            "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
+        )
+        return Response(status, body), keep
+
+    def _release(self, key: tuple[str, int], conn: _Conn, keep: bool) -> None:
+        """Back to the idle pool when it may be used again, else closed."""
+        writer = conn[1]
+        if keep and not self._closed:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < MAX_IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        writer.close()
 
     async def _body(
         self, reader: asyncio.StreamReader, headers: dict[str, str]

@@ -10,9 +10,12 @@ own timeout; `scrape_all` runs the requests concurrently and reports each result
 nothing here raises for a server that misbehaves.
 
 `/load` (`{"server_load": N}`, vLLM's `--enable-server-load-tracking`: the API server's own
-count of requests in flight) is read with the scrape when asked (`with_load`), on the same
-kept-alive connection just before `/metrics`. Without that flag vLLM answers 0 whatever runs,
-so it is asked only of servers started with it. `canary()` is stall detection's one request
+count of requests in flight) is read with the scrape when asked (`with_load`), and `/health`
+too (`with_health`: the daemon's engine takes that answer as its check of a ready instance);
+on a plain-http server the scrape's requests are written at once on one kept-alive connection
+(HTTP/1.1 pipelining: vLLM's uvicorn answers them in order), which costs about half the CPU of
+three round trips. Without the load flag vLLM answers 0 whatever runs, so /load is asked only
+of servers started with it. `canary()` is stall detection's one request
 to an idle server (telemetry/stall.py): a `max_tokens = 1` completion with a deadline.
 """
 
@@ -54,6 +57,8 @@ class ScrapeResult:
     # asked, or no usable answer (`load_error` says why)
     server_load: int | None = None
     load_error: str | None = None
+    # `/health`'s HTTP status (asked with `with_health`); None: not asked, or no answer
+    health_status: int | None = None
 
 
 class CanaryOutcome(StrEnum):
@@ -148,14 +153,63 @@ class Scraper:
         timeout_s: float | None = None,
         keep_text: bool = False,
         with_load: bool = False,
+        with_health: bool = False,
     ) -> ScrapeResult:
-        """GET `base_url`/metrics and parse it; with `with_load`, `/load` first (on the same
-        connection). Never raises (except cancellation)."""
-        if not with_load:
+        """GET `base_url`/metrics and parse it; with `with_load`, `/load` first, and with
+        `with_health`, `/health` before that (its status in `health_status`). On a plain-http
+        server the requests go out together on one kept-alive connection (pipelined: one
+        write, the answers read back to back). Never raises (except cancellation)."""
+        if not (with_load or with_health):
             return await self._metrics(base_url, timeout_s, keep_text)
-        load, load_error = await self.load(base_url, timeout_s=timeout_s)
+        if self._transport is None and base_url.startswith("http://"):
+            return await self._together(base_url, timeout_s, keep_text, with_load, with_health)
+        health = await self.health(base_url, timeout_s=timeout_s) if with_health else None
+        load, load_error = (
+            await self.load(base_url, timeout_s=timeout_s) if with_load else (None, None)
+        )
         result = await self._metrics(base_url, timeout_s, keep_text)
-        return replace(result, server_load=load, load_error=load_error)
+        return replace(
+            result,
+            server_load=load,
+            load_error=load_error,
+            health_status=health.status if health is not None else None,
+        )
+
+    async def _together(
+        self,
+        base_url: str,
+        timeout_s: float | None,
+        keep_text: bool,
+        with_load: bool,
+        with_health: bool,
+    ) -> ScrapeResult:
+        """`scrape` of a plain-http server: its GETs pipelined on one connection."""
+        timeout = timeout_s or self.timeout_s
+        urls = [_join(base_url, "/health")] if with_health else []
+        if with_load:
+            urls.append(_join(base_url, "/load"))
+        url = _join(base_url, "/metrics")
+        urls.append(url)
+        t0 = time.perf_counter()
+        try:
+            answers = await self._fast.get_all(urls, timeout, connect_timeout=min(timeout, 1.0))
+        except httpget.HttpError as exc:
+            return ScrapeResult(
+                url,
+                False,
+                EMPTY,
+                error=_describe(exc, url),
+                elapsed_s=time.perf_counter() - t0,
+                load_error=_describe(exc, urls[-2]) if with_load else None,
+            )
+        elapsed = time.perf_counter() - t0
+        health_status = answers[0].status if with_health else None
+        load, load_error = None, None
+        if with_load:
+            answer = answers[-2]
+            load, load_error = _load_answer(urls[-2], answer.status, answer.body)
+        result = self._metrics_answer(url, answers[-1].status, answers[-1].body, elapsed, keep_text)
+        return replace(result, server_load=load, load_error=load_error, health_status=health_status)
 
     async def load(
         self, base_url: str, *, timeout_s: float | None = None
@@ -167,15 +221,7 @@ class Scraper:
             status, body = await self._get(url, timeout_s or self.timeout_s)
         except (httpx.HTTPError, httpget.HttpError) as exc:
             return None, _describe(exc, url)
-        if status != 200:
-            return None, f"{url} answered HTTP {status}"
-        try:
-            value = json.loads(body)["server_load"]
-        except (ValueError, KeyError, TypeError):
-            return None, f"{url} sent no server_load: {body[:80]!r}"
-        if isinstance(value, bool) or not isinstance(value, int):
-            return None, f"{url} sent server_load {value!r}, not a count"
-        return value, None
+        return _load_answer(url, status, body)
 
     async def served_model(
         self, base_url: str, *, headers: Mapping[str, str] | None = None
@@ -270,7 +316,13 @@ class Scraper:
             return ScrapeResult(
                 url, False, EMPTY, error=_describe(exc, url), elapsed_s=time.perf_counter() - t0
             )
-        elapsed = time.perf_counter() - t0
+        return self._metrics_answer(url, status, body, time.perf_counter() - t0, keep_text)
+
+    @staticmethod
+    def _metrics_answer(
+        url: str, status: int, body: bytes, elapsed: float, keep_text: bool
+    ) -> ScrapeResult:
+        """The ScrapeResult of `/metrics`'s answer."""
         if status != 200:
             return ScrapeResult(
                 url,
@@ -372,6 +424,19 @@ class Scraper:
             for name, base_url in targets.items():
                 group.create_task(one(name, base_url))
         return results
+
+
+def _load_answer(url: str, status: int, body: bytes) -> tuple[int | None, str | None]:
+    """`/load`'s answer: its `server_load`, or None and why."""
+    if status != 200:
+        return None, f"{url} answered HTTP {status}"
+    try:
+        value = json.loads(body)["server_load"]
+    except (ValueError, KeyError, TypeError):
+        return None, f"{url} sent no server_load: {body[:80]!r}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None, f"{url} sent server_load {value!r}, not a count"
+    return value, None
 
 
 def _timeout(seconds: float) -> httpx.Timeout:

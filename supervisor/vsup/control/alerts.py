@@ -144,6 +144,7 @@ class Alerts:
         self._lanes: dict[str, _Lane] = {}
         self._started = False
         self._persist: asyncio.Task | None = None
+        self._saving: asyncio.Future[bool] | None = None  # the persist loop's write in flight
         self._dirty = asyncio.Event()
         self._http: httpx.AsyncClient | None = None
         self.delivered = 0
@@ -280,6 +281,11 @@ class Alerts:
             lane.worker = None
         self._persist = None
         self._started = False
+        # A write the persist loop began runs on in its thread when the loop is cancelled: wait
+        # for it, so that the last state is written last (not overtaken by an older document).
+        saving, self._saving = self._saving, None
+        if saving is not None and not await _outcome(saving):
+            self._dirty.set()
         if self._dirty.is_set():
             await asyncio.to_thread(self._save, self._state_doc())
         if self._http is not None:
@@ -460,7 +466,10 @@ class Alerts:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            if not await asyncio.to_thread(self._save, self._state_doc()):
+            self._saving = asyncio.ensure_future(asyncio.to_thread(self._save, self._state_doc()))
+            saved = await asyncio.shield(self._saving)
+            self._saving = None
+            if not saved:
                 self._dirty.set()
                 await asyncio.sleep(5.0)
             await asyncio.sleep(0.5)
@@ -510,3 +519,11 @@ class _Permanent(Exception):
 
 def _rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else 1
+
+
+async def _outcome(saving: asyncio.Future[bool]) -> bool:
+    """Whether a write the persist loop began succeeded (waiting for it to end)."""
+    try:
+        return await saving
+    except Exception:
+        return False

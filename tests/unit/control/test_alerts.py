@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -403,3 +404,37 @@ def test_a_bad_alerts_table_is_an_error_naming_the_key(table: str, says: str) ->
     found = errors(table)
     assert found and says in found[0], found
     assert "[alerts]" in found[0] or "alerts" in found[0]
+
+
+async def test_a_write_in_flight_at_close_ends_before_close_returns(tmp_path, monkeypatch) -> None:
+    """aclose() while the persist loop's write runs in its thread (slow disk): the write is
+    waited for and the newest state is on disk when aclose returns, never an older one after."""
+    import vsup.control.alerts as alerts_mod
+
+    real_write = alerts_mod.write_atomic
+    started = threading.Event()
+    writes: list[str] = []
+
+    def slow_first_write(path, text, **kw):
+        writes.append(text)
+        if len(writes) == 1:
+            started.set()
+            time.sleep(0.5)
+        real_write(path, text, **kw)
+
+    monkeypatch.setattr(alerts_mod, "write_atomic", slow_first_write)
+    state = tmp_path / "alerts.json"
+    alerts = Alerts(FakeClock(), "n", env={}, retry_delays_s=(), state_path=state)
+    alerts.configure(AlertConfig(command=("true",), resolve_after_s=10))
+    await alerts.start()
+    alerts.observe([ECC])
+    await asyncio.to_thread(started.wait, 10)
+    alerts.observe([ECC, CRASH])  # a change while the first write is on its way
+    await alerts.aclose()
+    on_disk = json.loads(state.read_text())
+    assert {i["kind"] for i in on_disk["incidents"]} == {"gpu_ecc", "crash_loop"}
+    await asyncio.sleep(0.6)  # an older write overtaking the last one would land by now
+    assert {i["kind"] for i in json.loads(state.read_text())["incidents"]} == {
+        "gpu_ecc",
+        "crash_loop",
+    }

@@ -43,6 +43,7 @@ import pytest
 from vsup.clock import SystemClock
 from vsup.layout.model import load_layout
 from vsup.telemetry.logwatch import LogWatcher
+from vsup.telemetry.metrics import SCRAPED_NAMES
 from vsup.telemetry.rates import InstanceRates
 from vsup.telemetry.scrape import Scraper
 
@@ -159,8 +160,18 @@ def test_cpu1_runs_the_profiles_command_line_and_serves_with_its_block_override(
         models = client.get("/v1/models").json()["data"]
         assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny-llama", 512)]
         metrics = client.get("/metrics").text
+        # the scrape's page (telemetry/scrape.py): prometheus_client's mount at /metrics/ answers
+        # only the samples `name[]` names
+        filtered = client.get("/metrics/", params=[("name[]", n) for n in SCRAPED_NAMES]).text
     info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info{"))
     assert 'num_gpu_blocks="6"' in info and 'block_size="128"' in info
+
+    def series(page: str) -> set[str]:  # sample name and labels, not the values that move
+        return {line.rsplit(" ", 1)[0] for line in page.splitlines() if not line.startswith("#")}
+
+    wanted = {s for s in series(metrics) if s.split("{", 1)[0] in SCRAPED_NAMES}
+    assert series(filtered) == wanted and len(wanted) >= 10, (series(filtered), wanted)
+    assert len(filtered) < len(metrics) / 5, (len(filtered), len(metrics))
 
 
 async def test_cpu1_under_load_shows_preemptions_kv_usage_and_rates(node) -> None:

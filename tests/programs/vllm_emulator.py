@@ -117,6 +117,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -174,19 +175,10 @@ class Payload:
                 for line in text.splitlines(keepends=True)
                 if not line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))
             )
-        line_re = re.compile(
-            r"^(" + "|".join(re.escape(n) for n in _MOVING) + r")(\{[^}]*\})? (\S+)$", re.M
-        )
-        self.slots: list[str] = []
-        self.chunks: list[str] = []
-        pos = 0
-        for m in line_re.finditer(text):
-            self.chunks.append(text[pos : m.start(3)])
-            label = re.search(r'sleep_state="([^"]*)"', m.group(2) or "")
-            # the sleep state's three series each get their own slot
-            self.slots.append(f"{m.group(1)}/{label.group(1)}" if label else m.group(1))
-            pos = m.end(3)
-        self.chunks.append(text[pos:])
+        self.text = text
+        self.slots, self.chunks = _template(text)
+        # `name[]` pages (only_samples), each a template of its own, built at its first ask
+        self._pages: dict[frozenset[str], tuple[list[str], list[str]]] = {}
         self.t0 = time.monotonic()
         self.started = time.time()
         self.mode_file: Path | None = None
@@ -207,7 +199,8 @@ class Payload:
             return "serve"
         return words[0] if words else "serve"
 
-    def render(self) -> bytes:
+    def render(self, names: frozenset[str] | None = None) -> bytes:
+        """The page now; with `names`, only those samples (a `name[]` query)."""
         now = time.monotonic()
         # a sleeping engine runs nothing: the figures of an idle one, KV cache discarded
         mode = "idle" if self.sleep_level else self.mode()
@@ -241,11 +234,35 @@ class Payload:
         self.in_flight = held + int(
             values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"]
         )
-        out = [self.chunks[0]]
-        for slot, chunk in zip(self.slots, self.chunks[1:], strict=False):
+        slots, chunks = self.slots, self.chunks
+        if names is not None:
+            if names not in self._pages:
+                page = only_samples(self.text.encode(), names).decode()
+                self._pages[names] = _template(page)
+            slots, chunks = self._pages[names]
+        out = [chunks[0]]
+        for slot, chunk in zip(slots, chunks[1:], strict=False):
             out.append(repr(values[slot]))
             out.append(chunk)
         return "".join(out).encode()
+
+
+def _template(text: str) -> tuple[list[str], list[str]]:
+    """A page cut where the moving families' values go: (slots, chunks around them)."""
+    line_re = re.compile(
+        r"^(" + "|".join(re.escape(n) for n in _MOVING) + r")(\{[^}]*\})? (\S+)$", re.M
+    )
+    slots: list[str] = []
+    chunks: list[str] = []
+    pos = 0
+    for m in line_re.finditer(text):
+        chunks.append(text[pos : m.start(3)])
+        label = re.search(r'sleep_state="([^"]*)"', m.group(2) or "")
+        # the sleep state's three series each get their own slot
+        slots.append(f"{m.group(1)}/{label.group(1)}" if label else m.group(1))
+        pos = m.end(3)
+    chunks.append(text[pos:])
+    return slots, chunks
 
 
 GiB = 1 << 30
@@ -493,7 +510,7 @@ class Server:
                     finally:
                         self.requests_in_flight -= 1
                 answer = await self.dev_route(method, route, parse_qs(qs), body)
-                status, ctype, out = answer or self.route(route)
+                status, ctype, out = answer or self.route(route, parse_qs(qs))
                 writer.write(
                     f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n"
                     f"content-length: {len(out)}\r\n\r\n".encode()
@@ -507,13 +524,17 @@ class Server:
         finally:
             writer.close()
 
-    def route(self, path: str) -> tuple[str, str, bytes]:
+    def route(self, path: str, query: dict[str, list[str]] | None = None) -> tuple[str, str, bytes]:
         if path == "/health":
             if self.health["code"] == 200:
                 return "200 OK", "application/json", b""
             return "503 Service Unavailable", "application/json", b""
         if path == "/metrics":
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.payload.render()
+        if path == "/metrics/":  # prometheus_client's own page, as vLLM mounts it: `name[]` filters
+            names = (query or {}).get("name[]")
+            page = self.payload.render(frozenset(names) if names else None)
+            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", page
         if path == "/load":
             if self.load_tracking and self.payload.mode() == "frozen-idle":
                 self.payload.render()  # the mode's count even before the first scrape
@@ -533,6 +554,28 @@ class Server:
             )
             return "200 OK", "application/json", (body % self.model).encode()
         return "404 Not Found", "application/json", b'{"detail":"Not Found"}'
+
+
+def only_samples(page: bytes, names: set[str] | frozenset[str]) -> bytes:
+    """The page as prometheus_client renders a `name[]` query: the samples named, with the
+    HELP and TYPE lines of their families."""
+    wanted, families = _wanted(frozenset(names))
+    kept = []
+    for line in page.split(b"\n"):
+        if line[:1] == b"#":
+            if line[7:].split(b" ", 1)[0] in families:  # "# HELP " and "# TYPE " are 7 bytes
+                kept.append(line)
+        elif line.split(b"{", 1)[0].split(b" ", 1)[0] in wanted:
+            kept.append(line)
+    return b"\n".join(kept) + b"\n" if kept else b""
+
+
+@functools.lru_cache(maxsize=8)
+def _wanted(names: frozenset[str]) -> tuple[frozenset[bytes], frozenset[bytes]]:
+    """A `name[]` set as sample names and the families they belong to (the scrape asks for the
+    same set each second)."""
+    families = {n.removesuffix(s) for n in names for s in ("_total", "")}
+    return frozenset(n.encode() for n in names), frozenset(f.encode() for f in families)
 
 
 def _load_model(model: str, revision: str | None) -> int:

@@ -86,6 +86,8 @@ VLLM_FAMILIES = (
     SLEEP_STATE,
     SLEEP_OPS,
 )
+# The samples a scrape asks vLLM for (telemetry/scrape.py): the families above and the start time.
+SCRAPED_NAMES = (*VLLM_FAMILIES, START_TIME)
 # The families summed per engine (EngineFigures) besides KV usage and the sleep state.
 _PER_ENGINE = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS)
 

@@ -130,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:
-        if self.path == "/metrics":
+        if self.path.partition("?")[0].rstrip("/") == "/metrics":
             body = (
                 self.server.payloads.pop(0)
                 if len(self.server.payloads) > 1

@@ -82,8 +82,13 @@ class HttpServer:
             writer.close()
 
 
+def paths(server: HttpServer) -> list[str]:
+    """The paths the server was asked for, the `/metrics` page however it was asked."""
+    return [p.partition("?")[0].rstrip("/") or "/" for p in server.requests]
+
+
 async def vllm_like(path: str) -> tuple[int, bytes]:
-    if path == "/metrics":
+    if path.partition("?")[0].rstrip("/") == "/metrics":  # a server that does not filter
         return 200, PAYLOAD
     if path == "/health":
         return 200, b""
@@ -112,7 +117,7 @@ async def test_scrape_parses_the_payload_and_reuses_one_connection() -> None:
     assert results[0].size_bytes == len(PAYLOAD) and results[0].text is None
     assert health.ok and health.status == 200
     assert server.connections == 1  # keep-alive: four requests, one TCP connection
-    assert server.requests == ["/metrics"] * 3 + ["/health"]
+    assert paths(server) == ["/metrics"] * 3 + ["/health"]
 
 
 async def test_keep_text_returns_the_payload() -> None:
@@ -217,7 +222,7 @@ async def test_with_load_reads_load_then_metrics_on_the_same_connection() -> Non
         plain = await scraper.scrape(server.url)
     assert [(r.ok, r.server_load, r.load_error) for r in results] == [(True, 7, None)] * 2
     assert plain.server_load is None  # not asked: a server without the flag answers 0 always
-    assert server.requests == ["/load", "/metrics", "/load", "/metrics", "/metrics"]
+    assert paths(server) == ["/load", "/metrics", "/load", "/metrics", "/metrics"]
     assert server.connections == 1
 
 
@@ -285,3 +290,56 @@ async def test_a_canary_without_an_answer_times_out_and_a_refused_one_fails() ->
     assert "Unauthorized" in (refused.error or "")
     assert gone.outcome == CanaryOutcome.FAILED and gone.status is None
     assert model is None
+
+
+def _filtered(page: bytes, names: set[str]) -> bytes:
+    """The page as prometheus_client answers a `name[]` query (tests/programs/vllm_emulator.py
+    does the same): the samples named, with their families' HELP and TYPE lines."""
+    from tests.programs.vllm_emulator import only_samples
+
+    return only_samples(page, names)
+
+
+async def test_only_the_series_vsup_reads_are_asked_for_and_read_the_same() -> None:
+    from urllib.parse import parse_qs
+
+    from vsup.telemetry.metrics import SCRAPED_NAMES, parse_metrics
+
+    async def filtering(path: str) -> tuple[int, bytes]:
+        route, _, query = path.partition("?")
+        if route == "/metrics/":
+            return 200, _filtered(PAYLOAD, set(parse_qs(query)["name[]"]))
+        return await vllm_like(path)
+
+    async with HttpServer(filtering) as server, Scraper(timeout_s=5) as scraper:
+        result = await scraper.scrape(server.url, with_load=True, with_health=True)
+        again = await scraper.scrape(server.url)
+    route, _, query = server.requests[-1].partition("?")
+    assert route == "/metrics/" and parse_qs(query)["name[]"] == list(SCRAPED_NAMES)
+    assert result.ok and again.ok and result.server_load == 7 and result.health_status == 200
+    assert result.size_bytes < len(PAYLOAD) / 5  # ~4 KB of ~55 KB
+    assert result.metrics == parse_metrics(PAYLOAD.decode())  # nothing vsup reads is lost
+    assert result.url.endswith("/metrics")  # people read the page's name, not the query
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (404, b'{"detail":"Not Found"}'),  # a server with no prometheus_client mount
+        (200, b""),  # vLLM's multiprocess registry (several API servers) answers a query empty
+    ],
+)
+async def test_a_server_that_does_not_filter_is_asked_for_the_whole_page(
+    status: int, body: bytes
+) -> None:
+    async def no_filter(path: str) -> tuple[int, bytes]:
+        if path.startswith("/metrics/?"):
+            return status, body
+        return await vllm_like(path)
+
+    async with HttpServer(no_filter) as server, Scraper(timeout_s=5) as scraper:
+        first = await scraper.scrape(server.url, with_load=True)
+        second = await scraper.scrape(server.url, with_load=True)
+    assert first.ok and second.ok and first.metrics.preemptions_total == 2.0
+    asked = [p if not p.startswith("/metrics/?") else "filtered" for p in server.requests]
+    assert asked == ["/load", "filtered", "/load", "/metrics", "/load", "/metrics"]

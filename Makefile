@@ -72,8 +72,7 @@ test-fast: venv ssh-server
 lint: deps
 	$(PY) -m ruff format --check supervisor tests benchmarks
 	$(PY) -m ruff check supervisor tests benchmarks
-	cd supervisor && $(PY) -m mypy --config-file $(CURDIR)/pyproject.toml \
-		--cache-dir $(CURDIR)/.mypy_cache -p vsup
+	$(PY) -m mypy --config-file pyproject.toml --cache-dir .mypy_cache supervisor/vsup tests benchmarks
 
 demo: venv
 	VSUP_HOME=$(DEMO_HOME) $(PY) -m vsup.demo --layout $(CURDIR)/layouts/cpu-demo.toml

@@ -99,6 +99,7 @@ async def engine_rounds(kills: int, token: str) -> tuple[list[float], list[float
                 # let the health loop settle into its sleep, as in steady state
                 await asyncio.sleep(0.1)
                 pid = engine.instances["crash"].pid
+                assert pid is not None
                 t0 = time.monotonic()
                 os.kill(pid, signal.SIGKILL)
                 t_state = await events.first_after(

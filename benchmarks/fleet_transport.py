@@ -57,7 +57,7 @@ def openssh(f: SshFleet, sock: str, rounds: int) -> list[tuple[float, ...]]:
     cfg, cm, local = str(f.ssh_config), str(f.root / "cm"), str(f.root / "o.sock")
     base = ["ssh", "-F", cfg, "-o", "BatchMode=yes", "-o", f"ControlPath={cm}"]
     base += ["-o", "StreamLocalBindUnlink=yes"]
-    out = []
+    out: list[tuple[float, ...]] = []
     for _ in range(rounds):
         subprocess.run([*base, "-O", "exit", "a"], capture_output=True)
         t0 = time.perf_counter()

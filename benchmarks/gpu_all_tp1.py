@@ -150,7 +150,7 @@ def main() -> int:
 
     # SIGKILL two parents at once (or the one there is).
     victims = [i for i in st["instances"]][:2]
-    pids = {v["name"]: v["pid"] for v in victims}
+    victim_pids = {v["name"]: v["pid"] for v in victims}
     seq1 = max(e.get("seq", 0) for e in journal(home))
     for v in victims:
         os.kill(v["pid"], signal.SIGKILL)
@@ -160,7 +160,10 @@ def main() -> int:
         now = {i["name"]: i for i in s["instances"]}
         return (
             s
-            if all(now[n]["state"] == "ready" and now[n]["pid"] != pid for n, pid in pids.items())
+            if all(
+                now[n]["state"] == "ready" and now[n]["pid"] != pid
+                for n, pid in victim_pids.items()
+            )
             else None
         )
 
@@ -174,9 +177,9 @@ def main() -> int:
         now = next(i for i in st2["instances"] if i["name"] == v["name"])
         check(
             f"{v['name']} back on GPU {v['gpus']} after its memory was released",
-            bool(rel)
+            rel is not None
             and rel.get("released") is True
-            and bool(spawn)
+            and spawn is not None
             and ts(spawn) >= ts(rel)
             and now["gpus"] == v["gpus"],
             f"gpu_release {rel and {k: rel[k] for k in ('released', 'waited_s') if k in rel}}"

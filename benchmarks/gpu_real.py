@@ -132,7 +132,7 @@ class Ctx:
         return [] if self.cpu else [self.gpu]
 
     def base_args(self) -> dict:
-        args = {"served-model-name": SERVED}
+        args: dict[str, object] = {"served-model-name": SERVED}
         if self.cpu:
             args.update({"dtype": "float32", "max-model-len": 512, "enforce-eager": True})
         return args
@@ -546,6 +546,7 @@ def kill_and_back(ctx: Ctx, name: str, target: str) -> None:
         )
     else:
         t_kill = time.time()
+        assert core is not None
         os.kill(core, signal.SIGKILL)
 
     def back():
@@ -564,7 +565,7 @@ def kill_and_back(ctx: Ctx, name: str, target: str) -> None:
     want = "killed" if target == "api" else "engine_dead"
     check(
         f"{name}: exit classified {want}",
-        bool(ex) and ex["reason"] == want,
+        ex is not None and ex["reason"] == want,
         f"reason {ex and ex['reason']}, signal {ex and ex['signal']}, code {ex and ex['code']}, "
         f"excerpt {(ex and ex['log_excerpt'] or '')[:200]!r}",
     )
@@ -572,8 +573,8 @@ def kill_and_back(ctx: Ctx, name: str, target: str) -> None:
     check(
         f"{name}: old process tree gone, memory released before the new spawn",
         not left
-        and bool(sp)
-        and (ctx.cpu or (bool(rel) and rel["released"] is True and ts(sp) >= ts(rel))),
+        and sp is not None
+        and (ctx.cpu or (rel is not None and rel["released"] is True and ts(sp) >= ts(rel))),
         f"left {left}; gpu_release {rel and {k: rel[k] for k in ('released', 'waited_s')}}",
     )
     x = inst_of(d2, name)
@@ -592,6 +593,7 @@ def kill_and_back(ctx: Ctx, name: str, target: str) -> None:
         f"pid {api} -> {x['pid']}, restarts {x['restarts']}; {split}",
     )
     if target == "core":
+        assert ex is not None
         (ctx.work / "engine_dead.log").write_bytes(
             (run_log(ctx, name, ex["run"]) or Path("/dev/null")).read_bytes()
         )

@@ -216,7 +216,10 @@ def main() -> int:
     )
     check(
         "memory released before the new spawn",
-        bool(rel) and rel.get("released") is True and bool(respawn) and ts(respawn) >= ts(rel),
+        rel is not None
+        and rel.get("released") is True
+        and respawn is not None
+        and ts(respawn) >= ts(rel),
         f"release {rel}; spawn at +{(ts(respawn) - t_kill) if respawn else float('nan'):.2f}s"
         f" after the kill",
     )

@@ -32,7 +32,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "vllm-0.32-cpu"
 DEFAULT = ("metrics_idle.txt", "metrics_load.txt")
 
 
-def median_ms(fn: Callable[[], object], iterations: int) -> float:
+def median_ms(fn: Callable[..., object], iterations: int) -> float:
     # Warm up for a fixed time, not a count: the first few hundred runs pay for cold caches
     # and the CPU clocking up.
     until = time.perf_counter() + 0.3

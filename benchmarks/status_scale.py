@@ -126,13 +126,13 @@ def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
                         stop.wait(1.0)
 
             threads = [threading.Thread(target=poll, daemon=True) for _ in range(pollers)]
-            for t in threads:
-                t.start()
+            for th in threads:
+                th.start()
             time.sleep(2.0)
             polled = median([cpu_window(daemon.pid, seconds) for _ in range(3)])
             stop.set()
-            for t in threads:
-                t.join(10)
+            for th in threads:
+                th.join(10)
         finally:
             daemon.close()
             left = kill_token(token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def vsup_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def vsup_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An isolated VSUP_HOME. Kept short: unix socket paths are limited to 107 bytes."""
     import tempfile
 

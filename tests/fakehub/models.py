@@ -23,7 +23,7 @@ def tiny_repo(model: str, model_dir: Path, extras: bool = True, **kw: object) ->
     """The generated tiny Llama as a hub repository; with `extras`, what real repositories
     carry beside it and vLLM never loads: duplicate .bin weights, Meta's `original/`
     checkpoint, a README and an image."""
-    repo = FakeRepo.from_dir(model, model_dir, **kw)  # type: ignore[arg-type]
+    repo = FakeRepo.from_dir(model, model_dir, **kw)
     if extras:
         repo.files["pytorch_model.bin"] = noise(256 * 1024, "bin")
         repo.files["original/consolidated.00.pth"] = noise(256 * 1024, "pth")

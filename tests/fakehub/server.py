@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model")
@@ -195,7 +195,7 @@ class FakeHub:
     @property
     def url(self) -> str:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
+        host, port = cast(tuple[str, int], self._server.server_address[:2])
         return f"http://{host}:{port}"
 
     def start(self) -> FakeHub:

@@ -52,7 +52,7 @@ def instance(home: Path, name: str) -> dict[str, Any]:
     return {i["name"]: i for i in status(home)["instances"]}[name]
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+def wait_for(check: Callable[..., Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     """Poll `check` until it returns something true; its value. Fails naming `what`."""
     deadline = time.monotonic() + timeout
     last: Any = None

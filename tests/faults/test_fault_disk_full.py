@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from tests.unit.control.helpers import emulator_layout, free_port
 pytestmark = pytest.mark.timeout(240)
 
 
-def fill(home) -> object:
+def fill(home) -> Path:
     """Fill the file system of `home` to the last byte; the filler's path."""
     filler = home / "filler"
     with open(filler, "wb", buffering=0) as fh:

@@ -81,11 +81,19 @@ def stall_seen() -> str:
         inst = status(HOME[0])
     except Exception as exc:  # the message must come out whatever the daemon does
         inst = {"status": repr(exc)}
-    keys = ("state", "pid", "run", "restarts", "stalled", "stall_evidence", "stalled_ranks")
+    keys: tuple[str, ...] = (
+        "state",
+        "pid",
+        "run",
+        "restarts",
+        "stalled",
+        "stall_evidence",
+        "stalled_ranks",
+    )
     keys += ("requests_running", "requests_waiting", "requests_in_flight")
     kinds = ("stalled", "stall_cleared", "stall_restart", "exit", "rank_exit", "restart_scheduled")
     try:
-        journal = [
+        journal: list[object] = [
             (e["kind"], e.get("ranks") or e.get("rank"), e.get("evidence") or e.get("reason"))
             for e in events(HOME[0])
             if e.get("kind") in kinds

@@ -64,8 +64,11 @@ def test_metrics_parse_like_vllms_and_move_between_scrapes(procs):
     time.sleep(1.1)
     second = parse_metrics(get(port, "/metrics").text)
     assert first.vllm_seen and second.vllm_seen
+    assert first.kv_cache_usage is not None
     assert 0.0 <= first.kv_cache_usage <= 1.0
     assert first.kv_capacity_tokens == 1048576  # from the recorded cache_config_info
+    assert first.generation_tokens_total is not None
+    assert second.generation_tokens_total is not None
     assert second.generation_tokens_total > first.generation_tokens_total
     assert get(port, "/health").status_code == 200
     assert "org/m" in get(port, "/v1/models").text

@@ -19,8 +19,9 @@ import urllib.parse
 def main() -> None:
     base, seconds = sys.argv[1], float(sys.argv[2])
     url = urllib.parse.urlsplit(base)
+    assert url.hostname is not None
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
-    removed_at = {}  # worker URL -> when this loop last removed it
+    removed_at: dict[str, float] = {}  # worker URL -> when this loop last removed it
     back_after = []  # seconds from a removal to the worker listed again
     removals = errors = 0
     end = time.monotonic() + seconds

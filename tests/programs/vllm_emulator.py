@@ -409,7 +409,7 @@ def _error(
     HTTPException a route raised."""
     reason = {400: "Bad Request", 500: "Internal Server Error"}[code]
     if detail:
-        body = {"detail": message}
+        body: dict[str, object] = {"detail": message}
     else:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return f"{code} {reason}", "application/json", json.dumps(body).encode()
@@ -738,7 +738,7 @@ async def _serve(
         f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}", flush=True
     )
     text = Path(args.metrics_file).read_text()
-    servers = []
+    servers: list[asyncio.Server] = []
     for port in _ports(args.ports, args.port):
         payload = Payload(text, args.model, with_vllm=not args.disable_log_stats)
         payload.mode_file = Path(args.mode_file) if args.mode_file else None

@@ -84,7 +84,7 @@ def app_factory() -> Callable[..., DashboardApp]:
 
 async def settle(
     pilot,
-    until: Callable[[], bool] | None = None,
+    until: Callable[..., object] | None = None,
     rounds: int = 50,
     delay: float | None = None,
     timeout_s: float = 30.0,

@@ -13,6 +13,7 @@ from vsup.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
+from vsup.tui.widgets.livelog import LiveLog
 
 from tests.tui.conftest import make_app, make_client, settle
 
@@ -119,7 +120,7 @@ async def test_sort_key_cycles_and_the_table_is_resorted_only_when_order_changes
         table = app.screen.query_one(InstanceTable)
         sorts = []
         original = table.sort
-        table.sort = lambda *a, **k: (sorts.append(a), original(*a, **k))[1]
+        table.sort = lambda *a, **k: (sorts.append(a), original(*a, **k))[1]  # type: ignore[method-assign, func-returns-value]  # a spy
         await pilot.press("s")  # name -> state, problems first
         assert app.dashboard.sort_key == "state"
         assert table.order[:2] == ["gpu7", "gpu3"]  # backoff, starting
@@ -240,7 +241,7 @@ async def test_log_tail_follows_by_offset_and_starts_over_on_a_new_run(client):
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.renders == 1)
-        log = app.screen.query_one("#log-tail")
+        log = app.screen.query_one("#log-tail", LiveLog)
         await settle(pilot, lambda: log.line_count >= 3)
         assert "Starting vLLM server" in log.lines[2]
         first = client.calls_to("logs")[0]
@@ -284,7 +285,7 @@ async def test_a_changed_cell_repaints_its_row_only(client):
                 repaints.append((regions, kwargs))
             return original(*regions, **kwargs)
 
-        table.refresh = spy
+        table.refresh = spy  # type: ignore[method-assign]  # a spy around the real method
         client.snapshot = _replace(client.snapshot, "gpu4", kv_cache_usage=0.11)
         app.tick()
         await settle(pilot, lambda: app.renders == 2)
@@ -301,7 +302,7 @@ async def test_an_instance_without_a_log_says_so_once_until_it_runs():
     del client.logs_current["gpu0"]
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
-        log = app.screen.query_one("#log-tail")
+        log = app.screen.query_one("#log-tail", LiveLog)
         await settle(pilot, lambda: log.line_count >= 1)
         assert "has no log yet" in log.lines[0]
         asked = len(client.calls_to("logs"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from textual.widgets import DataTable
+
 from vsup.fleet.model import loads_fleet
 from vsup.fleet.view import Alert, NodeView
 from vsup.tui.fleet_app import FleetApp
@@ -85,7 +87,7 @@ def test_the_fleet_screen_shows_every_node_and_every_alert():
                 await pilot.pause(0.05)
             screen = app.screen
             assert isinstance(screen, FleetScreen)
-            table = screen.query_one("#nodes")
+            table = screen.query_one("#nodes", DataTable)
             assert table.row_count == 3
             row = [c.plain for c in table.get_row("gpu03")]
             assert row[1] == "DOWN"
@@ -95,7 +97,7 @@ def test_the_fleet_screen_shows_every_node_and_every_alert():
                 "7/8",
                 "2 crash_loop",
             ]
-            alerts = screen.query_one("#alerts")
+            alerts = screen.query_one("#alerts", DataTable)
             first = [c.plain for c in alerts.get_row_at(0)]
             assert first[:3] == ["gpu03", "critical", "unreachable"]
             kinds = [alerts.get_row_at(i)[2].plain for i in range(alerts.row_count)]

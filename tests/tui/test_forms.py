@@ -8,7 +8,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Static
 
 from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard
@@ -55,6 +55,7 @@ async def test_add_validates_with_a_dry_run_then_applies_the_new_layout(client):
         )
         await pilot.press("ctrl+s")
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert app.screen.question == "Start gpu7b?"
         await pilot.press("y")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
@@ -166,6 +167,7 @@ async def test_edit_prefills_the_instance_keeps_unshown_keys_and_confirms_a_rest
         _fill(form, gpu_memory_utilization="0.85")
         await pilot.press("ctrl+s")
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert "restart: gpu2" in str(app.screen.details)
         await pilot.press("y")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
@@ -205,6 +207,7 @@ async def test_remove_asks_then_applies_the_layout_without_the_instance(client):
         await pilot.press("down")
         await pilot.press("ctrl+d")
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert "Remove gpu1" in app.screen.question and "stop: gpu1" in str(app.screen.details)
         await pilot.press("y")
         await settle(pilot, lambda: len(client.calls_to("apply")) == 2)
@@ -254,7 +257,7 @@ async def test_save_refused_by_the_daemon_says_why_and_writes_nothing(tmp_path):
         await settle(pilot, lambda: isinstance(app.screen, SaveScreen))
         app.screen.query_one("#path", Input).value = str(target)
         await pilot.press("enter")
-        status = app.screen.query_one("#status")
+        status = app.screen.query_one("#status", Static)
         await settle(pilot, lambda: "not saved" in str(status.content))
         assert "port 8001 is also used by instance 'gpu1'" in str(status.content)
         assert isinstance(app.screen, SaveScreen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from vsup.control.advice import AdviceInputs, compute_advice
 from vsup.logtext import bar_state
@@ -15,6 +16,7 @@ from vsup.tui.screens.logs import LogScreen
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
+from vsup.tui.widgets.livelog import LiveLog
 
 from tests.tui.conftest import make_app, make_client, settle
 
@@ -28,6 +30,7 @@ def h200_pair(held_b: int = 66142 * MiB) -> StatusSnapshot:
     66142 MiB, the memory parts its log gave; advice computed by the daemon's rules."""
     memory = scan_log(FIXTURE).memory.profile()
     assert memory is not None
+    parts: dict[str, Any] = memory.fields()  # replace() checks each key against its field
     base = samples.gpu_node()
     template = base.instances[0]
     instances = []
@@ -44,18 +47,18 @@ def h200_pair(held_b: int = 66142 * MiB) -> StatusSnapshot:
                 planned_hbm_bytes=int(0.45 * H200),
                 gpu_memory_utilization=0.45,
                 hbm_start_bytes=66142 * MiB,
-                **memory.fields(),
+                **parts,
             )
         )
     gpu = GpuStatus(
         0,
         "NVIDIA H200",
         H200,
-        sum(i.hbm_bytes for i in instances) + 600 * MiB,
+        sum(i.hbm_bytes or 0 for i in instances) + 600 * MiB,
         91.0,
         60.0,
         510.0,
-        processes=tuple(GpuProcess(i.pid, i.hbm_bytes, i.name) for i in instances),
+        processes=tuple(GpuProcess(i.pid or 0, i.hbm_bytes or 0, i.name) for i in instances),
     )
     advice = compute_advice(instances, [gpu], AdviceInputs(recent_failures={}))
     node = dataclasses.replace(base.node, gpu_count=1)
@@ -117,14 +120,14 @@ async def test_log_pane_and_full_log_show_each_startup_bar_once():
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.renders == 1)
-        tail = app.screen.query_one("#log-tail")
+        tail = app.screen.query_one("#log-tail", LiveLog)
         await settle(pilot, lambda: any("Application startup complete" in x for x in tail.lines))
         for desc in ("Capturing CUDA graphs (PIECEWISE)", "Capturing CUDA graphs (FULL)"):
             assert len(_bars(tail.lines, desc)) == 1
             assert "51/51" in _bars(tail.lines, desc)[0]
         await pilot.press("l")
         await settle(pilot, lambda: isinstance(app.screen, LogScreen))
-        full = app.screen.query_one("#log-full")
+        full = app.screen.query_one("#log-full", LiveLog)
         await settle(pilot, lambda: any("Application startup complete" in x for x in full.lines))
         assert len(_bars(full.lines, "Loading safetensors checkpoint shards")) == 1
         assert len(full.lines) < log_text.count("\n") + log_text.count("\r")
@@ -137,7 +140,7 @@ async def test_a_bar_growing_between_polls_is_redrawn_in_place():
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.renders == 1)
-        tail = app.screen.query_one("#log-tail")
+        tail = app.screen.query_one("#log-tail", LiveLog)
         await settle(pilot, lambda: tail.line_count == 1)
         for n in (0, 17, 34, 51):
             client.logs_current["a"] += (

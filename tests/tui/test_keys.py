@@ -13,6 +13,7 @@ from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
 from vsup.tui.screens.logs import LogScreen
 from vsup.tui.widgets.header import NodeHeader
+from vsup.tui.widgets.livelog import LiveLog
 
 from tests.tui.conftest import make_app, make_client, settle
 
@@ -114,7 +115,7 @@ async def test_l_opens_the_full_screen_log_that_follows_and_escape_returns(clien
         await pilot.press("l")
         screen = app.screen
         assert isinstance(screen, LogScreen) and not screen.previous and screen.follow
-        log = screen.query_one("#log-full")
+        log = screen.query_one("#log-full", LiveLog)
         await settle(pilot, lambda: log.line_count >= 3)
         client.logs_current["gpu0"] += "INFO one more line\n"
         screen._read()
@@ -141,7 +142,7 @@ async def test_p_opens_the_previous_runs_log(client):
         assert isinstance(screen, LogScreen) and screen.previous
         await settle(pilot, lambda: screen.reads == 1)
         assert client.calls_to("logs")[-1]["previous"] is True
-        assert any("OutOfMemoryError" in ln for ln in screen.query_one("#log-full").lines)
+        assert any("OutOfMemoryError" in ln for ln in screen.query_one("#log-full", LiveLog).lines)
 
 
 async def test_p_does_not_apply_to_an_instance_that_never_exited(client):
@@ -187,6 +188,7 @@ async def test_palette_offers_what_applies_to_the_selection_and_runs_it(client):
         assert "Restart gpu7" in str(commands.get_option_at_index(0).prompt)
         await pilot.press("enter")
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert "gpu7" in app.screen.question
 
 

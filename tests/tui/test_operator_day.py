@@ -153,7 +153,7 @@ def test_a_narrow_header_with_a_router_keeps_the_alerts_on_the_line():
     line = header_text(snap, False, True, 80).plain
     assert len(line) <= 80, line
     assert f"▲ 2 alerts · {first} crash" in line, line
-    assert "18210" in router_line(router)  # the table's bottom line still names it
+    assert "18210" in (router_line(router) or "")  # the table's bottom line still names it
     # a router that is not ready stays in the header, in red
     down = dataclasses.replace(snap, router=dataclasses.replace(router, state=State.FAILED))
     assert "http://127.0.0.1:18210 failed" in header_text(down, False, True, 80).plain
@@ -242,6 +242,7 @@ async def test_an_added_instance_starts_only_after_a_yes(client):
         form.query_one("#field-name", Input).focus()
         await pilot.press("enter")  # the prefilled form submitted at once
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert app.screen.question == "Start gpu7b?"
         assert "start: gpu7b" in str(app.screen.details)
         await pilot.press("enter")  # the focused answer is No
@@ -268,12 +269,13 @@ async def test_saving_over_the_layout_file_keeps_its_comments_and_says_what_it_c
             await settle(pilot, lambda: isinstance(app.screen, Dashboard))
             said = f"saved the running layout to {target}"
             await settle(pilot, lambda s=said: any(s in n.message for n in app._notifications))
-        said = [n for n in app._notifications if "saved the running layout" in n.message]
+        saved = [n for n in app._notifications if "saved the running layout" in n.message]
     assert (
-        said[0].message == f"saved the running layout to {noted} (its comments and formatting kept)"
+        saved[0].message
+        == f"saved the running layout to {noted} (its comments and formatting kept)"
     )
     assert noted.read_text().startswith("# the operator's note: ask before moving gpu6b\n")
-    assert said[1].severity == "warning" and said[1].message == (
+    assert saved[1].severity == "warning" and saved[1].message == (
         f"saved the running layout to {garbled}, but the comments and formatting of {garbled} "
         "could not be kept (it was rewritten in vsup's own format)"
     )

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from textual.widgets import Static
 
 from vsup.control.client import Client
 from vsup.tui import fmt
@@ -305,7 +306,7 @@ def _in_process_checks(home: Path) -> None:
                         await pilot.press("down")
                 table = app.screen.query_one(InstanceTable)
                 assert table.order == ["cpu0", "cpu1"]
-                config = app.screen.query_one("#config").content.plain
+                config = app.screen.query_one("#config", Static).content.plain
                 assert "--num-gpu-blocks-override 6" in config
                 assert "num_gpu_blocks" in config  # vLLM's own cache config, scraped
                 shots = os.environ.get("VSUP_SCREENSHOTS")

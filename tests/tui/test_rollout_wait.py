@@ -88,6 +88,7 @@ def test_the_cells_and_lines_say_what_each_instance_waits_for():
     assert fmt.wait_summary(c) == f"waits for {a.name} starting"
     memory = dataclasses.replace(c, wait=WaitReason("gpu_memory", "pid 7 holds 9.0 GiB"))
     assert rows.row_cells(memory, rows.COLUMNS)[state][0] == "◐ GPU memory"
+    assert snap.rollout is not None
     text = rollout_text(snap.rollout).plain
     assert text == (
         f"⟳ rollout wave 1/2: restarting {a.name} · 0/2 done · pending {b.name} "
@@ -100,9 +101,12 @@ def test_the_cells_and_lines_say_what_each_instance_waits_for():
     )
     cut = dataclasses.replace(ROLLING, state="interrupted", old_config=("cpu1",))
     assert "▲ rollout interrupted at wave 1/2" in rollout_text(cut).plain
-    assert "ROLLOUT INTERRUPTED" in header_text(dataclasses.replace(snap, rollout=cut), 0, 0).plain
+    assert (
+        "ROLLOUT INTERRUPTED"
+        in header_text(dataclasses.replace(snap, rollout=cut), False, False).plain
+    )
     done = dataclasses.replace(ROLLING, state="done", old_config=())
-    assert "ROLLOUT" not in header_text(dataclasses.replace(snap, rollout=done), 0, 0).plain
+    assert "ROLLOUT" not in header_text(dataclasses.replace(snap, rollout=done), False, False).plain
 
 
 async def test_the_dashboard_shows_the_rollout_the_waits_and_no_stale_sparklines():

@@ -252,6 +252,7 @@ async def test_the_palette_swaps_the_selected_instance_for_a_sleeper():
         command = next(c for c in app.get_system_commands(app.screen) if c.title == swaps[0])
         command.callback()
         await settle(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert isinstance(app.screen, ConfirmScreen)
         assert app.screen.question == "Swap gpu0 for gpu1?"
         await pilot.press("y")
         await settle(pilot, lambda: client.calls_to("action"))
@@ -272,6 +273,7 @@ async def test_help_lists_the_sleep_keys_and_the_sleep_look():
         await settle(pilot, lambda: isinstance(app.screen, HelpScreen))
         from vsup.tui.screens.help import help_table
 
+        assert isinstance(app.screen, HelpScreen)
         table = help_table(app.screen.keys, False)
         keys = [str(c) for c in table.columns[0]._cells]
         assert "z" in keys and "Z" in keys and "☾ asleep L1" in keys

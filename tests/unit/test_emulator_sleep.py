@@ -309,7 +309,9 @@ async def test_the_fake_hbm_is_the_instances_memory_to_nvml_and_the_monitor(emul
         assert b.post("/sleep?level=1").status_code == 200
         await monitor.poll(targets)
         assert monitor.fields("b", True)["hbm_bytes"] == 1 * GiB, "the sleep is seen released"
-        (free,) = monitor.gpu_memory((1,))
+        memory = monitor.gpu_memory((1,))
+        assert memory is not None
+        (free,) = memory
         assert free.used_bytes == 600 * 2**20 + int(64.6 * GiB) + 1 * GiB
 
         a.close()  # a dead process holds nothing: its file is left, its pid gone

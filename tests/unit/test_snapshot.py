@@ -72,7 +72,7 @@ def strategy(hint):
         kw = {f.name: strategy(hints[f.name]) for f in dataclasses.fields(hint)}
         if hint is StatusSnapshot:
             kw["schema"] = st.just(SCHEMA)
-        return st.builds(hint, **kw)
+        return st.builds(hint, **kw)  # type: ignore[arg-type]  # a dataclass type here, not an instance
     if hint is bool:
         return st.booleans()
     if hint is int:

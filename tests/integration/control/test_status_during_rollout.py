@@ -16,6 +16,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ def status_json(home) -> dict:
     return json.loads(vsup(home, "status", "--json").stdout)
 
 
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
+def wait_for(check: Callable[[], object], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:

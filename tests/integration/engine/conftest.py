@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ class Events:
 
 
 @pytest.fixture
-def token() -> str:
+def token() -> Iterator[str]:
     tok = uuid.uuid4().hex
     yield tok
     left = kill_token(tok)

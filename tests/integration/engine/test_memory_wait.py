@@ -74,6 +74,7 @@ class Telemetry:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
+        assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
@@ -100,6 +101,7 @@ async def test_a_start_waits_while_a_foreign_process_holds_the_memory(
         inst = eng.instances["g0"]
         await until(lambda: inst.waiting_for is not None)
         assert inst.state == "starting"
+        assert inst.waiting_for is not None
         assert f"pid {foreign.pid} holds 100.0 GiB (no instance's)" in inst.waiting_for
         assert "g0 needs 125.8 GiB free (0.9 of 139.8 GiB)" in inst.waiting_for
         assert inst.status_fields()["state"] == "starting"
@@ -147,6 +149,7 @@ async def test_a_refusal_while_a_foreign_process_holds_memory_burns_no_restart(
         assert inst.last_exit.log_excerpt == REFUSAL
         await until(lambda: inst.waiting_for is not None)
         assert inst.failures == 0 and inst.state == "starting" and inst.run == 1
+        assert inst.waiting_for is not None
         assert f"pid {foreign.pid} holds 100.0 GiB" in inst.waiting_for
         sched = events.of("restart_scheduled", "g0")[0]
         assert sched["failures"] == 0 and "memory held by other processes" in sched["why"]
@@ -178,6 +181,7 @@ async def test_a_refusal_caused_by_the_layouts_own_instances_fails_fast(
     inst = eng.instances["g0"]
     assert inst.run == 1 and inst.failures == 1, "no restart into the same wall"
     why = inst.failed_why
+    assert why is not None
     assert "the layout asks for more GPU memory than there is" in why
     assert "instances g1 hold the rest" in why and "Lower gpu_memory_utilization" in why
     assert why.endswith(f"(vLLM: {REFUSAL})")

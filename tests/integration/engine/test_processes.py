@@ -77,6 +77,7 @@ async def test_child_gets_argv_env_session_and_log_as_specified(
         assert env[b"PATH"].split(b":")[0] == os.path.dirname(sys.executable).encode()
         assert b"s3cr3t" not in b" ".join(argv)
         assert argv[0] == b"python"
+        assert pid is not None
         assert os.getsid(pid) == pid and os.getpgid(pid) == pid == inst.pgid
         assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
         assert os.readlink(f"/proc/{pid}/fd/1") == str(inst.log_path())
@@ -464,7 +465,10 @@ async def test_a_drain_waits_for_requests_the_engine_gauges_do_not_show(
     async def requests_running(name):
         # what the daemon's drain callable does: a fresh /metrics scrape, running + waiting
         m = (await scraper.scrape(eng.instances[name].spec.base_url)).metrics
-        return None if m.requests_running is None else m.requests_running + m.requests_waiting
+        if m.requests_running is None:
+            return None
+        assert m.requests_waiting is not None  # vLLM has both gauges or neither
+        return m.requests_running + m.requests_waiting
 
     eng = engine(requests_running=requests_running)
     spec = emulator_spec(

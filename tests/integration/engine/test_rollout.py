@@ -28,7 +28,7 @@ def test_waves_follow_the_layout_order_in_groups_of_max_unavailable():
     r = Rollout(("a", "b", "c"), 2)
     assert r.to_json()["waves"] == 2 and r.pending == ("a", "b", "c")
     r.begin_wave(1)
-    assert (r.current, r.pending) == (("a", "b"), ("c",))
+    assert (r.current, r.pending) == (("a", "b"), ("c",))  # type: ignore[comparison-overlap]  # r.pending stays narrowed across begin_wave()
     r.wave_ready()
     assert r.to_json()["done"] == 2 and r.to_json()["state"] == "running"
 
@@ -168,6 +168,7 @@ async def test_a_failed_wave_stops_the_rollout_and_the_rest_keep_serving(
     r = eng.rollout
     assert r.state == RolloutState.FAILED
     assert r.done == ["b0"] and r.current == ("b1",) and r.pending == ("b2",)
+    assert r.failure is not None
     assert "wave 2/3 failed: b1 is failed" in r.failure
     assert "b2 keep their old config and keep serving" in r.failure
     b2 = eng.instances["b2"]

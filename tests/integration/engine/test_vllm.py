@@ -80,6 +80,7 @@ async def test_bad_model_path_fails_fast_with_model_not_found(
         assert await engine.settle("bad", timeout=60) == "failed"
         inst = engine.instances["bad"]
         assert inst.last_exit.reason == "model_not_found"
+        assert inst.last_exit.log_excerpt is not None
         assert "Repo id must be in the form" in inst.last_exit.log_excerpt
         assert str(missing) in inst.last_exit.log_excerpt
         assert len(events.of("spawn")) == 1 and not inst.supervised  # max_failures is 3
@@ -109,6 +110,7 @@ async def test_too_few_kv_blocks_is_kv_cache_too_small(
         await engine.settle("kv", timeout=60)
         inst = engine.instances["kv"]
         assert inst.last_exit.reason == "kv_cache_too_small"
+        assert inst.last_exit.log_excerpt is not None
         assert "To serve at least one request with the model's max seq len (512)" in (
             inst.last_exit.log_excerpt
         )

@@ -152,7 +152,7 @@ def follow_events(fleet) -> None:
     seen = threading.Event()
 
     def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
+        for line in proc.stdout:
             lines.append(line)
             if " n1 " in line and "operator: restart x" in line:
                 seen.set()

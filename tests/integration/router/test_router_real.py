@@ -113,6 +113,7 @@ command = {command!r}
     spec = router_spec(layout, layout.resolve())
     log = fleet.logs / "router.log"
     proc = spawn(spec.argv(list(spec.workers.values())), log)
+    assert spec is not None
     state = Router(spec, proc, log)
     try:
         wait_http(f"{spec.base_url}/readiness", 60, proc)

@@ -37,7 +37,7 @@ def test_a_signal_while_children_start_waits_for_the_end_of_the_block(tmp_path):
 
 
 def test_signals_during_a_restore_only_say_to_wait(tmp_path):
-    said = []
+    said: list[str] = []
     with LayoutGuard(tmp_path, say=said.append) as guard, guard.restore_phase():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)

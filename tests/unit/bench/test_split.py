@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -51,5 +52,5 @@ def test_weights_are_kv_capacity_when_every_instance_reports_it():
     assert weights_for(insts) == ([300_000.0, 100_000.0], "kv_capacity_tokens")
     insts[1]["kv_capacity_tokens"] = None
     assert weights_for(insts) == ([1.0, 1.0], "gpus")
-    tp = [{"name": "a", "gpus": [0, 1]}, {"name": "b", "gpus": []}]
+    tp: list[dict[str, Any]] = [{"name": "a", "gpus": [0, 1]}, {"name": "b", "gpus": []}]
     assert weights_for(tp) == ([2.0, 1.0], "gpus")

@@ -63,7 +63,9 @@ def test_an_unexpected_error_is_left_to_the_cli(capsys, monkeypatch, tmp_path):
 
 
 def test_a_multi_line_refusal_is_one_line():
-    code, line = exits.known_error(ControlError("first\n  second\n", status=422))
+    known = exits.known_error(ControlError("first\n  second\n", status=422))
+    assert known is not None
+    code, line = known
     assert code == 2 and line == "vsup: first | second"
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+from typing import cast
 
 import pytest
 
 from vsup.commands import up
 from vsup.commands.cliutil import CommandFailed
+from vsup.control.client import Client
 
 
 def rollout(state="running", wave=1, current=("a",), done=0, failure=None):
@@ -87,7 +89,7 @@ def test_following_a_rollout_prints_each_wave_once_and_its_end(capsys):
         rollout(wave=2, current=("b",), done=1),
         rollout(state="done", wave=3, current=(), done=3),
     )
-    assert up.follow_rollout(client, timeout=60, sleep=lambda s: None) == 0
+    assert up.follow_rollout(cast(Client, client), timeout=60, sleep=lambda s: None) == 0
     assert capsys.readouterr().out.splitlines() == [
         "rollout wave 1/3: restarting a (0/3 done)",
         "rollout wave 2/3: restarting b (1/3 done)",
@@ -98,12 +100,14 @@ def test_following_a_rollout_prints_each_wave_once_and_its_end(capsys):
 def test_a_failed_rollout_says_why_and_exits_1(capsys):
     why = "wave 2/3 failed: b is failed (oom); c keep their old config and keep serving"
     client = Statuses(rollout(state="failed", wave=2, current=("b",), done=1, failure=why))
-    assert up.follow_rollout(client, timeout=60, sleep=lambda s: None) == 1
+    assert up.follow_rollout(cast(Client, client), timeout=60, sleep=lambda s: None) == 1
     assert capsys.readouterr().out.strip() == f"rollout failed: {why}"
 
 
 def test_a_rollout_that_outlasts_the_timeout_exits_1(capsys):
     t = iter(range(0, 1000, 10))
     client = Statuses(rollout())
-    code = up.follow_rollout(client, timeout=25, clock=lambda: next(t), sleep=lambda s: None)
+    code = up.follow_rollout(
+        cast(Client, client), timeout=25, clock=lambda: next(t), sleep=lambda s: None
+    )
     assert code == 1 and "did not end within 25 s" in capsys.readouterr().err

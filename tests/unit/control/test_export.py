@@ -134,7 +134,7 @@ def test_bad_listen_addresses_say_what_is_wrong(value):
 
 
 async def test_listener_serves_the_latest_snapshot(port):
-    snap = {"now": None}
+    snap: dict[str, StatusSnapshot | None] = {"now": None}
     listener = MetricsListener(lambda: snap["now"])
     await listener.start(f"127.0.0.1:{port}")
     try:
@@ -159,7 +159,7 @@ def test_grafana_dashboard_uses_only_series_the_exporter_serves():
     from pathlib import Path
 
     dash = json.loads((Path(__file__).parents[3] / "configs" / "grafana-vsup.json").read_text())
-    exprs = []
+    exprs: list[str] = []
 
     def walk(panels):
         for p in panels:
@@ -274,7 +274,7 @@ async def test_the_exposition_is_rendered_once_per_snapshot_whatever_the_scraper
 
     built = []
     real = export.snapshot_metrics
-    monkeypatch.setattr(export, "snapshot_metrics", lambda s: (built.append(s), real(s))[1])
+    monkeypatch.setattr(export, "snapshot_metrics", lambda s: (built.append(s), real(s))[1])  # type: ignore[func-returns-value]  # a spy
     snap = {"now": snapshot()}
     listener = MetricsListener(lambda: snap["now"])
     await listener.start(f"127.0.0.1:{port}")

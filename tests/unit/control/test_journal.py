@@ -59,6 +59,7 @@ def test_replay_gives_the_last_process_of_each_instance(tmp_path):
     got = replay(j.iter_file())
     assert got["a"].running and got["a"].pid == 11 and got["a"].run == 2
     assert got["a"].restarts == 1
+    assert got["b"].last_exit is not None
     assert not got["b"].running and got["b"].last_exit["reason"] == "stopped"
     # Only what happened after a given event counts (the state file covers the rest).
     later = replay(j.iter_file(), after_seq=4)
@@ -86,6 +87,7 @@ def test_a_refused_write_is_kept_retried_and_never_runs_into_the_next_record(tmp
     monkeypatch.setattr(journal.os, "write", full_disk)
     j.append("exit", "a", reason="killed")  # never raises
     j.append("spawn", "a", pid=2)
+    assert j.write_error is not None
     assert j.pending == 2 and "No space left" in j.write_error
     assert [e["kind"] for e in j.read(since=1)[0]] == ["spawn", "exit", "spawn"]
     monkeypatch.setattr(journal.os, "write", real_write)

@@ -37,7 +37,10 @@ class ScriptedProbe:
         self.snapshots = list(snapshots)
         self.calls = 0
 
-    def snapshot(self):
+    def close(self) -> None:
+        pass
+
+    def snapshot(self) -> tuple[GpuSample, ...]:
         self.calls += 1
         return self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
 

@@ -39,7 +39,7 @@ async def test_status_requests_are_served_the_latest_snapshot_without_a_rebuild(
         assert await daemon.engine.wait(name, ("ready",), timeout=30) == "ready"
     builds: list[int] = []
     real = daemon.build_snapshot
-    monkeypatch.setattr(daemon, "build_snapshot", lambda: (builds.append(1), real())[1])
+    monkeypatch.setattr(daemon, "build_snapshot", lambda: (builds.append(1), real())[1])  # type: ignore[func-returns-value]  # a spy
     await client.status()  # the changes since the last build (the starts) are built once
     builds.clear()
     docs = [await client.status() for _ in range(20)]

@@ -102,6 +102,7 @@ def test_truncated_state_file_is_moved_aside_and_the_backup_used(tmp_path):
     result = sf.load()
     assert result.source == "backup"
     assert result.state.instances["a"].pid == 1
+    assert result.problem is not None
     assert "unreadable" in result.problem and "using the backup" in result.problem
     assert result.moved_to is not None and result.moved_to.read_bytes() == data[: len(data) // 2]
     assert not sf.path.exists()
@@ -112,6 +113,7 @@ def test_garbage_with_no_backup_is_reported_not_raised(tmp_path):
     sf.path.write_bytes(b"\x00\xffnot json")
     result = sf.load()
     assert result.state is None and result.source == "none"
+    assert result.problem is not None
     assert "not JSON" in result.problem
 
 
@@ -120,6 +122,7 @@ def test_valid_json_of_the_wrong_shape_is_corrupt(tmp_path):
     sf.path.write_text(json.dumps({"version": 1, "instances": {"a": {"pid": "12", "spec": {}}}}))
     result = sf.load()
     assert result.state is None
+    assert result.problem is not None
     assert "instances.a" in result.problem or "'a'" in result.problem
 
 

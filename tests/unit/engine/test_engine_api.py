@@ -1,9 +1,12 @@
 """Engine API behaviour that needs no process."""
 
+from typing import Any
+
 import pytest
 
 from vsup.clock import FakeClock
 from vsup.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
+from vsup.states import State
 
 from tests.factories import instance_spec
 
@@ -41,7 +44,7 @@ def test_adopt_record_round_trips_through_json():
 
 
 async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
-    events = []
+    events: list[dict[str, Any]] = []
     engine = Engine(FakeClock(), tmp_path, events.append)
     assert engine.adopt(instance_spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
     inst = engine.instances["a"]
@@ -66,25 +69,25 @@ async def test_restore_registers_an_idle_instance_as_the_state_file_had_it(tmp_p
     last = LastExit(1, None, "oom", "2026-01-01T00:00:00.000Z", "CUDA out of memory")
     why = "the restart policy gave up: 5 consecutive failures (max_failures = 5)"
     inst = engine.restore(
-        instance_spec("a"), "failed", run=7, restarts=3, last_exit=last, failed_why=why
+        instance_spec("a"), State.FAILED, run=7, restarts=3, last_exit=last, failed_why=why
     )
     assert (inst.state, inst.run, inst.restarts, inst.last_exit) == ("failed", 7, 3, last)
     assert inst.failed_why == why and inst.status_fields()["failed_why"] == why
     # a state file of an older vsup has no why: the instance still says something
-    old = engine.restore(instance_spec("c"), "failed")
+    old = engine.restore(instance_spec("c"), State.FAILED)
     assert old.failed_why == "it was failed when the previous daemon stopped"
     assert not inst.supervised and inst.log_path() == tmp_path / "a" / "run-0007.log"
     assert engine.diff([instance_spec("a")]).start == ("a",)
     with pytest.raises(ValueError):
-        engine.restore(instance_spec("b"), "ready")
+        engine.restore(instance_spec("b"), State.READY)
 
 
 async def test_status_names_the_model_as_vllm_serves_it(tmp_path):
     from vsup.snapshot import empty_instance
 
     engine = Engine(FakeClock(), tmp_path)
-    named = engine.restore(instance_spec("a", args={"served-model-name": "tiny"}), "stopped")
-    plain = engine.restore(instance_spec("b", port=8001), "stopped")
+    named = engine.restore(instance_spec("a", args={"served-model-name": "tiny"}), State.STOPPED)
+    plain = engine.restore(instance_spec("b", port=8001), State.STOPPED)
     assert named.status_fields()["served_model_name"] == "tiny"
     assert plain.status_fields()["served_model_name"] is None
     assert empty_instance(**named.status_fields()).served_model_name == "tiny"

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from vsup.engine.exitreason import classify, signal_name
+from vsup.states import ExitReason
 
 FIX = Path(__file__).parents[2] / "fixtures" / "vllm-0.32-cpu"
 
@@ -29,6 +30,7 @@ def log(name: str) -> str:
 def test_real_startup_failures_are_classified(fixture, code, reason, excerpt_has):
     got = classify(code, None, log(fixture), model="/tmp/eng-cap/does-not-exist")
     assert got.reason == reason
+    assert got.excerpt is not None
     assert excerpt_has in got.excerpt
     assert "\n" not in got.excerpt or reason == "engine_dead"
 
@@ -43,13 +45,14 @@ def test_the_ulimit_warning_every_start_prints_decides_nothing():
     startup = until_ready()
     assert "Too many open files" in startup
     assert classify(None, 9, startup).reason == "killed"
-    assert classify(0, None, startup) == type(classify(0, None, ""))("unknown", None)
+    assert classify(0, None, startup) == type(classify(0, None, ""))(ExitReason.UNKNOWN, None)
 
 
 def test_a_foreign_sigterm_is_killed_not_engine_dead():
     # The fixture ends with a SIGTERM shutdown, during which vLLM logs EngineDeadError.
     got = classify(0, None, (FIX / "startup.log").read_text())
     assert got.reason == "killed"
+    assert got.excerpt is not None
     assert "shutdown triggered" in got.excerpt
 
 
@@ -158,7 +161,7 @@ def test_engine_init_failure_names_the_root_cause():
 
 def test_unknown_keeps_the_last_exception_line():
     got = classify(1, None, "Traceback (most recent call last):\nKeyError: 'boom'\n")
-    assert got == type(got)("unknown", "KeyError: 'boom'")
+    assert got == type(got)(ExitReason.UNKNOWN, "KeyError: 'boom'")
 
 
 def test_signal_names():
@@ -214,4 +217,5 @@ def test_the_captured_h200_refusal_is_classified_with_the_engine_cores_line():
     got = classify(1, None, text, starting=True)
     assert got.reason == "gpu_memory_insufficient"
     assert got.excerpt.startswith("(EngineCore pid=3185) ValueError: Free memory on device cuda:0")
+    assert got.excerpt is not None
     assert "RuntimeError" not in got.excerpt

@@ -18,6 +18,7 @@ def test_sigkill_of_the_enginecore_is_engine_dead():
     # The API server logs EngineDeadError and exits 0 by itself about 2 s after the kill.
     got = classify(0, None, text("exits/engine_dead_core_killed.log"))
     assert got.reason == "engine_dead"
+    assert got.excerpt is not None
     assert "EngineDeadError: EngineCore encountered an issue" in got.excerpt
 
 
@@ -26,6 +27,7 @@ def test_memory_held_by_another_process_names_the_enginecores_refusal():
     # The engine branch gives this refusal its own reason; before it, it reads as engine_dead.
     want = "gpu_memory_insufficient" if "gpu_memory_insufficient" in EXIT_REASONS else "engine_dead"
     assert got.reason == want
+    assert got.excerpt is not None
     assert (
         "Free memory on device cuda:0 (54.89/139.8 GiB) on startup is less than desired GPU "
         "memory utilization (0.9, 125.82 GiB)" in got.excerpt

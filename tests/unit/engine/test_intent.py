@@ -8,6 +8,7 @@ import pytest
 from vsup.engine.intent import (
     TRANSITIONS,
     IllegalIntent,
+    Intent,
     IntentCell,
     Kind,
     Restart,
@@ -31,7 +32,7 @@ def test_a_start_then_a_stop_with_a_drain():
     cell.start()
     assert cell.intent == Run() and cell.wants_run and not cell.end_asked
     cell.stop(drain=True, drain_timeout_s=5.0)
-    assert cell.intent == Stop(True, 5.0) and cell.drain == (True, 5.0)
+    assert cell.intent == Stop(True, 5.0) and cell.drain == (True, 5.0)  # type: ignore[comparison-overlap]  # mypy keeps cell.intent narrowed across cell.stop()
 
 
 def test_a_restart_is_pending_until_the_runner_takes_it_with_its_spec():
@@ -43,7 +44,7 @@ def test_a_restart_is_pending_until_the_runner_takes_it_with_its_spec():
     cell.start()  # a person's start meanwhile: the run it ends is still to end
     assert isinstance(cell.intent, Restart)
     assert cell.take() == new
-    assert cell.intent == Run() and cell.pending_spec is None
+    assert cell.intent == Run() and cell.pending_spec is None  # type: ignore[comparison-overlap]  # mypy keeps cell.intent narrowed across cell.start()
     assert cell.take() is None  # a plain start: nothing to take
 
 
@@ -100,7 +101,7 @@ def test_taking_a_start_while_nothing_should_run_is_a_bug():
 
 def test_every_kind_has_its_moves_and_illegal_ones_raise():
     assert set(TRANSITIONS) == set(Kind)
-    values = {
+    values: dict[Kind, Intent] = {
         Kind.STOP: Stop(),
         Kind.RUN: Run(),
         Kind.RESTART: Restart(),

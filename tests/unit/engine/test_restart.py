@@ -1,3 +1,5 @@
+from typing import Any
+
 from vsup.engine.restart import (
     DETERMINISTIC,
     RestartTracker,
@@ -8,7 +10,9 @@ from vsup.layout.spec import RestartPolicy
 
 
 def policy(**kw):
-    base = dict(policy="on-failure", backoff_s=10, backoff_max_s=60, stable_s=600, max_failures=7)
+    base: dict[str, Any] = dict(
+        policy="on-failure", backoff_s=10, backoff_max_s=60, stable_s=600, max_failures=7
+    )
     base.update(kw)
     return RestartPolicy(**base)
 

@@ -124,7 +124,7 @@ def test_the_log_watcher_reads_on_after_the_released_part(tmp_path):
     assert len(watcher.poll().new_lines) == 11
     spam(writer, 10, 150_000)
     assert logs.cap(1)
-    seen = []
+    seen: list[str] = []
     while True:
         update = watcher.poll()
         if not update.bytes_read:

@@ -108,7 +108,7 @@ async def test_withdraw_gives_back_a_hold_granted_meanwhile():
 
 
 async def test_on_change_names_who_still_waits():
-    seen = []
+    seen: list[object] = []
     s = DeviceScheduler(on_change=seen.append)
     s.request("a", ("cpu",), "start")
     s.request("b", ("cpu",), "start")

@@ -100,7 +100,7 @@ def test_errors_give_no_compiled_layout_and_say_where(tmp_path):
 def test_the_text_is_parsed_once(tmp_path, monkeypatch):
     seen: list[str] = []
     real = tomllib.loads
-    monkeypatch.setattr(tomllib, "loads", lambda s, **kw: seen.append(s) or real(s, **kw))
+    monkeypatch.setattr(tomllib, "loads", lambda s, **kw: seen.append(s) or real(s, **kw))  # type: ignore[func-returns-value]  # a spy
     compiled, _ = compile_layout(TEXT, tmp_path / "two.toml", profile_dirs=[])
     assert compiled is not None and seen == [TEXT]
 
@@ -139,7 +139,9 @@ def test_settings_of_a_document_that_does_not_validate():
 def spec(**kw):
     compiled, diagnostics = compile_layout(TEXT, "/tmp/two.toml", profile_dirs=[])
     assert compiled is not None, diagnostics
-    return dataclasses.replace(compiled.spec("b"), **kw)
+    b = compiled.spec("b")
+    assert b is not None
+    return dataclasses.replace(b, **kw)
 
 
 def test_changes_name_each_key_with_old_and_new_values():

@@ -223,6 +223,7 @@ def test_plan_dp_writes_one_instance_per_group(models):
     assert plan.layout.defaults["args"]["data-parallel-size"] == 4
     assert "enable-expert-parallel" not in plan.layout.defaults["args"]
     b = plan.budgets[0]
+    assert b.kv_tokens is not None
     assert b.dp == 4 and b.instance_kv_tokens == 4 * b.kv_tokens
     assert b.max_concurrency == pytest.approx(4 * b.kv_tokens / 8192)
     diags = validate(plan.layout, node_gpus=8, profile_dirs=[CONFIGS])

@@ -99,6 +99,7 @@ def test_cpu_demo_without_the_model_says_how_to_get_it(tmp_path):
     (e,) = [d for d in validate(load_layout(copy / "cpu-demo.toml"), node_gpus=0) if d.is_error]
     lines = (copy / "cpu-demo.toml").read_text().splitlines()
     assert e.key == "model" and "does not exist" in e.message
+    assert e.line is not None
     assert (
         lines[e.line - 1].startswith("model = ") and e.instance == "cpu0" and e.others == ("cpu1",)
     )

@@ -113,7 +113,7 @@ def test_the_save_goes_through_the_atomic_writer(tmp_path, monkeypatch):
 
     calls = []
     real = store.write_atomic
-    monkeypatch.setattr(store, "write_atomic", lambda p, t: calls.append(p) or real(p, t))
+    monkeypatch.setattr(store, "write_atomic", lambda p, t: calls.append(p) or real(p, t))  # type: ignore[func-returns-value]  # a spy
     path = tmp_path / "night.toml"
     path.write_text(COMMENTED)
     save_layout(_edited(path), path, node_gpus=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -135,8 +136,8 @@ def test_weight_bytes_from_config_is_quantization_aware(tmp_path):
 def test_safetensors_bytes_come_from_headers_only(tmp_path):
     d = tmp_path / "st"
     d.mkdir()
-    a = {"w1": np.zeros((64, 32), np.float16), "w2": np.zeros((10,), np.float32)}
-    b = {"w3": np.zeros((7, 3), np.int8)}
+    a: dict[str, Any] = {"w1": np.zeros((64, 32), np.float16), "w2": np.zeros((10,), np.float32)}
+    b: dict[str, Any] = {"w3": np.zeros((7, 3), np.int8)}
     save_file(a, str(d / "model-00001-of-00002.safetensors"))
     save_file(b, str(d / "model-00002-of-00002.safetensors"))
     (d / "model.safetensors.index.json").write_text(
@@ -243,5 +244,6 @@ def test_fbgemm_fp8_405b_weighs_one_byte_per_parameter(tmp_path):
     info = model_info(str(model_dir(tmp_path, cfg)), read_weights=False)
     weights, source = info.weight_bytes()
     embed = 2 * 128256 * 16384  # embeddings and LM head stay 16-bit
+    assert info.params is not None
     assert weights == info.params - embed + 2 * embed and "fp8" in source
     assert weights / 4 < 0.9 * 192 * 2**30  # a quarter fits one MI300X: the 2 x TP4 example

@@ -357,6 +357,7 @@ def test_a_swap_group_of_two_at_090_on_one_gpu_fits_and_without_the_group_does_n
     # each GPU's total counts the group once: 0.90 awake + one sleeper's 2 GiB of 140 GiB
     assert plan.gpu_shares()[0].total == pytest.approx(0.9 + 2 / (143771 / 1024))
     text = render_budget(plan)
+    assert plan.weight_bytes is not None
     weights = 2 * plan.weight_bytes / GIB
     assert (
         "gpu0: gpu0a, gpu0b time-share GPU 0 - one awake at a time, 0.90 of the GPU; sleepers "
@@ -385,6 +386,7 @@ def test_time_share_refuses_level_1_weights_beyond_host_ram(llama8b):
     plan = make_plan(time_shared(llama8b, host_memory_bytes=32 * GIB))
     assert not plan.ok
     (problem,) = plan.problems
+    assert plan.weight_bytes is not None
     each = plan.weight_bytes / GIB
     assert problem.startswith("4 instances (gpu0a to gpu1b): level-1 sleepers keep their weights")
     assert f"4 x {each:.1f} GiB = {4 * each:.1f} GiB when all sleep" in problem

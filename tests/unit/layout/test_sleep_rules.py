@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -210,7 +211,7 @@ def test_sleep_on_a_cpu_instance_is_a_warning():
 
 
 @pytest.fixture
-def old_vllm(tmp_path, monkeypatch) -> str:
+def old_vllm(tmp_path, monkeypatch) -> Iterator[str]:
     """A Python whose vLLM (0.5.0, an installed one: not vsup's frozen list) has no sleep mode:
     its flag list as vsup caches it after reading its parser."""
     monkeypatch.setenv("VSUP_HOME", str(tmp_path / "home"))

@@ -773,7 +773,7 @@ def test_validate_instance_reports_what_the_form_must_fix(tmp_path):
     from vsup.layout.validate import validate_instance
 
     found = validate_instance(layout, new, node_gpus=8, profile_dirs=[CONFIGS])
-    keys = sorted({d.key for d in found if d.is_error})
+    keys = sorted({d.key or "" for d in found if d.is_error})
     assert keys == ["gpu_memory_utilization", "port"]
     assert all(d.file is None or d.file == str(tmp_path / "l.toml") for d in found)
     ok = validate_instance(

@@ -71,7 +71,7 @@ def test_frozen_list_is_the_version_it_says():
 
 def test_interpreter_of_python_commands_and_of_script_shebangs(tmp_path):
     # `python` runs the daemon's interpreter's neighbour (the engine puts it first on PATH).
-    assert os.path.dirname(interpreter_for(["python", "-m", "vllm"])) == HERE
+    assert os.path.dirname(interpreter_for(["python", "-m", "vllm"]) or "") == HERE
     assert interpreter_for([sys.executable, "-m", "vllm"]) == sys.executable
     scripts = {
         "direct": f"#!{sys.executable}\n",
@@ -86,7 +86,7 @@ def test_interpreter_of_python_commands_and_of_script_shebangs(tmp_path):
         p.chmod(0o755)
     assert interpreter_for([str(tmp_path / "direct"), "serve"]) == sys.executable
     assert interpreter_for([str(tmp_path / "long"), "serve"]) == sys.executable
-    assert os.path.basename(interpreter_for([str(tmp_path / "env")])).startswith("python3")
+    assert os.path.basename(interpreter_for([str(tmp_path / "env")]) or "").startswith("python3")
     assert interpreter_for([str(tmp_path / "shell")]) is None
     assert interpreter_for(["no-such-program-here"]) is None
     # the real `vllm` console script of this environment (found first on the engine's PATH):

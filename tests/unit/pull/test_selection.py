@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from vsup.pull.selection import RepoFile, select_files
 
 SUPPORT = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
 
 
-def repo(*names: str, index: dict | None = None) -> tuple[list[RepoFile], object]:
+def repo(*names: str, index: dict | None = None) -> tuple[list[RepoFile], Callable[[str], object]]:
     files = [RepoFile(n, 10) for n in names]
 
     def read_json(name: str) -> object:

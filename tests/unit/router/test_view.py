@@ -40,7 +40,8 @@ def test_vsup_status_shows_the_router_as_a_row_and_a_line():
     text = render({**doc, "instances": [], "router": ROUTER})
     row = next(line for line in text.splitlines() if line.startswith("(router)"))
     assert row.split()[:4] == ["(router)", "ready", "4242", "8080"]
-    assert router_line(ROUTER) in text
+    line = router_line(ROUTER)
+    assert line is not None and line in text
 
 
 def test_the_dashboard_header_names_the_endpoint_and_a_router_that_does_not_serve():

@@ -200,6 +200,7 @@ def test_cpu_build_that_ignored_a_requested_backend_reports_what_runs() -> None:
     detector.feed(P + "[cpu.py:179] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU.")
     info = detector.result(flag="FLASH_ATTN")
     assert (info.name, info.source) == ("CPU_ATTN", "log")
+    assert info.line is not None
     assert "Cannot use" in info.line
 
 

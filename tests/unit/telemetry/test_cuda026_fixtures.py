@@ -32,6 +32,7 @@ def test_flash_attention_is_read_from_the_real_cuda_log():
     assert detector.platform == "cuda"
     assert info is not None
     assert (info.name, info.source) == ("FLASH_ATTN", "log")
+    assert info.line is not None
     assert "out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION']" in info.line
 
 
@@ -63,6 +64,7 @@ def test_metrics_of_a_real_cuda_server_preempting_under_load():
     m = parse_metrics((FIX / "metrics_kvload.txt").read_text())
     # --num-gpu-blocks-override 128 with FLASH_ATTN's block size 16.
     assert m.kv_capacity_tokens == 2048
+    assert m.cache_config is not None
     assert m.cache_config["num_gpu_blocks"] == "128"
     assert m.cache_config["block_size"] == "16"
     assert m.kv_cache_usage == 0.9448818897637795

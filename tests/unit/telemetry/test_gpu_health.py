@@ -102,6 +102,7 @@ def test_nvml_throttle_bits_become_named_reasons() -> None:
     )
     _, probe, _ = nvml_probe(NvGpu(clocks_event_mask=mask, sm_clock=1100))
     (h,) = health(probe)
+    assert h.throttle_reasons is not None
     assert set(h.throttle_reasons) == {"thermal", "hw_slowdown", "idle"}
     assert set(h.slowdowns()) == {"thermal", "hw_slowdown"}  # idle costs nothing
     assert (h.sm_clock_mhz, h.sm_clock_max_mhz) == (1100.0, 1980.0)

@@ -253,6 +253,7 @@ def test_amdsmi_that_cannot_start_is_a_probe_error() -> None:
 def test_this_machine_has_no_gpu_library_and_gets_the_none_probe(capsys) -> None:
     probe = open_probe("auto")
     assert isinstance(probe, NoneProbe) and probe.snapshot() == () and probe.count == 0
+    assert probe.reason is not None
     assert "libamd_smi.so" in probe.reason and "NVML" in probe.reason
     assert capsys.readouterr().out == ""  # amdsmi's import-time print is contained
     with pytest.raises(GpuProbeError, match="libamd_smi.so"):

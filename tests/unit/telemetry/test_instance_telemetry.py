@@ -44,10 +44,13 @@ def test_fields_fill_the_snapshot_from_scrapes_log_and_hbm(tmp_path: Path) -> No
     assert status.kv_cache_usage == NEXT.kv_cache_usage
     assert status.preemptions_total == 6.0 and status.kv_capacity_tokens == 768
     assert status.preemptions_per_min == pytest.approx(4 / DT * 60)
+    assert NEXT.generation_tokens_total is not None
+    assert LOAD.generation_tokens_total is not None
     assert status.generation_tokens_per_s == pytest.approx(
         (NEXT.generation_tokens_total - LOAD.generation_tokens_total) / DT
     )
     assert (status.backend, status.backend_source) == ("CPU_ATTN", "default")
+    assert tel.cache_config is not None
     assert tel.cache_config["num_gpu_blocks"] == "6"
     assert "Application startup complete." in tel.log_tail
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
+from typing import cast
 
 from vsup.commands.logs import follow
+from vsup.control.client import Client
 from vsup.logtext import TerminalLines, bar_state, collapse, render_line
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.26-cuda" / "startup.log"
@@ -125,10 +127,18 @@ def test_vsup_logs_prints_each_bar_once():
     text = real_log()
     route = LogRoute([text])
     out = io.StringIO()
-    follow(route, "a", previous=False, keep=False, tail=None, out=out)
+    follow(cast(Client, route), "a", previous=False, keep=False, tail=None, out=out)
     assert out.getvalue() == collapse(text)
     raw = io.StringIO()
-    follow(LogRoute([text]), "a", previous=False, keep=False, tail=None, out=raw, raw=True)
+    follow(
+        cast(Client, LogRoute([text])),
+        "a",
+        previous=False,
+        keep=False,
+        tail=None,
+        out=raw,
+        raw=True,
+    )
     assert raw.getvalue() == text
 
 
@@ -145,9 +155,9 @@ def follow_until_quiet(chunks: list[str], out) -> str:
             raise KeyboardInterrupt
         return read(*a, **k)
 
-    route.logs = logs
+    route.logs = logs  # type: ignore[method-assign]  # a spy around the real method
     with contextlib.suppress(KeyboardInterrupt):
-        follow(route, "a", previous=False, keep=True, tail=None, out=out, interval=0)
+        follow(cast(Client, route), "a", previous=False, keep=True, tail=None, out=out, interval=0)
     return out.getvalue()
 
 

@@ -23,6 +23,7 @@ def test_real_026_log_gives_vllms_memory_parts():
     assert profile is not None and profile.profiled and profile.workers == 1
     assert profile.utilization == 0.45
     # the figures the fixture's line states (README): robust to another real capture at 0.45
+    assert profile.requested_bytes is not None
     assert 0.44 * 130 * GiB < profile.requested_bytes < 0.46 * 150 * GiB
     for part in (
         profile.weights_bytes,
@@ -32,6 +33,8 @@ def test_real_026_log_gives_vllms_memory_parts():
         profile.kv_cache_bytes,
     ):
         assert part is not None and part > 0
+    assert profile.weights_bytes is not None and profile.activation_bytes is not None
+    assert profile.non_torch_bytes is not None and profile.kv_cache_bytes is not None
     parts = profile.weights_bytes + profile.activation_bytes + profile.non_torch_bytes
     # vLLM's own budget: KV = requested - weights - activation - non-torch (0.26, graphs apart)
     assert close(profile.kv_cache_bytes, profile.requested_bytes - parts, 0.05 * GiB)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,10 @@ def reference(text: str) -> dict:
                 return sum(rows) if rows else None
         return None
 
-    configs = {}
+    configs: dict[str, Mapping[str, str]] = {}
     for labels, _v in by_name.get(M.CACHE_CONFIG, ()):
         configs.setdefault(labels.get("engine", ""), labels)
-    caps = {e: kv_capacity_tokens(c) for e, c in configs.items()}
+    caps = {e: kv_capacity_tokens(c) or 0 for e, c in configs.items()}  # 0: unknown
     kv_rows = by_name.get(M.KV_USAGE) or by_name.get(M.KV_USAGE_LEGACY) or []
     kv_rows = [(lab.get("engine", ""), v) for lab, v in kv_rows if math.isfinite(v)]
     if not kv_rows:
@@ -141,6 +142,7 @@ def test_idle_payload_from_cpu_vllm_032() -> None:
     assert (m.prompt_tokens_total, m.generation_tokens_total) == (2.0, 8.0)
     assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (2.0, 0.0)
     assert m.kv_capacity_tokens == 1048576  # kv_cache_size_tokens; also 8192 blocks x 128
+    assert m.cache_config is not None
     assert m.cache_config["block_size"] == "128"
     assert m.cache_config["gpu_memory_utilization"] == "0.92"
     assert m.engines == ("0",) and m.model_names == ("/models/tiny-llama",)
@@ -156,6 +158,7 @@ def test_payload_under_load_shows_preemptions_full_cache_and_a_queue() -> None:
     assert m.requests_waiting and m.requests_waiting > 0
     assert m.requests_running and m.requests_running > 0
     # --num-gpu-blocks-override 6 with block size 128
+    assert m.cache_config is not None
     assert m.cache_config["num_gpu_blocks"] == "6"
     assert m.kv_capacity_tokens == kv_capacity_tokens(m.cache_config)
 
@@ -208,11 +211,14 @@ def test_several_engines_sum_counters_and_weigh_kv_usage_by_capacity() -> None:
     text = re.sub(r'(vllm:kv_cache_usage_perc\{engine="1"[^}]*\}) \S+', r"\1 0.0", text)
     both = parse_metrics(text)
     assert both.engines == ("0", "1")
+    assert one.preemptions_total is not None and one.generation_tokens_total is not None
+    assert one.requests_waiting is not None
     assert both.preemptions_total == 2 * one.preemptions_total
     assert both.generation_tokens_total == 2 * one.generation_tokens_total
     assert both.requests_waiting == 2 * one.requests_waiting
     cap0 = one.kv_capacity_tokens
     assert cap0 is not None
+    assert one.cache_config is not None and one.kv_cache_usage is not None
     cap1 = 12 * int(one.cache_config["block_size"])
     assert both.kv_capacity_tokens == cap0 + cap1
     assert both.kv_cache_usage == pytest.approx(one.kv_cache_usage * cap0 / (cap0 + cap1))

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 INSTANCE_KEYS = {f.name for f in fields(InstanceStatus)}
 
 
-def probe(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | None, str]:
+def probe(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:
     code = main(["probe", *args, "--json"])
     out, err = capsys.readouterr()
     return code, (json.loads(out) if out.strip() else None), err

@@ -25,7 +25,7 @@ LABEL_NAME = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True).filte
 )
 # A label value as written on the wire: plain characters, or a backslash and any character
 # (the three defined escapes and unknown ones that must survive verbatim).
-PLAIN = st.characters(blacklist_characters='"\\\n', blacklist_categories=("Cs",))
+PLAIN = st.characters(blacklist_characters='"\\\n', blacklist_categories=["Cs"])
 WIRE_VALUE = st.lists(
     st.one_of(
         PLAIN,
@@ -69,7 +69,7 @@ def sample_lines(draw: st.DrawFn) -> str:
     name = draw(NAME)
     labels = draw(st.dictionaries(LABEL_NAME, WIRE_VALUE, max_size=5))
     line = name
-    if labels or draw(st.booleans()):
+    if bool(labels) or draw(st.booleans()):
         terms = [
             f'{draw(SPACE)}{k}{draw(SPACE)}={draw(SPACE)}"{v}"{draw(SPACE)}'
             for k, v in labels.items()

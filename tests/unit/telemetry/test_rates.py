@@ -148,9 +148,12 @@ def test_rates_from_two_real_scrapes_of_a_preempting_server() -> None:
     rates.observe(first)
     clock.advance(dt)
     r = rates.observe(second)
+    assert second.preemptions_total is not None and first.preemptions_total is not None
+    assert second.generation_tokens_total is not None and first.generation_tokens_total is not None
     assert r.preemptions_per_min == pytest.approx(
         (second.preemptions_total - first.preemptions_total) / dt * 60
     )
+    assert r.preemptions_per_min is not None
     assert r.preemptions_per_min > 0
     assert r.generation_tokens_per_s == pytest.approx(
         (second.generation_tokens_total - first.generation_tokens_total) / dt
@@ -175,7 +178,7 @@ def test_history_keeps_the_last_span_in_order_and_serves_parallel_lists() -> Non
     h.append(500.0, 0.1, 0.1, 0.1)  # the wall clock stepped back: dropped
     doc = h.to_json()
     assert doc["t"][0] == 390.0 and doc["t"][-1] == 990.0
-    assert doc["t"] == sorted(doc["t"])
+    assert doc["t"] == sorted(doc["t"])  # type: ignore[type-var]  # the time column holds no None
     assert set(doc) == {"t", "kv_cache_usage", "generation_tokens_per_s", "preemptions_per_min"}
     assert len({len(v) for v in doc.values()}) == 1
 

@@ -131,6 +131,7 @@ async def test_a_dead_server_is_an_error_result_not_an_exception() -> None:
     async with Scraper(timeout_s=2) as scraper:
         result = await scraper.scrape(url)
         health = await scraper.health(url)
+    assert result.error is not None
     assert not result.ok and result.status is None and "refused" in result.error
     assert result.metrics.kv_cache_usage is None
     assert not health.ok and health.status is None
@@ -147,6 +148,7 @@ async def test_a_server_that_never_answers_times_out() -> None:
         result = await scraper.scrape(server.url)
         never.set()
     assert not result.ok and result.status is None
+    assert result.error is not None
     assert "no answer within the timeout" in result.error
 
 
@@ -158,6 +160,7 @@ async def test_http_errors_are_reported_with_their_status(status: int) -> None:
     async with HttpServer(fail) as server, Scraper() as scraper:
         result = await scraper.scrape(server.url)
         health = await scraper.health(server.url)
+    assert result.error is not None
     assert not result.ok and result.status == status and str(status) in result.error
     assert not health.ok and health.status == status
 
@@ -169,6 +172,7 @@ async def test_a_server_without_vllm_metrics_is_not_ok() -> None:
     async with HttpServer(python_only) as server, Scraper() as scraper:
         result = await scraper.scrape(server.url)
     assert not result.ok and result.status == 200
+    assert result.error is not None
     assert "--disable-log-stats" in result.error
     assert result.metrics.process_start_time_s == 1.7e9
 

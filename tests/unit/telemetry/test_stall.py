@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from vsup.clock import FakeClock
 from vsup.telemetry.instance import InstanceTelemetry
@@ -23,7 +24,7 @@ DP1_FROZEN_IDLE = parse_metrics((FIX / "dp2" / "metrics_dp1_frozen_idle.txt").re
 FRESH_S = 5.0
 
 
-def moved(m: VllmMetrics, engine: str = "0", **changes: float | bool | None) -> VllmMetrics:
+def moved(m: VllmMetrics, engine: str = "0", **changes: Any) -> VllmMetrics:
     """`m` with one engine's figures changed (and the server's sums, for one engine)."""
     per = dict(m.per_engine)
     per[engine] = replace(per[engine], **changes)
@@ -201,7 +202,7 @@ def test_a_load_read_that_fails_once_does_not_start_the_spell_again():
     tel = InstanceTelemetry(clock)
     tel.start_run(1, None)
 
-    def scrape(**load: object) -> None:
+    def scrape(**load: Any) -> None:
         clock.advance(1.0)
         tel.observe(ScrapeResult("http://x/metrics", True, IDLE, status=200, **load))
 

@@ -82,8 +82,8 @@ def test_plot_labels_are_the_ranks():
     assert top.strip() == "1"
     svg = xml.dom.minidom.parseString(render_svg(doc))
     texts = [t.firstChild.data for t in svg.getElementsByTagName("text") if t.firstChild]
-    legend = [t.rstrip(" *") for t in texts if t.rstrip(" *").endswith(("mns16", "mns8"))]
-    assert legend == ["1 base-mns16", "2 base-mns8"]
+    svg_legend = [t.rstrip(" *") for t in texts if t.rstrip(" *").endswith(("mns16", "mns8"))]
+    assert svg_legend == ["1 base-mns16", "2 base-mns8"]
     assert texts.count("1") == 1 and texts.count("2") == 1  # the points' labels
 
 

@@ -77,46 +77,63 @@ def summarize(
     def inside(t: float) -> bool:
         return window is None or window[0] <= t <= window[1]
 
-    per: dict[str, dict[str, Any]] = {}
-    for name in names:
-        points = [
-            (t, i) for t, doc in samples for i in doc.get("instances", ()) if i["name"] == name
-        ]
-        died = None
-        alive = points
-        first_pid = points[0][1].get("pid") if points else None
-        for n, (t, i) in enumerate(points):
-            if i.get("state") not in SERVING or (first_pid and i.get("pid") != first_pid):
-                le = i.get("last_exit") or {}
-                excerpt = (le.get("log_excerpt") or "").strip().splitlines()
-                died = {
-                    "at": t,
-                    "state": i.get("state"),
-                    "reason": le.get("reason"),
-                    "log_line": excerpt[-1][:300] if excerpt else None,
-                }
-                alive = points[:n]
-                break
-        # Figures of the process that took the load: up to its death (a restarted process
-        # starts its counters again at zero).
-        serving = [i for _, i in alive]
-        pre = [i.get("preemptions_total") for i in serving]
-        pre = [p for p in pre if p is not None]
-        preemptions = max(pre) - pre[0] if pre else None
-        tok = [i.get("generation_tokens_per_s") for t, i in alive if inside(t)]
-        per[name] = {
-            "samples": len(points),
-            "kv_peak": _max([i.get("kv_cache_usage") for i in serving]),
-            "kv_capacity_tokens": _max([i.get("kv_capacity_tokens") for i in serving]),
-            "preemptions": preemptions,
-            "tokens_per_s_mean": _mean(tok),
-            "tokens_per_s_peak": _max(tok),
-            "requests_waiting_peak": _max([i.get("requests_waiting") for i in serving]),
-            "hbm_peak_bytes": _max([i.get("hbm_bytes") for i in serving]),
-            "hbm_source": next((i.get("hbm_source") for i in serving if i.get("hbm_source")), None),
-            "backend": next((i.get("backend") for i in serving if i.get("backend")), None),
-            "died": died,
-        }
+    per = {name: _instance_summary(samples, name, inside) for name in names}
+    return {"instances": per, "gpus": _gpu_summaries(samples, inside)}
+
+
+def _instance_summary(
+    samples: Sequence[tuple[float, dict[str, Any]]], name: str, inside: Callable[[float], bool]
+) -> dict[str, Any]:
+    """One instance's figures over the samples (see summarize)."""
+    points = [(t, i) for t, doc in samples for i in doc.get("instances", ()) if i["name"] == name]
+    died, alive = _death(points)
+    # Figures of the process that took the load: up to its death (a restarted process
+    # starts its counters again at zero).
+    serving = [i for _, i in alive]
+    pre = [i["preemptions_total"] for i in serving if i.get("preemptions_total") is not None]
+    preemptions = max(pre) - pre[0] if pre else None
+    tok = [i.get("generation_tokens_per_s") for t, i in alive if inside(t)]
+    return {
+        "samples": len(points),
+        "kv_peak": _max([i.get("kv_cache_usage") for i in serving]),
+        "kv_capacity_tokens": _max([i.get("kv_capacity_tokens") for i in serving]),
+        "preemptions": preemptions,
+        "tokens_per_s_mean": _mean(tok),
+        "tokens_per_s_peak": _max(tok),
+        "requests_waiting_peak": _max([i.get("requests_waiting") for i in serving]),
+        "hbm_peak_bytes": _max([i.get("hbm_bytes") for i in serving]),
+        "hbm_source": next((i.get("hbm_source") for i in serving if i.get("hbm_source")), None),
+        "backend": next((i.get("backend") for i in serving if i.get("backend")), None),
+        "died": died,
+    }
+
+
+def _death(
+    points: list[tuple[float, dict[str, Any]]],
+) -> tuple[dict[str, Any] | None, list[tuple[float, dict[str, Any]]]]:
+    """The first sample where the instance stopped serving or runs another process than the
+    first one (when, its state, why, its log's last line), and the points before it; (None,
+    every point) when it served throughout."""
+    first_pid = points[0][1].get("pid") if points else None
+    for n, (t, i) in enumerate(points):
+        if i.get("state") not in SERVING or (first_pid and i.get("pid") != first_pid):
+            le = i.get("last_exit") or {}
+            excerpt = (le.get("log_excerpt") or "").strip().splitlines()
+            died = {
+                "at": t,
+                "state": i.get("state"),
+                "reason": le.get("reason"),
+                "log_line": excerpt[-1][:300] if excerpt else None,
+            }
+            return died, points[:n]
+    return None, points
+
+
+def _gpu_summaries(
+    samples: Sequence[tuple[float, dict[str, Any]]], inside: Callable[[float], bool]
+) -> list[dict[str, Any]]:
+    """Per GPU, by index: its name, HBM size and peak use, utilisation mean (in the window)
+    and peak."""
     gpus: dict[int, dict[str, list]] = {}
     for t, doc in samples:
         for g in doc.get("gpus", ()):
@@ -128,7 +145,7 @@ def summarize(
             acc["util_in"].append(g.get("util_pct") if inside(t) else None)
             acc["total"].append(g.get("hbm_total_bytes"))
             acc["name"].append(g.get("name"))
-    gpu_out = [
+    return [
         {
             "index": idx,
             "name": next((n for n in acc["name"] if n), None),
@@ -139,4 +156,3 @@ def summarize(
         }
         for idx, acc in sorted(gpus.items())
     ]
-    return {"instances": per, "gpus": gpu_out}

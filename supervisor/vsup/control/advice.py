@@ -6,7 +6,7 @@ tested with plain data. The daemon runs them each poll and puts the result in th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vsup.control.stalls import stall_work
@@ -15,6 +15,7 @@ from vsup.snapshot import (
     THROTTLE_HARDWARE,
     THROTTLE_THERMAL,
     Advice,
+    GpuHealth,
     GpuStatus,
     InstanceStatus,
     RouterStatus,
@@ -535,53 +536,73 @@ def gpu_health(gpu: GpuStatus, instances: Iterable[InstanceStatus] = ()) -> list
         return []
     names = sorted(i.name for i in instances if gpu.index in i.gpus)
     drain = f"drain {', '.join(names)} and " if names else ""
+    out = [a for check in _HEALTH_CHECKS if (a := check(gpu, h, drain)) is not None]
+    out += _throttle_advice(gpu, drain)
+    return out
+
+
+def _ecc_advice(gpu: GpuStatus, h: GpuHealth, drain: str) -> Advice | None:
+    if not h.ecc_volatile_uncorrected:
+        return None
+    n = h.ecc_volatile_uncorrected
+    return Advice(
+        kind="gpu_ecc",
+        severity="critical",
+        gpu=gpu.index,
+        message=f"GPU {gpu.index}: {n} uncorrectable ECC error{'s' if n != 1 else ''} since "
+        f"boot: {drain}have the node checked (results computed on it may be wrong).",
+    )
+
+
+def _memory_advice(gpu: GpuStatus, h: GpuHealth, drain: str) -> Advice | None:
     where = f"GPU {gpu.index}"
-    out: list[Advice] = []
-
-    def add(kind: str, severity: str, message: str) -> None:
-        out.append(Advice(kind=kind, severity=severity, gpu=gpu.index, message=message))
-
-    if h.ecc_volatile_uncorrected:
-        n = h.ecc_volatile_uncorrected
-        add(
-            "gpu_ecc",
-            "critical",
-            f"{where}: {n} uncorrectable ECC error{'s' if n != 1 else ''} since boot: "
-            f"{drain}have the node checked (results computed on it may be wrong).",
-        )
     if h.row_remap_failed or h.bad_pages_unreservable:
         what = (
             "row remapping failed"
             if h.row_remap_failed
             else f"{h.bad_pages_unreservable} bad memory pages could not be retired"
         )
-        add(
-            "gpu_memory",
-            "critical",
-            f"{where}: {what}: its memory can no longer hide bad cells; {drain}have the GPU "
-            "serviced (field diagnostics, RMA).",
+        return Advice(
+            kind="gpu_memory",
+            severity="critical",
+            gpu=gpu.index,
+            message=f"{where}: {what}: its memory can no longer hide bad cells; {drain}have the "
+            "GPU serviced (field diagnostics, RMA).",
         )
-    elif h.row_remap_pending or h.retired_pages_pending:
+    if h.row_remap_pending or h.retired_pages_pending:
         what = "a row remap" if h.row_remap_pending else "a page retirement"
-        add(
-            "gpu_memory",
-            "warning",
-            f"{where}: {what} waits for a GPU reset: {drain}reset the GPU or reboot the node "
-            "when convenient; until then the bad memory stays in use.",
+        return Advice(
+            kind="gpu_memory",
+            severity="warning",
+            gpu=gpu.index,
+            message=f"{where}: {what} waits for a GPU reset: {drain}reset the GPU or reboot the "
+            "node when convenient; until then the bad memory stays in use.",
         )
+    return None
+
+
+def _xid_advice(gpu: GpuStatus, h: GpuHealth, drain: str) -> Advice | None:
     hardware = h.hardware_xids
-    if hardware:
-        last = hardware[-1]
-        more = f" ({len(hardware)} in the last hour)" if len(hardware) > 1 else ""
-        serious = any(e.xid not in XID_WARNING_ONLY for e in hardware)
-        add(
-            "gpu_xid",
-            "critical" if serious else "warning",
-            f"{where}: XID {last.xid} ({last.what or 'hardware error'}) at {last.at}{more}: "
-            f"{drain}have the node checked.",
-        )
-    out += _throttle_advice(gpu, drain)
-    return out
+    if not hardware:
+        return None
+    last = hardware[-1]
+    more = f" ({len(hardware)} in the last hour)" if len(hardware) > 1 else ""
+    serious = any(e.xid not in XID_WARNING_ONLY for e in hardware)
+    return Advice(
+        kind="gpu_xid",
+        severity="critical" if serious else "warning",
+        gpu=gpu.index,
+        message=f"GPU {gpu.index}: XID {last.xid} ({last.what or 'hardware error'}) at "
+        f"{last.at}{more}: {drain}have the node checked.",
+    )
+
+
+# The health checks of one GPU, in the order their advice is listed (throttling comes last)
+_HEALTH_CHECKS: tuple[Callable[[GpuStatus, GpuHealth, str], Advice | None], ...] = (
+    _ecc_advice,
+    _memory_advice,
+    _xid_advice,
+)
 
 
 def _throttle_advice(gpu: GpuStatus, drain: str) -> list[Advice]:

@@ -514,12 +514,7 @@ def read_log_chunk(path: Path, offset: int | None, tail: int | None) -> dict[str
     with fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
-        if offset is None:
-            want = DEFAULT_TAIL if tail is None else tail
-            start = max(0, size - want)
-        else:
-            # A log that shrank was cut (a cap on a file system without holes): restart.
-            start = offset if offset <= size else 0
+        start = _chunk_start(size, offset, tail)
         note = ""
         resync = offset is None and start > 0  # a tail starts at a line start
         data_at = data_from(fd, start) if start < size else start
@@ -529,25 +524,40 @@ def read_log_chunk(path: Path, offset: int | None, tail: int | None) -> dict[str
         hole_at = hole_from(fd, start)
         fh.seek(start)
         data = fh.read(max(0, min(MAX_LOG_CHUNK, hole_at - start, size - start)))
-        if resync:
-            nl = data.find(b"\n")
-            if nl >= 0:
-                data = data[nl + 1 :]
-                start += nl + 1
-        if offset is not None and start + len(data) < size:
-            # More follows: stop at a line end so no line (or UTF-8 character) is split; a
-            # line the cap's hole cut in two is left out (the note after it says why).
-            nl = data.rfind(b"\n")
-            if nl >= 0:
-                data = data[: nl + 1]
-            elif start + len(data) >= hole_at:
-                data = b""
-                start = hole_at
-        end = start + len(data)
-        return {
-            "start": start,
-            "offset": end,
-            "size": size,
-            "text": note + data.decode("utf-8", errors="replace"),
-            "eof": end >= size,
-        }
+    if resync:
+        nl = data.find(b"\n")
+        if nl >= 0:
+            data = data[nl + 1 :]
+            start += nl + 1
+    if offset is not None and start + len(data) < size:
+        data, start = _to_line_end(data, start, hole_at)
+    end = start + len(data)
+    return {
+        "start": start,
+        "offset": end,
+        "size": size,
+        "text": note + data.decode("utf-8", errors="replace"),
+        "eof": end >= size,
+    }
+
+
+def _chunk_start(size: int, offset: int | None, tail: int | None) -> int:
+    """Where a read starts: `tail` bytes (DEFAULT_TAIL) before the end without an offset; the
+    offset, or 0 when the log shrank below it (a cap on a file system without holes cut it:
+    restart)."""
+    if offset is None:
+        want = DEFAULT_TAIL if tail is None else tail
+        return max(0, size - want)
+    return offset if offset <= size else 0
+
+
+def _to_line_end(data: bytes, start: int, hole_at: int) -> tuple[bytes, int]:
+    """More follows `data` (read at `start`): stop at a line end so no line (or UTF-8
+    character) is split; a line the cap's hole (at `hole_at`) cut in two is left out (the
+    note after it says why)."""
+    nl = data.rfind(b"\n")
+    if nl >= 0:
+        return data[: nl + 1], start
+    if start + len(data) >= hole_at:
+        return b"", hole_at
+    return data, start

@@ -70,8 +70,11 @@ from vsup.layout.node import NodeFacts
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import (
     Advice,
+    GpuStatus,
+    InstanceStatus,
     NodeInfo,
     RolloutStatus,
+    RouterStatus,
     StatusSnapshot,
     SupervisorInfo,
     empty_instance,
@@ -103,6 +106,17 @@ LOGGED_EVENTS = {
 }
 
 
+def planned_hbm(spec: InstanceSpec, gpu_total: Mapping[int, int | None]) -> int | None:
+    """gpu_memory_utilization x the memory of the instance's GPUs; None when either is
+    unknown."""
+    if spec.gpu_memory_utilization is None or not spec.gpus:
+        return None
+    totals = [gpu_total.get(g) for g in spec.gpus]
+    if not all(t is not None for t in totals):
+        return None
+    return int(spec.gpu_memory_utilization * sum(t for t in totals if t is not None))
+
+
 # --------------------------------------------------------------------------- the daemon
 
 
@@ -130,6 +144,16 @@ class Daemon:
         self.bench = BenchProgressBoard(
             self.clock, home=self.home, running_layout=lambda: self.layout_toml
         )
+        self._init_layout()
+        self.node = NodeInfo(
+            hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
+        )
+        self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
+        self._init_bookkeeping()
+        self._init_parts(engine_settings)
+
+    def _init_layout(self) -> None:
+        """The running layout: none until restore or the first apply."""
         self.layout_path: str | None = None
         self.layout_toml: str | None = None
         self.layout_name: str | None = None
@@ -140,14 +164,13 @@ class Daemon:
         # the running layout's specs by name: what each instance should run (`outdated`)
         self.layout_specs: Mapping[str, InstanceSpec] | None = None
         self.problems: list[Advice] = []
+
+    def _init_bookkeeping(self) -> None:
+        """The state file's and the snapshot's bookkeeping, failures, stop events, tasks."""
         self.state_write_error: str | None = None
         # state documents in the order they were made; the last one written (_write_state)
         self._state_lock = threading.Lock()
         self._state_made = self._state_written = 0
-        self.node = NodeInfo(
-            hostname=socket.gethostname(), gpu_vendor="none", gpu_count=0, cpu_count=os.cpu_count()
-        )
-        self.node_facts = NodeFacts()  # what layouts are validated against: the GPU probe's
         self._failures: dict[str, deque[float]] = {}
         # The latest snapshot: built by each poll, and again for a status request only when
         # something changed since (`_snapshot_dirty`: an engine event, an apply, a problem).
@@ -161,6 +184,10 @@ class Daemon:
         self._api: ServedApp | None = None
         self._socket_id: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _init_parts(self, engine_settings: EngineSettings | None) -> None:
+        """The parts the daemon hosts, wired to it: metrics, alerts, the engine, the API's
+        service, pulls, stall actions."""
         # Prometheus reads the poll's snapshot, never building one (export.py caches it)
         self.metrics = MetricsListener(lambda: self._snapshot)
         self.alerts = Alerts(
@@ -256,10 +283,27 @@ class Daemon:
 
     async def serve(self, sock: socket.socket | None = None, handle_signals: bool = True) -> None:
         """Run until asked to stop: restore, serve the API, poll, then shut down."""
-        loop = asyncio.get_running_loop()
         if handle_signals:
+            loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
+        await self._start(sock)
+        tasks = (
+            self.spawn(self._poll_loop(), "poll"),
+            self.spawn(self._state_writer(), "state writer"),
+        )
+        watcher = self.spawn(self._socket_watch(), "socket watch")
+        try:
+            await self._stopping.wait()
+        finally:
+            watcher.cancel()
+            if self._api is not None:  # the one bound last (_socket_watch may bind again)
+                await self._api.stop()
+            await self._shut_down(tasks)
+
+    async def _start(self, sock: socket.socket | None) -> None:
+        """Open the GPU probe, learn the node, restore the instances, start the alerts and the
+        control API (on `sock`, or the home's socket bound now)."""
         if sock is None:
             sock = bind_unix_socket(paths.socket_path(self.home))
         self.journal.append("daemon_start", None, pid=os.getpid(), version=__version__)
@@ -278,37 +322,34 @@ class Daemon:
         self._socket_id = _file_id(paths.socket_path(self.home))
         await self._api.start()
         log.info("vsup daemon %s (pid %d) serving %s", __version__, os.getpid(), sock.getsockname())
-        poller = self.spawn(self._poll_loop(), "poll")
-        writer = self.spawn(self._state_writer(), "state writer")
-        watcher = self.spawn(self._socket_watch(), "socket watch")
+
+    async def _shut_down(self, tasks: tuple[asyncio.Task[Any], ...]) -> None:
+        """After the API stopped: the metrics listener, alerts, the poll and state tasks and
+        the pulls end; the state is written; the engine lets go of its processes (they keep
+        running); the journal closes and our socket file goes."""
+        await self.metrics.stop()
+        await self.alerts.aclose()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.pulls.shutdown()
+        # Write the state before the engine lets go of its processes: the next daemon
+        # adopts from it.
+        self._write_state()
         try:
-            await self._stopping.wait()
-        finally:
-            watcher.cancel()
-            await self._api.stop()
-            await self.metrics.stop()
-            await self.alerts.aclose()
-            poller.cancel()
-            writer.cancel()
-            for t in (poller, writer):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            await self.pulls.shutdown()
-            # Write the state before the engine lets go of its processes: the next daemon
-            # adopts from it.
-            self._write_state()
-            try:
-                await self.engine.shutdown(stop_instances=False)
-            except Exception:  # the daemon still exits; the next one re-adopts from the state
-                log.exception("letting go of the instances failed")
-            await self.monitor.close()
-            left = [n for n, i in self.engine.instances.items() if i.pid]
-            self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
-            self.journal.close()
-            sock_path = paths.socket_path(self.home)
-            if _file_id(sock_path) == self._socket_id:  # ours, not a successor's
-                with contextlib.suppress(OSError):
-                    sock_path.unlink()
+            await self.engine.shutdown(stop_instances=False)
+        except Exception:  # the daemon still exits; the next one re-adopts from the state
+            log.exception("letting go of the instances failed")
+        await self.monitor.close()
+        left = [n for n, i in self.engine.instances.items() if i.pid]
+        self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
+        self.journal.close()
+        sock_path = paths.socket_path(self.home)
+        if _file_id(sock_path) == self._socket_id:  # ours, not a successor's
+            with contextlib.suppress(OSError):
+                sock_path.unlink()
 
     async def _socket_watch(self) -> None:
         """Bind the control socket again when its file is gone or replaced (`rm vsup.sock`, a
@@ -634,54 +675,15 @@ class Daemon:
         instances = []
         outdated: set[str] = set()
         for name, inst in self.engine.instances.items():
-            spec = inst.spec
-            live = inst.state in SERVING and inst.pid is not None
-            planned = None
-            if spec.gpu_memory_utilization is not None and spec.gpus:
-                totals = [gpu_total.get(g) for g in spec.gpus]
-                if all(t is not None for t in totals):
-                    planned = int(
-                        spec.gpu_memory_utilization * sum(t for t in totals if t is not None)
-                    )
             drift = self._drift(inst)
             if drift:
                 outdated.add(name)
-            fields = {
-                **inst.status_fields(),
-                **self.monitor.fields(name, live),
-                **self.monitor.stall_fields(
-                    name,
-                    # a sleeper holds requests by design: never stalled
-                    inst.state == State.READY
-                    and inst.pid is not None
-                    and self.engine.sleeper.awake(name),
-                    spec.stall_after_s,
-                ),
-                "planned_hbm_bytes": planned,
-                "waiting_for": inst.waiting_for,
-                "outdated": None if drift is None else bool(drift),
-                "outdated_fields": drift or (),
-                **parallel_fields(inst, gpus),
-                "pull": self.pulls.for_instance(name),
-                "sleep": self.engine.sleeper.status(name),
-            }
-            if inst.pid is None:
-                fields["hbm_bytes"] = None  # the figure of a process that is gone
-            instances.append(empty_instance(**fields))
-        window_start = now_m - CRASH_WINDOW_S
+            instances.append(self._instance_status(inst, gpus, gpu_total, drift))
         router_status = self.engine.router.status_json(self.node.hostname)
-        inputs = AdviceInputs(
-            recent_failures={
-                n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
-            },
-            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
-            kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
-            foreign_workers=self.engine.router.foreign_recent(),
-            removed_workers=self.engine.router.removed_recent(),
-            router=router_status,
+        advice = compute_advice(
+            instances, gpus, self._advice_inputs(instances, now_m, router_status)
         )
         rollout_status = None
-        advice = compute_advice(instances, gpus, inputs)
         if self.engine.rollout is not None:
             rollout_status = self.engine.rollout.status(
                 outdated if self.layout_specs is not None else None
@@ -706,6 +708,60 @@ class Daemon:
         )
         self._snapshot = snap
         return snap
+
+    def _instance_status(
+        self,
+        inst: Instance,
+        gpus: tuple[GpuStatus, ...],
+        gpu_total: Mapping[int, int | None],
+        drift: tuple[str, ...] | None,
+    ) -> InstanceStatus:
+        """One instance's row: the engine's fields, the monitor's telemetry and stall view,
+        its plan, drift, ranks, pull and sleep."""
+        name, spec = inst.name, inst.spec
+        live = inst.state in SERVING and inst.pid is not None
+        fields = {
+            **inst.status_fields(),
+            **self.monitor.fields(name, live),
+            **self.monitor.stall_fields(
+                name,
+                # a sleeper holds requests by design: never stalled
+                inst.state == State.READY
+                and inst.pid is not None
+                and self.engine.sleeper.awake(name),
+                spec.stall_after_s,
+            ),
+            "planned_hbm_bytes": planned_hbm(spec, gpu_total),
+            "waiting_for": inst.waiting_for,
+            "outdated": None if drift is None else bool(drift),
+            "outdated_fields": drift or (),
+            **parallel_fields(inst, gpus),
+            "pull": self.pulls.for_instance(name),
+            "sleep": self.engine.sleeper.status(name),
+        }
+        if inst.pid is None:
+            fields["hbm_bytes"] = None  # the figure of a process that is gone
+        return empty_instance(**fields)
+
+    def _advice_inputs(
+        self,
+        instances: list[InstanceStatus],
+        now_m: float,
+        router_status: RouterStatus | None,
+    ) -> AdviceInputs:
+        """What live advice reads besides the instances and GPUs: recent failures, problems,
+        KV peaks, the router's view."""
+        window_start = now_m - CRASH_WINDOW_S
+        return AdviceInputs(
+            recent_failures={
+                n: sum(1 for t in ts if t >= window_start) for n, ts in self._failures.items()
+            },
+            problems=(*self.problems, *self.bench.advice()),  # a bench that died mid-run
+            kv_peak={i.name: self.monitor.kv_peak(i.name, KV_PEAK_WINDOW_S) for i in instances},
+            foreign_workers=self.engine.router.foreign_recent(),
+            removed_workers=self.engine.router.removed_recent(),
+            router=router_status,
+        )
 
     def _drift(self, inst: Instance) -> tuple[str, ...] | None:
         """The spec fields in which what `inst` runs (or would start with) differs from the

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -24,7 +24,15 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from vsup.layout.listen import parse_listen
-from vsup.snapshot import ROLLOUT_STATES, STATES, THROTTLE_REASONS, WAIT_KINDS, StatusSnapshot
+from vsup.snapshot import (
+    ROLLOUT_STATES,
+    STATES,
+    THROTTLE_REASONS,
+    WAIT_KINDS,
+    GpuStatus,
+    RouterStatus,
+    StatusSnapshot,
+)
 from vsup.states import RolloutState, SleepState, State
 
 if TYPE_CHECKING:
@@ -33,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLEEP_STATES = tuple(s.value for s in SleepState)
+GPU_LABELS = ("gpu", "gpu_name")
 
 
 class SnapshotCollector:
@@ -52,93 +61,248 @@ class SnapshotCollector:
         yield from snapshot_metrics(snap)
 
 
+class Series(NamedTuple):
+    """One family read off an attribute: `attr` of the snapshot part, the family's `name` and
+    `help`. A value that is None (unknown) is left out, never exported as a made-up number."""
+
+    attr: str
+    name: str
+    help: str
+
+
+# (attribute of InstanceStatus, family, help): a gauge per instance, labelled `name`
+INSTANCE_GAUGES = (
+    Series("hbm_bytes", "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes"),
+    Series(
+        "planned_hbm_bytes",
+        "vsup_instance_planned_hbm_bytes",
+        "gpu_memory_utilization x the memory of its GPUs",
+    ),
+    Series("kv_cache_usage", "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)"),
+    Series("kv_capacity_tokens", "vsup_instance_kv_capacity_tokens", "Tokens the KV cache holds"),
+    Series("requests_running", "vsup_instance_requests_running", "Requests being decoded"),
+    Series("requests_waiting", "vsup_instance_requests_waiting", "Requests queued"),
+    Series(
+        "requests_in_flight",
+        "vsup_instance_requests_in_flight",
+        "Requests in flight at vLLM's API server (its /load; with load tracking only)",
+    ),
+    Series(
+        "generation_tokens_per_s",
+        "vsup_instance_generation_tokens_per_second",
+        "Generated tokens per second",
+    ),
+    Series(
+        "prompt_tokens_per_s", "vsup_instance_prompt_tokens_per_second", "Prompt tokens per second"
+    ),
+    Series("preemptions_per_min", "vsup_instance_preemptions_per_minute", "Preemptions per minute"),
+    Series("uptime_s", "vsup_instance_uptime_seconds", "Seconds since this run was spawned"),
+    Series(
+        "stalled",
+        "vsup_instance_stalled",
+        "1 while a ready instance has work and makes no progress (stall_after_s)",
+    ),
+    Series(
+        "stalled_for_s",
+        "vsup_instance_stalled_seconds",
+        "Seconds a stalled instance has processed no token",
+    ),
+)
+INSTANCE_PREEMPTIONS = Series(
+    "preemptions_total",
+    "vsup_instance_preemptions",
+    "vLLM's preemption counter (resets when the instance restarts)",
+)
+
+# (attribute of GpuStatus, family, help): a gauge per GPU, labelled `gpu`, `gpu_name`
+GPU_GAUGES = (
+    Series("hbm_used_bytes", "vsup_gpu_hbm_used_bytes", "HBM in use"),
+    Series("hbm_total_bytes", "vsup_gpu_hbm_total_bytes", "HBM size"),
+    Series("util_pct", "vsup_gpu_utilization_percent", "GPU busy percent"),
+    Series("temp_c", "vsup_gpu_temperature_celsius", "GPU temperature"),
+    Series("power_w", "vsup_gpu_power_watts", "GPU power draw"),
+)
+
+# GpuHealth: the counters by (kind, scope) and (kind), the clocks by clock, the 1/0 flags, the
+# plain gauges
+ECC_COUNTS = (
+    ("ecc_volatile_corrected", ("corrected", "volatile")),
+    ("ecc_volatile_uncorrected", ("uncorrected", "volatile")),
+    ("ecc_aggregate_corrected", ("corrected", "aggregate")),
+    ("ecc_aggregate_uncorrected", ("uncorrected", "aggregate")),
+    ("ecc_deferred", ("deferred", "volatile")),
+)
+REMAPPED_ROWS = (
+    ("rows_remapped_correctable", ("correctable",)),
+    ("rows_remapped_uncorrectable", ("uncorrectable",)),
+)
+CLOCKS = (("sm_clock_mhz", ("sm",)), ("mem_clock_mhz", ("mem",)))
+CLOCKS_MAX = (("sm_clock_max_mhz", ("sm",)), ("mem_clock_max_mhz", ("mem",)))
+GPU_XIDS = Series(
+    "xid_count", "vsup_gpu_xid_errors", "XID errors NVML reported since vsup began watching"
+)
+GPU_HEALTH_FLAGS = (
+    Series("ecc_enabled", "vsup_gpu_ecc_enabled", "1 when ECC is on"),
+    Series(
+        "retired_pages_pending",
+        "vsup_gpu_retired_pages_pending",
+        "1 while a page retirement waits for a GPU reset",
+    ),
+    Series(
+        "row_remap_pending",
+        "vsup_gpu_row_remap_pending",
+        "1 while a row remap waits for a GPU reset",
+    ),
+    Series("row_remap_failed", "vsup_gpu_row_remap_failed", "1 when a row remap failed"),
+)
+GPU_HEALTH_GAUGES = (
+    Series("retired_pages", "vsup_gpu_retired_pages", "Memory pages retired (bad pages on AMD)"),
+    Series(
+        "bad_pages_unreservable",
+        "vsup_gpu_bad_pages_unreservable",
+        "Bad pages that could not be retired",
+    ),
+    Series("power_limit_w", "vsup_gpu_power_limit_watts", "The enforced power cap"),
+)
+
+# (attribute of SleepStatus, family, help): a gauge per sleeping-mode instance
+SLEEP_GAUGES = (
+    Series(
+        "since_s",
+        "vsup_instance_sleep_state_seconds",
+        "Sleep mode: seconds in the current sleep state",
+    ),
+    Series(
+        "last_sleep_s",
+        "vsup_instance_sleep_last_sleep_seconds",
+        "Sleep mode: how long the last sleep took (until its memory was seen released)",
+    ),
+    Series(
+        "last_wake_s",
+        "vsup_instance_sleep_last_wake_seconds",
+        "Sleep mode: how long the last wake took (until the server answered again)",
+    ),
+    Series(
+        "held_bytes",
+        "vsup_instance_sleep_held_bytes",
+        "Sleep mode: GPU memory the instance keeps while asleep",
+    ),
+    Series(
+        "idle_sleep_in_s",
+        "vsup_instance_sleep_idle_seconds_remaining",
+        "Sleep mode: seconds until idle sleep (after_idle_s) puts the instance to sleep",
+    ),
+)
+
+ROUTER_GAUGES = (
+    Series("requests_per_s", "vsup_router_requests_per_second", "Requests the router took"),
+    Series(
+        "errors_per_s",
+        "vsup_router_errors_per_second",
+        "Requests the router answered with an error",
+    ),
+)
+
+# A row: one snapshot part (an instance, a GPU's health, ...) and the label values of its series
+Row = tuple[Any, list[str]]
+Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
+
+
+def _flag(value: object) -> int:
+    return 1 if value else 0
+
+
+def _known(
+    table: Iterable[Series],
+    labels: Sequence[str],
+    rows: Iterable[Row],
+    family: Family = GaugeMetricFamily,
+    value: Callable[[Any], float] = float,
+) -> list[Metric]:
+    """One family per series of `table`, with a sample for each row whose value is known."""
+    families = [(s.attr, family(s.name, s.help, labels=labels)) for s in table]
+    for obj, lv in rows:
+        for attr, fam in families:
+            v = getattr(obj, attr)
+            if v is not None:
+                fam.add_metric(lv, value(v))
+    return [fam for _, fam in families]
+
+
+def _by_label(
+    fam: GaugeMetricFamily | CounterMetricFamily,
+    table: Iterable[tuple[str, tuple[str, ...]]],
+    rows: Iterable[Row],
+) -> Metric:
+    """`fam` with a sample per row and known attribute of `table`, labelled by the table's
+    extra label values."""
+    for obj, lv in rows:
+        for attr, extra in table:
+            v = getattr(obj, attr)
+            if v is not None:
+                fam.add_metric([*lv, *extra], float(v))
+    return fam
+
+
+def _one_hot(fam: GaugeMetricFamily, lv: list[str], choices: Iterable[str], now: object) -> None:
+    """A sample per choice: 1 for the one in force (`now`), 0 for the others."""
+    for choice in choices:
+        fam.add_metric([*lv, choice], 1 if now == choice else 0)
+
+
 def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     """Every vsup_* metric family for one snapshot."""
-    host = snap.node.hostname
+    yield from supervisor_metrics(snap)
+    yield from instance_metrics(snap)
+    yield from gpu_metrics(snap)
+    yield from gpu_health_metrics(snap)
+    yield advice_metrics(snap)
+    yield from router_metrics(snap)
+    yield from rollout_metrics(snap)
+    yield from wait_metrics(snap)
+    yield from sleep_metrics(snap)
+
+
+def supervisor_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """The daemon itself: what it is and how long it has run."""
     sup = GaugeMetricFamily(
         "vsup_supervisor_info", "The vsup daemon (value 1)", labels=["version", "layout", "node"]
     )
-    sup.add_metric([snap.supervisor.version, snap.supervisor.layout or "", host], 1)
+    sup.add_metric([snap.supervisor.version, snap.supervisor.layout or "", snap.node.hostname], 1)
     yield sup
     uptime = GaugeMetricFamily("vsup_supervisor_uptime_seconds", "Seconds since the daemon started")
     uptime.add_metric([], snap.supervisor.uptime_s)
     yield uptime
 
-    labels = ["name"]
-    info = GaugeMetricFamily(
-        "vsup_instance_info",
-        "One series per instance (value 1); model, backend and placement as labels",
-        labels=["name", "model", "backend", "backend_name", "backend_source", "port", "gpus"],
-    )
+
+def instance_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """`vsup_instance_*`: what each instance runs, its state, its figures, its ranks."""
+    rows = [(inst, [inst.name]) for inst in snap.instances]
+    yield _instance_info(snap)
     state = GaugeMetricFamily(
         "vsup_instance_state",
         "1 for the instance's current state, 0 for the others",
         labels=["name", "state"],
     )
-    up = GaugeMetricFamily("vsup_instance_up", "1 when the instance is ready", labels=labels)
+    up = GaugeMetricFamily("vsup_instance_up", "1 when the instance is ready", labels=["name"])
     restarts = CounterMetricFamily(
-        "vsup_instance_restarts", "Restarts vsup made after failures", labels=labels
+        "vsup_instance_restarts", "Restarts vsup made after failures", labels=["name"]
     )
-    gauges = {
-        "hbm_bytes": GaugeMetricFamily(
-            "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes", labels=labels
-        ),
-        "planned_hbm_bytes": GaugeMetricFamily(
-            "vsup_instance_planned_hbm_bytes",
-            "gpu_memory_utilization x the memory of its GPUs",
-            labels=labels,
-        ),
-        "kv_cache_usage": GaugeMetricFamily(
-            "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)", labels=labels
-        ),
-        "kv_capacity_tokens": GaugeMetricFamily(
-            "vsup_instance_kv_capacity_tokens", "Tokens the KV cache holds", labels=labels
-        ),
-        "requests_running": GaugeMetricFamily(
-            "vsup_instance_requests_running", "Requests being decoded", labels=labels
-        ),
-        "requests_waiting": GaugeMetricFamily(
-            "vsup_instance_requests_waiting", "Requests queued", labels=labels
-        ),
-        "requests_in_flight": GaugeMetricFamily(
-            "vsup_instance_requests_in_flight",
-            "Requests in flight at vLLM's API server (its /load; with load tracking only)",
-            labels=labels,
-        ),
-        "generation_tokens_per_s": GaugeMetricFamily(
-            "vsup_instance_generation_tokens_per_second",
-            "Generated tokens per second",
-            labels=labels,
-        ),
-        "prompt_tokens_per_s": GaugeMetricFamily(
-            "vsup_instance_prompt_tokens_per_second", "Prompt tokens per second", labels=labels
-        ),
-        "preemptions_per_min": GaugeMetricFamily(
-            "vsup_instance_preemptions_per_minute", "Preemptions per minute", labels=labels
-        ),
-        "uptime_s": GaugeMetricFamily(
-            "vsup_instance_uptime_seconds", "Seconds since this run was spawned", labels=labels
-        ),
-        "stalled": GaugeMetricFamily(
-            "vsup_instance_stalled",
-            "1 while a ready instance has work and makes no progress (stall_after_s)",
-            labels=labels,
-        ),
-        "stalled_for_s": GaugeMetricFamily(
-            "vsup_instance_stalled_seconds",
-            "Seconds a stalled instance has processed no token",
-            labels=labels,
-        ),
-    }
-    rank_stalled = GaugeMetricFamily(
-        "vsup_instance_rank_stalled",
-        "Data parallel: 1 for a rank with work and no progress (stall_after_s), 0 for the others",
-        labels=["name", "rank"],
-    )
-    preemptions = CounterMetricFamily(
-        "vsup_instance_preemptions",
-        "vLLM's preemption counter (resets when the instance restarts)",
-        labels=labels,
+    for inst, lv in rows:
+        _one_hot(state, lv, STATES, inst.state)
+        up.add_metric(lv, 1 if inst.is_ready else 0)
+        restarts.add_metric(lv, inst.restarts)
+    yield from (state, up, restarts)
+    yield from _known(INSTANCE_GAUGES, ["name"], rows)
+    yield _rank_stalled(snap)
+    yield from _known((INSTANCE_PREEMPTIONS,), ["name"], rows, family=CounterMetricFamily)
+
+
+def _instance_info(snap: StatusSnapshot) -> Metric:
+    info = GaugeMetricFamily(
+        "vsup_instance_info",
+        "One series per instance (value 1); model, backend and placement as labels",
+        labels=["name", "model", "backend", "backend_name", "backend_source", "port", "gpus"],
     )
     for inst in snap.instances:
         info.add_metric(
@@ -153,59 +317,44 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             ],
             1,
         )
-        for s in STATES:
-            state.add_metric([inst.name, s], 1 if inst.state == s else 0)
-        up.add_metric([inst.name], 1 if inst.is_ready else 0)
-        restarts.add_metric([inst.name], inst.restarts)
-        for key, fam in gauges.items():
-            value = getattr(inst, key)
-            if value is not None:
-                fam.add_metric([inst.name], float(value))
-        if inst.preemptions_total is not None:
-            preemptions.add_metric([inst.name], float(inst.preemptions_total))
-        if inst.stalled is not None:
-            for r in inst.ranks:
-                rank_stalled.add_metric(
-                    [inst.name, str(r.rank)], 1 if r.rank in inst.stalled_ranks else 0
-                )
-    yield info
-    yield state
-    yield up
-    yield restarts
-    yield from gauges.values()
-    yield rank_stalled
-    yield preemptions
+    return info
 
-    glabels = ["gpu", "gpu_name"]
-    gpu_fams = {
-        "hbm_used_bytes": GaugeMetricFamily(
-            "vsup_gpu_hbm_used_bytes", "HBM in use", labels=glabels
-        ),
-        "hbm_total_bytes": GaugeMetricFamily(
-            "vsup_gpu_hbm_total_bytes", "HBM size", labels=glabels
-        ),
-        "util_pct": GaugeMetricFamily(
-            "vsup_gpu_utilization_percent", "GPU busy percent", labels=glabels
-        ),
-        "temp_c": GaugeMetricFamily(
-            "vsup_gpu_temperature_celsius", "GPU temperature", labels=glabels
-        ),
-        "power_w": GaugeMetricFamily("vsup_gpu_power_watts", "GPU power draw", labels=glabels),
-    }
-    foreign = GaugeMetricFamily(
-        "vsup_gpu_foreign_processes", "Processes on the GPU that no instance owns", labels=glabels
+
+def _rank_stalled(snap: StatusSnapshot) -> Metric:
+    rank_stalled = GaugeMetricFamily(
+        "vsup_instance_rank_stalled",
+        "Data parallel: 1 for a rank with work and no progress (stall_after_s), 0 for the others",
+        labels=["name", "rank"],
     )
-    for gpu in snap.gpus:
-        lv = [str(gpu.index), gpu.name or ""]
-        for key, fam in gpu_fams.items():
-            value = getattr(gpu, key)
-            if value is not None:
-                fam.add_metric(lv, float(value))
-        foreign.add_metric(lv, sum(1 for p in gpu.processes if p.instance is None))
-    yield from gpu_fams.values()
-    yield foreign
-    yield from gpu_health_metrics(snap)
+    for inst in snap.instances:
+        if inst.stalled is None:
+            continue
+        for r in inst.ranks:
+            rank_stalled.add_metric(
+                [inst.name, str(r.rank)], 1 if r.rank in inst.stalled_ranks else 0
+            )
+    return rank_stalled
 
+
+def _gpu_labels(gpu: GpuStatus) -> list[str]:
+    return [str(gpu.index), gpu.name or ""]
+
+
+def gpu_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    """`vsup_gpu_*` figures of each GPU, and the processes on it that no instance owns."""
+    rows = [(gpu, _gpu_labels(gpu)) for gpu in snap.gpus]
+    yield from _known(GPU_GAUGES, GPU_LABELS, rows)
+    foreign = GaugeMetricFamily(
+        "vsup_gpu_foreign_processes",
+        "Processes on the GPU that no instance owns",
+        labels=GPU_LABELS,
+    )
+    for gpu, lv in rows:
+        foreign.add_metric(lv, sum(1 for p in gpu.processes if p.instance is None))
+    yield foreign
+
+
+def advice_metrics(snap: StatusSnapshot) -> Metric:
     advice = GaugeMetricFamily(
         "vsup_advice_active",
         "Live advice in force (value 1)",
@@ -215,11 +364,7 @@ def snapshot_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         advice.add_metric(
             [a.kind, a.severity, a.instance or "", "" if a.gpu is None else str(a.gpu)], 1
         )
-    yield advice
-    yield from router_metrics(snap)
-    yield from rollout_metrics(snap)
-    yield from wait_metrics(snap)
-    yield from sleep_metrics(snap)
+    return advice
 
 
 def sleep_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
@@ -227,6 +372,7 @@ def sleep_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     `vsup_instance_sleep_state{name,state}` 1 for its current SleepState, 0 for the others (a
     sleeper's `vsup_instance_state` stays `ready`); its level; how long the last sleep and wake
     took; what it keeps while asleep; seconds until idle sleep. Unknown values are left out."""
+    rows = [(inst.sleep, [inst.name]) for inst in snap.instances if inst.sleep is not None]
     state = GaugeMetricFamily(
         "vsup_instance_sleep_state",
         "Sleep mode: 1 for the instance's current sleep state (awake, falling_asleep, asleep, "
@@ -238,53 +384,18 @@ def sleep_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         "Sleep mode: the level of the current or last sleep (1: weights in host RAM, 2: dropped)",
         labels=["name"],
     )
-    gauges = {
-        "since_s": GaugeMetricFamily(
-            "vsup_instance_sleep_state_seconds",
-            "Sleep mode: seconds in the current sleep state",
-            labels=["name"],
-        ),
-        "last_sleep_s": GaugeMetricFamily(
-            "vsup_instance_sleep_last_sleep_seconds",
-            "Sleep mode: how long the last sleep took (until its memory was seen released)",
-            labels=["name"],
-        ),
-        "last_wake_s": GaugeMetricFamily(
-            "vsup_instance_sleep_last_wake_seconds",
-            "Sleep mode: how long the last wake took (until the server answered again)",
-            labels=["name"],
-        ),
-        "held_bytes": GaugeMetricFamily(
-            "vsup_instance_sleep_held_bytes",
-            "Sleep mode: GPU memory the instance keeps while asleep",
-            labels=["name"],
-        ),
-        "idle_sleep_in_s": GaugeMetricFamily(
-            "vsup_instance_sleep_idle_seconds_remaining",
-            "Sleep mode: seconds until idle sleep (after_idle_s) puts the instance to sleep",
-            labels=["name"],
-        ),
-    }
+    for s, lv in rows:
+        _one_hot(state, lv, sorted(set(SLEEP_STATES) | {s.state}), s.state)
+        level.add_metric(lv, s.level)
+    yield from (state, level)
+    yield from _known(SLEEP_GAUGES, ["name"], rows)
     failed = GaugeMetricFamily(
         "vsup_instance_sleep_failed",
         "Sleep mode: 1 while the last sleep or wake failed (status JSON sleep.error says why)",
         labels=["name"],
     )
-    for inst in snap.instances:
-        s = inst.sleep
-        if s is None:
-            continue
-        for st in sorted(set(SLEEP_STATES) | {s.state}):
-            state.add_metric([inst.name, st], 1 if s.state == st else 0)
-        level.add_metric([inst.name], s.level)
-        for key, fam in gauges.items():
-            value = getattr(s, key)
-            if value is not None:
-                fam.add_metric([inst.name], float(value))
-        failed.add_metric([inst.name], 1 if s.error else 0)
-    yield state
-    yield level
-    yield from gauges.values()
+    for s, lv in rows:
+        failed.add_metric(lv, 1 if s.error else 0)
     yield failed
 
 
@@ -299,47 +410,36 @@ def router_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     state = GaugeMetricFamily(
         "vsup_router_state", "1 for the router's current state", labels=[*labels, "state"]
     )
-    for s in STATES:
-        state.add_metric([port, s], 1 if router.state == s else 0)
+    _one_hot(state, [port], STATES, router.state)
     up = GaugeMetricFamily("vsup_router_up", "1 when the router serves", labels=labels)
     up.add_metric([port], 1 if router.state == State.READY else 0)
     restarts = CounterMetricFamily(
         "vsup_router_restarts", "Automatic restarts of the router", labels=labels
     )
     restarts.add_metric([port], router.restarts or 0)
-    gauges = {
-        "requests_per_s": GaugeMetricFamily(
-            "vsup_router_requests_per_second", "Requests the router took", labels=labels
-        ),
-        "errors_per_s": GaugeMetricFamily(
-            "vsup_router_errors_per_second",
-            "Requests the router answered with an error",
-            labels=labels,
-        ),
-    }
-    for key, fam in gauges.items():
-        value = getattr(router, key)
-        if value is not None:
-            fam.add_metric([port], value)
+    yield from (state, up, restarts)
+    yield from _known(ROUTER_GAUGES, labels, [(router, [port])])
+    yield from _router_workers(router)
+
+
+def _router_workers(router: RouterStatus) -> Iterator[Metric]:
+    labels = ["port", "name"]
+    port = str(router.port)
     share = GaugeMetricFamily(
         "vsup_router_worker_share",
         "A member instance's fraction of the router's requests",
-        labels=[*labels, "name"],
+        labels=labels,
     )
     member = GaugeMetricFamily(
         "vsup_router_worker_in_router",
         "1 when the instance is in the router's worker set",
-        labels=[*labels, "name"],
+        labels=labels,
     )
     for w in router.workers:
         if w.share is not None:
             share.add_metric([port, w.name], w.share)
         if w.in_router is not None:
             member.add_metric([port, w.name], 1 if w.in_router else 0)
-    yield state
-    yield up
-    yield restarts
-    yield from gauges.values()
     yield share
     yield member
 
@@ -422,110 +522,42 @@ def wait_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
 
 def gpu_health_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     """The GPUs' health series (snapshot `gpus[].health`); unknown figures are left out."""
-    glabels = ["gpu", "gpu_name"]
+    rows = [(gpu.health, _gpu_labels(gpu)) for gpu in snap.gpus if gpu.health is not None]
     ecc = CounterMetricFamily(
         "vsup_gpu_ecc_errors",
         "ECC errors; scope volatile: since the driver loaded, aggregate: the GPU's lifetime",
-        labels=[*glabels, "kind", "scope"],
+        labels=[*GPU_LABELS, "kind", "scope"],
     )
-    xid = CounterMetricFamily(
-        "vsup_gpu_xid_errors", "XID errors NVML reported since vsup began watching", labels=glabels
+    yield _by_label(ecc, ECC_COUNTS, rows)
+    yield from _known((GPU_XIDS,), GPU_LABELS, rows, family=CounterMetricFamily)
+    yield _throttle(rows)
+    rows_remapped = GaugeMetricFamily(
+        "vsup_gpu_remapped_rows", "Memory rows remapped", labels=[*GPU_LABELS, "kind"]
     )
+    yield _by_label(rows_remapped, REMAPPED_ROWS, rows)
+    clock = GaugeMetricFamily(
+        "vsup_gpu_clock_megahertz", "Current clock", labels=[*GPU_LABELS, "clock"]
+    )
+    yield _by_label(clock, CLOCKS, rows)
+    clock_max = GaugeMetricFamily(
+        "vsup_gpu_clock_max_megahertz", "Maximum clock", labels=[*GPU_LABELS, "clock"]
+    )
+    yield _by_label(clock_max, CLOCKS_MAX, rows)
+    yield from _known(GPU_HEALTH_FLAGS, GPU_LABELS, rows, value=_flag)
+    yield from _known(GPU_HEALTH_GAUGES, GPU_LABELS, rows)
+
+
+def _throttle(rows: list[Row]) -> Metric:
     throttle = GaugeMetricFamily(
         "vsup_gpu_throttle_active",
         "1 while the clocks are held down for this reason",
-        labels=[*glabels, "reason"],
+        labels=[*GPU_LABELS, "reason"],
     )
-    rows = GaugeMetricFamily(
-        "vsup_gpu_remapped_rows", "Memory rows remapped", labels=[*glabels, "kind"]
-    )
-    clock = GaugeMetricFamily(
-        "vsup_gpu_clock_megahertz", "Current clock", labels=[*glabels, "clock"]
-    )
-    clock_max = GaugeMetricFamily(
-        "vsup_gpu_clock_max_megahertz", "Maximum clock", labels=[*glabels, "clock"]
-    )
-    flags = {
-        "ecc_enabled": GaugeMetricFamily(
-            "vsup_gpu_ecc_enabled", "1 when ECC is on", labels=glabels
-        ),
-        "retired_pages_pending": GaugeMetricFamily(
-            "vsup_gpu_retired_pages_pending",
-            "1 while a page retirement waits for a GPU reset",
-            labels=glabels,
-        ),
-        "row_remap_pending": GaugeMetricFamily(
-            "vsup_gpu_row_remap_pending",
-            "1 while a row remap waits for a GPU reset",
-            labels=glabels,
-        ),
-        "row_remap_failed": GaugeMetricFamily(
-            "vsup_gpu_row_remap_failed", "1 when a row remap failed", labels=glabels
-        ),
-    }
-    gauges = {
-        "retired_pages": GaugeMetricFamily(
-            "vsup_gpu_retired_pages", "Memory pages retired (bad pages on AMD)", labels=glabels
-        ),
-        "bad_pages_unreservable": GaugeMetricFamily(
-            "vsup_gpu_bad_pages_unreservable", "Bad pages that could not be retired", labels=glabels
-        ),
-        "power_limit_w": GaugeMetricFamily(
-            "vsup_gpu_power_limit_watts", "The enforced power cap", labels=glabels
-        ),
-    }
-    ecc_keys = (
-        ("ecc_volatile_corrected", "corrected", "volatile"),
-        ("ecc_volatile_uncorrected", "uncorrected", "volatile"),
-        ("ecc_aggregate_corrected", "corrected", "aggregate"),
-        ("ecc_aggregate_uncorrected", "uncorrected", "aggregate"),
-        ("ecc_deferred", "deferred", "volatile"),
-    )
-    for gpu in snap.gpus:
-        h = gpu.health
-        if h is None:
-            continue
-        lv = [str(gpu.index), gpu.name or ""]
-        for key, kind, scope in ecc_keys:
-            value = getattr(h, key)
-            if value is not None:
-                ecc.add_metric([*lv, kind, scope], float(value))
-        if h.xid_count is not None:
-            xid.add_metric(lv, float(h.xid_count))
+    for h, lv in rows:
         if h.throttle_reasons is not None:
             for reason in THROTTLE_REASONS:
                 throttle.add_metric([*lv, reason], 1 if reason in h.throttle_reasons else 0)
-        for key, kind in (
-            ("rows_remapped_correctable", "correctable"),
-            ("rows_remapped_uncorrectable", "uncorrectable"),
-        ):
-            value = getattr(h, key)
-            if value is not None:
-                rows.add_metric([*lv, kind], float(value))
-        for name, now, top in (
-            ("sm", h.sm_clock_mhz, h.sm_clock_max_mhz),
-            ("mem", h.mem_clock_mhz, h.mem_clock_max_mhz),
-        ):
-            if now is not None:
-                clock.add_metric([*lv, name], now)
-            if top is not None:
-                clock_max.add_metric([*lv, name], top)
-        for key, fam in flags.items():
-            value = getattr(h, key)
-            if value is not None:
-                fam.add_metric(lv, 1 if value else 0)
-        for key, fam in gauges.items():
-            value = getattr(h, key)
-            if value is not None:
-                fam.add_metric(lv, float(value))
-    yield ecc
-    yield xid
-    yield throttle
-    yield rows
-    yield clock
-    yield clock_max
-    yield from flags.values()
-    yield from gauges.values()
+    return throttle
 
 
 def _render_or_empty(snap: StatusSnapshot | None) -> bytes:

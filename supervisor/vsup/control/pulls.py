@@ -213,17 +213,39 @@ class Pulls:
         await then(apply_pulled(resolution.specs, snapshots))
 
     async def _run(self, job: PullJob) -> None:
-        t = job.target
+        """Run the pull worker for `job`: hand it the target, read its reports until it ends,
+        and fail the job when it ended without a result."""
         logs = self.home / "logs" / "@pull"
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-        log_path = logs / (t.model.replace("/", "--") + ".log")
-        job_doc = {
-            "model": t.model,
-            "revision": t.revision,
-            "cache_dir": str(t.cache_dir),
-            "load_format": t.load_format,
-            "token_env": t.token_env,
-        }
+        log_path = logs / (job.target.model.replace("/", "--") + ".log")
+        proc = await self._start_worker(job, log_path)
+        if proc is None:
+            return
+        if job.cancel_why is not None:
+            self._cancel(job, job.cancel_why)
+        try:
+            await self._exchange(job, proc)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            log.warning("pull %s: the worker's pipe broke: %s", job.target.label, exc)
+        finally:
+            code = await proc.wait()
+        if not job.done.is_set():
+            if job.cancel_why is not None:
+                self._failed(job, "cancelled", f"the pull was cancelled: {job.cancel_why}")
+            else:
+                self._failed(
+                    job,
+                    "error",
+                    f"the pull process ended (exit status {code}) without a result; its log: "
+                    f"{log_path}",
+                )
+
+    async def _start_worker(
+        self, job: PullJob, log_path: Path
+    ) -> asyncio.subprocess.Process | None:
+        """The worker process (`job.proc`), its stderr appended to `log_path` under a header
+        line; None (the job failed) when it cannot start."""
+        t = job.target
         with open(log_path, "ab") as err:
             err.write(f"--- {_iso(job.started_wall)} pull {t.label} into {t.cache_dir}\n".encode())
             err.flush()
@@ -240,39 +262,34 @@ class Pulls:
                 )
             except OSError as exc:
                 self._failed(job, "error", f"cannot start the pull process: {exc}")
-                return
-        if job.cancel_why is not None:
-            self._cancel(job, job.cancel_why)
-        proc = job.proc
+                return None
+        return job.proc
+
+    async def _exchange(self, job: PullJob, proc: asyncio.subprocess.Process) -> None:
+        """Send the worker its target (one JSON line), then read its JSON reports line by line
+        until it closes stdout; lines that are not a JSON object are skipped."""
+        t = job.target
+        job_doc = {
+            "model": t.model,
+            "revision": t.revision,
+            "cache_dir": str(t.cache_dir),
+            "load_format": t.load_format,
+            "token_env": t.token_env,
+        }
         assert proc.stdin is not None and proc.stdout is not None
-        try:
-            proc.stdin.write((json.dumps(job_doc) + "\n").encode())
-            await proc.stdin.drain()
-            proc.stdin.close()
-            while True:
-                line = await proc.stdout.readline()
-                if not line:
-                    break
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict):
-                    self._on_report(job, doc)
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            log.warning("pull %s: the worker's pipe broke: %s", t.label, exc)
-        finally:
-            code = await proc.wait()
-        if not job.done.is_set():
-            if job.cancel_why is not None:
-                self._failed(job, "cancelled", f"the pull was cancelled: {job.cancel_why}")
-            else:
-                self._failed(
-                    job,
-                    "error",
-                    f"the pull process ended (exit status {code}) without a result; its log: "
-                    f"{log_path}",
-                )
+        proc.stdin.write((json.dumps(job_doc) + "\n").encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                break
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                self._on_report(job, doc)
 
     def _on_report(self, job: PullJob, doc: dict[str, Any]) -> None:
         t = job.target

@@ -59,6 +59,26 @@ def before_boot(create_time: float | None, booted: float | None) -> bool:
 async def restore(daemon: DaemonHost) -> None:
     """Bring back what the last daemon left: the layout, live instances (adopted), and
     instances that vanished meanwhile (their exit goes through the restart policy)."""
+    state = _load_state(daemon)
+    daemon.layout_path = state.layout_path
+    daemon.layout_toml = state.layout_toml
+    daemon.layout_name = state.layout_name
+    if state.layout_toml:
+        await _restore_layout(daemon, state.layout_toml, state.layout_path)
+    booted = boot_time()
+    vanished, rebooted = await _restore_instances(daemon, state, booted)
+    _restore_router(daemon, state.router, booted)
+    _restore_rollout(daemon, state)
+    await _settle_adopted(daemon.engine)
+    _alert_restart(daemon, vanished, rebooted)
+    if daemon.metrics_listen:
+        await daemon.start_metrics()
+    daemon.state_changed()
+
+
+def _load_state(daemon: DaemonHost) -> DaemonState:
+    """The state file (or its backup), brought up to date by the journal events written after
+    it; the journal's last `apply` gives the layout when it is newer or the state lost it."""
     result = daemon.state_file.load()
     if result.problem:
         daemon.report_problem("state_file", result.problem)
@@ -71,14 +91,17 @@ async def restore(daemon: DaemonHost) -> None:
         state.layout_name = applied.name
         if result.problem:
             log.info("the running layout comes back from journal event %d", applied.seq)
-    daemon.layout_path = state.layout_path
-    daemon.layout_toml = state.layout_toml
-    daemon.layout_name = state.layout_name
-    if state.layout_toml:
-        await _restore_layout(daemon, state.layout_toml, state.layout_path)
+    return state
+
+
+async def _restore_instances(
+    daemon: DaemonHost, state: DaemonState, booted: float | None
+) -> tuple[list[str], list[str]]:
+    """Each recorded instance: started fresh when its run began before the node's boot,
+    adopted when its process lives (restarted by the policy when it vanished), registered idle
+    when it had no process. Returns the names that vanished and those rebooted."""
     vanished: list[str] = []
     rebooted: list[str] = []
-    booted = boot_time()
     for name, rec in state.instances.items():
         try:
             spec = spec_from_dict(rec.spec)
@@ -86,22 +109,9 @@ async def restore(daemon: DaemonHost) -> None:
             daemon.report_problem("state_file", f"instance {name}: {exc}")
             continue
         if rec.pid is not None and before_boot(rec.create_time, booted):
-            # The node rebooted since this run began: nothing of it can be alive. It was meant
-            # to run, so it starts fresh (no crash counted; a reboot is no failure of it).
-            daemon.journal.append(
-                "adopt",
-                name,
-                adopted=False,
-                pid=rec.pid,
-                run=rec.run,
-                why="its run began before the node last booted: started fresh",
-            )
-            rec.state = "stopped"
-            _register_idle(daemon.engine, spec, rec)
             rebooted.append(name)
-            await daemon.engine.start(name)
-            continue
-        if rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
+            await _start_fresh(daemon, name, spec, rec)
+        elif rec.pid is not None and rec.create_time is not None and rec.pgid is not None:
             record = AdoptRecord(
                 pid=rec.pid,
                 create_time=rec.create_time,
@@ -111,27 +121,44 @@ async def restore(daemon: DaemonHost) -> None:
                 restarts=rec.restarts,
                 descendants={int(p): t for p, t in rec.descendants.items()},
             )
-            inst = daemon.engine.adopt(spec, record)
-            if inst is not None:
-                log.info("re-adopted %s (pid %s, run %s)", name, rec.pid, rec.run)
-                continue
-            # It died while no daemon watched: an exit like any other.
-            gone = daemon.engine.instances[name]
-            reason = gone.last_exit.reason if gone.last_exit else "unknown"
-            daemon.note_failure(name)
-            log.warning("%s: pid %s vanished while no daemon ran (%s)", name, rec.pid, reason)
-            vanished.append(name)
-            if spec.restart.policy != "never" and reason not in DETERMINISTIC:
-                await daemon.engine.start(name, automatic=True)
-            continue
-        _register_idle(daemon.engine, spec, rec)
-    _restore_router(daemon, state.router, booted)
-    _restore_rollout(daemon, state)
-    await _settle_adopted(daemon.engine)
-    _alert_restart(daemon, vanished, rebooted)
-    if daemon.metrics_listen:
-        await daemon.start_metrics()
-    daemon.state_changed()
+            if not await _adopt(daemon, name, spec, record):
+                vanished.append(name)
+        else:
+            _register_idle(daemon.engine, spec, rec)
+    return vanished, rebooted
+
+
+async def _start_fresh(
+    daemon: DaemonHost, name: str, spec: InstanceSpec, rec: InstanceRecord
+) -> None:
+    """The node rebooted since this run began: nothing of it can be alive. It was meant to
+    run, so it starts fresh (no crash counted; a reboot is no failure of it)."""
+    daemon.journal.append(
+        "adopt",
+        name,
+        adopted=False,
+        pid=rec.pid,
+        run=rec.run,
+        why="its run began before the node last booted: started fresh",
+    )
+    rec.state = "stopped"
+    _register_idle(daemon.engine, spec, rec)
+    await daemon.engine.start(name)
+
+
+async def _adopt(daemon: DaemonHost, name: str, spec: InstanceSpec, record: AdoptRecord) -> bool:
+    """Adopt the recorded process; False when it died while no daemon watched: an exit like
+    any other (counted, and restarted unless the policy or the exit's reason says not)."""
+    if daemon.engine.adopt(spec, record) is not None:
+        log.info("re-adopted %s (pid %s, run %s)", name, record.pid, record.run)
+        return True
+    gone = daemon.engine.instances[name]
+    reason = gone.last_exit.reason if gone.last_exit else "unknown"
+    daemon.note_failure(name)
+    log.warning("%s: pid %s vanished while no daemon ran (%s)", name, record.pid, reason)
+    if spec.restart.policy != "never" and reason not in DETERMINISTIC:
+        await daemon.engine.start(name, automatic=True)
+    return False
 
 
 def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:

@@ -27,7 +27,7 @@ from vsup.layout.compiled import CompiledLayout, compile_layout
 from vsup.layout.diagnostics import LayoutError
 from vsup.layout.secrets import SECRET_NAME
 from vsup.layout.spec import InstanceSpec
-from vsup.layout.store import save_layout
+from vsup.layout.store import Saved, save_layout
 from vsup.pull.targets import Resolution
 from vsup.states import State
 
@@ -329,7 +329,26 @@ class DaemonService:
             target = regular_target(path, parents=parents, not_inside=self.daemon.home)
         except UnsafeTarget as exc:
             raise ControlError(f"not saved: {exc}", status=400) from None
-        toml, compiled = self.daemon.layout_toml, self.daemon.layout
+        saved = await self._write_layout(self.daemon.layout_toml, path, target, parents)
+        # The file says what the layout wants, not what runs: name what still runs another
+        # spec (a rollout not finished, or one a killed daemon left half-done).
+        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
+        self.daemon.journal.append(
+            "action", None, action="save", path=path, written=str(target), outdated=outdated
+        )
+        return {
+            "path": path,
+            "written": str(target),
+            "outdated": outdated,
+            # the comments and formatting of the file replaced (or of the layout applied)
+            "kept_format": saved.kept,
+            "format_lost": saved.lost,  # what of them could not be kept, in words; or null
+        }
+
+    async def _write_layout(self, toml: str, path: str, target: Path, parents: bool) -> Saved:
+        """Write the running layout (`toml`, compiled) to `target`, keeping the comments of the
+        layout applied; a ControlError when it does not validate or cannot be written."""
+        compiled = self.daemon.layout
         try:
             if compiled is None:
                 # restored from the state file, and it did not compile then: it may now
@@ -340,7 +359,7 @@ class DaemonService:
                     raise LayoutError(diags)
             if parents:
                 target.parent.mkdir(parents=True, exist_ok=True)
-            saved = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 functools.partial(
                     save_layout,
                     compiled.layout,
@@ -359,20 +378,6 @@ class DaemonService:
             raise ControlError(
                 f"cannot write {target}: {exc.strerror or exc}", status=400
             ) from None
-        # The file says what the layout wants, not what runs: name what still runs another
-        # spec (a rollout not finished, or one a killed daemon left half-done).
-        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
-        self.daemon.journal.append(
-            "action", None, action="save", path=path, written=str(target), outdated=outdated
-        )
-        return {
-            "path": path,
-            "written": str(target),
-            "outdated": outdated,
-            # the comments and formatting of the file replaced (or of the layout applied)
-            "kept_format": saved.kept,
-            "format_lost": saved.lost,  # what of them could not be kept, in words; or null
-        }
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]:
         if self.daemon.shutting_down:

@@ -59,24 +59,33 @@ class NodeClient:
         try:
             writer.write(head.encode() + b"\r\n" + data)
             await writer.drain()
-            try:
-                status_line = await reader.readline()
-                if not status_line:
-                    raise DaemonUnavailable(f"{self.socket} closed without an answer")
-                headers: dict[str, str] = {}
-                while True:
-                    line = await reader.readline()
-                    if line in (b"\r\n", b"\n", b""):
-                        break
-                    key, _, value = line.decode("latin-1").partition(":")
-                    headers[key.strip().lower()] = value.strip()
-                payload = await self._body(reader, headers)
-            except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                raise DaemonUnavailable(f"{self.socket}: the answer broke off ({exc})") from exc
+            status_line, payload = await self._read_answer(reader)
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
+        return self._answer(status_line, payload)
+
+    async def _read_answer(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        """The answer's status line and body; DaemonUnavailable when it breaks off."""
+        try:
+            status_line = await reader.readline()
+            if not status_line:
+                raise DaemonUnavailable(f"{self.socket} closed without an answer")
+            headers: dict[str, str] = {}
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                key, _, value = line.decode("latin-1").partition(":")
+                headers[key.strip().lower()] = value.strip()
+            return status_line, await self._body(reader, headers)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            raise DaemonUnavailable(f"{self.socket}: the answer broke off ({exc})") from exc
+
+    def _answer(self, status_line: bytes, payload: bytes) -> Any:
+        """The JSON document answered; a ControlError for an HTTP error status (its `error`
+        as the message), DaemonUnavailable when it is not HTTP."""
         try:
             status = int(status_line.split()[1])
         except (IndexError, ValueError):

@@ -250,20 +250,15 @@ def _sample(name: str, rest: str) -> tuple[dict[str, str], float]:
     return sample.labels, sample.value
 
 
+# One family's samples: (labels, value) per line
+Rows = list[tuple[dict[str, str], float]]
+
+
 def parse_metrics(text: str) -> VllmMetrics:
     """Read the families vsup shows from a vLLM `/metrics` payload (see the module doc)."""
     if not isinstance(text, str) or not text:
         return EMPTY
-    series: dict[str, list[tuple[dict[str, str], float]]] = {}
-    bad = 0
-    for name, rest in wanted_lines(text):
-        try:
-            labels, value = _sample(name, rest.rstrip("\r"))
-        except ValueError:
-            bad += 1
-            continue
-        series.setdefault(name, []).append((labels, value))
-
+    series, bad = _read_series(text)
     start = _start_time(text)
     vllm_seen = bool(series) or text.startswith("vllm:") or "\nvllm:" in text
     if not series:
@@ -271,7 +266,7 @@ def parse_metrics(text: str) -> VllmMetrics:
 
     legacy: list[str] = []
 
-    def pick(current: str, old: str) -> list[tuple[dict[str, str], float]] | None:
+    def pick(current: str, old: str) -> Rows | None:
         if current in series:
             return series[current]
         if old in series:
@@ -280,31 +275,11 @@ def parse_metrics(text: str) -> VllmMetrics:
         return None
 
     # Cache config and capacity per engine first: KV usage is weighted by them.
-    configs: dict[str, dict[str, str]] = {}
-    for labels, _value in series.get(CACHE_CONFIG, ()):
-        configs.setdefault(labels.get("engine", ""), labels)
-    capacities = {eng: kv_capacity_tokens(cfg) for eng, cfg in configs.items()}
-    first_config = configs[min(configs)] if configs else None
-    total_capacity: int | None = None
-    if capacities and all(c is not None for c in capacities.values()):
-        total_capacity = sum(c for c in capacities.values() if c is not None)
-
-    engines: set[str] = set()
-    models: set[str] = set()
-    for rows in series.values():
-        for labels, _value in rows:
-            if "engine" in labels:
-                engines.add(labels["engine"])
-            if "model_name" in labels:
-                models.add(labels["model_name"])
-
+    first_config, capacities, total_capacity = _cache_configs(series)
+    engines, models = _labels_seen(series)
     kv_rows = pick(KV_USAGE, KV_USAGE_LEGACY)
     sleeping, level = _sleep_state(series.get(SLEEP_STATE))
-    ops: dict[str, float] = {}
-    for labels, value in series.get(SLEEP_OPS, ()):
-        if math.isfinite(value):
-            op = labels.get("operation", "")
-            ops[op] = ops.get(op, 0.0) + value
+    ops = _sleep_ops(series.get(SLEEP_OPS))
     return VllmMetrics(
         kv_cache_usage=_weighted_mean(kv_rows, capacities),
         preemptions_total=_sum(series.get(PREEMPTIONS)),
@@ -329,6 +304,59 @@ def parse_metrics(text: str) -> VllmMetrics:
         sleeps_in_flight=ops.get("sleep"),
         wakes_in_flight=ops.get("wake"),
     )
+
+
+def _read_series(text: str) -> tuple[dict[str, Rows], int]:
+    """The wanted families' samples by name, and the count of lines that did not parse."""
+    series: dict[str, Rows] = {}
+    bad = 0
+    for name, rest in wanted_lines(text):
+        try:
+            labels, value = _sample(name, rest.rstrip("\r"))
+        except ValueError:
+            bad += 1
+            continue
+        series.setdefault(name, []).append((labels, value))
+    return series, bad
+
+
+def _cache_configs(
+    series: Mapping[str, Rows],
+) -> tuple[dict[str, str] | None, dict[str, int | None], int | None]:
+    """The first engine's cache config, each engine's KV capacity in tokens, and their sum
+    (None unless every engine's is known)."""
+    configs: dict[str, dict[str, str]] = {}
+    for labels, _value in series.get(CACHE_CONFIG, ()):
+        configs.setdefault(labels.get("engine", ""), labels)
+    capacities = {eng: kv_capacity_tokens(cfg) for eng, cfg in configs.items()}
+    first_config = configs[min(configs)] if configs else None
+    total_capacity: int | None = None
+    if capacities and all(c is not None for c in capacities.values()):
+        total_capacity = sum(c for c in capacities.values() if c is not None)
+    return first_config, capacities, total_capacity
+
+
+def _labels_seen(series: Mapping[str, Rows]) -> tuple[set[str], set[str]]:
+    """The `engine` and `model_name` label values of every sample."""
+    engines: set[str] = set()
+    models: set[str] = set()
+    for rows in series.values():
+        for labels, _value in rows:
+            if "engine" in labels:
+                engines.add(labels["engine"])
+            if "model_name" in labels:
+                models.add(labels["model_name"])
+    return engines, models
+
+
+def _sleep_ops(rows: Rows | None) -> dict[str, float]:
+    """Sleep and wake operations in flight, summed over the engines, by operation."""
+    ops: dict[str, float] = {}
+    for labels, value in rows or ():
+        if math.isfinite(value):
+            op = labels.get("operation", "")
+            ops[op] = ops.get(op, 0.0) + value
+    return ops
 
 
 def _sleep_state(rows: list[tuple[dict[str, str], float]] | None) -> tuple[bool | None, int | None]:

@@ -303,19 +303,7 @@ class Scraper:
             sent["X-data-parallel-rank"] = str(rank)
         t0 = time.perf_counter()
         try:
-            if self._transport is None and url.startswith("http://"):
-                resp = await self._fast.post_json(
-                    url, body, timeout_s, connect_timeout=min(timeout_s, 1.0), headers=sent
-                )
-                status, answer = resp.status, resp.body
-            else:
-                r = await self._httpx().post(
-                    url,
-                    content=body,
-                    headers={**sent, "Content-Type": "application/json"},
-                    timeout=_timeout(timeout_s),
-                )
-                status, answer = r.status_code, r.content
+            status, answer = await self._post(url, body, sent, timeout_s)
         except (httpget.Timeout, httpx.TimeoutException) as exc:
             # connecting is bounded apart (1 s): a timeout after that is a server that took
             # the request and gave nothing back
@@ -344,6 +332,24 @@ class Scraper:
                 elapsed_s=elapsed,
             )
         return CanaryResult(url, CanaryOutcome.ANSWERED, status=200, elapsed_s=elapsed)
+
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, bytes]:
+        """POST a JSON `body`: through the fast client for plain http (connecting bounded to
+        1 s), else httpx. The status and the answer's bytes."""
+        if self._transport is None and url.startswith("http://"):
+            resp = await self._fast.post_json(
+                url, body, timeout_s, connect_timeout=min(timeout_s, 1.0), headers=headers
+            )
+            return resp.status, resp.body
+        r = await self._httpx().post(
+            url,
+            content=body,
+            headers={**headers, "Content-Type": "application/json"},
+            timeout=_timeout(timeout_s),
+        )
+        return r.status_code, r.content
 
     async def _metrics(
         self, base_url: str, timeout_s: float | None, keep_text: bool
@@ -375,37 +381,7 @@ class Scraper:
                 elapsed_s=elapsed,
                 size_bytes=len(body),
             )
-        if len(body) > MAX_PAYLOAD_BYTES:
-            return ScrapeResult(
-                url,
-                False,
-                EMPTY,
-                status=200,
-                error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
-                elapsed_s=elapsed,
-                size_bytes=len(body),
-            )
-        text = body.decode("utf-8", errors="replace")
-        p0 = time.perf_counter()
-        metrics = parse_metrics(text)
-        parse_ms = (time.perf_counter() - p0) * 1e3
-        error = None
-        if not metrics.vllm_seen:
-            error = (
-                f"{url} has no vllm:* metrics (not a vLLM server, or one started with "
-                "--disable-log-stats)"
-            )
-        return ScrapeResult(
-            url,
-            error is None,
-            metrics,
-            status=200,
-            error=error,
-            elapsed_s=elapsed,
-            parse_ms=parse_ms,
-            size_bytes=len(body),
-            text=text if keep_text else None,
-        )
+        return _read_page(url, body, elapsed, keep_text)
 
     async def health(self, base_url: str, *, timeout_s: float | None = None) -> HealthResult:
         """GET `base_url`/health. Never raises (except cancellation)."""
@@ -504,3 +480,39 @@ def _describe(exc: httpx.HTTPError | httpget.HttpError, url: str) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"{url}: no answer within the timeout ({type(exc).__name__})"
     return f"{url}: {type(exc).__name__}: {exc}"
+
+
+def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> ScrapeResult:
+    """A /metrics page answered 200: refused when too big, else parsed (and timed); not ok
+    without vllm:* metrics."""
+    if len(body) > MAX_PAYLOAD_BYTES:
+        return ScrapeResult(
+            url,
+            False,
+            EMPTY,
+            status=200,
+            error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
+            elapsed_s=elapsed,
+            size_bytes=len(body),
+        )
+    text = body.decode("utf-8", errors="replace")
+    p0 = time.perf_counter()
+    metrics = parse_metrics(text)
+    parse_ms = (time.perf_counter() - p0) * 1e3
+    error = None
+    if not metrics.vllm_seen:
+        error = (
+            f"{url} has no vllm:* metrics (not a vLLM server, or one started with "
+            "--disable-log-stats)"
+        )
+    return ScrapeResult(
+        url,
+        error is None,
+        metrics,
+        status=200,
+        error=error,
+        elapsed_s=elapsed,
+        parse_ms=parse_ms,
+        size_bytes=len(body),
+        text=text if keep_text else None,
+    )

@@ -155,6 +155,11 @@ class StallWatch:
         now = Stamp(t, wall)
         figures = dict(metrics.per_engine) or {"": _whole(metrics)}
         self._seen_at = t
+        self._observe_engines(figures, now)
+        self._observe_load(figures, now, server_load, load_failed)
+
+    def _observe_engines(self, figures: dict[str, EngineFigures], now: Stamp) -> None:
+        """Each engine's progress and busy spell; engines no longer reported are forgotten."""
         for gone in [e for e in self._engines if e not in figures]:
             del self._engines[gone]
         for label, fig in figures.items():
@@ -172,8 +177,16 @@ class StallWatch:
                 known.busy_from = None
             elif known.busy_from is None:
                 known.busy_from = now
-        # Requests the API server holds that no engine's gauges show: they wait at a frozen
-        # engine (or, for a moment, in the API server's own hands).
+
+    def _observe_load(
+        self,
+        figures: dict[str, EngineFigures],
+        now: Stamp,
+        server_load: int | None,
+        load_failed: bool,
+    ) -> None:
+        """Requests the API server holds that no engine's gauges show: they wait at a frozen
+        engine (or, for a moment, in the API server's own hands)."""
         if server_load is None:
             self._load_misses = self._load_misses + 1 if load_failed else 0
             if not 0 < self._load_misses <= _LOAD_MISSES_KEPT:
@@ -203,42 +216,18 @@ class StallWatch:
 
     def view(self, now: float, stall_after_s: float | None, fresh_s: float) -> StallView:
         """The verdict at monotonic `now` for `stall_after_s` (0 or None: detection off);
-        figures older than `fresh_s` say nothing."""
+        figures older than `fresh_s` say nothing. The evidence, in order: an engine's own
+        gauges, then requests the API server holds that no gauge shows, then a lost canary."""
         if not stall_after_s or stall_after_s <= 0:
             return UNKNOWN
         if self._seen_at is None or now - self._seen_at > fresh_s:
             return UNKNOWN
-        stuck: dict[str, tuple[Stamp, Evidence]] = {}
-        for label, track in self._engines.items():
-            if track.busy_from is not None:
-                since = _later(track.busy_from, track.moved_at)
-                if now - since.t >= stall_after_s:
-                    stuck[label] = (since, Evidence.ENGINE)
-        spell = self._unaccounted_from
+        stuck = self._stuck_by_gauges(now, stall_after_s)
         # An engine stuck by its own gauges explains requests no gauge shows: those that
         # reached it after the last stats it sent. They name no other engine (a working rank
         # that finished its share and idles beside it is not stalled).
-        if spell is not None and now - spell.t >= stall_after_s and not stuck:
-            awake = {
-                label: track
-                for label, track in self._engines.items()
-                if not track.last.sleeping and label not in stuck
-            }
-            # The engines that have not moved since these requests came hold them. When every
-            # engine moved since (one of them froze later), those without progress for
-            # stall_after_s.
-            holders = {
-                label: spell
-                for label, track in awake.items()
-                if track.moved_at is None or track.moved_at.t < spell.t
-            }
-            if not holders:
-                holders = {
-                    label: _later(spell, track.moved_at)
-                    for label, track in awake.items()
-                    if now - _later(spell, track.moved_at).t >= stall_after_s
-                }
-            for label, since in holders.items():
+        if not stuck:
+            for label, since in self._holders(now, stall_after_s).items():
                 stuck[label] = (since, Evidence.SERVER)
         if self._canary is not None:
             lost_at, sent = self._canary
@@ -246,6 +235,46 @@ class StallWatch:
                 stuck.setdefault(label, (sent, Evidence.CANARY))
         if not stuck:
             return StallView(stalled=False, unaccounted=self._unaccounted)
+        return self._stalled(now, stuck)
+
+    def _stuck_by_gauges(
+        self, now: float, stall_after_s: float
+    ) -> dict[str, tuple[Stamp, Evidence]]:
+        """The engines busy by their own gauges with no progress for stall_after_s."""
+        stuck: dict[str, tuple[Stamp, Evidence]] = {}
+        for label, track in self._engines.items():
+            if track.busy_from is not None:
+                since = _later(track.busy_from, track.moved_at)
+                if now - since.t >= stall_after_s:
+                    stuck[label] = (since, Evidence.ENGINE)
+        return stuck
+
+    def _holders(self, now: float, stall_after_s: float) -> dict[str, Stamp]:
+        """The awake engines that hold requests only the API server counts, for
+        stall_after_s or longer, and since when (none without such a spell)."""
+        spell = self._unaccounted_from
+        if spell is None or now - spell.t < stall_after_s:
+            return {}
+        awake = {label: track for label, track in self._engines.items() if not track.last.sleeping}
+        # The engines that have not moved since these requests came hold them. When every
+        # engine moved since (one of them froze later), those without progress for
+        # stall_after_s.
+        holders = {
+            label: spell
+            for label, track in awake.items()
+            if track.moved_at is None or track.moved_at.t < spell.t
+        }
+        if not holders:
+            holders = {
+                label: _later(spell, track.moved_at)
+                for label, track in awake.items()
+                if now - _later(spell, track.moved_at).t >= stall_after_s
+            }
+        return holders
+
+    def _stalled(self, now: float, stuck: dict[str, tuple[Stamp, Evidence]]) -> StallView:
+        """The stalled verdict: since the earliest stuck engine, the strongest evidence, and
+        the ranks when the server has several engines."""
         first = min((at for at, _why in stuck.values()), key=lambda s: s.t)
         kinds = {why for _at, why in stuck.values()}
         evidence = next(e for e in Evidence if e in kinds)  # engine, then server, then canary

@@ -75,6 +75,14 @@ class NvmlProbe:
         except nv.NVMLError as exc:
             nv.nvmlShutdown()
             raise GpuProbeError(f"NVML: cannot count GPUs ({exc})") from exc
+        self._open_devices(count)
+        self._find_calls()
+        self._health = NvmlHealth(nv, slow_every_s=health_every_s, monotonic=monotonic, wall=wall)
+
+    def _open_devices(self, count: int) -> None:
+        """Each GPU's handle and static facts (name, UUID, PCI bus id); a GPU whose handle
+        cannot be had, or that is lost, is failed (`_failed`: why)."""
+        nv = self._nv
         self._handles: list[Any] = []
         self._static: list[dict[str, str | None]] = []
         self._failed: dict[int, str] = {}
@@ -92,6 +100,11 @@ class NvmlProbe:
                     self._failed[i] = str(exc)
             self._handles.append(handle)
             self._static.append(facts)
+
+    def _find_calls(self) -> None:
+        """Which versions of the memory, process and temperature calls this pynvml has, and
+        the errors that mean "the driver lacks this call: try the next"."""
+        nv = self._nv
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
         # Raised by a v2 call on a driver that predates it; older pynvml lacks some classes.
         self._v1_fallback_errors = tuple(
@@ -110,7 +123,6 @@ class NvmlProbe:
             for name in ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
             if hasattr(nv, name)
         ]
-        self._health = NvmlHealth(nv, slow_every_s=health_every_s, monotonic=monotonic, wall=wall)
 
     @property
     def count(self) -> int:

@@ -144,6 +144,16 @@ class NvmlHealth:
         )
 
     def _read_slow(self, gpu: int, handle: Any) -> dict[str, Any]:
+        """The slow counters (GpuHealth keys): ECC, retired pages, remapped rows, the
+        maximum clocks and the power cap. A key is left out or None when NVML does not say."""
+        return {
+            **self._read_ecc(gpu, handle),
+            **self._read_retired(gpu, handle),
+            **self._read_remapped(gpu, handle),
+            **self._read_limits(gpu, handle),
+        }
+
+    def _read_ecc(self, gpu: int, handle: Any) -> dict[str, Any]:
         nv = self._nv
         out: dict[str, Any] = {}
         mode = self._call(gpu, "ecc_mode", "nvmlDeviceGetEccMode", handle)
@@ -166,6 +176,11 @@ class NvmlHealth:
                 out[key] = _int(
                     self._call(gpu, key, "nvmlDeviceGetTotalEccErrors", handle, kind, scope)
                 )
+        return out
+
+    def _read_retired(self, gpu: int, handle: Any) -> dict[str, Any]:
+        """Retired pages (pre-Ampere), counted over both causes, and whether one is pending."""
+        nv = self._nv
         pages = [
             self._call(gpu, "retired_pages", "nvmlDeviceGetRetiredPages", handle, cause)
             for cause in (
@@ -173,29 +188,40 @@ class NvmlHealth:
                 nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
             )
         ]
-        if all(isinstance(p, list) for p in pages):
-            out["retired_pages"] = sum(len(p) for p in pages)
-            pending = self._call(
-                gpu, "retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle
-            )
-            if pending is not None:
-                out["retired_pages_pending"] = pending == nv.NVML_FEATURE_ENABLED
-        rows = self._call(gpu, "remapped_rows", "nvmlDeviceGetRemappedRows", handle)
-        if isinstance(rows, tuple) and len(rows) == 4:
-            corr, unc, pending, failed = rows
-            out["rows_remapped_correctable"] = int(corr)
-            out["rows_remapped_uncorrectable"] = int(unc)
-            out["row_remap_pending"] = bool(pending)
-            out["row_remap_failed"] = bool(failed)
-        out["sm_clock_max_mhz"] = _num(
-            self._call(gpu, "max_sm", "nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_SM)
+        if not all(isinstance(p, list) for p in pages):
+            return {}
+        out: dict[str, Any] = {"retired_pages": sum(len(p) for p in pages)}
+        pending = self._call(
+            gpu, "retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle
         )
-        out["mem_clock_max_mhz"] = _num(
-            self._call(gpu, "max_mem", "nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_MEM)
-        )
-        limit_mw = _num(self._call(gpu, "power_limit", "nvmlDeviceGetEnforcedPowerLimit", handle))
-        out["power_limit_w"] = None if limit_mw is None else limit_mw / 1000.0
+        if pending is not None:
+            out["retired_pages_pending"] = pending == nv.NVML_FEATURE_ENABLED
         return out
+
+    def _read_remapped(self, gpu: int, handle: Any) -> dict[str, Any]:
+        """Row remapping (Ampere and newer): correctable, uncorrectable, pending, failed."""
+        rows = self._call(gpu, "remapped_rows", "nvmlDeviceGetRemappedRows", handle)
+        if not (isinstance(rows, tuple) and len(rows) == 4):
+            return {}
+        corr, unc, pending, failed = rows
+        return {
+            "rows_remapped_correctable": int(corr),
+            "rows_remapped_uncorrectable": int(unc),
+            "row_remap_pending": bool(pending),
+            "row_remap_failed": bool(failed),
+        }
+
+    def _read_limits(self, gpu: int, handle: Any) -> dict[str, Any]:
+        """The maximum SM and memory clocks, and the enforced power cap in watts."""
+        nv = self._nv
+        sm_max = self._call(gpu, "max_sm", "nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_SM)
+        mem_max = self._call(gpu, "max_mem", "nvmlDeviceGetMaxClockInfo", handle, nv.NVML_CLOCK_MEM)
+        limit_mw = _num(self._call(gpu, "power_limit", "nvmlDeviceGetEnforcedPowerLimit", handle))
+        return {
+            "sm_clock_max_mhz": _num(sm_max),
+            "mem_clock_max_mhz": _num(mem_max),
+            "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
+        }
 
     def _throttle(self, gpu: int, handle: Any) -> tuple[str, ...] | None:
         for fn_name in _THROTTLE_CALLS:

@@ -135,13 +135,22 @@ async def test_a_refusal_while_a_foreign_process_holds_memory_burns_no_restart(
         await tel.monitor.poll([])
         spec = emulator_spec(
             "g0",
-            "--startup-s", "5", "--say", REFUSAL, "--exit-after", "0.4",
+            "--startup-s", "5", "--say", REFUSAL, "--exit-after", "2",
             gpus=(0,),
             gpu_memory_utilization=0.9,
         )  # fmt: skip
         await eng.apply([spec])
         await events.wait(lambda e: e["kind"] == "spawn")
         tel.hold(foreign.pid, 100 * GiB)  # someone took the GPU while it was starting
+        # the telemetry sees it before the start gives up (its poll, beside the emulator's
+        # scrape, took longer than the 0.4 s this start once lasted on a loaded machine)
+        await until(
+            lambda: any(
+                h.pid == foreign.pid
+                for g in (tel.monitor.gpu_memory((0,)) or ())
+                for h in g.holders
+            )
+        )
         await events.wait(lambda e: e["kind"] == "exit")
         inst = eng.instances["g0"]
         exit_ = events.of("exit", "g0")[0]

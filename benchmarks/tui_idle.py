@@ -28,11 +28,11 @@ for entry in (str(ROOT), str(ROOT / "benchmarks")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from vsup.tui import samples  # noqa: E402
 from vsup.tui.app import DashboardApp  # noqa: E402
-from vsup.tui.memory import MemoryClient  # noqa: E402
 
 from benchmarks.tui_render import count_display  # noqa: E402
+from tests.support import samples  # noqa: E402
+from tests.support.memory import MemoryClient  # noqa: E402
 
 
 def quiet_node(instances: int, started: float):

@@ -28,11 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vsup.clock import FakeClock  # noqa: E402
-from vsup.tui import samples  # noqa: E402
 from vsup.tui.app import DashboardApp  # noqa: E402
-from vsup.tui.memory import MemoryClient  # noqa: E402
 from vsup.tui.messages import SnapshotArrived  # noqa: E402
+
+from tests.support import samples  # noqa: E402
+from tests.support.clock import FakeClock  # noqa: E402
+from tests.support.memory import MemoryClient  # noqa: E402
 
 
 def count_display(app: DashboardApp) -> asyncio.Event:

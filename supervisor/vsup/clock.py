@@ -1,4 +1,5 @@
-"""Time, injected: state machines take a clock so tests drive them without sleeping."""
+"""Time, injected: state machines take a clock so tests drive them without sleeping
+(tests/support/clock.py has the clock that moves on command)."""
 
 from __future__ import annotations
 
@@ -21,26 +22,6 @@ class SystemClock:
 
     def wall(self) -> float:
         return time.time()
-
-
-class FakeClock:
-    """A clock that moves only when a test says so."""
-
-    def __init__(self, start: float = 1000.0, wall_start: float = 1_800_000_000.0) -> None:
-        self._mono = start
-        self._wall = wall_start
-
-    def monotonic(self) -> float:
-        return self._mono
-
-    def wall(self) -> float:
-        return self._wall
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("time does not go backwards")
-        self._mono += seconds
-        self._wall += seconds
 
 
 def iso_utc(wall: float) -> str:

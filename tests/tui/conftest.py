@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.snapshot import StatusSnapshot
-from vsup.tui import samples
 from vsup.tui.app import DashboardApp
-from vsup.tui.memory import MemoryClient, layout_validation
+
+from tests.support import samples
+from tests.support.clock import FakeClock
+from tests.support.memory import MemoryClient, layout_validation
 
 LOG_LINES = [
     "INFO 05-11 09:00:01 [api_server.py:1800] vLLM API server version 0.32.0",

@@ -4,10 +4,10 @@ the layout, the phase, the requests done and the time; both go when the bench is
 from __future__ import annotations
 
 from vsup.snapshot import StatusSnapshot
-from vsup.tui import samples
 from vsup.tui.widgets.benchbar import BenchBar
 from vsup.tui.widgets.header import NodeHeader
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 BENCH = {

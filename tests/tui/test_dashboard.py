@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from vsup.snapshot import empty_instance
-from vsup.tui import rows, samples
+from vsup.tui import rows
 from vsup.tui.messages import SnapshotArrived
 from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
@@ -15,6 +15,7 @@ from vsup.tui.widgets.header import Banner, NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.livelog import LiveLog
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from vsup.snapshot import Parallel, RankStatus, empty_instance
-from vsup.tui import samples
 from vsup.tui.widgets.detail import SidePanel
 from vsup.tui.widgets.instances import InstanceTable
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 GiB = 2**30

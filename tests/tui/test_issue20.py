@@ -11,13 +11,13 @@ from vsup.control.advice import AdviceInputs, compute_advice
 from vsup.logtext import bar_state
 from vsup.snapshot import GpuProcess, GpuStatus, StatusSnapshot
 from vsup.telemetry.logwatch import scan_log
-from vsup.tui import samples
 from vsup.tui.screens.logs import LogScreen
 from vsup.tui.widgets.gpus import GpuPanel
 from vsup.tui.widgets.header import NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.livelog import LiveLog
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-cuda" / "startup.log"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from textual.command import CommandList, CommandPalette
 
-from vsup.tui import keymap, samples
+from vsup.tui import keymap
 from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
@@ -15,6 +15,7 @@ from vsup.tui.screens.logs import LogScreen
 from vsup.tui.widgets.header import NodeHeader
 from vsup.tui.widgets.livelog import LiveLog
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 

@@ -14,7 +14,7 @@ from vsup.layout.spec import InstanceSpec
 from vsup.routerview import router_line
 from vsup.snapshot import Advice, RouterStatus, empty_instance
 from vsup.states import State
-from vsup.tui import fmt, samples
+from vsup.tui import fmt
 from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard, FilterInput
 from vsup.tui.screens.form import InstanceFormScreen
@@ -24,6 +24,7 @@ from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.livelog import CUT_LEFT, CUT_RIGHT, LiveLog
 
+from tests.support import samples
 from tests.tui.conftest import config_doc, make_app, make_client, settle
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 from vsup.snapshot import PullStatus, StatusSnapshot
-from vsup.tui import samples
 from vsup.tui.widgets.header import NodeHeader
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.pullbar import PullBar
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 GiB = 2**30

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 
 from vsup.snapshot import RolloutStatus, StatusSnapshot, WaitReason
-from vsup.tui import fmt, rows, samples
+from vsup.tui import fmt, rows
 from vsup.tui.widgets.detail import SidePanel, SparkPanel
 from vsup.tui.widgets.header import NodeHeader, header_text
 from vsup.tui.widgets.instances import InstanceTable
 from vsup.tui.widgets.rolloutbar import RolloutBar, rollout_text
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 ROLLING = RolloutStatus(

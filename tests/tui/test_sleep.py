@@ -13,7 +13,6 @@ import copy
 import pytest
 
 from vsup.snapshot import StatusSnapshot
-from vsup.tui import samples
 from vsup.tui.screens.confirm import ConfirmScreen
 from vsup.tui.screens.dashboard import Dashboard
 from vsup.tui.screens.help import HelpScreen
@@ -21,6 +20,7 @@ from vsup.tui.widgets.detail import DetailTabs, SidePanel, SparkPanel
 from vsup.tui.widgets.header import header_text
 from vsup.tui.widgets.instances import InstanceTable
 
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 GiB = 2**30

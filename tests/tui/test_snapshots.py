@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from vsup.tui import samples
-
+from tests.support import samples
 from tests.tui.conftest import make_app, make_client, settle
 
 WIDE = (160, 45)

@@ -8,10 +8,12 @@ import tomllib
 import pytest
 
 from vsup.snapshot import Advice, GpuProcess, GpuStatus, empty_instance
-from vsup.tui import fmt, gpubar, layout_edit, rows, samples
+from vsup.tui import fmt, gpubar, layout_edit, rows
 from vsup.tui.history import History, spark
 from vsup.tui.validation import plan_text
 from vsup.tui.widgets.detail import advice_text, config_text, exit_text, masked_env
+
+from tests.support import samples
 
 
 def test_unknown_values_render_as_a_dash_never_zero():

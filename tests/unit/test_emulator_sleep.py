@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.control.monitor import Monitor, Target
 from vsup.telemetry.metrics import parse_metrics
 
 from tests.conftest import free_port
+from tests.support.clock import FakeClock
 from tests.unit.control.fakehbm import FakeHbmGpus, GiB, read_hbm_file
 
 EMULATOR = Path(__file__).parents[1] / "programs" / "vllm_emulator.py"

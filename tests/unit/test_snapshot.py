@@ -28,7 +28,8 @@ from vsup.snapshot import (
     WaitReason,
     empty_instance,
 )
-from vsup.tui import samples
+
+from tests.support import samples
 
 
 def test_status_json_round_trips_and_keeps_unknowns_null():

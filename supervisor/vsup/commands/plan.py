@@ -14,10 +14,12 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from vsup.layout.diagnostics import Diagnostic
+    from vsup.layout.node import NodeFacts
+    from vsup.layout.plan import Plan, PlanRequest
 
 GPU_CHOICES = ("MI300X", "MI325X", "MI355X", "H200", "H100")
 
@@ -28,6 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write a layout for one model and print the per-GPU memory budget",
         description=__doc__.splitlines()[0],
     )
+    _what_arguments(p)
+    _size_arguments(p)
+    _sleep_arguments(p)
+    _output_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _what_arguments(p: argparse.ArgumentParser) -> None:
+    """What to plan: the model and the shape of its instances on the GPUs."""
     p.add_argument("--model", required=True, help="hub id (org/name) or a local model directory")
     p.add_argument("--gpus", required=True, help="'all' or GPU indices: 0,1,2 or 0-7")
     p.add_argument(
@@ -64,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="profiles to list in the layout (default: the GPU's platform profile)",
     )
+
+
+def _size_arguments(p: argparse.ArgumentParser) -> None:
+    """What to size it for: the GPU, the model's size and the memory each instance takes."""
     p.add_argument(
         "--gpu",
         type=str.upper,
@@ -105,6 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="U",
         help="share of each GPU for all its instances (default 0.90, at most 0.95)",
     )
+
+
+def _sleep_arguments(p: argparse.ArgumentParser) -> None:
+    """Time sharing: instances of a GPU that take turns with vLLM's sleep mode."""
     p.add_argument(
         "--time-share",
         action="store_true",
@@ -125,6 +144,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="G",
         help="the node's RAM in GiB for the level-1 sleepers' weights (default: this node's)",
     )
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    """The layout's name, what is printed and where the layout goes."""
     p.add_argument("--name", help="the layout's name (default: from the model and shape)")
     p.add_argument(
         "--explain",
@@ -138,24 +161,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="never ask the hub for a hub id's config (the local caches only)",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the layout here (default: stdout)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.commands.exits import BAD_INPUT, FAILED, OK
-    from vsup.layout.compiled import compile_document
-    from vsup.layout.diagnostics import LayoutError
-    from vsup.layout.model import dumps_layout
-    from vsup.layout.node import GIB, NodeFacts, NodeGpu
-    from vsup.layout.plan import (
-        PlanError,
-        PlanRequest,
-        make_plan,
-        parse_gpus,
-        render_budget,
-        render_explain,
-    )
-    from vsup.layout.store import save_layout
+    from vsup.commands.exits import BAD_INPUT
+    from vsup.layout.plan import PlanError, make_plan, parse_gpus
     from vsup.telemetry.gpu import node_facts
 
     out_path = Path(args.output) if args.output else None
@@ -166,33 +176,58 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         gpus = parse_gpus(args.gpus, node.gpu_count, other_node)
-        req = PlanRequest(
-            model=args.model,
-            gpus=gpus,
-            per_gpu=args.per_gpu,
-            tp=args.tp,
-            dp=args.dp,
-            port_base=args.port_base,
-            profiles=args.profile,
-            gpu=args.gpu,
-            gpu_memory_bytes=int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None,
-            params=args.params * 1e9 if args.params else None,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            utilization=args.utilization,
-            kv_cache_dtype=args.kv_cache_dtype,
-            name=args.name,
-            hub=not args.offline,
-            node=node,
-            time_share=args.time_share,
-            sleep_level=args.sleep_level,
-            host_memory_bytes=int(args.host_ram_gib * GIB) if args.host_ram_gib else None,
-        )
-        plan = make_plan(req, base_dir=Path.cwd(), out_path=out_path)
+        plan = make_plan(_request(args, gpus, node), base_dir=Path.cwd(), out_path=out_path)
     except PlanError as exc:
         print(f"vsup plan: {exc}", file=sys.stderr)
         return BAD_INPUT
     report = sys.stdout if out_path else sys.stderr
+    _print_budget(args, plan, node, gpus, other_node, report)
+    if not plan.ok:
+        for problem in plan.problems:
+            print(f"vsup plan: refused: {problem}", file=sys.stderr)
+        return BAD_INPUT
+    return _check_and_write(args, plan, node, gpus, out_path, report)
+
+
+def _request(args: argparse.Namespace, gpus: list[int], node: NodeFacts) -> PlanRequest:
+    from vsup.layout.node import GIB
+    from vsup.layout.plan import PlanRequest
+
+    return PlanRequest(
+        model=args.model,
+        gpus=gpus,
+        per_gpu=args.per_gpu,
+        tp=args.tp,
+        dp=args.dp,
+        port_base=args.port_base,
+        profiles=args.profile,
+        gpu=args.gpu,
+        gpu_memory_bytes=int(args.gpu_mem_gib * GIB) if args.gpu_mem_gib else None,
+        params=args.params * 1e9 if args.params else None,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        utilization=args.utilization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        name=args.name,
+        hub=not args.offline,
+        node=node,
+        time_share=args.time_share,
+        sleep_level=args.sleep_level,
+        host_memory_bytes=int(args.host_ram_gib * GIB) if args.host_ram_gib else None,
+    )
+
+
+def _print_budget(
+    args: argparse.Namespace,
+    plan: Plan,
+    node: NodeFacts,
+    gpus: list[int],
+    other_node: str | None,
+    report: TextIO,
+) -> None:
+    """The budget (and with --explain each GPU item by item) on `report`."""
+    from vsup.layout.plan import render_budget, render_explain
+
     print(render_budget(plan), file=report, end="")
     if args.gpus.strip() == "all" and not node.gpu_count:
         print(
@@ -203,23 +238,28 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         print("", file=report)
         print(render_explain(plan), file=report, end="")
-    if not plan.ok:
-        for problem in plan.problems:
-            print(f"vsup plan: refused: {problem}", file=sys.stderr)
-        return BAD_INPUT
-    # The plan may be for GPUs this node lacks (--gpu H200 on a laptop): check it against a
-    # node that has them, of the memory it was sized for.
-    count = max(node.gpu_count or 0, max(gpus) + 1)
-    names = {g.index: g.name for g in node.gpus}
-    target = NodeFacts(
-        tuple(NodeGpu(i, names.get(i), plan.gpu_memory_bytes, node.vendor) for i in range(count)),
-        probed=False,
-        host_memory_bytes=plan.host_memory_bytes,
-    )
+
+
+def _check_and_write(
+    args: argparse.Namespace,
+    plan: Plan,
+    node: NodeFacts,
+    gpus: list[int],
+    out_path: Path | None,
+    report: TextIO,
+) -> int:
+    """Validate the planned layout on a node with the planned GPUs, then write it (to -o's
+    file, or stdout); the exit status."""
+    from vsup.commands.exits import BAD_INPUT, FAILED, OK
+    from vsup.layout.compiled import compile_document
+    from vsup.layout.diagnostics import LayoutError
+    from vsup.layout.model import dumps_layout
+    from vsup.layout.store import save_layout
+
     # Without -o the layout has no file: its diagnostics name none (make_plan's placeholder
     # path does not exist). Relative model paths stay relative to the working directory.
     layout = plan.layout if out_path else replace(plan.layout, path=None)
-    compiled, diagnostics = compile_document(layout, target)
+    compiled, diagnostics = compile_document(layout, _target_node(plan, node, gpus))
     diagnostics = [_elsewhere(d, args.model) for d in diagnostics]
     for d in diagnostics:
         print(d.format() if d.file else f"planned layout: {d.format()}", file=sys.stderr)
@@ -245,6 +285,20 @@ def run(args: argparse.Namespace) -> int:
         return FAILED
     print(f"wrote {out_path} ({len(plan.budgets)} instances)", file=report)
     return OK
+
+
+def _target_node(plan: Plan, node: NodeFacts, gpus: list[int]) -> NodeFacts:
+    """The plan may be for GPUs this node lacks (--gpu H200 on a laptop): it is checked
+    against a node that has them, of the memory it was sized for."""
+    from vsup.layout.node import NodeFacts, NodeGpu
+
+    count = max(node.gpu_count or 0, max(gpus) + 1)
+    names = {g.index: g.name for g in node.gpus}
+    return NodeFacts(
+        tuple(NodeGpu(i, names.get(i), plan.gpu_memory_bytes, node.vendor) for i in range(count)),
+        probed=False,
+        host_memory_bytes=plan.host_memory_bytes,
+    )
 
 
 def _elsewhere(d: Diagnostic, model: str) -> Diagnostic:

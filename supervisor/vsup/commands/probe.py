@@ -136,34 +136,18 @@ def _from_file(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, Any] |
 
 
 async def _from_url(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, Any] | None, int]:
-    import asyncio
     import time
     from urllib.parse import urlsplit
-
-    from vsup.clock import SystemClock
-    from vsup.telemetry.rates import InstanceRates
-    from vsup.telemetry.scrape import Scraper
 
     base = _base_url(args.url)
     parts = urlsplit(base)
     if not parts.hostname:
         print(f"vsup probe: {args.url!r} is not a URL (expected http://HOST:PORT)", file=sys.stderr)
         return None, 2
-    async with Scraper(timeout_s=args.timeout) as scraper:
-        health, first = await asyncio.gather(scraper.health(base), scraper.scrape(base))
-        if first.status is None and health.status is None:
-            print(f"vsup probe: cannot reach {base}: {first.error}", file=sys.stderr)
-            return None, 1
-        clock = SystemClock()
-        rates = InstanceRates(clock)
-        result = first
-        current = rates.observe(first.metrics) if first.ok else None
-        if first.ok and not args.once:
-            await asyncio.sleep(args.interval)
-            second = await scraper.scrape(base)
-            if second.ok:
-                result = second
-                current = rates.observe(second.metrics)
+    scraped = await _scrape(args, base)
+    if scraped is None:
+        return None, 1
+    health, result, current = scraped
     metrics = result.metrics
     code = 0
     if not result.ok:
@@ -187,6 +171,33 @@ async def _from_url(args: argparse.Namespace, watcher: Any) -> tuple[dict[str, A
         **_memory(watcher),
     )
     return doc, code
+
+
+async def _scrape(args: argparse.Namespace, base: str) -> tuple[Any, Any, Any] | None:
+    """(health, the last good scrape, its rates): two scrapes --interval apart (one with
+    --once, or when the first failed); None when neither answered (said on stderr)."""
+    import asyncio
+
+    from vsup.clock import SystemClock
+    from vsup.telemetry.rates import InstanceRates
+    from vsup.telemetry.scrape import Scraper
+
+    async with Scraper(timeout_s=args.timeout) as scraper:
+        health, first = await asyncio.gather(scraper.health(base), scraper.scrape(base))
+        if first.status is None and health.status is None:
+            print(f"vsup probe: cannot reach {base}: {first.error}", file=sys.stderr)
+            return None
+        clock = SystemClock()
+        rates = InstanceRates(clock)
+        result = first
+        current = rates.observe(first.metrics) if first.ok else None
+        if first.ok and not args.once:
+            await asyncio.sleep(args.interval)
+            second = await scraper.scrape(base)
+            if second.ok:
+                result = second
+                current = rates.observe(second.metrics)
+    return health, result, current
 
 
 def _base_url(url: str) -> str:

@@ -20,13 +20,17 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from vsup.bench.guard import LayoutGuard
+    from vsup.bench.runner import Original
     from vsup.layout.node import NodeFacts
+    from vsup.tune.measure import Measurer, TuneRunner
+    from vsup.tune.search import SearchResult, Step
     from vsup.tune.space import Base, Candidate
 
 from vsup.commands.bench import (
@@ -92,7 +96,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="warm-up requests per client before it measures (vLLM's --num-warmups; default 2, "
         "0 for a vLLM client without the flag)",
     )
-    s = p.add_argument_group("search")
+    _search_arguments(p.add_argument_group("search"))
+    _output_arguments(p.add_argument_group("output"))
+    p.add_argument("--yes", "-y", action="store_true", help="replace the running layout")
+    add_limit_arguments(
+        p, "candidate", "rung", "the candidates, the clients' logs and results", "tune"
+    )
+    p.set_defaults(func=run)
+
+
+def _search_arguments(s: argparse._ArgumentGroup) -> None:
     s.add_argument(
         "--budget",
         type=_duration,
@@ -117,7 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--dry-run", action="store_true", help="list the candidates and rungs; start nothing"
     )
-    o = p.add_argument_group("output")
+
+
+def _output_arguments(o: argparse._ArgumentGroup) -> None:
     o.add_argument("--json", metavar="FILE", help="write every figure and client command here")
     o.add_argument("--markdown", metavar="FILE", help="write the report as markdown here")
     o.add_argument("--plot", metavar="FILE", help="the throughput/latency plot: .svg, or .png")
@@ -125,11 +140,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--apply", action="store_true", help="leave the best layout running instead of restoring"
     )
-    p.add_argument("--yes", "-y", action="store_true", help="replace the running layout")
-    add_limit_arguments(
-        p, "candidate", "rung", "the candidates, the clients' logs and results", "tune"
-    )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -282,6 +292,22 @@ def _tune(args: argparse.Namespace) -> int:
         return _tune_guarded(args, home, guard, base, space, cands, runnable, rungs, workload, slo)
 
 
+@dataclass
+class _Tune:
+    """One tune run's inputs, as `run` worked them out."""
+
+    args: argparse.Namespace
+    home: Path
+    guard: LayoutGuard
+    base: Base
+    space: Any
+    cands: list[Candidate]
+    runnable: list[Candidate]
+    rungs: list[int]
+    workload: Any
+    slo: Any
+
+
 def _tune_guarded(
     args: argparse.Namespace,
     home: Path,
@@ -294,29 +320,49 @@ def _tune_guarded(
     workload: Any,
     slo: Any,
 ) -> int:
-    import socket
-    import time
+    """Under the layout lease: take the original layout's place, run the search, build the
+    report and bring the original (or, with --apply, the best) back, whatever happened."""
     from datetime import UTC, datetime
-    from pathlib import Path
 
-    from vsup import __version__
+    from vsup.commands.cliutil import CommandFailed
+    from vsup.tune.measure import Measurer
+    from vsup.tune.search import SearchResult
+
+    tune = _Tune(args, home, guard, base, space, cands, runnable, rungs, workload, slo)
+    client, daemon_was_running = _connect(home)
+    started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with client:
+        original, out_dir, cand_paths, runner = _prepare(tune, client, daemon_was_running)
+        order = [c.index for c in runnable]
+        measurer = Measurer(runner, workload, slo, out_dir, order, cand_paths, say=_say)
+        progress = _Progress(tune, runner, measurer)
+        interrupted = False
+        result = SearchResult([], [], {}, {}, False)
+        if runner.publisher is not None:
+            runner.publisher.start()
+        try:
+            interrupted = _search(tune, runner, progress, result)
+        finally:
+            # from here on a signal only says to wait: the original must come back
+            runner.restoring = True
+            runner.progress.clear()
+            doc = _report(tune, progress, result, original, out_dir, started_at, interrupted)
+            restore = _restore(tune, runner, doc, original, cand_paths, interrupted)
+        if doc is None:
+            raise CommandFailed(f"vsup tune: no report; restore: {restore.get('outcome')}", 1)
+        doc["restore"] = restore
+        guard.restoring = True
+        if restore.get("outcome") != "failed":
+            guard.release()
+    return _finish(args, doc, cands, out_dir, base)
+
+
+def _connect(home: Path) -> tuple[Any, bool]:
+    """The daemon's client (starting the daemon if none runs) and whether one ran before."""
     from vsup.bench.guard import Interrupted
-    from vsup.bench.publish import ProgressPublisher
-    from vsup.bench.runner import Original
-    from vsup.commands.bench import confirm, refuse_while_left_behind, stop_daemon_started
-    from vsup.commands.cliutil import CommandFailed, client_for_cli
+    from vsup.commands.bench import stop_daemon_started
+    from vsup.commands.cliutil import client_for_cli
     from vsup.control.client import Client
-    from vsup.states import IDLE, SERVING
-    from vsup.tune.measure import Measurer, TuneRunner
-    from vsup.tune.search import (
-        DEFAULT_MARGIN,
-        Halving,
-        SearchResult,
-        Step,
-        eta_seconds,
-        eta_text,
-        run_search,
-    )
 
     probe = Client(home)
     daemon_was_running = probe.alive() is not None
@@ -327,151 +373,239 @@ def _tune_guarded(
         if not daemon_was_running:
             stop_daemon_started(home)
         raise
-    started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    with client:
-        try:
-            current = client.layout()
-            try:
-                refuse_while_left_behind(home, current.get("toml"))
-            except CommandFailed as exc:
-                raise CommandFailed(str(exc).replace("vsup bench: ", "vsup tune: ", 1), 1) from None
-            before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
-            serving = [n for n, state in before.items() if state in SERVING]
-            original = Original(
-                toml=current.get("toml"),
-                path=current.get("path"),
-                name=current.get("name"),
-                serving=serving,
-                daemon_was_running=daemon_was_running,
-                idle=[n for n, state in before.items() if state in IDLE],
-            )
-            if original.name or serving:
-                after = "the best layout stays (--apply)" if args.apply else "it comes back"
-                _say(f"this replaces layout {original.name or '(unnamed)'} while it runs; {after}")
-            if serving and not args.yes:
-                confirm(serving)
-            out_dir = (
-                Path(args.out_dir).expanduser().absolute()
-                if args.out_dir
-                else home / "tune" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-            )
-            (out_dir / "candidates").mkdir(parents=True, exist_ok=True)
-            guard.log_to(out_dir / "tune.log")
-            cand_paths = {}
-            for c in cands:
-                cand_paths[c.index] = out_dir / "candidates" / f"{c.name}.toml"
-                cand_paths[c.index].write_text(c.toml)
-            runner = TuneRunner(
-                client=client,
-                make_client=lambda: Client(home),
-                workload=workload,
-                out_dir=out_dir,
-                ready_timeout=args.timeout,
-                run_timeout=args.run_timeout,
-                say=_say,
-                publisher=ProgressPublisher(lambda: Client(home), tool="tune"),
-                guard=guard,
-            )
-            guard.claim(original.to_json(), [(c.name, c.toml) for c in runnable])
-        except (Interrupted, CommandFailed):
-            guard.release()
-            if not daemon_was_running:
-                stop_daemon_started(home, client)
-            raise
-        order = [c.index for c in runnable]
-        measurer = Measurer(runner, workload, slo, out_dir, order, cand_paths, say=_say)
-        halving = Halving(rungs, eta=args.eta, margin=DEFAULT_MARGIN)
-        steps: list[Step] = []
-        t0 = time.monotonic()
-        done: set[int] = set()
-        cursor: dict[str, int] = {}
+    return client, daemon_was_running
 
-        def progress(cand: Candidate, rung: int, prompts: int, repeat: int) -> Step:
-            # first of all: an interrupt from here on cuts this step, and the JSON says so
-            cursor.update(index=cand.index, rung=rung, prompts=prompts, repeat=repeat)
-            position = runnable.index(cand) + 1
-            done.add(cand.index)
-            elapsed = time.monotonic() - t0
-            per = elapsed / (len(done) - 1) if len(done) > 1 else None
-            left = eta_seconds(len(runnable) - position + 1, per, args.budget, elapsed)
-            if runner.publisher is not None:
-                runner.publisher.eta(left)  # the dashboard's `~12m left`
-            rep = f", repeat {repeat + 1}/{args.repeats}" if rung == len(rungs) - 1 else ""
-            _say(
-                f"candidate {position}/{len(runnable)} {cand.name}: rung {rung + 1}/{len(rungs)} "
-                f"({prompts} prompts{rep}); elapsed {_dur(elapsed)}, {eta_text(left)}"
-            )
-            step = measurer(cand, rung, prompts, repeat)
-            steps.append(step)
-            cursor.clear()  # measured: an interrupt from here on cuts no step
-            verdict = "meets the SLO" if step.slo_met else "breaks the SLO"
-            score = "-" if step.score is None else f"{step.score:.2f}"
-            _say(f"  {cand.name}: {step.outcome}, score {score}, {verdict if slo else ''}".rstrip(
-                ", "))  # fmt: skip
-            return step
 
-        interrupted = False
-        result = SearchResult([], [], {}, {}, False)
+def _prepare(
+    tune: _Tune, client: Any, daemon_was_running: bool
+) -> tuple[Original, Path, dict[int, Path], TuneRunner]:
+    """The original layout, the output folder with every candidate's layout in it, and the
+    runner, with the lease claimed; a refusal or an interrupt releases what was taken."""
+    from vsup.bench.guard import Interrupted
+    from vsup.commands.bench import stop_daemon_started
+    from vsup.commands.cliutil import CommandFailed
+
+    try:
+        original = _original(tune, client, daemon_was_running)
+        out_dir = _out_dir(tune)
+        tune.guard.log_to(out_dir / "tune.log")
+        cand_paths = {}
+        for c in tune.cands:
+            cand_paths[c.index] = out_dir / "candidates" / f"{c.name}.toml"
+            cand_paths[c.index].write_text(c.toml)
+        runner = _runner(tune, client, out_dir)
+        tune.guard.claim(original.to_json(), [(c.name, c.toml) for c in tune.runnable])
+    except (Interrupted, CommandFailed):
+        tune.guard.release()
+        if not daemon_was_running:
+            stop_daemon_started(tune.home, client)
+        raise
+    return original, out_dir, cand_paths, runner
+
+
+def _original(tune: _Tune, client: Any, daemon_was_running: bool) -> Original:
+    """The layout the daemon runs now, to come back at the end; asks before replacing
+    instances that serve (unless --yes)."""
+    from vsup.bench.runner import Original
+    from vsup.commands.bench import confirm, refuse_while_left_behind
+    from vsup.commands.cliutil import CommandFailed
+    from vsup.states import IDLE, SERVING
+
+    current = client.layout()
+    try:
+        refuse_while_left_behind(tune.home, current.get("toml"))
+    except CommandFailed as exc:
+        raise CommandFailed(str(exc).replace("vsup bench: ", "vsup tune: ", 1), 1) from None
+    before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
+    serving = [n for n, state in before.items() if state in SERVING]
+    original = Original(
+        toml=current.get("toml"),
+        path=current.get("path"),
+        name=current.get("name"),
+        serving=serving,
+        daemon_was_running=daemon_was_running,
+        idle=[n for n, state in before.items() if state in IDLE],
+    )
+    if original.name or serving:
+        after = "the best layout stays (--apply)" if tune.args.apply else "it comes back"
+        _say(f"this replaces layout {original.name or '(unnamed)'} while it runs; {after}")
+    if serving and not tune.args.yes:
+        confirm(serving)
+    return original
+
+
+def _out_dir(tune: _Tune) -> Path:
+    """--out-dir, or a dated folder under VSUP_HOME/tune; made, with its candidates/."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    args = tune.args
+    out_dir = (
+        Path(args.out_dir).expanduser().absolute()
+        if args.out_dir
+        else tune.home / "tune" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    )
+    (out_dir / "candidates").mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def _runner(tune: _Tune, client: Any, out_dir: Path) -> TuneRunner:
+    from vsup.bench.publish import ProgressPublisher
+    from vsup.control.client import Client
+    from vsup.tune.measure import TuneRunner
+
+    home = tune.home
+    return TuneRunner(
+        client=client,
+        make_client=lambda: Client(home),
+        workload=tune.workload,
+        out_dir=out_dir,
+        ready_timeout=tune.args.timeout,
+        run_timeout=tune.args.run_timeout,
+        say=_say,
+        publisher=ProgressPublisher(lambda: Client(home), tool="tune"),
+        guard=tune.guard,
+    )
+
+
+class _Progress:
+    """The search's `measure`: says where the search is, measures the step, says how it went.
+    `cursor` names the step being measured (an interrupt cuts it); `steps` are those done."""
+
+    def __init__(self, tune: _Tune, runner: TuneRunner, measurer: Measurer) -> None:
+        import time
+
+        self.tune = tune
+        self.runner = runner
+        self.measurer = measurer
+        self.steps: list[Step] = []
+        self.t0 = time.monotonic()
+        self.done: set[int] = set()
+        self.cursor: dict[str, int] = {}
+
+    def __call__(self, cand: Candidate, rung: int, prompts: int, repeat: int) -> Step:
+        import time
+
+        from vsup.tune.search import eta_seconds, eta_text
+
+        args, runnable, rungs = self.tune.args, self.tune.runnable, self.tune.rungs
+        # first of all: an interrupt from here on cuts this step, and the JSON says so
+        self.cursor.update(index=cand.index, rung=rung, prompts=prompts, repeat=repeat)
+        position = runnable.index(cand) + 1
+        self.done.add(cand.index)
+        elapsed = time.monotonic() - self.t0
+        per = elapsed / (len(self.done) - 1) if len(self.done) > 1 else None
+        left = eta_seconds(len(runnable) - position + 1, per, args.budget, elapsed)
+        if self.runner.publisher is not None:
+            self.runner.publisher.eta(left)  # the dashboard's `~12m left`
+        rep = f", repeat {repeat + 1}/{args.repeats}" if rung == len(rungs) - 1 else ""
+        _say(
+            f"candidate {position}/{len(runnable)} {cand.name}: rung {rung + 1}/{len(rungs)} "
+            f"({prompts} prompts{rep}); elapsed {_dur(elapsed)}, {eta_text(left)}"
+        )
+        step = self.measurer(cand, rung, prompts, repeat)
+        self.steps.append(step)
+        self.cursor.clear()  # measured: an interrupt from here on cuts no step
+        verdict = "meets the SLO" if step.slo_met else "breaks the SLO"
+        score = "-" if step.score is None else f"{step.score:.2f}"
+        verdict = verdict if self.tune.slo else ""
+        _say(f"  {cand.name}: {step.outcome}, score {score}, {verdict}".rstrip(", "))
+        return step
+
+
+def _search(tune: _Tune, runner: TuneRunner, progress: _Progress, result: SearchResult) -> bool:
+    """Run the search into `result`; True when Ctrl-C or SIGTERM cut it (the step it cut is
+    recorded as interrupted and the clients are stopped)."""
+    from vsup.tune.search import DEFAULT_MARGIN, Halving, Step, run_search
+
+    args = tune.args
+    halving = Halving(tune.rungs, eta=args.eta, margin=DEFAULT_MARGIN)
+    try:
+        run_search(
+            tune.runnable,
+            progress,
+            halving,
+            repeats=args.repeats,
+            budget_s=args.budget,
+            into=result,
+        )
+        if result.budget_hit:
+            _say("the time budget ran out: the candidates left are not started")
+    except KeyboardInterrupt as exc:
+        runner.restoring = True  # a second signal must not cut the clean-up short
+        why = getattr(exc, "why", None) or "interrupted (Ctrl-C or SIGTERM)"
+        run: dict[str, Any] = {"outcome": "interrupted", "problems": [why]}
+        if runner.runs and runner.runs[-1]["outcome"] == "running":
+            run = runner.runs[-1]
+            run["outcome"] = "interrupted"
+            run["problems"].append(why)
+        cursor = progress.cursor
+        if cursor:
+            at = (cursor["index"], cursor["rung"], cursor["prompts"], cursor["repeat"])
+            progress.steps.append(Step(*at, "interrupted", None, False, 0.0, None, run))
+        _say(f"{why}: stopping the clients, then restoring the original layout")
+        runner._abort_current()
+        return True
+    return False
+
+
+def _report(
+    tune: _Tune,
+    progress: _Progress,
+    result: SearchResult,
+    original: Original,
+    out_dir: Path,
+    started_at: str,
+    interrupted: bool,
+) -> dict[str, Any] | None:
+    """The report document, or None when building it failed (the restore goes on)."""
+    import socket
+
+    from vsup import __version__
+
+    t = tune
+    try:
+        header = _header(
+            t.args, t.base, t.space, t.rungs, t.workload, started_at, progress.t0, __version__
+        )
+        header["host"] = socket.gethostname()
+        header["interrupted"] = interrupted
+        header["search"]["budget_hit"] = result.budget_hit
+        header["original_layout"] = {"name": original.name, "path": original.path}
+        header["out_dir"] = str(out_dir)
+        return _document(header, t.cands, progress.steps, result, t.slo, t.rungs, t.args)
+    except Exception as exc:  # a report that fails must not keep the original away
+        _say(f"could not build the report ({exc!r}); restoring all the same")
+        return None
+
+
+def _restore(
+    tune: _Tune,
+    runner: TuneRunner,
+    doc: dict[str, Any] | None,
+    original: Original,
+    cand_paths: dict[int, Path],
+    interrupted: bool,
+) -> dict[str, Any]:
+    """Bring the original layout back (with --apply and a best one: leave that running)."""
+    from vsup.bench.runner import Original
+
+    restore_to = original
+    if tune.args.apply and doc is not None and doc["best"] and not interrupted:
+        best = next(c for c in tune.cands if c.index == doc["best"]["index"])
+        _say(f"--apply: leaving the best layout {best.name} running")
+        restore_to = Original(
+            toml=best.toml,
+            path=str(cand_paths[best.index]),
+            name=best.name,
+            serving=[s.name for s in best.specs],
+            daemon_was_running=True,
+        )
+    try:
+        return runner.restore(restore_to)
+    finally:
         if runner.publisher is not None:
-            runner.publisher.start()
-        try:
-            run_search(
-                runnable, progress, halving, repeats=args.repeats, budget_s=args.budget, into=result
-            )
-            if result.budget_hit:
-                _say("the time budget ran out: the candidates left are not started")
-        except KeyboardInterrupt as exc:
-            interrupted = True
-            runner.restoring = True  # a second signal must not cut the clean-up short
-            why = getattr(exc, "why", None) or "interrupted (Ctrl-C or SIGTERM)"
-            run: dict[str, Any] = {"outcome": "interrupted", "problems": [why]}
-            if runner.runs and runner.runs[-1]["outcome"] == "running":
-                run = runner.runs[-1]
-                run["outcome"] = "interrupted"
-                run["problems"].append(why)
-            if cursor:
-                at = (cursor["index"], cursor["rung"], cursor["prompts"], cursor["repeat"])
-                steps.append(Step(*at, "interrupted", None, False, 0.0, None, run))
-            _say(f"{why}: stopping the clients, then restoring the original layout")
-            runner._abort_current()
-        finally:
-            # from here on a signal only says to wait: the original must come back
-            runner.restoring = True
-            runner.progress.clear()
-            doc: dict[str, Any] | None = None
-            try:
-                header = _header(args, base, space, rungs, workload, started_at, t0, __version__)
-                header["host"] = socket.gethostname()
-                header["interrupted"] = interrupted
-                header["search"]["budget_hit"] = result.budget_hit
-                header["original_layout"] = {"name": original.name, "path": original.path}
-                header["out_dir"] = str(out_dir)
-                doc = _document(header, cands, steps, result, slo, rungs, args)
-            except Exception as exc:  # a report that fails must not keep the original away
-                _say(f"could not build the report ({exc!r}); restoring all the same")
-            restore_to = original
-            if args.apply and doc is not None and doc["best"] and not interrupted:
-                best = next(c for c in cands if c.index == doc["best"]["index"])
-                _say(f"--apply: leaving the best layout {best.name} running")
-                restore_to = Original(
-                    toml=best.toml,
-                    path=str(cand_paths[best.index]),
-                    name=best.name,
-                    serving=[s.name for s in best.specs],
-                    daemon_was_running=True,
-                )
-            try:
-                restore = runner.restore(restore_to)
-            finally:
-                if runner.publisher is not None:
-                    runner.publisher.close()
-        if doc is None:
-            raise CommandFailed(f"vsup tune: no report; restore: {restore.get('outcome')}", 1)
-        doc["restore"] = restore
-        guard.restoring = True
-        if restore.get("outcome") != "failed":
-            guard.release()
-    return _finish(args, doc, cands, out_dir, base)
+            runner.publisher.close()
 
 
 def _dur(seconds: float) -> str:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vsup.layout.node import NodeFacts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,10 +47,7 @@ def _plural(n: int, word: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from vsup.commands.exits import BAD_INPUT, OK
-    from vsup.layout.compiled import compile_document
-    from vsup.layout.model import load_layout
     from vsup.layout.node import NodeFacts
-    from vsup.layout.timeshare import swap_group_summaries
 
     if args.node_gpus is not None and args.node_gpus < 0:
         print("vsup validate: --node-gpus must be 0 or more", file=sys.stderr)
@@ -58,41 +58,48 @@ def run(args: argparse.Namespace) -> int:
         from vsup.telemetry.gpu import node_facts
 
         node = node_facts()
-    docs: list[dict[str, Any]] = []
     several = len(args.layouts) > 1
-    for path in args.layouts:
-        layout = load_layout(path)
-        compiled, diagnostics = compile_document(layout, node)
-        groups = swap_group_summaries(compiled.specs, layout.base_dir, node) if compiled else []
-        errors = [d for d in diagnostics if d.is_error]
-        warnings = [d for d in diagnostics if not d.is_error]
-        docs.append(
-            {
-                "path": path,
-                "valid": not errors,
-                "name": layout.name,
-                "instances": layout.instance_names,
-                "errors": [d.to_json() for d in errors],
-                "warnings": [d.to_json() for d in warnings],
-                "swap_groups": groups,
-            }
-        )
-        if args.json:
-            continue
-        for d in diagnostics:
-            line = d.format()
-            if several and d.file != str(layout.path):
-                line = f"{path}: {line}"
-            print(line, file=sys.stderr)
-        note = f", {_plural(len(warnings), 'warning')}" if warnings else ""
-        if errors:
-            print(f"{path}: {_plural(len(errors), 'error')}{note}", file=sys.stderr)
-        else:
-            print(f"{path}: valid ({_plural(len(layout.instances), 'instance')}{note})")
-            for group in groups:
-                print(f"  swap group {group['text']}")
+    docs = [_validate_one(path, node, several, args.json) for path in args.layouts]
     invalid = any(not doc["valid"] for doc in docs)
     if args.json:
         out = docs[0] if not several else {"valid": not invalid, "layouts": docs}
         print(json.dumps(out, indent=2))
     return BAD_INPUT if invalid else OK
+
+
+def _validate_one(path: str, node: NodeFacts, several: bool, quiet: bool) -> dict[str, Any]:
+    """Compile the layout at `path` for `node`; its JSON document. Unless `quiet` (--json) its
+    diagnostics go to stderr and its summary line (and swap groups) after them."""
+    from vsup.layout.compiled import compile_document
+    from vsup.layout.model import load_layout
+    from vsup.layout.timeshare import swap_group_summaries
+
+    layout = load_layout(path)
+    compiled, diagnostics = compile_document(layout, node)
+    groups = swap_group_summaries(compiled.specs, layout.base_dir, node) if compiled else []
+    errors = [d for d in diagnostics if d.is_error]
+    warnings = [d for d in diagnostics if not d.is_error]
+    doc = {
+        "path": path,
+        "valid": not errors,
+        "name": layout.name,
+        "instances": layout.instance_names,
+        "errors": [d.to_json() for d in errors],
+        "warnings": [d.to_json() for d in warnings],
+        "swap_groups": groups,
+    }
+    if quiet:
+        return doc
+    for d in diagnostics:
+        line = d.format()
+        if several and d.file != str(layout.path):
+            line = f"{path}: {line}"
+        print(line, file=sys.stderr)
+    note = f", {_plural(len(warnings), 'warning')}" if warnings else ""
+    if errors:
+        print(f"{path}: {_plural(len(errors), 'error')}{note}", file=sys.stderr)
+    else:
+        print(f"{path}: valid ({_plural(len(layout.instances), 'instance')}{note})")
+        for group in groups:
+            print(f"  swap group {group['text']}")
+    return doc

@@ -159,7 +159,6 @@ def fetch(model: str, timeout: float = 20.0) -> HubModel:
     try:
         import huggingface_hub as hf
         from huggingface_hub import constants as hf_constants
-        from huggingface_hub import errors as hf_errors
     except ImportError:
         return HubModel(
             None,
@@ -172,47 +171,58 @@ def fetch(model: str, timeout: float = 20.0) -> HubModel:
     unreachable = _unreachable(endpoint)
     if unreachable:
         return HubModel(None, None, "", f"the hub ({endpoint}) cannot be reached: {unreachable}")
+    config, problem = _fetch_config(model, endpoint, timeout)
+    if problem is not None:
+        return HubModel(None, None, "", problem)
+    if not isinstance(config, dict):
+        return HubModel(None, None, "", f"{model}'s config.json on {endpoint} is not an object")
+    weights = _fetch_weights(hf, model)
+    what = "config.json" + (" and safetensors headers" if weights else "")
+    return HubModel(config, weights, f"the hub ({endpoint}): {what}")
+
+
+def _fetch_config(model: str, endpoint: str, timeout: float) -> tuple[Any, str | None]:
+    """(config.json's content, None), or (None, why the hub did not give it)."""
+    import huggingface_hub as hf
+    from huggingface_hub import errors as hf_errors
+
     try:
         with tempfile.TemporaryDirectory(prefix="vsup-hub-") as tmp:
             path = hf.hf_hub_download(model, "config.json", cache_dir=tmp, etag_timeout=timeout)
-            config = json.loads(Path(path).read_text())
+            return json.loads(Path(path).read_text()), None
     except hf_errors.LocalEntryNotFoundError as exc:
         # raised after the retries when the hub did not answer
         reason = str(exc).splitlines()[0][:200]
-        return HubModel(None, None, "", f"the hub ({endpoint}) cannot be reached: {reason}")
+        return None, f"the hub ({endpoint}) cannot be reached: {reason}"
     except hf_errors.GatedRepoError:
-        return HubModel(
-            None,
-            None,
-            "",
+        return None, (
             f"{model} is gated on {endpoint}: accept its licence there and log in "
-            "(`hf auth login`, or export HF_TOKEN)",
+            "(`hf auth login`, or export HF_TOKEN)"
         )
     except hf_errors.RepositoryNotFoundError:
-        return HubModel(
-            None,
-            None,
-            "",
+        return None, (
             f"{endpoint} has no model {model} (or it is private: log in with `hf auth login`); "
-            "check the id",
+            "check the id"
         )
     except hf_errors.EntryNotFoundError:
-        return HubModel(None, None, "", f"{model} on {endpoint} has no config.json")
+        return None, f"{model} on {endpoint} has no config.json"
     except (OSError, ValueError, hf_errors.HfHubHTTPError) as exc:
         # connection refused, DNS, timeouts, offline mode: the node cannot reach the hub
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        return HubModel(None, None, "", f"the hub ({endpoint}) cannot be reached: {reason}")
-    if not isinstance(config, dict):
-        return HubModel(None, None, "", f"{model}'s config.json on {endpoint} is not an object")
-    weights = None
+        return None, f"the hub ({endpoint}) cannot be reached: {reason}"
+
+
+def _fetch_weights(hf: Any, model: str) -> WeightSummary | None:
+    """The safetensors headers' totals; None for a repository without them (the parameters
+    come from the config then) or when they cannot be read."""
+    from huggingface_hub import errors as hf_errors
+
     try:
-        weights = summarize_metadata(hf.get_safetensors_metadata(model))
+        return summarize_metadata(hf.get_safetensors_metadata(model))
     except (hf_errors.NotASafetensorsRepoError, hf_errors.SafetensorsParsingError):
-        weights = None  # parameters from the config then
+        return None  # parameters from the config then
     except (OSError, ValueError, hf_errors.HfHubHTTPError):
-        weights = None
-    what = "config.json" + (" and safetensors headers" if weights else "")
-    return HubModel(config, weights, f"the hub ({endpoint}): {what}")
+        return None
 
 
 def hub_model(model: str, env: Mapping[str, str] | None = None) -> HubModel:

@@ -542,25 +542,14 @@ def model_info(
     and safetensors headers only: vsup.layout.hub). Without `hub` (validation) only vsup's cache
     is read: offline and fast."""
     directory = model_dir(model, base_dir)
-    config = None
+    config: dict[str, Any] | None = None
     summary = None
     problems: list[str] = []
     source = ""
     missing = None
     if directory is not None:
         source = f"local files ({directory})"
-        cfg_path = directory / "config.json"
-        if cfg_path.is_file():
-            try:
-                loaded = json.loads(cfg_path.read_text())
-                config = loaded if isinstance(loaded, dict) else None
-            except (OSError, ValueError) as exc:
-                problems.append(f"{cfg_path}: {exc}")
-        if read_weights:
-            try:
-                summary = summarize_safetensors(directory)
-            except (OSError, ValueError, TypeError) as exc:
-                problems.append(f"safetensors headers in {directory}: {exc}")
+        config, summary = _read_local(directory, read_weights, problems)
     elif not is_local_model(model) and model.count("/") == 1:
         found = hub_model(model) if hub else read_cached(model)
         if found is not None:
@@ -579,3 +568,25 @@ def model_info(
         source=source,
         missing=missing,
     )
+
+
+def _read_local(
+    directory: Path, read_weights: bool, problems: list[str]
+) -> tuple[dict[str, Any] | None, SafetensorsSummary | None]:
+    """config.json and (with `read_weights`) the safetensors headers of a model directory;
+    what could not be read goes to `problems`."""
+    config = None
+    summary = None
+    cfg_path = directory / "config.json"
+    if cfg_path.is_file():
+        try:
+            loaded = json.loads(cfg_path.read_text())
+            config = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError) as exc:
+            problems.append(f"{cfg_path}: {exc}")
+    if read_weights:
+        try:
+            summary = summarize_safetensors(directory)
+        except (OSError, ValueError, TypeError) as exc:
+            problems.append(f"safetensors headers in {directory}: {exc}")
+    return config, summary

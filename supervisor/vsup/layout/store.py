@@ -53,19 +53,7 @@ def save_layout(
     missing directory is created only with `parents`; otherwise it is a LayoutError that says so.
     """
     path = Path(path)
-    if not path.parent.is_dir():
-        if not parents:
-            raise LayoutError(
-                [
-                    Diagnostic(
-                        ERROR,
-                        f"directory {path.parent} does not exist: create it first (vsup creates "
-                        "missing directories only when asked, e.g. `vsup save --parents`)",
-                        file=str(path),
-                    )
-                ]
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
+    _make_directory(path, parents)
     target = layout.relocated(path)
     if target.load_errors:
         raise LayoutError(target.load_errors)
@@ -74,10 +62,9 @@ def save_layout(
         if any(d.is_error for d in diagnostics):
             raise LayoutError(diagnostics)
     saved = layout_text(target, path, keep_from)
-    text = saved.text
     # A writer bug must never replace a good file with one that reads back differently.
     # (a text that kept the operator's formatting was checked as it was made: key order aside)
-    if not saved.kept and loads_layout(text) != target:
+    if not saved.kept and loads_layout(saved.text) != target:
         raise LayoutError(
             [
                 Diagnostic(
@@ -87,8 +74,26 @@ def save_layout(
                 )
             ]
         )
-    write_atomic(path, text)
+    write_atomic(path, saved.text)
     return saved
+
+
+def _make_directory(path: Path, parents: bool) -> None:
+    """`path`'s directory, made only with `parents` (else a LayoutError that says so)."""
+    if path.parent.is_dir():
+        return
+    if not parents:
+        raise LayoutError(
+            [
+                Diagnostic(
+                    ERROR,
+                    f"directory {path.parent} does not exist: create it first (vsup creates "
+                    "missing directories only when asked, e.g. `vsup save --parents`)",
+                    file=str(path),
+                )
+            ]
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def layout_text(layout: Layout, path: Path, keep_from: str | None = None) -> Saved:

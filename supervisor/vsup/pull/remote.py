@@ -59,50 +59,22 @@ def _status(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+_LOGIN = (
+    "set the layout's hf_token_env to a variable holding a token with access (or export "
+    "HF_TOKEN, or `hf auth login`)"
+)
+
+
 def classify(exc: BaseException, model: str, revision: str, hub: str, had_token: bool) -> PullError:
     """A huggingface_hub (or network) error as a PullError a person can act on."""
-    from huggingface_hub import errors as hf_errors
-
     if isinstance(exc, PullError):
         return exc
     status = _status(exc)
-    login = (
-        "set the layout's hf_token_env to a variable holding a token with access (or export "
-        "HF_TOKEN, or `hf auth login`)"
-    )
-    if isinstance(exc, hf_errors.GatedRepoError):
-        if status == 403 or (had_token and status != 401):
-            return PullError(
-                "forbidden",
-                f"{model} is gated on {hub} and the token has no access to it: accept its "
-                f"licence at {hub}/{model} with the token's account",
-            )
-        what = "the token was refused" if had_token else "no token was sent"
-        return PullError(
-            "unauthorized",
-            f"{model} is gated on {hub} and {what} (HTTP {status or 401}): {login}",
-        )
-    if isinstance(exc, hf_errors.RevisionNotFoundError):
-        return PullError(
-            "not_found", f"{model} on {hub} has no revision {revision!r}: check the revision key"
-        )
-    if isinstance(exc, hf_errors.RepositoryNotFoundError):
-        if status == 401:
-            what = "the token was refused" if had_token else "no token was sent"
-            return PullError(
-                "unauthorized",
-                f"{hub} refused {model} (HTTP 401: {what}); it does not exist or it is private: "
-                f"check the id, or {login}",
-            )
-        return PullError("not_found", f"{hub} has no model {model}: check the id")
-    if isinstance(exc, hf_errors.EntryNotFoundError):
-        return PullError("not_found", f"{model}@{revision} on {hub}: {_first_line(exc)}")
-    if isinstance(exc, hf_errors.OfflineModeIsEnabled):
-        return PullError(
-            "offline", "HF_HUB_OFFLINE is set, so vsup does not ask the hub: unset it to pull"
-        )
+    known = _hub_error(exc, model, revision, hub, had_token, status)
+    if known is not None:
+        return known
     if status == 401:
-        return PullError("unauthorized", f"{hub} answered 401 for {model}: {login}")
+        return PullError("unauthorized", f"{hub} answered 401 for {model}: {_LOGIN}")
     if status == 403:
         return PullError(
             "forbidden", f"{hub} answered 403 for {model}: the token has no access to it"
@@ -114,6 +86,46 @@ def classify(exc: BaseException, model: str, revision: str, hub: str, had_token:
             "network", f"the hub ({hub}) cannot be reached or broke off: {_first_line(exc)}"
         )
     return PullError("error", f"{type(exc).__name__}: {_first_line(exc)}")
+
+
+def _hub_error(
+    exc: BaseException, model: str, revision: str, hub: str, had_token: bool, status: int | None
+) -> PullError | None:
+    """huggingface_hub's own errors (gated, no such revision/model/file, offline); None for
+    the rest."""
+    from huggingface_hub import errors as hf_errors
+
+    what = "the token was refused" if had_token else "no token was sent"
+    if isinstance(exc, hf_errors.GatedRepoError):
+        if status == 403 or (had_token and status != 401):
+            return PullError(
+                "forbidden",
+                f"{model} is gated on {hub} and the token has no access to it: accept its "
+                f"licence at {hub}/{model} with the token's account",
+            )
+        return PullError(
+            "unauthorized",
+            f"{model} is gated on {hub} and {what} (HTTP {status or 401}): {_LOGIN}",
+        )
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
+        return PullError(
+            "not_found", f"{model} on {hub} has no revision {revision!r}: check the revision key"
+        )
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+        if status == 401:
+            return PullError(
+                "unauthorized",
+                f"{hub} refused {model} (HTTP 401: {what}); it does not exist or it is private: "
+                f"check the id, or {_LOGIN}",
+            )
+        return PullError("not_found", f"{hub} has no model {model}: check the id")
+    if isinstance(exc, hf_errors.EntryNotFoundError):
+        return PullError("not_found", f"{model}@{revision} on {hub}: {_first_line(exc)}")
+    if isinstance(exc, hf_errors.OfflineModeIsEnabled):
+        return PullError(
+            "offline", "HF_HUB_OFFLINE is set, so vsup does not ask the hub: unset it to pull"
+        )
+    return None
 
 
 def _is_transport_error(exc: BaseException) -> bool:

@@ -182,20 +182,34 @@ def pull_model(
         cache_mod.check_space(req.cache_dir, plan.state.bytes_to_fetch)
     present = {f.name for f in plan.state.present}
     progress = PullProgress(plan.selection.files, cached=present, cancel=cancel)
+    failure = _fetch_all(
+        req, token, plan, progress, present, cancel, workers, report_every_s, on_progress
+    )
+    if failure is not None:
+        raise _error(failure, req, token) from None
+    if on_progress is not None:
+        on_progress(progress.report())
+    _complete(req, plan)
+    return PullResult(plan, progress.report().fetched_bytes, time.monotonic() - started)
+
+
+def _fetch_all(
+    req: PullRequest,
+    token: str | None,
+    plan: PullPlan,
+    progress: PullProgress,
+    present: set[str],
+    cancel: threading.Event,
+    workers: int,
+    report_every_s: float,
+    on_progress: Callable[[ProgressReport], None] | None,
+) -> BaseException | None:
+    """Download the plan's files on `workers` threads, reporting every `report_every_s`;
+    the first failure (Ctrl-C: PullCancelled) stops the rest and is returned."""
     commit = plan.listing.commit
 
     def one(name: str) -> None:
-        if cancel.is_set():
-            raise PullCancelled()
-        if name not in present:
-            progress.started(name)
-        try:
-            # a file already present is linked into this snapshot without a download
-            _download(req, name, commit, token, tqdm_class=progress.bar_class(name))
-        except BaseException:
-            progress.failed(name)
-            raise
-        progress.finished(name, fetched=name not in present)
+        _fetch_one(req, token, commit, name, progress, present, cancel)
 
     # small files first: config and tokenizer are there early, and an error shows at once
     names = sorted((f.name for f in plan.selection.files), key=lambda n: _size(plan, n))
@@ -219,10 +233,35 @@ def pull_model(
         cf.wait(futures)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    if failure is not None:
-        raise _error(failure, req, token) from None
-    if on_progress is not None:
-        on_progress(progress.report())
+    return failure
+
+
+def _fetch_one(
+    req: PullRequest,
+    token: str | None,
+    commit: str,
+    name: str,
+    progress: PullProgress,
+    present: set[str],
+    cancel: threading.Event,
+) -> None:
+    if cancel.is_set():
+        raise PullCancelled()
+    if name not in present:
+        progress.started(name)
+    try:
+        # a file already present is linked into this snapshot without a download
+        _download(req, name, commit, token, tqdm_class=progress.bar_class(name))
+    except BaseException:
+        progress.failed(name)
+        raise
+    progress.finished(name, fetched=name not in present)
+
+
+def _complete(req: PullRequest, plan: PullPlan) -> None:
+    """Point the revision at the pulled commit; refuse a snapshot vLLM could not start from;
+    write the manifest."""
+    commit = plan.listing.commit
     cache_mod.write_ref(req.cache_dir, req.model, req.rev, commit)
     missing = cache_mod.missing_for_start(plan.snapshot)
     if missing:
@@ -234,7 +273,6 @@ def pull_model(
     # the manifest only spares a later check; the snapshot is complete without it
     with contextlib.suppress(OSError):
         cache_mod.write_manifest(req.model, commit, (f.name for f in plan.selection.files))
-    return PullResult(plan, progress.report().fetched_bytes, time.monotonic() - started)
 
 
 def _size(plan: PullPlan, name: str) -> int:

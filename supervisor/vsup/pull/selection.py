@@ -123,6 +123,23 @@ def _weights_from_index(
     return sorted({str(v) for v in weight_map.values()})
 
 
+# vLLM's weight formats in the order `auto` tries them: (the --load-format values that read
+# it, its top-level files, the kind, its index, whether the index names the shards to fetch).
+# `dummy` reads none.
+_WEIGHT_KINDS: tuple[tuple[tuple[str, ...], str, str, str | None, bool], ...] = (
+    (("auto", "mistral"), "consolidated*.safetensors", "mistral", MISTRAL_INDEX, True),
+    (
+        ("auto", "hf", "safetensors", "fastsafetensors"),
+        "*.safetensors",
+        "safetensors",
+        SAFE_INDEX,
+        True,
+    ),
+    (("auto", "hf"), "*.bin", "bin", BIN_INDEX, False),
+    (("auto", "hf", "pt"), "*.pt", "pt", None, False),
+)
+
+
 def select_files(
     files: Sequence[RepoFile],
     read_json: Callable[[str], Any],
@@ -132,7 +149,6 @@ def select_files(
     gives a (small) JSON file's content: the safetensors index, when there is one."""
     fmt = (load_format or "auto").lower()
     by_name = {f.name: f for f in files}
-    top = [f.name for f in files if _top(f.name)]
     note = None
     if fmt not in KNOWN_FORMATS:
         chosen = [f.name for f in files if not _ignored(f.name)]
@@ -141,29 +157,8 @@ def select_files(
             "file but original/**"
         )
         return _selection(files, chosen, "all", note)
-    weights: list[str] = []
-    kind = "none"
-    index: str | None = None
-
-    def matching(pattern: str) -> list[str]:
-        return sorted(n for n in top if fnmatch.fnmatch(n, pattern))
-
-    if fmt == "dummy":
-        kind = "none"
-    elif fmt in ("auto", "mistral") and matching("consolidated*.safetensors"):
-        kind, index = "mistral", MISTRAL_INDEX
-        weights = _weights_from_index(MISTRAL_INDEX, by_name, read_json) or matching(
-            "consolidated*.safetensors"
-        )
-    elif fmt in ("auto", "hf", "safetensors", "fastsafetensors") and matching("*.safetensors"):
-        kind, index = "safetensors", SAFE_INDEX
-        weights = _weights_from_index(SAFE_INDEX, by_name, read_json) or matching("*.safetensors")
-    elif fmt in ("auto", "hf") and matching("*.bin"):
-        kind, index = "bin", BIN_INDEX
-        weights = [n for n in matching("*.bin") if not n.endswith(NOT_FOR_INFERENCE)]
-    elif fmt in ("auto", "hf", "pt") and matching("*.pt"):
-        kind = "pt"
-        weights = [n for n in matching("*.pt") if not n.endswith(NOT_FOR_INFERENCE)]
+    top = [f.name for f in files if _top(f.name)]
+    kind, index, weights = _weights(fmt, top, by_name, read_json)
     missing = [w for w in weights if w not in by_name]
     if missing:
         note = f"the weight index names files the repository does not have: {', '.join(missing)}"
@@ -179,6 +174,22 @@ def select_files(
         if is_support_file(f.name) and f.name not in chosen and f.name not in other_indexes
     ]
     return _selection(files, chosen, kind, note)
+
+
+def _weights(
+    fmt: str, top: list[str], by_name: dict[str, RepoFile], read_json: Callable[[str], Any]
+) -> tuple[str, str | None, list[str]]:
+    """(kind, index, weight files) of the first format `fmt` reads that the repository has."""
+    for formats, pattern, kind, index, indexed in _WEIGHT_KINDS:
+        if fmt not in formats:
+            continue
+        found = sorted(n for n in top if fnmatch.fnmatch(n, pattern))
+        if not found:
+            continue
+        if indexed and index is not None:
+            return kind, index, _weights_from_index(index, by_name, read_json) or found
+        return kind, index, [n for n in found if not n.endswith(NOT_FOR_INFERENCE)]
+    return "none", None, []
 
 
 def _selection(

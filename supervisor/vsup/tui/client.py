@@ -1,7 +1,7 @@
 """What the dashboard needs from the daemon: the control API as an async Protocol.
 
 `vsup.control.client.AsyncClient` (docs/ARCHITECTURE.md, "Control API") satisfies it;
-tests and benchmarks use `vsup.tui.memory.MemoryClient`, which serves injected
+tests and benchmarks use `tests/support/memory.py`'s `MemoryClient`, which serves injected
 snapshots. The dashboard never talks to anything else.
 
 Answers are the routes' JSON documents (dicts). `status()` may return the JSON document or an

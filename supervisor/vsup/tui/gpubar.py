@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from vsup.snapshot import GpuStatus, InstanceStatus
+from vsup.snapshot import GpuHealth, GpuStatus, InstanceStatus
 from vsup.tui import fmt
 
 INSTANCE_CHARS = ("█", "▓")
@@ -201,79 +201,95 @@ def health_details(gpu: GpuStatus) -> list[tuple[str, str]]:
     h = gpu.health
     if h is None:
         return [("health", "not reported by this driver")]
+    return _ecc_rows(h) + _retirement_rows(h) + _xid_rows(h) + _clock_rows(gpu, h)
 
-    def n(v: object) -> str:
-        return fmt.UNKNOWN if v is None else str(v)
 
-    def yes(v: bool | None) -> str:
-        return fmt.UNKNOWN if v is None else ("yes" if v else "no")
+def _n(v: object) -> str:
+    return fmt.UNKNOWN if v is None else str(v)
 
-    def mhz(now: float | None, top: float | None) -> str:
-        return (
-            f"{n(None if now is None else round(now))}/{n(None if top is None else round(top))} MHz"
-        )
 
+def _yes(v: bool | None) -> str:
+    return fmt.UNKNOWN if v is None else ("yes" if v else "no")
+
+
+def _mhz(now: float | None, top: float | None) -> str:
+    return (
+        f"{_n(None if now is None else round(now))}/{_n(None if top is None else round(top))} MHz"
+    )
+
+
+def _ecc_rows(h: GpuHealth) -> list[tuple[str, str]]:
     rows = [
         ("ECC", {True: "on", False: "off", None: fmt.UNKNOWN}[h.ecc_enabled]),
         (
             "ECC errors since boot",
-            f"{n(h.ecc_volatile_uncorrected)} uncorrectable, "
-            f"{n(h.ecc_volatile_corrected)} corrected",
+            f"{_n(h.ecc_volatile_uncorrected)} uncorrectable, "
+            f"{_n(h.ecc_volatile_corrected)} corrected",
         ),
     ]
     if h.ecc_aggregate_corrected is not None or h.ecc_aggregate_uncorrected is not None:
         rows.append(
             (
                 "ECC errors, lifetime",
-                f"{n(h.ecc_aggregate_uncorrected)} uncorrectable, "
-                f"{n(h.ecc_aggregate_corrected)} corrected",
+                f"{_n(h.ecc_aggregate_uncorrected)} uncorrectable, "
+                f"{_n(h.ecc_aggregate_corrected)} corrected",
             )
         )
     if h.ecc_deferred is not None:
-        rows.append(("ECC deferred", n(h.ecc_deferred)))
+        rows.append(("ECC deferred", _n(h.ecc_deferred)))
+    return rows
+
+
+def _retirement_rows(h: GpuHealth) -> list[tuple[str, str]]:
+    """Rows remapped (NVIDIA since Ampere) and pages retired (older NVIDIA, AMD)."""
+    rows = []
     if h.rows_remapped_correctable is not None or h.row_remap_pending is not None:
         rows.append(
             (
                 "rows remapped",
-                f"{n(h.rows_remapped_uncorrectable)} uncorrectable, "
-                f"{n(h.rows_remapped_correctable)} correctable; pending {yes(h.row_remap_pending)}"
-                f", failed {yes(h.row_remap_failed)}",
+                f"{_n(h.rows_remapped_uncorrectable)} uncorrectable, "
+                f"{_n(h.rows_remapped_correctable)} correctable; "
+                f"pending {_yes(h.row_remap_pending)}, failed {_yes(h.row_remap_failed)}",
             )
         )
     if h.retired_pages is not None or h.retired_pages_pending is not None:
+        unreservable = (
+            f"; {h.bad_pages_unreservable} could not be retired" if h.bad_pages_unreservable else ""
+        )
         rows.append(
             (
                 "retired pages",
-                f"{n(h.retired_pages)}; pending {yes(h.retired_pages_pending)}"
-                + (
-                    f"; {h.bad_pages_unreservable} could not be retired"
-                    if h.bad_pages_unreservable
-                    else ""
-                ),
+                f"{_n(h.retired_pages)}; pending {_yes(h.retired_pages_pending)}{unreservable}",
             )
         )
-    if h.xid_count is not None:
-        last = h.xid_recent[-1] if h.xid_recent else None
-        recent = f"; last: XID {last.xid} ({last.what or 'unknown'}) at {last.at}" if last else ""
-        rows.append(("XID errors since vsup started", f"{h.xid_count}{recent}"))
+    return rows
+
+
+def _xid_rows(h: GpuHealth) -> list[tuple[str, str]]:
+    if h.xid_count is None:
+        return []
+    last = h.xid_recent[-1] if h.xid_recent else None
+    recent = f"; last: XID {last.xid} ({last.what or 'unknown'}) at {last.at}" if last else ""
+    return [("XID errors since vsup started", f"{h.xid_count}{recent}")]
+
+
+def _clock_rows(gpu: GpuStatus, h: GpuHealth) -> list[tuple[str, str]]:
+    """What holds the clocks down, the clocks, power against its limit, temperature."""
     reasons = h.throttle_reasons
-    rows += [
-        (
-            "clocks held by",
-            fmt.UNKNOWN
-            if reasons is None
-            else (", ".join(r.replace("_", " ") for r in reasons) or "nothing"),
-        ),
-        ("SM clock", mhz(h.sm_clock_mhz, h.sm_clock_max_mhz)),
-        ("memory clock", mhz(h.mem_clock_mhz, h.mem_clock_max_mhz)),
-        (
-            "power",
-            f"{n(None if gpu.power_w is None else round(gpu.power_w))}/"
-            f"{n(None if h.power_limit_w is None else round(h.power_limit_w))} W",
-        ),
+    held = (
+        fmt.UNKNOWN
+        if reasons is None
+        else (", ".join(r.replace("_", " ") for r in reasons) or "nothing")
+    )
+    power = _n(None if gpu.power_w is None else round(gpu.power_w))
+    limit = _n(None if h.power_limit_w is None else round(h.power_limit_w))
+    return [
+        ("clocks held by", held),
+        ("SM clock", _mhz(h.sm_clock_mhz, h.sm_clock_max_mhz)),
+        ("memory clock", _mhz(h.mem_clock_mhz, h.mem_clock_max_mhz)),
+        ("power", f"{power}/{limit} W"),
         ("temperature", fmt.UNKNOWN if gpu.temp_c is None else f"{gpu.temp_c:.0f}°C"),
     ]
-    return rows
 
 
 def short_name(name: str | None) -> str:

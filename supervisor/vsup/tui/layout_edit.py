@@ -109,46 +109,15 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
 
     Raises `FieldError` naming the first field that is not of its type.
     """
-    table: dict[str, Any] = {}
-    name = values.get("name", "").strip()
-    if not _NAME.match(name):
-        raise FieldError(
-            "name",
-            f"{name!r} is not a name: use letters, digits, '.', '_' or '-'"
-            " (up to 63, starting with a letter or digit)",
-        )
-    table["name"] = name
+    table: dict[str, Any] = {"name": _parse_name(values.get("name", "").strip())}
     model = values.get("model", "").strip()
     if model:
         table["model"] = model
-    gpus_text = values.get("gpus", "").strip()
-    try:
-        table["gpus"] = [int(g) for g in re.split(r"[,\s]+", gpus_text) if g] if gpus_text else []
-    except ValueError:
-        raise FieldError(
-            "gpus",
-            f"{gpus_text!r} is not a list of GPU indices; write e.g. 0 or 0,1"
-            " (blank for a CPU instance)",
-        ) from None
-    port_text = values.get("port", "").strip()
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise FieldError("port", f"{port_text!r} is not a port number; write e.g. 8000") from None
-    if not 1 <= port <= 65535:
-        raise FieldError("port", f"{port} is outside 1-65535")
-    table["port"] = port
+    table["gpus"] = _parse_gpus(values.get("gpus", "").strip())
+    table["port"] = _parse_port(values.get("port", "").strip())
     gmu_text = values.get("gpu_memory_utilization", "").strip()
     if gmu_text:
-        try:
-            gmu = float(gmu_text)
-        except ValueError:
-            raise FieldError(
-                "gpu_memory_utilization", f"{gmu_text!r} is not a fraction; write e.g. 0.45"
-            ) from None
-        if not 0 < gmu <= 1:
-            raise FieldError("gpu_memory_utilization", f"{gmu} is not in (0, 1]")
-        table["gpu_memory_utilization"] = gmu
+        table["gpu_memory_utilization"] = _parse_fraction(gmu_text)
     args = _parse_inline("args", values.get("args", ""))
     if args:
         table["args"] = args
@@ -159,6 +128,49 @@ def parse_form(values: Mapping[str, str]) -> dict[str, Any]:
     if env:
         table["env"] = {k: str(v) for k, v in env.items()}
     return table
+
+
+def _parse_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise FieldError(
+            "name",
+            f"{name!r} is not a name: use letters, digits, '.', '_' or '-'"
+            " (up to 63, starting with a letter or digit)",
+        )
+    return name
+
+
+def _parse_gpus(gpus_text: str) -> list[int]:
+    try:
+        return [int(g) for g in re.split(r"[,\s]+", gpus_text) if g] if gpus_text else []
+    except ValueError:
+        raise FieldError(
+            "gpus",
+            f"{gpus_text!r} is not a list of GPU indices; write e.g. 0 or 0,1"
+            " (blank for a CPU instance)",
+        ) from None
+
+
+def _parse_port(port_text: str) -> int:
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise FieldError("port", f"{port_text!r} is not a port number; write e.g. 8000") from None
+    if not 1 <= port <= 65535:
+        raise FieldError("port", f"{port} is outside 1-65535")
+    return port
+
+
+def _parse_fraction(gmu_text: str) -> float:
+    try:
+        gmu = float(gmu_text)
+    except ValueError:
+        raise FieldError(
+            "gpu_memory_utilization", f"{gmu_text!r} is not a fraction; write e.g. 0.45"
+        ) from None
+    if not 0 < gmu <= 1:
+        raise FieldError("gpu_memory_utilization", f"{gmu} is not in (0, 1]")
+    return gmu
 
 
 def merged_table(

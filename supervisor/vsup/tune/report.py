@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vsup.bench.report import MIN_RATIO_DURATION_S, MIN_RATIO_REQUESTS
@@ -123,11 +124,19 @@ def candidate_summary(
         reason = f"{final.outcome} at rung {final.rung}: " + "; ".join(problems)
         return {**doc, "status": status, "reason": reason, "outcome": final.outcome}
     rung_steps = [s for s in steps if s.rung == final.rung and s.outcome == "ok"]
+    doc.update(_measured(rung_steps, slo))
+    if not doc["slo_met"]:
+        return {**doc, "status": "slo_violated", "reason": _ruled_out(doc, slo)}
+    decided, said = _decision(cand, final, result)
+    return {**doc, "status": decided, "reason": said}
+
+
+def _measured(rung_steps: list[Step], slo: Slo | None) -> dict[str, Any]:
+    """The figures of a candidate's last rung (its ok steps), against the SLO."""
     figures = _figures(rung_steps)
-    met = all(s.slo_met for s in rung_steps)
-    doc.update(
+    return dict(
         figures=figures,
-        slo_met=met,
+        slo_met=all(s.slo_met for s in rung_steps),
         slo_terms=(rung_steps[-1].result.get("slo") or {}).get("terms"),
         latency_ms=_latency(slo, rung_steps, figures),
         score=_median([s.score for s in rung_steps]),
@@ -143,28 +152,29 @@ def candidate_summary(
             for i in rung_steps[-1].result.get("instances", ())
         ],
     )
-    if not met:
-        broken = [
-            f"{t['slo']} (got {_ms(t['value_ms'])})"
-            for t in doc["slo_terms"] or ()
-            if not t["holds"]
-        ]
-        if slo is None:  # no SLO: a candidate must answer every request
-            failed = figures["failed"]
-            why = f"ruled out: {failed} request(s) failed" if failed else "ruled out: no request"
-        else:
-            why = "ruled out by the SLO: " + (", ".join(broken) or "requests failed")
-        return {**doc, "status": "slo_violated", "reason": why}
+
+
+def _ruled_out(doc: dict[str, Any], slo: Slo | None) -> str:
+    """Why a measured candidate that did not meet the SLO is out."""
+    broken = [
+        f"{t['slo']} (got {_ms(t['value_ms'])})" for t in doc["slo_terms"] or () if not t["holds"]
+    ]
+    if slo is None:  # no SLO: a candidate must answer every request
+        failed = doc["figures"]["failed"]
+        return f"ruled out: {failed} request(s) failed" if failed else "ruled out: no request"
+    return "ruled out by the SLO: " + (", ".join(broken) or "requests failed")
+
+
+def _decision(cand: Candidate, final: Step, result: SearchResult | None) -> tuple[str, str | None]:
+    """What the search decided on a candidate that met the SLO where it stopped."""
     if result is not None and cand.index in result.finished:
-        return {**doc, "status": "finished", "reason": None}
+        return "finished", None
     if result is not None and result.budget_stopped == cand.index:
-        why = f"stopped after rung {final.rung + 1}: the time budget ran out"
-        return {**doc, "status": "cut", "reason": why}
+        return "cut", f"stopped after rung {final.rung + 1}: the time budget ran out"
     if result is not None and cand.index in result.cut:
-        why = f"cut after rung {final.rung + 1}: below the rung's cut-off"
-        return {**doc, "status": "cut", "reason": why}
+        return "cut", f"cut after rung {final.rung + 1}: below the rung's cut-off"
     # measured, but the search ended (an interrupt) before it decided on it
-    return {**doc, "status": "interrupted", "reason": f"stopped after rung {final.rung + 1}"}
+    return "interrupted", f"stopped after rung {final.rung + 1}"
 
 
 def rank(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -496,83 +506,132 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
     return 0.0, hi * 1.08 if hi > 0 else 1.0
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """The SVG plot's geometry: the image, the plot area inside it and its axes' spans."""
+
+    x0: float = 0.0
+    x1: float = 1.0
+    y0: float = 0.0
+    y1: float = 1.0
+    w: int = 720
+    h: int = 460
+    left: int = 80
+    right: int = 200
+    top: int = 40
+    bottom: int = 60
+
+    @property
+    def pw(self) -> int:
+        return self.w - self.left - self.right
+
+    @property
+    def ph(self) -> int:
+        return self.h - self.top - self.bottom
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def py(self, y: float) -> float:
+        return self.top + self.ph - (y - self.y0) / (self.y1 - self.y0) * self.ph
+
+
 def render_svg(doc: dict[str, Any]) -> str:
     """The same plot as an SVG image (no plotting library needed)."""
-    w, h, left, right, top, bottom = 720, 460, 80, 200, 40, 60
-    pw, ph = w - left - right, h - top - bottom
     pts = _points(doc)
+    f = _Frame()  # the size alone, until the points give the axes
     title = f"vsup tune: {doc.get('base_layout', {}).get('name')}"
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{left}" y="24" font-size="15">{_esc(title)}</text>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{f.w}" height="{f.h}" '
+        f'viewBox="0 0 {f.w} {f.h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{f.w}" height="{f.h}" fill="white"/>',
+        f'<text x="{f.left}" y="24" font-size="15">{_esc(title)}</text>',
     ]
     if not pts:
-        parts.append(f'<text x="{left}" y="{top + 40}">no candidate has figures to plot</text>')
+        parts.append(f'<text x="{f.left}" y="{f.top + 40}">no candidate has figures to plot</text>')
         return "\n".join([*parts, "</svg>"]) + "\n"
     xs = [c["figures"]["output_throughput"] for c in pts]
     ys = [c["latency_ms"] for c in pts]
     limit = _limit(doc)
-    x0, x1 = _span(xs)
-    y0, y1 = _span(ys + ([limit] if limit is not None else []))
+    f = _Frame(*_span(xs), *_span(ys + ([limit] if limit is not None else [])))
+    parts += _svg_axes(f, doc["pareto"]["y"])
+    if limit is not None:
+        parts += _svg_limit(f, limit)
+    parts += _svg_points(f, doc, pts, xs, ys)
+    parts += _svg_legend(f, pts)
+    return "\n".join([*parts, "</svg>"]) + "\n"
 
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
 
-    def py(y: float) -> float:
-        return top + ph - (y - y0) / (y1 - y0) * ph
-
-    parts.append(
-        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>'
-    )
+def _svg_axes(f: _Frame, y_name: str) -> list[str]:
+    """The plot's box, six ticks on each axis and the axes' names."""
+    parts = [
+        f'<rect x="{f.left}" y="{f.top}" width="{f.pw}" height="{f.ph}" fill="none" stroke="#444"/>'
+    ]
     for i in range(6):
-        xv, yv = x0 + (x1 - x0) * i / 5, y0 + (y1 - y0) * i / 5
+        xv, yv = f.x0 + (f.x1 - f.x0) * i / 5, f.y0 + (f.y1 - f.y0) * i / 5
         parts.append(
-            f'<text x="{px(xv):.1f}" y="{top + ph + 18}" text-anchor="middle">{xv:.1f}</text>'
+            f'<text x="{f.px(xv):.1f}" y="{f.top + f.ph + 18}" text-anchor="middle">{xv:.1f}</text>'
         )
-        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.0f}</text>')
+        parts.append(
+            f'<text x="{f.left - 6}" y="{f.py(yv) + 4:.1f}" text-anchor="end">{yv:.0f}</text>'
+        )
     parts.append(
-        f'<text x="{left + pw / 2}" y="{h - 15}" text-anchor="middle">output tokens/s '
+        f'<text x="{f.left + f.pw / 2}" y="{f.h - 15}" text-anchor="middle">output tokens/s '
         "(higher is better)</text>"
     )
     parts.append(
-        f'<text x="18" y="{top + ph / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 18 {top + ph / 2})">{_esc(doc["pareto"]["y"])} (lower is better)'
+        f'<text x="18" y="{f.top + f.ph / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 18 {f.top + f.ph / 2})">{_esc(y_name)} (lower is better)'
         "</text>"
     )
-    if limit is not None:
-        parts.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{py(limit):.1f}" y2="{py(limit):.1f}" '
-            'stroke="#c33" stroke-dasharray="6 4"/>'
-        )
-        parts.append(
-            f'<text x="{left + pw - 4}" y="{py(limit) - 5:.1f}" text-anchor="end" '
-            f'fill="#c33">SLO {_esc(_ms(limit))}</text>'
-        )
+    return parts
+
+
+def _svg_limit(f: _Frame, limit: float) -> list[str]:
+    """The SLO's latency limit: a dashed red line, named."""
+    return [
+        f'<line x1="{f.left}" x2="{f.left + f.pw}" y1="{f.py(limit):.1f}" '
+        f'y2="{f.py(limit):.1f}" stroke="#c33" stroke-dasharray="6 4"/>',
+        f'<text x="{f.left + f.pw - 4}" y="{f.py(limit) - 5:.1f}" text-anchor="end" '
+        f'fill="#c33">SLO {_esc(_ms(limit))}</text>',
+    ]
+
+
+def _svg_points(
+    f: _Frame, doc: dict[str, Any], pts: list[dict[str, Any]], xs: list[float], ys: list[float]
+) -> list[str]:
+    """The Pareto front as a line, and each candidate as a dot with its rank."""
+    parts = []
     on = sorted(
         (c for c in pts if c.get("pareto")), key=lambda c: c["figures"]["output_throughput"]
     )
     if len(on) > 1:
-        path = " ".join(f"{px(c['figures']['output_throughput']):.1f},{py(c['latency_ms']):.1f}"
-                        for c in on)  # fmt: skip
+        path = " ".join(
+            f"{f.px(c['figures']['output_throughput']):.1f},{f.py(c['latency_ms']):.1f}" for c in on
+        )
         parts.append(f'<polyline points="{path}" fill="none" stroke="#36c" stroke-width="1.5"/>')
     best = (doc.get("best") or {}).get("index")
     for c, x, y in zip(pts, xs, ys, strict=True):
         colour = "#2a2" if c["index"] == best else ("#36c" if c.get("pareto") else "#999")
-        parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{colour}"/>')
-        parts.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 6:.1f}">{c["rank"]}</text>')
+        parts.append(f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="5" fill="{colour}"/>')
+        parts.append(f'<text x="{f.px(x) + 7:.1f}" y="{f.py(y) - 6:.1f}">{c["rank"]}</text>')
+    return parts
+
+
+def _svg_legend(f: _Frame, pts: list[dict[str, Any]]) -> list[str]:
+    """Rank -> name at the right, and what the marks mean."""
+    parts = []
     for n, c in enumerate(sorted(pts, key=lambda c: c["rank"])):
         star = " *" if c.get("pareto") else ""
         parts.append(
-            f'<text x="{w - right + 12}" y="{top + 14 + 16 * n}">{c["rank"]} '
+            f'<text x="{f.w - f.right + 12}" y="{f.top + 14 + 16 * n}">{c["rank"]} '
             f"{_esc(c['name'])}{star}</text>"
         )
     parts.append(
-        f'<text x="{w - right + 12}" y="{top + 30 + 16 * len(pts)}" fill="#666">rank; '
+        f'<text x="{f.w - f.right + 12}" y="{f.top + 30 + 16 * len(pts)}" fill="#666">rank; '
         "* Pareto front; green: best</text>"
     )
-    return "\n".join([*parts, "</svg>"]) + "\n"
+    return parts
 
 
 def _esc(text: str) -> str:

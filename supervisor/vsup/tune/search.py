@@ -171,55 +171,88 @@ def run_search(
     doc). The budget is checked before each step against the estimate of that step: what would
     run past it is not started. `into` is filled as the search goes, so that what was measured
     before an interrupt (KeyboardInterrupt out of `measure`) is known."""
-    t0 = clock()
-    est = Estimator()
     out = into if into is not None else SearchResult([], [], {}, {}, False)
-    steps, finished, stopped_at, skipped = out.steps, out.finished, out.stopped_at, out.skipped
-    budget_hit = False
-    last = len(halving.rungs) - 1
+    search = _Search(measure, halving, repeats, budget_s, clock, on_step, out, t0=clock())
     for cand in candidates:
-        if budget_hit:
-            skipped[cand.index] = "the time budget ran out"
+        if search.budget_hit:
+            out.skipped[cand.index] = "the time budget ran out"
             continue
+        search.candidate(cand)
+    return out
+
+
+@dataclass
+class _Search:
+    """One search's state: what it measures with, the estimate, the result it fills."""
+
+    measure: Measure
+    halving: Halving
+    repeats: int
+    budget_s: float | None
+    clock: Callable[[], float]
+    on_step: Callable[[Step], None] | None
+    out: SearchResult
+    t0: float
+    est: Estimator = field(default_factory=Estimator)
+    budget_hit: bool = False
+
+    @property
+    def last(self) -> int:
+        return len(self.halving.rungs) - 1
+
+    def candidate(self, cand: Any) -> None:
+        """`cand` up the rungs until the rule cuts it, a step fails or the budget runs out."""
+        out = self.out
         rung = 0
         while True:
-            n = repeats if rung == last else 1
-            step: Step | None = None
-            scores: list[float] = []
-            for rep in range(n):
-                guess = est.step(halving.rungs[rung], start=rung == 0 and rep == 0)
-                if budget_s is not None and guess is not None and clock() - t0 + guess > budget_s:
-                    budget_hit = out.budget_hit = True
-                    break
-                step = measure(cand, rung, halving.rungs[rung], rep)
-                steps.append(step)
-                est.add(step)
-                if on_step is not None:
-                    on_step(step)
-                if step.outcome != "ok":
-                    break  # a crash or a failure: no repeat will mend it
-                scores.append(step.score if step.slo_met and step.score else 0.0)
+            step, scores, n = self.rung(cand, rung)
             if step is None:  # the budget stopped it before its first step here
                 if rung == 0:
-                    skipped[cand.index] = "the time budget ran out"
+                    out.skipped[cand.index] = "the time budget ran out"
                 else:
                     out.budget_stopped = cand.index
-                break
-            stopped_at[cand.index] = rung
+                return
+            out.stopped_at[cand.index] = rung
             score = _median(scores) if scores and step.outcome == "ok" else None
-            halving.record(rung, score)
-            if rung == last and step.outcome == "ok" and len(scores) == n:
-                finished.append(cand.index)
-            if budget_hit:
-                if cand.index not in finished:
+            self.halving.record(rung, score)
+            if rung == self.last and step.outcome == "ok" and len(scores) == n:
+                out.finished.append(cand.index)
+            if self.budget_hit:
+                if cand.index not in out.finished:
                     out.budget_stopped = cand.index
-                break
-            if not halving.promote(rung, score):
-                if rung < last and step.outcome == "ok":
+                return
+            if not self.halving.promote(rung, score):
+                if rung < self.last and step.outcome == "ok":
                     out.cut.append(cand.index)
-                break
+                return
             rung += 1
-    return out
+
+    def rung(self, cand: Any, rung: int) -> tuple[Step | None, list[float], int]:
+        """The steps of `cand` at `rung` (the repeats at the last): its last step (None: the
+        budget left none), the scores of its ok steps, and how many steps it was due."""
+        n = self.repeats if rung == self.last else 1
+        prompts = self.halving.rungs[rung]
+        step: Step | None = None
+        scores: list[float] = []
+        for rep in range(n):
+            guess = self.est.step(prompts, start=rung == 0 and rep == 0)
+            budget_s = self.budget_s
+            if (
+                budget_s is not None
+                and guess is not None
+                and self.clock() - self.t0 + guess > budget_s
+            ):
+                self.budget_hit = self.out.budget_hit = True
+                break
+            step = self.measure(cand, rung, prompts, rep)
+            self.out.steps.append(step)
+            self.est.add(step)
+            if self.on_step is not None:
+                self.on_step(step)
+            if step.outcome != "ok":
+                break  # a crash or a failure: no repeat will mend it
+            scores.append(step.score if step.slo_met and step.score else 0.0)
+        return step, scores, n
 
 
 def eta_seconds(

@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.control.monitor import Monitor, Target
 from vsup.engine import Engine
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.telemetry.gpu.nvml import NvmlProbe
 
+from tests.support.clock import FakeClock
 from tests.unit.telemetry.gpu_fakes import FakeNvml, NvGpu
 
 pytestmark = pytest.mark.timeout(90)

@@ -14,12 +14,12 @@ import time
 import psutil
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.control.alerts import AlertConfig, Alerts
 from vsup.layout.model import loads_layout
 from vsup.layout.validate import validate
 from vsup.snapshot import Advice
 
+from tests.support.clock import FakeClock
 from tests.unit.control.webhook_receiver import Receiver
 
 

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from vsup.bench.publish import ProgressPublisher
-from vsup.clock import FakeClock
 from vsup.control.benchprogress import STALE_S, BenchProgressBoard
 from vsup.control.client import Client
 from vsup.snapshot import StatusSnapshot
+
+from tests.support.clock import FakeClock
 
 
 def current(board: BenchProgressBoard) -> dict[str, Any]:

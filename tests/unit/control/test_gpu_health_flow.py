@@ -8,13 +8,13 @@ import json
 import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
-from vsup.clock import FakeClock
 from vsup.control.advice import AdviceInputs, compute_advice
 from vsup.control.export import render
 from vsup.control.monitor import Monitor
 from vsup.snapshot import NodeInfo, StatusSnapshot, SupervisorInfo, empty_instance
 from vsup.telemetry.gpu.nvml import NvmlProbe
 
+from tests.support.clock import FakeClock
 from tests.unit.telemetry.gpu_fakes import FakeNvml, NvGpu
 
 UNC_VOLATILE = (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from vsup.clock import FakeClock
 from vsup.control import monitor as monitor_mod
 from vsup.control.monitor import Monitor
 from vsup.telemetry.gpu.base import GpuProcessSample, GpuSample
+
+from tests.support.clock import FakeClock
 
 
 def sample(index: int, pids: dict[int, int], per_process: bool = True) -> GpuSample:

@@ -9,9 +9,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from vsup.clock import FakeClock
 from vsup.control.monitor import Monitor, Target
 from vsup.telemetry.gpu.base import NoneProbe
+
+from tests.support.clock import FakeClock
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 IDLE = (FIX / "metrics_idle.txt").read_bytes()

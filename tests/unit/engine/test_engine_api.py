@@ -4,11 +4,11 @@ from typing import Any
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
 from vsup.states import State
 
 from tests.factories import instance_spec
+from tests.support.clock import FakeClock
 
 
 async def test_unknown_instance_names_it(tmp_path):

@@ -2,12 +2,13 @@ from functools import partial
 
 import pytest
 
-from vsup.clock import FakeClock, iso_utc
+from vsup.clock import iso_utc
 from vsup.engine.lifecycle import Lifecycle
 from vsup.layout.spec import RestartPolicy
 from vsup.snapshot import LastExit
 
 from tests.factories import instance_spec
+from tests.support.clock import FakeClock
 
 spec = partial(
     instance_spec,

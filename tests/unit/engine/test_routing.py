@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vsup.clock import FakeClock
 from vsup.engine import Engine
 from vsup.engine.routing import ROUTER_NAME, process_spec
 from vsup.layout.spec import RestartPolicy
 from vsup.router import RouterSpec
+
+from tests.support.clock import FakeClock
 
 SPEC = RouterSpec(
     port=8080,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vsup.fleet.view import summarize
-from vsup.tui import samples
+
+from tests.support import samples
 
 
 def test_a_node_summary_from_its_status_json():

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.pull.errors import PullCancelled
 from vsup.pull.progress import PullProgress
 from vsup.pull.selection import RepoFile
+
+from tests.support.clock import FakeClock
 
 MiB = 2**20
 

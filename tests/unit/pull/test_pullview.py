@@ -7,7 +7,8 @@ import json
 from vsup import pullview
 from vsup.control.advice import pull_failed
 from vsup.snapshot import PullStatus, StatusSnapshot, empty_instance
-from vsup.tui import samples
+
+from tests.support import samples
 
 GiB = 2**30
 PULL = PullStatus(

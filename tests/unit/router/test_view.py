@@ -6,8 +6,9 @@ from dataclasses import replace
 
 from vsup.commands.status import render
 from vsup.routerview import as_router, router_line
-from vsup.tui.samples import cpu_node
 from vsup.tui.widgets.header import header_text
+
+from tests.support.samples import cpu_node
 
 ROUTER = {
     "state": "ready",

@@ -9,11 +9,11 @@ import json
 import pynvml
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.snapshot import GpuHealth, StatusSnapshot
 from vsup.telemetry.gpu.amd import AmdSmiProbe
 from vsup.telemetry.gpu.nvml import NvmlProbe
 
+from tests.support.clock import FakeClock
 from tests.unit.telemetry.gpu_fakes import AmdGpu, FakeAmdSmi, FakeNvml, NvGpu, real_amdsmi
 
 CORR, UNC = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED

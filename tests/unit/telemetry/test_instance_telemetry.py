@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.snapshot import empty_instance
 from vsup.telemetry.hbm import HbmFigure
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.metrics import EMPTY, parse_metrics
 from vsup.telemetry.scrape import ScrapeResult
+
+from tests.support.clock import FakeClock
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 LOAD = parse_metrics((FIX / "metrics_load.txt").read_text())

@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from vsup.clock import FakeClock
 from vsup.telemetry.hbm import HbmFigure
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.logwatch import scan_log
 from vsup.telemetry.memprofile import GiB, MemoryLines
+
+from tests.support.clock import FakeClock
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.26-cuda" / "startup.log"
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vsup.clock import FakeClock
 from vsup.telemetry.metrics import VllmMetrics, parse_metrics
 from vsup.telemetry.rates import CounterRate, History, InstanceRates
+
+from tests.support.clock import FakeClock
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 

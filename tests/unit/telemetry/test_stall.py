@@ -8,11 +8,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from vsup.clock import FakeClock
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.metrics import EngineFigures, VllmMetrics, parse_metrics
 from vsup.telemetry.scrape import CanaryOutcome, CanaryResult, ScrapeResult
 from vsup.telemetry.stall import Evidence, StallWatch
+
+from tests.support.clock import FakeClock
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 # running 1, waiting 9, generation 1029, prompt 45, KV 0.4: a server under load

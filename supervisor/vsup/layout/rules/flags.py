@@ -74,38 +74,44 @@ def unknown_flags(ctx: Context) -> list[Diagnostic]:
             flag = flag_name(key)[2:]
             if flag in ARGS_OWNED_BY_KEYS or flag in ARG_ALIASES or not flag_value_ok(value):
                 continue  # structure errors of their own
-            # One diagnostic per distinct list and severity: instances whose lookups differ
-            # only in why they fell back to the frozen list share it.
-            groups: dict[tuple[str, frozenset[str], str], tuple[FlagList, list[str]]] = {}
-            for m in users:
-                flags = ctx.flags(m)
-                if not flags.flags or flags.knows(flag) or flag in _unchecked(m):
-                    continue
-                key3 = (flags.name, flags.flags, _severity(flags, m))
-                groups.setdefault(key3, (flags, []))[1].append(m.label)
+            groups = _unknown_to(ctx, users, flag)
             for (_name, _set, severity), (flags, labels) in groups.items():
                 # a shared table ([defaults], a profile) some instances opted out of: say whose
                 some = len(labels) < len(users) and t.index not in by_index
-                whose = (
-                    f" for instance{'s' if len(labels) > 1 else ''} {', '.join(labels)}"
-                    if some
-                    else ""
-                )
-                close = suggest(flag, sorted(flags.flags))
-                hint = f"; did you mean '{close}'?" if close else "; check the spelling"
-                if severity == ERROR:
-                    why = (
-                        f": vLLM would exit with bad_args. If the flag is right (a plugin's), "
-                        f'list it in unchecked_args = ["{flag}"]'
-                    )
-                else:
-                    why = " (vLLM exits with bad_args on an unknown flag)"
-                message = (
-                    f"{flags.name} has no flag --{flag}{whose}{hint}{why} "
-                    f"(flag list: {flags.detail})"
-                )
+                message = _unknown_message(flags, flag, labels if some else None, severity)
                 out.append(where.diag(severity, message, key, (key,)))
     return out
+
+
+def _unknown_to(
+    ctx: Context, users: Sequence[MergedInstance], flag: str
+) -> dict[tuple[str, frozenset[str], str], tuple[FlagList, list[str]]]:
+    """The instances among `users` whose vLLM does not know `flag` (and that did not opt it
+    out), grouped by flag list and severity: one diagnostic per distinct list and severity,
+    so instances whose lookups differ only in why they fell back to the frozen list share it."""
+    groups: dict[tuple[str, frozenset[str], str], tuple[FlagList, list[str]]] = {}
+    for m in users:
+        flags = ctx.flags(m)
+        if not flags.flags or flags.knows(flag) or flag in _unchecked(m):
+            continue
+        key3 = (flags.name, flags.flags, _severity(flags, m))
+        groups.setdefault(key3, (flags, []))[1].append(m.label)
+    return groups
+
+
+def _unknown_message(flags: FlagList, flag: str, labels: list[str] | None, severity: str) -> str:
+    """`labels`: the instances it concerns, when not every user of the table."""
+    whose = f" for instance{'s' if len(labels) > 1 else ''} {', '.join(labels)}" if labels else ""
+    close = suggest(flag, sorted(flags.flags))
+    hint = f"; did you mean '{close}'?" if close else "; check the spelling"
+    if severity == ERROR:
+        why = (
+            f": vLLM would exit with bad_args. If the flag is right (a plugin's), "
+            f'list it in unchecked_args = ["{flag}"]'
+        )
+    else:
+        why = " (vLLM exits with bad_args on an unknown flag)"
+    return f"{flags.name} has no flag --{flag}{whose}{hint}{why} (flag list: {flags.detail})"
 
 
 def shutdown_outlasts_grace(ctx: Context, m: MergedInstance) -> list[Diagnostic]:

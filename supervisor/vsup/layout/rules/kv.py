@@ -12,6 +12,7 @@ from vsup.layout.kvcache import (
     in_flight_tokens,
 )
 from vsup.layout.merge import MergedInstance
+from vsup.layout.modelinfo import ModelInfo
 from vsup.layout.rules.context import Context, int_arg, int_flag, origin_diag, parallelism
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_number
 
@@ -63,10 +64,9 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
         return None
     kv_dtype = m.arg("kv-cache-dtype")
     dtype = m.arg("dtype")
-    tp = parallelism(m).effective_tp
     layout = info.kv_layout(
         str(kv_dtype) if kv_dtype else None,
-        tp,
+        parallelism(m).effective_tp,
         str(dtype) if dtype else None,
         hybrid_manager=not m.arg("disable-hybrid-kv-cache-manager", False),
     )
@@ -77,30 +77,40 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
         DEFAULT_BATCHED_TOKENS_CPU if gpus == [] else DEFAULT_BATCHED_TOKENS_GPU
     )
     in_flight = in_flight_tokens(batched, gpu=gpus != [], pp=parallelism(m).pp or 1)
-    per_token = layout.bytes_per_token
-    if gpus == []:
-        space = m.env.get("VLLM_CPU_KVCACHE_SPACE")
-        gib = (
-            float(space)
-            if is_number(space) or (isinstance(space, str) and _is_float(space))
-            else None
-        )
-        if not gib:
-            return None
-        how = f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
-        return layout.tokens(gib * 1024**3, max_len, block_size, in_flight), how, False
+    space = _cpu_kv_space(m, layout.bytes_per_token) if gpus == [] else _gpu_kv_space(ctx, m, info)
+    if space is None:
+        return None
+    kv_bytes, how = space
+    return layout.tokens(kv_bytes, max_len, block_size, in_flight), how, False
+
+
+def _cpu_kv_space(m: MergedInstance, per_token: int) -> tuple[float, str] | None:
+    """A CPU instance's KV bytes: VLLM_CPU_KVCACHE_SPACE (GiB)."""
+    space = m.env.get("VLLM_CPU_KVCACHE_SPACE")
+    gib = (
+        float(space) if is_number(space) or (isinstance(space, str) and _is_float(space)) else None
+    )
+    if not gib:
+        return None
+    return gib * 1024**3, f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
+
+
+def _gpu_kv_space(ctx: Context, m: MergedInstance, info: ModelInfo) -> tuple[int, str] | None:
+    """A GPU instance's KV bytes, estimated from this node's GPU memory, the utilization and
+    the weights."""
     memory = ctx.gpu_memory_bytes
-    if not gpus or not memory:
+    if not m.gpus or not memory:
         return None
     util = m.values.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+    dtype = m.arg("dtype")
     weights, _ = info.weight_bytes(
         str(dtype) if dtype else None, str(m.arg("quantization") or "") or None
     )
     if weights is None:
         return None
     how = f"estimate: {float(util):g} of {memory / 1024**3:.0f} GiB, less weights and overhead"
-    kv = kv_budget_bytes(memory, float(util), weights, tp)
-    return layout.tokens(kv, max_len, block_size, in_flight), how, False
+    kv = kv_budget_bytes(memory, float(util), weights, parallelism(m).effective_tp)
+    return kv, how
 
 
 def _max_model_len(ctx: Context, m: MergedInstance) -> int | None:

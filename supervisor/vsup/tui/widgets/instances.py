@@ -157,10 +157,28 @@ class InstanceTable(DataTable):
             self.remove_row(name)
         if diff.removed:
             self._name_cells = {k: v for k, v in self._name_cells.items() if v[0] in new_rows}
+        touched = self._update_cells(diff.changed, columns)
+        self._add_rows(diff.added, columns)
+        self._rows = new_rows
+        if diff.order is not None:
+            position = {name: i for i, name in enumerate(order)}
+            self.sort("name", key=lambda cell: position[self._name_cells[id(cell)][0]])
+        self._order = list(order)
+        if diff.removed or diff.added or diff.order is not None:
+            self.refresh()
+            self._keep_cursor(keep)
+        else:
+            self._repaint(touched)
+        return True
+
+    def _update_cells(
+        self, changed: Sequence[tuple[str, int, Cell]], columns: Sequence[Column]
+    ) -> set[str]:
+        """Update the cells that changed (no row refresh each); the rows they are in."""
         touched: set[str] = set()
         self._row_refresh_only = True
         try:
-            for name, index, cell in diff.changed:
+            for name, index, cell in changed:
                 col = columns[index]
                 text = self._text(col, cell)
                 if index == 0:
@@ -171,28 +189,23 @@ class InstanceTable(DataTable):
                 self.updates += 1
         finally:
             self._row_refresh_only = False
-        for name, row in diff.added:
+        return touched
+
+    def _add_rows(self, added: Sequence[tuple[str, Row]], columns: Sequence[Column]) -> None:
+        for name, row in added:
             cells = [self._text(c, cell) for c, cell in zip(columns, row, strict=False)]
             self._name_cells[id(cells[0])] = (name, cells[0])
             self.add_row(*cells, key=name)
             self.updates += len(row)
-        self._rows = new_rows
-        if diff.order is not None:
-            position = {name: i for i, name in enumerate(order)}
-            self.sort("name", key=lambda cell: position[self._name_cells[id(cell)][0]])
-        self._order = list(order)
-        if diff.removed or diff.added or diff.order is not None:
-            self.refresh()
-            self._keep_cursor(keep)
-        else:
-            # repaint only the rows whose cells changed, and of those only the visible ones
-            top = int(self.scroll_y)
-            bottom = top + self.size.height
-            for name in touched:
-                index = self.get_row_index(name)
-                if top <= index <= bottom:
-                    self.refresh_row(index)
-        return True
+
+    def _repaint(self, touched: set[str]) -> None:
+        """Repaint only the rows whose cells changed, and of those only the visible ones."""
+        top = int(self.scroll_y)
+        bottom = top + self.size.height
+        for name in touched:
+            index = self.get_row_index(name)
+            if top <= index <= bottom:
+                self.refresh_row(index)
 
     def _cells_of(self, inst: InstanceStatus, over: bool) -> Row:
         known = self._row_of.get(inst.name)

@@ -330,12 +330,12 @@ def _tune_guarded(
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with client:
         try:
-            current = client.layout()
+            current = client.json.layout()
             try:
                 refuse_while_left_behind(home, current.get("toml"))
             except CommandFailed as exc:
                 raise CommandFailed(str(exc).replace("vsup bench: ", "vsup tune: ", 1), 1) from None
-            before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
+            before = {i["name"]: i.get("state") for i in client.json.status().get("instances", ())}
             serving = [n for n, state in before.items() if state in SERVING]
             original = Original(
                 toml=current.get("toml"),

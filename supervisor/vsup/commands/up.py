@@ -117,7 +117,13 @@ def _up(args: argparse.Namespace) -> int:
         answer = _plan_and_apply(client, compiled.text, path, args)
         if answer is None:
             return 0
-        code = _after_apply(client, answer.plan or ApplyPlan(), args)
+        plan = answer.plan or ApplyPlan()
+        if plan.pull:
+            # the daemon applies the layout once its pulls are done (control/pulls.py)
+            code = follow_pulls(client, plan.pull, args)
+            if code != 0:
+                return code  # no dashboard: the pull's failure is the news
+        code = _after_apply(client, plan, args)
     if args.detach:
         return code
     return open_dashboard() or code
@@ -157,16 +163,11 @@ def _plan_and_apply(
 
 
 def _after_apply(client: Client, plan: ApplyPlan, args: argparse.Namespace) -> int:
-    """Follow what the apply set going: its pulls, its rolling restart, and with `--wait` the
-    instances and the router until they serve."""
+    """Follow what the apply set going: its rolling restart, and with `--wait` the instances
+    and the router until they serve."""
     from vsup.commands.lifecycle import wait_and_report
 
     code = 0
-    if plan.pull:
-        # the daemon applies the layout once its pulls are done (control/pulls.py)
-        code = follow_pulls(client, plan.pull, args)
-        if code != 0:
-            return code
     if plan.rolling:
         print(
             f"rolling restart of {len(plan.rolling)} serving instance(s) under way"

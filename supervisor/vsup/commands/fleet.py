@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from vsup.answers import ApplyPlan
 from vsup.commands import exits
 from vsup.states import NodeOutcome, RolloutState
 from vsup.termtext import printable
@@ -304,7 +305,7 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
             return refused
         for p in plans:
             runs = p.layout or "no layout"
-            print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or {}, p.serving)}")
+            print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or ApplyPlan(), p.serving)}")
         if args.dry_run:
             return exits.OK
         interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
@@ -361,7 +362,7 @@ def _refusals(plans: list[Any]) -> int | None:
             print(f"{p.node.name}: cannot take part: {p.error}", file=sys.stderr)
             bad = True
         for e in p.errors:
-            print(f"{p.node.name}: {e.get('text') or e.get('message')}", file=sys.stderr)
+            print(f"{p.node.name}: {e}", file=sys.stderr)
             bad = True
     if not bad:
         return None
@@ -401,25 +402,25 @@ def relative_models(layout: Any) -> list[Any]:
     return out
 
 
-def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
+def plan_line(plan: ApplyPlan, serving: set[str]) -> str:
     """`start: a; restart (rolling): b (serving); stop: c (serving)`."""
     parts = []
-    rolling = set(plan.get("rolling", ()))
+    rolling = set(plan.rolling)
     for key, label in (
         ("start", "start"),
         ("restart", "restart"),
         ("stop", "stop"),
         ("update", "update"),
     ):
-        names = plan.get(key) or []
+        names = getattr(plan, key)
         if names:
             shown = ", ".join(n + (" (serving)" if n in serving else "") for n in names)
             if key == "restart" and rolling:
                 label += " (rolling)"
             parts.append(f"{label}: {shown}")
-    if plan.get("unchanged"):
-        parts.append(f"unchanged: {', '.join(plan['unchanged'])}")
-    router = plan.get("router")
+    if plan.unchanged:
+        parts.append(f"unchanged: {', '.join(plan.unchanged)}")
+    router = plan.router
     if router not in (None, "unchanged"):
         # a restart or stop takes the node's router endpoint down (docs/router.md)
         parts.append(f"router: {router}" + (" (serving)" if "@router" in serving else ""))

@@ -180,7 +180,7 @@ class Daemon:
     CLI starts it) and a client for it. `close()` stops its instances, then it."""
 
     def __init__(self, home: Path, token: str, poll_interval: float = 1.0) -> None:
-        from vsup.control.client import Client
+        from vsup.control.client import JsonClient
 
         env = dict(os.environ)
         env["VSUP_HOME"] = str(home)
@@ -202,7 +202,7 @@ class Daemon:
         self.pid = self.proc.pid
         self._closed = False
         at_exit(self.close)  # stops its instances even if the benchmark is killed (SIGTERM)
-        self.client = Client(home, timeout=120)
+        self.client = JsonClient(home, timeout=120)
         deadline = time.monotonic() + 30
         while self.client.alive(timeout=1.0) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:

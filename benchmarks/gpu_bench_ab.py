@@ -167,9 +167,9 @@ class ProgressWatch(threading.Thread):
         self.shot: str | None = None
 
     def run(self) -> None:
-        from vsup.control.client import Client
+        from vsup.control.client import JsonClient
 
-        client = Client(self.home, timeout=5)
+        client = JsonClient(self.home, timeout=5)
         with (self.out / "bench_progress.jsonl").open("w") as f:
             while not self.stop.wait(1.0):
                 try:

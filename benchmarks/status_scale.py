@@ -78,7 +78,7 @@ def cpu_window(pid: int, seconds: float) -> float:
 
 
 def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
     token = new_token()
     ports = free_ports(instances)
@@ -106,7 +106,7 @@ def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
             print(f"status document: {len(str(status)) // 1024} KiB (repr)", flush=True)
 
             api = []
-            with Client(home, timeout=60) as client:
+            with JsonClient(home, timeout=60) as client:
                 for _ in range(runs):
                     t = time.perf_counter()
                     client.status()
@@ -120,7 +120,7 @@ def measure(instances: int, runs: int, pollers: int, seconds: float) -> dict:
             stop = threading.Event()
 
             def poll() -> None:
-                with Client(home, timeout=60) as client:
+                with JsonClient(home, timeout=60) as client:
                     while not stop.is_set():
                         client.status()
                         stop.wait(1.0)

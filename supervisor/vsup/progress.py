@@ -6,13 +6,14 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from vsup.control.errors import DaemonUnavailable
 from vsup.states import State
 
 if TYPE_CHECKING:  # the client imports httpx: `vsup status` formats durations without it
     from vsup.control.client import Client
+    from vsup.snapshot import InstanceStatus, StatusSnapshot
 
 
 class Progress:
@@ -52,29 +53,29 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
-def describe_waiting(instances: Iterable[dict[str, Any]]) -> str:
+def describe_waiting(instances: Iterable[InstanceStatus]) -> str:
     """'ready 1/3 · gpu1 loading 12s · gpu2 backoff 8s (oom)'."""
     insts = list(instances)
-    ready = sum(1 for i in insts if i["state"] == State.READY)
+    ready = sum(1 for i in insts if i.state == State.READY)
     parts = [f"ready {ready}/{len(insts)}"]
     for i in insts:
-        if i["state"] == State.READY:
+        if i.state == State.READY:
             continue
-        since = fmt_duration(i.get("state_since_s"))
-        if i["state"] == State.STARTING and i.get("waiting_for"):
-            parts.append(f"{i['name']} waits ({i['waiting_for']})")
-        elif i["state"] == State.STARTING:
-            parts.append(f"{i['name']} loading {since}")
-        elif i["state"] == State.BACKOFF:
-            why = (i.get("last_exit") or {}).get("reason")
-            left = i.get("backoff_remaining_s")
+        since = fmt_duration(i.state_since_s)
+        if i.state == State.STARTING and i.waiting_for:
+            parts.append(f"{i.name} waits ({i.waiting_for})")
+        elif i.state == State.STARTING:
+            parts.append(f"{i.name} loading {since}")
+        elif i.state == State.BACKOFF:
+            why = i.last_exit.reason if i.last_exit else None
+            left = i.backoff_remaining_s
             parts.append(
-                f"{i['name']} backoff"
+                f"{i.name} backoff"
                 + (f" {fmt_duration(left)}" if left is not None else "")
                 + (f" ({why})" if why else "")
             )
         else:
-            parts.append(f"{i['name']} {i['state']} {since}")
+            parts.append(f"{i.name} {i.state} {since}")
     return " · ".join(parts)
 
 
@@ -86,26 +87,25 @@ def wait_ready(
     interval: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> tuple[bool, dict[str, Any]]:
+) -> tuple[bool, StatusSnapshot]:
     """Poll status until every named instance is ready (True) or one failed or the time is up
-    (False). Returns the outcome and the last status document. A status is a few ms of the
+    (False). Returns the outcome and the last status. A status is a few ms of the
     daemon's time: asked every 0.2 s, a ready instance is reported within a fifth of a second
     (it was 0.5 s: each `--wait` came a quarter of a second late on average)."""
     deadline = clock() + timeout
     t0 = clock()
-    doc: dict[str, Any] = {}
     while True:
         try:
             doc = client.status()
         except DaemonUnavailable:
             progress.clear()
             raise
-        by_name = {i["name"]: i for i in doc.get("instances", ())}
+        by_name = {i.name: i for i in doc.instances}
         mine = [by_name[n] for n in names if n in by_name]
-        if len(mine) == len(names) and all(i["state"] == State.READY for i in mine):
+        if len(mine) == len(names) and all(i.state == State.READY for i in mine):
             progress.clear()
             return True, doc
-        if any(i["state"] == State.FAILED for i in mine):
+        if any(i.state == State.FAILED for i in mine):
             progress.clear()
             return False, doc
         if clock() >= deadline:

@@ -62,11 +62,11 @@ def test_the_loop_answers_and_supervises_while_bad_bodies_arrive(fault_home, tmp
     flooder.start()
     try:
         assert sent_one.wait(120), "no bad body was answered"
-        from vsup.control.client import Client
+        from vsup.control.client import JsonClient
 
         # Generous timeouts: a ping takes milliseconds; the old quadratic check held the loop
         # for 14.8 s on the 48 KB body and for hours on the 4 MiB ones.
-        with Client(home, timeout=30) as client:
+        with JsonClient(home, timeout=30) as client:
             for _ in range(5):
                 assert client.ping()["pid"]
             os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 from vsup.layout.compiled import compile_layout
 
 from tests.faults.helpers import vsup, wait_for
@@ -30,7 +30,7 @@ ROUNDS = 20
 
 def settled(home, name: str) -> dict | None:
     """The instance once it is ready and nothing is pending for it (no rollout running)."""
-    with Client(home) as client:
+    with JsonClient(home) as client:
         doc = client.status()
     inst = {i["name"]: i for i in doc["instances"]}[name]
     rollout = doc.get("rollout")
@@ -47,7 +47,7 @@ def apply_both(home, first: str, second: str, gap_s: float, all_at_once: bool) -
     def post(text: str, delay: float) -> None:
         try:
             time.sleep(delay)
-            with Client(home) as client:
+            with JsonClient(home) as client:
                 answers.append(client.apply(text, "/tmp/concurrent.toml", all_at_once=all_at_once))
         except BaseException as exc:  # reported by the test thread below
             errors.append(exc)
@@ -92,7 +92,7 @@ def test_concurrent_applies_leave_what_runs_equal_to_the_layout(fault_home, tmp_
         inst = wait_for(
             lambda: settled(home, "a"), 60, f"round {round_}: a ready and settled", interval=0.05
         )
-        with Client(home) as client:
+        with JsonClient(home) as client:
             running = client.layout()["toml"]
             pid = {i["name"]: i for i in client.status()["instances"]}["a"]["pid"]
         now = next(k for k, t in layouts.items() if t == running)
@@ -104,7 +104,7 @@ def test_concurrent_applies_leave_what_runs_equal_to_the_layout(fault_home, tmp_
             f"layout is {now} but the process runs {cmdline}"
         )
 
-        with Client(home) as client:
+        with JsonClient(home) as client:
             plan = client.apply(layouts[other], "/tmp/concurrent.toml", dry_run=True)["plan"]
             again = client.apply(layouts[now], "/tmp/concurrent.toml", dry_run=True)["plan"]
         assert "a" not in plan["unchanged"] and "a" in plan["restart"], (round_, now, plan)

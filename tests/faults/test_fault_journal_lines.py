@@ -27,9 +27,9 @@ def test_events_are_served_past_lines_with_a_bad_seq(fault_home):
     (home / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
     assert vsup(home, "daemon", "--detach").returncode == 0
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
-    with Client(home) as client:
+    with JsonClient(home) as client:
         for since in (0, 1, 2, 7, 8):
             doc = client.events(since)
             seqs = [e["seq"] for e in doc["events"]]

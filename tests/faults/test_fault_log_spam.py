@@ -90,9 +90,9 @@ def test_a_spamming_instance_stays_under_its_log_cap_and_its_log_reads_whole(fau
 
     # Read it all by offset, as `vsup logs -f` and the dashboard do: the start of the run, one
     # note where its middle was released, then whole spam lines to its end.
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
-    with Client(home) as client:
+    with JsonClient(home) as client:
         chunk = client.logs("a", offset=0)
         text = [chunk["text"]]
         while not chunk["eof"] and chunk["offset"] < written:
@@ -149,10 +149,10 @@ def test_the_cap_holds_while_no_daemon_runs_and_a_new_daemon_reads_the_log(fault
     assert now["backend"] == "FLASH_ATTN" and now["backend_source"] == "log"
     # by offset, as `vsup logs -f` and the dashboard read (up to what was there now: `vsup
     # logs` without -f chases a file that grows 30 MB/s)
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
     size = live.stat().st_size
-    with Client(home) as client:
+    with JsonClient(home) as client:
         chunk = client.logs("a", offset=0)
         text = [chunk["text"]]
         while not chunk["eof"] and chunk["offset"] < size:

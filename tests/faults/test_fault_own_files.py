@@ -55,9 +55,9 @@ def test_save_refuses_every_path_inside_vsup_home(fault_home, tmp_path):
 
 
 def _events(home):
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
-    with Client(home) as client:
+    with JsonClient(home) as client:
         return client.events(0)["events"]
 
 

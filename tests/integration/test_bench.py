@@ -76,9 +76,9 @@ class BenchWatch(threading.Thread):
 
     def __init__(self, home: Path) -> None:
         super().__init__(daemon=True)
-        from vsup.control.client import Client
+        from vsup.control.client import JsonClient
 
-        self.client = Client(home)
+        self.client = JsonClient(home)
         self.seen: list[dict | None] = []
         self.stop = threading.Event()
 
@@ -107,10 +107,10 @@ class BenchWatch(threading.Thread):
 def wait_bench_phase(home: Path, phase: str, timeout: float, with_status: bool = False) -> Any:
     """The daemon's `bench` record once it is in `phase` (`with_status`: and the status it
     came in)."""
-    from vsup.control.client import Client
+    from vsup.control.client import JsonClient
 
     seen = []
-    with Client(home) as client:
+    with JsonClient(home) as client:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             doc = client.status()

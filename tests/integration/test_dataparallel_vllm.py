@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port, run_vsup
 
@@ -45,7 +45,7 @@ def status(home: Path) -> dict:
     process: a `vsup status --json` subprocess every half second costs about 0.45 CPU-s a poll,
     taken from the very start being waited for (the CLI's own output is read where it is the
     point: `vsup status`'s table below)."""
-    with contextlib.closing(Client(home, timeout=60)) as client:
+    with contextlib.closing(JsonClient(home, timeout=60)) as client:
         return client.status()["instances"][0]
 
 

@@ -81,9 +81,9 @@ class PhaseWatch(threading.Thread):
 
     def __init__(self, home: Path) -> None:
         super().__init__(daemon=True)
-        from vsup.control.client import Client
+        from vsup.control.client import JsonClient
 
-        self.client = Client(home)
+        self.client = JsonClient(home)
         self.seen: list[tuple] = []
         self.stop = threading.Event()
 

@@ -2,18 +2,29 @@
 
 This is the dashboard's injection boundary (memray's and Harlequin's tests work the same
 way): tests, snapshot tests and the render/idle benchmarks drive the real dashboard with it
-instead of a daemon. It answers with the same JSON shapes as the control API
-(docs/ARCHITECTURE.md), and nothing in it stands in for vLLM.
+instead of a daemon. It answers with the control API's JSON shapes (docs/ARCHITECTURE.md)
+read as the HTTP client reads them (vsup.answers), and nothing in it stands in for vLLM.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vsup.answers import (
+    ActionAnswer,
+    ApplyAnswer,
+    History,
+    InstanceConfig,
+    LayoutAnswer,
+    LogChunk,
+    SaveAnswer,
+    decode,
+)
 from vsup.fsutil import write_atomic
 from vsup.snapshot import StatusSnapshot
 
@@ -51,7 +62,7 @@ class MemoryClient:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     histories: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     validate: Callable[[str, str], tuple[list[str], list[str]]] | None = None
-    as_json: bool = False  # answer status() with the JSON document, as the HTTP client may
+    as_json: bool = False  # status() through its JSON document and back, as over HTTP
     unreachable: str | None = None
     calls: list[Call] = field(default_factory=list)
 
@@ -69,23 +80,23 @@ class MemoryClient:
         if snap is None or snap.instance(name) is None:
             raise DaemonError(f"unknown instance {name!r}", status=404)
 
-    async def status(self) -> StatusSnapshot | dict[str, Any]:
+    async def status(self) -> StatusSnapshot:
         self._record("status")
         snap = self.source() if self.source else self.snapshot
         if snap is None:
             raise ConnectionError("no snapshot injected")
-        return snap.to_json() if self.as_json else snap
+        if self.as_json:
+            return StatusSnapshot.from_json(json.loads(json.dumps(snap.to_json())))
+        return snap
 
-    async def layout(self) -> dict[str, Any]:
+    async def layout(self) -> LayoutAnswer:
         self._record("layout")
         name = None
         if self.layout_toml:
             name = tomllib.loads(self.layout_toml).get("layout", {}).get("name")
-        return {"path": self.layout_path, "toml": self.layout_toml, "name": name}
+        return LayoutAnswer(path=self.layout_path, toml=self.layout_toml, name=name)
 
-    async def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False
-    ) -> dict[str, Any]:
+    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> ApplyAnswer:
         self._record("apply", toml=toml, path=path, dry_run=dry_run)
         errors, warnings = (
             self.validate(toml, path or self.layout_path) if self.validate else ([], [])
@@ -95,17 +106,25 @@ class MemoryClient:
             self.layout_toml = toml
             if path:
                 self.layout_path = path
-        return {"plan": plan, "errors": errors, "warnings": warnings}
+        problems = [{"severity": "error", "message": e, "text": e} for e in errors]
+        notes = [{"severity": "warning", "message": w, "text": w} for w in warnings]
+        doc = {
+            "plan": plan,
+            "errors": problems,
+            "warnings": notes,
+            "applied": not (dry_run or errors),
+        }
+        return decode(ApplyAnswer, doc, "POST /v1/apply")
 
-    async def action(self, action: str, names: Sequence[str], all: bool = False) -> dict[str, Any]:
+    async def action(self, action: str, names: Sequence[str], all: bool = False) -> ActionAnswer:
         self._record("action", action=action, names=list(names), all=all)
         for name in names:
             self._known(name)
-        return {"done": list(names), "errors": []}
+        return ActionAnswer(done=tuple(names), errors=())
 
     async def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
-    ) -> dict[str, Any]:
+    ) -> LogChunk:
         self._record("logs", name=name, previous=previous, offset=offset, tail=tail)
         self._known(name)
         logs = self.logs_previous if previous else self.logs_current
@@ -118,20 +137,23 @@ class MemoryClient:
         if tail is not None and offset is None:
             start = max(0, len(data) - tail)
         chunk = data[start:]
-        return {
-            "run": None,
-            "path": f"logs/{name}.log",
-            "offset": start + len(chunk),
-            "text": chunk.decode(errors="replace"),
-            "eof": True,
-        }
+        return LogChunk(
+            run=None,
+            path=f"logs/{name}.log",
+            offset=start + len(chunk),
+            text=chunk.decode(errors="replace"),
+            eof=True,
+            start=start,
+            size=len(data),
+        )
 
-    async def config(self, name: str) -> dict[str, Any]:
+    async def config(self, name: str) -> InstanceConfig:
         self._record("config", name=name)
         self._known(name)
-        return self.configs.get(name, {"argv": [], "env": {}, "cache_config": {}, "spec": {}})
+        doc = self.configs.get(name, {"argv": [], "env": {}, "cache_config": {}, "spec": {}})
+        return decode(InstanceConfig, doc, f"GET /v1/instances/{name}/config")
 
-    async def history(self, name: str) -> dict[str, Any]:
+    async def history(self, name: str) -> History:
         self._record("history", name=name)
         self._known(name)
         empty: dict[str, list[Any]] = {
@@ -140,9 +162,9 @@ class MemoryClient:
             "generation_tokens_per_s": [],
             "preemptions_per_min": [],
         }
-        return self.histories.get(name, empty)
+        return decode(History, self.histories.get(name, empty), f"GET /v1/instances/{name}/history")
 
-    async def save(self, path: str) -> dict[str, Any]:
+    async def save(self, path: str) -> SaveAnswer:
         self._record("save", path=path)
         if self.validate:
             errors, _ = self.validate(self.layout_toml, path)
@@ -155,7 +177,7 @@ class MemoryClient:
         target = Path(path)
         saved = layout_text(loads_layout(self.layout_toml), target, keep_from=self.layout_toml)
         write_atomic(target, saved.text)
-        return {"path": str(target), "kept_format": saved.kept, "format_lost": saved.lost}
+        return SaveAnswer(path=str(target), kept_format=saved.kept, format_lost=saved.lost)
 
 
 def layout_validation(node_gpus: int | None) -> Callable[[str, str], tuple[list[str], list[str]]]:

@@ -34,7 +34,7 @@ import psutil
 import pytest
 from textual.widgets import Static
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 from vsup.tui import fmt
 
 from tests.conftest import free_port, outside_cwd, run_vsup
@@ -230,7 +230,7 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
 
         # live telemetry: a burst on cpu1 makes the real vLLM preempt, and the table shows
         # the daemon's count
-        daemon = Client(home)
+        daemon = JsonClient(home)
         burst = load(ports[1])
 
         def preemptions_shown(screen: str) -> bool:

@@ -7,6 +7,8 @@ import tomllib
 
 import pytest
 
+from vsup.answers import ApplyPlan, InstanceConfig
+from vsup.answers import History as HistoryAnswer
 from vsup.snapshot import Advice, GpuProcess, GpuStatus, empty_instance
 from vsup.tui import fmt, gpubar, layout_edit, rows
 from vsup.tui.history import History, spark
@@ -156,7 +158,7 @@ def test_sparkline_scales_to_a_fixed_top_and_shows_gaps():
 def test_history_is_seeded_before_what_the_dashboard_saw_and_forgets_removed_instances():
     hist = History(keep=5)
     hist.append(samples.cpu_node(0))
-    hist.seed("cpu0", {"kv_cache_usage": [0.1, 0.2]})
+    hist.seed("cpu0", HistoryAnswer(kv_cache_usage=(0.1, 0.2)))
     assert list(hist.values("cpu0", "kv_cache_usage")) == [0.1, 0.2, 0.42]
     snap = samples.cpu_node(1)
     import dataclasses
@@ -168,7 +170,8 @@ def test_history_is_seeded_before_what_the_dashboard_saw_and_forgets_removed_ins
 def test_secrets_are_masked_even_when_the_daemon_did_not():
     env = masked_env({"HF_TOKEN": "hf_x", "VLLM_API_KEY": "****", "CUDA_VISIBLE_DEVICES": "0"})
     assert env == {"HF_TOKEN": "****", "VLLM_API_KEY": "****", "CUDA_VISIBLE_DEVICES": "0"}
-    assert "hf_x" not in config_text({"argv": ["vllm"], "env": {"HF_TOKEN": "hf_x"}}).plain
+    config = InstanceConfig(argv=("vllm",), env={"HF_TOKEN": "hf_x"})
+    assert "hf_x" not in config_text(config).plain
 
 
 def test_form_values_round_trip_through_the_instance_table():
@@ -231,10 +234,10 @@ def test_layout_edits_add_replace_and_remove_instances():
 
 def test_plan_text_names_what_starts_restarts_and_stops():
     assert (
-        plan_text({"start": ["a"], "restart": [], "stop": ["b", "c"], "unchanged": ["d"]})
+        plan_text(ApplyPlan(start=("a",), stop=("b", "c"), unchanged=("d",)))
         == "start: a · stop: b, c"
     )
-    assert plan_text({}) == "nothing to start, restart or stop"
+    assert plan_text(ApplyPlan()) == "nothing to start, restart or stop"
 
 
 def test_log_tail_hides_the_access_lines_of_vsups_own_probes():

@@ -15,9 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vsup.control.errors import ControlError, DaemonUnavailable
+
+if TYPE_CHECKING:
+    from vsup.control.client import Client
 
 INTERVAL_S = 1.0
 # Keys a daemon older than them refuses (400, "unknown key"): after such a refusal the
@@ -31,7 +34,7 @@ class ProgressPublisher:
 
     def __init__(
         self,
-        make_client: Callable[[], Any],
+        make_client: Callable[[], Client],
         interval: float = INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         tool: str = "bench",
@@ -51,7 +54,7 @@ class ProgressPublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client: Any = None
+        self._client: Client | None = None
         self._refused = False  # the daemon has no such route (an older vsup): stop asking
         self._lean = False  # the daemon refused NEWER_KEYS: leave them out
 

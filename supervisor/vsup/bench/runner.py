@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vsup.bench import results as res
 from vsup.bench.client import (
@@ -35,7 +35,12 @@ from vsup.bench.workload import Workload
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.layout.spec import InstanceSpec
 from vsup.progress import Progress, fmt_duration, wait_ready
+from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.states import RolloutState, State
+
+if TYPE_CHECKING:
+    from vsup.answers import ApplyPlan
+    from vsup.control.client import Client
 
 # How long the clients may take to import vLLM and parse their flags before the barrier.
 CLIENT_START_TIMEOUT_S = 300.0
@@ -88,8 +93,8 @@ class Original:
 
 @dataclass
 class BenchRunner:
-    client: Any  # vsup.control.client.Client
-    make_client: Callable[[], Any]  # a second client for the sampler's thread
+    client: Client
+    make_client: Callable[[], Client]  # a second client for the sampler's thread
     workload: Workload
     out_dir: Path
     ready_timeout: float = 1200.0
@@ -207,12 +212,12 @@ class BenchRunner:
             self.say(f"{tag}: skipped, it does not validate ({lay.errors[0]})")
             return run
         dry = self.client.apply(lay.toml, str(lay.path), dry_run=True)
-        if dry.get("errors"):
-            errs = [e.get("text") or e.get("message") for e in dry["errors"]]
+        if dry.errors:
+            errs = [str(e) for e in dry.errors]
             run["problems"] = [f"does not validate on this node: {e}" for e in errs]
             self.say(f"{tag}: skipped, it does not validate on this node ({errs[0]})")
             return run
-        self.say(f"{tag}: applying ({_plan_words(dry.get('plan') or {})})")
+        self.say(f"{tag}: applying ({_plan_words(dry.plan)})")
         where = {"layout": lay.name, "index": k, "count": n}
         self._phase("applying", **where)
         t0 = time.monotonic()
@@ -220,34 +225,26 @@ class BenchRunner:
         self._applied = lay.name
         # a bench layout replaces the last one whole: rolling waves would only stretch the switch
         answer = self.client.apply(lay.toml, str(lay.path), all_at_once=True)
-        run["plan"] = answer.get("plan")
+        run["plan"] = answer.plan.to_json() if answer.plan is not None else None
         names = [s.name for s in lay.specs]
         self.say(f"{tag}: waiting until {len(names)} instance(s) are ready")
         self._phase("waiting_ready", **where)
         # Removed instances must be gone too: they would share the node (CPU, HBM) with the
         # layout under test.
-        self._wait_stopped((run["plan"] or {}).get("stop", ()))
+        self._wait_stopped(answer.plan.stop if answer.plan is not None else ())
         ok, doc = self._wait_ready(names, f"{tag}: waiting ready ")
         run["ready_after_s"] = round(time.monotonic() - t0, 1)
-        by_name = {i["name"]: i for i in doc.get("instances", ())}
         if not ok:
             run["outcome"] = "not_ready"
-            for name in names:
-                inst = by_name.get(name) or {}
-                if inst.get("state") != State.READY:
-                    le = inst.get("last_exit") or {}
-                    why = f" (last exit: {le['reason']})" if le.get("reason") else ""
-                    run["problems"].append(
-                        f"{name}: {inst.get('state', 'missing')}{why} after "
-                        f"{run['ready_after_s']:.0f} s; not loaded"
-                    )
+            run["problems"] += _not_ready(doc, names, run["ready_after_s"])
             self.say(f"{tag}: not every instance became ready; this layout is not loaded")
             return run
         self.say(f"{tag}: ready after {fmt_duration(run['ready_after_s'])}")
+        by_name = {i.name: i for i in doc.instances}
         self._load(tag, k, lay, run, [by_name[nm] for nm in names], where)
         return run
 
-    def _wait_ready(self, names: list[str], label: str = "") -> tuple[bool, dict[str, Any]]:
+    def _wait_ready(self, names: list[str], label: str = "") -> tuple[bool, StatusSnapshot]:
         deadline = time.monotonic() + self.ready_timeout
         # the terminal's live line names the layout and the phase before the instances' states
         progress = _Labelled(self.progress, label)
@@ -256,22 +253,18 @@ class BenchRunner:
                 self.client, names, max(1.0, deadline - time.monotonic()), progress
             )
             # A rolling apply (where the daemon does them) is over only when its last wave is.
-            rollout = doc.get("rollout") or {}
-            if (
-                not ok
-                or rollout.get("state") != RolloutState.RUNNING
-                or time.monotonic() >= deadline
-            ):
-                return ok and rollout.get("state") != RolloutState.RUNNING, doc
+            rolling = doc.rollout is not None and doc.rollout.state == RolloutState.RUNNING
+            if not ok or not rolling or time.monotonic() >= deadline:
+                return ok and not rolling, doc
             time.sleep(0.5)
 
-    def _wait_stopped(self, names: Any) -> None:
+    def _wait_stopped(self, names: Iterable[str]) -> None:
         """Wait (up to the ready timeout) until `names` are stopped or gone from the status."""
         names = set(names)
         deadline = time.monotonic() + self.ready_timeout
         while names and time.monotonic() < deadline:
-            insts = self.client.status().get("instances", ())
-            if not any(i["name"] in names and i["state"] != State.STOPPED for i in insts):
+            insts = self.client.status().instances
+            if not any(i.name in names and i.state != State.STOPPED for i in insts):
                 return
             time.sleep(0.3)
 
@@ -281,63 +274,13 @@ class BenchRunner:
         k: int,
         lay: LayoutToRun,
         run: dict,
-        insts: list[dict],
+        insts: list[InstanceStatus],
         where: dict[str, Any],
     ) -> None:
-        specs = {s.name: s for s in lay.specs}
-        weights, basis = weights_for(insts)
-        shares = split_prompts(self.workload.num_prompts, weights)
-        rates = split_rate(self.workload.request_rate, shares)
-        run["split_basis"] = basis
         folder = self.out_dir / f"{k:02d}-{_safe(lay.name)}"
         folder.mkdir(parents=True, exist_ok=True)
-        self._clients = []
-        records = []
-        for idx, (inst, share, rate, weight) in enumerate(
-            zip(insts, shares, rates, weights, strict=True)
-        ):
-            spec = specs[inst["name"]]
-            rec: dict[str, Any] = {
-                "name": spec.name,
-                "gpus": list(spec.gpus),
-                "port": spec.port,
-                "model": spec.model,
-                "weight": weight,
-                "prompts": share,
-                "request_rate": rate,
-                "seed": self.workload.seed + idx,
-                "client": None,
-                "telemetry": None,
-            }
-            records.append(rec)
-            if share == 0:
-                continue
-            py = find_vllm_python(spec)
-            flags = client_flags(
-                spec,
-                self.workload.client_flags(share, rate, self.workload.seed + idx),
-                folder,
-                f"{_safe(spec.name)}.json",
-            )
-            c = ClientRun(
-                instance=spec.name,
-                argv=client_argv(py.python, flags),
-                env=client_env(spec),
-                log_path=folder / f"{_safe(spec.name)}.log",
-                result_path=folder / f"{_safe(spec.name)}.json",
-                total=share,
-            )
-            rec["client"] = {
-                "python": py.python,
-                "python_from": py.how,
-                "argv": c.argv,
-                "command": c.command_line,
-                "equivalent": equivalent_command(flags),
-                "log": str(c.log_path),
-                "result_file": str(c.result_path),
-            }
-            self._clients.append(c)
-        run["instances"] = records
+        run["instances"], run["split_basis"] = self._clients_for(lay, insts, folder)
+        records = run["instances"]
         split = ", ".join(f"{r['name']} {r['prompts']}" for r in records)
         self.say(f"{tag}: starting {len(self._clients)} vLLM client(s) (prompts: {split})")
         self._phase("warming", requests_total=sum(c.total for c in self._clients), **where)
@@ -349,7 +292,8 @@ class BenchRunner:
             if c not in started:
                 c.stop()
         poller = self.make_client()
-        self._sampler = Sampler(poller.status, interval=self.poll_interval)
+        # the samples are the status documents (summarize reads them as JSON)
+        self._sampler = Sampler(poller.status_json, interval=self.poll_interval)
         self._sampler.sample()
         self._sampler.start()
         for c in started:
@@ -373,6 +317,68 @@ class BenchRunner:
             f"{_num(t['output_throughput'])} output tok/s, {t['failed']} failed"
             + (f", {len(run['problems'])} problem(s)" if run["problems"] else "")
         )
+
+    def _clients_for(
+        self, lay: LayoutToRun, insts: list[InstanceStatus], folder: Path
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The layout's prompts and rate split over its instances (`self._clients`: a vLLM
+        client per instance with a share); the run's records of them, and the split's basis."""
+        specs = {s.name: s for s in lay.specs}
+        weights, basis = weights_for(insts)
+        shares = split_prompts(self.workload.num_prompts, weights)
+        rates = split_rate(self.workload.request_rate, shares)
+        self._clients = []
+        records = []
+        for idx, (inst, share, rate, weight) in enumerate(
+            zip(insts, shares, rates, weights, strict=True)
+        ):
+            spec = specs[inst.name]
+            rec: dict[str, Any] = {
+                "name": spec.name,
+                "gpus": list(spec.gpus),
+                "port": spec.port,
+                "model": spec.model,
+                "weight": weight,
+                "prompts": share,
+                "request_rate": rate,
+                "seed": self.workload.seed + idx,
+                "client": None,
+                "telemetry": None,
+            }
+            records.append(rec)
+            if share > 0:
+                c, rec["client"] = self._client_run(spec, share, rate, idx, folder)
+                self._clients.append(c)
+        return records, basis
+
+    def _client_run(
+        self, spec: InstanceSpec, share: int, rate: float, idx: int, folder: Path
+    ) -> tuple[ClientRun, dict[str, Any]]:
+        """The vLLM client for one instance's share, and its record."""
+        py = find_vllm_python(spec)
+        flags = client_flags(
+            spec,
+            self.workload.client_flags(share, rate, self.workload.seed + idx),
+            folder,
+            f"{_safe(spec.name)}.json",
+        )
+        c = ClientRun(
+            instance=spec.name,
+            argv=client_argv(py.python, flags),
+            env=client_env(spec),
+            log_path=folder / f"{_safe(spec.name)}.log",
+            result_path=folder / f"{_safe(spec.name)}.json",
+            total=share,
+        )
+        return c, {
+            "python": py.python,
+            "python_from": py.how,
+            "argv": c.argv,
+            "command": c.command_line,
+            "equivalent": equivalent_command(flags),
+            "log": str(c.log_path),
+            "result_file": str(c.result_path),
+        }
 
     def _barrier(self, tag: str) -> list[ClientRun]:
         """Wait until every client imported vLLM and parsed its flags (or ended, or the time
@@ -449,38 +455,12 @@ class BenchRunner:
             c = by_client.get(rec["name"])
             if c is None:
                 continue
-            result = c.result() if c.poll() == 0 else None
-            rec["client"]["exit_code"] = c.poll()
-            rec["client"]["vllm_version"] = c.vllm_version
-            rec["client"]["started_at"] = c.started_at
-            rec["client"]["ended_at"] = c.ended_at
-            if result is None:
-                why = c.failure() if c.ready.is_set() else ("it did not start: " + c.failure())
-                rec["client"]["error"] = why
-                run["problems"].append(f"{rec['name']}: the vLLM client failed: {why}")
-            else:
-                rec["client"]["error"] = None
-                rec["client"]["summary"] = res.client_summary(result)
-                if result.get("failed"):
-                    run["problems"].append(
-                        f"{rec['name']}: {result['failed']} request(s) failed "
-                        f"(log: {rec['client']['log']})"
-                    )
-            results.append(result)
+            results.append(_client_result(c, rec, run["problems"]))
             prompts.append(rec["prompts"])
-        totals = res.pool(results, prompts)
-        per = [r["telemetry"] or {} for r in records]
-        totals["preemptions"] = _sum([p.get("preemptions") for p in per])
-        totals["kv_peak"] = max(
-            (p["kv_peak"] for p in per if p.get("kv_peak") is not None), default=None
-        )
-        totals["tokens_per_s_vsup"] = _sum([p.get("tokens_per_s_mean") for p in per])
-        hbm = [p.get("hbm_peak_bytes") for p in per]
-        totals["hbm_peak_bytes"] = sum(hbm) if hbm and all(h is not None for h in hbm) else None
         run["gpus"] = [
             g for g in tel["gpus"] if any(g["index"] in (r.get("gpus") or ()) for r in records)
         ]
-        run["totals"] = totals
+        run["totals"] = _totals(results, prompts, [r["telemetry"] or {} for r in records])
         run["telemetry_samples"] = len(self._sampler.samples)
         if not any(results):
             run["outcome"] = "failed"
@@ -515,33 +495,7 @@ class BenchRunner:
                 self.say(f"keeping layout {self._applied} (--keep)")
                 return {"outcome": "kept", "layout": self._applied}
             if self._applied and original.toml:
-                self.say(f"restoring the original layout {original.name}")
-                self._phase("restoring", layout=original.name)
-                answer = self.client.apply(original.toml, original.path)
-                self._wait_stopped((answer.get("plan") or {}).get("stop", ()))
-                if original.idle:
-                    # applying the layout starts every instance of it; those that were down
-                    # before the bench go down again rather than serve unasked
-                    self.client.action("stop", names=original.idle)
-                if not original.daemon_was_running and not original.serving:
-                    self.say(f"layout {original.name} is loaded again; stopping the daemon")
-                    self.client.shutdown(stop_instances=True)
-                    _wait_daemon_gone(self.client, 300)
-                    return {"outcome": "restored", "layout": original.name, "daemon": "stopped"}
-                ok, doc = self._wait_ready(original.serving, "restoring: ")
-                if not ok:
-                    states = {i["name"]: i["state"] for i in doc.get("instances", ())}
-                    not_ready = {
-                        n: states.get(n) for n in original.serving if states.get(n) != State.READY
-                    }
-                    self.say(f"the original layout is back but not ready: {not_ready}")
-                    return {
-                        "outcome": "restored_not_ready",
-                        "layout": original.name,
-                        "not_ready": not_ready,
-                    }
-                self.say(f"the original layout {original.name} is back")
-                return {"outcome": "restored", "layout": original.name}
+                return self._restore_layout(original, original.toml)
             if not original.daemon_was_running:
                 self._phase("restoring", layout=None)
                 if self._applied:
@@ -564,6 +518,35 @@ class BenchRunner:
             with contextlib.suppress(Exception):
                 restore_client.close()
 
+    def _restore_layout(self, original: Original, toml: str) -> dict[str, Any]:
+        """Apply the original layout again, its instances down as they were before, and wait
+        for the serving ones (or stop the daemon when the bench started it)."""
+        self.say(f"restoring the original layout {original.name}")
+        self._phase("restoring", layout=original.name)
+        answer = self.client.apply(toml, original.path)
+        self._wait_stopped(answer.plan.stop if answer.plan is not None else ())
+        if original.idle:
+            # applying the layout starts every instance of it; those that were down
+            # before the bench go down again rather than serve unasked
+            self.client.action("stop", names=original.idle)
+        if not original.daemon_was_running and not original.serving:
+            self.say(f"layout {original.name} is loaded again; stopping the daemon")
+            self.client.shutdown(stop_instances=True)
+            _wait_daemon_gone(self.client, 300)
+            return {"outcome": "restored", "layout": original.name, "daemon": "stopped"}
+        ok, doc = self._wait_ready(original.serving, "restoring: ")
+        if not ok:
+            states = {i.name: i.state for i in doc.instances}
+            not_ready = {n: states.get(n) for n in original.serving if states.get(n) != State.READY}
+            self.say(f"the original layout is back but not ready: {not_ready}")
+            return {
+                "outcome": "restored_not_ready",
+                "layout": original.name,
+                "not_ready": not_ready,
+            }
+        self.say(f"the original layout {original.name} is back")
+        return {"outcome": "restored", "layout": original.name}
+
 
 class _Labelled(Progress):
     """A Progress whose lines start with a label (which layout, which phase)."""
@@ -580,7 +563,7 @@ class _Labelled(Progress):
         self.progress.clear()
 
 
-def _wait_daemon_gone(client: Any, timeout: float) -> None:
+def _wait_daemon_gone(client: Client, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -590,12 +573,63 @@ def _wait_daemon_gone(client: Any, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _plan_words(plan: dict[str, Any]) -> str:
+def _plan_words(plan: ApplyPlan | None) -> str:
     words = []
     for key in ("start", "restart", "stop", "update", "unchanged"):
-        if plan.get(key):
-            words.append(f"{key} {', '.join(plan[key])}")
+        names = getattr(plan, key) if plan is not None else ()
+        if names:
+            words.append(f"{key} {', '.join(names)}")
     return "; ".join(words) or "no change"
+
+
+def _not_ready(doc: StatusSnapshot, names: list[str], after_s: float) -> list[str]:
+    """A problem line for each of `names` that is not ready in `doc`."""
+    by_name = {i.name: i for i in doc.instances}
+    out = []
+    for name in names:
+        inst = by_name.get(name)
+        if inst is not None and inst.state == State.READY:
+            continue
+        le = inst.last_exit if inst is not None else None
+        why = f" (last exit: {le.reason})" if le is not None and le.reason else ""
+        state = inst.state if inst is not None else "missing"
+        out.append(f"{name}: {state}{why} after {after_s:.0f} s; not loaded")
+    return out
+
+
+def _client_result(c: ClientRun, rec: dict[str, Any], problems: list[str]) -> dict | None:
+    """A finished vLLM client's result (None when it failed), its exit and summary written
+    into its record and what went wrong into `problems`."""
+    result = c.result() if c.poll() == 0 else None
+    rec["client"]["exit_code"] = c.poll()
+    rec["client"]["vllm_version"] = c.vllm_version
+    rec["client"]["started_at"] = c.started_at
+    rec["client"]["ended_at"] = c.ended_at
+    if result is None:
+        why = c.failure() if c.ready.is_set() else ("it did not start: " + c.failure())
+        rec["client"]["error"] = why
+        problems.append(f"{rec['name']}: the vLLM client failed: {why}")
+    else:
+        rec["client"]["error"] = None
+        rec["client"]["summary"] = res.client_summary(result)
+        if result.get("failed"):
+            problems.append(
+                f"{rec['name']}: {result['failed']} request(s) failed (log: {rec['client']['log']})"
+            )
+    return result
+
+
+def _totals(results: list[dict | None], prompts: list[int], per: list[dict]) -> dict[str, Any]:
+    """The layout's figures: the clients' results pooled, and vsup's telemetry summed."""
+    totals = res.pool(results, prompts)
+    totals["preemptions"] = _sum([p.get("preemptions") for p in per])
+    totals["kv_peak"] = max(
+        (p["kv_peak"] for p in per if p.get("kv_peak") is not None), default=None
+    )
+    totals["tokens_per_s_vsup"] = _sum([p.get("tokens_per_s_mean") for p in per])
+    hbm = [p.get("hbm_peak_bytes") for p in per]
+    totals["hbm_peak_bytes"] = sum(hbm) if hbm and all(h is not None for h in hbm) else None
+    return totals
 
 
 def _sum(values: list[Any]) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from vsup.snapshot import InstanceStatus
+
 
 def split_prompts(total: int, weights: Sequence[float]) -> list[int]:
     """`total` prompts in proportion to `weights` (largest remainder; ties go to the earlier
@@ -47,11 +49,11 @@ def split_rate(rate: float, shares: Sequence[int]) -> list[float]:
     return [rate * s / total if total else 0.0 for s in shares]
 
 
-def weights_for(instances: Sequence[dict]) -> tuple[list[float], str]:
+def weights_for(instances: Sequence[InstanceStatus]) -> tuple[list[float], str]:
     """(weights, basis) for the instances' status entries: KV capacity when every one has it,
     else GPU count."""
-    kv = [i.get("kv_capacity_tokens") for i in instances]
+    kv = [i.kv_capacity_tokens for i in instances]
     capacities = [float(k) for k in kv if isinstance(k, int | float) and k > 0]
     if instances and len(capacities) == len(instances):
         return capacities, "kv_capacity_tokens"
-    return [float(max(1, len(i.get("gpus") or ()))) for i in instances], "gpus"
+    return [float(max(1, len(i.gpus))) for i in instances], "gpus"

@@ -28,8 +28,9 @@ if TYPE_CHECKING:  # imported where used: `vsup --help` stays quick
     from pathlib import Path
 
     from vsup.bench.guard import LayoutGuard
-    from vsup.bench.runner import LayoutToRun, Original
+    from vsup.bench.runner import BenchRunner, LayoutToRun, Original
     from vsup.bench.workload import Workload
+    from vsup.control.client import Client
 
 # The same status `vsup up` uses when nobody confirmed stopping serving instances.
 from vsup.commands.up import EXIT_NOT_CONFIRMED
@@ -223,16 +224,51 @@ def _say(line: str) -> None:
 
 
 def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> int:
-    from datetime import UTC, datetime
-    from pathlib import Path
-
     from vsup.bench.guard import Interrupted
-    from vsup.bench.publish import ProgressPublisher
-    from vsup.bench.report import dump_json, render_markdown, render_table
-    from vsup.bench.runner import BenchRunner, Original
-    from vsup.bench.workload import WorkloadError
     from vsup.commands.cliutil import CommandFailed, client_for_cli
     from vsup.control.client import Client
+
+    workload, layouts = _bench_inputs(args)
+    probe = Client(home)
+    daemon_was_running = probe.alive() is not None
+    probe.close()
+    try:
+        client = client_for_cli()
+    except Interrupted:
+        if not daemon_was_running:
+            stop_daemon_started(home)
+        raise
+    with client:
+        try:
+            original = _original(client, home, daemon_was_running)
+            announce(layouts, original, args.keep)
+            if original.serving and not args.yes:
+                confirm(original.serving)
+            out_dir = _out_dir(args, home)
+            guard.log_to(out_dir / "bench.log")
+            runner = _runner(args, client, home, guard, workload, out_dir)
+            guard.claim(
+                original.to_json(), [(lay.name, lay.toml) for lay in layouts if not lay.errors]
+            )
+        except (Interrupted, CommandFailed):
+            # nothing was applied yet: what this bench started goes, nothing else changes
+            guard.release()
+            if not daemon_was_running:
+                stop_daemon_started(home, client)
+            raise
+        doc = runner.run(layouts, original)
+        guard.restoring = True  # from here on a signal has nothing left to undo
+        if doc["restore"].get("outcome") != "failed":
+            guard.release()  # the original is back, or kept on purpose
+    return _report(args, doc, out_dir)
+
+
+def _bench_inputs(args: argparse.Namespace) -> tuple[Workload, list[LayoutToRun]]:
+    """The workload and the layouts to compare, checked before anything changes."""
+    from pathlib import Path
+
+    from vsup.bench.workload import WorkloadError
+    from vsup.commands.cliutil import CommandFailed
 
     take_back_layouts(args)
     if not args.layouts:
@@ -251,67 +287,74 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
             print(f"vsup bench: layout {lay.path.name} does not validate: {e}", file=sys.stderr)
     if not any(not lay.errors for lay in layouts):
         raise CommandFailed("vsup bench: no layout is valid; nothing was changed", 2)
+    return workload, layouts
 
-    probe = Client(home)
-    daemon_was_running = probe.alive() is not None
-    probe.close()
-    try:
-        client = client_for_cli()
-    except Interrupted:
-        if not daemon_was_running:
-            stop_daemon_started(home)
-        raise
-    with client:
-        try:
-            current = client.layout()
-            refuse_while_left_behind(home, current.get("toml"))
-            before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
-            serving = [n for n, state in before.items() if state in SERVING]
-            original = Original(
-                toml=current.get("toml"),
-                path=current.get("path"),
-                name=current.get("name"),
-                serving=serving,
-                daemon_was_running=daemon_was_running,
-                # a layout loaded with its instances down (after `vsup down`, say) comes back
-                # down
-                idle=[n for n, state in before.items() if state in IDLE],
-            )
-            announce(layouts, original, args.keep)
-            if serving and not args.yes:
-                confirm(serving)
-            out_dir = (
-                Path(args.out_dir).expanduser().absolute()
-                if args.out_dir
-                else (home / "bench" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
-            )
-            out_dir.mkdir(parents=True, exist_ok=True)
-            guard.log_to(out_dir / "bench.log")
-            runner = BenchRunner(
-                client=client,
-                make_client=lambda: Client(home),
-                workload=workload,
-                out_dir=out_dir,
-                ready_timeout=args.timeout,
-                run_timeout=args.run_timeout,
-                keep=args.keep,
-                say=_say,
-                publisher=ProgressPublisher(lambda: Client(home)),
-                guard=guard,
-            )
-            guard.claim(
-                original.to_json(), [(lay.name, lay.toml) for lay in layouts if not lay.errors]
-            )
-        except (Interrupted, CommandFailed):
-            # nothing was applied yet: what this bench started goes, nothing else changes
-            guard.release()
-            if not daemon_was_running:
-                stop_daemon_started(home, client)
-            raise
-        doc = runner.run(layouts, original)
-        guard.restoring = True  # from here on a signal has nothing left to undo
-        if doc["restore"].get("outcome") != "failed":
-            guard.release()  # the original is back, or kept on purpose
+
+def _original(client: Client, home: Path, daemon_was_running: bool) -> Original:
+    """What the bench replaces (and brings back): the running layout and its instances."""
+    from vsup.bench.runner import Original
+
+    current = client.layout()
+    refuse_while_left_behind(home, current.toml)
+    before = {i.name: i.state for i in client.status().instances}
+    return Original(
+        toml=current.toml,
+        path=current.path,
+        name=current.name,
+        serving=[n for n, state in before.items() if state in SERVING],
+        daemon_was_running=daemon_was_running,
+        # a layout loaded with its instances down (after `vsup down`, say) comes back down
+        idle=[n for n, state in before.items() if state in IDLE],
+    )
+
+
+def _out_dir(args: argparse.Namespace, home: Path) -> Path:
+    """Where the results go (made now): --out-dir, else a new directory under the home."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    out_dir = (
+        Path(args.out_dir).expanduser().absolute()
+        if args.out_dir
+        else (home / "bench" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def _runner(
+    args: argparse.Namespace,
+    client: Client,
+    home: Path,
+    guard: LayoutGuard,
+    workload: Workload,
+    out_dir: Path,
+) -> BenchRunner:
+    from vsup.bench.publish import ProgressPublisher
+    from vsup.bench.runner import BenchRunner
+    from vsup.control.client import Client
+
+    return BenchRunner(
+        client=client,
+        make_client=lambda: Client(home),
+        workload=workload,
+        out_dir=out_dir,
+        ready_timeout=args.timeout,
+        run_timeout=args.run_timeout,
+        keep=args.keep,
+        say=_say,
+        publisher=ProgressPublisher(lambda: Client(home)),
+        guard=guard,
+    )
+
+
+def _report(args: argparse.Namespace, doc: dict[str, Any], out_dir: Path) -> int:
+    """Write and print the results; the exit status (130 interrupted, 1 a run failed or the
+    original is not back)."""
+    from pathlib import Path
+
+    from vsup.bench.report import dump_json, render_markdown, render_table
+
     write_file(out_dir / "result.json", dump_json(doc))
     sys.stdout.write(render_table(doc["runs"]))
     for opt, text in (("json", dump_json(doc)), ("markdown", render_markdown(doc))):
@@ -365,7 +408,7 @@ def refuse_while_left_behind(home: Path, running: str | None) -> None:
         )
 
 
-def stop_daemon_started(home: Path, client: Any = None) -> None:
+def stop_daemon_started(home: Path, client: Client | None = None) -> None:
     """Stop the daemon this bench started before it changed anything (interrupted early):
     wait for it to answer if it is still starting, then let it go with its instances as
     they are (it applied nothing)."""
@@ -409,10 +452,10 @@ def restore_left(args: argparse.Namespace, home: Path) -> int:
         )
     with LayoutGuard(home, "bench", say=_say) as guard, client_for_cli() as client:
         running = client.layout()
-        if not lease.holds(running.get("toml")):
+        if not lease.holds(running.toml):
             clear_lease(home, pid=lease.pid)
             print(
-                f"vsup bench: the running layout ({running.get('name') or 'none'}) is not one "
+                f"vsup bench: the running layout ({running.name or 'none'}) is not one "
                 f"the bench (pid {lease.pid}) applied: someone applied another since; nothing "
                 "to restore",
                 file=sys.stderr,
@@ -432,7 +475,7 @@ def restore_left(args: argparse.Namespace, home: Path) -> int:
             say=_say,
             guard=guard,
         )
-        result = runner.restore_from(original, applied=running.get("name") or "(unnamed)")
+        result = runner.restore_from(original, applied=running.name or "(unnamed)")
     if result.get("outcome") == "failed":
         return 1
     clear_lease(home, pid=lease.pid)

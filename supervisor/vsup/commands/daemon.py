@@ -67,10 +67,8 @@ def detach(args: argparse.Namespace) -> int:
         with client_for_cli(start=True) as client:
             ping = client.ping()
         how = "already serves" if running else "started for"
-        print(json.dumps(ping))
-        print(
-            f"the vsup daemon (pid {ping['pid']}) {how} VSUP_HOME={ping['home']}", file=sys.stderr
-        )
+        print(json.dumps(ping.to_json()))
+        print(f"the vsup daemon (pid {ping.pid}) {how} VSUP_HOME={ping.home}", file=sys.stderr)
         return 0
 
     return run_command(body, args)

@@ -8,8 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vsup.states import IDLE, State
+
+if TYPE_CHECKING:
+    from vsup.control.client import Client
+    from vsup.snapshot import StatusSnapshot
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,79 +38,93 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vsup.commands.cliutil import run_command
+
+    return run_command(_down, args)
+
+
+def _down(args: argparse.Namespace) -> int:
     from vsup import paths
-    from vsup.commands.cliutil import CommandFailed, client_for_cli, run_command
+    from vsup.commands.cliutil import client_for_cli
     from vsup.control.client import Client
-    from vsup.control.errors import DaemonUnavailable
     from vsup.control.liveness import recorded_live_instances
     from vsup.control.lock import daemon_lock_holder
+
+    home = paths.vsup_home()
+    probe = Client(home)
+    running = probe.alive() is not None
+    probe.close()
+    if not running and daemon_lock_holder(home) is None and not recorded_live_instances(home):
+        print("vsup: nothing is running")
+        return 0
+    # A daemon that is not answering but holds the lock is still starting: connect waits.
+    with client_for_cli() as client:
+        daemon_pid = client.ping().pid
+        what = _what_stops(client.status(), daemon_pid, home)
+        if not args.yes and sys.stdin.isatty():
+            print(f"vsup down stops {what}.", file=sys.stderr)
+            if not confirm("Stop them? [y/N] "):
+                print("vsup down: nothing was stopped", file=sys.stderr)
+                return 1
+        else:
+            print(f"stopping {what}", flush=True)
+        stopping = client.shutdown(stop_instances=True).stopping
+        _watch_stopping(client, home, args.timeout)
+    # The socket closes before the process ends; the lock is released only at exit.
+    deadline = time.monotonic() + 30
+    while daemon_lock_holder(home) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _wait_gone(daemon_pid, deadline)
+    leftover = recorded_live_instances(home)
+    if leftover:
+        print(f"vsup down: still running: {', '.join(leftover)}", file=sys.stderr)
+        return 1
+    if stopping:
+        print(
+            f"stopped {len(stopping)} instance{'s' if len(stopping) != 1 else ''}: "
+            f"{', '.join(stopping)}"
+        )
+    print("the vsup daemon has exited")
+    return 0
+
+
+def _what_stops(doc: StatusSnapshot, daemon_pid: int, home: Path) -> str:
+    """`2 instances (a, b), then the vsup daemon (pid 42) of HOME`."""
+    live = [i.name for i in doc.instances if i.state != State.STOPPED]
+    return (
+        f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
+        if live
+        else "no instance is running; "
+    ) + f"the vsup daemon (pid {daemon_pid}) of {home}"
+
+
+def _watch_stopping(client: Client, home: Path, timeout: float) -> None:
+    """Show what is still stopping until the daemon stops answering (CommandFailed after
+    `timeout` seconds)."""
+    from vsup.commands.cliutil import CommandFailed
+    from vsup.control.errors import DaemonUnavailable
     from vsup.progress import Progress, fmt_duration
 
-    def body(args: argparse.Namespace) -> int:
-        home = paths.vsup_home()
-        probe = Client(home)
-        running = probe.alive() is not None
-        probe.close()
-        if not running and daemon_lock_holder(home) is None and not recorded_live_instances(home):
-            print("vsup: nothing is running")
-            return 0
-        # A daemon that is not answering but holds the lock is still starting: connect waits.
-        with client_for_cli() as client:
-            daemon_pid = client.ping()["pid"]
+    progress = Progress()
+    t0 = time.monotonic()
+    while True:
+        try:
             doc = client.status()
-            live = [i["name"] for i in doc.get("instances", ()) if i["state"] != State.STOPPED]
-            what = (
-                f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
-                if live
-                else "no instance is running; "
-            ) + f"the vsup daemon (pid {daemon_pid}) of {home}"
-            if not args.yes and sys.stdin.isatty():
-                print(f"vsup down stops {what}.", file=sys.stderr)
-                if not confirm("Stop them? [y/N] "):
-                    print("vsup down: nothing was stopped", file=sys.stderr)
-                    return 1
-            else:
-                print(f"stopping {what}", flush=True)
-            answer = client.shutdown(stop_instances=True)
-            stopping = answer.get("stopping", [])
-            progress = Progress()
-            t0 = time.monotonic()
-            while True:
-                try:
-                    doc = client.status()
-                except DaemonUnavailable:
-                    break
-                left = [i["name"] for i in doc.get("instances", ()) if i["state"] not in IDLE]
-                progress.update(
-                    f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
-                    + (", ".join(left) if left else "the daemon")
-                )
-                if time.monotonic() - t0 > args.timeout:
-                    progress.clear()
-                    raise CommandFailed(
-                        f"vsup down: the daemon is still running after "
-                        f"{args.timeout:.0f} s (see {home / 'daemon.log'})"
-                    )
-                time.sleep(0.2)
+        except DaemonUnavailable:
+            break
+        left = [i.name for i in doc.instances if i.state not in IDLE]
+        progress.update(
+            f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
+            + (", ".join(left) if left else "the daemon")
+        )
+        if time.monotonic() - t0 > timeout:
             progress.clear()
-        # The socket closes before the process ends; the lock is released only at exit.
-        deadline = time.monotonic() + 30
-        while daemon_lock_holder(home) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _wait_gone(daemon_pid, deadline)
-        leftover = recorded_live_instances(home)
-        if leftover:
-            print(f"vsup down: still running: {', '.join(leftover)}", file=sys.stderr)
-            return 1
-        if stopping:
-            print(
-                f"stopped {len(stopping)} instance{'s' if len(stopping) != 1 else ''}: "
-                f"{', '.join(stopping)}"
+            raise CommandFailed(
+                f"vsup down: the daemon is still running after "
+                f"{timeout:.0f} s (see {home / 'daemon.log'})"
             )
-        print("the vsup daemon has exited")
-        return 0
-
-    return run_command(body, args)
+        time.sleep(0.2)
+    progress.clear()
 
 
 def confirm(prompt: str) -> bool:

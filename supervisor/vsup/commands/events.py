@@ -490,7 +490,7 @@ def first_seq(client: Client, since_wall: float | None) -> int:
 
 def worker_names(client: Client) -> dict[str, str]:
     """Router worker URL -> instance name, from the status (events hold URLs)."""
-    router = client.status().get("router") or {}
+    router = client.json.status().get("router") or {}
     return {w["url"]: w["name"] for w in router.get("workers") or () if w.get("url")}
 
 

@@ -16,11 +16,14 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from vsup.answers import ApplyPlan
 from vsup.commands import exits
 from vsup.states import NodeOutcome, RolloutState
 from vsup.termtext import printable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from vsup.fleet.model import Fleet
     from vsup.fleet.view import NodeView
 
@@ -49,16 +52,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fleet_command=None)
     fsub = p.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND")
 
+    for add in (_add_status, _add_validate, _add_up, _add_events, _add_targets):
+        add(fsub).set_defaults(func=run)
+
+
+def _add_status(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet status`'s arguments."""
     s = fsub.add_parser("status", help="one line per node (exit 1 if a node is down or not ready)")
     _fleet_arg(s)
     s.add_argument("--json", action="store_true", help='{"nodes": [{"name", "reachable", ...}]}')
     s.add_argument("--nodes", metavar="A,B", help="only these nodes")
     s.add_argument("--group", metavar="G", help="only this group's nodes")
+    return s
 
+
+def _add_validate(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet validate`'s arguments."""
     v = fsub.add_parser("validate", help="check the fleet file (exit 2 with every error)")
     _fleet_arg(v)
     v.add_argument("--json", action="store_true", help="the fleet as JSON")
+    return v
 
+
+def _add_up(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet up LAYOUT`'s arguments."""
     u = fsub.add_parser(
         "up", help="apply a layout on nodes one at a time; stop at the first that fails"
     )
@@ -77,7 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="how long each node may take to serve the layout (default 1200 s)",
     )
+    return u
 
+
+def _add_events(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet events`'s arguments."""
     e = fsub.add_parser("events", help="the nodes' journals merged by time")
     _fleet_arg(e)
     e.add_argument("-f", "--follow", action="store_true", help="keep following")
@@ -87,15 +108,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="one JSON event per line, with `node`")
     e.add_argument("--nodes", metavar="A,B", help="only these nodes")
     e.add_argument("--group", metavar="G", help="only this group's nodes")
+    return e
 
+
+def _add_targets(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet prometheus-targets`'s arguments."""
     t = fsub.add_parser(
         "prometheus-targets", help="Prometheus file_sd/http_sd targets of the nodes' exporters"
     )
     _fleet_arg(t)
     t.add_argument("-o", "--output", metavar="FILE", help="write FILE atomically (file_sd)")
-
-    for parser in (s, v, u, e, t):
-        parser.set_defaults(func=run)
+    return t
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,6 +213,20 @@ def state_word(v: NodeView) -> str:
     return "up" if v.ready == v.total else "DEGRADED"
 
 
+STATUS_HEADER = (
+    "NODE",
+    "STATE",
+    "GPUS",
+    "READY",
+    "ALERTS",
+    "ROUTER",
+    "TOK/S",
+    "LAYOUT",
+    "VSUP",
+    "VLLM",
+)
+
+
 def render_status(fleet: Fleet, views: list[NodeView]) -> str:
     """The readable table: a header, one row per node, then why each down node is down."""
     reachable = sum(1 for v in views if v.reachable and v.daemon)
@@ -197,55 +234,51 @@ def render_status(fleet: Fleet, views: list[NodeView]) -> str:
     total = sum(v.total or 0 for v in views)
     head = f"fleet {fleet.name or fleet.path}: {reachable}/{len(views)} nodes answer, "
     head += f"{ready}/{total} instances ready"
-    header = (
-        "NODE",
-        "STATE",
-        "GPUS",
-        "READY",
-        "ALERTS",
-        "ROUTER",
-        "TOK/S",
-        "LAYOUT",
-        "VSUP",
-        "VLLM",
-    )
-    rows = [header]
-    for v in views:
-        gpus = "-" if v.gpus is None else (f"{v.gpus}" + (f" {v.gpu_name}" if v.gpu_name else ""))
-        if v.gpus == 0:
-            gpus = "cpu"
-        alerts = "-"
-        if v.worst is not None:
-            alerts = f"{v.alerts} {v.worst.severity}: {v.worst.kind}"
-        router = "-" if not v.router else f"{v.router} {v.router_state or ''}".strip()
-        rows.append(
-            (
-                v.name,
-                state_word(v),
-                gpus,
-                "-" if v.total is None else f"{v.ready}/{v.total}",
-                alerts,
-                router,
-                _cell(v.tokens_per_s, "{:.1f}"),
-                v.layout or "-",
-                v.vsup_version or "-",
-                v.vllm_version or "-",
-            )
-        )
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    rows = [STATUS_HEADER, *(status_row(v) for v in views)]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(STATUS_HEADER))]
     lines = [head]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for v in views:
-        if not (v.reachable and v.daemon):
-            seen = f", last answer {v.last_seen}" if v.last_seen else ", never answered"
-            what = "unreachable" if not v.reachable else "no daemon"
-            lines.append(f"{v.name}: {what} since {v.since}{seen}: {v.error}")
-        elif v.worst is not None and v.worst.severity in ("critical", "error"):
-            who = f" ({v.worst.instance})" if v.worst.instance else ""
-            lines.append(f"{v.name}: {v.worst.severity}{who}: {v.worst.message}")
-        if v.rollout and v.rollout != RolloutState.DONE:
-            lines.append(f"{v.name}: rollout {v.rollout}")
+        lines += status_notes(v)
     return "\n".join(lines) + "\n"
+
+
+def status_row(v: NodeView) -> tuple[str, ...]:
+    """A node's cells under STATUS_HEADER."""
+    gpus = "-" if v.gpus is None else (f"{v.gpus}" + (f" {v.gpu_name}" if v.gpu_name else ""))
+    if v.gpus == 0:
+        gpus = "cpu"
+    alerts = "-"
+    if v.worst is not None:
+        alerts = f"{v.alerts} {v.worst.severity}: {v.worst.kind}"
+    router = "-" if not v.router else f"{v.router} {v.router_state or ''}".strip()
+    return (
+        v.name,
+        state_word(v),
+        gpus,
+        "-" if v.total is None else f"{v.ready}/{v.total}",
+        alerts,
+        router,
+        _cell(v.tokens_per_s, "{:.1f}"),
+        v.layout or "-",
+        v.vsup_version or "-",
+        v.vllm_version or "-",
+    )
+
+
+def status_notes(v: NodeView) -> list[str]:
+    """The lines under the table about a node: why it is down, its worst alert, its rollout."""
+    lines = []
+    if not (v.reachable and v.daemon):
+        seen = f", last answer {v.last_seen}" if v.last_seen else ", never answered"
+        what = "unreachable" if not v.reachable else "no daemon"
+        lines.append(f"{v.name}: {what} since {v.since}{seen}: {v.error}")
+    elif v.worst is not None and v.worst.severity in ("critical", "error"):
+        who = f" ({v.worst.instance})" if v.worst.instance else ""
+        lines.append(f"{v.name}: {v.worst.severity}{who}: {v.worst.message}")
+    if v.rollout and v.rollout != RolloutState.DONE:
+        lines.append(f"{v.name}: rollout {v.rollout}")
+    return lines
 
 
 # -- up --------------------------------------------------------------------------------------
@@ -256,10 +289,48 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
 
     from vsup.fleet.query import FleetClient
     from vsup.fleet.rollout import plan_all, roll
+
+    path = Path(args.layout).expanduser().absolute()
+    read = _fleet_layout(path)
+    if isinstance(read, int):
+        return read
+    toml, layout = read
+    if not nodes:
+        print("vsup fleet up: no nodes chosen", file=sys.stderr)
+        return exits.BAD_INPUT
+    async with FleetClient(fleet) as fc:
+        plans = await plan_all(fc, nodes, toml)
+        refused = _refusals(plans)
+        if refused is not None:
+            return refused
+        for p in plans:
+            runs = p.layout or "no layout"
+            print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or ApplyPlan(), p.serving)}")
+        if args.dry_run:
+            return exits.OK
+        interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
+        if interrupts and not args.yes:
+            code = confirm(interrupts)
+            if code:
+                return code
+        order = " -> ".join(p.node.name for p in plans)
+        print(f"rolling {layout.name or path.name} over {order}, one node at a time", flush=True)
+        outcomes = await roll(
+            fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
+        )
+    print("\nwhich node runs which layout:")
+    for o in outcomes:
+        note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
+        print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
+    return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
+
+
+def _fleet_layout(path: Path) -> tuple[str, Any] | int:
+    """The layout file's text and its layout, or the exit status when it cannot go to the
+    nodes (unreadable, not valid, models by relative paths), said on stderr."""
     from vsup.layout.files import UnreadableFile, read_text
     from vsup.layout.model import loads_layout
 
-    path = Path(args.layout).expanduser().absolute()
     try:
         toml = read_text(path)
     except UnreadableFile as exc:
@@ -280,45 +351,23 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return exits.BAD_INPUT
-    if not nodes:
-        print("vsup fleet up: no nodes chosen", file=sys.stderr)
-        return exits.BAD_INPUT
-    async with FleetClient(fleet) as fc:
-        plans = await plan_all(fc, nodes, toml)
-        bad = False
-        for p in plans:
-            if p.error:
-                print(f"{p.node.name}: cannot take part: {p.error}", file=sys.stderr)
-                bad = True
-            for e in p.errors:
-                print(f"{p.node.name}: {e.get('text') or e.get('message')}", file=sys.stderr)
-                bad = True
-        if bad:
-            print(
-                "vsup fleet up: not every node can take the layout; nothing was changed",
-                file=sys.stderr,
-            )
-            return exits.BAD_INPUT if any(p.errors for p in plans) else 1
-        for p in plans:
-            runs = p.layout or "no layout"
-            print(f"{p.node.name} (runs {runs}): {plan_line(p.plan or {}, p.serving)}")
-        if args.dry_run:
-            return exits.OK
-        interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
-        if interrupts and not args.yes:
-            code = confirm(interrupts)
-            if code:
-                return code
-        order = " -> ".join(p.node.name for p in plans)
-        print(f"rolling {layout.name or path.name} over {order}, one node at a time", flush=True)
-        outcomes = await roll(
-            fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
-        )
-    print("\nwhich node runs which layout:")
-    for o in outcomes:
-        note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
-        print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
-    return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
+    return toml, layout
+
+
+def _refusals(plans: list[Any]) -> int | None:
+    """Say which node cannot take the layout and why; the exit status then, else None."""
+    bad = False
+    for p in plans:
+        if p.error:
+            print(f"{p.node.name}: cannot take part: {p.error}", file=sys.stderr)
+            bad = True
+        for e in p.errors:
+            print(f"{p.node.name}: {e}", file=sys.stderr)
+            bad = True
+    if not bad:
+        return None
+    print("vsup fleet up: not every node can take the layout; nothing was changed", file=sys.stderr)
+    return exits.BAD_INPUT if any(p.errors for p in plans) else 1
 
 
 def relative_models(layout: Any) -> list[Any]:
@@ -353,25 +402,25 @@ def relative_models(layout: Any) -> list[Any]:
     return out
 
 
-def plan_line(plan: dict[str, Any], serving: set[str]) -> str:
+def plan_line(plan: ApplyPlan, serving: set[str]) -> str:
     """`start: a; restart (rolling): b (serving); stop: c (serving)`."""
     parts = []
-    rolling = set(plan.get("rolling", ()))
+    rolling = set(plan.rolling)
     for key, label in (
         ("start", "start"),
         ("restart", "restart"),
         ("stop", "stop"),
         ("update", "update"),
     ):
-        names = plan.get(key) or []
+        names = getattr(plan, key)
         if names:
             shown = ", ".join(n + (" (serving)" if n in serving else "") for n in names)
             if key == "restart" and rolling:
                 label += " (rolling)"
             parts.append(f"{label}: {shown}")
-    if plan.get("unchanged"):
-        parts.append(f"unchanged: {', '.join(plan['unchanged'])}")
-    router = plan.get("router")
+    if plan.unchanged:
+        parts.append(f"unchanged: {', '.join(plan.unchanged)}")
+    router = plan.router
     if router not in (None, "unchanged"):
         # a restart or stop takes the node's router endpoint down (docs/router.md)
         parts.append(f"router: {router}" + (" (serving)" if "@router" in serving else ""))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vsup.states import State
 
 if TYPE_CHECKING:
     from vsup.control.client import Client
+    from vsup.snapshot import RouterStatus
 
 # What start and restart can truthfully say without --wait: the daemon only began them.
 ASKED = {"start": "start requested", "restart": "restart requested"}
@@ -60,9 +61,9 @@ def resolve_targets(client: Client, names: list[str]) -> list[str]:
     if "router" not in names:
         return names
     doc = client.status()
-    if any(i["name"] == "router" for i in doc.get("instances", ())):
+    if any(i.name == "router" for i in doc.instances):
         return names
-    if not doc.get("router"):
+    if doc.router is None:
         from vsup.commands.cliutil import CommandFailed
 
         raise CommandFailed(
@@ -93,21 +94,18 @@ def run(args: argparse.Namespace) -> int:
             progress_note(args)
             answer = client.action(args.action, args.names, all=args.all)
             waiting = getattr(args, "wait", False)
-            for name in answer.get("done", ()):
+            for name in answer.done:
                 if args.action in ASKED and not waiting:
                     # The daemon took the request; the outcome (ready or failed) comes later.
                     print(f"{name}: {ASKED[args.action]} (not waited for; --wait waits for ready)")
                 elif args.action in PAST:
                     print(f"{name}: {PAST[args.action]}")
-            errors = answer.get("errors", ())
-            for err in errors:
-                text = err.get("error", err) if isinstance(err, dict) else err
-                who = f"{err.get('name')}: " if isinstance(err, dict) and err.get("name") else ""
-                print(f"vsup {args.action}: {who}{text}", file=sys.stderr)
-            if errors:
+            for err in answer.errors:
+                print(f"vsup {args.action}: {err}", file=sys.stderr)
+            if answer.errors:
                 return 1
-            if getattr(args, "wait", False) and answer.get("done"):
-                return wait_and_report(client, list(answer["done"]), args.timeout)
+            if getattr(args, "wait", False) and answer.done:
+                return wait_and_report(client, list(answer.done), args.timeout)
         return 0
 
     return run_command(body, args)
@@ -132,23 +130,23 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
             return 0 if ok else 1
     ready, doc = wait_ready(client, names, timeout, Progress())
     ok = ok and ready
-    by_name = {i["name"]: i for i in doc.get("instances", ())}
+    by_name = {i.name: i for i in doc.instances}
     for name in names:
         inst = by_name.get(name)
         if inst is None:
             print(f"{name}: gone from the layout", file=sys.stderr)
             continue
-        if inst["state"] == State.READY:
+        if inst.state == State.READY:
             print(f"{name}: ready")
         else:
-            le = inst.get("last_exit") or {}
-            why = f" (last exit: {le['reason']})" if le.get("reason") else ""
-            print(f"{name}: {inst['state']}{why}", file=sys.stderr)
-            for advice in doc.get("advice", ()):
+            le = inst.last_exit
+            why = f" (last exit: {le.reason})" if le is not None and le.reason else ""
+            print(f"{name}: {inst.state}{why}", file=sys.stderr)
+            for advice in doc.advice:
                 # what to do about it (the daemon's advice: edit the layout, free a port...)
-                if advice.get("instance") == name and inst["state"] == State.FAILED:
-                    print(f"  {advice['message']}", file=sys.stderr)
-    if not ok and all(by_name.get(n, {}).get("state") != State.FAILED for n in names):
+                if advice.instance == name and inst.state == State.FAILED:
+                    print(f"  {advice.message}", file=sys.stderr)
+    if not ok and all(by_name[n].state != State.FAILED for n in names if n in by_name):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1
 
@@ -158,16 +156,18 @@ def wait_router(client: Client, timeout: float, interval: float = 0.2) -> bool:
     import time
 
     deadline = time.monotonic() + timeout
-    router: dict[str, Any] = {}
+    router: RouterStatus | None = None
     while time.monotonic() < deadline:
-        router = client.status().get("router") or {}
-        if router.get("state") in (State.READY, State.FAILED, State.STOPPED):
+        router = client.status().router
+        if router is not None and router.state in (State.READY, State.FAILED, State.STOPPED):
             break
         time.sleep(interval)
-    state = router.get("state", "gone")
+    state = router.state if router is not None else "gone"
     if state == State.READY:
         print("@router: ready")
         return True
-    why = router.get("failed_why") or (router.get("last_exit") or {}).get("reason")
+    why = None
+    if router is not None:
+        why = router.failed_why or (router.last_exit.reason if router.last_exit else None)
     print(f"@router: {state}" + (f" ({why})" if why else ""), file=sys.stderr)
     return False

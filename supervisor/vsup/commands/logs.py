@@ -12,16 +12,18 @@ bytes as logged. `-n N` / `--tail N` starts N lines before the end, as `tail -n`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from vsup.logtext import TerminalLines
 
 if TYPE_CHECKING:
+    from vsup.answers import LogChunk
     from vsup.control.client import Client
 
 # Cursor to the start of the line and erase it; and one line up.
@@ -105,15 +107,15 @@ def resolve_name(client: Client, name: str) -> str:
     return resolve_targets(client, [name])[0]
 
 
-def tail_chunk(client: Client, name: str, previous: bool, lines: int) -> dict[str, Any]:
+def tail_chunk(client: Client, name: str, previous: bool, lines: int) -> LogChunk:
     """The log's answer starting `lines` lines before its end (as `tail -n`): the tail in bytes
     grows until it holds that many lines or reaches the file's start."""
     want = max(1, lines) * _BYTES_PER_LINE
     while True:
         chunk = client.logs(name, previous=previous, tail=min(want, MAX_TAIL_BYTES))
-        text = chunk["text"]
+        text = chunk.text
         have = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
-        if have >= lines or chunk["start"] == 0 or want >= MAX_TAIL_BYTES:
+        if have >= lines or not chunk.start or want >= MAX_TAIL_BYTES:
             break
         want *= 4
     if lines == 0:
@@ -122,7 +124,7 @@ def tail_chunk(client: Client, name: str, previous: bool, lines: int) -> dict[st
         kept = text.splitlines(keepends=True)[-lines:]
         skip = len(text) - len("".join(kept))
     dropped = text[:skip].encode("utf-8", errors="replace")
-    return {**chunk, "start": chunk["start"] + len(dropped), "text": text[skip:]}
+    return dataclasses.replace(chunk, start=(chunk.start or 0) + len(dropped), text=text[skip:])
 
 
 class _Writer(Protocol):
@@ -196,23 +198,23 @@ def follow(
         chunk = tail_chunk(client, name, previous, tail)
     else:
         chunk = client.logs(name, previous=previous, offset=0)
-    run = chunk["run"]
+    run = chunk.run
     while True:
-        screen.write(chunk["text"])
+        screen.write(chunk.text)
         out.flush()
-        if not chunk["eof"]:
-            chunk = client.logs(name, previous=previous, offset=chunk["offset"])
+        if not chunk.eof:
+            chunk = client.logs(name, previous=previous, offset=chunk.offset)
             continue
         if not keep or previous:
             screen.end()
             out.flush()
             return
         time.sleep(interval)
-        nxt = client.logs(name, offset=chunk["offset"])
-        if nxt["run"] != run:
+        nxt = client.logs(name, offset=chunk.offset)
+        if nxt.run != run:
             # The instance restarted: finish nothing more of the old file, start the new one.
-            screen.end(f"--- {name}: run {nxt['run']} ---\n")
-            run = nxt["run"]
+            screen.end(f"--- {name}: run {nxt.run} ---\n")
+            run = nxt.run
             nxt = client.logs(name, offset=0)
         chunk = nxt
 
@@ -272,8 +274,8 @@ def log_names(client: Client) -> list[str]:
     from vsup.control.client import ROUTER
 
     doc = client.status()
-    names = [i["name"] for i in doc.get("instances", ())]
-    return names + ([ROUTER] if doc.get("router") else [])
+    names = [i.name for i in doc.instances]
+    return names + ([ROUTER] if doc.router is not None else [])
 
 
 def follow_all(
@@ -289,8 +291,6 @@ def follow_all(
     """The last `tail` lines (default DEFAULT_ALL_LINES) of every instance's and the router's
     log, each line prefixed with its name; with `keep`, follow them all (a restarted instance's
     next run, an instance the layout gains) until interrupted."""
-    from vsup.control.errors import ControlError
-
     out = out or sys.stdout
     lines = DEFAULT_ALL_LINES if tail is None else tail
     sources = _Sources(out, raw)
@@ -299,30 +299,8 @@ def follow_all(
     first = True
     while True:
         for src in list(sources.by_name.values()):
-            if src.gone:
-                continue
-            try:
-                if src.offset is None:
-                    chunk = (
-                        tail_chunk(client, src.name, False, lines)
-                        if first
-                        else client.logs(src.name, offset=0)
-                    )
-                else:
-                    chunk = client.logs(src.name, offset=src.offset)
-                    if chunk["run"] != src.run:
-                        src.screen.end(f"--- run {chunk['run']} ---\n")
-                        chunk = client.logs(src.name, offset=0)
-            except ControlError as exc:
-                if exc.status == 404:
-                    continue  # no log yet (or gone from the layout): looked at again later
-                raise
-            src.run = chunk["run"]
-            src.screen.write(chunk["text"])
-            while not chunk["eof"]:
-                chunk = client.logs(src.name, offset=chunk["offset"])
-                src.screen.write(chunk["text"])
-            src.offset = chunk["offset"]
+            if not src.gone:
+                _read_source(client, src, lines if first else None)
         first = False
         out.flush()
         if not keep:
@@ -334,3 +312,33 @@ def follow_all(
         if clock() - last_scan >= rescan_s:
             sources.refresh(log_names(client))
             last_scan = clock()
+
+
+def _read_source(client: Client, src: _Source, lines: int | None) -> None:
+    """Write what `src`'s log gained since it was last read: its last `lines` lines on the
+    first read (None: all of it), the next run's from its start after a restart. A log not
+    there (yet) is skipped: it is looked at again next time."""
+    from vsup.control.errors import ControlError
+
+    try:
+        if src.offset is None:
+            chunk = (
+                tail_chunk(client, src.name, False, lines)
+                if lines is not None
+                else client.logs(src.name, offset=0)
+            )
+        else:
+            chunk = client.logs(src.name, offset=src.offset)
+            if chunk.run != src.run:
+                src.screen.end(f"--- run {chunk.run} ---\n")
+                chunk = client.logs(src.name, offset=0)
+    except ControlError as exc:
+        if exc.status == 404:
+            return  # no log yet (or gone from the layout): looked at again later
+        raise
+    src.run = chunk.run
+    src.screen.write(chunk.text)
+    while not chunk.eof:
+        chunk = client.logs(src.name, offset=chunk.offset)
+        src.screen.write(chunk.text)
+    src.offset = chunk.offset

@@ -39,13 +39,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"vsup save: {exc.message}", file=sys.stderr)
                 print_diagnostics(exc.body.get("errors", []))
                 return 2 if exc.status in (400, 422) else 1
-        written = answer.get("written") or answer["path"]
-        via = f" (through the symlink {answer['path']})" if written != answer["path"] else ""
-        kept = " (its comments and formatting kept)" if answer.get("kept_format") else ""
+        written = answer.written or answer.path
+        via = f" (through the symlink {answer.path})" if written != answer.path else ""
+        kept = " (its comments and formatting kept)" if answer.kept_format else ""
         print(f"saved the running layout to {written}{via}{kept}")
-        if answer.get("format_lost"):
-            print(f"vsup save: warning: {answer['format_lost']}", file=sys.stderr)
-        outdated = answer.get("outdated") or []
+        if answer.format_lost:
+            print(f"vsup save: warning: {answer.format_lost}", file=sys.stderr)
+        outdated = answer.outdated
         if outdated:
             from vsup.termtext import printable
 

@@ -337,5 +337,5 @@ def status(name: str, user: str) -> int:
         probe = Client(Path(env["VSUP_HOME"]))
         ping = probe.alive()
         probe.close()
-        print(f"daemon: pid {ping['pid']} answers" if ping else "daemon: none answers")
+        print(f"daemon: pid {ping.pid} answers" if ping else "daemon: none answers")
     return 0 if ok else 1

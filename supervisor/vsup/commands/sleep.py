@@ -12,8 +12,10 @@ sleep or wake.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Any
+
+from vsup.answers import SleepResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,36 +64,35 @@ def run(args: argparse.Namespace) -> int:
             check_name(name)  # before the daemon is asked
         with client_for_cli(start=False) as client:
             answer = client.action(args.action, names, level=args.level)
-        errors = answer.get("errors", ())
-        for err in errors:
-            print(f"vsup {args.action}: {err.get('name')}: {err.get('error')}", file=sys.stderr)
-        if errors:
+        for err in answer.errors:
+            print(f"vsup {args.action}: {err.name}: {err.error}", file=sys.stderr)
+        if answer.errors:
             return 1
-        print(describe(args.action, answer.get("result") or {}))
+        print(describe(args.action, answer.result or SleepResult()))
         return 0
 
     return run_command(body, args)
 
 
-def describe(action: str, result: dict[str, Any]) -> str:
+def describe(action: str, result: SleepResult) -> str:
     """One line per outcome: `a: asleep (level 1) in 1.4 s, 1.7 GiB still held`. A wake in a
     swap group says first which member went to sleep for it."""
-    if action == "wake" and result.get("group_slept"):
+    if action == "wake" and result.group_slept:
         group = [
-            describe("sleep", s) + " (its swap group's other member)" for s in result["group_slept"]
+            describe("sleep", s) + " (its swap group's other member)" for s in result.group_slept
         ]
-        return "\n".join([*group, describe("wake", {**result, "group_slept": None})])
+        return "\n".join([*group, describe("wake", dataclasses.replace(result, group_slept=()))])
     if action == "swap":
-        slept, woke = result.get("slept") or {}, result.get("woke") or {}
+        slept, woke = result.slept or SleepResult(), result.woke or SleepResult()
         return "\n".join(
-            [describe("sleep", slept), describe("wake", woke), f"swap took {result['took_s']} s"]
+            [describe("sleep", slept), describe("wake", woke), f"swap took {result.took_s} s"]
         )
-    name = result.get("instance", "?")
-    if result.get("already"):
+    name = result.instance or "?"
+    if result.already:
         return f"{name}: already {'asleep' if action == 'sleep' else 'awake'}"
     if action == "sleep":
-        held = result.get("held_bytes")
+        held = result.held_bytes
         kept = f", {held / 2**30:.1f} GiB still held" if held is not None else ""
-        return f"{name}: asleep (level {result.get('level')}) in {result.get('took_s')} s{kept}"
-    how = " (it was not running: a cold start)" if result.get("cold") else ""
-    return f"{name}: awake in {result.get('took_s')} s{how}"
+        return f"{name}: asleep (level {result.level}) in {result.took_s} s{kept}"
+    how = " (it was not running: a cold start)" if result.cold else ""
+    return f"{name}: awake in {result.took_s} s{how}"

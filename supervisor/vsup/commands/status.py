@@ -55,7 +55,7 @@ def _run_with_client(args: argparse.Namespace) -> int:
 
     def body(args: argparse.Namespace) -> int:
         with client_for_cli(start=False) as client:
-            doc = client.status()
+            doc = client.status_json()  # --json prints it as the daemon sent it
         return _show(doc, args)
 
     return run_command(body, args)
@@ -116,14 +116,11 @@ def _p(text: Any) -> str:
     return printable("" if text is None else text)
 
 
-def bench_line(b: BenchStatus | dict[str, Any]) -> str:
+def bench_line(b: BenchStatus) -> str:
     """`BENCH 2/3 two: running 412/1000 requests, 1m12s (vsup bench pid 4242 replaced the
     layout; it restores it at the end)`: a layout change nobody should take for an incident."""
     from vsup.progress import fmt_duration
-    from vsup.snapshot import BenchStatus, StatusSnapshot
 
-    if isinstance(b, dict):
-        b = StatusSnapshot.decode_part(BenchStatus, b)
     where = f" {b.index}/{b.count}" if b.index and b.count else ""
     what = b.phase.replace("_", " ")
     if b.phase in ("running", "collecting") and b.requests_total:

@@ -57,9 +57,7 @@ def _size(text: str) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vsup.commands.exits import NO_DAEMON
-    from vsup.control.client import AsyncClient, NoDaemon, connect
-    from vsup.control.errors import DaemonUnavailable
+    from vsup.control.client import AsyncClient
     from vsup.tui.app import DashboardApp
     from vsup.tui.keymap import load_keymap
 
@@ -72,33 +70,11 @@ def run(args: argparse.Namespace) -> int:
         print("vsup tui: --refresh must be a positive number of seconds", file=sys.stderr)
         return 2
     screenshot = getattr(args, "screenshot", None)  # `vsup up` passes only readonly, refresh
-    watch_only = bool(args.readonly or screenshot)
-    try:
-        connect(start=not watch_only).close()  # the dashboard that acts starts the daemon
-    except NoDaemon as exc:
-        print(f"vsup tui: {exc}", file=sys.stderr)
-        return NO_DAEMON
-    except DaemonUnavailable as exc:
-        print(f"vsup tui: {exc}", file=sys.stderr)
-        return 1
+    code = _connect(start=not (args.readonly or screenshot))
+    if code is not None:
+        return code
     if screenshot:
-        import asyncio
-
-        from vsup.tui.shot import screenshot_live
-
-        size = _size(args.size)
-        if size is None:
-            print(
-                f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12", file=sys.stderr
-            )
-            return 2
-        try:
-            path = asyncio.run(screenshot_live(screenshot, size, select=args.select))
-        except (TimeoutError, ValueError) as exc:
-            print(f"vsup tui: {exc}", file=sys.stderr)
-            return 1
-        print(path)
-        return 0
+        return _screenshot(args, screenshot)
     from vsup.paths import attach_command
 
     app = DashboardApp(
@@ -110,3 +86,40 @@ def run(args: argparse.Namespace) -> int:
     )
     app.run()
     return app.return_code or 0
+
+
+def _connect(start: bool) -> int | None:
+    """A daemon answers (the dashboard that acts starts one): None; else why not, said on
+    stderr, as the exit status."""
+    from vsup.commands.exits import NO_DAEMON
+    from vsup.control.client import NoDaemon, connect
+    from vsup.control.errors import DaemonUnavailable
+
+    try:
+        connect(start=start).close()
+    except NoDaemon as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return NO_DAEMON
+    except DaemonUnavailable as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return 1
+    return None
+
+
+def _screenshot(args: argparse.Namespace, screenshot: str) -> int:
+    """`--screenshot FILE`: the live dashboard saved as SVG; prints the file."""
+    import asyncio
+
+    from vsup.tui.shot import screenshot_live
+
+    size = _size(args.size)
+    if size is None:
+        print(f"vsup tui: --size {args.size!r}: write COLSxROWS, at least 40x12", file=sys.stderr)
+        return 2
+    try:
+        path = asyncio.run(screenshot_live(screenshot, size, select=args.select))
+    except (TimeoutError, ValueError) as exc:
+        print(f"vsup tui: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0

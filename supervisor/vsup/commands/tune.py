@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from vsup.bench.guard import LayoutGuard
     from vsup.bench.runner import Original
+    from vsup.control.client import Client
     from vsup.layout.node import NodeFacts
     from vsup.tune.measure import Measurer, TuneRunner
     from vsup.tune.search import SearchResult, Step
@@ -357,7 +358,7 @@ def _tune_guarded(
     return _finish(args, doc, cands, out_dir, base)
 
 
-def _connect(home: Path) -> tuple[Any, bool]:
+def _connect(home: Path) -> tuple[Client, bool]:
     """The daemon's client (starting the daemon if none runs) and whether one ran before."""
     from vsup.bench.guard import Interrupted
     from vsup.commands.bench import stop_daemon_started
@@ -377,7 +378,7 @@ def _connect(home: Path) -> tuple[Any, bool]:
 
 
 def _prepare(
-    tune: _Tune, client: Any, daemon_was_running: bool
+    tune: _Tune, client: Client, daemon_was_running: bool
 ) -> tuple[Original, Path, dict[int, Path], TuneRunner]:
     """The original layout, the output folder with every candidate's layout in it, and the
     runner, with the lease claimed; a refusal or an interrupt releases what was taken."""
@@ -403,7 +404,7 @@ def _prepare(
     return original, out_dir, cand_paths, runner
 
 
-def _original(tune: _Tune, client: Any, daemon_was_running: bool) -> Original:
+def _original(tune: _Tune, client: Client, daemon_was_running: bool) -> Original:
     """The layout the daemon runs now, to come back at the end; asks before replacing
     instances that serve (unless --yes)."""
     from vsup.bench.runner import Original
@@ -413,15 +414,15 @@ def _original(tune: _Tune, client: Any, daemon_was_running: bool) -> Original:
 
     current = client.layout()
     try:
-        refuse_while_left_behind(tune.home, current.get("toml"))
+        refuse_while_left_behind(tune.home, current.toml)
     except CommandFailed as exc:
         raise CommandFailed(str(exc).replace("vsup bench: ", "vsup tune: ", 1), 1) from None
-    before = {i["name"]: i.get("state") for i in client.status().get("instances", ())}
+    before = {i.name: i.state for i in client.status().instances}
     serving = [n for n, state in before.items() if state in SERVING]
     original = Original(
-        toml=current.get("toml"),
-        path=current.get("path"),
-        name=current.get("name"),
+        toml=current.toml,
+        path=current.path,
+        name=current.name,
         serving=serving,
         daemon_was_running=daemon_was_running,
         idle=[n for n, state in before.items() if state in IDLE],
@@ -449,7 +450,7 @@ def _out_dir(tune: _Tune) -> Path:
     return out_dir
 
 
-def _runner(tune: _Tune, client: Any, out_dir: Path) -> TuneRunner:
+def _runner(tune: _Tune, client: Client, out_dir: Path) -> TuneRunner:
     from vsup.bench.publish import ProgressPublisher
     from vsup.control.client import Client
     from vsup.tune.measure import TuneRunner

@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from vsup.answers import ApplyAnswer, ApplyPlan, PullTarget
 from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, NOT_CONFIRMED, OK
+from vsup.snapshot import PullStatus, RolloutStatus, StatusSnapshot
 from vsup.states import SERVING, PullState, RolloutState, State
 
 if TYPE_CHECKING:
@@ -103,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from vsup.commands.cliutil import CommandFailed, client_for_cli, compile_here, print_diagnostics
-    from vsup.commands.lifecycle import wait_and_report
 
     path = Path(args.layout).expanduser().absolute()
     compiled, diagnostics = compile_here(path)
@@ -112,57 +113,75 @@ def _up(args: argparse.Namespace) -> int:
     if compiled is None:
         print_diagnostics([d for d in diagnostics if d.is_error])
         raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", BAD_INPUT)
-    toml = compiled.text
-
-    pull = not getattr(args, "no_pull", False)
     with client_for_cli() as client:
-        dry = client.apply(
-            toml, str(path), dry_run=True, all_at_once=args.all_at_once, **_pull_kw(pull)
-        )
-        if dry.get("errors"):
-            # The daemon checks against this node (GPU count) and what runs now.
-            print_diagnostics(dry["errors"])
-            raise CommandFailed(
-                f"vsup up: {path} is not valid on this node; nothing changed", BAD_INPUT
-            )
-        serving = serving_names(client.status())
-        print_plan(dry["plan"], serving)
-        if args.dry_run:
+        answer = _plan_and_apply(client, compiled.text, path, args)
+        if answer is None:
             return 0
-        interrupts = interrupted(dry["plan"], serving)
-        if interrupts and not args.yes:
-            confirm(interrupts)
-        answer = client.apply(toml, str(path), all_at_once=args.all_at_once, **_pull_kw(pull))
-        if answer.get("errors"):
-            print_diagnostics(answer["errors"])
-            raise CommandFailed("vsup up: the daemon refused the layout", BAD_INPUT)
-        plan = answer["plan"]
-        for w in answer.get("warnings", ()):
-            if w not in dry.get("warnings", ()) and w not in warnings:
-                print_diagnostics([w])
-        code = 0
-        if plan.get("pull"):
+        plan = answer.plan or ApplyPlan()
+        if plan.pull:
             # the daemon applies the layout once its pulls are done (control/pulls.py)
-            code = follow_pulls(client, plan["pull"], args)
+            code = follow_pulls(client, plan.pull, args)
             if code != 0:
-                return code
-        if plan.get("rolling"):
-            print(
-                f"rolling restart of {len(plan['rolling'])} serving instance(s) under way"
-                + ("" if args.wait else " (`vsup status` shows its progress)")
-            )
-        if args.wait:
-            if plan.get("rolling"):
-                code = follow_rollout(client, args.timeout)
-            keys = ("start", "restart", "update", "unchanged")
-            names = [n for k in keys for n in plan.get(k, ())]
-            if code == 0:
-                code = wait_and_report(client, names, args.timeout)
-            if code == 0 and plan.get("router") not in (None, "stop"):
-                code = wait_router(client, args.timeout)
+                return code  # no dashboard: the pull's failure is the news
+        code = _after_apply(client, plan, args)
     if args.detach:
         return code
     return open_dashboard() or code
+
+
+def _plan_and_apply(
+    client: Client, toml: str, path: Path, args: argparse.Namespace
+) -> ApplyAnswer | None:
+    """The daemon's plan printed (and consent asked for), then the apply's answer; None for a
+    `--dry-run`. Refused layouts raise CommandFailed."""
+    from vsup.commands.cliutil import CommandFailed, print_diagnostics
+
+    pull = not getattr(args, "no_pull", False)
+    dry = client.apply(
+        toml, str(path), dry_run=True, all_at_once=args.all_at_once, **_pull_kw(pull)
+    )
+    if dry.errors:
+        # The daemon checks against this node (GPU count) and what runs now.
+        print_diagnostics(list(dry.errors))
+        raise CommandFailed(
+            f"vsup up: {path} is not valid on this node; nothing changed", BAD_INPUT
+        )
+    plan = dry.plan or ApplyPlan()
+    serving = serving_names(client.status())
+    print_plan(plan, serving)
+    if args.dry_run:
+        return None
+    interrupts = interrupted(plan, serving)
+    if interrupts and not args.yes:
+        confirm(interrupts)
+    answer = client.apply(toml, str(path), all_at_once=args.all_at_once, **_pull_kw(pull))
+    if answer.errors:
+        print_diagnostics(list(answer.errors))
+        raise CommandFailed("vsup up: the daemon refused the layout", BAD_INPUT)
+    print_diagnostics([w for w in answer.warnings if w not in dry.warnings])
+    return answer
+
+
+def _after_apply(client: Client, plan: ApplyPlan, args: argparse.Namespace) -> int:
+    """Follow what the apply set going: its rolling restart, and with `--wait` the instances
+    and the router until they serve."""
+    from vsup.commands.lifecycle import wait_and_report
+
+    code = 0
+    if plan.rolling:
+        print(
+            f"rolling restart of {len(plan.rolling)} serving instance(s) under way"
+            + ("" if args.wait else " (`vsup status` shows its progress)")
+        )
+    if args.wait:
+        if plan.rolling:
+            code = follow_rollout(client, args.timeout)
+        names = [*plan.start, *plan.restart, *plan.update, *plan.unchanged]
+        if code == 0:
+            code = wait_and_report(client, names, args.timeout)
+        if code == 0 and plan.router not in (None, "stop"):
+            code = wait_router(client, args.timeout)
+    return code
 
 
 def _pull_kw(pull: bool) -> dict[str, bool]:
@@ -171,8 +190,8 @@ def _pull_kw(pull: bool) -> dict[str, bool]:
 
 
 def follow_pulls(
-    client: Any,
-    pulls: list[dict[str, Any]],
+    client: Client,
+    pulls: Sequence[PullTarget],
     args: argparse.Namespace,
     interval: float = 0.5,
     clock: Callable[[], float] = time.monotonic,
@@ -181,33 +200,14 @@ def follow_pulls(
     """Show the daemon's pulls until they end (a bar on a terminal, lines on a pipe): 0 when
     all are done, 1 when one failed or --timeout passed. `--detach` without `--wait` only says
     that they run. Ctrl-C stops watching; the pulls go on in the daemon."""
-    from vsup.commands.pull import PullDisplay
-
-    labels = [
-        p["model"] + (f"@{p['revision']}" if p.get("revision") != "main" else "") for p in pulls
-    ]
     if args.detach and not args.wait:
         print(
-            f"pulling {', '.join(labels)} in the daemon; the instances start when it is done "
-            "(`vsup status` shows the progress)"
+            f"pulling {', '.join(p.label for p in pulls)} in the daemon; the instances start "
+            "when it is done (`vsup status` shows the progress)"
         )
         return OK
-    models = {p["model"] for p in pulls}
-    displays: dict[str, PullDisplay] = {}
-    deadline = clock() + args.timeout
     try:
-        while True:
-            mine = [p for p in client.status().get("pulls") or () if p["model"] in models]
-            for p in mine:
-                label = p["model"] + f" for {', '.join(p.get('instances') or ())}"
-                display = displays.setdefault(p["model"], PullDisplay(label))
-                display.update(p)
-            if mine and all(p["state"] != PullState.PULLING for p in mine):
-                break
-            if clock() >= deadline:
-                print(f"vsup up: the pull did not end within {args.timeout:.0f} s", file=sys.stderr)
-                return FAILED
-            sleep(interval)
+        mine = _watch_pulls(client, {p.model for p in pulls}, args.timeout, interval, clock, sleep)
     except KeyboardInterrupt:
         print(
             "\nvsup up: stopped watching; the pull goes on in the daemon and the instances start "
@@ -215,28 +215,61 @@ def follow_pulls(
             file=sys.stderr,
         )
         return INTERRUPTED
-    finally:
-        for d in displays.values():
-            d.stop()
+    if mine is None:
+        print(f"vsup up: the pull did not end within {args.timeout:.0f} s", file=sys.stderr)
+        return FAILED
     code = OK
     for p in mine:
-        if p["state"] == PullState.DONE:
-            print(f"pulled {p['model']} ({p.get('snapshot')})")
-            _until_applied(client, p.get("instances") or (), clock, sleep)
+        if p.state == PullState.DONE:
+            print(f"pulled {p.model} ({p.snapshot})")
+            _until_applied(client, p.instances, clock, sleep)
         else:
-            why = p.get("message") or p.get("reason") or p["state"]
+            why = p.message or p.reason or p.state
             print(
-                f"vsup up: the pull of {p['model']} failed ({p.get('reason')}): {why}; "
-                f"{', '.join(p.get('instances') or ())} not started (`vsup up` again retries it)",
+                f"vsup up: the pull of {p.model} failed ({p.reason}): {why}; "
+                f"{', '.join(p.instances)} not started (`vsup up` again retries it)",
                 file=sys.stderr,
             )
             code = FAILED
     return code
 
 
+def _watch_pulls(
+    client: Client,
+    models: set[str],
+    timeout: float,
+    interval: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> list[PullStatus] | None:
+    """The pulls of `models` shown until none is pulling: how they ended (None when `timeout`
+    passed first)."""
+    import dataclasses
+
+    from vsup.commands.pull import PullDisplay
+
+    displays: dict[str, PullDisplay] = {}
+    deadline = clock() + timeout
+    try:
+        while True:
+            mine = [p for p in client.status().pulls if p.model in models]
+            for p in mine:
+                label = p.model + f" for {', '.join(p.instances)}"
+                display = displays.setdefault(p.model, PullDisplay(label))
+                display.update(dataclasses.asdict(p))
+            if mine and all(p.state != PullState.PULLING for p in mine):
+                return mine
+            if clock() >= deadline:
+                return None
+            sleep(interval)
+    finally:
+        for d in displays.values():
+            d.stop()
+
+
 def _until_applied(
-    client: Any,
-    names: Any,
+    client: Client,
+    names: Iterable[str],
     clock: Callable[[], float],
     sleep: Callable[[float], None],
     limit_s: float = 10.0,
@@ -245,45 +278,45 @@ def _until_applied(
     so that what `--wait` reads next is the apply's, not the state before it."""
     end = clock() + limit_s
     while clock() < end:
-        states = {i["name"]: i["state"] for i in client.status().get("instances", ())}
+        states = {i.name: i.state for i in client.status().instances}
         if all(states.get(n) != State.STOPPED for n in names):
             return
         sleep(0.2)
 
 
-def wait_router(client: Any, timeout: float) -> int:
+def wait_router(client: Client, timeout: float) -> int:
     """`--wait` with a router: until it serves every ready member (1 when it does not in
     `timeout` seconds)."""
     from vsup.routerview import router_line
 
     deadline = time.monotonic() + timeout
     while True:
-        router = client.status().get("router")
+        router = client.status().router
         if router is None:
             return 0
-        members = [w for w in router.get("workers", ()) if w.get("wanted")]
-        if router.get("state") == State.READY and all(w.get("in_router") for w in members):
+        members = [w for w in router.workers if w.wanted]
+        if router.state == State.READY and all(w.in_router for w in members):
             print(router_line(router))
             return 0
-        if router.get("state") == State.FAILED or time.monotonic() > deadline:
+        if router.state == State.FAILED or time.monotonic() > deadline:
             print(f"vsup up: the router does not serve: {router_line(router)}", file=sys.stderr)
             return 1
         time.sleep(0.2)
 
 
-def serving_names(status: dict[str, Any]) -> set[str]:
+def serving_names(status: StatusSnapshot) -> set[str]:
     """Names of the instances that answer requests now (`@router` for a serving router)."""
-    names = {i["name"] for i in status.get("instances", ()) if i.get("state") in SERVING}
-    if (status.get("router") or {}).get("state") in SERVING:
+    names = {i.name for i in status.instances if i.state in SERVING}
+    if status.router is not None and status.router.state in SERVING:
         names.add(ROUTER)
     return names
 
 
-def interrupted(plan: dict[str, Any], serving: set[str]) -> list[str]:
+def interrupted(plan: ApplyPlan, serving: set[str]) -> list[str]:
     """The serving instances the plan stops or restarts, in plan order; then `@router` when
     it stops or restarts a serving router (every request through it fails meanwhile)."""
-    names = [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in serving]
-    if plan.get("router") in ROUTER_DOWN and ROUTER in serving:
+    names = [n for n in (*plan.stop, *plan.restart) if n in serving]
+    if plan.router in ROUTER_DOWN and ROUTER in serving:
         names.append(ROUTER)
     return names
 
@@ -308,15 +341,15 @@ def confirm(names: list[str]) -> None:
         raise CommandFailed("vsup up: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
 
 
-def describe_rollout(r: dict[str, Any]) -> str:
+def describe_rollout(r: RolloutStatus) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)'."""
-    head = f"rollout wave {r['wave']}/{r['waves']}"
-    if r["state"] == RolloutState.RUNNING:
-        doing = f"restarting {', '.join(r['current'])}" if r["current"] else "waiting"
-        return f"{head}: {doing} ({r['done']}/{r['total']} done)"
-    if r["state"] == RolloutState.FAILED:
-        return f"rollout failed: {r['failure']}"
-    return f"rollout {r['state']} ({r['done']}/{r['total']} restarted)"
+    head = f"rollout wave {r.wave}/{r.waves}"
+    if r.state == RolloutState.RUNNING:
+        doing = f"restarting {', '.join(r.current)}" if r.current else "waiting"
+        return f"{head}: {doing} ({r.done}/{r.total} done)"
+    if r.state == RolloutState.FAILED:
+        return f"rollout failed: {r.failure}"
+    return f"rollout {r.state} ({r.done}/{r.total} restarted)"
 
 
 def follow_rollout(
@@ -331,88 +364,91 @@ def follow_rollout(
     deadline = clock() + timeout
     shown = None
     while True:
-        r = client.status().get("rollout")
+        r = client.status().rollout
         if r is None:
             return 0
         line = describe_rollout(r)
         if line != shown:
             print(line, flush=True)
             shown = line
-        if r["state"] != RolloutState.RUNNING:
-            return 1 if r["state"] == RolloutState.FAILED else 0
+        if r.state != RolloutState.RUNNING:
+            return 1 if r.state == RolloutState.FAILED else 0
         if clock() >= deadline:
             print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
             return 1
         sleep(interval)
 
 
-def print_plan(plan: dict, serving: set[str] | None = None) -> None:
+def print_plan(plan: ApplyPlan, serving: set[str] | None = None) -> None:
     """Say what applying will do, before it is done (serving instances marked)."""
     serving = serving or set()
-    rolling = set(plan.get("rolling", ()))
 
-    def names(key: str) -> str:
-        return ", ".join(n + (" (serving)" if n in serving else "") for n in plan[key])
+    def names(found: Iterable[str]) -> str:
+        return ", ".join(n + (" (serving)" if n in serving else "") for n in found)
 
-    if not any(plan.get(k) for k in ("start", "restart", "stop", "update", "unchanged")):
+    if plan.empty:
         print("the layout has no instances")
-    for p in plan.get("pull") or ():
-        rev = "" if p.get("revision") in (None, "main") else f"@{p['revision']}"
+    for p in plan.pull:
         print(
-            f"pull first: {p['model']}{rev} into {p['cache_dir']} "
-            f"(for {', '.join(p.get('instances') or ())}; nothing starts until it is there)"
+            f"pull first: {p.label} into {p.cache_dir} "
+            f"(for {', '.join(p.instances)}; nothing starts until it is there)"
         )
-    if plan.get("start"):
-        print(f"start: {names('start')}")
-    if plan.get("restart"):
-        waves = [n for n in plan["restart"] if n in rolling]
-        at_once = [n for n in plan["restart"] if n not in rolling]
-        if waves:
-            print(f"restart (changed, rolling): {', '.join(waves)}")
-        if at_once:
-            marked = ", ".join(n + (" (serving)" if n in serving else "") for n in at_once)
-            print(f"restart (changed, at once): {marked}")
-    if plan.get("stop"):
-        print(f"stop (removed): {names('stop')}")
-    if plan.get("update"):
-        print(f"update without restart: {', '.join(plan['update'])}")
-    if plan.get("unchanged"):
-        print(f"unchanged: {', '.join(plan['unchanged'])}")
-    router = plan.get("router")
+    if plan.start:
+        print(f"start: {names(plan.start)}")
+    waves = [n for n in plan.restart if n in plan.rolling]
+    at_once = [n for n in plan.restart if n not in plan.rolling]
+    if waves:
+        print(f"restart (changed, rolling): {', '.join(waves)}")
+    if at_once:
+        print(f"restart (changed, at once): {names(at_once)}")
+    if plan.stop:
+        print(f"stop (removed): {names(plan.stop)}")
+    if plan.update:
+        print(f"update without restart: {', '.join(plan.update)}")
+    if plan.unchanged:
+        print(f"unchanged: {', '.join(plan.unchanged)}")
+    line = router_plan_line(plan.router, ROUTER in serving)
+    if line:
+        print(line)
+    for line in change_lines(plan):
+        print(line)
+
+
+def router_plan_line(router: str | None, serving: bool) -> str | None:
+    """What the plan does to the router, in words (None: nothing to say)."""
+    mark = " (serving)" if serving else ""
     if router == "restart":
         from vsup.layout.routerspec import ROUTER_STOP_GRACE_S
 
-        print(
-            f"router: restart (its settings changed){' (serving)' if ROUTER in serving else ''}:"
+        return (
+            f"router: restart (its settings changed){mark}:"
             f" its endpoint is down until the new router serves, {ROUTER_GAP}, longer while the "
             f"old one finishes the requests it is running (at most {ROUTER_STOP_GRACE_S:g} s, then "
             "they are cut); "
             "requests sent to it meanwhile fail (refused, or 503 until its workers are back). "
             "A change of its members alone needs no restart"
         )
-    elif router == "stop":
-        print(
-            f"router: stop (the layout has no [router]){' (serving)' if ROUTER in serving else ''}"
+    if router == "stop":
+        return (
+            f"router: stop (the layout has no [router]){mark}"
             ": every request to its endpoint fails from then on"
         )
-    elif router not in (None, "unchanged"):
-        print(f"router: {router}")
-    for line in change_lines(plan):
-        print(line)
+    if router not in (None, "unchanged"):
+        return f"router: {router}"
+    return None
 
 
-def change_lines(plan: dict[str, Any]) -> list[str]:
+def change_lines(plan: ApplyPlan) -> list[str]:
     """`  a: args.max-model-len: 4096 -> 8192` for each key that changes, per instance that
     restarts, updates or starts with a new spec (the daemon masks secrets)."""
     from vsup.layout.changes import SpecChange
 
     out: list[str] = []
-    for name, changes in (plan.get("changes") or {}).items():
+    for name, changes in plan.changes.items():
         if not out:
             out.append("changes:")
         for c in changes:
-            change = SpecChange(str(c.get("key")), c.get("old"), c.get("new"))
-            out.append(f"  {name}: {change.format()}")
+            out.append(f"  {name}: {SpecChange(str(c.key), c.old, c.new).format()}")
     return out
 
 

@@ -16,14 +16,30 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from vsup import paths
+from vsup.answers import (
+    ActionAnswer,
+    ApplyAnswer,
+    BadAnswer,
+    BenchProgressAnswer,
+    History,
+    InstanceConfig,
+    LayoutAnswer,
+    LogChunk,
+    Ping,
+    SaveAnswer,
+    ShutdownAnswer,
+    decode,
+    status_from_json,
+)
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.control.lock import live_daemon_holder
+from vsup.snapshot import StatusSnapshot
 
 # Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
 ACTION_TIMEOUT_S = 3600.0
@@ -136,6 +152,27 @@ def _raise_for(resp: httpx.Response) -> Any:
     return body
 
 
+def apply_body(
+    toml: str,
+    path: str | None,
+    dry_run: bool,
+    all_at_once: bool = False,
+    pull: bool = True,
+) -> dict[str, Any]:
+    """`POST /v1/apply`'s body; keys at their default are left out (older daemons)."""
+    body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
+    if all_at_once:
+        body["all_at_once"] = True  # restart serving instances together, not in waves
+    if not pull:
+        body["pull"] = False  # hub models not complete in the cache go to vLLM as written
+    return body
+
+
+def _logs_path(name: str) -> str:
+    """An instance's log route, or the router's (`@router`)."""
+    return "/v1/router/logs" if name == ROUTER else _instance_path(name, "logs")
+
+
 def _logs_params(previous: bool, offset: int | None, tail: int | None) -> dict[str, Any]:
     params: dict[str, Any] = {"previous": int(bool(previous))}
     if offset is not None:
@@ -145,8 +182,9 @@ def _logs_params(previous: bool, offset: int | None, tail: int | None) -> dict[s
     return params
 
 
-class Client:
-    """Synchronous client (the CLI). Raises ControlError for refusals, DaemonUnavailable when
+class JsonClient:
+    """The wire, synchronously: one method per route, each returning the route's JSON document
+    (`Client` reads them as types). Raises ControlError for refusals, DaemonUnavailable when
     nothing answers on the socket."""
 
     def __init__(
@@ -168,7 +206,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> JsonClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -188,7 +226,7 @@ class Client:
             ) from exc
         return _raise_for(resp)
 
-    def alive(self, timeout: float = 2.0) -> dict[str, Any] | None:
+    def alive(self, timeout: float = 2.0) -> Any:
         """The daemon's ping answer, or None when none answers."""
         if not self.socket.exists():
             return None
@@ -197,13 +235,13 @@ class Client:
         except (DaemonUnavailable, httpx.TimeoutException, ControlError):
             return None
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> Any:
         return self._call("GET", "/v1/ping")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Any:
         return self._call("GET", "/v1/status")
 
-    def layout(self) -> dict[str, Any]:
+    def layout(self) -> Any:
         return self._call("GET", "/v1/layout")
 
     def apply(
@@ -213,13 +251,10 @@ class Client:
         dry_run: bool = False,
         all_at_once: bool = False,
         pull: bool = True,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
-        if all_at_once:
-            body["all_at_once"] = True  # restart serving instances together, not in waves
-        if not pull:
-            body["pull"] = False  # hub models not complete in the cache go to vLLM as written
-        return self._call("POST", "/v1/apply", json=body)
+    ) -> Any:
+        return self._call(
+            "POST", "/v1/apply", json=apply_body(toml, path, dry_run, all_at_once, pull)
+        )
 
     def action(
         self,
@@ -228,30 +263,26 @@ class Client:
         all: bool = False,
         wait: bool = True,
         level: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Any:
         """`level`: `sleep`'s level (1 or 2; None: the instance's `sleep.level`)."""
         body = action_body(action, names, all, wait, level)
         return self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
-    ) -> dict[str, Any]:
-        if name == ROUTER:
-            return self.router_logs(previous, offset, tail)
-        return self._call(
-            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
-        )
+    ) -> Any:
+        return self._call("GET", _logs_path(name), params=_logs_params(previous, offset, tail))
 
     def router_logs(
         self, previous: bool = False, offset: int | None = None, tail: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Any:
         """The router's run log: the same answer as an instance's `logs`."""
-        return self._call("GET", "/v1/router/logs", params=_logs_params(previous, offset, tail))
+        return self.logs(ROUTER, previous, offset, tail)
 
-    def config(self, name: str) -> dict[str, Any]:
+    def config(self, name: str) -> Any:
         return self._call("GET", _instance_path(name, "config"))
 
-    def history(self, name: str) -> dict[str, Any]:
+    def history(self, name: str) -> Any:
         return self._call("GET", _instance_path(name, "history"))
 
     def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
@@ -260,21 +291,122 @@ class Client:
             params["limit"] = limit
         return self._call("GET", "/v1/events", params=params)
 
-    def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+    def save(self, path: str | os.PathLike[str], parents: bool = False) -> Any:
         body = {"path": os.path.abspath(path), "parents": parents}
         return self._call("POST", "/v1/save", json=body)
 
-    def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
+    def shutdown(self, stop_instances: bool = True) -> Any:
         return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
 
-    def bench_progress(self, report: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    def bench_progress(self, report: dict[str, Any], timeout: float = 5.0) -> Any:
         """Report a bench's progress (`vsup bench` does, each second); answers `{"bench"}`."""
         return self._call("POST", "/v1/bench/progress", json=report, timeout=timeout)
 
 
-class AsyncClient:
-    """Asynchronous client (the TUI): the same methods as `Client`, awaitable. It never starts
-    a daemon; call `connect()` (sync, before the app runs) for that."""
+class Client:
+    """Synchronous client (the CLI): the routes' answers as types (vsup.answers; status as a
+    `StatusSnapshot`). `json` is the same connection answering the routes' JSON documents.
+    Raises ControlError for refusals (and for an answer not of its route's shape),
+    DaemonUnavailable when nothing answers on the socket."""
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        self.json = JsonClient(home, timeout, socket)
+        self.home, self.socket = self.json.home, self.json.socket
+
+    def close(self) -> None:
+        self.json.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def alive(self, timeout: float = 2.0) -> Ping | None:
+        """The daemon's ping answer, or None when none answers."""
+        doc = self.json.alive(timeout)
+        return None if doc is None else _typed(Ping, doc, "GET /v1/ping")
+
+    def ping(self) -> Ping:
+        return _typed(Ping, self.json.ping(), "GET /v1/ping")
+
+    def status(self) -> StatusSnapshot:
+        return _snapshot(self.json.status())
+
+    def status_json(self) -> dict[str, Any]:
+        """The status document as the daemon sent it (`vsup status --json`, schema 1)."""
+        doc: dict[str, Any] = self.json.status()
+        return doc
+
+    def layout(self) -> LayoutAnswer:
+        return _typed(LayoutAnswer, self.json.layout(), "GET /v1/layout")
+
+    def apply(
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        all_at_once: bool = False,
+        pull: bool = True,
+    ) -> ApplyAnswer:
+        doc = self.json.apply(toml, path, dry_run, all_at_once, pull)
+        return _typed(ApplyAnswer, doc, "POST /v1/apply")
+
+    def action(
+        self,
+        action: str,
+        names: list[str] | None = None,
+        all: bool = False,
+        wait: bool = True,
+        level: int | None = None,
+    ) -> ActionAnswer:
+        """`level`: `sleep`'s level (1 or 2; None: the instance's `sleep.level`)."""
+        doc = self.json.action(action, names, all, wait, level)
+        return _typed(ActionAnswer, doc, "POST /v1/actions")
+
+    def logs(
+        self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> LogChunk:
+        doc = self.json.logs(name, previous, offset, tail)
+        return _typed(LogChunk, doc, f"GET {_logs_path(name)}")
+
+    def router_logs(
+        self, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> LogChunk:
+        """The router's run log: the same answer as an instance's `logs`."""
+        return self.logs(ROUTER, previous, offset, tail)
+
+    def config(self, name: str) -> InstanceConfig:
+        doc = self.json.config(name)
+        return _typed(InstanceConfig, doc, f"GET {_instance_path(name, 'config')}")
+
+    def history(self, name: str) -> History:
+        doc = self.json.history(name)
+        return _typed(History, doc, f"GET {_instance_path(name, 'history')}")
+
+    def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        return self.json.events(since, limit)
+
+    def save(self, path: str | os.PathLike[str], parents: bool = False) -> SaveAnswer:
+        return _typed(SaveAnswer, self.json.save(path, parents), "POST /v1/save")
+
+    def shutdown(self, stop_instances: bool = True) -> ShutdownAnswer:
+        doc = self.json.shutdown(stop_instances)
+        return _typed(ShutdownAnswer, doc, "POST /v1/shutdown")
+
+    def bench_progress(self, report: dict[str, Any], timeout: float = 5.0) -> BenchProgressAnswer:
+        """Report a bench's progress (`vsup bench` does, each second)."""
+        doc = self.json.bench_progress(report, timeout)
+        return _typed(BenchProgressAnswer, doc, "POST /v1/bench/progress")
+
+
+class AsyncJsonClient:
+    """The wire, awaitable (the daemon's tests; `AsyncClient` reads the answers as types)."""
 
     def __init__(
         self,
@@ -295,7 +427,7 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> AsyncJsonClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -314,21 +446,17 @@ class AsyncClient:
             ) from exc
         return _raise_for(resp)
 
-    async def ping(self) -> dict[str, Any]:
+    async def ping(self) -> Any:
         return await self._call("GET", "/v1/ping")
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Any:
         return await self._call("GET", "/v1/status")
 
-    async def layout(self) -> dict[str, Any]:
+    async def layout(self) -> Any:
         return await self._call("GET", "/v1/layout")
 
-    async def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False
-    ) -> dict[str, Any]:
-        return await self._call(
-            "POST", "/v1/apply", json={"toml": toml, "path": path, "dry_run": dry_run}
-        )
+    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> Any:
+        return await self._call("POST", "/v1/apply", json=apply_body(toml, path, dry_run))
 
     async def action(
         self,
@@ -337,31 +465,26 @@ class AsyncClient:
         all: bool = False,
         wait: bool = True,
         level: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Any:
         body = action_body(action, names, all, wait, level)
         return await self._call("POST", "/v1/actions", json=body, timeout=ACTION_TIMEOUT_S)
 
     async def logs(
         self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
-    ) -> dict[str, Any]:
-        if name == ROUTER:
-            return await self.router_logs(previous, offset, tail)
-        return await self._call(
-            "GET", _instance_path(name, "logs"), params=_logs_params(previous, offset, tail)
-        )
+    ) -> Any:
+        params = _logs_params(previous, offset, tail)
+        return await self._call("GET", _logs_path(name), params=params)
 
     async def router_logs(
         self, previous: bool = False, offset: int | None = None, tail: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Any:
         """The router's run log: the same answer as an instance's `logs`."""
-        return await self._call(
-            "GET", "/v1/router/logs", params=_logs_params(previous, offset, tail)
-        )
+        return await self.logs(ROUTER, previous, offset, tail)
 
-    async def config(self, name: str) -> dict[str, Any]:
+    async def config(self, name: str) -> Any:
         return await self._call("GET", _instance_path(name, "config"))
 
-    async def history(self, name: str) -> dict[str, Any]:
+    async def history(self, name: str) -> Any:
         return await self._call("GET", _instance_path(name, "history"))
 
     async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
@@ -370,12 +493,114 @@ class AsyncClient:
             params["limit"] = limit
         return await self._call("GET", "/v1/events", params=params)
 
-    async def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
+    async def save(self, path: str | os.PathLike[str], parents: bool = False) -> Any:
         body = {"path": os.path.abspath(path), "parents": parents}
         return await self._call("POST", "/v1/save", json=body)
 
-    async def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
+    async def shutdown(self, stop_instances: bool = True) -> Any:
         return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
+
+
+class AsyncClient:
+    """Asynchronous client (the TUI): the same methods as `Client`, awaitable, typed the same
+    way (`json`: the wire's documents). It never starts a daemon; call `connect()` (sync,
+    before the app runs) for that."""
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket: Path | None = None,
+    ) -> None:
+        self.json = AsyncJsonClient(home, timeout, socket)
+        self.home, self.socket = self.json.home, self.json.socket
+
+    async def aclose(self) -> None:
+        await self.json.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def ping(self) -> Ping:
+        return _typed(Ping, await self.json.ping(), "GET /v1/ping")
+
+    async def status(self) -> StatusSnapshot:
+        return _snapshot(await self.json.status())
+
+    async def status_json(self) -> dict[str, Any]:
+        """The status document as the daemon sent it (schema 1)."""
+        doc: dict[str, Any] = await self.json.status()
+        return doc
+
+    async def layout(self) -> LayoutAnswer:
+        return _typed(LayoutAnswer, await self.json.layout(), "GET /v1/layout")
+
+    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> ApplyAnswer:
+        doc = await self.json.apply(toml, path, dry_run)
+        return _typed(ApplyAnswer, doc, "POST /v1/apply")
+
+    async def action(
+        self,
+        action: str,
+        names: list[str] | None = None,
+        all: bool = False,
+        wait: bool = True,
+        level: int | None = None,
+    ) -> ActionAnswer:
+        doc = await self.json.action(action, names, all, wait, level)
+        return _typed(ActionAnswer, doc, "POST /v1/actions")
+
+    async def logs(
+        self, name: str, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> LogChunk:
+        doc = await self.json.logs(name, previous, offset, tail)
+        return _typed(LogChunk, doc, f"GET {_logs_path(name)}")
+
+    async def router_logs(
+        self, previous: bool = False, offset: int | None = None, tail: int | None = None
+    ) -> LogChunk:
+        """The router's run log: the same answer as an instance's `logs`."""
+        return await self.logs(ROUTER, previous, offset, tail)
+
+    async def config(self, name: str) -> InstanceConfig:
+        doc = await self.json.config(name)
+        return _typed(InstanceConfig, doc, f"GET {_instance_path(name, 'config')}")
+
+    async def history(self, name: str) -> History:
+        doc = await self.json.history(name)
+        return _typed(History, doc, f"GET {_instance_path(name, 'history')}")
+
+    async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        return await self.json.events(since, limit)
+
+    async def save(self, path: str | os.PathLike[str], parents: bool = False) -> SaveAnswer:
+        return _typed(SaveAnswer, await self.json.save(path, parents), "POST /v1/save")
+
+    async def shutdown(self, stop_instances: bool = True) -> ShutdownAnswer:
+        doc = await self.json.shutdown(stop_instances)
+        return _typed(ShutdownAnswer, doc, "POST /v1/shutdown")
+
+
+_A = TypeVar("_A")
+
+
+def _typed(cls: type[_A], doc: Any, route: str) -> _A:
+    """`doc` read as `cls`; an answer not of that shape is a ControlError saying so (status
+    502: the daemon answered, but not what this client reads)."""
+    try:
+        return decode(cls, doc, route)
+    except BadAnswer as exc:
+        raise ControlError(f"{exc} (a vsup daemon of another version?)", status=502) from None
+
+
+def _snapshot(doc: Any) -> StatusSnapshot:
+    try:
+        return status_from_json(doc)
+    except BadAnswer as exc:
+        raise ControlError(f"{exc} (a vsup daemon of another version?)", status=502) from None
 
 
 def daemon_command() -> list[str]:
@@ -434,53 +659,77 @@ def connect(
         client.close()
         raise NoDaemon(client.home)
     proc = spawn_daemon(client.home) if holder is None else None
+    try:
+        _wait_answering(client, proc, start, timeout, on_wait)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _wait_answering(
+    client: Client,
+    proc: subprocess.Popen | None,
+    start: bool,
+    timeout: float,
+    on_wait: Callable[[float], object] | None,
+) -> None:
+    """Until a daemon answers on `client`'s socket: the one `proc` is (spawned here), or with
+    `proc` None the one that holds the lock (spawning one, if `start`, when it exits)."""
     t0 = time.monotonic()
     delay = 0.02
     while True:
         if client.alive(timeout=1.0) is not None:
-            return client
+            return
         elapsed = time.monotonic() - t0
         if proc is None:
             # Waiting on a daemon that is already there: it answers, re-binds or exits.
             holder = live_daemon_holder(client.home)
             if holder is None:
                 if client.alive() is not None:
-                    return client
+                    return
                 if not start:
-                    client.close()
                     raise NoDaemon(client.home)  # it exited meanwhile
                 proc = spawn_daemon(client.home)  # it exited meanwhile: start a new one
                 t0 = time.monotonic()
                 continue
-            limit = timeout if client.socket.exists() else REBIND_WAIT_S
-            if elapsed > limit:
-                client.close()
-                raise DaemonUnavailable(
-                    f"the vsup daemon (pid {holder}) serves {client.home} but does not answer on "
-                    f"{client.socket}; see {client.home / 'daemon.log'}, or `kill -TERM {holder}`"
-                    " (its instances keep running) and run the command again"
-                )
+            _check_held(client, holder, elapsed, timeout)
         else:
-            code = proc.poll()
-            if elapsed > timeout:
-                client.close()
-                raise DaemonUnavailable(
-                    f"the vsup daemon did not answer within {timeout:.0f} s"
-                    + (f" (it exited with status {code})" if code is not None else "")
-                    + _log_tail(client.home)
-                )
-            if code is not None and code != 0 and client.alive() is None:
-                # 0 is a daemon that lost the lock race to another; anything else is a failure.
-                client.close()
-                raise DaemonUnavailable(
-                    f"the vsup daemon exited with status {code} while starting"
-                    + _log_tail(client.home)
-                )
+            _check_spawned(client, proc, elapsed, timeout)
         if on_wait is not None:
             on_wait(elapsed)
         # A spawned daemon that lost the lock race exits 0 at once; the winner answers soon.
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
+
+
+def _check_held(client: Client, holder: int, elapsed: float, timeout: float) -> None:
+    """DaemonUnavailable once the daemon `holder` (it holds the lock) has not answered for
+    too long: `timeout` while it starts, REBIND_WAIT_S while its socket file is missing."""
+    limit = timeout if client.socket.exists() else REBIND_WAIT_S
+    if elapsed > limit:
+        raise DaemonUnavailable(
+            f"the vsup daemon (pid {holder}) serves {client.home} but does not answer on "
+            f"{client.socket}; see {client.home / 'daemon.log'}, or `kill -TERM {holder}`"
+            " (its instances keep running) and run the command again"
+        )
+
+
+def _check_spawned(client: Client, proc: subprocess.Popen, elapsed: float, timeout: float) -> None:
+    """DaemonUnavailable when the daemon spawned here did not answer within `timeout`, or
+    exited with a failure while starting (the end of its log says why)."""
+    code = proc.poll()
+    if elapsed > timeout:
+        raise DaemonUnavailable(
+            f"the vsup daemon did not answer within {timeout:.0f} s"
+            + (f" (it exited with status {code})" if code is not None else "")
+            + _log_tail(client.home)
+        )
+    if code is not None and code != 0 and client.alive() is None:
+        # 0 is a daemon that lost the lock race to another; anything else is a failure.
+        raise DaemonUnavailable(
+            f"the vsup daemon exited with status {code} while starting" + _log_tail(client.home)
+        )
 
 
 def _log_tail(home: Path, lines: int = 15) -> str:

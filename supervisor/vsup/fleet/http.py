@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from vsup.answers import ApplyAnswer, BadAnswer, decode
 from vsup.control.errors import ControlError, DaemonUnavailable
 
 MAX_BODY = 64 * 2**20
@@ -136,11 +137,15 @@ class NodeClient:
     async def layout(self) -> dict[str, Any]:
         return await self.request("GET", "/v1/layout")
 
-    async def apply(
-        self, toml: str, path: str | None = None, dry_run: bool = False
-    ) -> dict[str, Any]:
+    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> ApplyAnswer:
+        """The node's apply answer, typed (vsup.answers); one of another shape is a
+        ControlError (502) naming the key."""
         body = {"toml": toml, "path": path, "dry_run": dry_run}
-        return await self.request("POST", "/v1/apply", body, timeout=max(self.timeout, 120))
+        doc = await self.request("POST", "/v1/apply", body, timeout=max(self.timeout, 120))
+        try:
+            return decode(ApplyAnswer, doc, "POST /v1/apply")
+        except BadAnswer as exc:
+            raise ControlError(f"{exc} (a vsup of another version?)", status=502) from None
 
     async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}

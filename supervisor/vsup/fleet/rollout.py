@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vsup.answers import ApplyAnswer, ApplyPlan, Problem
 from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Node
 from vsup.fleet.query import FleetClient
@@ -42,9 +43,9 @@ class NodePlan:
     """A node's dry run of the layout, and what runs there now."""
 
     node: Node
-    plan: dict[str, Any] | None = None
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    plan: ApplyPlan | None = None
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
     serving: set[str] = field(default_factory=set)
     layout: str | None = None  # the layout it runs now
     error: str | None = None  # unreachable, or no daemon could be started
@@ -54,9 +55,9 @@ class NodePlan:
         """The serving instances the plan stops or restarts, in plan order; then `@router`
         when it restarts or stops the node's serving router (a `[router]` change: every
         request through it fails meanwhile), as `vsup up` asks."""
-        plan = self.plan or {}
-        names = [n for k in ("stop", "restart") for n in plan.get(k, ()) if n in self.serving]
-        if plan.get("router") in ROUTER_DOWN and ROUTER in self.serving:
+        plan = self.plan or ApplyPlan()
+        names = [n for n in (*plan.stop, *plan.restart) if n in self.serving]
+        if plan.router in ROUTER_DOWN and ROUTER in self.serving:
             names.append(ROUTER)
         return names
 
@@ -75,7 +76,7 @@ class Outcome:
 async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
     out = NodePlan(node)
 
-    async def dry(c: NodeClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def dry(c: NodeClient) -> tuple[ApplyAnswer, dict[str, Any]]:
         return await c.apply(toml, None, dry_run=True), await c.status()
 
     try:
@@ -87,9 +88,9 @@ async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
     except Exception as exc:  # unreachable, refused: the node cannot take part
         out.error = str(exc) or type(exc).__name__
         return out
-    out.plan = answer.get("plan")
-    out.errors = list(answer.get("errors") or ())
-    out.warnings = list(answer.get("warnings") or ())
+    out.plan = answer.plan
+    out.errors = list(answer.errors)
+    out.warnings = list(answer.warnings)
     out.serving = serving_of(status)
     out.layout = (status.get("supervisor") or {}).get("layout")
     return out
@@ -140,17 +141,15 @@ async def apply_and_wait(
 ) -> str | None:
     """Apply on one node and wait until it serves the layout; None when it does, else why not."""
 
-    async def apply(c: NodeClient) -> dict[str, Any]:
+    async def apply(c: NodeClient) -> ApplyAnswer:
         return await c.apply(toml, None)
 
     answer, _ = await fc.call(node, apply, timeout=120)
-    if answer.get("errors"):
-        return "refused the layout: " + "; ".join(
-            str(e.get("text") or e.get("message") or e) for e in answer["errors"]
-        )
-    plan = answer.get("plan") or {}
-    names = {n for k in WAITED_KEYS for n in plan.get(k, ())}
-    rolling = bool(plan.get("rolling"))
+    if answer.errors:
+        return "refused the layout: " + "; ".join(str(e) for e in answer.errors)
+    plan = answer.plan or ApplyPlan()
+    names = {n for k in WAITED_KEYS for n in getattr(plan, k)}
+    rolling = bool(plan.rolling)
     deadline = time.monotonic() + timeout
     shown: str | None = None
     while True:

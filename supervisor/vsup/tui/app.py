@@ -26,7 +26,7 @@ from vsup.clock import Clock, SystemClock
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.states import State
 from vsup.tui import fmt, layout_edit, rows
-from vsup.tui.client import DashboardClient, answer_errors, as_snapshot, is_missing
+from vsup.tui.client import DashboardClient, answer_errors, is_missing
 from vsup.tui.history import History
 from vsup.tui.keymap import KEY_BY_ACTION, KEYS
 from vsup.tui.messages import (
@@ -227,8 +227,7 @@ class DashboardApp(App[None]):
 
     @work(name="status", group="status", exit_on_error=False)
     async def _fetch_status(self) -> None:
-        answer = await self.client.status()
-        self.post_message(SnapshotArrived(as_snapshot(answer)))
+        self.post_message(SnapshotArrived(await self.client.status()))
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         if self.daemon_error is not None:
@@ -311,7 +310,7 @@ class DashboardApp(App[None]):
             else:
                 doc = await self.client.logs(name, offset=pos[2])
                 reset = False
-                if doc.get("run") != pos[1]:
+                if doc.run != pos[1]:
                     doc = await self.client.logs(name, offset=0)  # a new run: a new file
                     reset = True
         except Exception as exc:
@@ -323,8 +322,8 @@ class DashboardApp(App[None]):
             self.post_message(LogChunk(name, False, f"({exc})\n", reset=True))
             return
         self._no_log = None
-        self.post_message(LogChunk(name, False, doc.get("text") or "", reset))
-        self._log_pos = (name, doc.get("run"), int(doc.get("offset") or 0))
+        self.post_message(LogChunk(name, False, doc.text, reset))
+        self._log_pos = (name, doc.run, doc.offset)
 
     def on_log_chunk(self, message: LogChunk) -> None:
         if message.name != self.selected:
@@ -489,7 +488,7 @@ class DashboardApp(App[None]):
     async def edit_instance(self, name: str | None) -> None:
         """Add (`name` None) or edit an instance through the form, then apply the layout."""
         doc = await self.client.layout()
-        toml_text, path = doc.get("toml") or "", doc.get("path")
+        toml_text, path = doc.toml or "", doc.path
         if not toml_text:
             self.notify("no layout is running: `vsup up LAYOUT` first", severity="warning")
             return
@@ -514,7 +513,7 @@ class DashboardApp(App[None]):
         if name is None:
             return
         doc = await self.client.layout()
-        toml_text, path = doc.get("toml") or "", doc.get("path")
+        toml_text, path = doc.toml or "", doc.path
         try:
             new_toml = layout_edit.without_instance(toml_text, name, path)
         except KeyError:
@@ -539,7 +538,7 @@ class DashboardApp(App[None]):
 
     async def _apply(self, verdict: Verdict, path: str | None, confirmed: bool = False) -> None:
         plan = verdict.plan
-        if not confirmed and (plan.get("restart") or plan.get("stop")):
+        if not confirmed and (plan.restart or plan.stop):
             ok = await self.push_screen_wait(
                 ConfirmScreen(
                     "Apply the edited layout?",
@@ -549,9 +548,9 @@ class DashboardApp(App[None]):
             )
             if not ok:
                 return
-        elif not confirmed and plan.get("start"):
+        elif not confirmed and plan.start:
             # a start takes memory, cores or a GPU share from what runs: asked like the others
-            names = ", ".join(plan["start"])
+            names = ", ".join(plan.start)
             ok = await self.push_screen_wait(
                 ConfirmScreen(
                     f"Start {names}?",
@@ -573,7 +572,7 @@ class DashboardApp(App[None]):
         if errors:
             self.notify("\n".join(errors), title="layout not applied", severity="error")
             return
-        note = plan_text(answer.get("plan") or plan)
+        note = plan_text(answer.plan or plan)
         if verdict.warnings:
             note += "\n" + "\n".join(f"▲ {w}" for w in verdict.warnings)
         self.notify(note, title="layout applied; save (w) to keep it", timeout=6)
@@ -583,9 +582,7 @@ class DashboardApp(App[None]):
     async def save_layout(self) -> None:
         """Ask for a file and save the running layout there through the daemon."""
         doc = await self.client.layout()
-        written = await self.push_screen_wait(
-            SaveScreen(doc.get("path") or "layout.toml", self._save_to)
-        )
+        written = await self.push_screen_wait(SaveScreen(doc.path or "layout.toml", self._save_to))
         if written:
             if self._save_lost:
                 self.notify(
@@ -607,11 +604,10 @@ class DashboardApp(App[None]):
 
     async def _save_to(self, path: str) -> str:
         answer = await self.client.save(path)
-        self._save_outdated = [str(n) for n in answer.get("outdated") or ()]
-        self._save_kept = bool(answer.get("kept_format"))
-        lost = answer.get("format_lost")
-        self._save_lost = str(lost) if lost else None
-        return str(answer.get("path") or path)
+        self._save_outdated = list(answer.outdated)
+        self._save_kept = answer.kept_format
+        self._save_lost = answer.format_lost or None
+        return answer.path or path
 
     # -- command palette ------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from vsup.fleet.model import Fleet
 from vsup.fleet.query import FleetClient
 from vsup.fleet.view import NodeView
 from vsup.tui.app import DashboardApp
+from vsup.tui.client import DashboardClient
 from vsup.tui.messages import (
     ConfigArrived,
     DaemonUnreachable,
@@ -192,7 +193,7 @@ class FleetApp(DashboardApp):
         self.pop_screen()
         self._close(old)
 
-    def _close(self, client: Any) -> None:
+    def _close(self, client: DashboardClient) -> None:
         close = getattr(client, "aclose", None)
         if close is not None and not isinstance(client, NoNode):
 

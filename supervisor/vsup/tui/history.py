@@ -7,9 +7,9 @@ each snapshot. Pure: no Textual.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
+from vsup.answers import History as HistoryAnswer
 from vsup.snapshot import StatusSnapshot
 
 # metric key in the snapshot and the history route -> sparkline label
@@ -49,11 +49,11 @@ class History:
             del self._series[gone]
             self.seeded.discard(gone)
 
-    def seed(self, name: str, doc: Mapping[str, Any]) -> None:
+    def seed(self, name: str, doc: HistoryAnswer) -> None:
         """Put the daemon's history before what this dashboard has seen itself."""
         series = self._for(name)
         for key, _ in METRICS:
-            older = list(doc.get(key) or ())
+            older = list(getattr(doc, key))
             series[key] = deque([*older, *series[key]], maxlen=self.keep)
         self.seeded.add(name)
 

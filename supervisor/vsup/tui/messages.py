@@ -6,10 +6,9 @@ handles the latest snapshot once instead of a backlog.
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.message import Message
 
+from vsup.answers import History, InstanceConfig
 from vsup.snapshot import StatusSnapshot
 
 
@@ -49,7 +48,7 @@ class LogChunk(Message):
 class ConfigArrived(Message):
     """An instance's effective config (`GET /v1/instances/{name}/config`)."""
 
-    def __init__(self, name: str, config: dict[str, Any]) -> None:
+    def __init__(self, name: str, config: InstanceConfig) -> None:
         super().__init__()
         self.name = name
         self.config = config
@@ -58,7 +57,7 @@ class ConfigArrived(Message):
 class HistoryArrived(Message):
     """An instance's recent metric history (`GET /v1/instances/{name}/history`)."""
 
-    def __init__(self, name: str, history: dict[str, Any]) -> None:
+    def __init__(self, name: str, history: History) -> None:
         super().__init__()
         self.name = name
         self.history = history

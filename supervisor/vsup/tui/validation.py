@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vsup.answers import ApplyPlan, Problem, decode
 from vsup.layout.compiled import compile_document
 from vsup.layout.diagnostics import Diagnostic
 from vsup.layout.model import dumps_layout
@@ -27,7 +28,7 @@ class Verdict:
     toml: str
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    plan: dict[str, list[str]] = field(default_factory=dict)
+    plan: ApplyPlan = field(default_factory=ApplyPlan)
 
     @property
     def ok(self) -> bool:
@@ -35,10 +36,12 @@ class Verdict:
 
 
 def error_messages(exc: BaseException) -> list[str]:
-    """Messages from a refused call: the answer's `errors` when it has them, else its text."""
+    """Messages from a refused call: the diagnostics of its body when it has them (a refused
+    save's `errors`), else its text."""
     body: Any = getattr(exc, "body", None)
-    if isinstance(body, dict) and body.get("errors"):
-        return answer_errors(body)
+    errors = body.get("errors") if isinstance(body, dict) else None
+    if errors and isinstance(errors, list):
+        return [str(p) for p in decode(tuple[Problem, ...], errors, "the refusal's 'errors'")]
     return [str(exc) or type(exc).__name__]
 
 
@@ -101,10 +104,8 @@ async def dry_run(client: DashboardClient, verdict: Verdict, path: str | None) -
         return verdict
     verdict.errors += answer_errors(answer)
     seen = set(verdict.warnings)
-    verdict.warnings += [
-        w for w in answer_errors({"errors": answer.get("warnings")}) if w not in seen
-    ]
-    verdict.plan = dict(answer.get("plan") or {})
+    verdict.warnings += [str(w) for w in answer.warnings if str(w) not in seen]
+    verdict.plan = answer.plan or ApplyPlan()
     return verdict
 
 
@@ -142,11 +143,11 @@ async def check_layout(
     return await dry_run(client, verdict, path)
 
 
-def plan_text(plan: dict[str, list[str]]) -> str:
+def plan_text(plan: ApplyPlan) -> str:
     """`start: a, b · restart: c · stop: d` (unchanged instances are not mentioned)."""
     parts = [
-        f"{what}: {', '.join(plan[what])}"
-        for what in ("start", "restart", "stop")
-        if plan.get(what)
+        f"{what}: {', '.join(names)}"
+        for what, names in (("start", plan.start), ("restart", plan.restart), ("stop", plan.stop))
+        if names
     ]
     return " · ".join(parts) if parts else "nothing to start, restart or stop"

@@ -31,7 +31,7 @@ import httpx
 import psutil
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port, outside_cwd, run_vsup
 
@@ -265,7 +265,7 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         assert plan["reason"] == seen["reason"], plan
 
         def queued_or_spawned():
-            with Client(home) as client:
+            with JsonClient(home) as client:
                 i = {x["name"]: x for x in client.status()["instances"]}
             c0 = i["cpu0"]
             if c0["pid"] is None and "cpu1" in ((c0["wait"] or {}).get("instances") or []):

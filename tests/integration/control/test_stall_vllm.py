@@ -52,7 +52,7 @@ import httpx
 import psutil
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port, run_vsup
 
@@ -181,7 +181,7 @@ STALL_KEYS = (
 )
 
 
-def instance(client: Client) -> dict:
+def instance(client: JsonClient) -> dict:
     return client.status()["instances"][0]
 
 
@@ -190,14 +190,14 @@ def brief(inst: dict) -> dict:
     return {k: inst.get(k) for k in (*STALL_KEYS, "health") if k in inst}
 
 
-def events(client: Client, *kinds: str) -> list[dict]:
+def events(client: JsonClient, *kinds: str) -> list[dict]:
     return [e for e in client.events()["events"] if e["kind"] in kinds]
 
 
 STALL_EVENTS = ("stalled", "stall_cleared", "stall_restart", "exit", "restart_scheduled")
 
 
-def journal(client: Client) -> list[tuple]:
+def journal(client: JsonClient) -> list[tuple]:
     """The stall-related events so far, short, for assertion messages."""
     return [
         (e["kind"], e.get("evidence") or e.get("why") or e.get("reason"), e.get("run"))
@@ -205,7 +205,7 @@ def journal(client: Client) -> list[tuple]:
     ]
 
 
-def watch(client: Client, port: int, seconds: float) -> list[dict]:
+def watch(client: JsonClient, port: int, seconds: float) -> list[dict]:
     """Status each 0.5 s for `seconds` (every reading), with /health's answer beside it."""
     seen = []
     end = time.monotonic() + seconds
@@ -232,7 +232,7 @@ def test_freezes_under_load_and_while_idle_are_stalled_clear_and_restart_with_on
     layout = tmp_path / "stall.toml"
     layout.write_text(layout_text(tiny_model, port, vllm_env, metrics_port, ""))
     stopped: list[int] = []
-    client = Client(home)
+    client = JsonClient(home)
     t_test = time.monotonic()
     figures: dict[str, float] = {}
 

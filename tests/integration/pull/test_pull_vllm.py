@@ -14,7 +14,7 @@ from datetime import datetime
 import psutil
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port
 from tests.conftest import run_vsup as vsup
@@ -94,7 +94,7 @@ port = {port}
     assert {r.token for r in hub.requests if "gated/llama" in r.path} == {TOKEN}
 
     # the model's processes (the API server and its engine core) hold no hub token
-    with Client(cli_home) as client:
+    with JsonClient(cli_home) as client:
         doc = client.status()
     (inst,) = doc["instances"]
     assert inst["served_model_name"] == "tiny"
@@ -124,7 +124,7 @@ port = {port}
     assert not [r for r in hub.requests if r.wall > ended + 0.5], hub.requests
     assert not [r for r in hub.requests if "transformers" in (r.agent or "")]
     assert len(hub.requests) == before
-    with Client(cli_home) as client:
+    with JsonClient(cli_home) as client:
         cfg = client.config("cpu0")
         log = client.logs("cpu0")["text"]
     snap = next((hf_cache / "models--gated--llama" / "snapshots").iterdir())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vsup.control.client import Client
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port
 from tests.conftest import run_vsup as vsup
@@ -74,7 +74,7 @@ def test_eight_replicas_of_one_hub_model_fetch_each_file_once(
 
     # while it pulls: a `pulling` phase on the pull, on each instance, in `vsup status`
     seen = None
-    with Client(home) as client:
+    with JsonClient(home) as client:
         deadline = time.monotonic() + 60
         while seen is None and time.monotonic() < deadline:
             doc = client.status()
@@ -119,7 +119,7 @@ def test_eight_replicas_of_one_hub_model_fetch_each_file_once(
     ]
     done = next(e for e in events if e["kind"] == "pull_done")
     assert done["snapshot"] == str(snap)
-    with Client(home) as client:
+    with JsonClient(home) as client:
         for i in range(8):
             cfg = client.config(f"r{i}")
             argv = cfg["argv"]
@@ -144,7 +144,7 @@ def expect_not_started(home: Path, path: Path, reason: str) -> dict:
     res = vsup(home, "up", str(path), "--detach", "--wait", "--timeout", "90", timeout=150)
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert f"failed ({reason})" in res.stderr and "not started" in res.stderr, res.stderr
-    with Client(home) as client:
+    with JsonClient(home) as client:
         doc = client.status()
     for inst in doc["instances"]:
         assert inst["state"] == "stopped", inst
@@ -195,7 +195,7 @@ def test_a_failed_pull_leaves_the_instances_stopped_with_its_reason(
         os.environ.pop("MY_HUB_TOKEN", None)
     assert ok.returncode == 0, ok.stderr
     assert "r0: ready" in ok.stdout and "r1: ready" in ok.stdout
-    with Client(home) as client:
+    with JsonClient(home) as client:
         env = client.config("r0")["env"]
     # pulled: vLLM runs offline and gets no token
     assert env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in env

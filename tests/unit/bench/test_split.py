@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from vsup.bench.split import split_prompts, split_rate, weights_for
+from vsup.snapshot import empty_instance
 
 
 @pytest.mark.parametrize(
@@ -46,11 +47,11 @@ def test_rate_follows_the_prompts_and_inf_stays_inf():
 
 def test_weights_are_kv_capacity_when_every_instance_reports_it():
     insts = [
-        {"name": "a", "gpus": [0], "kv_capacity_tokens": 300_000},
-        {"name": "b", "gpus": [1], "kv_capacity_tokens": 100_000},
+        empty_instance("a", gpus=(0,), kv_capacity_tokens=300_000),
+        empty_instance("b", gpus=(1,), kv_capacity_tokens=100_000),
     ]
     assert weights_for(insts) == ([300_000.0, 100_000.0], "kv_capacity_tokens")
-    insts[1]["kv_capacity_tokens"] = None
+    insts[1] = empty_instance("b", gpus=(1,), kv_capacity_tokens=None)
     assert weights_for(insts) == ([1.0, 1.0], "gpus")
-    tp: list[dict[str, Any]] = [{"name": "a", "gpus": [0, 1]}, {"name": "b", "gpus": []}]
+    tp = [empty_instance("a", gpus=(0, 1)), empty_instance("b", gpus=())]
     assert weights_for(tp) == ([2.0, 1.0], "gpus")

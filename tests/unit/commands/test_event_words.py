@@ -12,6 +12,7 @@ import re
 import pytest
 
 from vsup import paths
+from vsup.answers import SleepResult, decode
 from vsup.commands import fleet, sleep
 from vsup.commands.events import concerns, describe, render, subject
 from vsup.control.advice import AdviceInputs, compute_advice
@@ -147,10 +148,10 @@ def test_a_start_that_timed_out_is_advice_until_the_instance_serves():
 def test_a_wake_in_a_swap_group_says_who_went_to_sleep_first():
     answer = {"instance": "s2", "took_s": 0.8,
               "group_slept": [{"instance": "s1", "level": 1, "took_s": 1.2, "held_bytes": None}]}  # fmt: skip
-    assert sleep.describe("wake", answer) == (
+    assert sleep.describe("wake", decode(SleepResult, answer, "test")) == (
         "s1: asleep (level 1) in 1.2 s (its swap group's other member)\ns2: awake in 0.8 s"
     )
-    assert sleep.describe("wake", {"instance": "s2", "took_s": 0.8}) == "s2: awake in 0.8 s"
+    assert sleep.describe("wake", SleepResult(instance="s2", took_s=0.8)) == "s2: awake in 0.8 s"
 
 
 def test_the_attach_command_names_a_home_a_plain_vsup_would_not_find(monkeypatch, tmp_path):

@@ -7,9 +7,11 @@ from typing import cast
 
 import pytest
 
+from vsup.answers import ApplyPlan
 from vsup.commands import up
 from vsup.commands.cliutil import CommandFailed
 from vsup.control.client import Client
+from vsup.snapshot import StatusSnapshot
 
 
 def rollout(state="running", wave=1, current=("a",), done=0, failure=None):
@@ -32,18 +34,21 @@ class Statuses:
 
     def status(self):
         r = self.rollouts.pop(0) if len(self.rollouts) > 1 else self.rollouts[0]
-        return {"schema": 1, "instances": [], "rollout": r}
+        return StatusSnapshot.from_json(
+            {
+                "schema": 1,
+                "supervisor": {"pid": 1, "version": "0", "uptime_s": 1.0},
+                "node": {"hostname": "n", "gpu_vendor": "none", "gpu_count": 0},
+                "instances": [],
+                "rollout": r,
+            }
+        )
 
 
 def test_the_plan_marks_serving_instances_and_says_which_restarts_roll(capsys):
-    plan = {
-        "start": ["n"],
-        "restart": ["a", "b"],
-        "rolling": ["a"],
-        "stop": ["c"],
-        "update": [],
-        "unchanged": ["d"],
-    }
+    plan = ApplyPlan(
+        start=("n",), restart=("a", "b"), rolling=("a",), stop=("c",), unchanged=("d",)
+    )
     up.print_plan(plan, serving={"a", "c", "d"})
     out = capsys.readouterr().out.splitlines()
     assert out == [

@@ -14,26 +14,29 @@ from pathlib import Path
 import pytest
 
 from vsup import paths
-from vsup.control.client import AsyncClient
+from vsup.control.client import AsyncJsonClient
 from vsup.control.daemon import Daemon
 from vsup.control.server import bind_unix_socket
 from vsup.telemetry.gpu import NoneProbe
 
 
 class DaemonRunner:
-    """Starts daemons in this event loop; the teardown stops every process they spawned."""
+    """Starts daemons in this event loop; the teardown stops every process they spawned.
+
+    Each comes with a wire client (`AsyncJsonClient`): these tests read the control API's JSON
+    as the daemon sends it; test_answers.py reads it through the typed client."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.running: list[tuple[Daemon, asyncio.Task, AsyncClient]] = []
+        self.running: list[tuple[Daemon, asyncio.Task, AsyncJsonClient]] = []
 
-    async def start(self, **kw) -> tuple[Daemon, AsyncClient]:
+    async def start(self, **kw) -> tuple[Daemon, AsyncJsonClient]:
         kw.setdefault("poll_interval", 0.2)
         kw.setdefault("gpu_probe", NoneProbe())
         daemon = Daemon(self.home, **kw)
         sock = bind_unix_socket(paths.socket_path(self.home))
         task = asyncio.create_task(daemon.serve(sock, handle_signals=False))
-        client = AsyncClient(self.home)
+        client = AsyncJsonClient(self.home)
         for _ in range(200):
             if task.done():
                 task.result()

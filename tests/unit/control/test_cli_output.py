@@ -101,17 +101,13 @@ def test_progress_is_silent_in_a_pipe_and_live_on_a_terminal():
 
 
 def test_waiting_line_names_what_is_loading_and_for_how_long():
+    exit_oom = LastExit(code=1, signal=None, reason="oom", at="t", log_excerpt=None)
     line = describe_waiting(
         [
-            {"name": "a", "state": "ready"},
-            {"name": "b", "state": "starting", "state_since_s": 12.3},
-            {
-                "name": "c",
-                "state": "backoff",
-                "backoff_remaining_s": 8,
-                "last_exit": {"reason": "oom"},
-            },
-            {"name": "d", "state": "starting", "state_since_s": 12.3, "waiting_for": "b starting"},
+            empty_instance("a", state="ready"),
+            empty_instance("b", state="starting", state_since_s=12.3),
+            empty_instance("c", state="backoff", backoff_remaining_s=8, last_exit=exit_oom),
+            empty_instance("d", state="starting", state_since_s=12.3, waiting_for="b starting"),
         ]
     )
     assert line == "ready 1/4 · b loading 12s · c backoff 8s (oom) · d waits (b starting)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vsup.answers import ApplyPlan
 from vsup.fleet.rollout import _failed_instance
 
 
@@ -43,7 +44,7 @@ def test_a_router_restart_on_a_node_needs_consent_as_in_vsup_up(capsys, monkeypa
 
     status = {"instances": [instance("a", "ready")], "router": {"state": "ready"}}
     serving = serving_of(status)
-    plan = {"unchanged": ["a"], "router": "restart"}
+    plan = ApplyPlan(unchanged=("a",), router="restart")
     node = NodePlan(Node(name="n1", ssh="n1"), plan=plan, serving=serving)
     assert node.interrupts == ["@router"]
     assert fleet.plan_line(plan, serving) == "unchanged: a; router: restart (serving)"

@@ -10,7 +10,6 @@ methods. The keys live on this screen so that modal screens and the full-screen 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from textual import events
@@ -23,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, TabPane
 
 from vsup import sleepview
+from vsup.answers import InstanceConfig
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.states import IDLE, SERVING, SleepState, State
@@ -298,7 +298,7 @@ class Dashboard(Screen[None]):
         for tabs in self.query(DetailTabs):
             tabs.log_write(text, reset)
 
-    def show_config(self, config: Mapping[str, Any] | None) -> None:
+    def show_config(self, config: InstanceConfig | None) -> None:
         for tabs in self.query(DetailTabs):
             tabs.show_config(config)
 

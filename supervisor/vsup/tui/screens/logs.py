@@ -45,7 +45,7 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
         self.follow = not previous
         self.poll_s = poll_s
         self.log_offset: int | None = None
-        self.log_run: object = None
+        self.log_run: int | None = None
         self.log_path: str | None = None
         self.reads = 0
         self.hide_probes = True  # uvicorn access lines of vsup's own /health, /metrics
@@ -99,15 +99,15 @@ class LogScreen(ReportsWorkerErrors, Screen[None]):
                 log.note(f"({exc})")
             return
         self.reads += 1
-        if self.log_offset is not None and doc.get("run") != self.log_run:
+        if self.log_offset is not None and doc.run != self.log_run:
             # the instance restarted: its new run is a new file, read from its start
-            log.note(f"──── new run {doc.get('run')} ────")
+            log.note(f"──── new run {doc.run} ────")
             self._raw.clear()
             doc = await self.client.logs(self.instance, previous=self.previous, offset=0)
-        self.log_run = doc.get("run")
-        self.log_path = doc.get("path")
-        self.log_offset = doc.get("offset")
-        text = doc.get("text") or ""
+        self.log_run = doc.run
+        self.log_path = doc.path
+        self.log_offset = doc.offset
+        text = doc.text
         if text:
             self._raw.extend(text.splitlines(keepends=True))
             log.feed(text)

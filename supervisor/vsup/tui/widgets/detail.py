@@ -15,6 +15,7 @@ from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
 
 from vsup import sleepview
+from vsup.answers import InstanceConfig
 from vsup.layout.secrets import SECRET_NAME as _SECRET
 from vsup.snapshot import Advice, InstanceStatus, LastExit
 from vsup.states import ExitReason, State
@@ -249,14 +250,13 @@ def masked_env(env: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def config_text(config: Mapping[str, Any] | None) -> Text:
+def config_text(config: InstanceConfig | None) -> Text:
     """argv, env (secrets masked) and the cache config vLLM reported."""
     if config is None:
         return Text("loading…", "dim")
     text = Text()
-    argv = [str(a) for a in config.get("argv") or []]
-    spec = config.get("spec") or {}
-    model = spec.get("model") if isinstance(spec, Mapping) else None
+    argv = [str(a) for a in config.argv]
+    model = config.spec.get("model")
     if model:
         # the whole path or hub id (the table shows the name it is served under)
         text.append("model    ", "bold")
@@ -267,13 +267,13 @@ def config_text(config: Mapping[str, Any] | None) -> Text:
         text.append("\n")
     text.append("command  ", "bold")
     text.append(shlex.join(argv) if argv else fmt.UNKNOWN)
-    env = masked_env(config.get("env") or {})
+    env = masked_env(config.env)
     text.append("\nenv      ", "bold")
     if env:
         text.append("\n         ".join(f"{k}={v}" for k, v in sorted(env.items())))
     else:
         text.append(fmt.UNKNOWN)
-    cache = config.get("cache_config") or {}
+    cache = config.cache_config or {}
     text.append("\ncache    ", "bold")
     if cache:
         text.append("\n         ".join(f"{k} = {v}" for k, v in cache.items()))
@@ -400,7 +400,7 @@ class DetailTabs(TabbedContent):
     def show_instance(self, inst: InstanceStatus | None) -> None:
         _update_if_changed(self.query_one("#exit", Static), exit_text(inst))
 
-    def show_config(self, config: Mapping[str, Any] | None) -> None:
+    def show_config(self, config: InstanceConfig | None) -> None:
         _update_if_changed(self.query_one("#config", Static), config_text(config))
 
     def log_write(self, text: str, reset: bool) -> None:

@@ -47,7 +47,7 @@ def test_a_failed_pull_exits_1_without_opening_the_dashboard(tmp_path, monkeypat
     layout.write_text(emulator_layout({"a": 18001}))
     monkeypatch.setattr(cliutil, "client_for_cli", lambda start=True: PullFails())
     opened = []
-    monkeypatch.setattr(up, "open_dashboard", lambda: opened.append(1) or 0)
+    monkeypatch.setattr(up, "open_dashboard", lambda: opened.append(1) or 0)  # type: ignore[func-returns-value]  # a spy: records the call, returns 0
     args = argparse.Namespace(
         layout=str(layout),
         detach=False,

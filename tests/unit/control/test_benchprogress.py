@@ -7,7 +7,8 @@ import asyncio
 import os
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_a_tune_says_who_it_is_and_its_eta_counts_down_between_reports():
 
 def test_the_publisher_counts_its_eta_down_and_leaves_it_out_while_unknown():
     now = [100.0]
-    pub = ProgressPublisher(lambda: None, clock=lambda: now[0], tool="tune")
+    pub = ProgressPublisher(lambda: cast(Client, None), clock=lambda: now[0], tool="tune")
     pub.phase("running", layout="c1", index=1, count=4)
     assert "eta_s" not in now_sent(pub) and now_sent(pub)["tool"] == "tune"
     pub.eta(300.0)
@@ -105,7 +106,7 @@ def test_an_older_daemon_that_refuses_the_new_keys_still_gets_the_reports():
             self.taken.append(report)
             return {"bench": report}
 
-    pub = ProgressPublisher(OldDaemon, tool="tune")
+    pub = ProgressPublisher(cast(Callable[[], Client], OldDaemon), tool="tune")
     pub.phase("running", layout="c1", index=1, count=2)
     pub.eta(60.0)
     pub._send(now_sent(pub))  # refused: the publisher learns

@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 from typing import cast
 
+from vsup.answers import LogChunk
 from vsup.commands.logs import follow
 from vsup.control.client import Client
 from vsup.logtext import TerminalLines, bar_state, collapse, render_line
@@ -103,19 +104,23 @@ class LogRoute:
         self.chunks = chunks
         self.text = ""
 
-    def logs(self, name, previous=False, offset=None, tail=None):
+    def logs(self, name, previous=False, offset=None, tail=None) -> LogChunk:
         if self.chunks:
             self.text += self.chunks.pop(0)
         start = offset or 0
         data = self.text[start:]
-        return {
-            "run": 1,
-            "start": start,
-            "offset": len(self.text),
-            "size": len(self.text),
-            "text": data,
-            "eof": True,
-        }
+        # read as the client reads the route's answer
+        return LogChunk.from_json(
+            {
+                "run": 1,
+                "path": f"/home/logs/{name}/current.log",
+                "start": start,
+                "offset": len(self.text),
+                "size": len(self.text),
+                "text": data,
+                "eof": True,
+            }
+        )
 
 
 class Tty(io.StringIO):

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -24,6 +24,9 @@ import httpx
 from vsup import paths
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.control.lock import live_daemon_holder
+
+if TYPE_CHECKING:
+    from vsup.journalevents import EventPage
 
 # Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
 ACTION_TIMEOUT_S = 3600.0
@@ -254,11 +257,14 @@ class Client:
     def history(self, name: str) -> dict[str, Any]:
         return self._call("GET", _instance_path(name, "history"))
 
-    def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+    def events(self, since: int = 0, limit: int | None = None) -> EventPage:
+        """The journal's events with `seq >= since`, typed (vsup.journalevents)."""
+        from vsup.journalevents import EventPage
+
         params: dict[str, Any] = {"since": since}
         if limit is not None:
             params["limit"] = limit
-        return self._call("GET", "/v1/events", params=params)
+        return EventPage.from_json(self._call("GET", "/v1/events", params=params))
 
     def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
         body = {"path": os.path.abspath(path), "parents": parents}
@@ -364,11 +370,14 @@ class AsyncClient:
     async def history(self, name: str) -> dict[str, Any]:
         return await self._call("GET", _instance_path(name, "history"))
 
-    async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+    async def events(self, since: int = 0, limit: int | None = None) -> EventPage:
+        """The journal's events with `seq >= since`, typed (vsup.journalevents)."""
+        from vsup.journalevents import EventPage
+
         params: dict[str, Any] = {"since": since}
         if limit is not None:
             params["limit"] = limit
-        return await self._call("GET", "/v1/events", params=params)
+        return EventPage.from_json(await self._call("GET", "/v1/events", params=params))
 
     async def save(self, path: str | os.PathLike[str], parents: bool = False) -> dict[str, Any]:
         body = {"path": os.path.abspath(path), "parents": parents}

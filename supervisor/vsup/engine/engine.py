@@ -10,8 +10,8 @@
     await engine.wait(name, {State.READY})     # until a state is reached
     await engine.shutdown(stop_instances)
 
-Events go to `on_event` as plain JSON-able dicts `{"t": ISO, "kind": ..., "instance": ...}`;
-the kinds and their keys are listed in ARCHITECTURE.md.
+Events go to `on_event` as typed journal events (vsup.journalevents: one frozen dataclass per
+kind, stamped with `t` and `instance`); the kinds and their keys are listed in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ from vsup.engine.settings import EngineSettings
 from vsup.engine.sleep import Sleeper
 from vsup.engine.states import DONE_STARTING, IDLE, RUNNING, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.journalevents import (
+    ActionEvent,
+    JournalEvent,
+    RemovedEvent,
+    RolloutEvent,
+    StallRestartEvent,
+    StateEvent,
+)
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
 
@@ -105,7 +113,7 @@ class Engine:
         self,
         clock: Clock,
         logs_dir: Path,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[JournalEvent], None] | None = None,
         *,
         settings: EngineSettings | None = None,
         gpu_release_check: GpuReleaseCheck | None = None,
@@ -211,7 +219,7 @@ class Engine:
             raise ValueError(f"max_unavailable must be 1 or more (it is {max_unavailable})")
         plan = self.diff(specs, rolling=rolling)
         new = _by_name(specs)
-        self.emit(None, "action", action="apply", plan=plan.to_json())
+        self.emit(None, ActionEvent(action="apply", plan=plan.to_json()))
         in_flight: tuple[str, ...] = ()
         previous = self.rollout
         if previous is not None and previous.active:
@@ -219,7 +227,7 @@ class Engine:
             if self._rollout_task is not None:
                 self._rollout_task.cancel()
             previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
-            self.emit(None, "rollout", **previous.to_json())
+            self.emit(None, RolloutEvent.of(previous.to_json()))
         removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
         removals: dict[str, asyncio.Task] = {
             name: self.spawn_background(self._remove(name)) for name in plan.stop
@@ -267,7 +275,7 @@ class Engine:
             for name in after:
                 if name in self._instances:
                     await self._restarted(self._instances[name])
-            self.emit(None, "rollout", **rollout.to_json())
+            self.emit(None, RolloutEvent.of(rollout.to_json()))
             for number in range(1, len(rollout.waves) + 1):
                 wave = []
                 for name in rollout.begin_wave(number):
@@ -280,7 +288,7 @@ class Engine:
                         # a person stopped it meanwhile: it stays stopped, with the layout's
                         # spec for whenever it starts again
                         inst.set_spec(new[name])
-                self.emit(None, "rollout", **rollout.to_json())
+                self.emit(None, RolloutEvent.of(rollout.to_json()))
                 for inst in wave:
                     # the layout being applied says how long a drain may take, not the old spec
                     limit = rollout.drain_timeout_s
@@ -306,11 +314,11 @@ class Engine:
                         iso_utc(self.clock.wall()),
                         _wave_failure(number, rollout, bad),
                     )
-                    self.emit(None, "rollout", **rollout.to_json())
+                    self.emit(None, RolloutEvent.of(rollout.to_json()))
                     return
                 rollout.wave_ready()
             rollout.end(RolloutState.DONE, iso_utc(self.clock.wall()))
-            self.emit(None, "rollout", **rollout.to_json())
+            self.emit(None, RolloutEvent.of(rollout.to_json()))
         except asyncio.CancelledError:
             if rollout.active:
                 rollout.end(RolloutState.CANCELLED, iso_utc(self.clock.wall()))
@@ -334,7 +342,7 @@ class Engine:
         is ready, failed or stopped. `automatic`: the supervisor's own restart of an instance
         that exited unwatched - counted in `restarts`, the breaker not reset."""
         inst = self._get(name)
-        self.emit(inst, "action", action="start", automatic=automatic)
+        self.emit(inst, ActionEvent(action="start", automatic=automatic))
         inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner(inst)
@@ -348,7 +356,7 @@ class Engine:
         # no new request from the router before anything else (and, for a drain, the ones
         # already sent counted)
         await self.router.leave(name, settle=drain)
-        self.emit(inst, "action", action="stop", drain=drain)
+        self.emit(inst, ActionEvent(action="stop", drain=drain))
         await self.halt(inst, drain)
 
     @staticmethod
@@ -401,7 +409,7 @@ class Engine:
         rollout's), else the instance's own."""
         inst = self._get(name)
         await self.router.leave(name, settle=drain)
-        self.emit(inst, "action", action="restart", drain=drain)
+        self.emit(inst, ActionEvent(action="restart", drain=drain))
         self.relaunch(inst, drain, drain_timeout_s, spec)
         self._ensure_runner(inst)
         inst.control.kick.set()
@@ -424,8 +432,7 @@ class Engine:
         ):
             return False
         inst.control.stall_restart(why, rank)
-        extra = {"rank": rank} if rank is not None else {}
-        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why, **extra)
+        self.emit(inst, StallRestartEvent(run=inst.run, pid=inst.pid, why=why, rank=rank))
         inst.control.kick.set()
         return True
 
@@ -552,7 +559,7 @@ class Engine:
         await self.stop(name)
         if self._instances.get(name) is inst and not inst.control.wants_run:
             del self._instances[name]
-            self.emit(inst, "removed")
+            self.emit(inst, RemovedEvent())
             self.notify()
 
     async def _start_after(self, name: str, removals: list[asyncio.Task]) -> None:
@@ -575,16 +582,15 @@ class Engine:
                 fut.set_result(None)
 
     def _on_state(self, inst: Instance, old: State, new: State) -> None:
-        self.emit(inst, "state", **{"from": old, "to": new})
+        self.emit(inst, StateEvent(from_=old, to=new))
         self.router.instance_state(inst.name, new)
         self.notify()
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
-        """Send an event to `on_event` (never raises: a failing handler is logged)."""
-        event = {"t": iso_utc(self.clock.wall()), "kind": kind}
-        if inst is not None:
-            event["instance"] = inst.name
-        event.update(fields)
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None:
+        """Send an event (vsup.journalevents) to `on_event`, stamped with the time and the
+        instance's name (never raises: a failing handler is logged)."""
+        name = inst.name if inst is not None else event.instance
+        event = replace(event, t=iso_utc(self.clock.wall()), instance=name)
         if self.on_event is None:
             return
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,15 @@ from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
 from vsup.engine.states import IDLE, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.journalevents import (
+    ActionEvent,
+    ForeignEvent,
+    JournalEvent,
+    RouterForeignWorkerEvent,
+    RouterWorkerRemovedEvent,
+    RouterWorkersEvent,
+    StateEvent,
+)
 from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
@@ -211,8 +221,8 @@ class _RouterHost:
     def detached(self) -> bool:
         return self._engine.detached
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
-        self._sup.emit(kind, **fields)
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None:
+        self._sup.emit(event)
 
     def notify(self) -> None:
         self._engine.notify()
@@ -265,13 +275,13 @@ class RouterSupervisor:
 
     # -- events -----------------------------------------------------------------------------
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, event: JournalEvent) -> None:
         """An engine event about the router: no `instance` key, `router` = its port."""
         port = self.spec.port if self.spec is not None else None
-        self.e.emit(None, kind, router=port, **fields)
+        self.e.emit(None, dataclasses.replace(event, router=port))
 
     def _on_state(self, inst: Instance, old: State, new: State) -> None:
-        self.emit("state", **{"from": old, "to": new})
+        self.emit(StateEvent(from_=old, to=new))
         if new != State.READY:
             self._placed.clear()  # a restarted router starts with no worker
         if new == State.READY:
@@ -360,7 +370,7 @@ class RouterSupervisor:
     async def start(self, automatic: bool = False) -> None:
         """Run the router (a failed one too: the breaker resets unless `automatic`)."""
         inst = self._need()
-        self.emit("action", action="start", automatic=automatic)
+        self.emit(ActionEvent(action="start", automatic=automatic))
         inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner()
@@ -368,7 +378,7 @@ class RouterSupervisor:
     async def restart(self, spec: RouterSpec | None = None) -> None:
         """End the running router and start it again (with `spec`, when given)."""
         inst = self._need()
-        self.emit("action", action="restart")
+        self.emit(ActionEvent(action="restart"))
         self.e.relaunch(inst, spec=process_spec(spec) if spec is not None else None)
         self._ensure_runner()
 
@@ -377,7 +387,7 @@ class RouterSupervisor:
         inst = self.inst
         if inst is None:
             return
-        self.emit("action", action="stop")
+        self.emit(ActionEvent(action="stop"))
         await self.e.halt(inst)
 
     async def shutdown(self, stop_router: bool) -> None:
@@ -425,7 +435,7 @@ class RouterSupervisor:
         if self.in_router is not None:
             self.in_router = [u for u in self.in_router if u != url]
         if not already:
-            self.emit("router_workers", add=[], remove=[url], why=f"{name} leaves")
+            self.emit(RouterWorkersEvent(add=[], remove=[url], why=f"{name} leaves"))
         if settle:
             await asyncio.sleep(LEAVE_SETTLE_S)
 
@@ -527,7 +537,7 @@ class RouterSupervisor:
             own_add = [u for u in added if u not in taken]
             own_remove = [u for u in removed if u not in foreign]
             if own_add or own_remove:
-                self.emit("router_workers", add=own_add, remove=own_remove)
+                self.emit(RouterWorkersEvent(add=own_add, remove=own_remove))
             self._note_foreign([u for u in removed if u in foreign])
             self._note_removed([u for u in added if u in taken])
             if foreign or taken:
@@ -711,7 +721,12 @@ class RouterSupervisor:
             rec.first_seen,
             ", ".join(rec.users) or "none",
         )
-        self.emit(kind, url=rec.url, first_seen=rec.first_seen, users=list(rec.users), **count)
+        told_by: dict[str, type[ForeignEvent]] = {
+            "router_foreign_worker": RouterForeignWorkerEvent,
+            "router_worker_removed": RouterWorkerRemovedEvent,
+        }
+        fields = {"url": rec.url, "first_seen": rec.first_seen, "users": list(rec.users)}
+        self.emit(told_by[kind].of(fields | count))
 
     def foreign_recent(self) -> tuple[ForeignWorker, ...]:
         """Foreign workers removed within the last FOREIGN_RECENT_S (advice, status)."""

@@ -35,6 +35,21 @@ from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
 from vsup.engine.spawn import Launched, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
+from vsup.journalevents import (
+    DrainEvent,
+    ErrorEvent,
+    ExitEvent,
+    FailedEvent,
+    GroupWaitEvent,
+    MemoryWaitEvent,
+    RankExitEvent,
+    ReadyEvent,
+    RestartScheduledEvent,
+    SpawnEvent,
+    StopEvent,
+    StopIncompleteEvent,
+    UnhealthyEvent,
+)
 from vsup.snapshot import LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
@@ -70,7 +85,7 @@ class Runner:
             raise
         except Exception as exc:
             log.exception("runner of %s failed", inst.name)
-            self.e.emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
+            self.e.emit(inst, ErrorEvent(message=f"{type(exc).__name__}: {exc}"))
             inst.control.stop()
             lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
@@ -139,12 +154,13 @@ class Runner:
             e.sleeper.process_started(inst)
         e.emit(
             inst,
-            "spawn",
-            run=run,
-            pid=proc.pid,
-            pgid=proc.pgid,
-            create_time=proc.create_time,
-            log=str(inst.logs.path(run)),
+            SpawnEvent(
+                run=run,
+                pid=proc.pid,
+                pgid=proc.pgid,
+                create_time=proc.create_time,
+                log=str(inst.logs.path(run)),
+            ),
         )
 
     async def _adopted(self, proc: RunningProcess) -> None:
@@ -209,7 +225,7 @@ class Runner:
                     inst.spec.drain_timeout_s if limit is None else limit,
                     server_load=self._server_load(),
                 )
-                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3), requests=first)
+                e.emit(inst, DrainEvent(drained=drained, waited_s=round(waited, 3), requests=first))
                 teardown.run_note(e, inst, proc)(
                     f"drain: {_drained(drained, waited, first)}; the stop goes on"
                 )
@@ -305,12 +321,13 @@ class Runner:
         if lc.state == State.STOPPING:
             e.emit(
                 inst,
-                "stop",
-                run=proc.run,
-                pid=proc.pid,
-                term=ended.term_sent,
-                kill=ended.kill_sent,
-                waited_s=round(ended.waited_s, 3),
+                StopEvent(
+                    run=proc.run,
+                    pid=proc.pid,
+                    term=ended.term_sent,
+                    kill=ended.kill_sent,
+                    waited_s=round(ended.waited_s, 3),
+                ),
             )
             if inst.control.wants_run:
                 lc.attempt()  # a restart: straight from stopping to starting
@@ -350,27 +367,31 @@ class Runner:
             lc.failed_why += f" (its last run ended when data-parallel rank {rank} {what})"
         e.emit(
             inst,
-            "exit",
-            run=run,
-            pid=pid,
-            code=last.code,
-            signal=last.signal,
-            reason=last.reason,
-            log_excerpt=last.log_excerpt,
-            **({"rank": rank} if rank is not None else {}),
+            ExitEvent(
+                run=run,
+                pid=pid,
+                code=last.code,
+                signal=last.signal,
+                reason=last.reason,
+                log_excerpt=last.log_excerpt,
+                rank=rank,
+            ),
         )
         if decision.action == Action.RESTART:
             e.emit(
                 inst,
-                "restart_scheduled",
-                delay_s=decision.delay_s,
-                failures=decision.failures,
-                reason=last.reason,
-                **({"why": decision.why} if decision.why else {}),
+                RestartScheduledEvent(
+                    delay_s=decision.delay_s,
+                    failures=decision.failures,
+                    reason=last.reason,
+                    why=decision.why or None,
+                ),
             )
         elif decision.action == Action.FAILED:
             inst.control.give_up()
-            e.emit(inst, "failed", reason=last.reason, failures=decision.failures, why=decision.why)
+            e.emit(
+                inst, FailedEvent(reason=last.reason, failures=decision.failures, why=decision.why)
+            )
         elif lc.state == State.STOPPED:
             inst.control.give_up()  # a clean exit the policy does not restart
         return decision
@@ -398,14 +419,12 @@ class Runner:
                     if told is not None:
                         e.emit(
                             inst,
-                            "memory_wait",
-                            done=True,
-                            waited_s=round(e.clock.monotonic() - t0, 3),
+                            MemoryWaitEvent(done=True, waited_s=round(e.clock.monotonic() - t0, 3)),
                         )
                     return True
                 if verdict.message != told:
                     told = verdict.message
-                    e.emit(inst, "memory_wait", done=False, message=told)
+                    e.emit(inst, MemoryWaitEvent(done=False, message=told))
                 inst.wait = WaitReason(
                     kind="gpu_memory",
                     message=told or "GPU memory held by other processes",
@@ -435,7 +454,7 @@ class Runner:
             while (reason := e.sleeper.gate(inst)) is not None:
                 if reason.message != told:
                     told = reason.message
-                    e.emit(inst, "group_wait", done=False, message=told)
+                    e.emit(inst, GroupWaitEvent(done=False, message=told))
                 inst.wait = reason
                 inst.control.kick.clear()
                 await self._wait(e.settings.memory_poll_s)
@@ -443,7 +462,7 @@ class Runner:
                     return False
             if told is not None:
                 waited = round(e.clock.monotonic() - t0, 3)
-                e.emit(inst, "group_wait", done=True, waited_s=waited)
+                e.emit(inst, GroupWaitEvent(done=True, waited_s=waited))
             return True
         finally:
             if told is not None:
@@ -489,7 +508,7 @@ class Runner:
             f"vsup will not start {inst.name} beside them: {then}"
         )
         self.e.emit(
-            inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message, resume=resume
+            inst, StopIncompleteEvent(run=proc.run, pids=list(pids), message=message, resume=resume)
         )
         self.lc.fail(message)
         if resume:
@@ -511,17 +530,18 @@ class Runner:
             return
         proc.ranks.died = (rank, pid)
         why = _rank_died(rank, pid)
-        self.e.emit(inst, "rank_exit", run=proc.run, rank=rank, pid=pid, message=why)
+        self.e.emit(inst, RankExitEvent(run=proc.run, rank=rank, pid=pid, message=why))
         if lc.engine_died():
             self.e.emit(
                 inst,
-                "unhealthy",
-                run=proc.run,
-                pid=proc.pid,
-                failures=lc.health_failures,
-                status=None,
-                error=why,
-                rank=rank,
+                UnhealthyEvent(
+                    run=proc.run,
+                    pid=proc.pid,
+                    failures=lc.health_failures,
+                    status=None,
+                    error=why,
+                    rank=rank,
+                ),
             )
         inst.control.kick.set()
 
@@ -554,7 +574,7 @@ class Runner:
                         if lc.ready_since is not None and lc.spawned_at is not None
                         else None
                     )
-                    e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=startup_s)
+                    e.emit(inst, ReadyEvent(run=proc.run, pid=proc.pid, startup_s=startup_s))
                     inst.control.kick.set()
                     next_chores = loop.time()  # the engine's processes exist now: scan them
             elif lc.state == State.READY:
@@ -563,12 +583,13 @@ class Runner:
                 elif lc.health_failed(h.status):
                     e.emit(
                         inst,
-                        "unhealthy",
-                        run=proc.run,
-                        pid=proc.pid,
-                        failures=lc.health_failures,
-                        status=h.status,
-                        error=h.error,
+                        UnhealthyEvent(
+                            run=proc.run,
+                            pid=proc.pid,
+                            failures=lc.health_failures,
+                            status=h.status,
+                            error=h.error,
+                        ),
                     )
                     inst.control.kick.set()
             if loop.time() >= next_chores:

@@ -49,6 +49,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vsup.engine import health, stop
+from vsup.journalevents import (
+    DrainEvent,
+    JournalEvent,
+    SleepEvent,
+    SleepFailedEvent,
+    SwapEvent,
+    WakeEvent,
+    WakeFailedEvent,
+)
 from vsup.snapshot import SleepStatus, WaitReason
 from vsup.states import DONE_STARTING, SleepState, State
 from vsup.telemetry.httpget import HttpError
@@ -74,7 +83,7 @@ class SleepHost(Protocol):
     @property
     def instances(self) -> Mapping[str, Instance]: ...
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None: ...
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None: ...
 
     def notify(self) -> None: ...
 
@@ -473,7 +482,7 @@ class Sleeper:
                 back = f"; {a} did not wake again either ({again})"
             raise SleepRefused(f"{b} did not wake ({exc}){back}") from exc
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(self.e.instances[b], "swap", slept=a, took_s=took)
+        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took))
         return {"slept": slept, "woke": woke, "took_s": took}
 
     # -- internals ----------------------------------------------------------------------------
@@ -521,7 +530,7 @@ class Sleeper:
                 self._check_host_ram(inst)
             except SleepRefused as exc:
                 t.error = f"sleep failed: {exc}"
-                self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
+                self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
                 raise
         t.want_awake = False
         t0 = self.e.clock.monotonic()
@@ -534,10 +543,13 @@ class Sleeper:
                 # /load counts requests the engine does not hold: ones still in the API
                 # server's hands (the paused scheduler keeps them for the wake) or a count
                 # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
+                why_anyway = f"/load still {left:g} while its engine runs none: sleeps anyway"
                 self.e.emit(
-                    inst, "drain", drained=False, waited_s=round(waited, 3), requests=left,
-                    why=f"/load still {left:g} while its engine runs none: sleeps anyway",
-                )  # fmt: skip
+                    inst,
+                    DrainEvent(
+                        drained=False, waited_s=round(waited, 3), requests=left, why=why_anyway
+                    ),
+                )
                 drained = True
             if drained is False:
                 raise SleepRefused(
@@ -554,7 +566,7 @@ class Sleeper:
             t.error = f"sleep failed: {exc}"
             self._set(inst, t, SleepState.AWAKE)
             self._rejoin(name)
-            self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
+            self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
             raise
         t.level = level
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
@@ -571,13 +583,14 @@ class Sleeper:
         self._rejoin(name)  # its sleep state keeps it out of the router until it is awake
         self.e.emit(
             inst,
-            "sleep",
-            level=level,
-            why=why,
-            took_s=took,
-            held_before=before,
-            held_after=kept,
-            error=t.error,
+            SleepEvent(
+                level=level,
+                why=why,
+                took_s=took,
+                held_before=before,
+                held_after=kept,
+                error=t.error,
+            ),
         )
         if t.error is not None:
             raise SleepRefused(f"{name} is {t.error}")
@@ -610,7 +623,7 @@ class Sleeper:
             sleeping = await self._is_sleeping(inst)
             t.want_awake = False
             self._set(inst, t, SleepState.ASLEEP if sleeping is not False else SleepState.AWAKE)
-            self.e.emit(inst, "wake_failed", why=why, error=str(exc))
+            self.e.emit(inst, WakeFailedEvent(why=why, error=str(exc)))
             raise
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_wake_s, t.error, t.held_bytes = took, None, None
@@ -618,7 +631,7 @@ class Sleeper:
         self._set(inst, t, SleepState.AWAKE)
         self._rejoin(name)
         joined = await self.e.router.joined(name)
-        self.e.emit(inst, "wake", why=why, took_s=took, level=t.level, in_router=joined)
+        self.e.emit(inst, WakeEvent(why=why, took_s=took, level=t.level, in_router=joined))
         return {"instance": name, "took_s": took}
 
     async def _start_awake(self, inst: Instance, t: SleepTrack, why: str) -> dict:
@@ -636,7 +649,7 @@ class Sleeper:
         if state != State.READY:
             raise SleepRefused(f"{name} was not running and its start ended {state}")
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(inst, "wake", why=why, took_s=took, cold=True, level=t.level)
+        self.e.emit(inst, WakeEvent(why=why, took_s=took, cold=True, level=t.level))
         return {"instance": name, "took_s": took, "cold": True}
 
     def _check_host_ram(self, inst: Instance) -> None:

@@ -15,6 +15,7 @@ import pytest
 from vsup import paths
 from vsup.control.errors import ControlError
 from vsup.control.state import StateFile
+from vsup.journalevents import ActionEvent, SpawnEvent
 
 from tests.unit.control.helpers import emulator_layout, free_port
 
@@ -161,13 +162,18 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
     )
 
     page = await client.events(since=0)
-    kinds = [e["kind"] for e in page["events"]]
+    kinds = [e.kind for e in page.events]
     assert "spawn" in kinds and "ready" in kinds and "action" in kinds
-    seqs = [e["seq"] for e in page["events"]]
-    assert seqs == sorted(seqs) and page["next"] == seqs[-1] + 1
-    assert (await client.events(since=page["next"]))["events"] == []
-    operator = [e for e in page["events"] if e["kind"] == "action" and e.get("by") == "operator"]
-    assert [e["action"] for e in operator] == ["restart", "stop"]
+    seqs = [e.seq for e in page.events]
+    assert seqs == sorted(seqs) and page.next == seqs[-1] + 1
+    assert (await client.events(since=page.next)).events == []
+    # typed: each event is its kind's type, read by attribute, and says itself
+    operator = [e for e in page.events if isinstance(e, ActionEvent) and e.by == "operator"]
+    assert [e.action for e in operator] == ["restart", "stop"]
+    assert operator[0].describe() == "operator: restart a"
+    (spawn, *_) = [e for e in page.events if isinstance(e, SpawnEvent)]
+    assert spawn.instance == "a" and spawn.port == int(port) and spawn.run == 1
+    assert spawn.describe() == f"started run 1 (pid {first_pid})"
 
 
 async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemons, vsup_home):
@@ -185,7 +191,7 @@ async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemo
     after = (await client2.status())["instances"][0]
     assert (after["pid"], after["restarts"], after["run"]) == (before["pid"], 0, 1)
     assert (await client2.layout())["name"] == "fakes"
-    adopt = [e for e in (await client2.events())["events"] if e["kind"] == "adopt"]
+    adopt = [e for e in (await client2.events()).events if e["kind"] == "adopt"]
     assert adopt[-1]["instance"] == "a" and adopt[-1]["adopted"] is True
 
     # The adopted process is not the new daemon's child; its death is still seen.
@@ -211,7 +217,7 @@ async def test_instance_that_died_while_no_daemon_ran_is_restarted(daemons, vsup
     await daemon2.engine.wait("a", ("ready",), timeout=20)
     inst = daemon2.engine.instances["a"]
     assert inst.pid != pid
-    events = (await client2.events())["events"]
+    events = (await client2.events()).events
     adopt = [e for e in events if e["kind"] == "adopt" and e["instance"] == "a"]
     assert adopt[-1]["adopted"] is False
 
@@ -354,7 +360,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
         inst = daemon.engine.instances["a"]
         assert inst.pid != stranger.pid and inst.run == 5
         assert inst.restarts == 2, "restarting an instance that died unwatched is a restart"
-        adopt = [e for e in (await client.events())["events"] if e["kind"] == "adopt"]
+        adopt = [e for e in (await client.events()).events if e["kind"] == "adopt"]
         assert adopt[-1]["adopted"] is False and "another process" in adopt[-1]["why"]
         assert stranger.poll() is None, "an unrelated process was signalled"
     finally:

@@ -88,13 +88,6 @@ class JournalEvent:
         assert isinstance(event, cls), cls
         return event
 
-    def __getitem__(self, key: str) -> Any:
-        """The journal object's `key` (the wire format), for readers written against it."""
-        return self.to_json()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
     def describe(self, urls: Urls | None = None) -> str | None:
         """The event in words, safe for a terminal; None when it is left out of the text."""
         words = self.words(urls or {})

@@ -73,7 +73,7 @@ def test_the_loop_answers_and_supervises_while_bad_bodies_arrive(fault_home, tmp
             seen = wait_for(
                 lambda: [
                     e
-                    for e in client.events(0).events
+                    for e in client.events(0).to_json()["events"]
                     if e["kind"] == "exit" and e.get("pid") == pid
                 ],
                 60,

@@ -58,7 +58,7 @@ def _events(home):
     from vsup.control.client import Client
 
     with Client(home) as client:
-        return client.events(0).events
+        return client.events(0).to_json()["events"]
 
 
 def test_a_replaced_lock_file_does_not_let_a_second_daemon_start(fault_home, tmp_path):

@@ -259,11 +259,12 @@ def replay(
         if isinstance(ev, (SpawnEvent, AdoptEvent)):
             _replay_start(rec, ev)
         elif isinstance(ev, ExitEvent) or ev.kind == "vanished":  # vanished: an older vsup's
+            doc = ev.to_json()  # a `vanished` of an older vsup has no type: read its keys
             rec.running = False
             rec.last_exit = {
-                k: ev.get(k) for k in ("code", "signal", "reason", "at", "log_excerpt")
-            } | {"at": ev.get("at") or ev.t}
-            rec.restarts = ev.get("restarts") or rec.restarts
+                k: doc.get(k) for k in ("code", "signal", "reason", "at", "log_excerpt")
+            } | {"at": doc.get("at") or ev.t}
+            rec.restarts = doc.get("restarts") or rec.restarts
         elif isinstance(ev, RestartScheduledEvent):
             rec.restarts = ev.restarts or rec.restarts
     return out

@@ -191,7 +191,7 @@ def brief(inst: dict) -> dict:
 
 
 def events(client: Client, *kinds: str) -> list[dict]:
-    return [e for e in client.events().events if e["kind"] in kinds]
+    return [e for e in client.events().to_json()["events"] if e["kind"] in kinds]
 
 
 STALL_EVENTS = ("stalled", "stall_cleared", "stall_restart", "exit", "restart_scheduled")

@@ -191,7 +191,7 @@ async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemo
     after = (await client2.status())["instances"][0]
     assert (after["pid"], after["restarts"], after["run"]) == (before["pid"], 0, 1)
     assert (await client2.layout())["name"] == "fakes"
-    adopt = [e for e in (await client2.events()).events if e["kind"] == "adopt"]
+    adopt = [e for e in (await client2.events()).to_json()["events"] if e["kind"] == "adopt"]
     assert adopt[-1]["instance"] == "a" and adopt[-1]["adopted"] is True
 
     # The adopted process is not the new daemon's child; its death is still seen.
@@ -217,7 +217,7 @@ async def test_instance_that_died_while_no_daemon_ran_is_restarted(daemons, vsup
     await daemon2.engine.wait("a", ("ready",), timeout=20)
     inst = daemon2.engine.instances["a"]
     assert inst.pid != pid
-    events = (await client2.events()).events
+    events = (await client2.events()).to_json()["events"]
     adopt = [e for e in events if e["kind"] == "adopt" and e["instance"] == "a"]
     assert adopt[-1]["adopted"] is False
 
@@ -360,7 +360,7 @@ async def test_reused_pid_is_not_adopted_nor_signalled(daemons, vsup_home):
         inst = daemon.engine.instances["a"]
         assert inst.pid != stranger.pid and inst.run == 5
         assert inst.restarts == 2, "restarting an instance that died unwatched is a restart"
-        adopt = [e for e in (await client.events()).events if e["kind"] == "adopt"]
+        adopt = [e for e in (await client.events()).to_json()["events"] if e["kind"] == "adopt"]
         assert adopt[-1]["adopted"] is False and "another process" in adopt[-1]["why"]
         assert stranger.poll() is None, "an unrelated process was signalled"
     finally:

@@ -21,7 +21,7 @@ def test_events_get_increasing_seq_that_continue_after_reopen(tmp_path):
     j.close()
     j2 = Journal(path)
     c = j2.append(typed("exit", "a", reason="oom"))
-    assert [a["seq"], b["seq"], c["seq"]] == [1, 2, 3]
+    assert [a.seq, b.seq, c.seq] == [1, 2, 3]
     events, nxt = j2.read(since=2)
     assert [e["kind"] for e in events] == ["ready", "exit"] and nxt == 4
     assert j2.read(since=nxt) == ([], 4)
@@ -37,7 +37,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_event_starts_a_new_line(tmp_pa
     j2 = Journal(path)
     assert j2.skipped_lines == 1
     ev = j2.append(typed("adopt", "a", pid=10))
-    assert ev["seq"] == 2
+    assert ev.seq == 2
     lines = path.read_text().splitlines()
     assert json.loads(lines[-1])["kind"] == "adopt"
     assert [e["kind"] for e in j2.iter_file()] == ["spawn", "adopt"]

@@ -64,7 +64,7 @@ async def test_a_start_after_a_reboot_adopts_nothing_and_starts_the_layout_fresh
         inst = daemon.engine.instances["a"]
         assert inst.pid != stranger.pid and inst.run == 5
         assert inst.restarts == 1, "a reboot is no crash of the instance"
-        events = (await client.events()).events
+        events = (await client.events()).to_json()["events"]
         (adopt,) = [e for e in events if e["kind"] == "adopt"]
         assert adopt["adopted"] is False and "before the node last booted" in adopt["why"]
         assert not [e for e in events if e["kind"] in ("exit", "sweep")]

@@ -73,7 +73,7 @@ async def test_a_foreign_worker_is_removed_journaled_advised_and_alerted(
         (shown,) = router["foreign_workers"]
         # the router drops a worker asynchronously: a sync in between can remove it again
         assert shown["url"] == intruder.url and 1 <= shown["removals"] <= 3
-        events = (await client.events()).events
+        events = (await client.events()).to_json()["events"]
         (event,) = [e for e in events if e["kind"] == "router_foreign_worker"]
         assert event["url"] == intruder.url and event["router"] == port
 

@@ -70,7 +70,7 @@ async def test_a_member_someone_removes_is_put_back_journaled_advised_and_alerte
         (shown,) = router["removed_workers"]
         assert shown["url"] == member and shown["name"] == "a" and shown["restores"] == 1
         assert router["foreign_workers"] == []
-        events = (await client.events()).events
+        events = (await client.events()).to_json()["events"]
         (event,) = [e for e in events if e["kind"] == "router_worker_removed"]
         assert event["url"] == member and event["router"] == port and event["restores"] == 1
         # putting it back is the incident's, not a membership change of vsup's own

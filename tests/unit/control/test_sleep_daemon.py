@@ -72,7 +72,7 @@ args = {{ {args} }}
 
 
 async def events(client, kind: str) -> list[dict]:
-    return [e for e in (await client.events()).events if e["kind"] == kind]
+    return [e for e in (await client.events()).to_json()["events"] if e["kind"] == kind]
 
 
 def asleep(i: dict) -> bool:
@@ -273,7 +273,7 @@ async def test_a_new_daemon_keeps_the_sleeper_asleep_and_a_dead_sleeper_waits_fo
     answer = await client.action("wake", ["b"])
     seen = [
         (e["kind"], e.get("instance"), e.get("to") or e.get("reason") or e.get("why"))
-        for e in (await client.events()).events
+        for e in (await client.events()).to_json()["events"]
         if e.get("instance") == "b" or e["kind"] in ("sleep", "wake")
     ]
     assert answer["errors"] == [], (answer, seen)

@@ -96,7 +96,7 @@ async def test_a_rollout_cut_short_by_the_daemon_is_reported_interrupted_and_fin
     old = [n for n in ("a", "b", "c") if insts[n]["outdated"]]
     assert "b" in old and "c" in old and r["old_config"] == old
     assert any(a["kind"] == "rollout_interrupted" and "b, c" in a["message"] for a in doc["advice"])
-    events = (await client.events()).events
+    events = (await client.events()).to_json()["events"]
     assert any(e["kind"] == "rollout" and e.get("state") == "interrupted" for e in events)
 
     # `vsup up` of the layout: the plan restarts what still runs the old spec

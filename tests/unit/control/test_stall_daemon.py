@@ -68,7 +68,7 @@ async def events_of(client, kind: str, at_least: int = 1, timeout: float = 10.0)
     its next poll; the status API builds its answer at once)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = [e for e in (await client.events()).events if e["kind"] == kind]
+        found = [e for e in (await client.events()).to_json()["events"] if e["kind"] == kind]
         if len(found) >= at_least or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.1)

@@ -49,8 +49,8 @@ async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
     assert engine.adopt(instance_spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
     inst = engine.instances["a"]
     assert (inst.state, inst.run, inst.last_exit.reason) == ("stopped", 4, "unknown")
-    assert [e["kind"] for e in events] == ["adopt", "exit"]
-    assert "is gone" in events[0]["why"]
+    assert [e.kind for e in events] == ["adopt", "exit"]
+    assert "is gone" in events[0].why
     await engine.shutdown(stop_instances=True)
 
 

@@ -220,51 +220,78 @@ class Engine:
         plan = self.diff(specs, rolling=rolling)
         new = _by_name(specs)
         self.emit(None, ActionEvent(action="apply", plan=plan.to_json()))
-        in_flight: tuple[str, ...] = ()
-        previous = self.rollout
-        if previous is not None and previous.active:
-            in_flight = previous.current
-            if self._rollout_task is not None:
-                self._rollout_task.cancel()
-            previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
-            self.emit(None, RolloutEvent.of(previous.to_json()))
-        removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
-        removals: dict[str, asyncio.Task] = {
-            name: self.spawn_background(self._remove(name)) for name in plan.stop
-        }
+        in_flight = self._supersede_rollout()
+        removals = self._begin_removals(plan.stop)
         for name in plan.update:
             self._instances[name].set_spec(new[name])
-        waits: list[asyncio.Task] = list(removals.values())
-        for name in plan.restart:
-            if name in plan.rolling:
-                continue
+        waits: list[asyncio.Task] = list(removals)
+        for name in (n for n in plan.restart if n not in plan.rolling):
             await self.restart(name, spec=new[name])
         for name in plan.start:
-            known = self._instances.get(name)
-            if known is None:
-                inst = self._instances[name] = self._new_instance(new[name])
-            else:
-                inst = known
-                inst.set_spec(new[name])
             devices = set(new[name].devices)
-            blocking = [task for gone, task in removals.items() if devices & removed_devices[gone]]
-            if blocking:
-                waits.append(self.spawn_background(self._start_after(name, blocking)))
-            else:
-                await self.start(name)
+            blocking = [task for task, gone in removals.items() if devices & gone]
+            started = await self._start_new(new[name], blocking)
+            if started is not None:
+                waits.append(started)
         if plan.rolling:
             rollout = Rollout(
                 plan.rolling, max_unavailable, drain_timeout_s, iso_utc(self.clock.wall())
             )
-            self.rollout = rollout
-            self._rollout_task = self.spawn_background(self._roll(rollout, new, in_flight))
-            waits.append(self._rollout_task)
+            waits.append(self._begin_rollout(rollout, new, in_flight))
         if wait:
-            await asyncio.gather(*waits, return_exceptions=True)
-            for name in (*plan.start, *plan.restart):
-                if name in self._instances:
-                    await self.wait(name, DONE_STARTING)
+            await self._settle(plan, waits)
         return plan
+
+    def _begin_rollout(
+        self, rollout: Rollout, new: Mapping[str, InstanceSpec], in_flight: tuple[str, ...]
+    ) -> asyncio.Task:
+        self.rollout = rollout
+        self._rollout_task = self.spawn_background(self._roll(rollout, new, in_flight))
+        return self._rollout_task
+
+    async def _settle(self, plan: ApplyPlan, waits: list[asyncio.Task]) -> None:
+        """Until every stop, delayed start and the rollout of `plan` have ended and every
+        start is ready or failed (`apply(wait=True)`)."""
+        await asyncio.gather(*waits, return_exceptions=True)
+        for name in (*plan.start, *plan.restart):
+            if name in self._instances:
+                await self.wait(name, DONE_STARTING)
+
+    def _begin_removals(self, names: Iterable[str]) -> dict[asyncio.Task, set[str]]:
+        """Stop and forget the instances the layout no longer has, in the background: each
+        removal's task and the devices it frees."""
+        return {
+            self.spawn_background(self._remove(name)): set(self._instances[name].spec.devices)
+            for name in names
+        }
+
+    def _supersede_rollout(self) -> tuple[str, ...]:
+        """End a rollout still under way (superseded); returns the instances its wave in
+        flight has down, which the next rollout waits for."""
+        previous = self.rollout
+        if previous is None or not previous.active:
+            return ()
+        in_flight = previous.current  # before the end clears it
+        if self._rollout_task is not None:
+            self._rollout_task.cancel()
+        previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
+        self.emit(None, RolloutEvent.of(previous.to_json()))
+        return in_flight
+
+    async def _start_new(
+        self, spec: InstanceSpec, blocking: list[asyncio.Task]
+    ) -> asyncio.Task | None:
+        """Start an instance of the plan (known or new) now, or once the removals it shares a
+        device with (`blocking`) have ended: then the task that waits for them."""
+        known = self._instances.get(spec.name)
+        if known is None:
+            self._instances[spec.name] = self._new_instance(spec)
+        else:
+            known.set_spec(spec)
+        if blocking:
+            return self.spawn_background(self._start_after(spec.name, blocking))
+        await self.start(spec.name)
+        return None
 
     async def _roll(
         self, rollout: Rollout, new: Mapping[str, InstanceSpec], after: tuple[str, ...] = ()
@@ -277,37 +304,7 @@ class Engine:
                     await self._restarted(self._instances[name])
             self.emit(None, RolloutEvent.of(rollout.to_json()))
             for number in range(1, len(rollout.waves) + 1):
-                wave = []
-                for name in rollout.begin_wave(number):
-                    inst = self._instances.get(name)
-                    if inst is None:
-                        continue  # removed by a later apply
-                    if inst.control.wants_run:
-                        wave.append(inst)
-                    elif not inst.supervised:
-                        # a person stopped it meanwhile: it stays stopped, with the layout's
-                        # spec for whenever it starts again
-                        inst.set_spec(new[name])
-                self.emit(None, RolloutEvent.of(rollout.to_json()))
-                for inst in wave:
-                    # the layout being applied says how long a drain may take, not the old spec
-                    limit = rollout.drain_timeout_s
-                    await self.restart(
-                        inst.name,
-                        drain=True,
-                        drain_timeout_s=limit
-                        if limit is not None
-                        else new[inst.name].drain_timeout_s,
-                        spec=new[inst.name],
-                    )
-                outcomes = [(inst, await self._restarted(inst)) for inst in wave]
-                bad = [(inst, state) for inst, state in outcomes if state != State.READY]
-                # ready is not serving until the router routes to it again: the next wave's
-                # removal must not leave the router with fewer workers than max_unavailable
-                # allows
-                for inst, state in outcomes:
-                    if state == State.READY:
-                        await self.router.joined(inst.name)
+                bad = await self._roll_wave(rollout, number, new)
                 if bad:
                     rollout.end(
                         RolloutState.FAILED,
@@ -325,6 +322,41 @@ class Engine:
             raise
         finally:
             self.notify()
+
+    async def _roll_wave(
+        self, rollout: Rollout, number: int, new: Mapping[str, InstanceSpec]
+    ) -> list[tuple[Instance, State]]:
+        """Restart wave `number` drained, wait for it and for the router to route to it again;
+        returns the instances that did not come back ready (with their state)."""
+        wave = []
+        for name in rollout.begin_wave(number):
+            inst = self._instances.get(name)
+            if inst is None:
+                continue  # removed by a later apply
+            if inst.control.wants_run:
+                wave.append(inst)
+            elif not inst.supervised:
+                # a person stopped it meanwhile: it stays stopped, with the layout's
+                # spec for whenever it starts again
+                inst.set_spec(new[name])
+        self.emit(None, RolloutEvent.of(rollout.to_json()))
+        for inst in wave:
+            # the layout being applied says how long a drain may take, not the old spec
+            limit = rollout.drain_timeout_s
+            await self.restart(
+                inst.name,
+                drain=True,
+                drain_timeout_s=limit if limit is not None else new[inst.name].drain_timeout_s,
+                spec=new[inst.name],
+            )
+        outcomes = [(inst, await self._restarted(inst)) for inst in wave]
+        # ready is not serving until the router routes to it again: the next wave's
+        # removal must not leave the router with fewer workers than max_unavailable
+        # allows
+        for inst, state in outcomes:
+            if state == State.READY:
+                await self.router.joined(inst.name)
+        return [(inst, state) for inst, state in outcomes if state != State.READY]
 
     async def _restarted(self, inst: Instance) -> State:
         """Wait until a restart of `inst` has come to an end: ready, failed or stopped."""

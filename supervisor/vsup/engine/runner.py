@@ -33,7 +33,7 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
-from vsup.engine.spawn import Launched, launch
+from vsup.engine.spawn import Launched, Refused, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
 from vsup.journalevents import (
     DrainEvent,
@@ -105,18 +105,7 @@ class Runner:
         spec = inst.control.take()  # a pending restart is this start
         if spec is not None:
             inst.set_spec(spec)
-        if inst.control.stale_sweep is not None:
-            await inst.control.stale_sweep
-            inst.control.stale_sweep = None
-            if inst.gpu_released is False:
-                # orphans of the run that died unwatched left memory the GPU still lists
-                self._unreleased()
-                return
-        if not await self._await_group():
-            return
-        if not await self._await_memory():
-            return
-        if not await self._acquire("start"):
+        if not await self._may_launch():
             return
         run = lc.run + 1
         at = iso_utc(e.clock.wall())
@@ -128,28 +117,52 @@ class Runner:
         except asyncio.CancelledError:
             pending.add_done_callback(_kill_unrecorded)
             raise
-        if not isinstance(result, Launched):
-            self._release()
-            logged = (
-                result.reason != ExitReason.PORT_IN_USE
-            )  # the refusal is written in that run's log
-            if logged:
-                lc.run = run
-            self._exited(
-                run if logged else None,
-                None,
-                ExitStatus(None, None),
-                Classified(result.reason, result.excerpt),
-                fail_fast=result.excerpt if result.fail_fast else None,
-            )
-            return
+        if isinstance(result, Launched):
+            self._spawned(run, result)
+        else:
+            self._refused(run, result)
+
+    async def _may_launch(self) -> bool:
+        """Whatever must come before a launch: the sweep of a run that died unwatched (its
+        GPU memory released), the swap group's gate, free GPU memory, a start turn."""
+        inst = self.inst
+        if inst.control.stale_sweep is not None:
+            await inst.control.stale_sweep
+            inst.control.stale_sweep = None
+            if inst.gpu_released is False:
+                # orphans of the run that died unwatched left memory the GPU still lists
+                self._unreleased()
+                return False
+        return (
+            await self._await_group()
+            and await self._await_memory()
+            and await self._acquire("start")
+        )
+
+    def _refused(self, run: int, result: Refused) -> None:
+        """A launch that started no server: the run ends as an exit with its reason."""
+        self._release()
+        # the refusal is written in that run's log (a port in use is found before any)
+        logged = result.reason != ExitReason.PORT_IN_USE
+        if logged:
+            self.lc.run = run
+        self._exited(
+            run if logged else None,
+            None,
+            ExitStatus(None, None),
+            Classified(result.reason, result.excerpt),
+            fail_fast=result.excerpt if result.fail_fast else None,
+        )
+
+    def _spawned(self, run: int, result: Launched) -> None:
+        inst, e = self.inst, self.e
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
         proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         proc.exit_future.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
-        lc.spawned(run)
+        self.lc.spawned(run)
         if e.sleeper is not None:
             e.sleeper.process_started(inst)
         e.emit(
@@ -283,23 +296,8 @@ class Runner:
             self._stuck(proc, ended.survivors if ended else (proc.pid,))
             return
         status: ExitStatus = proc.exit_future.result()
-        classified = classify(
-            status.code,
-            status.signum,
-            inst.logs.tail(proc.run),
-            model=inst.spec.model,
-            cause=cause,
-            starting=lc.ready_since is None,
-        )
+        classified, rank = self._classify(proc, status, cause)
         inst.process = None
-        died = proc.ranks.died
-        rank = died[0] if died is not None else None
-        stall = inst.control.stall
-        if rank is None and cause == ExitReason.STALLED and stall is not None:
-            rank = stall.rank  # the data-parallel rank that stalled, if one did
-        if died is not None and not classified.excerpt:
-            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
-            classified = Classified(classified.reason, _rank_died(*died))
         self._exited(
             proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys(), rank=rank
         )
@@ -319,20 +317,49 @@ class Runner:
             return
         self._release()
         if lc.state == State.STOPPING:
-            e.emit(
-                inst,
-                StopEvent(
-                    run=proc.run,
-                    pid=proc.pid,
-                    term=ended.term_sent,
-                    kill=ended.kill_sent,
-                    waited_s=round(ended.waited_s, 3),
-                ),
-            )
-            if inst.control.wants_run:
-                lc.attempt()  # a restart: straight from stopping to starting
-            else:
-                lc.finish_stop()
+            self._stopped(proc, ended)
+
+    def _classify(
+        self, proc: RunningProcess, status: ExitStatus, cause: ExitReason | None
+    ) -> tuple[Classified, int | None]:
+        """Why the run ended (exitreason.classify over its log's tail) and the data-parallel
+        rank that died or stalled first, if one did."""
+        inst = self.inst
+        classified = classify(
+            status.code,
+            status.signum,
+            inst.logs.tail(proc.run),
+            model=inst.spec.model,
+            cause=cause,
+            starting=self.lc.ready_since is None,
+        )
+        died = proc.ranks.died
+        rank = died[0] if died is not None else None
+        stall = inst.control.stall
+        if rank is None and cause == ExitReason.STALLED and stall is not None:
+            rank = stall.rank  # the data-parallel rank that stalled, if one did
+        if died is not None and not classified.excerpt:
+            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
+            classified = Classified(classified.reason, _rank_died(*died))
+        return classified, rank
+
+    def _stopped(self, proc: RunningProcess, ended: stop.Ended) -> None:
+        """A stop (or the stop half of a restart) has ended the whole tree."""
+        inst, lc = self.inst, self.lc
+        self.e.emit(
+            inst,
+            StopEvent(
+                run=proc.run,
+                pid=proc.pid,
+                term=ended.term_sent,
+                kill=ended.kill_sent,
+                waited_s=round(ended.waited_s, 3),
+            ),
+        )
+        if inst.control.wants_run:
+            lc.attempt()  # a restart: straight from stopping to starting
+        else:
+            lc.finish_stop()
 
     def _exited(
         self,
@@ -355,12 +382,7 @@ class Runner:
         )
         hold = None
         if last.reason == ExitReason.GPU_MEMORY_INSUFFICIENT and lc.state != State.STOPPING:
-            verdict = self._memory_verdict(own_pids)
-            if verdict is not None and verdict.fit == Fit.WAIT:
-                hold = verdict.message
-            elif verdict is not None and verdict.fit == Fit.SHORT:
-                vllm_said = (last.log_excerpt or "").split("\n")[0]
-                fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+            hold, fail_fast = self._memory_short(last, own_pids, fail_fast)
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
         if rank is not None and decision.action == Action.FAILED and lc.failed_why:
             what = "stalled" if last.reason == ExitReason.STALLED else "died"
@@ -377,6 +399,25 @@ class Runner:
                 rank=rank,
             ),
         )
+        self._decided(last, decision)
+        return decision
+
+    def _memory_short(
+        self, last: LastExit, own_pids: Collection[int], fail_fast: str | None
+    ) -> tuple[str | None, str | None]:
+        """After vLLM found too little GPU memory: (why to hold the restart until memory is
+        free, why to fail at once) - others hold the memory for now, or it can never fit."""
+        verdict = self._memory_verdict(own_pids)
+        if verdict is not None and verdict.fit == Fit.WAIT:
+            return verdict.message, fail_fast
+        if verdict is not None and verdict.fit == Fit.SHORT:
+            vllm_said = (last.log_excerpt or "").split("\n")[0]
+            return None, f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+        return None, fail_fast
+
+    def _decided(self, last: LastExit, decision: Decision) -> None:
+        """Journal what the restart policy decided after an exit, and act on a give-up."""
+        inst, lc, e = self.inst, self.lc, self.e
         if decision.action == Action.RESTART:
             e.emit(
                 inst,
@@ -394,7 +435,6 @@ class Runner:
             )
         elif lc.state == State.STOPPED:
             inst.control.give_up()  # a clean exit the policy does not restart
-        return decision
 
     def _memory_verdict(self, own_pids: Collection[int] = ()) -> Verdict | None:
         """Whether the instance's GPUs have the memory it asks for (memory.py); None when

@@ -518,49 +518,16 @@ class Sleeper:
     ) -> dict:
         name = inst.name
         level = level if level is not None else t.level
-        if level not in (1, 2):
-            raise SleepRefused(f"sleep level {level}: use 1 or 2")
-        if t.state == SleepState.ASLEEP:
+        if t.state == SleepState.ASLEEP and level in (1, 2):
             t.want_awake = False
             return {"instance": name, "already": True, "level": t.level}
-        if inst.pid is None or inst.state != State.READY:
-            raise SleepRefused(f"{name} is {inst.state}: only a ready instance can be put to sleep")
-        if level == 1:
-            try:
-                self._check_host_ram(inst)
-            except SleepRefused as exc:
-                t.error = f"sleep failed: {exc}"
-                self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
-                raise
+        self._check_sleepable(inst, t, level, why)
         t.want_awake = False
         t0 = self.e.clock.monotonic()
         before = await self._held_now(inst)
         self._set(inst, t, SleepState.FALLING_ASLEEP)
         try:
-            await self.e.router.leave(name, settle=True)
-            drained, waited, left = await self._drain(inst)
-            if drained is False and await self._engine_idle(inst):
-                # /load counts requests the engine does not hold: ones still in the API
-                # server's hands (the paused scheduler keeps them for the wake) or a count
-                # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
-                why_anyway = f"/load still {left:g} while its engine runs none: sleeps anyway"
-                self.e.emit(
-                    inst,
-                    DrainEvent(
-                        drained=False, waited_s=round(waited, 3), requests=left, why=why_anyway
-                    ),
-                )
-                drained = True
-            if drained is False:
-                raise SleepRefused(
-                    f"{name} still runs {left:g} request(s) after {waited:.0f} s "
-                    f"(drain_timeout_s); nothing slept - try again when it is quieter"
-                )
-            # mode=wait: vLLM 0.32 lets requests in flight end (its default aborts them); older
-            # versions ignore the parameter, and the drain above covers them
-            await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
-            if await self._is_sleeping(inst) is False:
-                raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+            await self._fall_asleep(inst, level)
         except SleepRefused as exc:
             t.want_awake = True
             t.error = f"sleep failed: {exc}"
@@ -572,13 +539,7 @@ class Sleeper:
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_sleep_s, t.held_bytes = took, kept
-        t.error = None
-        awake_bytes = self._awake_bytes(inst, before)
-        if awake_bytes and kept is not None and kept > awake_bytes * RELEASED_FRACTION:
-            t.error = (
-                f"asleep but its GPU memory was not released ({_gib(kept)} GiB still held "
-                f"{RELEASE_TIMEOUT_S:.0f} s after the sleep, of {_gib(awake_bytes)} GiB awake)"
-            )
+        t.error = self._release_error(inst, before, kept)
         self._set(inst, t, SleepState.ASLEEP)
         self._rejoin(name)  # its sleep state keeps it out of the router until it is awake
         self.e.emit(
@@ -595,6 +556,59 @@ class Sleeper:
         if t.error is not None:
             raise SleepRefused(f"{name} is {t.error}")
         return {"instance": name, "level": level, "took_s": took, "held_bytes": kept}
+
+    def _check_sleepable(self, inst: Instance, t: SleepTrack, level: int, why: str) -> None:
+        """SleepRefused unless `inst` can go to sleep at `level` now (level 1: host RAM for
+        its weights, a refusal journaled as `sleep_failed`)."""
+        if level not in (1, 2):
+            raise SleepRefused(f"sleep level {level}: use 1 or 2")
+        if inst.pid is None or inst.state != State.READY:
+            raise SleepRefused(
+                f"{inst.name} is {inst.state}: only a ready instance can be put to sleep"
+            )
+        if level == 1:
+            try:
+                self._check_host_ram(inst)
+            except SleepRefused as exc:
+                t.error = f"sleep failed: {exc}"
+                self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
+                raise
+
+    async def _fall_asleep(self, inst: Instance, level: int) -> None:
+        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not."""
+        name = inst.name
+        await self.e.router.leave(name, settle=True)
+        drained, waited, left = await self._drain(inst)
+        if drained is False and await self._engine_idle(inst):
+            # /load counts requests the engine does not hold: ones still in the API
+            # server's hands (the paused scheduler keeps them for the wake) or a count
+            # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
+            why_anyway = f"/load still {left:g} while its engine runs none: sleeps anyway"
+            self.e.emit(
+                inst,
+                DrainEvent(drained=False, waited_s=round(waited, 3), requests=left, why=why_anyway),
+            )
+            drained = True
+        if drained is False:
+            raise SleepRefused(
+                f"{name} still runs {left:g} request(s) after {waited:.0f} s "
+                f"(drain_timeout_s); nothing slept - try again when it is quieter"
+            )
+        # mode=wait: vLLM 0.32 lets requests in flight end (its default aborts them); older
+        # versions ignore the parameter, and the drain above covers them
+        await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
+        if await self._is_sleeping(inst) is False:
+            raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+
+    def _release_error(self, inst: Instance, before: int | None, kept: int | None) -> str | None:
+        """Why an instance that went to sleep is not really asleep: its memory stayed held."""
+        awake_bytes = self._awake_bytes(inst, before)
+        if awake_bytes and kept is not None and kept > awake_bytes * RELEASED_FRACTION:
+            return (
+                f"asleep but its GPU memory was not released ({_gib(kept)} GiB still held "
+                f"{RELEASE_TIMEOUT_S:.0f} s after the sleep, of {_gib(awake_bytes)} GiB awake)"
+            )
+        return None
 
     async def _wake_locked(self, inst: Instance, t: SleepTrack, why: str) -> dict:
         name = inst.name

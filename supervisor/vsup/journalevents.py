@@ -46,6 +46,8 @@ class JournalEvent:
     seq: int | None = None  # stamped by the journal
     t: str | None = None  # ISO 8601 UTC, stamped by the journal
     extra: Mapping[str, Any] = field(default_factory=dict, compare=True)
+    # fields the line read lacked: written back as absent, not as null (`decode` sets it)
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -56,7 +58,7 @@ class JournalEvent:
         out: dict[str, Any] = {}
         for f in own_fields(type(self)):
             value = getattr(self, f.name)
-            if value is None and not _required(f):
+            if value is None and (not _required(f) or f.name in self.absent):
                 continue
             out[f.metadata.get("key", f.name)] = value
         for key, value in self.extra.items():
@@ -67,13 +69,8 @@ class JournalEvent:
     def to_json(self) -> dict[str, Any]:
         """The journal's JSON object, key for key as the journal has always written it."""
         out: dict[str, Any] = {}
-        if self.seq is not None:
-            out["seq"] = self.seq
-        if self.t is not None:
-            out["t"] = self.t
-        out["kind"] = self.kind
-        for key in ("instance", "router"):
-            value = getattr(self, key)
+        for key in ENVELOPE:
+            value = self.kind if key == "kind" else getattr(self, key)
             if value is not None:
                 out[key] = value
             elif key in self.extra:  # a garbled envelope value, kept as it came
@@ -161,6 +158,7 @@ def decode(doc: Mapping[str, Any]) -> JournalEvent:
         extra = {k: v for k, v in doc.items() if k not in known}
         return UnknownEvent(unknown_kind=kind, extra=extra, **env)
     kwargs: dict[str, Any] = {}
+    absent = set()
     for f in own_fields(cls):
         key = f.metadata.get("key", f.name)
         known.add(key)
@@ -168,8 +166,9 @@ def decode(doc: Mapping[str, Any]) -> JournalEvent:
             kwargs[f.name] = doc[key]
         elif _required(f):
             kwargs[f.name] = None
+            absent.add(f.name)
     extra = {k: v for k, v in doc.items() if k not in known}
-    return cls(**env, **kwargs, extra=extra)
+    return cls(**env, **kwargs, extra=extra, absent=frozenset(absent))
 
 
 def as_event(event: JournalEvent | Mapping[str, Any]) -> JournalEvent:

@@ -117,6 +117,22 @@ def test_an_old_journal_line_still_reads_and_says_what_it_said():
     assert workers.describe({"http://127.0.0.1:8000": "a"}) == "workers: added a"
 
 
+def test_a_line_lacking_fields_or_with_a_garbled_envelope_is_written_back_as_it_was():
+    """`vsup events --json` and /v1/events give back what the journal holds: a field an
+    older or edited line lacks stays absent (not null), a garbled envelope value stays."""
+    for doc in (
+        {"seq": 2, "t": "2026-12-01T08:00:00Z", "kind": "ready", "instance": "a"},
+        {"seq": 3, "kind": "exit", "instance": 7, "reason": "oom"},
+        {"t": 5, "kind": "state", "from": "ready"},
+    ):
+        ev = decode(doc)
+        assert ev.to_json() == doc and list(ev.to_json()) == list(doc)
+    assert (
+        decode({"kind": "ready", "instance": "a"}).describe()
+        == "ready after ? s (run None, pid None)"
+    )
+
+
 def test_a_kind_from_a_newer_daemon_decodes_to_a_generic_event_that_says_its_fields():
     doc = {"seq": 9, "t": "2027-01-01T00:00:00Z", "kind": "warp_drive", "instance": "a", "x": 1}
     ev = decode(doc)

@@ -106,7 +106,8 @@ OLD_LINES = [  # lines as vsup wrote them before the journal was typed (and an o
 
 def test_an_old_journal_line_still_reads_and_says_what_it_said():
     docs = [parse_line(raw) for raw in OLD_LINES]
-    events = [decode(d) for d in docs]
+    assert all(d is not None for d in docs)
+    events = [decode(d) for d in docs if d is not None]
     assert [e.to_json() for e in events] == docs  # served by /v1/events exactly as stored
     spawn, exit_, vanished, workers = events
     assert isinstance(spawn, SpawnEvent) and spawn.spec == {"name": "a"} and spawn.port == 8000
@@ -145,6 +146,7 @@ def test_a_kind_from_a_newer_daemon_decodes_to_a_generic_event_that_says_its_fie
 def test_words_are_safe_for_a_terminal():
     ev = decode({"kind": "error", "instance": "a", "message": "bad \x1b[2J\x07 thing"})
     words = ev.describe()
+    assert words is not None
     assert "\x1b" not in words and "\x07" not in words and "\\x1b[2J" in words
 
 

@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from vsup.clock import SystemClock  # noqa: E402
 from vsup.engine import Engine, EngineSettings  # noqa: E402
+from vsup.journalevents import JournalEvent  # noqa: E402
 from vsup.layout.spec import InstanceSpec, RestartPolicy  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
@@ -54,8 +55,8 @@ class Stamped:
         self.items: list[tuple[float, dict]] = []
         self.changed = asyncio.Event()
 
-    def __call__(self, event: dict) -> None:
-        self.items.append((time.monotonic(), event))
+    def __call__(self, event: JournalEvent) -> None:
+        self.items.append((time.monotonic(), event.to_json()))
         self.changed.set()
 
     async def first_after(self, t0: float, pred, timeout: float = 20.0) -> float:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -40,6 +40,9 @@ from vsup.answers import (
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.control.lock import live_daemon_holder
 from vsup.snapshot import StatusSnapshot
+
+if TYPE_CHECKING:
+    from vsup.journalevents import EventPage
 
 # Long enough for a stop with drain (drain_timeout_s + stop_grace_s with default specs).
 ACTION_TIMEOUT_S = 3600.0
@@ -389,8 +392,11 @@ class Client:
         doc = self.json.history(name)
         return _typed(History, doc, f"GET {_instance_path(name, 'history')}")
 
-    def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
-        return self.json.events(since, limit)
+    def events(self, since: int = 0, limit: int | None = None) -> EventPage:
+        """The journal's events with `seq >= since`, typed (vsup.journalevents)."""
+        from vsup.journalevents import EventPage
+
+        return EventPage.from_json(self.json.events(since, limit))
 
     def save(self, path: str | os.PathLike[str], parents: bool = False) -> SaveAnswer:
         return _typed(SaveAnswer, self.json.save(path, parents), "POST /v1/save")
@@ -573,8 +579,11 @@ class AsyncClient:
         doc = await self.json.history(name)
         return _typed(History, doc, f"GET {_instance_path(name, 'history')}")
 
-    async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
-        return await self.json.events(since, limit)
+    async def events(self, since: int = 0, limit: int | None = None) -> EventPage:
+        """The journal's events with `seq >= since`, typed (vsup.journalevents)."""
+        from vsup.journalevents import EventPage
+
+        return EventPage.from_json(await self.json.events(since, limit))
 
     async def save(self, path: str | os.PathLike[str], parents: bool = False) -> SaveAnswer:
         return _typed(SaveAnswer, await self.json.save(path, parents), "POST /v1/save")

@@ -64,6 +64,16 @@ from vsup.control.state import (
 )
 from vsup.engine import Engine, EngineSettings, Instance
 from vsup.engine.sleep import SleepRefused
+from vsup.journalevents import (
+    ActionEvent,
+    DaemonStartEvent,
+    DaemonStopEvent,
+    ExitEvent,
+    JournalEvent,
+    ProblemEvent,
+    SocketReboundEvent,
+    SpawnEvent,
+)
 from vsup.layout.compiled import CompiledLayout
 from vsup.layout.listen import format_listen
 from vsup.layout.node import NodeFacts
@@ -216,26 +226,28 @@ class Daemon:
 
     # ----------------------------------------------------------------- engine events
 
-    def _on_event(self, event: dict[str, Any]) -> None:
+    def _on_event(self, event: JournalEvent) -> None:
         """Engine events: journal them, keep the state file current, count failures."""
         self._snapshot_dirty = True
-        doc = dict(event)
-        kind = doc.pop("kind", "event")
-        name = doc.pop("instance", None)
-        if kind == "action" and name is None and doc.get("action") == "apply":
+        name = event.instance
+        if isinstance(event, ActionEvent) and name is None and event.action == "apply":
             return  # journaled by apply() itself, with the layout's name and path
-        doc.pop("t", None)
         inst = self.engine.instances.get(name) if name else None
-        if kind == "spawn" and inst is not None:
+        if isinstance(event, SpawnEvent) and inst is not None:
             # What journal replay needs to adopt this process if the state file is lost.
-            doc.update(port=inst.spec.port, restarts=inst.restarts, spec=spec_to_dict(inst.spec))
-        if kind == "exit" and name and doc.get("reason") not in (ExitReason.STOPPED, None):
+            spec = spec_to_dict(inst.spec)
+            event = dataclasses.replace(
+                event, port=inst.spec.port, restarts=inst.restarts, spec=spec
+            )
+        if isinstance(event, ExitEvent) and name and event.reason not in (ExitReason.STOPPED, None):
             self.note_failure(name)
-        self.journal.append(kind, name, **doc)
+        self.journal.append(event)
+        kind = event.kind
         if kind in LOGGED_EVENTS:
+            doc = event.fields()
             keys = [k for k in LOGGED_EVENTS[kind] if doc.get(k) is not None]
             log.info("%s %s %s", name or "-", kind, " ".join(f"{k}={doc[k]}" for k in keys))
-        if kind not in ("action",):
+        if not isinstance(event, ActionEvent):
             self._state_dirty.set()
 
     def _weights_of(self, name: str) -> int | None:
@@ -306,7 +318,7 @@ class Daemon:
         control API (on `sock`, or the home's socket bound now)."""
         if sock is None:
             sock = bind_unix_socket(paths.socket_path(self.home))
-        self.journal.append("daemon_start", None, pid=os.getpid(), version=__version__)
+        self.journal.append(DaemonStartEvent(pid=os.getpid(), version=__version__))
         await self.monitor.open()
         self.node = NodeInfo(
             hostname=self.node.hostname,
@@ -344,7 +356,7 @@ class Daemon:
             log.exception("letting go of the instances failed")
         await self.monitor.close()
         left = [n for n, i in self.engine.instances.items() if i.pid]
-        self.journal.append("daemon_stop", None, pid=os.getpid(), left_running=left)
+        self.journal.append(DaemonStopEvent(pid=os.getpid(), left_running=left))
         self.journal.close()
         sock_path = paths.socket_path(self.home)
         if _file_id(sock_path) == self._socket_id:  # ours, not a successor's
@@ -377,7 +389,7 @@ class Daemon:
             self._socket_id = _file_id(path)
             self.problems = [p for p in self.problems if p.kind != "control_socket"]
             log.warning("the control socket %s was %s; bound it again", path, what)
-            self.journal.append("socket_rebound", None, path=str(path), was=what)
+            self.journal.append(SocketReboundEvent(path=str(path), was=what))
             # Answers in flight on the old socket finish; then it closes.
             if old is not None:
                 self.spawn(old.stop(), "old control API")
@@ -402,7 +414,7 @@ class Daemon:
     def report_problem(self, kind: str, message: str) -> None:
         """A daemon-level problem: daemon.log, the journal, and advice in every snapshot."""
         log.warning("%s", message)
-        self.journal.append("problem", None, problem=kind, message=message)
+        self.journal.append(ProblemEvent(problem=kind, message=message))
         self.problems = [p for p in self.problems if p.message != message]
         self.problems.append(problem(kind, message))
         self._snapshot_dirty = True

@@ -19,16 +19,27 @@ file was lost or corrupted uses it to find instances still running.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vsup.clock import iso_utc
+from vsup.journalevents import (
+    ActionEvent,
+    AdoptEvent,
+    ExitEvent,
+    JournalEvent,
+    RestartScheduledEvent,
+    SpawnEvent,
+    as_event,
+    decode,
+)
 
 # How many recent events are served from memory; older ones come from the file.
 MEMORY_EVENTS = 2000
@@ -74,17 +85,15 @@ class Journal:
                 os.close(self._fd)
                 self._fd = -1
 
-    def append(self, kind: str, instance: str | None = None, **fields: Any) -> dict[str, Any]:
-        """Write one event and return it (with its `seq` and `t`)."""
-        event: dict[str, Any] = {"seq": 0, "t": iso_utc(self._wall()), "kind": kind}
-        if instance is not None:
-            event["instance"] = instance
-        event.update({k: v for k, v in fields.items() if k not in ("seq", "t", "kind")})
+    def append(self, event: JournalEvent) -> JournalEvent:
+        """Write one event (its type's `to_json()`, a line) and return it with its `seq` and
+        `t` (the journal's clock: the moment it was written)."""
         with self._lock:
-            event["seq"] = self._next
-            line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
+            event = dataclasses.replace(event, seq=self._next, t=iso_utc(self._wall()))
+            doc = event.to_json()
+            line = json.dumps(doc, default=str, separators=(",", ":")) + "\n"
             self._next += 1
-            self._recent.append(event)
+            self._recent.append(doc)
             if len(self._pending) >= MAX_PENDING:
                 self._pending.popleft()
                 self.dropped += 1
@@ -138,6 +147,11 @@ class Journal:
         """Every parseable event on disk, the rotated generation first."""
         for path in (self.path.with_name(self.path.name + ".1"), self.path):
             yield from _parse_lines(path)
+
+    def iter_events(self) -> Iterator[JournalEvent]:
+        """`iter_file`, each event as its type."""
+        for doc in self.iter_file():
+            yield decode(doc)
 
     def _scan_last_seq(self) -> int:
         if not self.path.exists():
@@ -229,37 +243,43 @@ class ReplayedInstance:
     kinds: list[str] = field(default_factory=list)
 
 
-def replay(events: Iterable[dict[str, Any]], after_seq: int = 0) -> dict[str, ReplayedInstance]:
+def replay(
+    events: Iterable[JournalEvent | Mapping[str, Any]], after_seq: int = 0
+) -> dict[str, ReplayedInstance]:
     """Fold events (seq > after_seq) into each instance's last known process."""
     out: dict[str, ReplayedInstance] = {}
-    for ev in events:
-        seq = ev.get("seq", 0)
-        name = ev.get("instance")
-        if not isinstance(seq, int) or seq <= after_seq or not isinstance(name, str):
+    for raw in events:
+        ev = as_event(raw)
+        name = ev.instance
+        if ev.seq is None or ev.seq <= after_seq or name is None:
             continue
         rec = out.setdefault(name, ReplayedInstance(name))
-        rec.last_seq = seq
-        kind = ev.get("kind")
-        rec.kinds.append(str(kind))
-        if kind in ("spawn", "adopt"):
-            rec.pid = ev.get("pid", rec.pid)
-            rec.pgid = ev.get("pgid", rec.pgid)
-            rec.create_time = ev.get("create_time", rec.create_time)
-            rec.port = ev.get("port", rec.port)
-            rec.run = ev.get("run", rec.run) or rec.run
-            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
-            if isinstance(ev.get("spec"), dict):
-                rec.spec = ev["spec"]
-            rec.running = True
-        elif kind in ("exit", "vanished"):
+        rec.last_seq = ev.seq
+        rec.kinds.append(ev.kind)
+        if isinstance(ev, (SpawnEvent, AdoptEvent)):
+            _replay_start(rec, ev)
+        elif isinstance(ev, ExitEvent) or ev.kind == "vanished":  # vanished: an older vsup's
+            doc = ev.to_json()  # a `vanished` of an older vsup has no type: read its keys
             rec.running = False
             rec.last_exit = {
-                k: ev.get(k) for k in ("code", "signal", "reason", "at", "log_excerpt")
-            } | {"at": ev.get("at") or ev.get("t")}
-            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
-        elif kind == "restart_scheduled":
-            rec.restarts = ev.get("restarts", rec.restarts) or rec.restarts
+                k: doc.get(k) for k in ("code", "signal", "reason", "at", "log_excerpt")
+            } | {"at": doc.get("at") or ev.t}
+            rec.restarts = doc.get("restarts") or rec.restarts
+        elif isinstance(ev, RestartScheduledEvent):
+            rec.restarts = ev.restarts or rec.restarts
     return out
+
+
+def _replay_start(rec: ReplayedInstance, ev: SpawnEvent | AdoptEvent) -> None:
+    rec.pid = ev.pid if ev.pid is not None else rec.pid
+    rec.pgid = ev.pgid if ev.pgid is not None else rec.pgid
+    rec.create_time = ev.create_time if ev.create_time is not None else rec.create_time
+    rec.port = ev.port if ev.port is not None else rec.port
+    rec.run = ev.run or rec.run
+    rec.restarts = ev.restarts or rec.restarts
+    if isinstance(ev.spec, dict):
+        rec.spec = ev.spec
+    rec.running = True
 
 
 @dataclass
@@ -272,19 +292,18 @@ class AppliedLayout:
     name: str | None
 
 
-def last_layout(events: Iterable[dict[str, Any]]) -> AppliedLayout | None:
+def last_layout(events: Iterable[JournalEvent | Mapping[str, Any]]) -> AppliedLayout | None:
     """The layout of the last `apply` event that carries its text (None when there is none)."""
     found = None
-    for ev in events:
-        if ev.get("kind") != "action" or ev.get("action") != "apply":
+    for raw in events:
+        ev = as_event(raw)
+        if not isinstance(ev, ActionEvent) or ev.action != "apply":
             continue
-        toml, seq = ev.get("toml"), ev.get("seq")
-        if isinstance(toml, str) and isinstance(seq, int):
-            path, name = ev.get("path"), ev.get("layout")
+        if isinstance(ev.toml, str) and ev.seq is not None:
             found = AppliedLayout(
-                seq=seq,
-                toml=toml,
-                path=path if isinstance(path, str) else None,
-                name=name if isinstance(name, str) else None,
+                seq=ev.seq,
+                toml=ev.toml,
+                path=ev.path if isinstance(ev.path, str) else None,
+                name=ev.layout if isinstance(ev.layout, str) else None,
             )
     return found

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup.clock import Clock
+from vsup.journalevents import PullDoneEvent, PullFailedEvent, PullProgressEvent, PullStartEvent
 from vsup.layout.spec import InstanceSpec
 from vsup.pull.errors import CANCELLED
 from vsup.pull.targets import PullTarget, Resolution, apply_pulled, instance_env, resolve
@@ -293,19 +294,23 @@ class Pulls:
 
     def _on_report(self, job: PullJob, doc: dict[str, Any]) -> None:
         t = job.target
-        what = {"model": t.model, "revision": t.revision or "main", "instances": list(t.instances)}
+        what: dict[str, Any] = {
+            "model": t.model,
+            "revision": t.revision or "main",
+            "instances": list(t.instances),
+        }
         event = doc.pop("event", None)
         if event == "plan":
             job.plan = doc
             self.journal(
-                "pull_start",
-                None,
-                **what,
-                commit=doc.get("commit"),
-                cache_dir=doc.get("cache_dir"),
-                files=len(doc.get("files") or ()),
-                bytes_total=doc.get("bytes_total"),
-                bytes_to_fetch=doc.get("bytes_to_fetch"),
+                PullStartEvent(
+                    **what,
+                    commit=doc.get("commit"),
+                    cache_dir=doc.get("cache_dir"),
+                    files=len(doc.get("files") or ()),
+                    bytes_total=doc.get("bytes_total"),
+                    bytes_to_fetch=doc.get("bytes_to_fetch"),
+                )
             )
         elif event == "progress":
             job.progress = doc
@@ -314,24 +319,21 @@ class Pulls:
             if 0 < decile < 10 and decile > job.decile:
                 job.decile = decile
                 self.journal(
-                    "pull_progress",
-                    None,
-                    **what,
-                    bytes_done=done,
-                    bytes_total=total,
-                    rate_bps=doc.get("rate_bps"),
+                    PullProgressEvent(
+                        **what, bytes_done=done, bytes_total=total, rate_bps=doc.get("rate_bps")
+                    )
                 )
         elif event == "done":
             job.result = doc
             job.end("done")
             self.journal(
-                "pull_done",
-                None,
-                **what,
-                commit=doc.get("commit"),
-                snapshot=doc.get("snapshot"),
-                fetched_bytes=doc.get("fetched_bytes"),
-                elapsed_s=doc.get("elapsed_s"),
+                PullDoneEvent(
+                    **what,
+                    commit=doc.get("commit"),
+                    snapshot=doc.get("snapshot"),
+                    fetched_bytes=doc.get("fetched_bytes"),
+                    elapsed_s=doc.get("elapsed_s"),
+                )
             )
             log.info("pulled %s: %s", t.label, doc.get("snapshot"))
         elif event == "failed":
@@ -347,13 +349,13 @@ class Pulls:
         job.end(PullState.CANCELLED if reason == CANCELLED else PullState.FAILED, reason, message)
         t = job.target
         self.journal(
-            "pull_failed",
-            None,
-            model=t.model,
-            revision=t.revision or "main",
-            instances=list(t.instances),
-            reason=reason,
-            message=message,
+            PullFailedEvent(
+                model=t.model,
+                revision=t.revision or "main",
+                instances=list(t.instances),
+                reason=reason,
+                message=message,
+            )
         )
         log.warning("pull %s failed (%s): %s", t.label, reason, message)
 

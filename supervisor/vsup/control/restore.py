@@ -25,6 +25,7 @@ from vsup.control.state import DaemonState, InstanceRecord, spec_from_dict
 from vsup.engine import AdoptRecord, Engine
 from vsup.engine.restart import DETERMINISTIC  # exits that recur: not restarted when vanished
 from vsup.engine.rollout import Rollout, RolloutState
+from vsup.journalevents import AdoptEvent, RolloutEvent
 from vsup.layout.compiled import LayoutSettings, compile_document, layout_settings
 from vsup.layout.model import loads_layout
 from vsup.layout.spec import InstanceSpec
@@ -134,12 +135,13 @@ async def _start_fresh(
     """The node rebooted since this run began: nothing of it can be alive. It was meant to
     run, so it starts fresh (no crash counted; a reboot is no failure of it)."""
     daemon.journal.append(
-        "adopt",
-        name,
-        adopted=False,
-        pid=rec.pid,
-        run=rec.run,
-        why="its run began before the node last booted: started fresh",
+        AdoptEvent(
+            instance=name,
+            adopted=False,
+            pid=rec.pid,
+            run=rec.run,
+            why="its run began before the node last booted: started fresh",
+        )
     )
     rec.state = "stopped"
     _register_idle(daemon.engine, spec, rec)
@@ -188,7 +190,7 @@ def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
     if rollout.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
         rollout.interrupted(iso_utc(daemon.clock.wall()))
         outdated = [i.name for i in daemon.snapshot().instances if i.outdated]
-        daemon.journal.append("rollout", None, **{**rollout.to_json(), "old_config": outdated})
+        daemon.journal.append(RolloutEvent.of({**rollout.to_json(), "old_config": outdated}))
         log.warning(
             "a rolling apply was interrupted (its daemon ended at wave %d/%d); "
             "instances on their old spec: %s",
@@ -244,13 +246,13 @@ def _restore_router(
     if record is not None and before_boot(record.create_time, booted):
         router.register(spec, run=record.run, restarts=record.restarts)
         daemon.journal.append(
-            "adopt",
-            None,
-            router=spec.port,
-            adopted=False,
-            pid=record.pid,
-            run=record.run,
-            why="its run began before the node last booted: started fresh",
+            AdoptEvent(
+                router=spec.port,
+                adopted=False,
+                pid=record.pid,
+                run=record.run,
+                why="its run began before the node last booted: started fresh",
+            )
         )
         daemon.spawn(router.start(), "router start")
         return

@@ -22,6 +22,7 @@ from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.engine.routing import ROUTER_NAME
 from vsup.engine.sleep import SleepRefused
+from vsup.journalevents import ActionEvent
 from vsup.layout.changes import spec_changes
 from vsup.layout.compiled import CompiledLayout, compile_layout
 from vsup.layout.diagnostics import LayoutError
@@ -173,13 +174,13 @@ class DaemonService:
         # The layout's text rides with the event: a daemon that finds both state files bad
         # takes the running layout back from the journal (`last_layout`).
         daemon.journal.append(
-            "action",
-            None,
-            action="apply",
-            layout=compiled.name,
-            path=compiled.path,
-            plan=plan,
-            toml=compiled.text,
+            ActionEvent(
+                action="apply",
+                layout=compiled.name,
+                path=compiled.path,
+                plan=plan,
+                toml=compiled.text,
+            )
         )
         daemon.state_changed()
 
@@ -200,7 +201,7 @@ class DaemonService:
         router = self.daemon.engine.router
         if ROUTER_NAME in names and router.inst is None:
             raise ControlError("the running layout has no [router]", status=404)
-        self.daemon.journal.append("action", None, action=action, names=names, by="operator")
+        self.daemon.journal.append(ActionEvent(action=action, names=names, by="operator"))
 
         async def one(name: str) -> None:
             if name == ROUTER_NAME:
@@ -240,9 +241,8 @@ class DaemonService:
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down)")
         sleeper = self.daemon.engine.sleeper
-        fields: dict[str, Any] = {"level": level} if level is not None else {}
         self.daemon.journal.append(
-            "action", None, action=action, names=names, by="operator", **fields
+            ActionEvent(action=action, names=names, by="operator", level=level)
         )
 
         async def one() -> dict[str, Any]:
@@ -334,7 +334,7 @@ class DaemonService:
         # spec (a rollout not finished, or one a killed daemon left half-done).
         outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
         self.daemon.journal.append(
-            "action", None, action="save", path=path, written=str(target), outdated=outdated
+            ActionEvent(action="save", path=path, written=str(target), outdated=outdated)
         )
         return {
             "path": path,
@@ -386,7 +386,7 @@ class DaemonService:
         names = [n for n, i in self.daemon.engine.instances.items() if i.state != State.STOPPED]
         if not stop_instances:
             names = []
-        self.daemon.journal.append("action", None, action="shutdown", stop_instances=stop_instances)
+        self.daemon.journal.append(ActionEvent(action="shutdown", stop_instances=stop_instances))
         self.daemon.spawn(self.daemon.shut_down(stop_instances), "shutdown")
         return {"stopping": names}
 

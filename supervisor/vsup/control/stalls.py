@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from vsup.journalevents import JournalEvent, StallClearedEvent, StalledEvent, work_words
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import InstanceStatus
 
@@ -31,7 +32,7 @@ from vsup.snapshot import InstanceStatus
 class StallJournal(Protocol):
     """Where the events go (`Journal.append`)."""
 
-    def __call__(self, kind: str, instance: str | None = None, **fields: object) -> object: ...
+    def __call__(self, event: JournalEvent) -> object: ...
 
 
 class HasSpec(Protocol):
@@ -77,31 +78,6 @@ def stall_work(inst: InstanceStatus) -> str:
     )
 
 
-def work_words(
-    evidence: str | None,
-    running: float | None,
-    waiting: float | None,
-    in_flight: float | None,
-    ranks: tuple[int, ...] = (),
-) -> str:
-    """`stall_work` from the figures themselves (a `stalled` journal event carries them): with
-    evidence `server` the engine's gauges read 0 (frozen at its last stats) and the work is what
-    the API server holds, so that is what is said."""
-    if evidence == "server":
-        n = int(in_flight or 0)
-        shown = int((running or 0) + (waiting or 0))
-        work = f"{n} request{'s' if n != 1 else ''} in flight at the API server and "
-        work += f"{shown} of them at the engines" if shown else "none at the engine"
-    elif evidence == "canary":
-        work = "a canary request (max_tokens 1) unanswered"
-    else:
-        work = f"{int(running or 0)} running, {int(waiting or 0)} waiting"
-    if ranks:
-        which = ", ".join(str(r) for r in ranks)
-        work = f"data-parallel rank{'s' if len(ranks) > 1 else ''} {which}: {work}"
-    return work
-
-
 class StallActions:
     """Fed each snapshot's instances; `journal(kind, instance, **keys)` records events and
     `engine.restart_stalled(name, why, rank)` restarts (the engine's normal restart path)."""
@@ -141,18 +117,19 @@ class StallActions:
         on_stall = bool(spec is not None and spec.restart.on_stall)
         after = spec.stall_after_s if spec is not None else None
         self._journal(
-            "stalled",
-            inst.name,
-            run=inst.run,
-            requests_running=inst.requests_running,
-            requests_waiting=inst.requests_waiting,
-            requests_in_flight=inst.requests_in_flight,
-            evidence=inst.stall_evidence,
-            ranks=list(inst.stalled_ranks),
-            stalled_since=inst.stalled_since,
-            stalled_for_s=inst.stalled_for_s,
-            stall_after_s=after,
-            on_stall=on_stall,
+            StalledEvent(
+                instance=inst.name,
+                run=inst.run,
+                requests_running=inst.requests_running,
+                requests_waiting=inst.requests_waiting,
+                requests_in_flight=inst.requests_in_flight,
+                evidence=inst.stall_evidence,
+                ranks=list(inst.stalled_ranks),
+                stalled_since=inst.stalled_since,
+                stalled_for_s=inst.stalled_for_s,
+                stall_after_s=after,
+                on_stall=on_stall,
+            )
         )
         self._membership_changed()
         if on_stall:
@@ -178,12 +155,13 @@ class StallActions:
         else:
             why = "progress"
         self._journal(
-            "stall_cleared",
-            inst.name,
-            run=known.run,
-            lasted_s=round(known.for_s, 1),
-            state=inst.state,
-            why=why,
+            StallClearedEvent(
+                instance=inst.name,
+                run=known.run,
+                lasted_s=round(known.for_s, 1),
+                state=inst.state,
+                why=why,
+            )
         )
         self._membership_changed()
 

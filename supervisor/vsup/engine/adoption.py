@@ -15,6 +15,7 @@ from vsup.engine.exitreason import classify
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import AdoptRecord, Instance
 from vsup.engine.proc import ZOMBIE, RunningProcess, read_stat, same_process
+from vsup.journalevents import AdoptEvent, ExitEvent
 from vsup.snapshot import LastExit
 
 
@@ -50,16 +51,17 @@ def take_over(host: RunnerHost, inst: Instance, record: AdoptRecord) -> bool:
     if why is not None:
         c = classify(None, None, inst.logs.tail(record.run), model=inst.spec.model)
         lc.last_exit = LastExit(None, None, c.reason, iso_utc(host.clock.wall()), c.excerpt)
-        host.emit(inst, "adopt", adopted=False, pid=record.pid, run=record.run, why=why)
+        host.emit(inst, AdoptEvent(adopted=False, pid=record.pid, run=record.run, why=why))
         host.emit(
             inst,
-            "exit",
-            run=record.run,
-            pid=record.pid,
-            code=None,
-            signal=None,
-            reason=c.reason,
-            log_excerpt=c.excerpt,
+            ExitEvent(
+                run=record.run,
+                pid=record.pid,
+                code=None,
+                signal=None,
+                reason=c.reason,
+                log_excerpt=c.excerpt,
+            ),
         )
         inst.control.stale_sweep = host.spawn_background(teardown.sweep_stale(host, inst, proc))
         return False
@@ -68,5 +70,5 @@ def take_over(host: RunnerHost, inst: Instance, record: AdoptRecord) -> bool:
     inst.control.start()
     lc.spawned(record.run, started_ago_s=host.clock.wall() - record.create_time)
     lc.restarts = record.restarts
-    host.emit(inst, "adopt", adopted=True, pid=record.pid, pgid=record.pgid, run=record.run)
+    host.emit(inst, AdoptEvent(adopted=True, pid=record.pid, pgid=record.pgid, run=record.run))
     return True

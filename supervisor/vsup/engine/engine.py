@@ -10,8 +10,8 @@
     await engine.wait(name, {State.READY})     # until a state is reached
     await engine.shutdown(stop_instances)
 
-Events go to `on_event` as plain JSON-able dicts `{"t": ISO, "kind": ..., "instance": ...}`;
-the kinds and their keys are listed in ARCHITECTURE.md.
+Events go to `on_event` as typed journal events (vsup.journalevents: one frozen dataclass per
+kind, stamped with `t` and `instance`); the kinds and their keys are listed in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ from vsup.engine.settings import EngineSettings
 from vsup.engine.sleep import Sleeper
 from vsup.engine.states import DONE_STARTING, IDLE, RUNNING, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.journalevents import (
+    ActionEvent,
+    JournalEvent,
+    RemovedEvent,
+    RolloutEvent,
+    StallRestartEvent,
+    StateEvent,
+)
 from vsup.layout.spec import InstanceSpec
 from vsup.snapshot import LastExit
 
@@ -105,7 +113,7 @@ class Engine:
         self,
         clock: Clock,
         logs_dir: Path,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[JournalEvent], None] | None = None,
         *,
         settings: EngineSettings | None = None,
         gpu_release_check: GpuReleaseCheck | None = None,
@@ -211,52 +219,79 @@ class Engine:
             raise ValueError(f"max_unavailable must be 1 or more (it is {max_unavailable})")
         plan = self.diff(specs, rolling=rolling)
         new = _by_name(specs)
-        self.emit(None, "action", action="apply", plan=plan.to_json())
-        in_flight: tuple[str, ...] = ()
-        previous = self.rollout
-        if previous is not None and previous.active:
-            in_flight = previous.current
-            if self._rollout_task is not None:
-                self._rollout_task.cancel()
-            previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
-            self.emit(None, "rollout", **previous.to_json())
-        removed_devices = {name: set(self._instances[name].spec.devices) for name in plan.stop}
-        removals: dict[str, asyncio.Task] = {
-            name: self.spawn_background(self._remove(name)) for name in plan.stop
-        }
+        self.emit(None, ActionEvent(action="apply", plan=plan.to_json()))
+        in_flight = self._supersede_rollout()
+        removals = self._begin_removals(plan.stop)
         for name in plan.update:
             self._instances[name].set_spec(new[name])
-        waits: list[asyncio.Task] = list(removals.values())
-        for name in plan.restart:
-            if name in plan.rolling:
-                continue
+        waits: list[asyncio.Task] = list(removals)
+        for name in (n for n in plan.restart if n not in plan.rolling):
             await self.restart(name, spec=new[name])
         for name in plan.start:
-            known = self._instances.get(name)
-            if known is None:
-                inst = self._instances[name] = self._new_instance(new[name])
-            else:
-                inst = known
-                inst.set_spec(new[name])
             devices = set(new[name].devices)
-            blocking = [task for gone, task in removals.items() if devices & removed_devices[gone]]
-            if blocking:
-                waits.append(self.spawn_background(self._start_after(name, blocking)))
-            else:
-                await self.start(name)
+            blocking = [task for task, gone in removals.items() if devices & gone]
+            started = await self._start_new(new[name], blocking)
+            if started is not None:
+                waits.append(started)
         if plan.rolling:
             rollout = Rollout(
                 plan.rolling, max_unavailable, drain_timeout_s, iso_utc(self.clock.wall())
             )
-            self.rollout = rollout
-            self._rollout_task = self.spawn_background(self._roll(rollout, new, in_flight))
-            waits.append(self._rollout_task)
+            waits.append(self._begin_rollout(rollout, new, in_flight))
         if wait:
-            await asyncio.gather(*waits, return_exceptions=True)
-            for name in (*plan.start, *plan.restart):
-                if name in self._instances:
-                    await self.wait(name, DONE_STARTING)
+            await self._settle(plan, waits)
         return plan
+
+    def _begin_rollout(
+        self, rollout: Rollout, new: Mapping[str, InstanceSpec], in_flight: tuple[str, ...]
+    ) -> asyncio.Task:
+        self.rollout = rollout
+        self._rollout_task = self.spawn_background(self._roll(rollout, new, in_flight))
+        return self._rollout_task
+
+    async def _settle(self, plan: ApplyPlan, waits: list[asyncio.Task]) -> None:
+        """Until every stop, delayed start and the rollout of `plan` have ended and every
+        start is ready or failed (`apply(wait=True)`)."""
+        await asyncio.gather(*waits, return_exceptions=True)
+        for name in (*plan.start, *plan.restart):
+            if name in self._instances:
+                await self.wait(name, DONE_STARTING)
+
+    def _begin_removals(self, names: Iterable[str]) -> dict[asyncio.Task, set[str]]:
+        """Stop and forget the instances the layout no longer has, in the background: each
+        removal's task and the devices it frees."""
+        return {
+            self.spawn_background(self._remove(name)): set(self._instances[name].spec.devices)
+            for name in names
+        }
+
+    def _supersede_rollout(self) -> tuple[str, ...]:
+        """End a rollout still under way (superseded); returns the instances its wave in
+        flight has down, which the next rollout waits for."""
+        previous = self.rollout
+        if previous is None or not previous.active:
+            return ()
+        in_flight = previous.current  # before the end clears it
+        if self._rollout_task is not None:
+            self._rollout_task.cancel()
+        previous.end(RolloutState.SUPERSEDED, iso_utc(self.clock.wall()))
+        self.emit(None, RolloutEvent.of(previous.to_json()))
+        return in_flight
+
+    async def _start_new(
+        self, spec: InstanceSpec, blocking: list[asyncio.Task]
+    ) -> asyncio.Task | None:
+        """Start an instance of the plan (known or new) now, or once the removals it shares a
+        device with (`blocking`) have ended: then the task that waits for them."""
+        known = self._instances.get(spec.name)
+        if known is None:
+            self._instances[spec.name] = self._new_instance(spec)
+        else:
+            known.set_spec(spec)
+        if blocking:
+            return self.spawn_background(self._start_after(spec.name, blocking))
+        await self.start(spec.name)
+        return None
 
     async def _roll(
         self, rollout: Rollout, new: Mapping[str, InstanceSpec], after: tuple[str, ...] = ()
@@ -267,56 +302,61 @@ class Engine:
             for name in after:
                 if name in self._instances:
                     await self._restarted(self._instances[name])
-            self.emit(None, "rollout", **rollout.to_json())
+            self.emit(None, RolloutEvent.of(rollout.to_json()))
             for number in range(1, len(rollout.waves) + 1):
-                wave = []
-                for name in rollout.begin_wave(number):
-                    inst = self._instances.get(name)
-                    if inst is None:
-                        continue  # removed by a later apply
-                    if inst.control.wants_run:
-                        wave.append(inst)
-                    elif not inst.supervised:
-                        # a person stopped it meanwhile: it stays stopped, with the layout's
-                        # spec for whenever it starts again
-                        inst.set_spec(new[name])
-                self.emit(None, "rollout", **rollout.to_json())
-                for inst in wave:
-                    # the layout being applied says how long a drain may take, not the old spec
-                    limit = rollout.drain_timeout_s
-                    await self.restart(
-                        inst.name,
-                        drain=True,
-                        drain_timeout_s=limit
-                        if limit is not None
-                        else new[inst.name].drain_timeout_s,
-                        spec=new[inst.name],
-                    )
-                outcomes = [(inst, await self._restarted(inst)) for inst in wave]
-                bad = [(inst, state) for inst, state in outcomes if state != State.READY]
-                # ready is not serving until the router routes to it again: the next wave's
-                # removal must not leave the router with fewer workers than max_unavailable
-                # allows
-                for inst, state in outcomes:
-                    if state == State.READY:
-                        await self.router.joined(inst.name)
+                bad = await self._roll_wave(rollout, number, new)
                 if bad:
                     rollout.end(
                         RolloutState.FAILED,
                         iso_utc(self.clock.wall()),
                         _wave_failure(number, rollout, bad),
                     )
-                    self.emit(None, "rollout", **rollout.to_json())
+                    self.emit(None, RolloutEvent.of(rollout.to_json()))
                     return
                 rollout.wave_ready()
             rollout.end(RolloutState.DONE, iso_utc(self.clock.wall()))
-            self.emit(None, "rollout", **rollout.to_json())
+            self.emit(None, RolloutEvent.of(rollout.to_json()))
         except asyncio.CancelledError:
             if rollout.active:
                 rollout.end(RolloutState.CANCELLED, iso_utc(self.clock.wall()))
             raise
         finally:
             self.notify()
+
+    async def _roll_wave(
+        self, rollout: Rollout, number: int, new: Mapping[str, InstanceSpec]
+    ) -> list[tuple[Instance, State]]:
+        """Restart wave `number` drained, wait for it and for the router to route to it again;
+        returns the instances that did not come back ready (with their state)."""
+        wave = []
+        for name in rollout.begin_wave(number):
+            inst = self._instances.get(name)
+            if inst is None:
+                continue  # removed by a later apply
+            if inst.control.wants_run:
+                wave.append(inst)
+            elif not inst.supervised:
+                # a person stopped it meanwhile: it stays stopped, with the layout's
+                # spec for whenever it starts again
+                inst.set_spec(new[name])
+        self.emit(None, RolloutEvent.of(rollout.to_json()))
+        for inst in wave:
+            # the layout being applied says how long a drain may take, not the old spec
+            limit = rollout.drain_timeout_s
+            await self.restart(
+                inst.name,
+                drain=True,
+                drain_timeout_s=limit if limit is not None else new[inst.name].drain_timeout_s,
+                spec=new[inst.name],
+            )
+        outcomes = [(inst, await self._restarted(inst)) for inst in wave]
+        # ready is not serving until the router routes to it again: the next wave's
+        # removal must not leave the router with fewer workers than max_unavailable
+        # allows
+        for inst, state in outcomes:
+            if state == State.READY:
+                await self.router.joined(inst.name)
+        return [(inst, state) for inst, state in outcomes if state != State.READY]
 
     async def _restarted(self, inst: Instance) -> State:
         """Wait until a restart of `inst` has come to an end: ready, failed or stopped."""
@@ -334,7 +374,7 @@ class Engine:
         is ready, failed or stopped. `automatic`: the supervisor's own restart of an instance
         that exited unwatched - counted in `restarts`, the breaker not reset."""
         inst = self._get(name)
-        self.emit(inst, "action", action="start", automatic=automatic)
+        self.emit(inst, ActionEvent(action="start", automatic=automatic))
         inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner(inst)
@@ -348,7 +388,7 @@ class Engine:
         # no new request from the router before anything else (and, for a drain, the ones
         # already sent counted)
         await self.router.leave(name, settle=drain)
-        self.emit(inst, "action", action="stop", drain=drain)
+        self.emit(inst, ActionEvent(action="stop", drain=drain))
         await self.halt(inst, drain)
 
     @staticmethod
@@ -401,7 +441,7 @@ class Engine:
         rollout's), else the instance's own."""
         inst = self._get(name)
         await self.router.leave(name, settle=drain)
-        self.emit(inst, "action", action="restart", drain=drain)
+        self.emit(inst, ActionEvent(action="restart", drain=drain))
         self.relaunch(inst, drain, drain_timeout_s, spec)
         self._ensure_runner(inst)
         inst.control.kick.set()
@@ -424,8 +464,7 @@ class Engine:
         ):
             return False
         inst.control.stall_restart(why, rank)
-        extra = {"rank": rank} if rank is not None else {}
-        self.emit(inst, "stall_restart", run=inst.run, pid=inst.pid, why=why, **extra)
+        self.emit(inst, StallRestartEvent(run=inst.run, pid=inst.pid, why=why, rank=rank))
         inst.control.kick.set()
         return True
 
@@ -552,7 +591,7 @@ class Engine:
         await self.stop(name)
         if self._instances.get(name) is inst and not inst.control.wants_run:
             del self._instances[name]
-            self.emit(inst, "removed")
+            self.emit(inst, RemovedEvent())
             self.notify()
 
     async def _start_after(self, name: str, removals: list[asyncio.Task]) -> None:
@@ -575,16 +614,15 @@ class Engine:
                 fut.set_result(None)
 
     def _on_state(self, inst: Instance, old: State, new: State) -> None:
-        self.emit(inst, "state", **{"from": old, "to": new})
+        self.emit(inst, StateEvent(from_=old, to=new))
         self.router.instance_state(inst.name, new)
         self.notify()
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
-        """Send an event to `on_event` (never raises: a failing handler is logged)."""
-        event = {"t": iso_utc(self.clock.wall()), "kind": kind}
-        if inst is not None:
-            event["instance"] = inst.name
-        event.update(fields)
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None:
+        """Send an event (vsup.journalevents) to `on_event`, stamped with the time and the
+        instance's name (never raises: a failing handler is logged)."""
+        name = inst.name if inst is not None else event.instance
+        event = replace(event, t=iso_utc(self.clock.wall()), instance=name)
         if self.on_event is None:
             return
         try:

@@ -24,6 +24,7 @@ from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
 from vsup.engine.sleep import Sleeper
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.journalevents import JournalEvent
 from vsup.layout.spec import InstanceSpec
 
 
@@ -67,7 +68,7 @@ class RunnerHost(Protocol):
         """The daemon detaches: processes live on, nothing may be stopped on the way out."""
         ...
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None:
         """Send an event (ARCHITECTURE.md's table) to the daemon."""
         ...
 

@@ -87,34 +87,17 @@ def judge(
     holders: list[Holder] = []
     short_gpus: list[int] = []
     for g in gpus:
-        own = sum(h.bytes or 0 for h in g.holders if h.pid in own_pids or h.instance == name)
-        free = g.total_bytes - g.used_bytes + own
-        needed = util * g.total_bytes
-        if free >= needed:
+        short = _short(name, util, g, own_pids)
+        if short is None:
             continue
-        others = [h for h in g.holders if h.pid not in own_pids and h.instance != name]
-        foreign = [h for h in others if h.instance is None and h.known]
-        listed = sum(h.bytes or 0 for h in others if h.known)
-        unlisted = g.used_bytes - own - listed
-        want = (
-            f"{name} needs {_gib(needed)} free ({util:g} of {_gib(g.total_bytes)}), {_gib(free)} is"
-        )
-        if foreign:
-            who = ", ".join(
-                f"pid {h.pid}" + (f" holds {_gib(h.bytes)}" if h.bytes is not None else "")
-                for h in foreign
-            )
-            waits.append(f"GPU {g.index}: {who} (no instance's); {want}")
-            holders.extend(foreign)
-            short_gpus.append(g.index)
-        elif unlisted >= needed - free:
+        if short.unknown:
             return None  # memory nobody is listed for (no per-process figures): cannot tell
+        if short.foreign:
+            waits.append(short.text)
+            holders.extend(short.foreign)
+            short_gpus.append(g.index)
         else:
-            mates = sorted(
-                {h.instance for h in others if h.instance is not None},
-            )
-            held = f"instances {', '.join(mates)} hold the rest" if mates else "it is in use"
-            shorts.append(f"GPU {g.index}: {want}; {held}")
+            shorts.append(short.text)
     if waits:
         sizes = [h.bytes for h in holders if h.bytes is not None]
         return Verdict(
@@ -132,6 +115,42 @@ def judge(
             + ". Lower gpu_memory_utilization or move an instance to another GPU",
         )
     return Verdict(Fit.OK)
+
+
+@dataclass(frozen=True)
+class _Short:
+    """One GPU without the memory an instance asks for: `foreign` holders (no instance's: the
+    start waits for them), or `unknown` (memory nobody is listed for), or neither (it never
+    fits: other instances or the layout take the rest)."""
+
+    text: str = ""
+    foreign: tuple[Holder, ...] = ()
+    unknown: bool = False
+
+
+def _short(name: str, util: float, g: GpuMemory, own_pids: Collection[int]) -> _Short | None:
+    """Why `g` lacks the memory `name` needs at `util`; None when it has it."""
+    own = sum(h.bytes or 0 for h in g.holders if h.pid in own_pids or h.instance == name)
+    free = g.total_bytes - g.used_bytes + own
+    needed = util * g.total_bytes
+    if free >= needed:
+        return None
+    others = [h for h in g.holders if h.pid not in own_pids and h.instance != name]
+    foreign = [h for h in others if h.instance is None and h.known]
+    listed = sum(h.bytes or 0 for h in others if h.known)
+    unlisted = g.used_bytes - own - listed
+    want = f"{name} needs {_gib(needed)} free ({util:g} of {_gib(g.total_bytes)}), {_gib(free)} is"
+    if foreign:
+        who = ", ".join(
+            f"pid {h.pid}" + (f" holds {_gib(h.bytes)}" if h.bytes is not None else "")
+            for h in foreign
+        )
+        return _Short(f"GPU {g.index}: {who} (no instance's); {want}", tuple(foreign))
+    if unlisted >= needed - free:
+        return _Short(unknown=True)
+    mates = sorted({h.instance for h in others if h.instance is not None})
+    held = f"instances {', '.join(mates)} hold the rest" if mates else "it is in use"
+    return _Short(f"GPU {g.index}: {want}; {held}")
 
 
 def _gib(n: float) -> str:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,15 @@ from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
 from vsup.engine.states import IDLE, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
+from vsup.journalevents import (
+    ActionEvent,
+    ForeignEvent,
+    JournalEvent,
+    RouterForeignWorkerEvent,
+    RouterWorkerRemovedEvent,
+    RouterWorkersEvent,
+    StateEvent,
+)
 from vsup.layout.spec import InstanceSpec
 from vsup.router import (
     EXCLUDED,
@@ -211,8 +221,8 @@ class _RouterHost:
     def detached(self) -> bool:
         return self._engine.detached
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None:
-        self._sup.emit(kind, **fields)
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None:
+        self._sup.emit(event)
 
     def notify(self) -> None:
         self._engine.notify()
@@ -265,13 +275,13 @@ class RouterSupervisor:
 
     # -- events -----------------------------------------------------------------------------
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, event: JournalEvent) -> None:
         """An engine event about the router: no `instance` key, `router` = its port."""
         port = self.spec.port if self.spec is not None else None
-        self.e.emit(None, kind, router=port, **fields)
+        self.e.emit(None, dataclasses.replace(event, router=port))
 
     def _on_state(self, inst: Instance, old: State, new: State) -> None:
-        self.emit("state", **{"from": old, "to": new})
+        self.emit(StateEvent(from_=old, to=new))
         if new != State.READY:
             self._placed.clear()  # a restarted router starts with no worker
         if new == State.READY:
@@ -360,7 +370,7 @@ class RouterSupervisor:
     async def start(self, automatic: bool = False) -> None:
         """Run the router (a failed one too: the breaker resets unless `automatic`)."""
         inst = self._need()
-        self.emit("action", action="start", automatic=automatic)
+        self.emit(ActionEvent(action="start", automatic=automatic))
         inst.control.start()
         inst.lifecycle.request_start(automatic=automatic)
         self._ensure_runner()
@@ -368,7 +378,7 @@ class RouterSupervisor:
     async def restart(self, spec: RouterSpec | None = None) -> None:
         """End the running router and start it again (with `spec`, when given)."""
         inst = self._need()
-        self.emit("action", action="restart")
+        self.emit(ActionEvent(action="restart"))
         self.e.relaunch(inst, spec=process_spec(spec) if spec is not None else None)
         self._ensure_runner()
 
@@ -377,7 +387,7 @@ class RouterSupervisor:
         inst = self.inst
         if inst is None:
             return
-        self.emit("action", action="stop")
+        self.emit(ActionEvent(action="stop"))
         await self.e.halt(inst)
 
     async def shutdown(self, stop_router: bool) -> None:
@@ -425,7 +435,7 @@ class RouterSupervisor:
         if self.in_router is not None:
             self.in_router = [u for u in self.in_router if u != url]
         if not already:
-            self.emit("router_workers", add=[], remove=[url], why=f"{name} leaves")
+            self.emit(RouterWorkersEvent(add=[], remove=[url], why=f"{name} leaves"))
         if settle:
             await asyncio.sleep(LEAVE_SETTLE_S)
 
@@ -501,39 +511,56 @@ class RouterSupervisor:
         removed: list[str] = []
         added: list[str] = []
         try:
-            for url in change.remove:
-                await self.client.remove_worker(url)
-                removed.append(url)
-            # at once: each add waits for the worker's /health, slow on a busy CPU server
-            client = self.client
-            results = await asyncio.gather(
-                *(client.add_worker(url) for url in change.add), return_exceptions=True
-            )
-            added += [
-                u for u, r in zip(change.add, results, strict=True) if r is True or r is False
-            ]
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
+            await self._change(change, removed, added)
         finally:
-            self.in_router = [u for u in listed if u not in removed] + [
-                u for u in added if u not in listed
-            ]
-            # what vsup wants there and is there (an adopted router's members too): from now
-            # on, one of them missing was removed by someone else
-            self._placed = set(self.membership.desired(states)) & set(self.in_router)
-            # vsup's own changes are journaled as such; undoing someone else's is an incident
-            # of its own (rate-limited: a loop would otherwise write dozens of events a second)
-            own_add = [u for u in added if u not in taken]
-            own_remove = [u for u in removed if u not in foreign]
-            if own_add or own_remove:
-                self.emit("router_workers", add=own_add, remove=own_remove)
-            self._note_foreign([u for u in removed if u in foreign])
-            self._note_removed([u for u in added if u in taken])
-            if foreign or taken:
-                self._attacked_at = self.e.clock.monotonic()
-            if added or removed:
-                self.e.notify()  # a rollout may wait for a member to be back (joined)
+            self._synced(listed, states, removed, added, taken, foreign)
+
+    async def _change(self, change: MembershipChange, removed: list[str], added: list[str]) -> None:
+        """Remove then add workers; `removed` and `added` get what was done (on an error too)."""
+        assert self.client is not None
+        for url in change.remove:
+            await self.client.remove_worker(url)
+            removed.append(url)
+        # at once: each add waits for the worker's /health, slow on a busy CPU server
+        client = self.client
+        results = await asyncio.gather(
+            *(client.add_worker(url) for url in change.add), return_exceptions=True
+        )
+        added += [u for u, r in zip(change.add, results, strict=True) if r is True or r is False]
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    def _synced(
+        self,
+        listed: list[str],
+        states: Mapping[str, str],
+        removed: list[str],
+        added: list[str],
+        taken: Collection[str],
+        foreign: Collection[str],
+    ) -> None:
+        """Record what a sync did: the router's workers now, vsup's own changes journaled,
+        someone else's undone changes counted as incidents."""
+        assert self.membership is not None
+        self.in_router = [u for u in listed if u not in removed] + [
+            u for u in added if u not in listed
+        ]
+        # what vsup wants there and is there (an adopted router's members too): from now
+        # on, one of them missing was removed by someone else
+        self._placed = set(self.membership.desired(states)) & set(self.in_router)
+        # vsup's own changes are journaled as such; undoing someone else's is an incident
+        # of its own (rate-limited: a loop would otherwise write dozens of events a second)
+        own_add = [u for u in added if u not in taken]
+        own_remove = [u for u in removed if u not in foreign]
+        if own_add or own_remove:
+            self.emit(RouterWorkersEvent(add=own_add, remove=own_remove))
+        self._note_foreign([u for u in removed if u in foreign])
+        self._note_removed([u for u in added if u in taken])
+        if foreign or taken:
+            self._attacked_at = self.e.clock.monotonic()
+        if added or removed:
+            self.e.notify()  # a rollout may wait for a member to be back (joined)
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -711,7 +738,12 @@ class RouterSupervisor:
             rec.first_seen,
             ", ".join(rec.users) or "none",
         )
-        self.emit(kind, url=rec.url, first_seen=rec.first_seen, users=list(rec.users), **count)
+        told_by: dict[str, type[ForeignEvent]] = {
+            "router_foreign_worker": RouterForeignWorkerEvent,
+            "router_worker_removed": RouterWorkerRemovedEvent,
+        }
+        fields = {"url": rec.url, "first_seen": rec.first_seen, "users": list(rec.users)}
+        self.emit(told_by[kind].of(fields | count))
 
     def foreign_recent(self) -> tuple[ForeignWorker, ...]:
         """Foreign workers removed within the last FOREIGN_RECENT_S (advice, status)."""
@@ -735,28 +767,6 @@ class RouterSupervisor:
         inst, spec = self.inst, self.spec
         fields = inst.status_fields()
         m = self.metrics
-        share = m.worker_share() if m is not None else {}
-        states = self.states()
-        desired = set(self.membership.desired(states)) if self.membership else set()
-        workers = []
-        for name, url in spec.workers.items():
-            in_router = url in self.in_router if self.in_router is not None else None
-            workers.append(
-                RouterWorker(
-                    name=name,
-                    url=url,
-                    state=states.get(name),
-                    in_router=in_router,
-                    wanted=url in desired,
-                    share=round(share[url], 4) if url in share else None,
-                    requests_total=m.worker_requests.get(url) if m is not None else None,
-                    healthy=(
-                        bool(m.worker_health[url])
-                        if m is not None and url in m.worker_health
-                        else None
-                    ),
-                )
-            )
         return RouterStatus(
             state=inst.state,
             pid=inst.pid,
@@ -779,29 +789,63 @@ class RouterSupervisor:
             errors_total=m.errors_total if m is not None else None,
             retries_total=m.retries_total if m is not None else None,
             error=self.last_error,
-            workers=tuple(workers),
-            foreign_workers=tuple(
-                RouterForeignWorker(
-                    url=f.url,
-                    first_seen=f.first_seen,
-                    last_seen=f.last_seen,
-                    removals=f.removals,
-                    users=f.users,
-                )
-                for f in self.foreign_recent()
-            ),
-            removed_workers=tuple(
-                RouterRemovedWorker(
-                    url=r.url,
-                    name=r.name,
-                    first_seen=r.first_seen,
-                    last_seen=r.last_seen,
-                    restores=r.restores,
-                    users=r.users,
-                )
-                for r in self.removed_recent()
-            ),
+            workers=self._workers_status(spec),
+            foreign_workers=self._foreign_status(),
+            removed_workers=self._removed_status(),
         )
+
+    def _foreign_status(self) -> tuple[RouterForeignWorker, ...]:
+        return tuple(
+            RouterForeignWorker(
+                url=f.url,
+                first_seen=f.first_seen,
+                last_seen=f.last_seen,
+                removals=f.removals,
+                users=f.users,
+            )
+            for f in self.foreign_recent()
+        )
+
+    def _removed_status(self) -> tuple[RouterRemovedWorker, ...]:
+        return tuple(
+            RouterRemovedWorker(
+                url=r.url,
+                name=r.name,
+                first_seen=r.first_seen,
+                last_seen=r.last_seen,
+                restores=r.restores,
+                users=r.users,
+            )
+            for r in self.removed_recent()
+        )
+
+    def _workers_status(self, spec: RouterSpec) -> tuple[RouterWorker, ...]:
+        """Each worker of the layout as the status shows it: its state, whether the router
+        has it and should, its share of the requests and the router's health verdict."""
+        m = self.metrics
+        share = m.worker_share() if m is not None else {}
+        states = self.states()
+        desired = set(self.membership.desired(states)) if self.membership else set()
+        workers = []
+        for name, url in spec.workers.items():
+            in_router = url in self.in_router if self.in_router is not None else None
+            workers.append(
+                RouterWorker(
+                    name=name,
+                    url=url,
+                    state=states.get(name),
+                    in_router=in_router,
+                    wanted=url in desired,
+                    share=round(share[url], 4) if url in share else None,
+                    requests_total=m.worker_requests.get(url) if m is not None else None,
+                    healthy=(
+                        bool(m.worker_health[url])
+                        if m is not None and url in m.worker_health
+                        else None
+                    ),
+                )
+            )
+        return tuple(workers)
 
     def adopt_record(self) -> dict[str, Any] | None:
         """What the state file keeps: the spec it runs and (while it runs) its process."""

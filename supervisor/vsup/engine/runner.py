@@ -33,8 +33,23 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
-from vsup.engine.spawn import Launched, launch
+from vsup.engine.spawn import Launched, Refused, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
+from vsup.journalevents import (
+    DrainEvent,
+    ErrorEvent,
+    ExitEvent,
+    FailedEvent,
+    GroupWaitEvent,
+    MemoryWaitEvent,
+    RankExitEvent,
+    ReadyEvent,
+    RestartScheduledEvent,
+    SpawnEvent,
+    StopEvent,
+    StopIncompleteEvent,
+    UnhealthyEvent,
+)
 from vsup.snapshot import LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
@@ -70,7 +85,7 @@ class Runner:
             raise
         except Exception as exc:
             log.exception("runner of %s failed", inst.name)
-            self.e.emit(inst, "error", message=f"{type(exc).__name__}: {exc}")
+            self.e.emit(inst, ErrorEvent(message=f"{type(exc).__name__}: {exc}"))
             inst.control.stop()
             lc.fail(f"vsup's supervision of it broke ({type(exc).__name__}: {exc}); see daemon.log")
         finally:
@@ -90,18 +105,7 @@ class Runner:
         spec = inst.control.take()  # a pending restart is this start
         if spec is not None:
             inst.set_spec(spec)
-        if inst.control.stale_sweep is not None:
-            await inst.control.stale_sweep
-            inst.control.stale_sweep = None
-            if inst.gpu_released is False:
-                # orphans of the run that died unwatched left memory the GPU still lists
-                self._unreleased()
-                return
-        if not await self._await_group():
-            return
-        if not await self._await_memory():
-            return
-        if not await self._acquire("start"):
+        if not await self._may_launch():
             return
         run = lc.run + 1
         at = iso_utc(e.clock.wall())
@@ -113,38 +117,63 @@ class Runner:
         except asyncio.CancelledError:
             pending.add_done_callback(_kill_unrecorded)
             raise
-        if not isinstance(result, Launched):
-            self._release()
-            logged = (
-                result.reason != ExitReason.PORT_IN_USE
-            )  # the refusal is written in that run's log
-            if logged:
-                lc.run = run
-            self._exited(
-                run if logged else None,
-                None,
-                ExitStatus(None, None),
-                Classified(result.reason, result.excerpt),
-                fail_fast=result.excerpt if result.fail_fast else None,
-            )
-            return
+        if isinstance(result, Launched):
+            self._spawned(run, result)
+        else:
+            self._refused(run, result)
+
+    async def _may_launch(self) -> bool:
+        """Whatever must come before a launch: the sweep of a run that died unwatched (its
+        GPU memory released), the swap group's gate, free GPU memory, a start turn."""
+        inst = self.inst
+        if inst.control.stale_sweep is not None:
+            await inst.control.stale_sweep
+            inst.control.stale_sweep = None
+            if inst.gpu_released is False:
+                # orphans of the run that died unwatched left memory the GPU still lists
+                self._unreleased()
+                return False
+        return (
+            await self._await_group()
+            and await self._await_memory()
+            and await self._acquire("start")
+        )
+
+    def _refused(self, run: int, result: Refused) -> None:
+        """A launch that started no server: the run ends as an exit with its reason."""
+        self._release()
+        # the refusal is written in that run's log (a port in use is found before any)
+        logged = result.reason != ExitReason.PORT_IN_USE
+        if logged:
+            self.lc.run = run
+        self._exited(
+            run if logged else None,
+            None,
+            ExitStatus(None, None),
+            Classified(result.reason, result.excerpt),
+            fail_fast=result.excerpt if result.fail_fast else None,
+        )
+
+    def _spawned(self, run: int, result: Launched) -> None:
+        inst, e = self.inst, self.e
         proc = RunningProcess(result.pid, result.pgid, result.create_time, run, result.popen)
         proc.watch()
         proc.ranks.on_exit = lambda rank, pid: self._rank_exited(proc, rank, pid)
         proc.exit_future.add_done_callback(lambda _f: inst.control.kick.set())
         inst.process = proc
         inst.gpu_released = None
-        lc.spawned(run)
+        self.lc.spawned(run)
         if e.sleeper is not None:
             e.sleeper.process_started(inst)
         e.emit(
             inst,
-            "spawn",
-            run=run,
-            pid=proc.pid,
-            pgid=proc.pgid,
-            create_time=proc.create_time,
-            log=str(inst.logs.path(run)),
+            SpawnEvent(
+                run=run,
+                pid=proc.pid,
+                pgid=proc.pgid,
+                create_time=proc.create_time,
+                log=str(inst.logs.path(run)),
+            ),
         )
 
     async def _adopted(self, proc: RunningProcess) -> None:
@@ -209,7 +238,7 @@ class Runner:
                     inst.spec.drain_timeout_s if limit is None else limit,
                     server_load=self._server_load(),
                 )
-                e.emit(inst, "drain", drained=drained, waited_s=round(waited, 3), requests=first)
+                e.emit(inst, DrainEvent(drained=drained, waited_s=round(waited, 3), requests=first))
                 teardown.run_note(e, inst, proc)(
                     f"drain: {_drained(drained, waited, first)}; the stop goes on"
                 )
@@ -267,23 +296,8 @@ class Runner:
             self._stuck(proc, ended.survivors if ended else (proc.pid,))
             return
         status: ExitStatus = proc.exit_future.result()
-        classified = classify(
-            status.code,
-            status.signum,
-            inst.logs.tail(proc.run),
-            model=inst.spec.model,
-            cause=cause,
-            starting=lc.ready_since is None,
-        )
+        classified, rank = self._classify(proc, status, cause)
         inst.process = None
-        died = proc.ranks.died
-        rank = died[0] if died is not None else None
-        stall = inst.control.stall
-        if rank is None and cause == ExitReason.STALLED and stall is not None:
-            rank = stall.rank  # the data-parallel rank that stalled, if one did
-        if died is not None and not classified.excerpt:
-            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
-            classified = Classified(classified.reason, _rank_died(*died))
         self._exited(
             proc.run, proc.pid, status, classified, own_pids=proc.tracked.keys(), rank=rank
         )
@@ -303,19 +317,49 @@ class Runner:
             return
         self._release()
         if lc.state == State.STOPPING:
-            e.emit(
-                inst,
-                "stop",
+            self._stopped(proc, ended)
+
+    def _classify(
+        self, proc: RunningProcess, status: ExitStatus, cause: ExitReason | None
+    ) -> tuple[Classified, int | None]:
+        """Why the run ended (exitreason.classify over its log's tail) and the data-parallel
+        rank that died or stalled first, if one did."""
+        inst = self.inst
+        classified = classify(
+            status.code,
+            status.signum,
+            inst.logs.tail(proc.run),
+            model=inst.spec.model,
+            cause=cause,
+            starting=self.lc.ready_since is None,
+        )
+        died = proc.ranks.died
+        rank = died[0] if died is not None else None
+        stall = inst.control.stall
+        if rank is None and cause == ExitReason.STALLED and stall is not None:
+            rank = stall.rank  # the data-parallel rank that stalled, if one did
+        if died is not None and not classified.excerpt:
+            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
+            classified = Classified(classified.reason, _rank_died(*died))
+        return classified, rank
+
+    def _stopped(self, proc: RunningProcess, ended: stop.Ended) -> None:
+        """A stop (or the stop half of a restart) has ended the whole tree."""
+        inst, lc = self.inst, self.lc
+        self.e.emit(
+            inst,
+            StopEvent(
                 run=proc.run,
                 pid=proc.pid,
                 term=ended.term_sent,
                 kill=ended.kill_sent,
                 waited_s=round(ended.waited_s, 3),
-            )
-            if inst.control.wants_run:
-                lc.attempt()  # a restart: straight from stopping to starting
-            else:
-                lc.finish_stop()
+            ),
+        )
+        if inst.control.wants_run:
+            lc.attempt()  # a restart: straight from stopping to starting
+        else:
+            lc.finish_stop()
 
     def _exited(
         self,
@@ -338,42 +382,59 @@ class Runner:
         )
         hold = None
         if last.reason == ExitReason.GPU_MEMORY_INSUFFICIENT and lc.state != State.STOPPING:
-            verdict = self._memory_verdict(own_pids)
-            if verdict is not None and verdict.fit == Fit.WAIT:
-                hold = verdict.message
-            elif verdict is not None and verdict.fit == Fit.SHORT:
-                vllm_said = (last.log_excerpt or "").split("\n")[0]
-                fail_fast = f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+            hold, fail_fast = self._memory_short(last, own_pids, fail_fast)
         decision = lc.exited(last, hold=hold, fail_fast=fail_fast)
         if rank is not None and decision.action == Action.FAILED and lc.failed_why:
             what = "stalled" if last.reason == ExitReason.STALLED else "died"
             lc.failed_why += f" (its last run ended when data-parallel rank {rank} {what})"
         e.emit(
             inst,
-            "exit",
-            run=run,
-            pid=pid,
-            code=last.code,
-            signal=last.signal,
-            reason=last.reason,
-            log_excerpt=last.log_excerpt,
-            **({"rank": rank} if rank is not None else {}),
+            ExitEvent(
+                run=run,
+                pid=pid,
+                code=last.code,
+                signal=last.signal,
+                reason=last.reason,
+                log_excerpt=last.log_excerpt,
+                rank=rank,
+            ),
         )
+        self._decided(last, decision)
+        return decision
+
+    def _memory_short(
+        self, last: LastExit, own_pids: Collection[int], fail_fast: str | None
+    ) -> tuple[str | None, str | None]:
+        """After vLLM found too little GPU memory: (why to hold the restart until memory is
+        free, why to fail at once) - others hold the memory for now, or it can never fit."""
+        verdict = self._memory_verdict(own_pids)
+        if verdict is not None and verdict.fit == Fit.WAIT:
+            return verdict.message, fail_fast
+        if verdict is not None and verdict.fit == Fit.SHORT:
+            vllm_said = (last.log_excerpt or "").split("\n")[0]
+            return None, f"{verdict.message}" + (f" (vLLM: {vllm_said})" if vllm_said else "")
+        return None, fail_fast
+
+    def _decided(self, last: LastExit, decision: Decision) -> None:
+        """Journal what the restart policy decided after an exit, and act on a give-up."""
+        inst, lc, e = self.inst, self.lc, self.e
         if decision.action == Action.RESTART:
             e.emit(
                 inst,
-                "restart_scheduled",
-                delay_s=decision.delay_s,
-                failures=decision.failures,
-                reason=last.reason,
-                **({"why": decision.why} if decision.why else {}),
+                RestartScheduledEvent(
+                    delay_s=decision.delay_s,
+                    failures=decision.failures,
+                    reason=last.reason,
+                    why=decision.why or None,
+                ),
             )
         elif decision.action == Action.FAILED:
             inst.control.give_up()
-            e.emit(inst, "failed", reason=last.reason, failures=decision.failures, why=decision.why)
+            e.emit(
+                inst, FailedEvent(reason=last.reason, failures=decision.failures, why=decision.why)
+            )
         elif lc.state == State.STOPPED:
             inst.control.give_up()  # a clean exit the policy does not restart
-        return decision
 
     def _memory_verdict(self, own_pids: Collection[int] = ()) -> Verdict | None:
         """Whether the instance's GPUs have the memory it asks for (memory.py); None when
@@ -398,14 +459,12 @@ class Runner:
                     if told is not None:
                         e.emit(
                             inst,
-                            "memory_wait",
-                            done=True,
-                            waited_s=round(e.clock.monotonic() - t0, 3),
+                            MemoryWaitEvent(done=True, waited_s=round(e.clock.monotonic() - t0, 3)),
                         )
                     return True
                 if verdict.message != told:
                     told = verdict.message
-                    e.emit(inst, "memory_wait", done=False, message=told)
+                    e.emit(inst, MemoryWaitEvent(done=False, message=told))
                 inst.wait = WaitReason(
                     kind="gpu_memory",
                     message=told or "GPU memory held by other processes",
@@ -435,7 +494,7 @@ class Runner:
             while (reason := e.sleeper.gate(inst)) is not None:
                 if reason.message != told:
                     told = reason.message
-                    e.emit(inst, "group_wait", done=False, message=told)
+                    e.emit(inst, GroupWaitEvent(done=False, message=told))
                 inst.wait = reason
                 inst.control.kick.clear()
                 await self._wait(e.settings.memory_poll_s)
@@ -443,7 +502,7 @@ class Runner:
                     return False
             if told is not None:
                 waited = round(e.clock.monotonic() - t0, 3)
-                e.emit(inst, "group_wait", done=True, waited_s=waited)
+                e.emit(inst, GroupWaitEvent(done=True, waited_s=waited))
             return True
         finally:
             if told is not None:
@@ -489,7 +548,7 @@ class Runner:
             f"vsup will not start {inst.name} beside them: {then}"
         )
         self.e.emit(
-            inst, "stop_incomplete", run=proc.run, pids=list(pids), message=message, resume=resume
+            inst, StopIncompleteEvent(run=proc.run, pids=list(pids), message=message, resume=resume)
         )
         self.lc.fail(message)
         if resume:
@@ -511,17 +570,18 @@ class Runner:
             return
         proc.ranks.died = (rank, pid)
         why = _rank_died(rank, pid)
-        self.e.emit(inst, "rank_exit", run=proc.run, rank=rank, pid=pid, message=why)
+        self.e.emit(inst, RankExitEvent(run=proc.run, rank=rank, pid=pid, message=why))
         if lc.engine_died():
             self.e.emit(
                 inst,
-                "unhealthy",
-                run=proc.run,
-                pid=proc.pid,
-                failures=lc.health_failures,
-                status=None,
-                error=why,
-                rank=rank,
+                UnhealthyEvent(
+                    run=proc.run,
+                    pid=proc.pid,
+                    failures=lc.health_failures,
+                    status=None,
+                    error=why,
+                    rank=rank,
+                ),
             )
         inst.control.kick.set()
 
@@ -554,7 +614,7 @@ class Runner:
                         if lc.ready_since is not None and lc.spawned_at is not None
                         else None
                     )
-                    e.emit(inst, "ready", run=proc.run, pid=proc.pid, startup_s=startup_s)
+                    e.emit(inst, ReadyEvent(run=proc.run, pid=proc.pid, startup_s=startup_s))
                     inst.control.kick.set()
                     next_chores = loop.time()  # the engine's processes exist now: scan them
             elif lc.state == State.READY:
@@ -563,12 +623,13 @@ class Runner:
                 elif lc.health_failed(h.status):
                     e.emit(
                         inst,
-                        "unhealthy",
-                        run=proc.run,
-                        pid=proc.pid,
-                        failures=lc.health_failures,
-                        status=h.status,
-                        error=h.error,
+                        UnhealthyEvent(
+                            run=proc.run,
+                            pid=proc.pid,
+                            failures=lc.health_failures,
+                            status=h.status,
+                            error=h.error,
+                        ),
                     )
                     inst.control.kick.set()
             if loop.time() >= next_chores:

@@ -49,6 +49,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vsup.engine import health, stop
+from vsup.journalevents import (
+    DrainEvent,
+    JournalEvent,
+    SleepEvent,
+    SleepFailedEvent,
+    SwapEvent,
+    WakeEvent,
+    WakeFailedEvent,
+)
 from vsup.snapshot import SleepStatus, WaitReason
 from vsup.states import DONE_STARTING, SleepState, State
 from vsup.telemetry.httpget import HttpError
@@ -74,7 +83,7 @@ class SleepHost(Protocol):
     @property
     def instances(self) -> Mapping[str, Instance]: ...
 
-    def emit(self, inst: Instance | None, kind: str, **fields: Any) -> None: ...
+    def emit(self, inst: Instance | None, event: JournalEvent) -> None: ...
 
     def notify(self) -> None: ...
 
@@ -473,7 +482,7 @@ class Sleeper:
                 back = f"; {a} did not wake again either ({again})"
             raise SleepRefused(f"{b} did not wake ({exc}){back}") from exc
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(self.e.instances[b], "swap", slept=a, took_s=took)
+        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took))
         return {"slept": slept, "woke": woke, "took_s": took}
 
     # -- internals ----------------------------------------------------------------------------
@@ -509,79 +518,97 @@ class Sleeper:
     ) -> dict:
         name = inst.name
         level = level if level is not None else t.level
-        if level not in (1, 2):
-            raise SleepRefused(f"sleep level {level}: use 1 or 2")
-        if t.state == SleepState.ASLEEP:
+        if t.state == SleepState.ASLEEP and level in (1, 2):
             t.want_awake = False
             return {"instance": name, "already": True, "level": t.level}
-        if inst.pid is None or inst.state != State.READY:
-            raise SleepRefused(f"{name} is {inst.state}: only a ready instance can be put to sleep")
-        if level == 1:
-            try:
-                self._check_host_ram(inst)
-            except SleepRefused as exc:
-                t.error = f"sleep failed: {exc}"
-                self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
-                raise
+        self._check_sleepable(inst, t, level, why)
         t.want_awake = False
         t0 = self.e.clock.monotonic()
         before = await self._held_now(inst)
         self._set(inst, t, SleepState.FALLING_ASLEEP)
         try:
-            await self.e.router.leave(name, settle=True)
-            drained, waited, left = await self._drain(inst)
-            if drained is False and await self._engine_idle(inst):
-                # /load counts requests the engine does not hold: ones still in the API
-                # server's hands (the paused scheduler keeps them for the wake) or a count
-                # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
-                self.e.emit(
-                    inst, "drain", drained=False, waited_s=round(waited, 3), requests=left,
-                    why=f"/load still {left:g} while its engine runs none: sleeps anyway",
-                )  # fmt: skip
-                drained = True
-            if drained is False:
-                raise SleepRefused(
-                    f"{name} still runs {left:g} request(s) after {waited:.0f} s "
-                    f"(drain_timeout_s); nothing slept - try again when it is quieter"
-                )
-            # mode=wait: vLLM 0.32 lets requests in flight end (its default aborts them); older
-            # versions ignore the parameter, and the drain above covers them
-            await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
-            if await self._is_sleeping(inst) is False:
-                raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+            await self._fall_asleep(inst, level)
         except SleepRefused as exc:
             t.want_awake = True
             t.error = f"sleep failed: {exc}"
             self._set(inst, t, SleepState.AWAKE)
             self._rejoin(name)
-            self.e.emit(inst, "sleep_failed", level=level, why=why, error=str(exc))
+            self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
             raise
         t.level = level
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_sleep_s, t.held_bytes = took, kept
-        t.error = None
-        awake_bytes = self._awake_bytes(inst, before)
-        if awake_bytes and kept is not None and kept > awake_bytes * RELEASED_FRACTION:
-            t.error = (
-                f"asleep but its GPU memory was not released ({_gib(kept)} GiB still held "
-                f"{RELEASE_TIMEOUT_S:.0f} s after the sleep, of {_gib(awake_bytes)} GiB awake)"
-            )
+        t.error = self._release_error(inst, before, kept)
         self._set(inst, t, SleepState.ASLEEP)
         self._rejoin(name)  # its sleep state keeps it out of the router until it is awake
         self.e.emit(
             inst,
-            "sleep",
-            level=level,
-            why=why,
-            took_s=took,
-            held_before=before,
-            held_after=kept,
-            error=t.error,
+            SleepEvent(
+                level=level,
+                why=why,
+                took_s=took,
+                held_before=before,
+                held_after=kept,
+                error=t.error,
+            ),
         )
         if t.error is not None:
             raise SleepRefused(f"{name} is {t.error}")
         return {"instance": name, "level": level, "took_s": took, "held_bytes": kept}
+
+    def _check_sleepable(self, inst: Instance, t: SleepTrack, level: int, why: str) -> None:
+        """SleepRefused unless `inst` can go to sleep at `level` now (level 1: host RAM for
+        its weights, a refusal journaled as `sleep_failed`)."""
+        if level not in (1, 2):
+            raise SleepRefused(f"sleep level {level}: use 1 or 2")
+        if inst.pid is None or inst.state != State.READY:
+            raise SleepRefused(
+                f"{inst.name} is {inst.state}: only a ready instance can be put to sleep"
+            )
+        if level == 1:
+            try:
+                self._check_host_ram(inst)
+            except SleepRefused as exc:
+                t.error = f"sleep failed: {exc}"
+                self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
+                raise
+
+    async def _fall_asleep(self, inst: Instance, level: int) -> None:
+        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not."""
+        name = inst.name
+        await self.e.router.leave(name, settle=True)
+        drained, waited, left = await self._drain(inst)
+        if drained is False and await self._engine_idle(inst):
+            # /load counts requests the engine does not hold: ones still in the API
+            # server's hands (the paused scheduler keeps them for the wake) or a count
+            # vLLM never took back (seen on CPU vLLM 0.32 behind vllm-router)
+            why_anyway = f"/load still {left:g} while its engine runs none: sleeps anyway"
+            self.e.emit(
+                inst,
+                DrainEvent(drained=False, waited_s=round(waited, 3), requests=left, why=why_anyway),
+            )
+            drained = True
+        if drained is False:
+            raise SleepRefused(
+                f"{name} still runs {left:g} request(s) after {waited:.0f} s "
+                f"(drain_timeout_s); nothing slept - try again when it is quieter"
+            )
+        # mode=wait: vLLM 0.32 lets requests in flight end (its default aborts them); older
+        # versions ignore the parameter, and the drain above covers them
+        await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
+        if await self._is_sleeping(inst) is False:
+            raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+
+    def _release_error(self, inst: Instance, before: int | None, kept: int | None) -> str | None:
+        """Why an instance that went to sleep is not really asleep: its memory stayed held."""
+        awake_bytes = self._awake_bytes(inst, before)
+        if awake_bytes and kept is not None and kept > awake_bytes * RELEASED_FRACTION:
+            return (
+                f"asleep but its GPU memory was not released ({_gib(kept)} GiB still held "
+                f"{RELEASE_TIMEOUT_S:.0f} s after the sleep, of {_gib(awake_bytes)} GiB awake)"
+            )
+        return None
 
     async def _wake_locked(self, inst: Instance, t: SleepTrack, why: str) -> dict:
         name = inst.name
@@ -610,7 +637,7 @@ class Sleeper:
             sleeping = await self._is_sleeping(inst)
             t.want_awake = False
             self._set(inst, t, SleepState.ASLEEP if sleeping is not False else SleepState.AWAKE)
-            self.e.emit(inst, "wake_failed", why=why, error=str(exc))
+            self.e.emit(inst, WakeFailedEvent(why=why, error=str(exc)))
             raise
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_wake_s, t.error, t.held_bytes = took, None, None
@@ -618,7 +645,7 @@ class Sleeper:
         self._set(inst, t, SleepState.AWAKE)
         self._rejoin(name)
         joined = await self.e.router.joined(name)
-        self.e.emit(inst, "wake", why=why, took_s=took, level=t.level, in_router=joined)
+        self.e.emit(inst, WakeEvent(why=why, took_s=took, level=t.level, in_router=joined))
         return {"instance": name, "took_s": took}
 
     async def _start_awake(self, inst: Instance, t: SleepTrack, why: str) -> dict:
@@ -636,7 +663,7 @@ class Sleeper:
         if state != State.READY:
             raise SleepRefused(f"{name} was not running and its start ended {state}")
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(inst, "wake", why=why, took_s=took, cold=True, level=t.level)
+        self.e.emit(inst, WakeEvent(why=why, took_s=took, cold=True, level=t.level))
         return {"instance": name, "took_s": took, "cold": True}
 
     def _check_host_ram(self, inst: Instance) -> None:

@@ -137,14 +137,8 @@ def _listener(port: int) -> str | None:
     return None
 
 
-def launch(
-    spec: InstanceSpec,
-    logs: RunLogs,
-    run: int,
-    started_at: str,
-    base_env: Mapping[str, str] | None = None,
-) -> Launched | Refused:
-    """Start run `run` of `spec`, or say why it cannot start (blocking)."""
+def _port_busy(spec: InstanceSpec) -> Refused | None:
+    """Why the instance's port keeps it from starting (someone holds it); None when free."""
     holder = port_holder(spec.host, spec.port)
     if holder == IN_TIME_WAIT:
         # vLLM could not bind it either; it is free within a minute: wait, then start
@@ -162,6 +156,20 @@ def launch(
             f"port {spec.port} on {spec.host} is in use by {holder}: give instance "
             f"{spec.name!r} another `port` in the layout, or stop that process",
         )
+    return None
+
+
+def launch(
+    spec: InstanceSpec,
+    logs: RunLogs,
+    run: int,
+    started_at: str,
+    base_env: Mapping[str, str] | None = None,
+) -> Launched | Refused:
+    """Start run `run` of `spec`, or say why it cannot start (blocking)."""
+    busy = _port_busy(spec)
+    if busy is not None:
+        return busy
     argv = spec.argv()
     env = child_env(spec, base_env)
     header = f"[vsup] {spec.name} run {run} at {started_at}: {shlex.join(argv)}"

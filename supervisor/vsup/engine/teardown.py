@@ -17,6 +17,7 @@ from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
 from vsup.engine.proc import ZOMBIE, RunningProcess, read_stat, same_process
 from vsup.engine.states import State
+from vsup.journalevents import FailedEvent, GpuReleaseEvent, StuckGoneEvent, SweepEvent
 
 GPU_MEMORY_NOT_RELEASED = "gpu_memory_not_released"
 
@@ -46,11 +47,12 @@ async def end_tree(host: RunnerHost, inst: Instance, proc: RunningProcess) -> st
     if ended.signalled:
         host.emit(
             inst,
-            "sweep",
-            run=proc.run,
-            pids=list(ended.signalled),
-            kill=ended.kill_sent,
-            waited_s=round(ended.waited_s, 3),
+            SweepEvent(
+                run=proc.run,
+                pids=list(ended.signalled),
+                kill=ended.kill_sent,
+                waited_s=round(ended.waited_s, 3),
+            ),
         )
     return ended
 
@@ -68,11 +70,12 @@ async def await_release(host: RunnerHost, inst: Instance, proc: RunningProcess) 
         inst.gpu_released = released
         host.emit(
             inst,
-            "gpu_release",
-            run=proc.run,
-            gpus=list(inst.spec.gpus),
-            released=released,
-            waited_s=round(waited, 3),
+            GpuReleaseEvent(
+                run=proc.run,
+                gpus=list(inst.spec.gpus),
+                released=released,
+                waited_s=round(waited, 3),
+            ),
         )
     return released
 
@@ -89,7 +92,7 @@ def fail_unreleased(host: RunnerHost, inst: Instance, whose: str) -> None:
         f"not starting it there again until a person does (vsup start {inst.name})"
     )
     host.emit(
-        inst, "failed", reason=GPU_MEMORY_NOT_RELEASED, failures=inst.lifecycle.failures, why=why
+        inst, FailedEvent(reason=GPU_MEMORY_NOT_RELEASED, failures=inst.lifecycle.failures, why=why)
     )
     inst.lifecycle.fail(why)
     host.notify()
@@ -136,7 +139,7 @@ async def resume_when_gone(
         await asyncio.sleep(host.settings.stuck_poll_s)
     if not untouched():
         return
-    host.emit(inst, "stuck_gone", run=proc.run, pids=list(born))
+    host.emit(inst, StuckGoneEvent(run=proc.run, pids=list(born)))
     released = await await_release(host, inst, proc)
     if not untouched():
         return

@@ -21,6 +21,7 @@ import pytest
 from vsup.clock import SystemClock
 from vsup.engine import Engine, EngineSettings
 from vsup.engine.proc import process_table, read_stat
+from vsup.journalevents import JournalEvent
 from vsup.layout.spec import InstanceSpec, RestartPolicy
 
 from tests.ports import free_port
@@ -52,8 +53,9 @@ class Events:
         self.items: list[tuple[float, dict[str, Any]]] = []
         self._changed = asyncio.Event()
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.items.append((time.monotonic(), event))
+    def __call__(self, event: JournalEvent) -> None:
+        # kept as the journal's JSON object: the tests read the keys the journal holds
+        self.items.append((time.monotonic(), event.to_json()))
         self._changed.set()
 
     def of(self, kind: str, instance: str | None = None) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ import pytest
 from vsup import paths
 from vsup.control.errors import ControlError
 from vsup.control.state import StateFile
+from vsup.journalevents import ActionEvent, EventPage, SpawnEvent
 
 from tests.unit.control.helpers import emulator_layout, free_port
 
@@ -160,14 +161,21 @@ async def test_actions_logs_config_and_events(daemons, monkeypatch):
         or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE
     )
 
-    page = await client.events(since=0)
-    kinds = [e["kind"] for e in page["events"]]
+    # the wire client's page, read as the typed client reads it
+    page = EventPage.from_json(await client.events(since=0))
+    kinds = [e.kind for e in page.events]
     assert "spawn" in kinds and "ready" in kinds and "action" in kinds
-    seqs = [e["seq"] for e in page["events"]]
-    assert seqs == sorted(seqs) and page["next"] == seqs[-1] + 1
-    assert (await client.events(since=page["next"]))["events"] == []
-    operator = [e for e in page["events"] if e["kind"] == "action" and e.get("by") == "operator"]
-    assert [e["action"] for e in operator] == ["restart", "stop"]
+    seqs = [e.seq for e in page.events if e.seq is not None]
+    assert len(seqs) == len(page.events)  # the journal stamps every event
+    assert seqs == sorted(seqs) and page.next == seqs[-1] + 1
+    assert (await client.events(since=page.next))["events"] == []
+    # typed: each event is its kind's type, read by attribute, and says itself
+    operator = [e for e in page.events if isinstance(e, ActionEvent) and e.by == "operator"]
+    assert [e.action for e in operator] == ["restart", "stop"]
+    assert operator[0].describe() == "operator: restart a"
+    (spawn, *_) = [e for e in page.events if isinstance(e, SpawnEvent)]
+    assert spawn.instance == "a" and spawn.port == int(port) and spawn.run == 1
+    assert spawn.describe() == f"started run 1 (pid {first_pid})"
 
 
 async def test_sigterm_like_stop_leaves_instances_and_next_daemon_readopts(daemons, vsup_home):

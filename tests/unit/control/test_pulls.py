@@ -64,7 +64,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pulls = Pulls(
         tmp_path / "home",
         SystemClock(),
-        lambda kind, inst, **kw: events.append((kind, kw)),
+        lambda ev: events.append((ev.kind, ev.fields())),
         spawn,
         python=str(worker),
     )

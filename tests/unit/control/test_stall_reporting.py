@@ -138,9 +138,7 @@ def spec(name: str, on_stall: bool) -> InstanceSpec:
 def test_stall_start_and_end_are_journaled_once_and_on_stall_asks_for_a_restart():
     events: list = []
     engine = _Engine({"g0": _Inst(spec("g0", True)), "g1": _Inst(spec("g1", False))})
-    actions = StallActions(
-        lambda kind, instance=None, **keys: events.append((kind, instance, keys)), engine
-    )
+    actions = StallActions(lambda ev: events.append((ev.kind, ev.instance, ev.fields())), engine)
     stalled_g1 = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=True)
     actions.observe([STALLED, stalled_g1])
     actions.observe([STALLED, stalled_g1])  # still stalled: nothing new
@@ -166,9 +164,7 @@ def test_a_reading_that_cannot_tell_does_not_end_a_stall():
     # its state unchanged; one freeze stays one `stalled` event, ended once when it clears
     events: list = []
     engine = _Engine({"g1": _Inst(spec("g1", False))})
-    actions = StallActions(
-        lambda kind, instance=None, **keys: events.append((kind, instance, keys)), engine
-    )
+    actions = StallActions(lambda ev: events.append((ev.kind, ev.instance, ev.fields())), engine)
     stalled = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=True)
     unknown = empty_instance("g1", state="ready", run=1, stalled=None)
     moving = empty_instance("g1", state="ready", run=1, requests_running=1.0, stalled=False)
@@ -269,9 +265,7 @@ def test_a_stalled_rank_is_named_in_the_events_the_advice_and_the_restart():
     events: list = []
     dp_spec = replace(spec("dp", True), args={"data-parallel-size": 2})
     engine = _Engine({"dp": _Inst(dp_spec), "g2": _Inst(spec("g2", True))})
-    actions = StallActions(
-        lambda kind, instance=None, **keys: events.append((kind, instance, keys)), engine
-    )
+    actions = StallActions(lambda ev: events.append((ev.kind, ev.instance, ev.fields())), engine)
     actions.observe([RANK1, FROZEN_IDLE])
     stalled = {n: keys for kind, n, keys in events if kind == "stalled"}
     assert stalled["dp"]["ranks"] == [1] and stalled["dp"]["evidence"] == "engine"

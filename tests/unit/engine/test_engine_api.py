@@ -1,10 +1,9 @@
 """Engine API behaviour that needs no process."""
 
-from typing import Any
-
 import pytest
 
 from vsup.engine import AdoptRecord, ApplyPlan, Engine, UnknownInstance
+from vsup.journalevents import AdoptEvent, JournalEvent
 from vsup.states import State
 
 from tests.factories import instance_spec
@@ -44,13 +43,14 @@ def test_adopt_record_round_trips_through_json():
 
 
 async def test_adopting_a_gone_pid_registers_a_stopped_instance(tmp_path):
-    events: list[dict[str, Any]] = []
+    events: list[JournalEvent] = []
     engine = Engine(FakeClock(), tmp_path, events.append)
     assert engine.adopt(instance_spec("a"), AdoptRecord(2**22 + 7, 1.0, 2**22 + 7, 8000, 4)) is None
     inst = engine.instances["a"]
     assert (inst.state, inst.run, inst.last_exit.reason) == ("stopped", 4, "unknown")
-    assert [e["kind"] for e in events] == ["adopt", "exit"]
-    assert "is gone" in events[0]["why"]
+    assert [e.kind for e in events] == ["adopt", "exit"]
+    adopt = events[0]
+    assert isinstance(adopt, AdoptEvent) and "is gone" in (adopt.why or "")
     await engine.shutdown(stop_instances=True)
 
 

@@ -4,12 +4,14 @@ One daemon for the module, serving "orig": one CPU instance with max-num-seqs 8,
 table trying max-num-seqs 8, 1 and 1024. 1024 is pruned before anything starts (it does not fit
 max-num-batched-tokens 512: vLLM would refuse to start). 8 is the base layout's own setting (no
 restart); 1 serves the prompts one at a time, so its queued requests wait for the first token
-well past the SLO's 1 s while 8 answers them all at once: the SLO rules it out. The tune picks
+well past the SLO's 0.8 s (each waits for whole 256-token answers before it: ~1.4 s idle, ~2 s
+beside another lane) while 8 answers them all at once (~0.2 s): the SLO rules it out. (With 128
+tokens out and a 1 s SLO, a quiet moment gave 977 ms and the SLO kept it.) The tune picks
 8, writes it with its comment block, and restores "orig". A second tune is stopped with SIGTERM
 mid-search: the original comes back and the JSON keeps what was measured.
 
 Each vLLM start costs ~45 s and 2 GiB here: one instance runs at a time, and the workload is
-tiny (8 prompts of 32 tokens in, 128 out). Last, `--apply` leaves the winner running.
+tiny (8 prompts of 32 tokens in, 256 out). Last, `--apply` leaves the winner running.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 VLLM_ONE_PROCESS = True
 
 vsup = partial(run_vsup, timeout=600)
-SLO = "ttft_p99<=1s"
+SLO = "ttft_p99<=800ms"
 WORKLOAD = ["--num-prompts", "8", "--min-prompts", "4", "--input-len", "32", "--output-len",
-            "128", "--warmups", "1", "--slo", SLO]  # fmt: skip
+            "256", "--warmups", "1", "--slo", SLO]  # fmt: skip
 
 
 def layout_text(model: Path, port: int, env: dict) -> str:
@@ -153,7 +155,7 @@ def test_the_slo_rules_one_out_and_the_best_layout_is_written_valid(node, tmp_pa
     # the SLO rules max-num-seqs 1 out at its first rung: its queued requests wait
     assert slow["status"] == "slo_violated" and not slow["slo_met"], slow
     assert [s["rung"] for s in slow["steps"]] == [0]
-    assert slow["figures"]["ttft_p99_ms"] > 1000 and "ttft_p99<=1s" in slow["reason"]
+    assert slow["figures"]["ttft_p99_ms"] > 800 and SLO in slow["reason"]
     assert doc["best"]["name"] == "orig-mns8" and doc["ranking"] == ["orig-mns8", "orig-mns1"]
     assert doc["pareto"]["front"] and "orig-mns8" in doc["pareto"]["front"]
     # what makes the figures checkable: seed, exact client commands, warnings

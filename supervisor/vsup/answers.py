@@ -1,5 +1,6 @@
 """The control API's answers as types: what `Client` and `AsyncClient` return for each route
-but status (a `StatusSnapshot`, snapshot.py) and the journal (`events`, still its JSON).
+but status (a `StatusSnapshot`, snapshot.py) and the journal (`events`: an `EventPage` of
+vsup.journalevents).
 
 One frozen dataclass per answer, read from the route's JSON with `from_json`: keys a newer
 daemon adds are ignored, a key the answer needs and the daemon did not send is `BadAnswer`,

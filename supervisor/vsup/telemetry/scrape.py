@@ -41,7 +41,7 @@ MAX_PAYLOAD_BYTES = 8 << 20
 _R = TypeVar("_R")  # what one fetch returns: a ScrapeResult or a HealthResult
 # Only the series vsup reads: prometheus_client's exposition (vLLM mounts it at `/metrics/`, its
 # `/metrics` without the slash is prometheus-fastapi-instrumentator's page, which ignores the
-# query) answers just the samples `name[]` names: ~3 KB instead of ~55 KB, less to parse here
+# query) answers just the samples `name[]` names: ~4 KB instead of ~55 KB, less to parse here
 # and less for the API server to render every second. A server whose filtered page shows no
 # vLLM series (vLLM's multiprocess registry with several API servers answers it empty, an older
 # server 404) is asked for the whole page from then on.

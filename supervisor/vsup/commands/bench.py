@@ -223,12 +223,13 @@ def _say(line: str) -> None:
     print(f"vsup bench: {line}", file=sys.stderr, flush=True)
 
 
-def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> int:
+def connect_for_run(home: Path) -> tuple[Client, bool]:
+    """The daemon's client for a bench or a tune (starting the daemon if none runs) and
+    whether one ran before; an interrupt while it starts stops a daemon this run started."""
     from vsup.bench.guard import Interrupted
-    from vsup.commands.cliutil import CommandFailed, client_for_cli
+    from vsup.commands.cliutil import client_for_cli
     from vsup.control.client import Client
 
-    workload, layouts = _bench_inputs(args)
     probe = Client(home)
     daemon_was_running = probe.alive() is not None
     probe.close()
@@ -238,6 +239,15 @@ def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> 
         if not daemon_was_running:
             stop_daemon_started(home)
         raise
+    return client, daemon_was_running
+
+
+def _bench_guarded(args: argparse.Namespace, home: Path, guard: LayoutGuard) -> int:
+    from vsup.bench.guard import Interrupted
+    from vsup.commands.cliutil import CommandFailed
+
+    workload, layouts = _bench_inputs(args)
+    client, daemon_was_running = connect_for_run(home)
     with client:
         try:
             original = _original(client, home, daemon_was_running)

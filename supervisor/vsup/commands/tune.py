@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 from vsup.commands.bench import (
     add_limit_arguments,
     add_workload_arguments,
+    connect_for_run,
     workload_base,
     workload_overrides,
 )
@@ -330,7 +331,7 @@ def _tune_guarded(
     from vsup.tune.search import SearchResult
 
     tune = _Tune(args, home, guard, base, space, cands, runnable, rungs, workload, slo)
-    client, daemon_was_running = _connect(home)
+    client, daemon_was_running = connect_for_run(home)
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with client:
         original, out_dir, cand_paths, runner = _prepare(tune, client, daemon_was_running)
@@ -356,25 +357,6 @@ def _tune_guarded(
         if restore.get("outcome") != "failed":
             guard.release()
     return _finish(args, doc, cands, out_dir, base)
-
-
-def _connect(home: Path) -> tuple[Client, bool]:
-    """The daemon's client (starting the daemon if none runs) and whether one ran before."""
-    from vsup.bench.guard import Interrupted
-    from vsup.commands.bench import stop_daemon_started
-    from vsup.commands.cliutil import client_for_cli
-    from vsup.control.client import Client
-
-    probe = Client(home)
-    daemon_was_running = probe.alive() is not None
-    probe.close()
-    try:
-        client = client_for_cli()
-    except Interrupted:
-        if not daemon_was_running:
-            stop_daemon_started(home)
-        raise
-    return client, daemon_was_running
 
 
 def _prepare(

@@ -4,6 +4,7 @@ frozen, and the refresh timer is slowed so each test decides when a refresh happ
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 
@@ -83,6 +84,15 @@ def app_factory() -> Callable[..., DashboardApp]:
     return make_app
 
 
+def _where(check: Callable[..., object]) -> str:
+    """The check's source line (a lambda at its call site), so a failure says what it awaited."""
+    try:
+        lines, first = inspect.getsourcelines(check)
+    except (OSError, TypeError):
+        return repr(check)
+    return f"line {first}: {lines[0].strip()}"
+
+
 async def settle(
     pilot,
     until: Callable[..., object] | None = None,
@@ -103,6 +113,6 @@ async def settle(
     turns = 0
     while not until():
         if turns >= rounds and time.monotonic() > deadline:
-            raise AssertionError("the dashboard did not reach the expected state")
+            raise AssertionError(f"the dashboard did not reach the expected state: {_where(until)}")
         turns += 1
         await pilot.pause(delay if delay is not None or turns < rounds else 0.02)

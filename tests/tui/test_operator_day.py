@@ -222,7 +222,7 @@ async def test_a_log_line_wider_than_the_pane_ends_in_a_marker():
         assert shown(1).rstrip().endswith(CUT_RIGHT) and len(shown(1).rstrip()) == width
         assert shown(1).rstrip()[:-1] == long_line[: width - 1]
         assert CUT_RIGHT not in shown(0) and shown(0).rstrip() == "short line"
-        log.scroll_to(x=20, animate=False)
+        log.scroll_to(x=20, animate=False, immediate=True)  # not deferred past a refresh
         await settle(pilot, lambda: log.scroll_offset.x == 20)
         assert (
             shown(1).startswith(CUT_LEFT)

@@ -47,6 +47,18 @@ def layout(ports: dict[str, int], say: str) -> str:
     return text.replace('name = "b"\n', f'name = "b"\nargs = {{ startup-s = {B_START_S} }}\n')
 
 
+def status_row(home, name: str, pattern: str, timeout: float = 20) -> tuple[str, str]:
+    """`vsup status` once its row for `name` matches `pattern`: a hold on the device is taken
+    before the spawn, so a `starting` instance shows no progress until its process exists."""
+
+    def matched():
+        text = vsup(home, "status").stdout
+        row = next((line for line in text.splitlines() if line.startswith(f"{name} ")), "")
+        return (text, row) if re.search(pattern, row) else None
+
+    return wait_for(matched, timeout, f"{name}'s row to match {pattern!r}")
+
+
 def status_json(home) -> dict:
     return json.loads(vsup(home, "status", "--json").stdout)
 
@@ -96,12 +108,11 @@ async def test_status_and_the_dashboard_during_a_co_tenant_wait_and_a_rolling_ap
     doc = wait_for(b_waits, 30, "b to wait for a's start")
     assert doc["instances"][1]["wait"]["instances"] == ["a"]
     assert doc["instances"][1]["waiting_for"] == "a starting"  # the older key, kept
-    text = vsup(home, "status").stdout
+    # a's start, timed against its start_timeout_s (900 s) once its process is spawned
+    text, _ = status_row(home, "a", r"^a\s+starting \d+s of 15m\s")
     assert "b: waits for a starting (a co-tenant of its device)" in text, text
     row_b = next(line for line in text.splitlines() if line.startswith("b "))
     assert row_b.split()[1:4] == ["starting", "(waits)", "-"], row_b  # no pid: nothing spawned
-    row_a = next(line for line in text.splitlines() if line.startswith("a "))
-    assert re.search(r"^a\s+starting \d+s of 15m\s", row_a), row_a  # start_timeout_s 900
 
     app = DashboardApp(AsyncClient(home), readonly=True, refresh_s=0.25)
     async with app.run_test(size=(160, 45)) as pilot:
@@ -156,9 +167,7 @@ async def test_status_and_the_dashboard_during_a_co_tenant_wait_and_a_rolling_ap
         assert re.search(r"starting \d+s of 15m \(start_timeout_s\)", shown), shown
         assert not any(b in shown for b in SPARK_BARS), shown
 
-        text = (await asyncio.to_thread(vsup, home, "status")).stdout
-        row_a = next(line for line in text.splitlines() if line.startswith("a "))
-        assert re.search(r"^a\s+starting \d+s of 15m\s", row_a), row_a
+        await asyncio.to_thread(status_row, home, "a", r"^a\s+starting \d+s of 15m\s")
 
         # wave 2, then the end: the line and the mark go
         await until(pilot, lambda: "wave 2/2: restarting b" in plain(bar), 60, "wave 2")

@@ -192,7 +192,8 @@ def hbm_over_plan(inst: InstanceStatus) -> list[Advice]:
             why = (
                 f"{_gib(allowance)} that vLLM keeps outside it (non-torch "
                 f"{_gib(inst.memory.vllm_non_torch_bytes or 0)}, CUDA graphs "
-                f"{_gib(inst.memory.vllm_cudagraph_bytes or 0)} from its start-up log, CUDA context "
+                f"{_gib(inst.memory.vllm_cudagraph_bytes or 0)} from its start-up log, "
+                "CUDA context "
                 f"~{_gib(CUDA_CONTEXT_BYTES)} per GPU)"
             )
         else:

@@ -73,15 +73,25 @@ class Series(NamedTuple):
 
 # (attribute of InstanceStatus's parts, family, help): a gauge per instance, labelled `name`
 INSTANCE_GAUGES = (
-    Series("memory.hbm_bytes", "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes"),
+    Series(
+        "memory.hbm_bytes", "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes"
+    ),
     Series(
         "memory.planned_hbm_bytes",
         "vsup_instance_planned_hbm_bytes",
         "gpu_memory_utilization x the memory of its GPUs",
     ),
-    Series("telemetry.kv_cache_usage", "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)"),
-    Series("telemetry.kv_capacity_tokens", "vsup_instance_kv_capacity_tokens", "Tokens the KV cache holds"),
-    Series("telemetry.requests_running", "vsup_instance_requests_running", "Requests being decoded"),
+    Series(
+        "telemetry.kv_cache_usage", "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)"
+    ),
+    Series(
+        "telemetry.kv_capacity_tokens",
+        "vsup_instance_kv_capacity_tokens",
+        "Tokens the KV cache holds",
+    ),
+    Series(
+        "telemetry.requests_running", "vsup_instance_requests_running", "Requests being decoded"
+    ),
     Series("telemetry.requests_waiting", "vsup_instance_requests_waiting", "Requests queued"),
     Series(
         "telemetry.requests_in_flight",
@@ -94,10 +104,18 @@ INSTANCE_GAUGES = (
         "Generated tokens per second",
     ),
     Series(
-        "telemetry.prompt_tokens_per_s", "vsup_instance_prompt_tokens_per_second", "Prompt tokens per second"
+        "telemetry.prompt_tokens_per_s",
+        "vsup_instance_prompt_tokens_per_second",
+        "Prompt tokens per second",
     ),
-    Series("telemetry.preemptions_per_min", "vsup_instance_preemptions_per_minute", "Preemptions per minute"),
-    Series("lifecycle.uptime_s", "vsup_instance_uptime_seconds", "Seconds since this run was spawned"),
+    Series(
+        "telemetry.preemptions_per_min",
+        "vsup_instance_preemptions_per_minute",
+        "Preemptions per minute",
+    ),
+    Series(
+        "lifecycle.uptime_s", "vsup_instance_uptime_seconds", "Seconds since this run was spawned"
+    ),
     Series(
         "stall.stalled",
         "vsup_instance_stalled",

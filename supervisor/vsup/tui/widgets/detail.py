@@ -195,14 +195,15 @@ def stall_summary(inst: InstanceStatus) -> str:
     is the API server's requests in flight when only it shows them (a freeze that began while
     idle), a lost canary, and names the data-parallel ranks that stalled."""
     stall = inst.stall if inst.stall is not None else StallStatus(stalled=True)
+    tel = inst.telemetry
     since = stall.since or ""
     at = since.split("T", 1)[-1] if "T" in since else since
     if stall.evidence == "server":
-        work = f"{inst.telemetry.requests_in_flight or 0} in flight at the API server, none at the engine"
+        work = f"{tel.requests_in_flight or 0} in flight at the API server, none at the engine"
     elif stall.evidence == "canary":
         work = "a canary request unanswered"
     else:
-        work = f"{int(inst.telemetry.requests_running or 0)} running, {int(inst.telemetry.requests_waiting or 0)} waiting"
+        work = f"{int(tel.requests_running or 0)} running, {int(tel.requests_waiting or 0)} waiting"
     if stall.ranks:
         work = "DP rank " + ",".join(str(r) for r in stall.ranks) + ": " + work
     return f"stalled {fmt.duration(stall.for_s)}: {work}, no token since {at or '?'} (/health 200)"

@@ -163,7 +163,7 @@ class SleepStatus:
     `idle_sleep_in_s` seconds until idle sleep (`after_idle_s`) puts it to sleep, None when it
     will not."""
 
-    state: str  # SleepState
+    state: SleepState
     level: int
     group: str | None = None
     since_s: float | None = None
@@ -179,7 +179,7 @@ class SleepStatus:
 
 
 @dataclass(frozen=True)
-class Lifecycle:
+class LifecycleStatus:
     """Where an instance is in its life, as the engine says (engine/instance.py).
 
     `state` is the engine's `State`; `wait` what a start waits for (None: nothing), and
@@ -213,7 +213,7 @@ class Lifecycle:
 
 
 @dataclass(frozen=True)
-class Telemetry:
+class TelemetryStatus:
     """What the instance's server reports (its /metrics, /load, start-up log), as of the last
     poll (telemetry/view.py). Server figures are None while it does not serve."""
 
@@ -286,7 +286,7 @@ class InstanceStatus:
     that order and `from_json` reads them back into the parts (docs/ARCHITECTURE.md)."""
 
     name: str
-    lifecycle: Lifecycle
+    lifecycle: LifecycleStatus
     port: int | None = None
     gpus: tuple[int, ...] = ()
     model: str | None = None
@@ -294,7 +294,7 @@ class InstanceStatus:
     # hub id of a pulled model loaded from its local snapshot); None: `model` itself.
     served_model_name: str | None = None
     host: str | None = None
-    telemetry: Telemetry = Telemetry()
+    telemetry: TelemetryStatus = TelemetryStatus()
     memory: MemoryStatus = MemoryStatus()
     stall: StallStatus | None = None
     # vLLM's sleep mode (docs/sleep.md): None for an instance that does not use it. A part
@@ -340,7 +340,8 @@ class InstanceStatus:
 
 # The wire (schema 1): each flat key of an instance in `status --json`, in the order the
 # document has always carried them, and where it lives: (key, part, attribute); part None is
-# the instance itself. A field added to a part must be added here too (test_snapshot_wire.py).
+# the instance itself. A field added to a part must be added here too (test_status_parts.py);
+# a null `stalled` reads as `stall = None` (no verdict: its other keys are empty then too).
 _WIRE: tuple[tuple[str, str | None, str], ...] = (
     ("name", None, "name"),
     ("state", "lifecycle", "state"),
@@ -399,11 +400,13 @@ _WIRE: tuple[tuple[str, str | None, str], ...] = (
     ("sleep", None, "sleep"),
 )
 WIRE_KEYS = tuple(key for key, _part, _attr in _WIRE)
+_SOURCES = (None, "lifecycle", "telemetry", "memory", "stall")  # `_wire_values`' order
+_WIRE_AT = tuple((key, _SOURCES.index(part), attr) for key, part, attr in _WIRE)
 _WIRE_PLACE = {key: (part, attr) for key, part, attr in _WIRE}
 # the parts that travel flat, and their types
 _PART_TYPES: dict[str, type] = {
-    "lifecycle": Lifecycle,
-    "telemetry": Telemetry,
+    "lifecycle": LifecycleStatus,
+    "telemetry": TelemetryStatus,
     "memory": MemoryStatus,
     "stall": StallStatus,
 }
@@ -420,8 +423,8 @@ def _assemble(name: str, parts: dict[str | None, dict[str, Any]]) -> InstanceSta
     stall = parts.get("stall")
     return InstanceStatus(
         name=name,
-        lifecycle=Lifecycle(**life),
-        telemetry=Telemetry(**parts.get("telemetry", {})),
+        lifecycle=LifecycleStatus(**life),
+        telemetry=TelemetryStatus(**parts.get("telemetry", {})),
         memory=MemoryStatus(**parts.get("memory", {})),
         stall=None if not stall or stall.get("stalled") is None else StallStatus(**stall),
         **own,
@@ -430,19 +433,19 @@ def _assemble(name: str, parts: dict[str | None, dict[str, Any]]) -> InstanceSta
 
 def _wire_values(inst: InstanceStatus) -> dict[str, Any]:
     """Schema 1's flat keys of one instance, `_WIRE`'s order, values as the parts hold them."""
-    src: dict[str | None, Any] = {
-        None: inst,
-        "lifecycle": inst.lifecycle,
-        "telemetry": inst.telemetry,
-        "memory": inst.memory,
-        "stall": inst.stall if inst.stall is not None else _NO_STALL,
-    }
-    return {key: getattr(src[part], attr) for key, part, attr in _WIRE}
+    src = _sources(inst)
+    return {key: getattr(src[at], attr) for key, at, attr in _WIRE_AT}
+
+
+def _sources(inst: InstanceStatus) -> tuple[Any, ...]:
+    stall = inst.stall if inst.stall is not None else _NO_STALL
+    return (inst, inst.lifecycle, inst.telemetry, inst.memory, stall)
 
 
 def _instance_plain(inst: InstanceStatus) -> dict[str, Any]:
     """Schema 1's flat object of one instance: `_WIRE`'s keys in its order, JSON data."""
-    return {key: _plain(value) for key, value in _wire_values(inst).items()}
+    src = _sources(inst)
+    return {key: _plain(getattr(src[at], attr)) for key, at, attr in _WIRE_AT}
 
 
 def _instance_decoder() -> Any:
@@ -801,6 +804,7 @@ class StatusSnapshot:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_ENUMS = frozenset({State, SleepState})  # the snapshot's enum-typed fields: their values
 
 
 def _plain(obj: Any) -> Any:
@@ -809,17 +813,17 @@ def _plain(obj: Any) -> Any:
     kind = type(obj)
     if kind in _SCALARS:
         return obj
+    if kind in _ENUMS:
+        return obj.value
     if kind is InstanceStatus:
         return _instance_plain(obj)
-    if issubclass(kind, enum.Enum):
-        return obj.value
     if kind is tuple or kind is list:
         return [_plain(v) for v in obj]
     if kind is dict:
         return {k: _plain(v) for k, v in obj.items()}
     names = _field_names(kind)
     if names is None:
-        return obj
+        return obj.value if isinstance(obj, enum.Enum) else obj
     return {name: _plain(getattr(obj, name)) for name in names}
 
 

@@ -21,11 +21,11 @@ from vsup.control.export import INSTANCE_GAUGES, INSTANCE_PREEMPTIONS
 from vsup.snapshot import (
     WIRE_KEYS,
     InstanceStatus,
-    Lifecycle,
+    LifecycleStatus,
     MemoryStatus,
     StallStatus,
     StatusSnapshot,
-    Telemetry,
+    TelemetryStatus,
 )
 from vsup.states import State
 
@@ -68,8 +68,8 @@ def test_every_attribute_of_every_part_has_exactly_one_wire_key() -> None:
     assert len(places) == len(set(places))
     parts: dict[str | None, type[Any]] = {
         None: InstanceStatus,
-        "lifecycle": Lifecycle,
-        "telemetry": Telemetry,
+        "lifecycle": LifecycleStatus,
+        "telemetry": TelemetryStatus,
         "memory": MemoryStatus,
         "stall": StallStatus,
     }

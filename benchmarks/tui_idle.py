@@ -39,8 +39,7 @@ def quiet_node(instances: int, started: float):
     """Snapshots of `instances` ready, unloaded instances whose uptimes follow the clock."""
     base = samples.big_node(instances, tick=0)
     quiet = tuple(
-        dataclasses.replace(
-            i,
+        i.with_wire(
             kv_cache_usage=0.0,
             requests_running=0.0,
             requests_waiting=0.0,
@@ -58,7 +57,7 @@ def quiet_node(instances: int, started: float):
                 base.supervisor, uptime_s=base.supervisor.uptime_s + elapsed
             ),
             instances=tuple(
-                dataclasses.replace(i, uptime_s=(i.uptime_s or 0) + elapsed) for i in quiet
+                i.with_wire(uptime_s=(i.lifecycle.uptime_s or 0) + elapsed) for i in quiet
             ),
         )
 

@@ -56,26 +56,26 @@ def fmt_duration(seconds: float | None) -> str:
 def describe_waiting(instances: Iterable[InstanceStatus]) -> str:
     """'ready 1/3 · gpu1 loading 12s · gpu2 backoff 8s (oom)'."""
     insts = list(instances)
-    ready = sum(1 for i in insts if i.state == State.READY)
+    ready = sum(1 for i in insts if i.lifecycle.state == State.READY)
     parts = [f"ready {ready}/{len(insts)}"]
     for i in insts:
-        if i.state == State.READY:
+        if i.lifecycle.state == State.READY:
             continue
-        since = fmt_duration(i.state_since_s)
-        if i.state == State.STARTING and i.waiting_for:
-            parts.append(f"{i.name} waits ({i.waiting_for})")
-        elif i.state == State.STARTING:
+        since = fmt_duration(i.lifecycle.state_since_s)
+        if i.lifecycle.state == State.STARTING and i.lifecycle.waiting_for:
+            parts.append(f"{i.name} waits ({i.lifecycle.waiting_for})")
+        elif i.lifecycle.state == State.STARTING:
             parts.append(f"{i.name} loading {since}")
-        elif i.state == State.BACKOFF:
-            why = i.last_exit.reason if i.last_exit else None
-            left = i.backoff_remaining_s
+        elif i.lifecycle.state == State.BACKOFF:
+            why = i.lifecycle.last_exit.reason if i.lifecycle.last_exit else None
+            left = i.lifecycle.backoff_remaining_s
             parts.append(
                 f"{i.name} backoff"
                 + (f" {fmt_duration(left)}" if left is not None else "")
                 + (f" ({why})" if why else "")
             )
         else:
-            parts.append(f"{i.name} {i.state} {since}")
+            parts.append(f"{i.name} {i.lifecycle.state} {since}")
     return " · ".join(parts)
 
 
@@ -102,10 +102,10 @@ def wait_ready(
             raise
         by_name = {i.name: i for i in doc.instances}
         mine = [by_name[n] for n in names if n in by_name]
-        if len(mine) == len(names) and all(i.state == State.READY for i in mine):
+        if len(mine) == len(names) and all(i.lifecycle.state == State.READY for i in mine):
             progress.clear()
             return True, doc
-        if any(i.state == State.FAILED for i in mine):
+        if any(i.lifecycle.state == State.FAILED for i in mine):
             progress.clear()
             return False, doc
         if clock() >= deadline:

@@ -7,6 +7,7 @@ Keys may be added within schema 1; none is removed or renamed.
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 import types
@@ -162,7 +163,7 @@ class SleepStatus:
     `idle_sleep_in_s` seconds until idle sleep (`after_idle_s`) puts it to sleep, None when it
     will not."""
 
-    state: str  # SleepState
+    state: SleepState
     level: int
     group: str | None = None
     since_s: float | None = None
@@ -178,91 +179,29 @@ class SleepStatus:
 
 
 @dataclass(frozen=True)
-class InstanceStatus:
-    name: str
-    state: str
-    pid: int | None
-    port: int | None
-    gpus: tuple[int, ...]
-    model: str | None
-    restarts: int
-    uptime_s: float | None
-    hbm_bytes: int | None
-    hbm_source: str
-    kv_cache_usage: float | None  # 0..1
-    kv_capacity_tokens: int | None
-    preemptions_total: float | None
-    preemptions_per_min: float | None
-    requests_running: float | None
-    requests_waiting: float | None
-    generation_tokens_per_s: float | None
-    backend: str | None
-    backend_source: str | None
-    last_exit: LastExit | None
-    # Additions beyond the schema's first keys (schema 1 allows added keys).
-    prompt_tokens_per_s: float | None = None
-    prefix_cache_hit_rate: float | None = None
-    planned_hbm_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
+class LifecycleStatus:
+    """Where an instance is in its life, as the engine says (engine/instance.py).
+
+    `state` is the engine's `State`; `wait` what a start waits for (None: nothing), and
+    `waiting_for` its message while a start waits for a turn or for memory (kept for older
+    clients). `outdated` is True when the instance runs (or would start with) another spec than
+    the layout says - a rolling apply not yet at it, or one a killed daemon left half-done -
+    and `outdated_fields` names the differing spec fields; None: no layout to compare with."""
+
+    state: State
+    pid: int | None = None
+    restarts: int = 0
+    uptime_s: float | None = None
     state_since_s: float | None = None  # seconds in the current state
     run: int | None = None  # how many times this instance was spawned by this supervisor
-    host: str | None = None
     backoff_remaining_s: float | None = None
-    backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend` (AITER MHA)
-    waiting_for: str | None = None  # a start waiting for its turn on a device, e.g. "a starting"
     failed_why: str | None = None  # state `failed`: why vsup will not start it again by itself
-    # vLLM's own account of its GPU memory, from its start-up log (telemetry/memprofile.py),
-    # summed over its worker processes; None where the log did not say (CPU, not started yet).
-    vllm_requested_hbm_bytes: int | None = None  # gpu_memory_utilization x what CUDA reports
-    vllm_weights_bytes: int | None = None
-    vllm_activation_bytes: int | None = None  # peak activation of its profile run
-    vllm_non_torch_bytes: int | None = None  # allocations its torch allocator does not see
-    vllm_cudagraph_bytes: int | None = None
-    vllm_kv_cache_bytes: int | None = None
-    hbm_start_bytes: int | None = None  # HBM held when it first served (growth baseline)
-    parallel: Parallel | None = None  # TP x PP x DP as the instance runs
-    # bytes per GPU index ("0": ...) the instance's processes hold, summed over its processes on
-    # each GPU; None without per-process GPU figures (CPU instances, no probe)
-    hbm_per_gpu: dict[str, int | None] | None = None
-    ranks: tuple[RankStatus, ...] = ()  # data parallel only: one per rank on this node
-    # Stall detection (telemetry/stall.py): a `ready` instance with requests running or waiting
-    # and no token processed for its `stall_after_s`. A flag, not a state, so that clients
-    # switching on `state` keep working. None: cannot tell (not ready, no fresh figures, off).
-    stalled: bool | None = None
-    stalled_since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
-    stalled_for_s: float | None = None  # seconds since then
-    # what showed the work: `engine` (vLLM's gauges), `server` (requests the API server holds,
-    # /load, that no engine shows: a freeze that began while idle), `canary`; None unless stalled
-    stall_evidence: str | None = None
-    stalled_ranks: tuple[int, ...] = ()  # data parallel: the ranks with work and no progress
-    # requests in flight at vLLM's API server (`GET /load`); None without load tracking
-    requests_in_flight: int | None = None
-    # whether vsup reads /load (the instance runs with --enable-server-load-tracking); None
-    # while it does not run
-    load_tracking: bool | None = None
-    # What it waits for before its next start (None: nothing); `waiting_for` is its message
-    # while a start waits for a turn or for memory, kept for older clients.
     wait: WaitReason | None = None
+    waiting_for: str | None = None  # a start waiting for its turn on a device, e.g. "a starting"
     start_timeout_s: float | None = None  # a start not ready after this long is ended
-    # What runs against the running layout: `outdated` True when the instance runs (or would
-    # start with) another spec than the layout says - a rolling apply not yet at it, or one a
-    # killed daemon left half-done; `outdated_fields` names the differing spec fields. None:
-    # no layout to compare with (none applied, or the instance is leaving the layout).
+    last_exit: LastExit | None = None
     outdated: bool | None = None
     outdated_fields: tuple[str, ...] = ()
-    # The pull this instance waits for before its start (`state` stays what the engine says:
-    # `stopped` for a new instance), or the pull that failed and kept it from starting.
-    pull: PullStatus | None = None
-    # The name vLLM serves the model under when it is not `model` (--served-model-name, or the
-    # hub id of a pulled model loaded from its local snapshot); None: `model` itself.
-    served_model_name: str | None = None
-    # vLLM's sleep mode (docs/sleep.md): None for an instance that does not use it. A flag beside
-    # `state` like `stalled`: a sleeping server stays `ready` (alive, healthy) but serves nothing.
-    sleep: SleepStatus | None = None
-
-    @property
-    def is_ready(self) -> bool:
-        return self.state == State.READY
 
     @property
     def start_elapsed_s(self) -> float | None:
@@ -271,6 +210,268 @@ class InstanceStatus:
         if self.state != State.STARTING or self.pid is None:
             return None
         return self.uptime_s
+
+
+@dataclass(frozen=True)
+class TelemetryStatus:
+    """What the instance's server reports (its /metrics, /load, start-up log), as of the last
+    poll (telemetry/view.py). Server figures are None while it does not serve."""
+
+    kv_cache_usage: float | None = None  # 0..1
+    kv_capacity_tokens: int | None = None
+    preemptions_total: float | None = None
+    preemptions_per_min: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    generation_tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    backend: str | None = None  # the attention backend people know (AITER MHA, FLASH_ATTN)
+    backend_source: str | None = None  # BACKEND_SOURCES
+    backend_name: str | None = None  # the enum name (ROCM_AITER_FA) behind `backend`
+    # requests in flight at vLLM's API server (`GET /load`); None without load tracking
+    requests_in_flight: int | None = None
+    # whether vsup reads /load (the instance runs with --enable-server-load-tracking); None
+    # while it does not run
+    load_tracking: bool | None = None
+
+
+@dataclass(frozen=True)
+class MemoryStatus:
+    """The instance's GPU memory: what its processes hold (the probe), what the plan gave it,
+    and vLLM's own account from its start-up log (telemetry/memprofile.py, summed over its
+    worker processes; None where the log did not say: CPU, not started yet)."""
+
+    hbm_bytes: int | None = None
+    hbm_source: str = "unavailable"  # HBM_SOURCES
+    # bytes per GPU index ("0": ...) the instance's processes hold, summed over its processes on
+    # each GPU; None without per-process GPU figures (CPU instances, no probe)
+    hbm_per_gpu: dict[str, int | None] | None = None
+    hbm_start_bytes: int | None = None  # HBM held when it first served (growth baseline)
+    planned_hbm_bytes: int | None = None
+    gpu_memory_utilization: float | None = None  # the spec's (vLLM's flag)
+    vllm_requested_hbm_bytes: int | None = None  # gpu_memory_utilization x what CUDA reports
+    vllm_weights_bytes: int | None = None
+    vllm_activation_bytes: int | None = None  # peak activation of its profile run
+    vllm_non_torch_bytes: int | None = None  # allocations its torch allocator does not see
+    vllm_cudagraph_bytes: int | None = None
+    vllm_kv_cache_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class StallStatus:
+    """Stall detection's verdict (telemetry/stall.py): a `ready` instance with requests running
+    or waiting and no token processed for its `stall_after_s`. A part beside the state, not a
+    state, so that clients switching on the state keep working; the instance's `stall` is None
+    where vsup cannot tell (not ready, no fresh figures, off)."""
+
+    stalled: bool
+    since: str | None = None  # ISO 8601 UTC: its last progress (or its work's start)
+    for_s: float | None = None  # seconds since then
+    # what showed the work: `engine` (vLLM's gauges), `server` (requests the API server holds,
+    # /load, that no engine shows: a freeze that began while idle), `canary`; None unless stalled
+    evidence: str | None = None
+    ranks: tuple[int, ...] = ()  # data parallel: the ranks with work and no progress
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """One instance: who it is (name, where it serves, what model on which GPUs) and its typed
+    parts - `lifecycle` (the engine's state and restarts), `telemetry` (server figures),
+    `memory` (GPU memory held, planned and as vLLM accounts it), `stall` (None: cannot tell),
+    `sleep` (None: no sleep mode), `pull` (the pull its start waits for, or that failed),
+    `parallel` and `ranks` (its data-parallel shape and ranks).
+
+    On the wire (schema 1) it is one flat object: `to_json` writes the keys of `WIRE_KEYS` in
+    that order and `from_json` reads them back into the parts (docs/ARCHITECTURE.md)."""
+
+    name: str
+    lifecycle: LifecycleStatus
+    port: int | None = None
+    gpus: tuple[int, ...] = ()
+    model: str | None = None
+    # The name vLLM serves the model under when it is not `model` (--served-model-name, or the
+    # hub id of a pulled model loaded from its local snapshot); None: `model` itself.
+    served_model_name: str | None = None
+    host: str | None = None
+    telemetry: TelemetryStatus = TelemetryStatus()
+    memory: MemoryStatus = MemoryStatus()
+    stall: StallStatus | None = None
+    # vLLM's sleep mode (docs/sleep.md): None for an instance that does not use it. A part
+    # beside the state like `stall`: a sleeping server stays `ready` but serves nothing.
+    sleep: SleepStatus | None = None
+    # The pull this instance waits for before its start (the state stays what the engine says:
+    # `stopped` for a new instance), or the pull that failed and kept it from starting.
+    pull: PullStatus | None = None
+    parallel: Parallel | None = None  # TP x PP x DP as the instance runs
+    ranks: tuple[RankStatus, ...] = ()  # data parallel only: one per rank on this node
+
+    @property
+    def is_ready(self) -> bool:
+        return self.lifecycle.state == State.READY
+
+    @property
+    def active_stall(self) -> StallStatus | None:
+        """The stall part while stall detection flags the instance now, else None."""
+        stall = self.stall
+        return stall if stall is not None and stall.stalled else None
+
+    def to_json(self) -> dict[str, Any]:
+        """This instance's schema 1 object (`status --json`'s `instances[]`): flat keys."""
+        return _instance_plain(self)
+
+    def with_wire(self, **values: Any) -> InstanceStatus:
+        """A copy with these schema 1 keys (`WIRE_KEYS`, values typed) changed."""
+        return InstanceStatus.from_wire(self.name, **{**_wire_values(self), **values})
+
+    @classmethod
+    def from_wire(cls, name: str, /, **values: Any) -> InstanceStatus:
+        """An instance from schema 1's flat keys (`WIRE_KEYS`, values already typed): every
+        key left out is unknown (the state `stopped`). Unknown keys raise TypeError."""
+        parts: dict[str | None, dict[str, Any]] = {}
+        for key, value in values.items():
+            try:
+                part, attr = _WIRE_PLACE[key]
+            except KeyError:
+                raise TypeError(f"InstanceStatus has no key {key!r}") from None
+            parts.setdefault(part, {})[attr] = value
+        return _assemble(name, parts)
+
+
+# The wire (schema 1): each flat key of an instance in `status --json`, in the order the
+# document has always carried them, and where it lives: (key, part, attribute); part None is
+# the instance itself. A field added to a part must be added here too (test_status_parts.py);
+# a null `stalled` reads as `stall = None` (no verdict: its other keys are empty then too).
+_WIRE: tuple[tuple[str, str | None, str], ...] = (
+    ("name", None, "name"),
+    ("state", "lifecycle", "state"),
+    ("pid", "lifecycle", "pid"),
+    ("port", None, "port"),
+    ("gpus", None, "gpus"),
+    ("model", None, "model"),
+    ("restarts", "lifecycle", "restarts"),
+    ("uptime_s", "lifecycle", "uptime_s"),
+    ("hbm_bytes", "memory", "hbm_bytes"),
+    ("hbm_source", "memory", "hbm_source"),
+    ("kv_cache_usage", "telemetry", "kv_cache_usage"),
+    ("kv_capacity_tokens", "telemetry", "kv_capacity_tokens"),
+    ("preemptions_total", "telemetry", "preemptions_total"),
+    ("preemptions_per_min", "telemetry", "preemptions_per_min"),
+    ("requests_running", "telemetry", "requests_running"),
+    ("requests_waiting", "telemetry", "requests_waiting"),
+    ("generation_tokens_per_s", "telemetry", "generation_tokens_per_s"),
+    ("backend", "telemetry", "backend"),
+    ("backend_source", "telemetry", "backend_source"),
+    ("last_exit", "lifecycle", "last_exit"),
+    ("prompt_tokens_per_s", "telemetry", "prompt_tokens_per_s"),
+    ("prefix_cache_hit_rate", "telemetry", "prefix_cache_hit_rate"),
+    ("planned_hbm_bytes", "memory", "planned_hbm_bytes"),
+    ("gpu_memory_utilization", "memory", "gpu_memory_utilization"),
+    ("state_since_s", "lifecycle", "state_since_s"),
+    ("run", "lifecycle", "run"),
+    ("host", None, "host"),
+    ("backoff_remaining_s", "lifecycle", "backoff_remaining_s"),
+    ("backend_name", "telemetry", "backend_name"),
+    ("waiting_for", "lifecycle", "waiting_for"),
+    ("failed_why", "lifecycle", "failed_why"),
+    ("vllm_requested_hbm_bytes", "memory", "vllm_requested_hbm_bytes"),
+    ("vllm_weights_bytes", "memory", "vllm_weights_bytes"),
+    ("vllm_activation_bytes", "memory", "vllm_activation_bytes"),
+    ("vllm_non_torch_bytes", "memory", "vllm_non_torch_bytes"),
+    ("vllm_cudagraph_bytes", "memory", "vllm_cudagraph_bytes"),
+    ("vllm_kv_cache_bytes", "memory", "vllm_kv_cache_bytes"),
+    ("hbm_start_bytes", "memory", "hbm_start_bytes"),
+    ("parallel", None, "parallel"),
+    ("hbm_per_gpu", "memory", "hbm_per_gpu"),
+    ("ranks", None, "ranks"),
+    ("stalled", "stall", "stalled"),
+    ("stalled_since", "stall", "since"),
+    ("stalled_for_s", "stall", "for_s"),
+    ("stall_evidence", "stall", "evidence"),
+    ("stalled_ranks", "stall", "ranks"),
+    ("requests_in_flight", "telemetry", "requests_in_flight"),
+    ("load_tracking", "telemetry", "load_tracking"),
+    ("wait", "lifecycle", "wait"),
+    ("start_timeout_s", "lifecycle", "start_timeout_s"),
+    ("outdated", "lifecycle", "outdated"),
+    ("outdated_fields", "lifecycle", "outdated_fields"),
+    ("pull", None, "pull"),
+    ("served_model_name", None, "served_model_name"),
+    ("sleep", None, "sleep"),
+)
+WIRE_KEYS = tuple(key for key, _part, _attr in _WIRE)
+_SOURCES = (None, "lifecycle", "telemetry", "memory", "stall")  # `_wire_values`' order
+_WIRE_AT = tuple((key, _SOURCES.index(part), attr) for key, part, attr in _WIRE)
+_WIRE_PLACE = {key: (part, attr) for key, part, attr in _WIRE}
+# the parts that travel flat, and their types
+_PART_TYPES: dict[str, type] = {
+    "lifecycle": LifecycleStatus,
+    "telemetry": TelemetryStatus,
+    "memory": MemoryStatus,
+    "stall": StallStatus,
+}
+# what the wire carries for an instance without a stall verdict
+_NO_STALL = StallStatus(stalled=None)  # type: ignore[arg-type]
+
+
+def _assemble(name: str, parts: dict[str | None, dict[str, Any]]) -> InstanceStatus:
+    """An InstanceStatus from its values grouped by part (`_WIRE`'s places)."""
+    own = parts.get(None, {})
+    name = own.pop("name", name)
+    life = parts.get("lifecycle", {})
+    life["state"] = State(life.get("state", State.STOPPED))
+    stall = parts.get("stall")
+    return InstanceStatus(
+        name=name,
+        lifecycle=LifecycleStatus(**life),
+        telemetry=TelemetryStatus(**parts.get("telemetry", {})),
+        memory=MemoryStatus(**parts.get("memory", {})),
+        stall=None if not stall or stall.get("stalled") is None else StallStatus(**stall),
+        **own,
+    )
+
+
+def _wire_values(inst: InstanceStatus) -> dict[str, Any]:
+    """Schema 1's flat keys of one instance, `_WIRE`'s order, values as the parts hold them."""
+    src = _sources(inst)
+    return {key: getattr(src[at], attr) for key, at, attr in _WIRE_AT}
+
+
+def _sources(inst: InstanceStatus) -> tuple[Any, ...]:
+    stall = inst.stall if inst.stall is not None else _NO_STALL
+    return (inst, inst.lifecycle, inst.telemetry, inst.memory, stall)
+
+
+def _instance_plain(inst: InstanceStatus) -> dict[str, Any]:
+    """Schema 1's flat object of one instance: `_WIRE`'s keys in its order, JSON data."""
+    src = _sources(inst)
+    return {key: _plain(getattr(src[at], attr)) for key, at, attr in _WIRE_AT}
+
+
+def _instance_decoder() -> Any:
+    """Schema 1's flat instance object -> InstanceStatus (unknown keys ignored)."""
+    own_hints = typing.get_type_hints(InstanceStatus, vars(sys.modules[__name__]))
+    hints = {
+        name: typing.get_type_hints(t, vars(sys.modules[__name__]))
+        for name, t in _PART_TYPES.items()
+    }
+    # a stall verdict's `stalled` is a bool, but the wire says null where there is none
+    hints["stall"]["stalled"] = bool | None
+    decoders = tuple(
+        (key, part, attr, _decoder(own_hints[attr] if part is None else hints[part][attr]))
+        for key, part, attr in _WIRE
+    )
+
+    def decode(data: Any) -> InstanceStatus:
+        if not isinstance(data, dict):
+            raise TypeError(f"InstanceStatus is an object, not {type(data).__name__}")
+        parts: dict[str | None, dict[str, Any]] = {}
+        for key, part, attr, dec in decoders:
+            if key in data:
+                parts.setdefault(part, {})[attr] = dec(data[key])
+        return _assemble(data["name"], parts)
+
+    return decode
 
 
 @dataclass(frozen=True)
@@ -603,6 +804,7 @@ class StatusSnapshot:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_ENUMS = frozenset({State, SleepState})  # the snapshot's enum-typed fields: their values
 
 
 def _plain(obj: Any) -> Any:
@@ -611,13 +813,17 @@ def _plain(obj: Any) -> Any:
     kind = type(obj)
     if kind in _SCALARS:
         return obj
+    if kind in _ENUMS:
+        return obj.value
+    if kind is InstanceStatus:
+        return _instance_plain(obj)
     if kind is tuple or kind is list:
         return [_plain(v) for v in obj]
     if kind is dict:
         return {k: _plain(v) for k, v in obj.items()}
     names = _field_names(kind)
     if names is None:
-        return obj
+        return obj.value if isinstance(obj, enum.Enum) else obj
     return {name: _plain(getattr(obj, name)) for name in names}
 
 
@@ -658,6 +864,10 @@ def _decoder(hint: Any) -> Any:
         return lambda v: () if v is None else tuple(item(x) for x in v)
     if origin is dict:
         return lambda v: None if v is None else dict(v)
+    if hint is InstanceStatus:
+        return _instance_decoder()
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint  # its value -> its member (an unknown value raises ValueError)
     if isinstance(hint, type) and is_dataclass(hint):
         return _dataclass_decoder(hint)
     return _identity
@@ -676,28 +886,6 @@ def _dataclass_decoder(cls: type) -> Any:
 
 
 def empty_instance(name: str, **values: Any) -> InstanceStatus:
-    """An instance with every telemetry value unknown; `values` fill in what is known."""
-    base: dict[str, Any] = dict(
-        name=name,
-        state="stopped",
-        pid=None,
-        port=None,
-        gpus=(),
-        model=None,
-        restarts=0,
-        uptime_s=None,
-        hbm_bytes=None,
-        hbm_source="unavailable",
-        kv_cache_usage=None,
-        kv_capacity_tokens=None,
-        preemptions_total=None,
-        preemptions_per_min=None,
-        requests_running=None,
-        requests_waiting=None,
-        generation_tokens_per_s=None,
-        backend=None,
-        backend_source=None,
-        last_exit=None,
-    )
-    base.update(values)
-    return InstanceStatus(**base)
+    """An instance with every telemetry value unknown; `values` fill in what is known, by
+    their wire names (`WIRE_KEYS`: `state=`, `kv_cache_usage=`, `stalled=`, ...)."""
+    return InstanceStatus.from_wire(name, **values)

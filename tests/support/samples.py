@@ -160,14 +160,14 @@ def gpu_node(tick: int = 0, uptime_s: float = 4 * 3600 + 15 * 60) -> StatusSnaps
     gpus = []
     for g in range(8):
         procs = tuple(
-            GpuProcess(i.pid, i.hbm_bytes, i.name)
+            GpuProcess(i.lifecycle.pid, i.memory.hbm_bytes, i.name)
             for i in instances
-            if g in i.gpus and i.pid and i.hbm_bytes
+            if g in i.gpus and i.lifecycle.pid and i.memory.hbm_bytes
         )
         if g == 7:
             procs += (GpuProcess(99_321, 3 * 2**30 + 2**29, None),)
         used = sum(p.hbm_bytes or 0 for p in procs) + 2**29
-        busy = any(i.state == State.READY for i in instances if g in i.gpus)
+        busy = any(i.lifecycle.state == State.READY for i in instances if g in i.gpus)
         gpus.append(
             GpuStatus(
                 index=g,
@@ -286,14 +286,14 @@ def big_node(n: int = 64, tick: int = 0) -> StatusSnapshot:
             index=g,
             name="NVIDIA H200",
             hbm_total_bytes=H200_BYTES,
-            hbm_used_bytes=sum(i.hbm_bytes or 0 for i in instances if g in i.gpus),
+            hbm_used_bytes=sum(i.memory.hbm_bytes or 0 for i in instances if g in i.gpus),
             util_pct=90.0,
             temp_c=63.0,
             power_w=600.0,
             processes=tuple(
-                GpuProcess(i.pid, i.hbm_bytes, i.name)
+                GpuProcess(i.lifecycle.pid, i.memory.hbm_bytes, i.name)
                 for i in instances
-                if g in i.gpus and i.pid is not None  # every sample instance runs
+                if g in i.gpus and i.lifecycle.pid is not None  # every sample instance runs
             ),
         )
         for g in range(8)
@@ -315,8 +315,8 @@ def layout_for(snapshot: StatusSnapshot, name: str = "sample") -> str:
         table: dict = {"name": inst.name, "gpus": list(inst.gpus), "port": inst.port}
         if inst.model and inst.model != MODEL:
             table["model"] = inst.model
-        if inst.gpu_memory_utilization is not None:
-            table["gpu_memory_utilization"] = inst.gpu_memory_utilization
+        if inst.memory.gpu_memory_utilization is not None:
+            table["gpu_memory_utilization"] = inst.memory.gpu_memory_utilization
         instances.append(table)
     defaults = {
         "model": MODEL,

@@ -20,9 +20,7 @@ from tests.tui.conftest import make_app, make_client, settle
 
 
 def _replace(snap, name, **values):
-    instances = tuple(
-        dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
-    )
+    instances = tuple(i.with_wire(**values) if i.name == name else i for i in snap.instances)
     return dataclasses.replace(snap, instances=instances)
 
 

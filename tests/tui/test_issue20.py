@@ -36,8 +36,7 @@ def h200_pair(held_b: int = 66142 * MiB) -> StatusSnapshot:
     instances = []
     for name, port, pid, held in (("a", 8011, 746, 66142 * MiB), ("b", 8012, 901, held_b)):
         instances.append(
-            dataclasses.replace(
-                template,
+            template.with_wire(
                 name=name,
                 port=port,
                 pid=pid,
@@ -54,11 +53,13 @@ def h200_pair(held_b: int = 66142 * MiB) -> StatusSnapshot:
         0,
         "NVIDIA H200",
         H200,
-        sum(i.hbm_bytes or 0 for i in instances) + 600 * MiB,
+        sum(i.memory.hbm_bytes or 0 for i in instances) + 600 * MiB,
         91.0,
         60.0,
         510.0,
-        processes=tuple(GpuProcess(i.pid or 0, i.hbm_bytes or 0, i.name) for i in instances),
+        processes=tuple(
+            GpuProcess(i.lifecycle.pid or 0, i.memory.hbm_bytes or 0, i.name) for i in instances
+        ),
     )
     advice = compute_advice(instances, [gpu], AdviceInputs(recent_failures={}))
     node = dataclasses.replace(base.node, gpu_count=1)

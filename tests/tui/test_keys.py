@@ -22,9 +22,7 @@ from tests.tui.conftest import make_app, make_client, settle
 def _with_state(snap, name, **values):
     return dataclasses.replace(
         snap,
-        instances=tuple(
-            dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
-        ),
+        instances=tuple(i.with_wire(**values) if i.name == name else i for i in snap.instances),
     )
 
 

@@ -31,9 +31,7 @@ from tests.tui.conftest import config_doc, make_app, make_client, settle
 def _with(snap, name, **values):
     return dataclasses.replace(
         snap,
-        instances=tuple(
-            dataclasses.replace(i, **values) if i.name == name else i for i in snap.instances
-        ),
+        instances=tuple(i.with_wire(**values) if i.name == name else i for i in snap.instances),
     )
 
 
@@ -74,7 +72,9 @@ async def test_the_filter_is_a_visible_line_above_the_footer_and_slash_toggles_i
 
 async def test_previous_log_of_a_first_run_says_there_is_no_previous_run():
     snap = samples.cpu_node()
-    first = next(i for i in snap.instances if (i.run or 0) <= 1 and i.last_exit is None)
+    first = next(
+        i for i in snap.instances if (i.lifecycle.run or 0) <= 1 and i.lifecycle.last_exit is None
+    )
     client = make_client(snap)
     app = make_app(client)
     async with app.run_test(size=(160, 45)) as pilot:

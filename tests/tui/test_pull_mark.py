@@ -36,9 +36,7 @@ def with_pull(pull: PullStatus | None) -> StatusSnapshot:
     snap = samples.gpu_node()
     if pull is not None:
         insts = tuple(
-            dataclasses.replace(i, state="stopped", pid=None, pull=pull)
-            if i.name in pull.instances
-            else i
+            i.with_wire(state="stopped", pid=None, pull=pull) if i.name in pull.instances else i
             for i in snap.instances
         )
         snap = dataclasses.replace(snap, instances=insts, pulls=(pull,))

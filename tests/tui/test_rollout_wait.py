@@ -50,8 +50,7 @@ def rolling_node() -> StatusSnapshot:
     snap = three()
     by_name = {i.name: i for i in snap.instances}
     first, second, *rest = sorted(by_name)
-    starting = dataclasses.replace(
-        by_name[first],
+    starting = by_name[first].with_wire(
         state="starting",
         uptime_s=130.0,
         start_timeout_s=1200.0,
@@ -59,11 +58,10 @@ def rolling_node() -> StatusSnapshot:
         generation_tokens_per_s=None,
         preemptions_per_min=None,
     )
-    old = dataclasses.replace(by_name[second], outdated=True, outdated_fields=("args",))
+    old = by_name[second].with_wire(outdated=True, outdated_fields=("args",))
     changed = {first: starting, second: old}
     for name in rest:
-        changed[name] = dataclasses.replace(
-            by_name[name],
+        changed[name] = by_name[name].with_wire(
             state="starting",
             pid=None,
             uptime_s=None,
@@ -87,7 +85,7 @@ def test_the_cells_and_lines_say_what_each_instance_waits_for():
     assert fmt.wait_summary(a) == "starting 2m10s of 20m (start_timeout_s)"
     assert fmt.wait_summary(b) == "runs an older spec than the layout (args differ)"
     assert fmt.wait_summary(c) == f"waits for {a.name} starting"
-    memory = dataclasses.replace(c, wait=WaitReason("gpu_memory", "pid 7 holds 9.0 GiB"))
+    memory = c.with_wire(wait=WaitReason("gpu_memory", "pid 7 holds 9.0 GiB"))
     assert rows.row_cells(memory, rows.COLUMNS)[state][0] == "◐ GPU memory"
     assert snap.rollout is not None
     text = rollout_text(snap.rollout).plain
@@ -131,7 +129,7 @@ async def test_the_dashboard_shows_the_rollout_the_waits_and_no_stale_sparklines
         assert "ROLLOUT 1/2" in _plain(app.screen.query_one(NodeHeader))
         table = app.screen.query_one(InstanceTable)
         assert table.get_cell(first, "state").plain == "◐ 2m10s of 20m"
-        waiting = [i.name for i in snap.instances if i.wait is not None]
+        waiting = [i.name for i in snap.instances if i.lifecycle.wait is not None]
         assert waiting and all(
             table.get_cell(n, "state").plain == f"◐ after {first}" for n in waiting
         )
@@ -153,7 +151,7 @@ async def test_the_dashboard_shows_the_rollout_the_waits_and_no_stale_sparklines
 def test_escapes_in_what_the_dashboard_prints_are_shown_not_obeyed():
     evil = "\x1b]0;pwned\x07\x1b[2J"
     snap = samples.cpu_node()
-    inst = dataclasses.replace(snap.instances[0], model=f"m{evil}", backend=f"B{evil}")
+    inst = snap.instances[0].with_wire(model=f"m{evil}", backend=f"B{evil}")
     cells = rows.row_cells(inst, rows.COLUMNS)
     assert not any("\x1b" in text or "\x07" in text for text, _ in cells)
     node = dataclasses.replace(snap.node, hostname=f"h{evil}")

@@ -21,8 +21,7 @@ def _plain(widget) -> str:
 async def test_a_stalled_row_is_marked_and_the_detail_says_why():
     snap = samples.cpu_node()
     first = sorted(snap.instances, key=lambda i: i.name)[0]
-    stuck = dataclasses.replace(
-        first,
+    stuck = first.with_wire(
         state="ready",
         requests_running=3.0,
         requests_waiting=5.0,

@@ -4,6 +4,7 @@ key of schema 1 kept."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -74,6 +75,8 @@ def strategy(hint):
         if hint is StatusSnapshot:
             kw["schema"] = st.just(SCHEMA)
         return st.builds(hint, **kw)  # type: ignore[arg-type]  # a dataclass type here, not an instance
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return st.sampled_from(hint)
     if hint is bool:
         return st.booleans()
     if hint is int:
@@ -188,7 +191,9 @@ def test_schema_1_keeps_every_key_and_adds_the_typed_parts():
     back = StatusSnapshot.from_json(doc)
     assert back == full() and isinstance(back.rollout, RolloutStatus)
     assert isinstance(back.router, RouterStatus) and back.router.workers[0].name == "a"
-    assert back.instances[1].wait == WaitReason("co_tenant", "a starting", instances=("a",))
+    assert back.instances[1].lifecycle.wait == WaitReason(
+        "co_tenant", "a starting", instances=("a",)
+    )
 
 
 def test_an_older_daemons_document_reads_with_defaults_and_a_newer_ones_extra_keys_are_ignored():
@@ -202,7 +207,7 @@ def test_an_older_daemons_document_reads_with_defaults_and_a_newer_ones_extra_ke
     doc["something_new"] = [1, 2]
     snap = StatusSnapshot.from_json(doc)
     assert snap.rollout is None and snap.router is None and snap.bench is None
-    assert snap.instances[1].wait is None and snap.instances[1].outdated is None
+    assert snap.instances[1].lifecycle.wait is None and snap.instances[1].lifecycle.outdated is None
 
 
 def test_a_document_of_another_schema_or_shape_is_refused_clearly():
@@ -219,6 +224,8 @@ def test_to_json_is_built_once_per_snapshot():
 
 
 def test_the_start_progress_is_the_time_since_the_spawn_of_a_starting_instance():
-    assert empty_instance("a", state="starting", pid=9, uptime_s=4.0).start_elapsed_s == 4.0
-    assert empty_instance("a", state="starting", uptime_s=4.0).start_elapsed_s is None
-    assert empty_instance("a", state="ready", pid=9, uptime_s=4.0).start_elapsed_s is None
+    assert (
+        empty_instance("a", state="starting", pid=9, uptime_s=4.0).lifecycle.start_elapsed_s == 4.0
+    )
+    assert empty_instance("a", state="starting", uptime_s=4.0).lifecycle.start_elapsed_s is None
+    assert empty_instance("a", state="ready", pid=9, uptime_s=4.0).lifecycle.start_elapsed_s is None

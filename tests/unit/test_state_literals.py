@@ -6,7 +6,9 @@ What counts as a state: an expression ending in `.state`, `.reason` or `.rollout
 named `state`, `reason` or `*_state`, a JSON document's `["state"]` / `.get("state")` (the same
 names read back from the status JSON: a StrEnum member equals its string, so the comparison still
 works), and a lookup by any key in a mapping named `states` or `*_states` (`states.get(n)`,
-`states[n]`: how a command reads every instance's state at once).
+`states[n]`: how a command reads every instance's state at once). And through any name: a literal
+that spells one of `State`'s values (`current == "ready"`) is a state compared with a string,
+unless the other side is named for another vocabulary that shares a word (`OTHER_WORDS`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import ast
 from pathlib import Path
 
 import vsup
+from vsup.states import State
 
 PACKAGE = Path(vsup.__file__).parent
+STATE_WORDS = frozenset(s.value for s in State)
+# names whose values are another vocabulary with words a state has too: a bench's restore
+# `outcome` (`stopped`, `failed`), a wait reason's `kind` (`backoff`), a pull worker's `event`
+OTHER_WORDS = ("outcome", "kind", "event")
 WORDS = ("state", "reason", "rollout")
 MAPPINGS = ("states",)  # name -> state
 
@@ -71,13 +78,26 @@ def is_string_literal(node: ast.expr) -> bool:
     return False
 
 
+def spells_a_state(node: ast.expr) -> bool:
+    """A string literal (or a tuple, list or set of them) with one of `State`'s values."""
+    elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return any(isinstance(e, ast.Constant) and e.value in STATE_WORDS for e in elts)
+
+
+def other_vocabulary(node: ast.expr) -> bool:
+    name = _name(node)
+    return name is not None and any(name == w or name.endswith("_" + w) for w in OTHER_WORDS)
+
+
 def literal_comparisons(source: str, filename: str = "<test>") -> list[str]:
     """`line: expression` of every comparison of a state with a string literal in `source`."""
     out = []
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(names_a_state(s) for s in sides) and any(is_string_literal(s) for s in sides):
+            named = any(names_a_state(s) for s in sides) and any(map(is_string_literal, sides))
+            spelled = any(map(spells_a_state, sides)) and not any(map(other_vocabulary, sides))
+            if named or spelled:
                 out.append(f"{node.lineno}: {ast.unparse(node)}")
     return out
 
@@ -94,6 +114,9 @@ old_state in ["ready"]
 states.get(n) != "ready"
 all_states[name] == "stopped"
 v.rollout != "done"
+current == "ready"
+inst.lifecycle.state in ("starting", "ready")
+s != "stopped"
 """
     good = """
 inst.state == State.READY
@@ -102,8 +125,10 @@ kind == "spawn"
 inst.state is None
 states.get(n) == State.READY
 states.get("note") == "x"
+outcome == "failed"
+w.kind == "backoff"
 """
-    assert len(literal_comparisons(bad)) == 10
+    assert len(literal_comparisons(bad)) == 13
     assert literal_comparisons(good) == []
 
 

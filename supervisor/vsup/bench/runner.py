@@ -264,7 +264,7 @@ class BenchRunner:
         deadline = time.monotonic() + self.ready_timeout
         while names and time.monotonic() < deadline:
             insts = self.client.status().instances
-            if not any(i.name in names and i.state != State.STOPPED for i in insts):
+            if not any(i.name in names and i.lifecycle.state != State.STOPPED for i in insts):
                 return
             time.sleep(0.3)
 
@@ -536,7 +536,7 @@ class BenchRunner:
             return {"outcome": "restored", "layout": original.name, "daemon": "stopped"}
         ok, doc = self._wait_ready(original.serving, "restoring: ")
         if not ok:
-            states = {i.name: i.state for i in doc.instances}
+            states = {i.name: i.lifecycle.state for i in doc.instances}
             not_ready = {n: states.get(n) for n in original.serving if states.get(n) != State.READY}
             self.say(f"the original layout is back but not ready: {not_ready}")
             return {
@@ -588,11 +588,11 @@ def _not_ready(doc: StatusSnapshot, names: list[str], after_s: float) -> list[st
     out = []
     for name in names:
         inst = by_name.get(name)
-        if inst is not None and inst.state == State.READY:
+        if inst is not None and inst.lifecycle.state == State.READY:
             continue
-        le = inst.last_exit if inst is not None else None
+        le = inst.lifecycle.last_exit if inst is not None else None
         why = f" (last exit: {le.reason})" if le is not None and le.reason else ""
-        state = inst.state if inst is not None else "missing"
+        state = inst.lifecycle.state if inst is not None else "missing"
         out.append(f"{name}: {state}{why} after {after_s:.0f} s; not loaded")
     return out
 

@@ -52,7 +52,7 @@ def split_rate(rate: float, shares: Sequence[int]) -> list[float]:
 def weights_for(instances: Sequence[InstanceStatus]) -> tuple[list[float], str]:
     """(weights, basis) for the instances' status entries: KV capacity when every one has it,
     else GPU count."""
-    kv = [i.kv_capacity_tokens for i in instances]
+    kv = [i.telemetry.kv_capacity_tokens for i in instances]
     capacities = [float(k) for k in kv if isinstance(k, int | float) and k > 0]
     if instances and len(capacities) == len(instances):
         return capacities, "kv_capacity_tokens"

@@ -306,7 +306,7 @@ def _original(client: Client, home: Path, daemon_was_running: bool) -> Original:
 
     current = client.layout()
     refuse_while_left_behind(home, current.toml)
-    before = {i.name: i.state for i in client.status().instances}
+    before = {i.name: i.lifecycle.state for i in client.status().instances}
     return Original(
         toml=current.toml,
         path=current.path,

@@ -90,7 +90,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _what_stops(doc: StatusSnapshot, daemon_pid: int, home: Path) -> str:
     """`2 instances (a, b), then the vsup daemon (pid 42) of HOME`."""
-    live = [i.name for i in doc.instances if i.state != State.STOPPED]
+    live = [i.name for i in doc.instances if i.lifecycle.state != State.STOPPED]
     return (
         f"{len(live)} instance{'s' if len(live) != 1 else ''} ({', '.join(live)}), then "
         if live
@@ -112,7 +112,7 @@ def _watch_stopping(client: Client, home: Path, timeout: float) -> None:
             doc = client.status()
         except DaemonUnavailable:
             break
-        left = [i.name for i in doc.instances if i.state not in IDLE]
+        left = [i.name for i in doc.instances if i.lifecycle.state not in IDLE]
         progress.update(
             f"[{fmt_duration(time.monotonic() - t0)}] stopping: "
             + (", ".join(left) if left else "the daemon")

@@ -136,17 +136,17 @@ def wait_and_report(client: Client, names: list[str], timeout: float) -> int:
         if inst is None:
             print(f"{name}: gone from the layout", file=sys.stderr)
             continue
-        if inst.state == State.READY:
+        if inst.lifecycle.state == State.READY:
             print(f"{name}: ready")
         else:
-            le = inst.last_exit
+            le = inst.lifecycle.last_exit
             why = f" (last exit: {le.reason})" if le is not None and le.reason else ""
-            print(f"{name}: {inst.state}{why}", file=sys.stderr)
+            print(f"{name}: {inst.lifecycle.state}{why}", file=sys.stderr)
             for advice in doc.advice:
                 # what to do about it (the daemon's advice: edit the layout, free a port...)
-                if advice.instance == name and inst.state == State.FAILED:
+                if advice.instance == name and inst.lifecycle.state == State.FAILED:
                     print(f"  {advice.message}", file=sys.stderr)
-    if not ok and all(by_name[n].state != State.FAILED for n in names if n in by_name):
+    if not ok and all(by_name[n].lifecycle.state != State.FAILED for n in names if n in by_name):
         print(f"vsup: not ready after {timeout:.0f} s", file=sys.stderr)
     return 0 if ok else 1
 

@@ -95,13 +95,11 @@ def _memory(watcher: Any) -> dict[str, Any]:
 def _instance(
     name: str, state: str | None, metrics: Any, rates: Any, backend: Any, **known: Any
 ) -> dict[str, Any]:
-    from dataclasses import asdict
-
     from vsup.snapshot import empty_instance
     from vsup.telemetry.view import telemetry_fields
 
     inst = empty_instance(name, **telemetry_fields(metrics, rates, backend), **known)
-    doc = asdict(inst)
+    doc = inst.to_json()
     doc["state"] = state
     doc["restarts"] = None  # not supervised: vsup does not know
     return doc

@@ -209,22 +209,23 @@ def state_cell(i: InstanceStatus) -> str:
     from vsup.progress import fmt_duration
     from vsup.pullview import state_mark
 
-    state = i.state
-    if state == State.BACKOFF and i.backoff_remaining_s is not None:
-        state += f" {fmt_duration(i.backoff_remaining_s)}"
-    elif state == State.STARTING and i.wait is not None:
+    state: str = i.lifecycle.state
+    if state == State.BACKOFF and i.lifecycle.backoff_remaining_s is not None:
+        state += f" {fmt_duration(i.lifecycle.backoff_remaining_s)}"
+    elif state == State.STARTING and i.lifecycle.wait is not None:
         state += " (waits)"
-    elif state == State.STARTING and i.start_elapsed_s is not None:
-        state += f" {fmt_duration(i.start_elapsed_s)}"
-        if i.start_timeout_s:
-            state += f" of {short_duration(i.start_timeout_s)}"
-    if i.stalled:
+    elif state == State.STARTING and i.lifecycle.start_elapsed_s is not None:
+        state += f" {fmt_duration(i.lifecycle.start_elapsed_s)}"
+        if i.lifecycle.start_timeout_s:
+            state += f" of {short_duration(i.lifecycle.start_timeout_s)}"
+    stall = i.active_stall
+    if stall is not None:
         # a flag on a ready instance (its state stays ready: scripts switch on it)
-        state += f" STALLED {fmt_duration(i.stalled_for_s)}"
+        state += f" STALLED {fmt_duration(stall.for_s)}"
     if sleepview.sleeping(i.sleep) and i.sleep is not None:
         # sleep mode: a live, healthy server (ready) that serves nothing
         state += f" ({sleepview.state_word(i.sleep, ellipsis='')})"
-    if i.outdated:
+    if i.lifecycle.outdated:
         state += " (old spec)"
     mark = state_mark(i.pull)
     if mark:
@@ -234,7 +235,7 @@ def state_cell(i: InstanceStatus) -> str:
 
 def wait_line(i: InstanceStatus) -> str | None:
     """`b: waits for a starting (a co-tenant of its device)`, one line per waiting instance."""
-    w = i.wait
+    w = i.lifecycle.wait
     if w is None:
         return None
     what = {
@@ -269,20 +270,20 @@ def _rank(r: RankStatus) -> str:
 
 
 def _hbm_cell(i: InstanceStatus) -> str:
-    if i.hbm_bytes is None:
+    if i.memory.hbm_bytes is None:
         return "n/a" if i.gpus else "-"
-    return f"{i.hbm_bytes / GiB:.1f}G"
+    return f"{i.memory.hbm_bytes / GiB:.1f}G"
 
 
 def _run_wait_cell(i: InstanceStatus) -> str:
-    if i.requests_running is None and i.requests_waiting is None:
+    if i.telemetry.requests_running is None and i.telemetry.requests_waiting is None:
         return "-"
-    return f"{_num(i.requests_running)}/{_num(i.requests_waiting)}"
+    return f"{_num(i.telemetry.requests_running)}/{_num(i.telemetry.requests_waiting)}"
 
 
 def _backend_cell(i: InstanceStatus) -> str:
-    backend = i.backend or "-"
-    if i.backend and i.backend_source not in (None, "log"):
+    backend = i.telemetry.backend or "-"
+    if i.telemetry.backend and i.telemetry.backend_source not in (None, "log"):
         backend += "*"  # inferred: the footnote says so
     return _p(backend)
 
@@ -297,18 +298,18 @@ def _duration(seconds: float | None) -> str:
 COLUMNS: tuple[tuple[str, Callable[[InstanceStatus], str]], ...] = (
     ("NAME", lambda i: _p(i.name)),
     ("STATE", lambda i: state_cell(i)),
-    ("PID", lambda i: _num(i.pid, "{}")),
+    ("PID", lambda i: _num(i.lifecycle.pid, "{}")),
     ("PORT", lambda i: _num(i.port, "{}")),
     ("GPUS", lambda i: ",".join(str(g) for g in i.gpus) or "cpu"),
     ("SHAPE", lambda i: _shape(i.parallel)),
-    ("KV", lambda i: _num(i.kv_cache_usage, "{:.0%}")),
-    ("PREEMPT/MIN", lambda i: _num(i.preemptions_per_min, "{:.1f}")),
+    ("KV", lambda i: _num(i.telemetry.kv_cache_usage, "{:.0%}")),
+    ("PREEMPT/MIN", lambda i: _num(i.telemetry.preemptions_per_min, "{:.1f}")),
     ("RUN/WAIT", _run_wait_cell),
-    ("TOK/S", lambda i: _num(i.generation_tokens_per_s, "{:.1f}")),
+    ("TOK/S", lambda i: _num(i.telemetry.generation_tokens_per_s, "{:.1f}")),
     ("HBM", _hbm_cell),
     ("BACKEND", _backend_cell),
-    ("RESTARTS", lambda i: str(i.restarts)),
-    ("UPTIME", lambda i: _duration(i.uptime_s)),
+    ("RESTARTS", lambda i: str(i.lifecycle.restarts)),
+    ("UPTIME", lambda i: _duration(i.lifecycle.uptime_s)),
 )
 
 
@@ -326,8 +327,8 @@ def _router_row(router: RouterStatus) -> tuple[str, ...]:
 
 
 def _exit_line(i: InstanceStatus) -> str | None:
-    le = i.last_exit
-    if not le or i.state == State.READY:
+    le = i.lifecycle.last_exit
+    if not le or i.lifecycle.state == State.READY:
         return None
     line = f"{i.name}: last exit {le.reason} ({exit_how(le)}) at {le.at}"
     if le.rank is not None:
@@ -340,9 +341,9 @@ def _exit_line(i: InstanceStatus) -> str | None:
 
 
 def _outdated_line(i: InstanceStatus) -> str | None:
-    if not i.outdated:
+    if not i.lifecycle.outdated:
         return None
-    differ = ", ".join(i.outdated_fields) or "spec"
+    differ = ", ".join(i.lifecycle.outdated_fields) or "spec"
     return _p(
         f"{i.name}: runs an older spec than the layout ({differ} differ); "
         "`vsup up LAYOUT` restarts it with the layout's"
@@ -407,7 +408,7 @@ def render(doc: StatusSnapshot | dict[str, Any]) -> str:
         lines += [line for line in map(note, insts) if line is not None]
     if snap.router is not None:
         lines.append(router_line(snap.router) or "")
-    if any(i.backend_source not in (None, "log") and i.backend for i in insts):
+    if any(i.telemetry.backend_source not in (None, "log") and i.telemetry.backend for i in insts):
         lines.append("* backend inferred from flags or the platform default, not seen in the log")
     lines += [_p(f"{a.severity}: {a.message}") for a in snap.advice]
     return "\n".join(lines) + "\n"

@@ -399,7 +399,7 @@ def _original(tune: _Tune, client: Client, daemon_was_running: bool) -> Original
         refuse_while_left_behind(tune.home, current.toml)
     except CommandFailed as exc:
         raise CommandFailed(str(exc).replace("vsup bench: ", "vsup tune: ", 1), 1) from None
-    before = {i.name: i.state for i in client.status().instances}
+    before = {i.name: i.lifecycle.state for i in client.status().instances}
     serving = [n for n, state in before.items() if state in SERVING]
     original = Original(
         toml=current.toml,

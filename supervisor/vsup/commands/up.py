@@ -278,7 +278,7 @@ def _until_applied(
     so that what `--wait` reads next is the apply's, not the state before it."""
     end = clock() + limit_s
     while clock() < end:
-        states = {i.name: i.state for i in client.status().instances}
+        states = {i.name: i.lifecycle.state for i in client.status().instances}
         if all(states.get(n) != State.STOPPED for n in names):
             return
         sleep(0.2)
@@ -306,7 +306,7 @@ def wait_router(client: Client, timeout: float) -> int:
 
 def serving_names(status: StatusSnapshot) -> set[str]:
     """Names of the instances that answer requests now (`@router` for a serving router)."""
-    names = {i.name for i in status.instances if i.state in SERVING}
+    names = {i.name for i in status.instances if i.lifecycle.state in SERVING}
     if status.router is not None and status.router.state in SERVING:
         names.add(ROUTER)
     return names

@@ -117,10 +117,10 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
     gauge never read above 0.8), and with few blocks the gauge cannot even reach 95%. So the rise
     alone triggers the advice, and the KV figure only sets how loud it is: critical when the cache
     read >= 95% now or at its peak in the last minute, a warning otherwise."""
-    rate = inst.preemptions_per_min
+    rate = inst.telemetry.preemptions_per_min
     if rate is None or rate <= 0:
         return []
-    usage = [v for v in (inst.kv_cache_usage, kv_peak) if v is not None]
+    usage = [v for v in (inst.telemetry.kv_cache_usage, kv_peak) if v is not None]
     peak = max(usage) if usage else None
     if peak is not None and peak > 0:
         kv_txt = f"KV cache peaked at {peak:.0%} in the last minute"
@@ -131,7 +131,9 @@ def kv_too_small(inst: InstanceStatus, kv_peak: float | None = None) -> list[Adv
         kv_txt = "its cache ran full between samples"
     if not inst.gpus:
         size = (
-            f" ({inst.kv_capacity_tokens:,} tokens)" if inst.kv_capacity_tokens is not None else ""
+            f" ({inst.telemetry.kv_capacity_tokens:,} tokens)"
+            if inst.telemetry.kv_capacity_tokens is not None
+            else ""
         )
         fix = (
             f"its KV cache{size} is too small for this load and throughput suffers. On CPU the "
@@ -163,7 +165,7 @@ def hbm_allowance(inst: InstanceStatus) -> tuple[int, str]:
     parts it logged plus `CUDA_CONTEXT_BYTES` per GPU (the context that exists before its
     baseline, kernels loaded after its profile). Without: a default per GPU."""
     gpus = max(1, len(inst.gpus))
-    logged = (inst.vllm_non_torch_bytes, inst.vllm_cudagraph_bytes)
+    logged = (inst.memory.vllm_non_torch_bytes, inst.memory.vllm_cudagraph_bytes)
     if any(v is not None for v in logged):
         parts = sum(v or 0 for v in logged)
         return parts + CUDA_CONTEXT_BYTES * gpus, "log"
@@ -179,7 +181,7 @@ def _gib(n: int | float) -> str:
 def hbm_over_plan(inst: InstanceStatus) -> list[Advice]:
     """HBM beyond the planned share plus what vLLM keeps outside it, or grown since the
     instance started serving: drift, not the constant overhead every instance has."""
-    used, plan = inst.hbm_bytes, inst.planned_hbm_bytes
+    used, plan = inst.memory.hbm_bytes, inst.memory.planned_hbm_bytes
     if used is None or not plan:
         return []
     allowance, source = hbm_allowance(inst)
@@ -189,8 +191,9 @@ def hbm_over_plan(inst: InstanceStatus) -> list[Advice]:
         if source == "log":
             why = (
                 f"{_gib(allowance)} that vLLM keeps outside it (non-torch "
-                f"{_gib(inst.vllm_non_torch_bytes or 0)}, CUDA graphs "
-                f"{_gib(inst.vllm_cudagraph_bytes or 0)} from its start-up log, CUDA context "
+                f"{_gib(inst.memory.vllm_non_torch_bytes or 0)}, CUDA graphs "
+                f"{_gib(inst.memory.vllm_cudagraph_bytes or 0)} from its start-up log, "
+                "CUDA context "
                 f"~{_gib(CUDA_CONTEXT_BYTES)} per GPU)"
             )
         else:
@@ -200,9 +203,9 @@ def hbm_over_plan(inst: InstanceStatus) -> list[Advice]:
             )
         reasons.append(
             f"{_gib(used - plan - allowance)} above its planned share of {_gib(plan)} "
-            f"(gpu_memory_utilization {inst.gpu_memory_utilization}) plus {why}"
+            f"(gpu_memory_utilization {inst.memory.gpu_memory_utilization}) plus {why}"
         )
-    start = inst.hbm_start_bytes
+    start = inst.memory.hbm_start_bytes
     if start and used - start > max(plan * HBM_OVER_FRACTION, HBM_GROWTH_MIN_BYTES):
         reasons.append(
             f"grew by {_gib(used - start)} since it started serving ({_gib(start)} then): vLLM "
@@ -227,16 +230,21 @@ def hbm_over_plan(inst: InstanceStatus) -> list[Advice]:
 
 def crash_loop(inst: InstanceStatus, recent_failures: int) -> list[Advice]:
     """The breaker tripped (`failed`), or the instance keeps failing within the window."""
-    reason = inst.last_exit.reason if inst.last_exit else "unknown"
+    reason = inst.lifecycle.last_exit.reason if inst.lifecycle.last_exit else "unknown"
     excerpt = ""
-    if inst.last_exit and inst.last_exit.log_excerpt:
-        excerpt = f" Last log: {inst.last_exit.log_excerpt.strip().splitlines()[-1][:200]}"
-    if inst.state == State.FAILED:
-        if inst.failed_why:
-            says_what_to_do = "vsup start" in inst.failed_why or "vsup restart" in inst.failed_why
+    if inst.lifecycle.last_exit and inst.lifecycle.last_exit.log_excerpt:
+        excerpt = (
+            f" Last log: {inst.lifecycle.last_exit.log_excerpt.strip().splitlines()[-1][:200]}"
+        )
+    if inst.lifecycle.state == State.FAILED:
+        if inst.lifecycle.failed_why:
+            says_what_to_do = (
+                "vsup start" in inst.lifecycle.failed_why
+                or "vsup restart" in inst.lifecycle.failed_why
+            )
             hint = "" if says_what_to_do else f" Fix the cause, then `vsup restart {inst.name}`."
-            policy = inst.failed_why.startswith("the restart policy gave up")
-            why = inst.failed_why
+            policy = inst.lifecycle.failed_why.startswith("the restart policy gave up")
+            why = inst.lifecycle.failed_why
             if reason in FIXED_IN_LAYOUT or reason == ExitReason.PORT_IN_USE:
                 why, hint = _fails_fast(inst, reason, why)
             return [
@@ -278,14 +286,20 @@ def start_timed_out(inst: InstanceStatus) -> list[Advice]:
     """Its last start was ended at `start_timeout_s` and it does not serve yet (starting again,
     backing off, or failed): a start slower than its timeout, most often on a busy node (other
     starts, a load on its cores), where the next try may time out the same way."""
-    last = inst.last_exit
+    last = inst.lifecycle.last_exit
     if last is None or last.reason != ExitReason.STARTUP_TIMEOUT:
         return []
-    if inst.state not in (State.STARTING, State.BACKOFF, State.FAILED):
+    if inst.lifecycle.state not in (State.STARTING, State.BACKOFF, State.FAILED):
         return []
-    limit = f"{inst.start_timeout_s:g} s" if inst.start_timeout_s else "its start_timeout_s"
+    limit = (
+        f"{inst.lifecycle.start_timeout_s:g} s"
+        if inst.lifecycle.start_timeout_s
+        else "its start_timeout_s"
+    )
     # starting again: that start's log is the previous run's
-    log = f"vsup logs {inst.name}" + (" --previous" if inst.state == State.STARTING else "")
+    log = f"vsup logs {inst.name}" + (
+        " --previous" if inst.lifecycle.state == State.STARTING else ""
+    )
     return [
         Advice(
             kind="start_timeout",
@@ -339,10 +353,11 @@ def stalled(inst: InstanceStatus) -> list[Advice]:
     """Work (requests at the engine or the API server, or a canary) and no progress for
     `stall_after_s` while /health answers 200 (telemetry/stall.py): the engine is hung, and its
     clients wait for nothing."""
-    if not inst.stalled:
+    stall = inst.active_stall
+    if stall is None:
         return []
-    for_s = inst.stalled_for_s or 0.0
-    since = f" (since {inst.stalled_since})" if inst.stalled_since else ""
+    for_s = stall.for_s or 0.0
+    since = f" (since {stall.since})" if stall.since else ""
     return [
         Advice(
             kind="stalled",

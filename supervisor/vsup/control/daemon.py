@@ -253,7 +253,7 @@ class Daemon:
     def _weights_of(self, name: str) -> int | None:
         """The weights vLLM loaded for the instance (its start-up log), for a level-1 sleep."""
         inst = self._snapshot.instance(name) if self._snapshot is not None else None
-        return inst.vllm_weights_bytes if inst is not None else None
+        return inst.memory.vllm_weights_bytes if inst is not None else None
 
     def _excluded(self, name: str) -> bool:
         return self.engine.sleeper.excluded(name) or self._stalled(name)
@@ -262,7 +262,7 @@ class Daemon:
         """Whether stall detection flags the instance in the latest snapshot (False when it
         is not known: an instance is no less a worker for lack of a figure)."""
         inst = self._snapshot.instance(name) if self._snapshot is not None else None
-        return bool(inst is not None and inst.stalled)
+        return inst is not None and inst.active_stall is not None
 
     async def _requests_running(self, name: str) -> float | None:
         """Requests an instance runs or queues, read fresh for a drain (the last poll's figure
@@ -641,15 +641,15 @@ class Daemon:
         for inst in snap.instances:
             if inst.sleep is None:
                 continue
-            if inst.state == State.READY:
+            if inst.lifecycle.state == State.READY:
                 # what its server's metrics say of its sleep, against vsup's view
                 sleeper.observe_server(inst.name, self.monitor.metrics(inst.name))
             busy = (
-                (inst.requests_in_flight or 0)
-                + (inst.requests_running or 0)
-                + (inst.requests_waiting or 0)
+                (inst.telemetry.requests_in_flight or 0)
+                + (inst.telemetry.requests_running or 0)
+                + (inst.telemetry.requests_waiting or 0)
             )
-            sleeper.observe(inst.name, busy > 0 or bool(inst.generation_tokens_per_s))
+            sleeper.observe(inst.name, busy > 0 or bool(inst.telemetry.generation_tokens_per_s))
         for name in sleeper.idle_due():
             after = self.engine.instances[name].spec.sleep
             why = f"idle for {after.after_idle_s:g} s (sleep.after_idle_s)" if after else "idle"

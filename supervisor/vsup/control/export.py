@@ -62,54 +62,73 @@ class SnapshotCollector:
 
 
 class Series(NamedTuple):
-    """One family read off an attribute: `attr` of the snapshot part, the family's `name` and
-    `help`. A value that is None (unknown) is left out, never exported as a made-up number."""
+    """One family read off an attribute: `attr` of the snapshot part (dotted: `memory.hbm_bytes`
+    is an instance's part's attribute), the family's `name` and `help`. A value that is None
+    (unknown, or a part that is None) is left out, never exported as a made-up number."""
 
     attr: str
     name: str
     help: str
 
 
-# (attribute of InstanceStatus, family, help): a gauge per instance, labelled `name`
+# (attribute of InstanceStatus's parts, family, help): a gauge per instance, labelled `name`
 INSTANCE_GAUGES = (
-    Series("hbm_bytes", "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes"),
     Series(
-        "planned_hbm_bytes",
+        "memory.hbm_bytes", "vsup_instance_hbm_bytes", "GPU memory held by the instance's processes"
+    ),
+    Series(
+        "memory.planned_hbm_bytes",
         "vsup_instance_planned_hbm_bytes",
         "gpu_memory_utilization x the memory of its GPUs",
     ),
-    Series("kv_cache_usage", "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)"),
-    Series("kv_capacity_tokens", "vsup_instance_kv_capacity_tokens", "Tokens the KV cache holds"),
-    Series("requests_running", "vsup_instance_requests_running", "Requests being decoded"),
-    Series("requests_waiting", "vsup_instance_requests_waiting", "Requests queued"),
     Series(
-        "requests_in_flight",
+        "telemetry.kv_cache_usage", "vsup_instance_kv_cache_usage_ratio", "KV cache in use (0-1)"
+    ),
+    Series(
+        "telemetry.kv_capacity_tokens",
+        "vsup_instance_kv_capacity_tokens",
+        "Tokens the KV cache holds",
+    ),
+    Series(
+        "telemetry.requests_running", "vsup_instance_requests_running", "Requests being decoded"
+    ),
+    Series("telemetry.requests_waiting", "vsup_instance_requests_waiting", "Requests queued"),
+    Series(
+        "telemetry.requests_in_flight",
         "vsup_instance_requests_in_flight",
         "Requests in flight at vLLM's API server (its /load; with load tracking only)",
     ),
     Series(
-        "generation_tokens_per_s",
+        "telemetry.generation_tokens_per_s",
         "vsup_instance_generation_tokens_per_second",
         "Generated tokens per second",
     ),
     Series(
-        "prompt_tokens_per_s", "vsup_instance_prompt_tokens_per_second", "Prompt tokens per second"
+        "telemetry.prompt_tokens_per_s",
+        "vsup_instance_prompt_tokens_per_second",
+        "Prompt tokens per second",
     ),
-    Series("preemptions_per_min", "vsup_instance_preemptions_per_minute", "Preemptions per minute"),
-    Series("uptime_s", "vsup_instance_uptime_seconds", "Seconds since this run was spawned"),
     Series(
-        "stalled",
+        "telemetry.preemptions_per_min",
+        "vsup_instance_preemptions_per_minute",
+        "Preemptions per minute",
+    ),
+    Series(
+        "lifecycle.uptime_s", "vsup_instance_uptime_seconds", "Seconds since this run was spawned"
+    ),
+    Series(
+        "stall.stalled",
         "vsup_instance_stalled",
         "1 while a ready instance has work and makes no progress (stall_after_s)",
     ),
     Series(
-        "stalled_for_s",
+        "stall.for_s",
         "vsup_instance_stalled_seconds",
         "Seconds a stalled instance has processed no token",
     ),
 )
 INSTANCE_PREEMPTIONS = Series(
-    "preemptions_total",
+    "telemetry.preemptions_total",
     "vsup_instance_preemptions",
     "vLLM's preemption counter (resets when the instance restarts)",
 )
@@ -208,6 +227,15 @@ Row = tuple[Any, list[str]]
 Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
 
 
+def _read(obj: Any, path: str) -> Any:
+    """`obj`'s attribute at the dotted `path`; None where a part on the way is None."""
+    for name in path.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, name)
+    return obj
+
+
 def _flag(value: object) -> int:
     return 1 if value else 0
 
@@ -223,7 +251,7 @@ def _known(
     families = [(s.attr, family(s.name, s.help, labels=labels)) for s in table]
     for obj, lv in rows:
         for attr, fam in families:
-            v = getattr(obj, attr)
+            v = _read(obj, attr)
             if v is not None:
                 fam.add_metric(lv, value(v))
     return [fam for _, fam in families]
@@ -289,9 +317,9 @@ def instance_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         "vsup_instance_restarts", "Restarts vsup made after failures", labels=["name"]
     )
     for inst, lv in rows:
-        _one_hot(state, lv, STATES, inst.state)
+        _one_hot(state, lv, STATES, inst.lifecycle.state)
         up.add_metric(lv, 1 if inst.is_ready else 0)
-        restarts.add_metric(lv, inst.restarts)
+        restarts.add_metric(lv, inst.lifecycle.restarts)
     yield from (state, up, restarts)
     yield from _known(INSTANCE_GAUGES, ["name"], rows)
     yield _rank_stalled(snap)
@@ -309,9 +337,9 @@ def _instance_info(snap: StatusSnapshot) -> Metric:
             [
                 inst.name,
                 inst.model or "",
-                inst.backend or "",
-                inst.backend_name or "",
-                inst.backend_source or "",
+                inst.telemetry.backend or "",
+                inst.telemetry.backend_name or "",
+                inst.telemetry.backend_source or "",
                 "" if inst.port is None else str(inst.port),
                 ",".join(str(g) for g in inst.gpus),
             ],
@@ -327,11 +355,11 @@ def _rank_stalled(snap: StatusSnapshot) -> Metric:
         labels=["name", "rank"],
     )
     for inst in snap.instances:
-        if inst.stalled is None:
+        if inst.stall is None:
             continue
         for r in inst.ranks:
             rank_stalled.add_metric(
-                [inst.name, str(r.rank)], 1 if r.rank in inst.stalled_ranks else 0
+                [inst.name, str(r.rank)], 1 if r.rank in inst.stall.ranks else 0
             )
     return rank_stalled
 
@@ -505,7 +533,7 @@ def wait_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         labels=["name"],
     )
     for inst in snap.instances:
-        wait = inst.wait
+        wait = inst.lifecycle.wait
         kinds = set(WAIT_KINDS) | ({wait.kind} if wait is not None else set())
         for kind in sorted(kinds):
             waiting.add_metric(
@@ -513,8 +541,8 @@ def wait_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             )
         if wait is not None and wait.remaining_s is not None:
             remaining.add_metric([inst.name], wait.remaining_s)
-        if inst.outdated is not None:
-            outdated.add_metric([inst.name], 1 if inst.outdated else 0)
+        if inst.lifecycle.outdated is not None:
+            outdated.add_metric([inst.name], 1 if inst.lifecycle.outdated else 0)
     yield waiting
     yield remaining
     yield outdated

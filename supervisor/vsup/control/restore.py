@@ -189,7 +189,7 @@ def _restore_rollout(daemon: DaemonHost, state: DaemonState) -> None:
     daemon.engine.rollout = rollout
     if rollout.state in (RolloutState.RUNNING, RolloutState.CANCELLED):
         rollout.interrupted(iso_utc(daemon.clock.wall()))
-        outdated = [i.name for i in daemon.snapshot().instances if i.outdated]
+        outdated = [i.name for i in daemon.snapshot().instances if i.lifecycle.outdated]
         daemon.journal.append(RolloutEvent.of({**rollout.to_json(), "old_config": outdated}))
         log.warning(
             "a rolling apply was interrupted (its daemon ended at wave %d/%d); "

@@ -332,7 +332,7 @@ class DaemonService:
         saved = await self._write_layout(self.daemon.layout_toml, path, target, parents)
         # The file says what the layout wants, not what runs: name what still runs another
         # spec (a rollout not finished, or one a killed daemon left half-done).
-        outdated = [i.name for i in self.daemon.snapshot().instances if i.outdated]
+        outdated = [i.name for i in self.daemon.snapshot().instances if i.lifecycle.outdated]
         self.daemon.journal.append(
             ActionEvent(action="save", path=path, written=str(target), outdated=outdated)
         )

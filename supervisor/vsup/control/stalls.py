@@ -26,7 +26,7 @@ from typing import Protocol
 
 from vsup.journalevents import JournalEvent, StallClearedEvent, StalledEvent, work_words
 from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import InstanceStatus
+from vsup.snapshot import InstanceStatus, StallStatus
 
 
 class StallJournal(Protocol):
@@ -69,12 +69,13 @@ def stall_work(inst: InstanceStatus) -> str:
     flight at the API server and none at the engine` (data parallel: `.. and 1 of them at the
     engines`), `a canary request unanswered`; with `data-parallel rank 1: ` before it when
     ranks are named."""
+    stall = inst.stall
     return work_words(
-        inst.stall_evidence,
-        inst.requests_running,
-        inst.requests_waiting,
-        inst.requests_in_flight,
-        tuple(inst.stalled_ranks),
+        stall.evidence if stall is not None else None,
+        inst.telemetry.requests_running,
+        inst.telemetry.requests_waiting,
+        inst.telemetry.requests_in_flight,
+        stall.ranks if stall is not None else (),
     )
 
 
@@ -92,10 +93,11 @@ class StallActions:
         for inst in instances:
             seen.add(inst.name)
             known = self._stalled.get(inst.name)
-            if inst.stalled and known is None:
-                self._began(inst)
-            elif inst.stalled and known is not None:
-                known.for_s = inst.stalled_for_s or known.for_s
+            stall = inst.stall
+            if stall is not None and stall.stalled and known is None:
+                self._began(inst, stall)
+            elif stall is not None and stall.stalled and known is not None:
+                known.for_s = stall.for_s or known.for_s
             elif known is not None and not self._unknown_meanwhile(inst, known):
                 self._ended(inst, known)
         for name in [n for n in self._stalled if n not in seen]:
@@ -106,27 +108,27 @@ class StallActions:
         slow scrape on a loaded node) of the same ready run with detection still on: the stall
         is not over, it is only not seen this poll. Ending it there would journal a
         `stall_cleared` and then a second `stalled` for one freeze."""
-        if inst.stalled is not None or not inst.is_ready or inst.run != known.run:
+        if inst.stall is not None or not inst.is_ready or inst.lifecycle.run != known.run:
             return False
         spec = self._spec(inst.name)
         return spec is not None and bool(spec.stall_after_s)
 
-    def _began(self, inst: InstanceStatus) -> None:
-        self._stalled[inst.name] = _Stall(inst.run, inst.stalled_for_s or 0.0)
+    def _began(self, inst: InstanceStatus, stall: StallStatus) -> None:
+        self._stalled[inst.name] = _Stall(inst.lifecycle.run, stall.for_s or 0.0)
         spec = self._spec(inst.name)
         on_stall = bool(spec is not None and spec.restart.on_stall)
         after = spec.stall_after_s if spec is not None else None
         self._journal(
             StalledEvent(
                 instance=inst.name,
-                run=inst.run,
-                requests_running=inst.requests_running,
-                requests_waiting=inst.requests_waiting,
-                requests_in_flight=inst.requests_in_flight,
-                evidence=inst.stall_evidence,
-                ranks=list(inst.stalled_ranks),
-                stalled_since=inst.stalled_since,
-                stalled_for_s=inst.stalled_for_s,
+                run=inst.lifecycle.run,
+                requests_running=inst.telemetry.requests_running,
+                requests_waiting=inst.telemetry.requests_waiting,
+                requests_in_flight=inst.telemetry.requests_in_flight,
+                evidence=stall.evidence,
+                ranks=list(stall.ranks),
+                stalled_since=stall.since,
+                stalled_for_s=stall.for_s,
                 stall_after_s=after,
                 on_stall=on_stall,
             )
@@ -134,22 +136,21 @@ class StallActions:
         self._membership_changed()
         if on_stall:
             limit = f" (stall_after_s = {after:g})" if after is not None else ""
-            why = (
-                f"{stall_work(inst)} and no token processed for "
-                f"{inst.stalled_for_s or 0:.0f} s{limit}"
-            )
+            why = f"{stall_work(inst)} and no token processed for {stall.for_s or 0:.0f} s{limit}"
             # one rank named: the exit says which (several: the message names them)
-            rank = inst.stalled_ranks[0] if len(inst.stalled_ranks) == 1 else None
+            rank = stall.ranks[0] if len(stall.ranks) == 1 else None
             self._engine.restart_stalled(inst.name, why, rank)
 
     def _ended(self, inst: InstanceStatus, known: _Stall) -> None:
         del self._stalled[inst.name]
-        if not inst.is_ready or inst.run != known.run:
+        if not inst.is_ready or inst.lifecycle.run != known.run:
             why = "not ready"
-        elif inst.stalled is None:
+        elif inst.stall is None:
             why = "off"  # stall_after_s turned to 0 (`_unknown_meanwhile` keeps the rest)
-        elif inst.stalled is False and not (
-            inst.requests_running or inst.requests_waiting or inst.requests_in_flight
+        elif not inst.stall.stalled and not (
+            inst.telemetry.requests_running
+            or inst.telemetry.requests_waiting
+            or inst.telemetry.requests_in_flight
         ):
             why = "idle"
         else:
@@ -159,7 +160,7 @@ class StallActions:
                 instance=inst.name,
                 run=known.run,
                 lasted_s=round(known.for_s, 1),
-                state=inst.state,
+                state=inst.lifecycle.state,
                 why=why,
             )
         )

@@ -98,7 +98,7 @@ def summarize(
     snap = StatusSnapshot.from_json(doc)
     info = info or {}
     alerts = tuple(Alert(name, a.severity, a.kind, a.message, a.instance) for a in snap.advice)
-    rates = [i.generation_tokens_per_s for i in snap.instances]
+    rates = [i.telemetry.generation_tokens_per_s for i in snap.instances]
     known = [r for r in rates if r is not None]
     router = snap.router
     gpu_names = sorted({g.name for g in snap.gpus if g.name})

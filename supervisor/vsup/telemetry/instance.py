@@ -6,7 +6,7 @@ tel = InstanceTelemetry(clock, attention_backend=spec.arg("attention-backend"),
 tel.start_run(run, log_path)            # each spawn (or adoption: pass the log offset)
 await asyncio.to_thread(tel.poll_log)   # every poll: new log lines, backend, readiness hints
 tel.observe(scrape_result)              # every scrape (ok or not)
-status = dataclasses.replace(status, **tel.fields(hbm_figure))
+status = status.with_wire(**tel.fields(hbm_figure))
 tel.history_json()                      # GET /v1/instances/{name}/history
 tel.stopped()                           # the instance stopped: nothing current to show
 ```

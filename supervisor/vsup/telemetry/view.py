@@ -1,6 +1,6 @@
 """Telemetry -> the status snapshot's instance keys (`status --json` schema 1).
 
-The daemon merges these into each `InstanceStatus` (`dataclasses.replace(status, **fields)`);
+The daemon merges these into each `InstanceStatus` (`status.with_wire(**fields)`);
 `vsup probe` builds a whole instance from them. Unknown stays None.
 """
 

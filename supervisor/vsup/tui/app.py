@@ -220,7 +220,7 @@ class DashboardApp(App[None]):
         if self.daemon_error is not None:
             return  # only the status call retries until the daemon answers again
         inst = self.selected_instance()
-        if inst is not None and self._no_log == (inst.name, inst.run):
+        if inst is not None and self._no_log == (inst.name, inst.lifecycle.run):
             return  # no log to follow until the instance runs (again)
         if self.selected and (self._log_worker is None or self._log_worker.is_finished):
             self._log_worker = self._fetch_log(self.selected)
@@ -291,11 +291,11 @@ class DashboardApp(App[None]):
         inst = self.selected_instance()
         if inst is None:
             return
-        if self._no_log is not None and self._no_log != (inst.name, inst.run):
+        if self._no_log is not None and self._no_log != (inst.name, inst.lifecycle.run):
             self._no_log = None  # it ran since: its log exists now
             self._log_worker = self._fetch_log(inst.name)
         # vLLM reports its cache config once ready; a new run may have new args.
-        key = (inst.name, inst.run, inst.state == State.READY)
+        key = (inst.name, inst.lifecycle.run, inst.lifecycle.state == State.READY)
         if key != self._config_key:
             self._config_key = key
             self._fetch_config(inst.name)
@@ -317,7 +317,7 @@ class DashboardApp(App[None]):
             if not is_missing(exc):
                 raise
             inst = self.selected_instance()
-            self._no_log = (name, inst.run if inst else None)
+            self._no_log = (name, inst.lifecycle.run if inst else None)
             self._log_pos = None
             self.post_message(LogChunk(name, False, f"({exc})\n", reset=True))
             return

@@ -57,7 +57,7 @@ def stalled_label(stalled_for_s: float | None) -> str:
 def shows_sleep(inst: InstanceStatus) -> bool:
     """Whether its state cell tells its sleep rather than its state: it uses sleep mode, is
     not awake, and runs (a sleeper that stopped or failed shows that instead)."""
-    return sleepview.sleeping(inst.sleep) and inst.state in (State.READY, State.UNHEALTHY)
+    return sleepview.sleeping(inst.sleep) and inst.lifecycle.state in (State.READY, State.UNHEALTHY)
 
 
 def sleep_label(inst: InstanceStatus) -> str | None:
@@ -81,7 +81,7 @@ def sleep_kept_bytes(inst: InstanceStatus) -> int | None:
     its processes hold."""
     if inst.sleep is not None and inst.sleep.held_bytes is not None:
         return inst.sleep.held_bytes
-    return inst.hbm_bytes
+    return inst.memory.hbm_bytes
 
 
 def is_asleep(inst: InstanceStatus) -> bool:
@@ -242,20 +242,20 @@ def wait_cell(inst: InstanceStatus) -> str | None:
     """The state cell of an instance that waits or starts: `◐ after b`, `◐ GPU memory`,
     `◐ 2m10s of 20m` (`◐ start 2m10s` without a start timeout); None when its state says
     enough."""
-    symbol = STATE_LOOK.get(inst.state, ("?", ""))[0]
-    w = inst.wait
-    if inst.state == State.STARTING and w is not None:
+    symbol = STATE_LOOK.get(inst.lifecycle.state, ("?", ""))[0]
+    w = inst.lifecycle.wait
+    if inst.lifecycle.state == State.STARTING and w is not None:
         if w.kind in ("co_tenant", "start_slot") and w.instances:
             return f"{symbol} after {safe(w.instances[0])}"
         if w.kind == "gpu_memory":
             return f"{symbol} GPU memory"
         return f"{symbol} waiting"
-    if inst.state == State.STARTING and inst.start_elapsed_s is not None:
-        if inst.start_timeout_s:
+    if inst.lifecycle.state == State.STARTING and inst.lifecycle.start_elapsed_s is not None:
+        if inst.lifecycle.start_timeout_s:
             # its progress against start_timeout_s, as `vsup status` says it
-            of = short_duration(inst.start_timeout_s)
-            return f"{symbol} {duration(inst.start_elapsed_s)} of {of}"
-        return f"{symbol} start {duration(inst.start_elapsed_s)}"
+            of = short_duration(inst.lifecycle.start_timeout_s)
+            return f"{symbol} {duration(inst.lifecycle.start_elapsed_s)} of {of}"
+        return f"{symbol} start {duration(inst.lifecycle.start_elapsed_s)}"
     return None
 
 
@@ -263,17 +263,21 @@ def wait_summary(inst: InstanceStatus) -> str | None:
     """One line for the detail pane: what it waits for, how far its start is, or that it
     runs an older spec than the layout; None when none applies."""
     parts = []
-    w = inst.wait
+    w = inst.lifecycle.wait
     if w is not None:
         if w.kind == "backoff":
             parts.append(f"backing off: {safe(w.message)}")
         else:
             parts.append(f"waits for {safe(w.message)}")
-    elif inst.state == State.STARTING and inst.start_elapsed_s is not None:
-        of = f" of {short_duration(inst.start_timeout_s)}" if inst.start_timeout_s else ""
-        parts.append(f"starting {duration(inst.start_elapsed_s)}{of} (start_timeout_s)")
-    if inst.outdated:
-        differ = ", ".join(inst.outdated_fields) or "spec"
+    elif inst.lifecycle.state == State.STARTING and inst.lifecycle.start_elapsed_s is not None:
+        of = (
+            f" of {short_duration(inst.lifecycle.start_timeout_s)}"
+            if inst.lifecycle.start_timeout_s
+            else ""
+        )
+        parts.append(f"starting {duration(inst.lifecycle.start_elapsed_s)}{of} (start_timeout_s)")
+    if inst.lifecycle.outdated:
+        differ = ", ".join(inst.lifecycle.outdated_fields) or "spec"
         parts.append(f"runs an older spec than the layout ({differ} differ)")
     return " · ".join(parts) or None
 

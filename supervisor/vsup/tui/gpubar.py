@@ -78,13 +78,17 @@ def gpu_use(
     shares = []
     for inst in on_gpu:
         actual = by_instance.get(inst.name)
-        if actual is None and inst.hbm_source == "process" and inst.hbm_bytes is not None:
-            actual = inst.hbm_bytes // max(1, len(inst.gpus))
+        if (
+            actual is None
+            and inst.memory.hbm_source == "process"
+            and inst.memory.hbm_bytes is not None
+        ):
+            actual = inst.memory.hbm_bytes // max(1, len(inst.gpus))
         planned = None
-        if inst.gpu_memory_utilization is not None and gpu.hbm_total_bytes:
-            planned = int(inst.gpu_memory_utilization * gpu.hbm_total_bytes)
-        elif inst.planned_hbm_bytes is not None:
-            planned = inst.planned_hbm_bytes // max(1, len(inst.gpus))
+        if inst.memory.gpu_memory_utilization is not None and gpu.hbm_total_bytes:
+            planned = int(inst.memory.gpu_memory_utilization * gpu.hbm_total_bytes)
+        elif inst.memory.planned_hbm_bytes is not None:
+            planned = inst.memory.planned_hbm_bytes // max(1, len(inst.gpus))
         asleep = fmt.shows_sleep(inst)
         if asleep:
             planned = None

@@ -44,7 +44,7 @@ class History:
             names.add(inst.name)
             series = self._for(inst.name)
             for key, _ in METRICS:
-                series[key].append(getattr(inst, key))
+                series[key].append(getattr(inst.telemetry, key))  # telemetry's figures
         for gone in set(self._series) - names:
             del self._series[gone]
             self.seeded.discard(gone)

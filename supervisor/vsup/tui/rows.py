@@ -97,7 +97,7 @@ def columns_for(
 
 def has_load_figures(instances: Iterable[InstanceStatus]) -> bool:
     """Whether any instance reports vLLM's /load (load tracking): the LOAD column then shows."""
-    return any(i.requests_in_flight is not None for i in instances)
+    return any(i.telemetry.requests_in_flight is not None for i in instances)
 
 
 def has_parallel_shape(instances: Iterable[InstanceStatus]) -> bool:
@@ -132,23 +132,24 @@ def hbm_cell(inst: InstanceStatus, over: bool = False) -> Cell:
         # its planned share is free for the awake member of its swap group
         kept = fmt.sleep_kept_bytes(inst)
         return (f"{fmt.SLEEP_SYMBOL}{fmt.size(kept)}" if kept is not None else fmt.UNKNOWN, "dim")
-    if inst.hbm_bytes is None:
+    if inst.memory.hbm_bytes is None:
         return (fmt.UNKNOWN, "dim")
-    approx = "~" if inst.hbm_source == "device" else ""
-    planned = inst.planned_hbm_bytes
+    approx = "~" if inst.memory.hbm_source == "device" else ""
+    planned = inst.memory.planned_hbm_bytes
     if planned:
-        text = f"{approx}{fmt.gib(inst.hbm_bytes)}/{fmt.gib(planned)}G"
+        text = f"{approx}{fmt.gib(inst.memory.hbm_bytes)}/{fmt.gib(planned)}G"
         return (("▲" if over else "") + text, "bold red" if over else "")
-    return (f"{approx}{fmt.size(inst.hbm_bytes)}", "")
+    return (f"{approx}{fmt.size(inst.memory.hbm_bytes)}", "")
 
 
 def _state_cell(inst: InstanceStatus, width: int) -> Cell:
-    if inst.stalled:
-        return (fmt.stalled_label(inst.stalled_for_s), "bold red")
+    stall = inst.active_stall
+    if stall is not None:
+        return (fmt.stalled_label(stall.for_s), "bold red")
     sleep = fmt.sleep_label(inst)
     if sleep is not None:
         return (fmt.truncate(sleep, width), fmt.sleep_style(inst))
-    if inst.pull is not None and inst.state == State.STOPPED:
+    if inst.pull is not None and inst.lifecycle.state == State.STOPPED:
         # a new instance waiting for its weights, or kept from starting by a failed pull
         mark = pullview.state_mark(inst.pull)
         if mark == "pull failed":
@@ -157,12 +158,12 @@ def _state_cell(inst: InstanceStatus, width: int) -> Cell:
             return (f"⇣ {mark}", "bold cyan")
     wait_text = fmt.wait_cell(inst)
     if wait_text is not None:
-        return (fmt.truncate(wait_text, width), fmt.state_style(inst.state))
-    label = fmt.state_label(inst.state, inst.backoff_remaining_s)
-    if inst.outdated:
+        return (fmt.truncate(wait_text, width), fmt.state_style(inst.lifecycle.state))
+    label = fmt.state_label(inst.lifecycle.state, inst.lifecycle.backoff_remaining_s)
+    if inst.lifecycle.outdated:
         # a rollout not yet at it, or one a killed daemon left half-done
         return (fmt.truncate(f"{label} old", width), "yellow")
-    return (label, fmt.state_style(inst.state))
+    return (label, fmt.state_style(inst.lifecycle.state))
 
 
 def _parallel_cell(inst: InstanceStatus, width: int) -> Cell:
@@ -172,30 +173,35 @@ def _parallel_cell(inst: InstanceStatus, width: int) -> Cell:
 
 
 def _preempt_rate_cell(inst: InstanceStatus) -> Cell:
-    rate = inst.preemptions_per_min
+    rate = inst.telemetry.preemptions_per_min
     style = "dim" if rate is None else ("bold red" if rate > 0 else "")
     return (fmt.count(rate), style)
 
 
 def _run_wait_cell(inst: InstanceStatus) -> Cell:
-    waiting = inst.requests_waiting or 0
+    waiting = inst.telemetry.requests_waiting or 0
     return (
-        fmt.running_waiting(inst.requests_running, inst.requests_waiting),
+        fmt.running_waiting(inst.telemetry.requests_running, inst.telemetry.requests_waiting),
         "yellow" if waiting > 0 else "",
     )
 
 
 def _in_flight_cell(inst: InstanceStatus) -> Cell:
-    n = inst.requests_in_flight
+    n = inst.telemetry.requests_in_flight
     if n is None:
         return (fmt.UNKNOWN, "dim")
-    shown = (inst.requests_running or 0) + (inst.requests_waiting or 0)
+    shown = (inst.telemetry.requests_running or 0) + (inst.telemetry.requests_waiting or 0)
     return (fmt.count(n), "yellow" if n > shown else "")
 
 
 def _backend_cell(inst: InstanceStatus, width: int) -> Cell:
-    style = "" if inst.backend_source == "log" else "italic"
-    return (fmt.truncate(fmt.safe(fmt.backend(inst.backend, inst.backend_source)), width), style)
+    style = "" if inst.telemetry.backend_source == "log" else "italic"
+    return (
+        fmt.truncate(
+            fmt.safe(fmt.backend(inst.telemetry.backend, inst.telemetry.backend_source)), width
+        ),
+        style,
+    )
 
 
 # column key -> its cell from (instance, width, over plan): one entry per column of COLUMNS
@@ -205,16 +211,22 @@ _CELLS: dict[str, Callable[[InstanceStatus, int, bool], Cell]] = {
     "parallel": lambda i, w, o: _parallel_cell(i, w),
     "port": lambda i, w, o: (str(i.port) if i.port is not None else fmt.UNKNOWN, ""),
     "state": lambda i, w, o: _state_cell(i, w),
-    "uptime": lambda i, w, o: (fmt.duration(i.uptime_s), ""),
-    "restarts": lambda i, w, o: (str(i.restarts), "yellow" if i.restarts else ""),
+    "uptime": lambda i, w, o: (fmt.duration(i.lifecycle.uptime_s), ""),
+    "restarts": lambda i, w, o: (
+        str(i.lifecycle.restarts),
+        "yellow" if i.lifecycle.restarts else "",
+    ),
     "hbm": lambda i, w, o: hbm_cell(i, o),
-    "kv": lambda i, w, o: (fmt.percent(i.kv_cache_usage), _kv_style(i.kv_cache_usage)),
-    "kv_cap": lambda i, w, o: (fmt.count(i.kv_capacity_tokens), ""),
-    "preempt": lambda i, w, o: (fmt.count(i.preemptions_total), ""),
+    "kv": lambda i, w, o: (
+        fmt.percent(i.telemetry.kv_cache_usage),
+        _kv_style(i.telemetry.kv_cache_usage),
+    ),
+    "kv_cap": lambda i, w, o: (fmt.count(i.telemetry.kv_capacity_tokens), ""),
+    "preempt": lambda i, w, o: (fmt.count(i.telemetry.preemptions_total), ""),
     "preempt_rate": lambda i, w, o: _preempt_rate_cell(i),
     "run_wait": lambda i, w, o: _run_wait_cell(i),
     "in_flight": lambda i, w, o: _in_flight_cell(i),
-    "tok_s": lambda i, w, o: (fmt.count(i.generation_tokens_per_s), ""),
+    "tok_s": lambda i, w, o: (fmt.count(i.telemetry.generation_tokens_per_s), ""),
     "backend": lambda i, w, o: _backend_cell(i, w),
     "model": lambda i, w, o: (fmt.model_name(fmt.model_label(i), w), ""),
 }
@@ -242,11 +254,11 @@ _STATE_RANK = {
 def _sort_state(i: InstanceStatus) -> str:
     """The state a row sorts by: a stall ranks as unhealthy, a sleeper after the stopped
     ones (it serves nothing, by choice)."""
-    if i.stalled:
+    if i.active_stall is not None:
         return "unhealthy"
     if fmt.shows_sleep(i):
         return "asleep"
-    return i.state
+    return i.lifecycle.state
 
 
 def _num(value: float | None) -> float:
@@ -261,11 +273,15 @@ SORTS: dict[str, tuple[str, Callable[[InstanceStatus], Any], bool]] = {
         lambda i: (_STATE_RANK.get(_sort_state(i), -1), i.name),
         False,
     ),
-    "kv": ("KV cache use", lambda i: _num(i.kv_cache_usage), True),
-    "preempt_rate": ("preemptions per minute", lambda i: _num(i.preemptions_per_min), True),
-    "tok_s": ("generation tok/s", lambda i: _num(i.generation_tokens_per_s), True),
-    "hbm": ("HBM", lambda i: _num(i.hbm_bytes), True),
-    "restarts": ("restarts", lambda i: i.restarts, True),
+    "kv": ("KV cache use", lambda i: _num(i.telemetry.kv_cache_usage), True),
+    "preempt_rate": (
+        "preemptions per minute",
+        lambda i: _num(i.telemetry.preemptions_per_min),
+        True,
+    ),
+    "tok_s": ("generation tok/s", lambda i: _num(i.telemetry.generation_tokens_per_s), True),
+    "hbm": ("HBM", lambda i: _num(i.memory.hbm_bytes), True),
+    "restarts": ("restarts", lambda i: i.lifecycle.restarts, True),
     "gpus": ("GPU", lambda i: (i.gpus or (10**6,), i.name), False),
 }
 SORT_ORDER = tuple(SORTS)
@@ -286,7 +302,7 @@ def matches(inst: InstanceStatus, text: str) -> bool:
     if not text:
         return True
     needle = text.lower()
-    state = f"{inst.state} stalled" if inst.stalled else inst.state
+    state = f"{inst.lifecycle.state} stalled" if inst.active_stall else str(inst.lifecycle.state)
     if inst.sleep is not None:
         state += f" {sleepview.state_word(inst.sleep, ellipsis='')} sleep"
     hay = (
@@ -294,7 +310,7 @@ def matches(inst: InstanceStatus, text: str) -> bool:
         inst.model or "",
         inst.served_model_name or "",
         state,
-        inst.backend or "",
+        inst.telemetry.backend or "",
         str(inst.port or ""),
     )
     return any(needle in h.lower() for h in hay)

@@ -92,7 +92,7 @@ def test_status_json_keeps_state_ready_and_adds_the_flag():
         "2026-12-01T04:10:00Z",
         72.4,
     )
-    assert StatusSnapshot.from_json(doc).instances[0].stalled is True
+    assert StatusSnapshot.from_json(doc).instances[0].active_stall is not None
 
 
 def test_dashboard_row_and_detail_pane_show_the_stall():
@@ -287,4 +287,4 @@ def test_a_stalled_rank_is_named_in_the_events_the_advice_and_the_restart():
     (advice,) = compute_advice([RANK1], [], AdviceInputs(recent_failures={}))
     assert "dp: stalled: data-parallel rank 1: 16 running" in advice.message
     assert exit_text(RANK1).plain.startswith("stalled 1m05s: DP rank 1: 16 running, 0 waiting")
-    assert StatusSnapshot.from_json(snapshot(RANK1).to_json()).instances[0].stalled_ranks == (1,)
+    assert StatusSnapshot.from_json(snapshot(RANK1).to_json()).instances[0].stall == RANK1.stall

@@ -35,7 +35,11 @@ def test_a_node_summary_from_its_status_json():
     assert view.alerts == 2 and view.worst.kind == "crash_loop" and view.worst.instance == "a"
     assert view.router == "http://node:9000" and view.router_state == "ready"
     assert view.rollout == "running 1/3" and view.vllm_version == "0.32.0"
-    rates = [i.generation_tokens_per_s for i in snap.instances if i.generation_tokens_per_s]
+    rates = [
+        i.telemetry.generation_tokens_per_s
+        for i in snap.instances
+        if i.telemetry.generation_tokens_per_s
+    ]
     assert view.tokens_per_s == round(sum(rates), 1)
     assert view.to_json()["worst"]["severity"] == "critical"
     assert view.to_json()["groups"] == ["r"]

@@ -39,18 +39,18 @@ def test_fields_fill_the_snapshot_from_scrapes_log_and_hbm(tmp_path: Path) -> No
     tel.observe(ok(LOAD))
     clock.advance(DT)
     tel.observe(ok(NEXT))
-    status = replace(
-        empty_instance("a", state="ready"), **tel.fields(HbmFigure(None, "unavailable"))
+    status = empty_instance("a", state="ready").with_wire(
+        **tel.fields(HbmFigure(None, "unavailable"))
     )
-    assert status.kv_cache_usage == NEXT.kv_cache_usage
-    assert status.preemptions_total == 6.0 and status.kv_capacity_tokens == 768
-    assert status.preemptions_per_min == pytest.approx(4 / DT * 60)
+    assert status.telemetry.kv_cache_usage == NEXT.kv_cache_usage
+    assert status.telemetry.preemptions_total == 6.0 and status.telemetry.kv_capacity_tokens == 768
+    assert status.telemetry.preemptions_per_min == pytest.approx(4 / DT * 60)
     assert NEXT.generation_tokens_total is not None
     assert LOAD.generation_tokens_total is not None
-    assert status.generation_tokens_per_s == pytest.approx(
+    assert status.telemetry.generation_tokens_per_s == pytest.approx(
         (NEXT.generation_tokens_total - LOAD.generation_tokens_total) / DT
     )
-    assert (status.backend, status.backend_source) == ("CPU_ATTN", "default")
+    assert (status.telemetry.backend, status.telemetry.backend_source) == ("CPU_ATTN", "default")
     assert tel.cache_config is not None
     assert tel.cache_config["num_gpu_blocks"] == "6"
     assert "Application startup complete." in tel.log_tail

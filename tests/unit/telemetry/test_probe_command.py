@@ -6,7 +6,6 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,10 @@ from typing import Any
 import pytest
 
 from vsup.cli import main
-from vsup.snapshot import InstanceStatus
+from vsup.snapshot import WIRE_KEYS
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
-INSTANCE_KEYS = {f.name for f in fields(InstanceStatus)}
+INSTANCE_KEYS = set(WIRE_KEYS)  # schema 1: an instance is one flat object
 
 
 def probe(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:

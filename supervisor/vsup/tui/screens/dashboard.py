@@ -42,7 +42,7 @@ NARROW_BELOW = 120  # columns
 
 def applicable(action: str, inst: InstanceStatus) -> bool:
     """Whether a lifecycle action makes sense for an instance in its current state."""
-    state = inst.state
+    state = inst.lifecycle.state
     if action == "restart":
         return state not in (State.STOPPED, State.STOPPING)
     if action == "stop":
@@ -62,7 +62,7 @@ def applicable(action: str, inst: InstanceStatus) -> bool:
             and state in SERVING
         )
     if action == "previous_logs":
-        return (inst.run or 0) > 1 or inst.last_exit is not None
+        return (inst.lifecycle.run or 0) > 1 or inst.lifecycle.last_exit is not None
     return True
 
 
@@ -273,7 +273,7 @@ class Dashboard(Screen[None]):
         key = (
             (
                 inst.name,
-                inst.state,
+                inst.lifecycle.state,
                 applicable("previous_logs", inst),
                 inst.sleep.state if inst.sleep is not None else None,
             )
@@ -428,10 +428,10 @@ class Dashboard(Screen[None]):
                 what = f"{inst.name} has no previous run (this is its first)"
             elif key.action in ("sleep", "wake") and inst.sleep is None:
                 what = f"{inst.name} has no sleep mode (its layout needs sleep = {{ level = 1 }})"
-            elif key.action in ("sleep", "wake") and inst.sleep and inst.state in SERVING:
+            elif key.action in ("sleep", "wake") and inst.sleep and inst.lifecycle.state in SERVING:
                 what = f"{inst.name} is {sleepview.state_word(inst.sleep, ellipsis='')}"
             else:
-                what = f"{inst.name} is {inst.state}"
+                what = f"{inst.name} is {inst.lifecycle.state}"
             self.notify(f"{key.description}: not applicable, {what}", severity="warning")
         event.stop()
 

@@ -17,7 +17,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 from vsup import sleepview
 from vsup.answers import InstanceConfig
 from vsup.layout.secrets import SECRET_NAME as _SECRET
-from vsup.snapshot import Advice, InstanceStatus, LastExit
+from vsup.snapshot import Advice, InstanceStatus, LastExit, StallStatus
 from vsup.states import ExitReason, State
 from vsup.termtext import printable
 from vsup.tui import fmt
@@ -50,11 +50,13 @@ def not_serving_text(inst: InstanceStatus) -> Text:
     """What the sparkline lines say of an instance that serves nothing now: the history is
     its previous run's, and beside today's `-` it would read as this run's figures."""
     text = Text()
-    text.append(f"{fmt.state_label(inst.state, inst.backoff_remaining_s)}", "bold")
+    text.append(
+        f"{fmt.state_label(inst.lifecycle.state, inst.lifecycle.backoff_remaining_s)}", "bold"
+    )
     summary = fmt.wait_summary(inst)
     if summary:
         text.append("\n" + summary)
-    elif inst.state == State.STARTING:
+    elif inst.lifecycle.state == State.STARTING:
         text.append("\nstarting: no figures until it serves", "dim")
     else:
         text.append("\nno figures while it does not serve", "dim")
@@ -114,7 +116,7 @@ class SparkPanel(Widget):
         inst = self.instance
         if inst is None:
             return (None, self.size.width)
-        if inst.state not in SERVING:
+        if inst.lifecycle.state not in SERVING:
             return (inst.name, self.size.width, not_serving_text(inst).plain)
         if fmt.shows_sleep(inst):
             return (inst.name, self.size.width, sleeping_text(inst).plain)
@@ -122,7 +124,7 @@ class SparkPanel(Widget):
         return (
             inst.name,
             self.size.width,
-            inst.kv_capacity_tokens,
+            inst.telemetry.kv_capacity_tokens,
             *(tuple(self.history.values(inst.name, k)[-width:]) for k, _ in METRICS),
         )
 
@@ -133,7 +135,7 @@ class SparkPanel(Widget):
         inst = self.instance
         if inst is None:
             return Text("no instance selected", "dim")
-        if inst.state not in SERVING:
+        if inst.lifecycle.state not in SERVING:
             return not_serving_text(inst)
         if fmt.shows_sleep(inst):
             return sleeping_text(inst)
@@ -144,8 +146,8 @@ class SparkPanel(Widget):
             current = values[-1] if values else None
             if key == "kv_cache_usage":
                 shown = fmt.percent(current)
-                if inst.kv_capacity_tokens is not None:
-                    shown += f" of {fmt.count(inst.kv_capacity_tokens)}"
+                if inst.telemetry.kv_capacity_tokens is not None:
+                    shown += f" of {fmt.count(inst.telemetry.kv_capacity_tokens)}"
                 bars = spark(values, width, top=1.0)
                 style = "red" if (current or 0) >= 0.95 else "cyan"
             else:
@@ -192,29 +194,26 @@ def stall_summary(inst: InstanceStatus) -> str:
     """`stalled 1m5s: 3 running, 5 waiting, no token since 12:03:04Z (/health 200)`; the work
     is the API server's requests in flight when only it shows them (a freeze that began while
     idle), a lost canary, and names the data-parallel ranks that stalled."""
-    since = inst.stalled_since or ""
+    stall = inst.stall if inst.stall is not None else StallStatus(stalled=True)
+    tel = inst.telemetry
+    since = stall.since or ""
     at = since.split("T", 1)[-1] if "T" in since else since
-    if inst.stall_evidence == "server":
-        work = f"{inst.requests_in_flight or 0} in flight at the API server, none at the engine"
-    elif inst.stall_evidence == "canary":
+    if stall.evidence == "server":
+        work = f"{tel.requests_in_flight or 0} in flight at the API server, none at the engine"
+    elif stall.evidence == "canary":
         work = "a canary request unanswered"
     else:
-        work = (
-            f"{int(inst.requests_running or 0)} running, {int(inst.requests_waiting or 0)} waiting"
-        )
-    if inst.stalled_ranks:
-        work = "DP rank " + ",".join(str(r) for r in inst.stalled_ranks) + ": " + work
-    return (
-        f"stalled {fmt.duration(inst.stalled_for_s)}: {work}, "
-        f"no token since {at or '?'} (/health 200)"
-    )
+        work = f"{int(tel.requests_running or 0)} running, {int(tel.requests_waiting or 0)} waiting"
+    if stall.ranks:
+        work = "DP rank " + ",".join(str(r) for r in stall.ranks) + ": " + work
+    return f"stalled {fmt.duration(stall.for_s)}: {work}, no token since {at or '?'} (/health 200)"
 
 
 def exit_text(inst: InstanceStatus | None) -> Text:
     if inst is None:
         return Text("no instance selected", "dim")
     text = Text()
-    if inst.stalled:
+    if inst.active_stall is not None:
         text.append(stall_summary(inst) + "\n", "bold red")
     summary = fmt.wait_summary(inst)
     if summary:
@@ -223,22 +222,22 @@ def exit_text(inst: InstanceStatus | None) -> Text:
     if sleep.plain:
         text.append_text(sleep)
         text.append("\n")
-    text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.last_exit)))
-    text.append(f"\nrestarts   {inst.restarts}")
-    if inst.state == State.BACKOFF and inst.backoff_remaining_s is not None:
-        text.append(f"\nnext start in {fmt.duration(inst.backoff_remaining_s)}")
-    if inst.state == State.FAILED:
+    text.append_text(Text.assemble(("last exit  ", "bold"), exit_summary(inst.lifecycle.last_exit)))
+    text.append(f"\nrestarts   {inst.lifecycle.restarts}")
+    if inst.lifecycle.state == State.BACKOFF and inst.lifecycle.backoff_remaining_s is not None:
+        text.append(f"\nnext start in {fmt.duration(inst.lifecycle.backoff_remaining_s)}")
+    if inst.lifecycle.state == State.FAILED:
         text.append(
             "\n"
             + fmt.safe(
-                inst.failed_why
+                inst.lifecycle.failed_why
                 or "crash loop: the restart policy gave up; start it by hand once fixed"
             ),
             "bold red",
         )
-    if inst.last_exit and inst.last_exit.log_excerpt:
+    if inst.lifecycle.last_exit and inst.lifecycle.last_exit.log_excerpt:
         text.append("\n\n")
-        text.append(printable(inst.last_exit.log_excerpt, newlines=True), "italic")
+        text.append(printable(inst.lifecycle.last_exit.log_excerpt, newlines=True), "italic")
     return text
 
 
@@ -288,20 +287,20 @@ def memory_text(inst: InstanceStatus | None) -> Text:
     if inst is None:
         return Text("")
     parts = [
-        ("target", inst.vllm_requested_hbm_bytes),
-        ("weights", inst.vllm_weights_bytes),
-        ("KV", inst.vllm_kv_cache_bytes),
-        ("activation", inst.vllm_activation_bytes),
-        ("non-torch", inst.vllm_non_torch_bytes),
-        ("CUDA graphs", inst.vllm_cudagraph_bytes),
+        ("target", inst.memory.vllm_requested_hbm_bytes),
+        ("weights", inst.memory.vllm_weights_bytes),
+        ("KV", inst.memory.vllm_kv_cache_bytes),
+        ("activation", inst.memory.vllm_activation_bytes),
+        ("non-torch", inst.memory.vllm_non_torch_bytes),
+        ("CUDA graphs", inst.memory.vllm_cudagraph_bytes),
     ]
     known = [(label, n) for label, n in parts if n is not None]
     if not known:
         return Text("")
     text = Text("vLLM memory ", "bold")
     text.append(" · ".join(f"{label} {n / 2**30:.2f}" for label, n in known) + " GiB", "dim")
-    if inst.hbm_start_bytes is not None:
-        text.append(f" · held at start {inst.hbm_start_bytes / 2**30:.1f} GiB", "dim")
+    if inst.memory.hbm_start_bytes is not None:
+        text.append(f" · held at start {inst.memory.hbm_start_bytes / 2**30:.1f} GiB", "dim")
     return text
 
 
@@ -334,9 +333,10 @@ class SidePanel(Vertical):
         self.query_one(SparkPanel).show(inst)
         name = inst.name if inst else None
         shown = fmt.safe(name)
-        title = f"{shown} · {fmt.state_label(inst.state)}" if inst else "no selection"
-        if inst is not None and inst.stalled:
-            title = f"{shown} · {fmt.stalled_label(inst.stalled_for_s)}"
+        title = f"{shown} · {fmt.state_label(inst.lifecycle.state)}" if inst else "no selection"
+        stall = inst.active_stall if inst is not None else None
+        if stall is not None:
+            title = f"{shown} · {fmt.stalled_label(stall.for_s)}"
         elif inst is not None and fmt.shows_sleep(inst):
             title = f"{shown} · {fmt.sleep_label(inst)}"
         if self.border_title != title:
@@ -355,13 +355,15 @@ class SidePanel(Vertical):
         ranks.display = bool(ranks_line.plain)
         _update_if_changed(ranks, ranks_line)
         exit_line = Text("")
-        if inst is not None and inst.last_exit is not None:
-            exit_line = Text.assemble(("last exit ", "bold"), exit_summary(inst.last_exit))
+        if inst is not None and inst.lifecycle.last_exit is not None:
+            exit_line = Text.assemble(
+                ("last exit ", "bold"), exit_summary(inst.lifecycle.last_exit)
+            )
         summary = fmt.wait_summary(inst) if inst is not None else None
-        if summary and inst is not None and inst.state in SERVING:
+        if summary and inst is not None and inst.lifecycle.state in SERVING:
             # (not serving: the sparkline lines above say it already)
             exit_line = Text.assemble((summary, "bold yellow"), "\n", exit_line)
-        if inst is not None and inst.stalled:
+        if inst is not None and inst.active_stall is not None:
             exit_line = Text.assemble((stall_summary(inst), "bold red"), "\n", exit_line)
         _update_if_changed(self.query_one("#exit-line", Static), exit_line)
 

@@ -86,10 +86,10 @@ class GpuPanel(Static):
                 (
                     i.name,
                     i.gpus,
-                    i.hbm_bytes,
-                    i.hbm_source,
-                    i.planned_hbm_bytes,
-                    i.gpu_memory_utilization,
+                    i.memory.hbm_bytes,
+                    i.memory.hbm_source,
+                    i.memory.planned_hbm_bytes,
+                    i.memory.gpu_memory_utilization,
                 )
                 for i in snap.instances
             ),

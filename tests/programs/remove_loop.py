@@ -23,6 +23,7 @@ def main() -> None:
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     removed_at: dict[str, float] = {}  # worker URL -> when this loop last removed it
     back_after = []  # seconds from a removal to the worker listed again
+    slow = []  # (worker, removed at, listed again at) for the slowest, on CLOCK_MONOTONIC
     removals = errors = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -32,7 +33,9 @@ def main() -> None:
             now = time.monotonic()
             for worker in urls:
                 if worker in removed_at:
-                    back_after.append(now - removed_at.pop(worker))
+                    took = now - removed_at.pop(worker)
+                    back_after.append(took)
+                    slow.append((took, worker, now - took, now))
                 query = urllib.parse.urlencode({"url": worker})
                 conn.request("POST", "/remove_worker?" + query)
                 conn.getresponse().read()
@@ -51,6 +54,7 @@ def main() -> None:
                 "seen_back": len(back_after),
                 "back_p50_s": back_after[len(back_after) // 2] if back_after else None,
                 "back_max_s": back_after[-1] if back_after else None,
+                "slowest": [s[1:] for s in sorted(slow, reverse=True)[:5]],
             }
         )
     )

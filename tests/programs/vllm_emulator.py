@@ -64,6 +64,8 @@ Behaviours on cue:
                                    requests in flight at the API server: an engine frozen
                                    while idle, then requests). Counters never go back when the
                                    mode changes.
+  --health-s S                     each GET /health is answered S seconds after it came (a
+                                   replica too busy to answer at once)
   --request-s S                    each POST /v1/completions is answered S seconds after it
                                    came (held open meanwhile); the gauges do not count it (as
                                    requests on their way into a real engine are not counted)
@@ -425,6 +427,7 @@ class Server:
         health: dict[str, int],
         request_s: float = 0.0,
         load_tracking: bool = False,
+        health_s: float = 0.0,
         sleep: SleepMode | None = None,
         dev_mode: bool = False,
     ) -> None:
@@ -432,6 +435,7 @@ class Server:
         self.model = model
         self.health = health  # shared: {"code": 200 or 503}
         self.request_s = request_s
+        self.health_s = health_s
         self.load_tracking = load_tracking
         self.requests_in_flight = 0  # completions received and not yet answered (/load)
         self.sleep = sleep
@@ -503,6 +507,8 @@ class Server:
                     break
                 if route == "/v1/completions" and not await self._held_while_asleep(reader):
                     break
+                if route == "/health" and self.health_s > 0:
+                    await asyncio.sleep(self.health_s)
                 if route == "/v1/completions" and self.request_s > 0:
                     self.requests_in_flight += 1
                     try:
@@ -752,6 +758,7 @@ async def _serve(
             health,
             request_s=args.request_s,
             load_tracking=args.enable_server_load_tracking,
+            health_s=args.health_s,
             sleep=SleepMode(args, payload, hbm),
             dev_mode=_dev_mode(),
         )
@@ -820,6 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--mode-file")
     p.add_argument("--request-s", type=float, default=0.0)
+    p.add_argument("--health-s", type=float, default=0.0)
     p.add_argument("--request-log", help="append 'CONNECTION PATH' for every request")
     p.add_argument("--enable-server-load-tracking", action="store_true")
     p.add_argument("--enable-sleep-mode", action="store_true")

@@ -17,7 +17,9 @@ which removes it from the router first, so it gets no new request while its runn
 Changes vsup did not make: vllm-router's worker API has no authentication, so anyone who
 reaches its port can add a server of their own or remove a member. While the router serves, a
 watch reads its worker list every WATCH_S and undoes both at once: a worker that is no member is
-removed (`foreign`), a member vsup had put there and still wants is added back (`removed`).
+removed (`foreign`), a member vsup had put there and still wants is added back (`removed`), each
+in a task of its own: the router answers an add only once the member answers /health, so the
+watch reads on meanwhile and a second removal is undone without waiting for the first.
 Each is counted, journaled (`router_foreign_worker`, `router_worker_removed`; rate-limited),
 named with the other local users connected to the router's port then (router/peers.py), and
 kept for the advice and the status for FOREIGN_RECENT_S (docs/router.md, "Who can reach it").
@@ -266,6 +268,9 @@ class RouterSupervisor:
         # missing from the router's list was removed by someone else
         self._placed: set[str] = set()
         self._attacked_at: float | None = None  # when the watch last undid someone's change
+        # put-backs in flight, by worker URL: the watch goes on reading the list meanwhile, so a
+        # member removed while another's add waits for the router is put back at once too
+        self._putting: dict[str, asyncio.Task] = {}
         self._last_counts: tuple[float, float | None, float | None] | None = None
         self._host = _RouterHost(engine, self)
         self._dirty = asyncio.Event()
@@ -394,7 +399,12 @@ class RouterSupervisor:
         """Stop the router (`vsup down`) or leave it running for the next daemon."""
         if stop_router:
             await self.stop()
-        tasks = (self._loop_task, self._watch_task, self.inst.control.task if self.inst else None)
+        tasks = (
+            self._loop_task,
+            self._watch_task,
+            self.inst.control.task if self.inst else None,
+            *self._putting.values(),
+        )
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -420,6 +430,10 @@ class RouterSupervisor:
             return
         url = self.membership.workers[name]
         try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                # a put-back of it on its way would land after the removal: let it land first
+                # (none starts from now on: a leaving member is not wanted)
+                await self._put_back_done((url,))
             async with asyncio.timeout(LEAVE_TIMEOUT_S), self._lock:
                 assert self.client is not None
                 # the watch may have taken it out already (it follows `desired` too): then
@@ -488,6 +502,9 @@ class RouterSupervisor:
         if not self.serving or self.membership is None:
             return
         assert self.client is not None
+        # the put-backs in flight first (the list it reads then holds them), without the lock:
+        # the watch reads on meanwhile
+        await self._put_back_done()
         async with self._lock:
             await self._sync(await self.client.list_workers())
         self.last_error = None
@@ -502,12 +519,33 @@ class RouterSupervisor:
         assert self.client is not None and self.membership is not None
         states = self.states()
         foreign = self.membership.foreign(listed)
-        taken = self.membership.taken(states, self._placed, listed)
+        putting = set(self._putting)
+        taken = self.membership.taken(states, self._placed | putting, listed)
         change = self.membership.plan(states, listed)
         if undo_only:
             if set(change.add) - set(taken) or set(change.remove) - set(foreign):
                 self.wake()
-            change = MembershipChange(add=taken, remove=foreign)
+            # each put-back in a task of its own, so the watch reads on while the router checks
+            # the member; removals at once (the router answers them without a check)
+            for url in taken:
+                if url not in putting:
+                    self._put_back(url)
+            undone: list[str] = []
+            try:
+                for url in foreign:
+                    await self.client.remove_worker(url)
+                    undone.append(url)
+            finally:
+                self._synced(listed, states, undone, [], (), foreign)
+            return
+        # members someone else removed: put back as the watch does, without holding the lock
+        # (and the watch) for as long as the router checks them
+        for url in taken:
+            if url not in putting:
+                self._put_back(url)
+        change = MembershipChange(
+            add=tuple(u for u in change.add if u not in taken), remove=change.remove
+        )
         removed: list[str] = []
         added: list[str] = []
         try:
@@ -548,7 +586,9 @@ class RouterSupervisor:
         ]
         # what vsup wants there and is there (an adopted router's members too): from now
         # on, one of them missing was removed by someone else
-        self._placed = set(self.membership.desired(states)) & set(self.in_router)
+        self._placed = set(self.membership.desired(states)) & (
+            set(self.in_router) | set(self._putting)
+        )
         # vsup's own changes are journaled as such; undoing someone else's is an incident
         # of its own (rate-limited: a loop would otherwise write dozens of events a second)
         own_add = [u for u in added if u not in taken]
@@ -561,6 +601,44 @@ class RouterSupervisor:
             self._attacked_at = self.e.clock.monotonic()
         if added or removed:
             self.e.notify()  # a rollout may wait for a member to be back (joined)
+
+    def _put_back(self, url: str) -> None:
+        """Add back `url`, a member someone else removed, in a task of its own (the router
+        answers an add only once the member answers its /health: tenths of a second on a busy
+        node). The watch does not wait for it; `leave` and `reconcile` do."""
+        self._attacked_at = self.e.clock.monotonic()
+        task = self.e.spawn_background(self._add_back(url))
+        self._putting[url] = task
+        task.add_done_callback(self._put_back_ended)
+
+    def _put_back_ended(self, task: asyncio.Task) -> None:
+        for url in [u for u, t in self._putting.items() if t is task]:
+            del self._putting[url]
+
+    async def _add_back(self, url: str) -> None:
+        client = self.client
+        if client is None:
+            return
+        try:
+            await client.add_worker(url)
+        except RouterError as exc:
+            self.last_error = str(exc)  # still placed: the watch's next round tries again
+            return
+        if not self.serving or self.membership is None:
+            return
+        if self.in_router is not None and url not in self.in_router:
+            self.in_router = [*self.in_router, url]
+        if url in self.membership.desired(self.states()):
+            self._placed.add(url)  # (one leaving meanwhile: `leave` takes it out next)
+        self._attacked_at = self.e.clock.monotonic()
+        self._note_removed([url])
+        self.e.notify()  # a rollout may wait for a member to be back (joined)
+
+    async def _put_back_done(self, urls: Iterable[str] | None = None) -> None:
+        """Wait for the put-backs in flight (of `urls`, or all) to be answered."""
+        tasks = [t for u, t in self._putting.items() if urls is None or u in urls]
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -603,7 +681,7 @@ class RouterSupervisor:
         self.errors_per_s = _rate(prev, counts, 2)
         self._last_counts = counts
         self.metrics = metrics
-        if self.in_router is not None and set(self.in_router) != set(
+        if self.in_router is not None and set(self.in_router) | set(self._putting) != set(
             self.membership.desired(self.states())
         ):
             self.wake()  # drift (a stalled flag changed, a member added by hand)

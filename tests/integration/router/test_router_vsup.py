@@ -286,7 +286,7 @@ def test_another_users_remove_worker_loop_fails_few_requests_and_is_named(node: 
         f"{loop['back_p50_s'] * 1000:.0f} ms, max {loop['back_max_s'] * 1000:.0f} ms; request "
         f"p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; "
         f"errors: {errors[:3]}; vsup's own membership changes meanwhile: {own[:4]}; router "
-        f"states: {router_states}"
+        f"states: {router_states}; slowest: {loop.get('slowest')}"
     )
     assert loop["removals"] > 20 and loop["seen_back"] > 10  # it removed them again and again
     assert total >= 20 and failed <= 0.05 * total, errors[:5]

@@ -121,6 +121,28 @@ def same_process(a: float, b: float) -> bool:
     return abs(a - b) < SAME_PROCESS_S
 
 
+_Index = dict[int, list[ProcInfo]]
+# The last table's processes by group and by parent. Every runner's chores walk the same shared
+# scan (Engine.scan_processes): indexing the node's whole table once per instance made a
+# round of chores O(instances x processes). A table is never changed once scanned.
+_indexed: tuple[Mapping[int, ProcInfo], int, _Index, _Index] | None = None
+
+
+def _indexes(table: Mapping[int, ProcInfo]) -> tuple[_Index, _Index]:
+    """`table`'s processes by process group and by parent pid (remembered for the last table)."""
+    global _indexed
+    last = _indexed
+    if last is not None and last[0] is table and last[1] == len(table):
+        return last[2], last[3]
+    groups: _Index = {}
+    children: _Index = {}
+    for info in table.values():
+        groups.setdefault(info.pgid, []).append(info)
+        children.setdefault(info.ppid, []).append(info)
+    _indexed = (table, len(table), groups, children)
+    return groups, children
+
+
 def live_tree(
     pgid: int | None,
     known: Mapping[int, float],
@@ -140,19 +162,16 @@ def live_tree(
     leader = table.get(pgid) if pgid is not None else None
     if leader is not None and not same_process(leader.create_time, leader_create_time):
         pgid = None
+    groups, children = _indexes(table)
     roots = [
         info
-        for info in table.values()
-        if (
-            pgid is not None
-            and info.pgid == pgid
-            and info.create_time >= leader_create_time - SAME_PROCESS_S
-        )
-        or (info.pid in known and same_process(known[info.pid], info.create_time))
+        for info in (groups.get(pgid, ()) if pgid is not None else ())
+        if info.create_time >= leader_create_time - SAME_PROCESS_S
     ]
-    children: dict[int, list[ProcInfo]] = {}
-    for info in table.values():
-        children.setdefault(info.ppid, []).append(info)
+    for pid, started in known.items():
+        info = table.get(pid)
+        if info is not None and same_process(started, info.create_time):
+            roots.append(info)
     found: dict[int, ProcInfo] = {}
     stack = list(roots)
     seen: set[int] = set()

@@ -6,6 +6,7 @@ The layout model (model.py) merges built-in defaults <- profiles (in order) <- `
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -128,9 +129,10 @@ class InstanceSpec:
         """Device keys for start ordering: one per GPU; CPU instances share the key "cpu"."""
         return tuple(f"gpu{g}" for g in self.gpus) if self.gpus else ("cpu",)
 
-    @property
+    @functools.cached_property
     def parallel(self) -> ParallelShape:
-        """TP x PP x DP as this instance runs them (see vsup.layout.parallel)."""
+        """TP x PP x DP as this instance runs them (see vsup.layout.parallel); worked out
+        once per spec (the daemon reads it for every instance every second)."""
         return parallel_shape(self.args, len(self.gpus))
 
     @property

@@ -91,6 +91,7 @@ from vsup.snapshot import (
 )
 from vsup.states import SERVING, ExitReason, RolloutState, State
 from vsup.telemetry.gpu import node_facts
+from vsup.telemetry.hbm import InstanceRef
 
 log = logging.getLogger("vsup.daemon")
 
@@ -221,6 +222,7 @@ class Daemon:
         self.engine.router.exclude = self._excluded
         self.engine.sleeper.weights_of = self._weights_of
         self.engine.sleeper.engine_requests = self._engine_requests
+        self.engine.sleeper.gpu_held_now = self._gpu_held_now
         # a scrape asks /health with /metrics: the engine's check of that second
         self.monitor.on_health = self.engine.health_answered
 
@@ -290,6 +292,14 @@ class Daemon:
         if m is None or m.requests_running is None:
             return None
         return m.requests_running + (m.requests_waiting or 0)
+
+    async def _gpu_held_now(self, name: str) -> int | None:
+        """What an instance holds on its GPUs, read from the driver now (a sleep's release)."""
+        inst = self.engine.instances.get(name)
+        if inst is None or inst.pid is None or not inst.spec.gpus:
+            return None
+        ref = InstanceRef(name, inst.pid, tuple(inst.spec.gpus), inst.pgid)
+        return await self.monitor.hbm_now(ref)
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -117,6 +117,7 @@ class Monitor:
         self._canaries: dict[str, asyncio.Task[None]] = {}
         self._tracking: dict[str, bool] = {}
         self._unresolved: set[tuple[int, int]] = set()
+        self._gpu_refs: list[InstanceRef] = []  # the last GPU poll's instances (hbm_now)
         # Told `(name, run, status)` of each `/health` a scrape asked with its /metrics (on
         # the same connection, pipelined): the engine takes it for its own check that second
         # (engine/runner.py). None: scrapes do not ask /health.
@@ -342,6 +343,7 @@ class Monitor:
             samples = probe.snapshot()
             return samples, attribute(refs, samples, ProcessTable.scan())
 
+        self._gpu_refs = refs
         samples, attribution = await asyncio.to_thread(work)
         self.gpus = gpu_statuses(samples, attribution)
         self._hbm = dict(attribution.instances)
@@ -373,6 +375,22 @@ class Monitor:
             if not held:
                 return True
             await asyncio.sleep(GPU_RELEASE_POLL_S)
+
+    async def hbm_now(self, ref: InstanceRef) -> int | None:
+        """What instance `ref` holds on its GPUs, read from the driver now rather than the
+        last poll's sample (a sleep awaiting its release reads it every few tens of ms:
+        engine/sleep.py); the other instances of the last poll are counted as co-tenants.
+        None: no GPU, or the figures do not tell."""
+        probe = self.probe
+        if probe is None or not self.gpu_count or not ref.gpus:
+            return None
+        refs = [r for r in self._gpu_refs if r.name != ref.name] + [ref]
+
+        def work() -> Attribution:
+            return attribute(refs, probe.snapshot(), ProcessTable.scan())
+
+        figure = (await asyncio.to_thread(work)).instances.get(ref.name)
+        return figure.bytes if figure is not None else None
 
     def gpu_memory(self, gpus: tuple[int, ...]) -> list[GpuMemory] | None:
         """The GPUs' memory and who holds it, as of the last poll (the engine's

@@ -107,7 +107,14 @@ ANSWER_TIMEOUT_S = 120.0  # the first completion after a wake
 # (seen on an H200: 1.7 of 64.6 GiB kept, 2.6%) within RELEASE_TIMEOUT_S.
 RELEASED_FRACTION = 0.25
 RELEASE_TIMEOUT_S = 30.0
-RELEASE_POLL_S = 0.25
+# While a release is awaited the GPU is read directly (NVML/amdsmi through the daemon's probe,
+# `gpu_held_now`) this often, not through the telemetry's once-a-second sample.
+RELEASE_POLL_S = 0.05
+# A drain reads the instance's requests in flight this often (only while some run), and once
+# traffic was seen, reads idle once more this much later: the router may have sent a request
+# just before the removal that the server had not counted yet.
+DRAIN_POLL_S = 0.05
+DRAIN_SETTLE_S = 0.1
 # host RAM a level-1 sleep wants free beyond the weights themselves (pinned-buffer slack)
 HOST_RAM_MARGIN = 1.1
 HELD_WAIT_S = 3.0  # for the telemetry's first figure of a server that just became ready
@@ -162,6 +169,9 @@ class Sleeper:
         # with the API server's /load above 0 while the engine holds nothing sleeps anyway.
         self.engine_requests: Callable[[str], Awaitable[float | None]] | None = None
         self.host_available: Callable[[], int] = _host_available
+        # What the instance's processes hold on its GPUs, read from the GPU now (the daemon's
+        # probe: NVML/amdsmi; None: not known). Without it the telemetry's latest sample.
+        self.gpu_held_now: Callable[[str], Awaitable[int | None]] | None = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -482,8 +492,10 @@ class Sleeper:
                 back = f"; {a} did not wake again either ({again})"
             raise SleepRefused(f"{b} did not wake ({exc}){back}") from exc
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took))
-        return {"slept": slept, "woke": woke, "took_s": took}
+        # the two operations' phases in order (their keys differ), plus what came between
+        phases = {**slept.get("phases", {}), **woke.get("phases", {})}
+        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took, phases=phases or None))
+        return {"slept": slept, "woke": woke, "took_s": took, "phases": phases}
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -526,8 +538,9 @@ class Sleeper:
         t0 = self.e.clock.monotonic()
         before = await self._held_now(inst)
         self._set(inst, t, SleepState.FALLING_ASLEEP)
+        phases = Phases(self.e.clock.monotonic)
         try:
-            await self._fall_asleep(inst, level)
+            await self._fall_asleep(inst, level, phases)
         except SleepRefused as exc:
             t.want_awake = True
             t.error = f"sleep failed: {exc}"
@@ -537,6 +550,7 @@ class Sleeper:
             raise
         t.level = level
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
+        phases.mark("release_seen_s")
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_sleep_s, t.held_bytes = took, kept
         t.error = self._release_error(inst, before, kept)
@@ -551,11 +565,18 @@ class Sleeper:
                 held_before=before,
                 held_after=kept,
                 error=t.error,
+                phases=phases.done,
             ),
         )
         if t.error is not None:
             raise SleepRefused(f"{name} is {t.error}")
-        return {"instance": name, "level": level, "took_s": took, "held_bytes": kept}
+        return {
+            "instance": name,
+            "level": level,
+            "took_s": took,
+            "held_bytes": kept,
+            "phases": phases.done,
+        }
 
     def _check_sleepable(self, inst: Instance, t: SleepTrack, level: int, why: str) -> None:
         """SleepRefused unless `inst` can go to sleep at `level` now (level 1: host RAM for
@@ -574,11 +595,15 @@ class Sleeper:
                 self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
                 raise
 
-    async def _fall_asleep(self, inst: Instance, level: int) -> None:
-        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not."""
+    async def _fall_asleep(self, inst: Instance, level: int, phases: Phases) -> None:
+        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not.
+        No settle wait after the removal: the drain reads what is in flight at once, and
+        only when something is does it wait (see `_drain`)."""
         name = inst.name
-        await self.e.router.leave(name, settle=True)
+        await self.e.router.leave(name)
+        phases.mark("leave_router_s")
         drained, waited, left = await self._drain(inst)
+        phases.mark("drain_s")
         if drained is False and await self._engine_idle(inst):
             # /load counts requests the engine does not hold: ones still in the API
             # server's hands (the paused scheduler keeps them for the wake) or a count
@@ -599,6 +624,7 @@ class Sleeper:
         await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
         if await self._is_sleeping(inst) is False:
             raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+        phases.mark("sleep_call_s")
 
     def _release_error(self, inst: Instance, before: int | None, kept: int | None) -> str | None:
         """Why an instance that went to sleep is not really asleep: its memory stayed held."""
@@ -617,6 +643,7 @@ class Sleeper:
             return {"instance": name, "already": True}
         t0 = self.e.clock.monotonic()
         self._set(inst, t, SleepState.WAKING)
+        phases = Phases(self.e.clock.monotonic)
         try:
             if t.level == 2:
                 await self._post(inst, "/wake_up?tags=weights", WAKE_TIMEOUT_S)
@@ -631,7 +658,9 @@ class Sleeper:
                 await self._post(inst, "/wake_up", WAKE_TIMEOUT_S)
             if await self._is_sleeping(inst):
                 raise SleepRefused(f"{name} answered the wake but says it is still sleeping")
+            phases.mark("wake_call_s")
             await self._answers(inst)
+            phases.mark("first_answer_s")
         except SleepRefused as exc:
             t.error = f"wake failed: {exc}"
             sleeping = await self._is_sleeping(inst)
@@ -645,8 +674,12 @@ class Sleeper:
         self._set(inst, t, SleepState.AWAKE)
         self._rejoin(name)
         joined = await self.e.router.joined(name)
-        self.e.emit(inst, WakeEvent(why=why, took_s=took, level=t.level, in_router=joined))
-        return {"instance": name, "took_s": took}
+        phases.mark("rejoin_s")
+        self.e.emit(
+            inst,
+            WakeEvent(why=why, took_s=took, level=t.level, in_router=joined, phases=phases.done),
+        )
+        return {"instance": name, "took_s": took, "phases": phases.done}
 
     async def _start_awake(self, inst: Instance, t: SleepTrack, why: str) -> dict:
         """Waking a member with no ready process: it starts (cold), awake."""
@@ -697,9 +730,24 @@ class Sleeper:
                 return await health.server_load(client, spec.base_url)
 
             load = read
-        drained, waited, _first = await stop.drain(
-            self.e.requests_running, inst.name, spec.drain_timeout_s, server_load=load
+        requests = self.e.requests_running
+        t0 = time.monotonic()
+        drained, waited, first = await stop.drain(
+            requests, inst.name, spec.drain_timeout_s, poll_s=DRAIN_POLL_S, server_load=load
         )
+        # traffic was there: the router may have sent one more just before the removal that
+        # the server had not counted yet - idle once more a moment later, else drain on
+        while drained and first is not None and first > 0:
+            await asyncio.sleep(DRAIN_SETTLE_S)
+            again = await stop._in_flight(requests, inst.name, load)
+            waited = time.monotonic() - t0
+            if not again or again <= 0:
+                break
+            left_s = max(0.0, spec.drain_timeout_s - waited)
+            drained, _w, first = await stop.drain(
+                requests, inst.name, left_s, poll_s=DRAIN_POLL_S, server_load=load
+            )
+            waited = time.monotonic() - t0
         left = 0.0
         if drained is False:
             left = float(await stop._in_flight(self.e.requests_running, inst.name, load) or 0)
@@ -737,6 +785,9 @@ class Sleeper:
         """What the instance holds before its sleep: the telemetry polls once a second, so a
         server that just became ready (a member put to sleep after its start) may not be in
         its figures yet - wait for them up to HELD_WAIT_S where GPU telemetry runs."""
+        fresh = await self._held_fresh(inst)
+        if fresh is not None:
+            return fresh
         held = self._held(inst)
         if held is not None or self.e.gpu_memory is None or not inst.spec.gpus:
             return held
@@ -753,13 +804,29 @@ class Sleeper:
         if before is None:
             return None
         deadline = time.monotonic() + RELEASE_TIMEOUT_S
-        held = self._held(inst)
+        held = await self._held_direct(inst)
         while held is not None and held > before * RELEASED_FRACTION:
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(RELEASE_POLL_S)
-            held = self._held(inst)
+            held = await self._held_direct(inst)
         return held
+
+    async def _held_fresh(self, inst: Instance) -> int | None:
+        """What the instance holds, read from the GPU now (None: no direct read, or it says
+        nothing of this instance)."""
+        if self.gpu_held_now is None or not inst.spec.gpus or inst.pid is None:
+            return None
+        try:
+            return await self.gpu_held_now(inst.name)
+        except Exception:  # a driver surprise: the telemetry's sample decides
+            log.exception("%s: reading its GPU memory failed", inst.name)
+            return None
+
+    async def _held_direct(self, inst: Instance) -> int | None:
+        """The GPU's figure now where it can be read, else the telemetry's latest sample."""
+        fresh = await self._held_fresh(inst)
+        return fresh if fresh is not None else self._held(inst)
 
     def _headers(self, inst: Instance) -> dict[str, str]:
         import os
@@ -808,6 +875,21 @@ class Sleeper:
             raise SleepRefused(f"no completion after the wake: {exc}") from exc
         if resp.status != 200:
             raise SleepRefused(f"the first completion after the wake answered HTTP {resp.status}")
+
+
+class Phases:
+    """Where an operation's time goes: each `mark(name)` records the seconds since the
+    previous mark (or the start); `done` the marks so far, in order."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._last = now()
+        self.done: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.done[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _host_available() -> int:

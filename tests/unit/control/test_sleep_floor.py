@@ -1,0 +1,98 @@
+"""A swap at vLLM's floor (docs/sleep.md, "Where a swap's time goes"): the sleep reads the GPU
+itself while it awaits the release (not the telemetry's once-a-second sample), leaves the router
+without a settle wait, drains only while requests run, and every sleep, wake and swap says
+where its time went (`phases`), in its answer and its journal event. On vLLM emulators with a
+fake HBM that the real NvmlProbe reads (tests/unit/control/fakehbm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from vsup.engine import sleep as sleep_engine
+
+from tests.unit.control.fakehbm import FakeHbmGpus
+from tests.unit.control.helpers import instance, until
+from tests.unit.control.test_sleep_daemon import Member, asleep, awake, events, layout
+
+pytestmark = pytest.mark.timeout(180)
+GiB = 2**30
+SLEEP_PHASES = ["leave_router_s", "drain_s", "sleep_call_s", "release_seen_s"]
+WAKE_PHASES = ["wake_call_s", "first_answer_s", "rejoin_s"]
+
+
+async def test_a_swap_sees_the_release_on_the_gpu_and_says_where_its_time_went(
+    daemons, tmp_path, monkeypatch
+) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(
+        layout(gpus, {"a": Member(), "b": Member()}), str(tmp_path / "l.toml")
+    )
+    assert answer.get("applied"), answer
+    await until(client, "a", lambda i: awake(i) and i["hbm_bytes"] == 64 * GiB)
+    await until(client, "b", asleep)
+
+    # the telemetry's sample stands still from now on (as a 1 Hz sampler does between its
+    # polls): only a read of the GPU itself can see a's memory go
+    engine = daemon.engine
+    frozen = engine.gpu_memory((0,))
+    monkeypatch.setattr(engine, "gpu_memory", lambda gpus_: frozen)
+    # and the router's removal is watched: no settle wait when nothing runs
+    leaves: list[dict] = []
+    leave = engine.router.leave
+
+    async def watched(name: str, **kw) -> None:
+        leaves.append({"name": name, **kw})
+        await leave(name, **kw)
+
+    monkeypatch.setattr(engine.router, "leave", watched)
+    monkeypatch.setattr(sleep_engine, "RELEASE_TIMEOUT_S", 2.0)  # today's 30 s, shortened
+
+    answer = await client.action("swap", ["a", "b"])
+    assert answer["errors"] == [], answer
+    result = answer["result"]
+    assert result["slept"]["held_bytes"] == int(1.7 * GiB), result
+    assert asleep(await instance(client, "a")) and awake(await instance(client, "b"))
+    assert (await instance(client, "a"))["sleep"]["error"] is None
+    assert leaves == [{"name": "a"}], leaves
+    # where the time went: the sleep's steps, then the wake's, each a figure in seconds
+    assert list(result["slept"]["phases"]) == SLEEP_PHASES, result["slept"]
+    assert list(result["woke"]["phases"]) == WAKE_PHASES, result["woke"]
+    assert list(result["phases"]) == SLEEP_PHASES + WAKE_PHASES, result
+    assert all(v >= 0 for v in result["phases"].values()), result
+    assert sum(result["phases"].values()) <= result["took_s"] + 0.01, result
+    (swap,) = await events(client, "swap")
+    assert swap["phases"] == result["phases"], swap
+    sleep_event = [e for e in await events(client, "sleep") if e["instance"] == "a"][-1]
+    assert sleep_event["phases"] == result["slept"]["phases"], sleep_event
+    assert sleep_event["held_after"] == int(1.7 * GiB) and sleep_event["error"] is None
+    wake_event = [e for e in await events(client, "wake") if e["instance"] == "b"][-1]
+    assert wake_event["phases"] == result["woke"]["phases"], wake_event
+
+
+async def test_a_sleep_drains_the_requests_that_run_then_sleeps(daemons, tmp_path) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    # completions answered 1 s after they come, counted by /load; the drain may wait 20 s
+    members = {"s": Member(group=False, args='request-s = "1", enable-server-load-tracking = true')}
+    text = layout(gpus, members).replace("drain_timeout_s = 2", "drain_timeout_s = 20")
+    answer = await client.apply(text, str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    s = await until(client, "s", awake)
+    url = f"http://127.0.0.1:{s['port']}/v1/completions"
+    async with httpx.AsyncClient(timeout=60) as http:
+        running = asyncio.create_task(http.post(url, json={"model": "test/fake", "prompt": "x"}))
+        await until(client, "s", lambda i: True)  # one status round trip: the request is in
+        await asyncio.sleep(0.2)
+        answer = await client.action("sleep", ["s"])
+        assert answer["errors"] == [], answer
+        reply = await running
+    # the request ended before the sleep, answered (not held by a sleeping server)
+    assert reply.status_code == 200
+    phases = answer["result"]["phases"]
+    assert list(phases) == SLEEP_PHASES, phases
+    assert phases["drain_s"] > 0, phases
+    assert asleep(await instance(client, "s"))

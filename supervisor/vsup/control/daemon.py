@@ -85,11 +85,12 @@ from vsup.snapshot import (
     NodeInfo,
     RolloutStatus,
     RouterStatus,
+    SleepStatus,
     StatusSnapshot,
     SupervisorInfo,
     empty_instance,
 )
-from vsup.states import SERVING, ExitReason, RolloutState, State
+from vsup.states import SERVING, ExitReason, RolloutState, SleepState, State
 from vsup.telemetry.gpu import node_facts
 from vsup.telemetry.hbm import InstanceRef
 
@@ -763,6 +764,7 @@ class Daemon:
         }
         if inst.pid is None:
             fields["hbm_bytes"] = None  # the figure of a process that is gone
+        fields.update(_sleeper_rates(fields["sleep"]))
         return empty_instance(**fields)
 
     def _advice_inputs(
@@ -866,3 +868,16 @@ def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     sock = bind_unix_socket(paths.socket_path(home))
     asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
     return 0
+
+
+# The rates a sleeper shows: its counters stand still while it sleeps, but a rate's window
+# (telemetry/rates.py: 10 s for tokens, 60 s for preemptions) still holds its last awake
+# seconds. Asleep it serves nothing (0); falling asleep, waking or not yet known: None.
+_SLEEPER_RATES = ("generation_tokens_per_s", "prompt_tokens_per_s", "preemptions_per_min")
+
+
+def _sleeper_rates(sleep: SleepStatus | None) -> dict[str, float | None]:
+    if sleep is None or sleep.state == SleepState.AWAKE:
+        return {}
+    value = 0.0 if sleep.state == SleepState.ASLEEP else None
+    return dict.fromkeys(_SLEEPER_RATES, value)

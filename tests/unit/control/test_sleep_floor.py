@@ -96,3 +96,27 @@ async def test_a_sleep_drains_the_requests_that_run_then_sleeps(daemons, tmp_pat
     assert list(phases) == SLEEP_PHASES, phases
     assert phases["drain_s"] > 0, phases
     assert asleep(await instance(client, "s"))
+
+
+async def test_a_sleeper_shows_no_rate_of_its_last_awake_seconds(daemons, tmp_path) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(layout(gpus, {"s": Member(group=False)}), str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    await until(client, "s", awake)
+    mode = gpus.root / "s.mode"
+    mode.write_text("serve")  # tokens flow: a rate over the last 10 s
+    await until(client, "s", lambda i: (i["generation_tokens_per_s"] or 0) > 0)
+    mode.write_text("idle")  # nothing runs (the drain has nothing to wait for)
+    answer = await client.action("sleep", ["s"])
+    assert answer["errors"] == [], answer
+    s = await instance(client, "s")
+    # the counters stand still while it sleeps, but the rate window still holds the seconds
+    # before the sleep: a sleeper serves nothing, and says so
+    assert asleep(s), s["sleep"]
+    assert s["generation_tokens_per_s"] == 0.0, s["generation_tokens_per_s"]
+    assert s["prompt_tokens_per_s"] == 0.0 and s["preemptions_per_min"] == 0.0, s
+    answer = await client.action("wake", ["s"])
+    assert answer["errors"] == [], answer
+    mode.write_text("serve")
+    await until(client, "s", lambda i: awake(i) and (i["generation_tokens_per_s"] or 0) > 0)

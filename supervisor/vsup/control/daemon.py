@@ -224,6 +224,7 @@ class Daemon:
         self.engine.sleeper.weights_of = self._weights_of
         self.engine.sleeper.engine_requests = self._engine_requests
         self.engine.sleeper.gpu_held_now = self._gpu_held_now
+        self.engine.sleeper.gpu_memory_now = self.monitor.gpu_memory_now
         # a scrape asks /health with /metrics: the engine's check of that second
         self.monitor.on_health = self.engine.health_answered
 

@@ -44,7 +44,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,7 +66,7 @@ from vsup.telemetry.metrics import VllmMetrics, parse_metrics
 if TYPE_CHECKING:
     from vsup.clock import Clock
     from vsup.engine.instance import Instance
-    from vsup.engine.memory import GpuMemoryView
+    from vsup.engine.memory import GpuMemory, GpuMemoryView
     from vsup.engine.stop import RequestsRunning
     from vsup.telemetry.httpget import HttpGetter
 
@@ -125,6 +125,10 @@ RECONCILE_READ_S = 3.0
 RECONCILE_POLL_S = 1.0
 # A disagreement seen in the daemon's scrapes is checked with the server at most this often.
 DRIFT_CHECK_S = 5.0
+# Validation's limits (layout/schema.py, which the engine does not import; a unit test keeps
+# them equal): what one GPU's instances may claim together, and vLLM's default share.
+MAX_GPU_UTILIZATION_SUM = 0.95
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # What the server's answer can be: final, or under way (asked again)
 _FINAL = (SleepState.AWAKE, SleepState.ASLEEP)
 
@@ -145,7 +149,8 @@ class SleepTrack:
     last_wake_s: float | None = None
     error: str | None = None
     held_bytes: int | None = None
-    active_at: float | None = None  # the last poll that saw work (idle sleep)
+    active_at: float | None = None  # the last poll that saw work (idle sleep, eviction order)
+    awake_bytes: int | None = None  # what it held awake, measured before its last sleep
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # reconciling with the server (see the module doc): the task, set once it first answered,
     # and when a disagreement in the scrapes was last checked
@@ -172,6 +177,10 @@ class Sleeper:
         # What the instance's processes hold on its GPUs, read from the GPU now (the daemon's
         # probe: NVML/amdsmi; None: not known). Without it the telemetry's latest sample.
         self.gpu_held_now: Callable[[str], Awaitable[int | None]] | None = None
+        # The GPUs' memory read now (same probe), for eviction by memory; None: the sample.
+        self.gpu_memory_now: (
+            Callable[[tuple[int, ...]], Awaitable[Sequence[GpuMemory] | None]] | None
+        ) = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -228,6 +237,19 @@ class Sleeper:
         """The instances of swap group `group`, in layout order."""
         return [i for i in self.e.instances.values() if i.spec.swap_group == group]
 
+    def pool(self, inst: Instance) -> list[Instance]:
+        """The other sleep-mode instances without a swap group that share a GPU with `inst`
+        (itself one): awake together while their memory fits, evicted by memory (least
+        recently used first) when one wakes. Empty for anything else."""
+        if not _pooled(inst):
+            return []
+        gpus = set(inst.spec.gpus)
+        return [
+            i
+            for i in self.e.instances.values()
+            if i is not inst and _pooled(i) and gpus & set(i.spec.gpus)
+        ]
+
     def _starts_awake(self, inst: Instance) -> bool:
         """What `vsup up` leaves it as: the `start` key, else awake - except in a swap group,
         where only the first member in layout order (or the one with start = "awake") is."""
@@ -236,7 +258,7 @@ class Sleeper:
             return sleep.start == "awake"
         group = inst.spec.swap_group
         if group is None:
-            return True
+            return self._fits_at_start(inst)
         members = self.members(group)
         chosen = [m for m in members if m.spec.sleep and m.spec.sleep.start == "awake"]
         if chosen:
@@ -244,14 +266,42 @@ class Sleeper:
         eligible = [m for m in members if not (m.spec.sleep and m.spec.sleep.start == "asleep")]
         return bool(eligible) and eligible[0].name == inst.name
 
+    def _fits_at_start(self, inst: Instance) -> bool:
+        """A pool member (see `pool`) starts awake when its utilization, beside the pool's
+        earlier members (layout order) that start awake and the GPU's other instances (a swap
+        group by its largest member), stays within MAX_GPU_UTILIZATION_SUM on each of its
+        GPUs; the others start asleep. Anything else starts awake."""
+        if not _pooled(inst) or not self.pool(inst):
+            return True
+        order = list(self.e.instances.values())
+        for gpu in inst.spec.gpus:
+            claim = _utilization(inst)
+            groups: dict[str, float] = {}
+            for other in order:
+                if other is inst or gpu not in other.spec.gpus:
+                    continue
+                if _pooled(other):
+                    if order.index(other) < order.index(inst) and self._starts_awake(other):
+                        claim += _utilization(other)
+                elif other.spec.swap_group is not None:
+                    g = other.spec.swap_group
+                    groups[g] = max(groups.get(g, 0.0), _utilization(other))
+                else:
+                    claim += _utilization(other)
+            if claim + sum(groups.values()) > MAX_GPU_UTILIZATION_SUM + 1e-9:
+                return False
+        return True
+
     # -- the start gate -----------------------------------------------------------------------
 
     def gate(self, inst: Instance) -> WaitReason | None:
         """What a swap-group member's start waits for (None: it may start now)."""
         group = inst.spec.swap_group
         t = self.track(inst.name)
-        if group is None or t is None:
+        if t is None:
             return None
+        if group is None:
+            return self._pool_gate(inst, t)
         for other in self.members(group):
             if other is inst:
                 continue
@@ -292,6 +342,46 @@ class Sleeper:
                 )
         return None
 
+    def _pool_gate(self, inst: Instance, t: SleepTrack) -> WaitReason | None:
+        """What a pool member's start waits for: a member that is to sleep first (started,
+        or not yet), and - when it is itself to sleep - room for its whole share beside the
+        awake members (vLLM profiles the GPU's free memory at start)."""
+        pool = self.pool(inst)
+        awake_share = _utilization(inst)
+        awake: list[str] = []
+        for other in pool:
+            ot = self.track(other.name)
+            if ot is None:
+                continue
+            if other.pid is not None and ot.state != SleepState.ASLEEP:
+                if ot.state == SleepState.FALLING_ASLEEP or (
+                    not ot.want_awake and other.state in (State.STARTING, State.READY)
+                ):
+                    return WaitReason(
+                        kind="swap_group",
+                        message=f"{other.name} is going to sleep on a GPU it shares with "
+                        f"{inst.name}",
+                        instances=(other.name,),
+                    )
+                awake.append(other.name)
+                awake_share += _utilization(other)
+            elif (
+                other.pid is None and other.control.wants_run and not ot.want_awake and t.want_awake
+            ):
+                return WaitReason(
+                    kind="swap_group",
+                    message=f"{other.name} starts first (it sleeps once ready)",
+                    instances=(other.name,),
+                )
+        if not t.want_awake and awake and awake_share > MAX_GPU_UTILIZATION_SUM + 1e-9:
+            return WaitReason(
+                kind="swap_group",
+                message=f"no room beside {', '.join(awake)} awake on its GPU; "
+                f"`vsup wake {inst.name}` puts the least recently used to sleep",
+                instances=tuple(awake),
+            )
+        return None
+
     def sleeps_after_start(self, inst: Instance) -> bool:
         """Whether an instance that just became ready is to be put to sleep now."""
         t = self.track(inst.name)
@@ -303,7 +393,7 @@ class Sleeper:
         if t is not None:
             self._set(inst, t, SleepState.AWAKE)
             t.held_bytes = None
-            t.active_at = None
+            t.active_at = self.e.clock.monotonic()  # a start is a use (eviction order)
 
     def adopting(self, inst: Instance) -> None:
         """A process an earlier daemon left, just taken over: nothing is known of its sleep
@@ -466,6 +556,14 @@ class Sleeper:
                             f"{name} stays asleep: {other.name} must sleep first and did not "
                             f"({exc})"
                         ) from exc
+        elif self.pool(inst) and not (
+            t.state == SleepState.AWAKE and inst.pid is not None and inst.state == State.READY
+        ):
+            try:
+                slept += await self._make_room(inst, t)
+            except SleepRefused:
+                t.want_awake = False
+                raise
         async with t.lock:
             if inst.pid is None or inst.state != State.READY:
                 woke = await self._start_awake(inst, t, why)
@@ -522,8 +620,104 @@ class Sleeper:
             self.on_change()
 
     def _group_of(self, inst: Instance) -> list[Instance]:
+        """Those whose start gate depends on `inst`'s sleep state: its swap group, its pool."""
         group = inst.spec.swap_group
-        return [m for m in self.members(group) if m is not inst] if group else []
+        return [m for m in self.members(group) if m is not inst] if group else self.pool(inst)
+
+    # -- eviction by memory -------------------------------------------------------------------
+
+    async def _make_room(self, inst: Instance, t: SleepTrack) -> list[dict]:
+        """Before a pool member wakes (or starts): put the pool's awake members to sleep, the
+        least recently used first, until its awake memory fits on each of its GPUs; each
+        sleep drains first (one still busy after its drain_timeout_s is skipped, awake).
+        The answers of those sleeps; SleepRefused when it cannot fit."""
+        slept: list[dict] = []
+        skipped: dict[str, str] = {}
+        while True:
+            short = await self._shortfall(inst, t)
+            if short is None:
+                return slept
+            candidates = [
+                m
+                for m in self.pool(inst)
+                if m.name not in skipped
+                and m.pid is not None
+                and m.state == State.READY
+                and (mt := self._tracks.get(m.name)) is not None
+                and mt.state == SleepState.AWAKE
+                and set(m.spec.gpus) & set(short[0])
+            ]
+            if not candidates:
+                why = "; ".join(f"{n}: {e}" for n, e in skipped.items())
+                raise SleepRefused(
+                    f"{inst.name} stays asleep: it needs {short[1]} on GPU "
+                    f"{','.join(map(str, short[0]))} and no awake instance there could be "
+                    "put to sleep" + (f" ({why})" if why else "")
+                )
+            candidates.sort(key=self._last_used)
+            victim = candidates[0]
+            try:
+                slept.append(
+                    await self.sleep(
+                        victim.name,
+                        why=f"{inst.name} wakes: least recently used, put to sleep for room",
+                    )
+                )
+            except SleepRefused as exc:
+                skipped[victim.name] = str(exc)
+
+    def _last_used(self, inst: Instance) -> float:
+        """When it last had work, woke or started (the daemon's polls: `observe`)."""
+        t = self._tracks.get(inst.name)
+        return t.active_at if t is not None and t.active_at is not None else inst.state_since
+
+    async def _shortfall(self, inst: Instance, t: SleepTrack) -> tuple[tuple[int, ...], str] | None:
+        """None when `inst` awake fits on its GPUs now; else the GPUs short and by how much
+        (words). Measured: the GPU's free memory read now against what it held awake (its
+        last sleep's figure, else its planned share); without GPU figures, the pool's
+        utilizations."""
+        gpus = tuple(inst.spec.gpus)
+        figures = await self._gpu_now(gpus)
+        if figures:
+            per_gpu = len(figures)
+            need = t.awake_bytes or self._planned_bytes(inst)
+            if need is None:
+                return None
+            # what it holds asleep comes back with the wake: only the rest is needed
+            kept = t.held_bytes if inst.pid is not None and t.held_bytes else 0
+            want = max(0, need - kept) / per_gpu
+            short = [g for g in figures if g.total_bytes - g.used_bytes < want]
+            if not short:
+                return None
+            free = min(g.total_bytes - g.used_bytes for g in short)
+            return tuple(g.index for g in short), f"{_gib(int(want))} GiB ({_gib(free)} free)"
+        claim = _utilization(inst)
+        for other in self.pool(inst):
+            ot = self._tracks.get(other.name)
+            if other.pid is not None and ot is not None and ot.state != SleepState.ASLEEP:
+                claim += _utilization(other)
+        if claim <= MAX_GPU_UTILIZATION_SUM + 1e-9:
+            return None
+        return gpus, f"{_utilization(inst):.2f} of the GPU beside the awake ({claim:.2f} in all)"
+
+    def _planned_bytes(self, inst: Instance) -> int | None:
+        util = inst.spec.gpu_memory_utilization
+        if self.e.gpu_memory is None or not inst.spec.gpus or util is None:
+            return None
+        gpus = self.e.gpu_memory(tuple(inst.spec.gpus))
+        return int(util * sum(g.total_bytes for g in gpus)) if gpus else None
+
+    async def _gpu_now(self, gpus: tuple[int, ...]) -> Sequence[GpuMemory] | None:
+        """The GPUs' memory read now (the daemon's probe), else the telemetry's last sample."""
+        if self.gpu_memory_now is not None:
+            try:
+                fresh = await self.gpu_memory_now(gpus)
+            except Exception:
+                log.exception("reading GPU memory failed")
+                fresh = None
+            if fresh:
+                return fresh
+        return self.e.gpu_memory(gpus) if self.e.gpu_memory is not None else None
 
     async def _sleep_locked(
         self, inst: Instance, t: SleepTrack, level: int | None, why: str
@@ -549,6 +743,8 @@ class Sleeper:
             self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
             raise
         t.level = level
+        if before:
+            t.awake_bytes = before
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
         phases.mark("release_seen_s")
         took = round(self.e.clock.monotonic() - t0, 3)
@@ -890,6 +1086,16 @@ class Phases:
         now = self._now()
         self.done[name] = round(now - self._last, 3)
         self._last = now
+
+
+def _pooled(inst: Instance) -> bool:
+    """A sleep-mode instance on GPUs without a swap group: evicted by memory (`pool`)."""
+    return inst.spec.sleep is not None and inst.spec.swap_group is None and bool(inst.spec.gpus)
+
+
+def _utilization(inst: Instance) -> float:
+    util = inst.spec.gpu_memory_utilization
+    return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util is None else util
 
 
 def _host_available() -> int:

@@ -666,6 +666,8 @@ class Daemon:
             after = self.engine.instances[name].spec.sleep
             why = f"idle for {after.after_idle_s:g} s (sleep.after_idle_s)" if after else "idle"
             self.spawn(self._sleep_quietly(name, why), f"idle sleep {name}")
+        for name in sleeper.recycle_due():  # sleep.recycle_growth_gib
+            self.spawn(sleeper.recycle(name), f"recycle {name}")
 
     async def _sleep_quietly(self, name: str, why: str) -> None:
         try:

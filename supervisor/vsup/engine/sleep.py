@@ -97,6 +97,8 @@ class SleepHost(Protocol):
         self, name: str, states: Iterable[str] = ..., timeout: float | None = None
     ) -> State: ...
 
+    async def restart(self, name: str, drain: bool = False, wait: bool = False) -> None: ...
+
 
 log = logging.getLogger("vsup.engine")
 
@@ -129,6 +131,7 @@ DRIFT_CHECK_S = 5.0
 # them equal): what one GPU's instances may claim together, and vLLM's default share.
 MAX_GPU_UTILIZATION_SUM = 0.95
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+KEPT_HISTORY = 20  # sleeps whose kept memory a track remembers
 # What the server's answer can be: final, or under way (asked again)
 _FINAL = (SleepState.AWAKE, SleepState.ASLEEP)
 
@@ -151,6 +154,9 @@ class SleepTrack:
     held_bytes: int | None = None
     active_at: float | None = None  # the last poll that saw work (idle sleep, eviction order)
     awake_bytes: int | None = None  # what it held awake, measured before its last sleep
+    # what it kept on the GPU after each sleep of this process (the latest KEPT_HISTORY)
+    kept: list[int] = field(default_factory=list)
+    recycling: bool = False  # restarted for what it kept (sleep.recycle_growth_gib), not back yet
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # reconciling with the server (see the module doc): the task, set once it first answered,
     # and when a disagreement in the scrapes was last checked
@@ -231,6 +237,8 @@ class Sleeper:
             error=t.error,
             held_bytes=t.held_bytes if t.state == SleepState.ASLEEP else None,
             idle_sleep_in_s=idle_in,
+            kept_bytes=tuple(t.kept),
+            kept_growth_bytes=t.kept[-1] - t.kept[0] if len(t.kept) > 1 else None,
         )
 
     def members(self, group: str) -> list[Instance]:
@@ -394,6 +402,8 @@ class Sleeper:
             self._set(inst, t, SleepState.AWAKE)
             t.held_bytes = None
             t.active_at = self.e.clock.monotonic()  # a start is a use (eviction order)
+            t.kept.clear()  # a new process: its own sleeps
+            t.recycling = False
 
     def adopting(self, inst: Instance) -> None:
         """A process an earlier daemon left, just taken over: nothing is known of its sleep
@@ -523,6 +533,56 @@ class Sleeper:
             if now - since >= sleep.after_idle_s:
                 out.append(name)
         return out
+
+    # -- what sleep leaves behind ---------------------------------------------------------------
+
+    def recycle_due(self) -> list[str]:
+        """Sleepers with `sleep.recycle_growth_gib` whose kept memory grew that much since
+        their process's first sleep, asleep now, whose restart can go back to sleep at once
+        (its swap group all asleep; its pool with room for its start)."""
+        return [
+            name
+            for name, inst in self.e.instances.items()
+            if (t := self._tracks.get(name)) is not None
+            and not t.lock.locked()
+            and self._recyclable(inst, t)
+        ]
+
+    def _recyclable(self, inst: Instance, t: SleepTrack) -> bool:
+        sleep = inst.spec.sleep
+        if sleep is None or sleep.recycle_growth_gib <= 0 or len(t.kept) < 2 or t.recycling:
+            return False
+        if inst.state != State.READY or inst.pid is None or t.state != SleepState.ASLEEP:
+            return False
+        if t.kept[-1] - t.kept[0] < sleep.recycle_growth_gib * 2**30:
+            return False
+        if inst.spec.swap_group is not None:
+            return all(
+                o.pid is None or (ot := self._tracks.get(o.name)) is None
+                or ot.state == SleepState.ASLEEP
+                for o in self._group_of(inst)
+            )  # fmt: skip
+        claim = _utilization(inst)
+        for other in self.pool(inst):
+            ot = self._tracks.get(other.name)
+            if other.pid is not None and (ot is None or ot.state != SleepState.ASLEEP):
+                claim += _utilization(other)
+        return claim <= MAX_GPU_UTILIZATION_SUM + 1e-9
+
+    async def recycle(self, name: str) -> bool:
+        """Restart a sleeper whose kept memory grew (see `recycle_due`); its new process goes
+        back to sleep once ready, keeping only what a first sleep keeps. False: no longer due."""
+        inst, t = self._sleep_mode(name)
+        async with t.lock:
+            if not self._recyclable(inst, t):
+                return False
+            log.info(
+                "%s: keeps %s GiB more asleep than after its first sleep: restarting it",
+                name, _gib(t.kept[-1] - t.kept[0]),
+            )  # fmt: skip
+            t.want_awake, t.recycling = False, True
+            await self.e.restart(name)
+        return True
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -749,6 +809,8 @@ class Sleeper:
         phases.mark("release_seen_s")
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_sleep_s, t.held_bytes = took, kept
+        if kept is not None:
+            t.kept = [*t.kept, kept][-KEPT_HISTORY:]
         t.error = self._release_error(inst, before, kept)
         self._set(inst, t, SleepState.ASLEEP)
         self._rejoin(name)  # its sleep state keeps it out of the router until it is awake

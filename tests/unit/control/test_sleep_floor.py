@@ -7,6 +7,8 @@ fake HBM that the real NvmlProbe reads (tests/unit/control/fakehbm.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 
 import httpx
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from vsup.engine import sleep as sleep_engine
 
 from tests.unit.control.fakehbm import FakeHbmGpus
-from tests.unit.control.helpers import instance, until
+from tests.unit.control.helpers import EMULATOR, free_port, instance, until
 from tests.unit.control.test_sleep_daemon import Member, asleep, awake, events, layout
 
 pytestmark = pytest.mark.timeout(180)
@@ -120,3 +122,96 @@ async def test_a_sleeper_shows_no_rate_of_its_last_awake_seconds(daemons, tmp_pa
     assert answer["errors"] == [], answer
     mode.write_text("serve")
     await until(client, "s", lambda i: awake(i) and (i["generation_tokens_per_s"] or 0) > 0)
+
+
+def leaking_layout(gpus: FakeHbmGpus) -> str:
+    """`s` on GPU 0 and `r` on GPU 1, each sleep of either leaving 1 GiB more held for good
+    (memory vLLM did not give back); `r` is recycled once it kept 1.5 GiB more than after its
+    first sleep."""
+    cmd = json.dumps([sys.executable, str(EMULATOR)])
+    text = f"""[layout]
+name = "leaks"
+
+[defaults]
+model = "test/fake"
+command = {cmd}
+host = "127.0.0.1"
+health_interval_s = 0.1
+stop_grace_s = 5
+drain_timeout_s = 2
+"""
+    for gpu, (name, sleep) in enumerate(
+        [("s", "{ level = 1 }"), ("r", "{ level = 1, recycle_growth_gib = 1.5 }")]
+    ):
+        mode = gpus.root / f"{name}.mode"
+        mode.write_text("idle")
+        args = gpus.toml_args(gpu, name, 64.0, 1.7) + f', mode-file = "{mode}"'
+        args += ', sleep-leak-gib = "1"'
+        text += f"""
+[[instance]]
+name = "{name}"
+port = {free_port()}
+args = {{ {args} }}
+gpus = [{gpu}]
+gpu_memory_utilization = 0.9
+sleep = {sleep}
+"""
+    return text
+
+
+async def test_what_each_sleep_keeps_is_recorded_its_growth_advised_and_recycled(
+    daemons, tmp_path
+) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=2)
+    _daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(leaking_layout(gpus), str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    await until(client, "s", awake)
+    r0 = await until(client, "r", awake)
+    # after the 1st, 2nd, 3rd sleep (each one's leak included)
+    kept = [int(1.7 * GiB) + (n + 1) * GiB for n in range(3)]
+
+    for n in range(2):
+        if n:
+            for name in ("s", "r"):
+                assert (await client.action("wake", [name]))["errors"] == []
+        for name in ("s", "r"):
+            answer = await client.action("sleep", [name])
+            assert answer["errors"] == [], answer
+    s = await instance(client, "s")
+    assert s["sleep"]["kept_bytes"] == kept[:2], s["sleep"]
+    assert s["sleep"]["kept_growth_bytes"] == GiB
+    # the growth is advised (1 GiB: the advice's threshold), not yet recycled (r: 1.5 GiB)
+    doc = await client.status()
+    grows = [a for a in doc["advice"] if a["kind"] == "sleep_kept_grows"]
+    assert {a["instance"] for a in grows} == {"s", "r"}, grows
+    assert "1.0 GiB more than after its first sleep (2 sleeps)" in grows[0]["message"], grows
+    assert (await instance(client, "r"))["pid"] == r0["pid"]
+
+    # a third sleep: r kept 2 GiB more than after its first, past its 1.5: restarted while
+    # it sleeps, and back asleep with only what a first sleep keeps
+    for name in ("s", "r"):
+        assert (await client.action("wake", [name]))["errors"] == []
+        assert (await client.action("sleep", [name]))["errors"] == []
+    r = await until(
+        client, "r", lambda i: i["pid"] not in (None, r0["pid"]) and asleep(i), timeout=60
+    )
+    assert r["sleep"]["kept_bytes"] == kept[:1], r["sleep"]
+    assert r["sleep"]["kept_growth_bytes"] is None
+    s = await instance(client, "s")  # no recycle_growth_gib: kept as it is, advised
+    assert s["sleep"]["kept_bytes"] == kept and s["pid"] is not None
+    doc = await client.status()
+    grows = [a for a in doc["advice"] if a["kind"] == "sleep_kept_grows"]
+    assert [a["instance"] for a in grows] == ["s"], grows
+
+
+def test_the_sleep_line_says_how_much_more_it_keeps() -> None:
+    from vsup.sleepview import detail_line
+    from vsup.snapshot import SleepStatus
+
+    kept = (int(1.7 * GiB), int(2.7 * GiB), int(3.7 * GiB))
+    s = SleepStatus(
+        state="asleep", level=1, held_bytes=kept[-1], kept_bytes=kept, kept_growth_bytes=2 * GiB
+    )
+    line = detail_line(s)
+    assert "keeps 3.7 GiB of GPU memory · kept +2.0 GiB since its first sleep (3 sleeps)" in line

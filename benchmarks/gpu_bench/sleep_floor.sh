@@ -48,7 +48,7 @@ gpus = [0]
 swap_group = "g0"
 args = { served-model-name = "llama8b", max-model-len = 4096, max-num-seqs = 192 }
 LAYOUT
-python3 -m vsup up "$REC/layout.toml" --detach --wait --yes --timeout 1500 >"$REC/up.txt" 2>&1 || {
+python3 -m vsup up "$REC/layout.toml" --detach --wait --yes --timeout 480 >"$REC/up.txt" 2>&1 || {
     cat "$REC/up.txt"
     exit 4
 }

@@ -734,8 +734,8 @@ class Sleeper:
     async def _shortfall(self, inst: Instance, t: SleepTrack) -> tuple[tuple[int, ...], str] | None:
         """None when `inst` awake fits on its GPUs now; else the GPUs short and by how much
         (words). Measured: the GPU's free memory read now against what it held awake (its
-        last sleep's figure, else its planned share); without GPU figures, the pool's
-        utilizations."""
+        last sleep's figure, else its planned share); without a read of the GPU now (the
+        telemetry's sample would not show an eviction a moment ago), the pool's utilizations."""
         gpus = tuple(inst.spec.gpus)
         figures = await self._gpu_now(gpus)
         if figures:
@@ -768,16 +768,14 @@ class Sleeper:
         return int(util * sum(g.total_bytes for g in gpus)) if gpus else None
 
     async def _gpu_now(self, gpus: tuple[int, ...]) -> Sequence[GpuMemory] | None:
-        """The GPUs' memory read now (the daemon's probe), else the telemetry's last sample."""
-        if self.gpu_memory_now is not None:
-            try:
-                fresh = await self.gpu_memory_now(gpus)
-            except Exception:
-                log.exception("reading GPU memory failed")
-                fresh = None
-            if fresh:
-                return fresh
-        return self.e.gpu_memory(gpus) if self.e.gpu_memory is not None else None
+        """The GPUs' memory read now (the daemon's probe); None when it cannot be read."""
+        if self.gpu_memory_now is None:
+            return None
+        try:
+            return await self.gpu_memory_now(gpus)
+        except Exception:
+            log.exception("reading GPU memory failed")
+            return None
 
     async def _sleep_locked(
         self, inst: Instance, t: SleepTrack, level: int | None, why: str

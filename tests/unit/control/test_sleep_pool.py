@@ -98,3 +98,20 @@ async def test_waking_one_puts_the_least_recently_used_idle_one_to_sleep(daemons
     assert "still runs 1 request(s)" in err["error"], err
     assert asleep(await instance(client, "p0"))
     assert awake(await instance(client, "p1")) and awake(await instance(client, "p2"))
+
+
+async def test_without_a_read_of_the_gpu_the_shares_decide(daemons, tmp_path) -> None:
+    gpus = FakeHbmGpus(tmp_path / "hbm", count=1)
+    daemon, client = await daemons.start(gpu_probe=gpus.probe())
+    answer = await client.apply(pool_layout(gpus, ["p0", "p1", "p2"]), str(tmp_path / "l.toml"))
+    assert answer.get("applied"), answer
+    await until(client, "p0", awake)
+    await until(client, "p1", awake)
+    await until(client, "p2", asleep)
+    # the telemetry's once-a-second sample would not show an eviction a moment ago: without
+    # a read of the GPU now, the utilizations count (0.45 x 3 > 0.95: one must sleep)
+    daemon.engine.sleeper.gpu_memory_now = None
+    answer = await client.action("wake", ["p2"])
+    assert answer["errors"] == [], answer
+    assert [s["instance"] for s in answer["result"]["group_slept"]] == ["p0"], answer
+    assert awake(await instance(client, "p1")) and awake(await instance(client, "p2"))

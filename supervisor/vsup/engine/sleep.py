@@ -10,7 +10,11 @@ state is kept beside the lifecycle state, never in it, and:
   the count), then `POST /sleep?level=N`, `GET /is_sleeping`, and - where the GPU telemetry sees
   its processes - its memory must be seen released (`RELEASED_FRACTION` of what it held,
   within `RELEASE_TIMEOUT_S`; a server that answers the sleep and keeps the memory, as some
-  ROCm builds do, is `asleep` with an error, and a swap does not wake the other member on it);
+  ROCm builds do, is `asleep` with an error, and a swap does not wake the other member on it).
+  Each step ends on its event, not on a timer: no settle wait after the router's removal, the
+  requests in flight read at once and every DRAIN_POLL_S only while some run, the GPU read
+  directly (`gpu_held_now`) every RELEASE_POLL_S while the release is awaited; each sleep,
+  wake and swap says its steps' seconds (`phases`);
 - a wake sends `POST /wake_up` (level 2: weights, `reload_weights`, then the KV cache), waits
   for `is_sleeping` false and one answered `max_tokens = 1` completion, then it rejoins the
   router;
@@ -20,8 +24,14 @@ state is kept beside the lifecycle state, never in it, and:
   Members meant to sleep start first and are put to sleep while they still hold their device's
   start turn; the member meant to be awake starts last. A member that dies while another is
   awake is started again when it is woken (its start waits at the gate meanwhile).
+- Eviction by memory (`pool`): sleep-mode instances on a GPU without a swap group are awake
+  together while they fit; waking one first puts the least recently used awake ones to sleep
+  (each drained first; a busy one is passed over) until its measured awake memory fits.
 - Idle sleep (`sleep.after_idle_s`): the daemon reports activity each poll (`observe`) and
   asks for the instances idle that long (`idle_due`).
+- What sleep leaves behind: each sleep's kept memory is recorded per process (`kept`); with
+  `sleep.recycle_growth_gib` a sleeper whose kept memory grew that much is restarted while it
+  sleeps (`recycle_due`, `recycle`).
 - Reconciliation: vsup's own view can be wrong when its operation was not seen to the end (a
   daemon killed during a sleep: the server finishes it alone) or when someone else used the
   dev-mode endpoints. An adopted instance starts `unknown` (out of the router; `vsup wake`

@@ -191,6 +191,8 @@ class SleepResult:
     group_slept: tuple[SleepResult, ...] = ()
     slept: SleepResult | None = None
     woke: SleepResult | None = None
+    # seconds per step (engine/sleep.py, journalevents.PHASE_NAMES); None from an older daemon
+    phases: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

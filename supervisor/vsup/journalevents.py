@@ -661,6 +661,9 @@ class SleepEvent(JournalEvent):
     held_before: int | None
     held_after: int | None
     error: str | None
+    # seconds per step (engine/sleep.py): leave_router_s, drain_s, sleep_call_s,
+    # release_seen_s; a wake's wake_call_s, first_answer_s, rejoin_s; a swap's both
+    phases: dict[str, float] | None = None
 
     def words(self, urls: Urls) -> str:
         held = self.held_after
@@ -679,6 +682,7 @@ class WakeEvent(JournalEvent):
     cold: bool | None = None  # a cold start: it was not running
     level: int | None
     in_router: bool | None = None
+    phases: dict[str, float] | None = None
 
     def words(self, urls: Urls) -> str:
         cold = " (cold start: it was not running)" if self.cold else ""
@@ -714,9 +718,36 @@ class SwapEvent(JournalEvent):
     KIND: ClassVar[str] = "swap"
     slept: str | None
     took_s: float | None
+    phases: dict[str, float] | None = None
 
     def words(self, urls: Urls) -> str:
-        return f"swapped in for {self.slept} in {seconds(self.took_s)}"
+        steps = phase_words(self.phases)
+        return f"swapped in for {self.slept} in {seconds(self.took_s)}" + (
+            f" ({steps})" if steps else ""
+        )
+
+
+# the steps of a sleep, a wake and a swap as `vsup swap` and `vsup events` say them
+PHASE_NAMES = {
+    "leave_router_s": "leave router",
+    "drain_s": "drain",
+    "sleep_call_s": "/sleep",
+    "release_seen_s": "release seen",
+    "wake_call_s": "/wake_up",
+    "first_answer_s": "first answer",
+    "rejoin_s": "rejoin router",
+}
+
+
+def phase_words(phases: Mapping[str, Any] | None) -> str:
+    """`leave router 0.00 s, drain 0.00 s, /sleep 0.42 s, ...` (empty: no phases)."""
+    if not isinstance(phases, Mapping):
+        return ""
+    out = []
+    for key, value in phases.items():
+        if isinstance(value, int | float):
+            out.append(f"{PHASE_NAMES.get(key, str(key))} {value:.2f} s")
+    return ", ".join(out)
 
 
 # -- the router ------------------------------------------------------------------------------

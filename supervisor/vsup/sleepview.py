@@ -85,6 +85,12 @@ def detail_parts(s: SleepStatus) -> list[str]:
         parts.append("last " + ", ".join(took))
     if s.held_bytes is not None and s.state != SleepState.AWAKE:
         parts.append(f"keeps {_gib(s.held_bytes)} of GPU memory")
+    if s.kept_growth_bytes:
+        grew = "+" if s.kept_growth_bytes > 0 else "-"
+        parts.append(
+            f"kept {grew}{_gib(abs(s.kept_growth_bytes))} since its first sleep "
+            f"({len(s.kept_bytes)} sleeps)"
+        )
     if s.idle_sleep_in_s is not None and s.state == SleepState.AWAKE:
         parts.append(f"idle sleep in {_duration(s.idle_sleep_in_s)}")
     if s.error:

@@ -161,7 +161,9 @@ class SleepStatus:
     server answered again); `error` why the last sleep or wake failed (None once one works);
     `held_bytes` the GPU memory vLLM keeps while asleep where the probe sees it;
     `idle_sleep_in_s` seconds until idle sleep (`after_idle_s`) puts it to sleep, None when it
-    will not."""
+    will not; `kept_bytes` what it kept after each sleep of this process (oldest first, the
+    latest 20) and `kept_growth_bytes` how much more the latest kept than the first (memory
+    vLLM did not give back; None before a second sleep)."""
 
     state: SleepState
     level: int
@@ -172,6 +174,8 @@ class SleepStatus:
     error: str | None = None
     held_bytes: int | None = None
     idle_sleep_in_s: float | None = None
+    kept_bytes: tuple[int, ...] = ()
+    kept_growth_bytes: int | None = None
 
     @property
     def asleep(self) -> bool:

@@ -108,6 +108,9 @@ vllm/entrypoints/serve/dev/{sleep,rpc}/api_router.py):
                                    half KV cache: a wake with tags=weights brings back the
                                    weights' half (after level 2 only once reload_weights ran),
                                    tags=kv_cache the other half
+  --sleep-leak-gib L               each sleep leaves L GiB more held for good (what it keeps
+                                   asleep and holds awake grow by L: memory a sleep did not
+                                   give back, a known vLLM failure)
 SIGTERM ends it with the signal's default action (after passing SIGTERM on to its EngineCore
 child, in case only this process was signalled). Every process prints one line
 `emulator <role> pid=<pid> pgid=<pgid> prefix=<sys.prefix>` (role: server, core, setsid).
@@ -285,6 +288,11 @@ class FakeHbm:
         self.weights = (self.full - self.keep) // 2
         self.kv = self.full - self.keep - self.weights
 
+    def leak(self, gib: float) -> None:
+        """A sleep that did not give `gib` back: held from now on, asleep and awake."""
+        self.keep += int(gib * GiB)
+        self.full += int(gib * GiB)
+
     def write(self, weights: bool, kv: bool) -> None:
         held = self.keep + (self.weights if weights else 0) + (self.kv if kv else 0)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -304,6 +312,7 @@ class SleepMode:
         self.wake_s = args.wake_s
         self.wake_fail = args.wake_fail
         self.keeps_memory = args.sleep_keeps_memory
+        self.leak_gib = args.sleep_leak_gib
         self.level = 0
         self.sleeping: set[str] = set()  # tags still asleep
         self.weights_dropped = False  # level 2: the weights are gone until reload_weights
@@ -344,6 +353,8 @@ class SleepMode:
             self.weights_dropped = self.level == 2
             self.awake.clear()
             self.payload.sleep_level = self.level
+            if self.hbm is not None and self.leak_gib:
+                self.hbm.leak(self.leak_gib)
             self.write_hbm()
             if self.hbm is not None:
                 freed = 0 if self.keeps_memory else self.hbm.full - self.hbm.keep
@@ -838,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fake-hbm-file")
     p.add_argument("--fake-hbm-gib", type=float, default=0.0)
     p.add_argument("--sleep-keep-gib", type=float)
+    p.add_argument("--sleep-leak-gib", type=float, default=0.0)
     p.add_argument("--spam", action="store_true")
     p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)

@@ -16,6 +16,7 @@ import dataclasses
 import sys
 
 from vsup.answers import SleepResult
+from vsup.journalevents import phase_words
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,9 +85,9 @@ def describe(action: str, result: SleepResult) -> str:
         return "\n".join([*group, describe("wake", dataclasses.replace(result, group_slept=()))])
     if action == "swap":
         slept, woke = result.slept or SleepResult(), result.woke or SleepResult()
-        return "\n".join(
-            [describe("sleep", slept), describe("wake", woke), f"swap took {result.took_s} s"]
-        )
+        steps = phase_words(result.phases)
+        took = f"swap took {result.took_s} s" + (f" ({steps})" if steps else "")
+        return "\n".join([describe("sleep", slept), describe("wake", woke), took])
     name = result.instance or "?"
     if result.already:
         return f"{name}: already {'asleep' if action == 'sleep' else 'awake'}"

@@ -19,6 +19,7 @@ from vsup.snapshot import (
     GpuStatus,
     InstanceStatus,
     RouterStatus,
+    SleepStatus,
 )
 from vsup.states import ExitReason, PullState, SleepState, State
 
@@ -380,8 +381,11 @@ def sleep_trouble(inst: InstanceStatus) -> list[Advice]:
     the GPU memory held (seen on some ROCm builds): the swap group's other members cannot use
     that memory, and a wake that failed leaves the model unserved."""
     sleep = inst.sleep
+    grows = []
+    if sleep is not None and (sleep.kept_growth_bytes or 0) >= KEPT_GROWTH_ADVICE_BYTES:
+        grows.append(kept_grows(inst, sleep))
     if sleep is None or not sleep.error:
-        return []
+        return grows
     if sleep.error.startswith("wake failed"):
         todo = (
             f"`vsup logs {inst.name}` says why; `vsup wake {inst.name}` tries again, and "
@@ -399,14 +403,37 @@ def sleep_trouble(inst: InstanceStatus) -> list[Advice]:
         todo = f"it stays awake and serving; `vsup logs {inst.name}` says why"
         severity = "warning"
     return [
+        *grows,
         Advice(
             kind="sleep_failed",
             severity=severity,
             instance=inst.name,
             gpu=inst.gpus[0] if inst.gpus else None,
             message=f"{inst.name}: {sleep.error}. {todo}.",
-        )
+        ),
     ]
+
+
+# A sleeper that keeps this much more after a sleep than after its first (docs/sleep.md,
+# "What sleep leaves behind": a known vLLM failure, memory a sleep does not give back).
+KEPT_GROWTH_ADVICE_BYTES = GiB
+
+
+def kept_grows(inst: InstanceStatus, sleep: SleepStatus) -> Advice:
+    grown = (sleep.kept_growth_bytes or 0) / GiB
+    kept = sleep.kept_bytes[-1] / GiB if sleep.kept_bytes else 0.0
+    return Advice(
+        kind="sleep_kept_grows",
+        severity="warning",
+        instance=inst.name,
+        gpu=inst.gpus[0] if inst.gpus else None,
+        message=(
+            f"{inst.name} keeps {kept:.1f} GiB of GPU memory asleep, {grown:.1f} GiB more than "
+            f"after its first sleep ({len(sleep.kept_bytes)} sleeps): vLLM does not give it all "
+            f"back. `vsup restart {inst.name}` in a quiet moment frees it, or "
+            "`sleep.recycle_growth_gib` in the layout does it when it sleeps"
+        ),
+    )
 
 
 def foreign_processes(gpu: GpuStatus) -> list[Advice]:

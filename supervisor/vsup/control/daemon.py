@@ -85,12 +85,14 @@ from vsup.snapshot import (
     NodeInfo,
     RolloutStatus,
     RouterStatus,
+    SleepStatus,
     StatusSnapshot,
     SupervisorInfo,
     empty_instance,
 )
-from vsup.states import SERVING, ExitReason, RolloutState, State
+from vsup.states import SERVING, ExitReason, RolloutState, SleepState, State
 from vsup.telemetry.gpu import node_facts
+from vsup.telemetry.hbm import InstanceRef
 
 log = logging.getLogger("vsup.daemon")
 
@@ -221,6 +223,8 @@ class Daemon:
         self.engine.router.exclude = self._excluded
         self.engine.sleeper.weights_of = self._weights_of
         self.engine.sleeper.engine_requests = self._engine_requests
+        self.engine.sleeper.gpu_held_now = self._gpu_held_now
+        self.engine.sleeper.gpu_memory_now = self.monitor.gpu_memory_now
         # a scrape asks /health with /metrics: the engine's check of that second
         self.monitor.on_health = self.engine.health_answered
 
@@ -290,6 +294,14 @@ class Daemon:
         if m is None or m.requests_running is None:
             return None
         return m.requests_running + (m.requests_waiting or 0)
+
+    async def _gpu_held_now(self, name: str) -> int | None:
+        """What an instance holds on its GPUs, read from the driver now (a sleep's release)."""
+        inst = self.engine.instances.get(name)
+        if inst is None or inst.pid is None or not inst.spec.gpus:
+            return None
+        ref = InstanceRef(name, inst.pid, tuple(inst.spec.gpus), inst.pgid)
+        return await self.monitor.hbm_now(ref)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -654,6 +666,8 @@ class Daemon:
             after = self.engine.instances[name].spec.sleep
             why = f"idle for {after.after_idle_s:g} s (sleep.after_idle_s)" if after else "idle"
             self.spawn(self._sleep_quietly(name, why), f"idle sleep {name}")
+        for name in sleeper.recycle_due():  # sleep.recycle_growth_gib
+            self.spawn(sleeper.recycle(name), f"recycle {name}")
 
     async def _sleep_quietly(self, name: str, why: str) -> None:
         try:
@@ -753,6 +767,7 @@ class Daemon:
         }
         if inst.pid is None:
             fields["hbm_bytes"] = None  # the figure of a process that is gone
+        fields.update(_sleeper_rates(fields["sleep"]))
         return empty_instance(**fields)
 
     def _advice_inputs(
@@ -856,3 +871,16 @@ def run_daemon(home: Path | None = None, poll_interval: float = 1.0) -> int:
     sock = bind_unix_socket(paths.socket_path(home))
     asyncio.run(Daemon(home, poll_interval=poll_interval).serve(sock))
     return 0
+
+
+# The rates a sleeper shows: its counters stand still while it sleeps, but a rate's window
+# (telemetry/rates.py: 10 s for tokens, 60 s for preemptions) still holds its last awake
+# seconds. Asleep it serves nothing (0); falling asleep, waking or not yet known: None.
+_SLEEPER_RATES = ("generation_tokens_per_s", "prompt_tokens_per_s", "preemptions_per_min")
+
+
+def _sleeper_rates(sleep: SleepStatus | None) -> dict[str, float | None]:
+    if sleep is None or sleep.state == SleepState.AWAKE:
+        return {}
+    value = 0.0 if sleep.state == SleepState.ASLEEP else None
+    return dict.fromkeys(_SLEEPER_RATES, value)

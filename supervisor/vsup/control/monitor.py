@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -117,6 +117,7 @@ class Monitor:
         self._canaries: dict[str, asyncio.Task[None]] = {}
         self._tracking: dict[str, bool] = {}
         self._unresolved: set[tuple[int, int]] = set()
+        self._gpu_refs: list[InstanceRef] = []  # the last GPU poll's instances (hbm_now)
         # Told `(name, run, status)` of each `/health` a scrape asked with its /metrics (on
         # the same connection, pipelined): the engine takes it for its own check that second
         # (engine/runner.py). None: scrapes do not ask /health.
@@ -342,6 +343,7 @@ class Monitor:
             samples = probe.snapshot()
             return samples, attribute(refs, samples, ProcessTable.scan())
 
+        self._gpu_refs = refs
         samples, attribution = await asyncio.to_thread(work)
         self.gpus = gpu_statuses(samples, attribution)
         self._hbm = dict(attribution.instances)
@@ -374,21 +376,43 @@ class Monitor:
                 return True
             await asyncio.sleep(GPU_RELEASE_POLL_S)
 
+    async def hbm_now(self, ref: InstanceRef) -> int | None:
+        """What instance `ref` holds on its GPUs, read from the driver now rather than the
+        last poll's sample (a sleep awaiting its release reads it every few tens of ms:
+        engine/sleep.py); the other instances of the last poll are counted as co-tenants.
+        None: no GPU, or the figures do not tell."""
+        probe = self.probe
+        if probe is None or not self.gpu_count or not ref.gpus:
+            return None
+        refs = [r for r in self._gpu_refs if r.name != ref.name] + [ref]
+
+        def work() -> Attribution:
+            return attribute(refs, probe.snapshot(), ProcessTable.scan())
+
+        figure = (await asyncio.to_thread(work)).instances.get(ref.name)
+        return figure.bytes if figure is not None else None
+
+    async def gpu_memory_now(self, gpus: tuple[int, ...]) -> list[GpuMemory] | None:
+        """`gpu_memory`, read from the driver now (a wake that evicts by memory reads the
+        free memory after each sleep: engine/sleep.py)."""
+        probe = self.probe
+        if probe is None or not self.gpu_count or not gpus:
+            return None
+        refs = list(self._gpu_refs)
+
+        def work() -> tuple[tuple[GpuSample, ...], Attribution]:
+            samples = probe.snapshot()
+            return samples, attribute(refs, samples, ProcessTable.scan())
+
+        samples, attribution = await asyncio.to_thread(work)
+        by_index = {g.index: g for g in gpu_statuses(samples, attribution)}
+        unresolved = {(u.gpu, u.pid) for u in attribution.unresolved}
+        return _memory_of(gpus, by_index, unresolved)
+
     def gpu_memory(self, gpus: tuple[int, ...]) -> list[GpuMemory] | None:
         """The GPUs' memory and who holds it, as of the last poll (the engine's
         `gpu_memory` view: engine/memory.py); None when a GPU has no figures."""
-        by_index = {g.index: g for g in self.gpus}
-        out = []
-        for index in gpus:
-            g = by_index.get(index)
-            if g is None or g.hbm_total_bytes is None or g.hbm_used_bytes is None:
-                return None
-            holders = tuple(
-                Holder(p.pid, p.hbm_bytes, p.instance, (index, p.pid) not in self._unresolved)
-                for p in g.processes
-            )
-            out.append(GpuMemory(index, g.hbm_total_bytes, g.hbm_used_bytes, holders))
-        return out
+        return _memory_of(gpus, {g.index: g for g in self.gpus}, self._unresolved)
 
     def _forget(self, name: str) -> None:
         self._tel.pop(name, None)
@@ -400,3 +424,20 @@ class Monitor:
             task = tasks.pop(name, None)
             if task is not None:
                 task.cancel()
+
+
+def _memory_of(
+    gpus: tuple[int, ...], by_index: Mapping[int, GpuStatus], unresolved: set[tuple[int, int]]
+) -> list[GpuMemory] | None:
+    """The engine's view (memory.GpuMemory) of `gpus`; None when one has no figures."""
+    out = []
+    for index in gpus:
+        g = by_index.get(index)
+        if g is None or g.hbm_total_bytes is None or g.hbm_used_bytes is None:
+            return None
+        holders = tuple(
+            Holder(p.pid, p.hbm_bytes, p.instance, (index, p.pid) not in unresolved)
+            for p in g.processes
+        )
+        out.append(GpuMemory(index, g.hbm_total_bytes, g.hbm_used_bytes, holders))
+    return out

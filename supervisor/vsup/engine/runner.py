@@ -483,10 +483,11 @@ class Runner:
 
     async def _await_group(self) -> bool:
         """Before a start: a swap-group member waits while another member's process is not
-        asleep (vLLM profiles the GPU's free memory at start; sleep.py). False when the start
-        is no longer wanted meanwhile."""
+        asleep (vLLM profiles the GPU's free memory at start; sleep.py), a member of a pool
+        (sleep mode, no group, a shared GPU) while one is to sleep first or there is no room
+        (Sleeper.gate). False when the start is no longer wanted meanwhile."""
         inst, lc, e = self.inst, self.lc, self.e
-        if e.sleeper is None or inst.spec.swap_group is None:
+        if e.sleeper is None or (inst.spec.swap_group is None and not e.sleeper.pool(inst)):
             return True
         told: str | None = None
         t0 = e.clock.monotonic()

@@ -10,7 +10,11 @@ state is kept beside the lifecycle state, never in it, and:
   the count), then `POST /sleep?level=N`, `GET /is_sleeping`, and - where the GPU telemetry sees
   its processes - its memory must be seen released (`RELEASED_FRACTION` of what it held,
   within `RELEASE_TIMEOUT_S`; a server that answers the sleep and keeps the memory, as some
-  ROCm builds do, is `asleep` with an error, and a swap does not wake the other member on it);
+  ROCm builds do, is `asleep` with an error, and a swap does not wake the other member on it).
+  Each step ends on its event, not on a timer: no settle wait after the router's removal, the
+  requests in flight read at once and every DRAIN_POLL_S only while some run, the GPU read
+  directly (`gpu_held_now`) every RELEASE_POLL_S while the release is awaited; each sleep,
+  wake and swap says its steps' seconds (`phases`);
 - a wake sends `POST /wake_up` (level 2: weights, `reload_weights`, then the KV cache), waits
   for `is_sleeping` false and one answered `max_tokens = 1` completion, then it rejoins the
   router;
@@ -20,8 +24,14 @@ state is kept beside the lifecycle state, never in it, and:
   Members meant to sleep start first and are put to sleep while they still hold their device's
   start turn; the member meant to be awake starts last. A member that dies while another is
   awake is started again when it is woken (its start waits at the gate meanwhile).
+- Eviction by memory (`pool`): sleep-mode instances on a GPU without a swap group are awake
+  together while they fit; waking one first puts the least recently used awake ones to sleep
+  (each drained first; a busy one is passed over) until its measured awake memory fits.
 - Idle sleep (`sleep.after_idle_s`): the daemon reports activity each poll (`observe`) and
   asks for the instances idle that long (`idle_due`).
+- What sleep leaves behind: each sleep's kept memory is recorded per process (`kept`); with
+  `sleep.recycle_growth_gib` a sleeper whose kept memory grew that much is restarted while it
+  sleeps (`recycle_due`, `recycle`).
 - Reconciliation: vsup's own view can be wrong when its operation was not seen to the end (a
   daemon killed during a sleep: the server finishes it alone) or when someone else used the
   dev-mode endpoints. An adopted instance starts `unknown` (out of the router; `vsup wake`
@@ -44,7 +54,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,7 +76,7 @@ from vsup.telemetry.metrics import VllmMetrics, parse_metrics
 if TYPE_CHECKING:
     from vsup.clock import Clock
     from vsup.engine.instance import Instance
-    from vsup.engine.memory import GpuMemoryView
+    from vsup.engine.memory import GpuMemory, GpuMemoryView
     from vsup.engine.stop import RequestsRunning
     from vsup.telemetry.httpget import HttpGetter
 
@@ -97,6 +107,8 @@ class SleepHost(Protocol):
         self, name: str, states: Iterable[str] = ..., timeout: float | None = None
     ) -> State: ...
 
+    async def restart(self, name: str, drain: bool = False, wait: bool = False) -> None: ...
+
 
 log = logging.getLogger("vsup.engine")
 
@@ -107,7 +119,14 @@ ANSWER_TIMEOUT_S = 120.0  # the first completion after a wake
 # (seen on an H200: 1.7 of 64.6 GiB kept, 2.6%) within RELEASE_TIMEOUT_S.
 RELEASED_FRACTION = 0.25
 RELEASE_TIMEOUT_S = 30.0
-RELEASE_POLL_S = 0.25
+# While a release is awaited the GPU is read directly (NVML/amdsmi through the daemon's probe,
+# `gpu_held_now`) this often, not through the telemetry's once-a-second sample.
+RELEASE_POLL_S = 0.05
+# A drain reads the instance's requests in flight this often (only while some run), and once
+# traffic was seen, reads idle once more this much later: the router may have sent a request
+# just before the removal that the server had not counted yet.
+DRAIN_POLL_S = 0.05
+DRAIN_SETTLE_S = 0.1
 # host RAM a level-1 sleep wants free beyond the weights themselves (pinned-buffer slack)
 HOST_RAM_MARGIN = 1.1
 HELD_WAIT_S = 3.0  # for the telemetry's first figure of a server that just became ready
@@ -118,6 +137,11 @@ RECONCILE_READ_S = 3.0
 RECONCILE_POLL_S = 1.0
 # A disagreement seen in the daemon's scrapes is checked with the server at most this often.
 DRIFT_CHECK_S = 5.0
+# Validation's limits (layout/schema.py, which the engine does not import; a unit test keeps
+# them equal): what one GPU's instances may claim together, and vLLM's default share.
+MAX_GPU_UTILIZATION_SUM = 0.95
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+KEPT_HISTORY = 20  # sleeps whose kept memory a track remembers
 # What the server's answer can be: final, or under way (asked again)
 _FINAL = (SleepState.AWAKE, SleepState.ASLEEP)
 
@@ -138,7 +162,11 @@ class SleepTrack:
     last_wake_s: float | None = None
     error: str | None = None
     held_bytes: int | None = None
-    active_at: float | None = None  # the last poll that saw work (idle sleep)
+    active_at: float | None = None  # the last poll that saw work (idle sleep, eviction order)
+    awake_bytes: int | None = None  # what it held awake, measured before its last sleep
+    # what it kept on the GPU after each sleep of this process (the latest KEPT_HISTORY)
+    kept: list[int] = field(default_factory=list)
+    recycling: bool = False  # restarted for what it kept (sleep.recycle_growth_gib), not back yet
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # reconciling with the server (see the module doc): the task, set once it first answered,
     # and when a disagreement in the scrapes was last checked
@@ -162,6 +190,13 @@ class Sleeper:
         # with the API server's /load above 0 while the engine holds nothing sleeps anyway.
         self.engine_requests: Callable[[str], Awaitable[float | None]] | None = None
         self.host_available: Callable[[], int] = _host_available
+        # What the instance's processes hold on its GPUs, read from the GPU now (the daemon's
+        # probe: NVML/amdsmi; None: not known). Without it the telemetry's latest sample.
+        self.gpu_held_now: Callable[[str], Awaitable[int | None]] | None = None
+        # The GPUs' memory read now (same probe), for eviction by memory; None: the sample.
+        self.gpu_memory_now: (
+            Callable[[tuple[int, ...]], Awaitable[Sequence[GpuMemory] | None]] | None
+        ) = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -212,11 +247,26 @@ class Sleeper:
             error=t.error,
             held_bytes=t.held_bytes if t.state == SleepState.ASLEEP else None,
             idle_sleep_in_s=idle_in,
+            kept_bytes=tuple(t.kept),
+            kept_growth_bytes=t.kept[-1] - t.kept[0] if len(t.kept) > 1 else None,
         )
 
     def members(self, group: str) -> list[Instance]:
         """The instances of swap group `group`, in layout order."""
         return [i for i in self.e.instances.values() if i.spec.swap_group == group]
+
+    def pool(self, inst: Instance) -> list[Instance]:
+        """The other sleep-mode instances without a swap group that share a GPU with `inst`
+        (itself one): awake together while their memory fits, evicted by memory (least
+        recently used first) when one wakes. Empty for anything else."""
+        if not _pooled(inst):
+            return []
+        gpus = set(inst.spec.gpus)
+        return [
+            i
+            for i in self.e.instances.values()
+            if i is not inst and _pooled(i) and gpus & set(i.spec.gpus)
+        ]
 
     def _starts_awake(self, inst: Instance) -> bool:
         """What `vsup up` leaves it as: the `start` key, else awake - except in a swap group,
@@ -226,7 +276,7 @@ class Sleeper:
             return sleep.start == "awake"
         group = inst.spec.swap_group
         if group is None:
-            return True
+            return self._fits_at_start(inst)
         members = self.members(group)
         chosen = [m for m in members if m.spec.sleep and m.spec.sleep.start == "awake"]
         if chosen:
@@ -234,14 +284,42 @@ class Sleeper:
         eligible = [m for m in members if not (m.spec.sleep and m.spec.sleep.start == "asleep")]
         return bool(eligible) and eligible[0].name == inst.name
 
+    def _fits_at_start(self, inst: Instance) -> bool:
+        """A pool member (see `pool`) starts awake when its utilization, beside the pool's
+        earlier members (layout order) that start awake and the GPU's other instances (a swap
+        group by its largest member), stays within MAX_GPU_UTILIZATION_SUM on each of its
+        GPUs; the others start asleep. Anything else starts awake."""
+        if not _pooled(inst) or not self.pool(inst):
+            return True
+        order = list(self.e.instances.values())
+        for gpu in inst.spec.gpus:
+            claim = _utilization(inst)
+            groups: dict[str, float] = {}
+            for other in order:
+                if other is inst or gpu not in other.spec.gpus:
+                    continue
+                if _pooled(other):
+                    if order.index(other) < order.index(inst) and self._starts_awake(other):
+                        claim += _utilization(other)
+                elif other.spec.swap_group is not None:
+                    g = other.spec.swap_group
+                    groups[g] = max(groups.get(g, 0.0), _utilization(other))
+                else:
+                    claim += _utilization(other)
+            if claim + sum(groups.values()) > MAX_GPU_UTILIZATION_SUM + 1e-9:
+                return False
+        return True
+
     # -- the start gate -----------------------------------------------------------------------
 
     def gate(self, inst: Instance) -> WaitReason | None:
         """What a swap-group member's start waits for (None: it may start now)."""
         group = inst.spec.swap_group
         t = self.track(inst.name)
-        if group is None or t is None:
+        if t is None:
             return None
+        if group is None:
+            return self._pool_gate(inst, t)
         for other in self.members(group):
             if other is inst:
                 continue
@@ -282,6 +360,46 @@ class Sleeper:
                 )
         return None
 
+    def _pool_gate(self, inst: Instance, t: SleepTrack) -> WaitReason | None:
+        """What a pool member's start waits for: a member that is to sleep first (started,
+        or not yet), and - when it is itself to sleep - room for its whole share beside the
+        awake members (vLLM profiles the GPU's free memory at start)."""
+        pool = self.pool(inst)
+        awake_share = _utilization(inst)
+        awake: list[str] = []
+        for other in pool:
+            ot = self.track(other.name)
+            if ot is None:
+                continue
+            if other.pid is not None and ot.state != SleepState.ASLEEP:
+                if ot.state == SleepState.FALLING_ASLEEP or (
+                    not ot.want_awake and other.state in (State.STARTING, State.READY)
+                ):
+                    return WaitReason(
+                        kind="swap_group",
+                        message=f"{other.name} is going to sleep on a GPU it shares with "
+                        f"{inst.name}",
+                        instances=(other.name,),
+                    )
+                awake.append(other.name)
+                awake_share += _utilization(other)
+            elif (
+                other.pid is None and other.control.wants_run and not ot.want_awake and t.want_awake
+            ):
+                return WaitReason(
+                    kind="swap_group",
+                    message=f"{other.name} starts first (it sleeps once ready)",
+                    instances=(other.name,),
+                )
+        if not t.want_awake and awake and awake_share > MAX_GPU_UTILIZATION_SUM + 1e-9:
+            return WaitReason(
+                kind="swap_group",
+                message=f"no room beside {', '.join(awake)} awake on its GPU; "
+                f"`vsup wake {inst.name}` puts the least recently used to sleep",
+                instances=tuple(awake),
+            )
+        return None
+
     def sleeps_after_start(self, inst: Instance) -> bool:
         """Whether an instance that just became ready is to be put to sleep now."""
         t = self.track(inst.name)
@@ -293,7 +411,9 @@ class Sleeper:
         if t is not None:
             self._set(inst, t, SleepState.AWAKE)
             t.held_bytes = None
-            t.active_at = None
+            t.active_at = self.e.clock.monotonic()  # a start is a use (eviction order)
+            t.kept.clear()  # a new process: its own sleeps
+            t.recycling = False
 
     def adopting(self, inst: Instance) -> None:
         """A process an earlier daemon left, just taken over: nothing is known of its sleep
@@ -424,6 +544,56 @@ class Sleeper:
                 out.append(name)
         return out
 
+    # -- what sleep leaves behind ---------------------------------------------------------------
+
+    def recycle_due(self) -> list[str]:
+        """Sleepers with `sleep.recycle_growth_gib` whose kept memory grew that much since
+        their process's first sleep, asleep now, whose restart can go back to sleep at once
+        (its swap group all asleep; its pool with room for its start)."""
+        return [
+            name
+            for name, inst in self.e.instances.items()
+            if (t := self._tracks.get(name)) is not None
+            and not t.lock.locked()
+            and self._recyclable(inst, t)
+        ]
+
+    def _recyclable(self, inst: Instance, t: SleepTrack) -> bool:
+        sleep = inst.spec.sleep
+        if sleep is None or sleep.recycle_growth_gib <= 0 or len(t.kept) < 2 or t.recycling:
+            return False
+        if inst.state != State.READY or inst.pid is None or t.state != SleepState.ASLEEP:
+            return False
+        if t.kept[-1] - t.kept[0] < sleep.recycle_growth_gib * 2**30:
+            return False
+        if inst.spec.swap_group is not None:
+            return all(
+                o.pid is None or (ot := self._tracks.get(o.name)) is None
+                or ot.state == SleepState.ASLEEP
+                for o in self._group_of(inst)
+            )  # fmt: skip
+        claim = _utilization(inst)
+        for other in self.pool(inst):
+            ot = self._tracks.get(other.name)
+            if other.pid is not None and (ot is None or ot.state != SleepState.ASLEEP):
+                claim += _utilization(other)
+        return claim <= MAX_GPU_UTILIZATION_SUM + 1e-9
+
+    async def recycle(self, name: str) -> bool:
+        """Restart a sleeper whose kept memory grew (see `recycle_due`); its new process goes
+        back to sleep once ready, keeping only what a first sleep keeps. False: no longer due."""
+        inst, t = self._sleep_mode(name)
+        async with t.lock:
+            if not self._recyclable(inst, t):
+                return False
+            log.info(
+                "%s: keeps %s GiB more asleep than after its first sleep: restarting it",
+                name, _gib(t.kept[-1] - t.kept[0]),
+            )  # fmt: skip
+            t.want_awake, t.recycling = False, True
+            await self.e.restart(name)
+        return True
+
     # -- operations ---------------------------------------------------------------------------
 
     async def sleep(self, name: str, level: int | None = None, why: str = "operator") -> dict:
@@ -456,6 +626,14 @@ class Sleeper:
                             f"{name} stays asleep: {other.name} must sleep first and did not "
                             f"({exc})"
                         ) from exc
+        elif self.pool(inst) and not (
+            t.state == SleepState.AWAKE and inst.pid is not None and inst.state == State.READY
+        ):
+            try:
+                slept += await self._make_room(inst, t)
+            except SleepRefused:
+                t.want_awake = False
+                raise
         async with t.lock:
             if inst.pid is None or inst.state != State.READY:
                 woke = await self._start_awake(inst, t, why)
@@ -482,8 +660,10 @@ class Sleeper:
                 back = f"; {a} did not wake again either ({again})"
             raise SleepRefused(f"{b} did not wake ({exc}){back}") from exc
         took = round(self.e.clock.monotonic() - t0, 3)
-        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took))
-        return {"slept": slept, "woke": woke, "took_s": took}
+        # the two operations' phases in order (their keys differ), plus what came between
+        phases = {**slept.get("phases", {}), **woke.get("phases", {})}
+        self.e.emit(self.e.instances[b], SwapEvent(slept=a, took_s=took, phases=phases or None))
+        return {"slept": slept, "woke": woke, "took_s": took, "phases": phases}
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -510,8 +690,102 @@ class Sleeper:
             self.on_change()
 
     def _group_of(self, inst: Instance) -> list[Instance]:
+        """Those whose start gate depends on `inst`'s sleep state: its swap group, its pool."""
         group = inst.spec.swap_group
-        return [m for m in self.members(group) if m is not inst] if group else []
+        return [m for m in self.members(group) if m is not inst] if group else self.pool(inst)
+
+    # -- eviction by memory -------------------------------------------------------------------
+
+    async def _make_room(self, inst: Instance, t: SleepTrack) -> list[dict]:
+        """Before a pool member wakes (or starts): put the pool's awake members to sleep, the
+        least recently used first, until its awake memory fits on each of its GPUs; each
+        sleep drains first (one still busy after its drain_timeout_s is skipped, awake).
+        The answers of those sleeps; SleepRefused when it cannot fit."""
+        slept: list[dict] = []
+        skipped: dict[str, str] = {}
+        while True:
+            short = await self._shortfall(inst, t)
+            if short is None:
+                return slept
+            candidates = [
+                m
+                for m in self.pool(inst)
+                if m.name not in skipped
+                and m.pid is not None
+                and m.state == State.READY
+                and (mt := self._tracks.get(m.name)) is not None
+                and mt.state == SleepState.AWAKE
+                and set(m.spec.gpus) & set(short[0])
+            ]
+            if not candidates:
+                why = "; ".join(f"{n}: {e}" for n, e in skipped.items())
+                raise SleepRefused(
+                    f"{inst.name} stays asleep: it needs {short[1]} on GPU "
+                    f"{','.join(map(str, short[0]))} and no awake instance there could be "
+                    "put to sleep" + (f" ({why})" if why else "")
+                )
+            candidates.sort(key=self._last_used)
+            victim = candidates[0]
+            try:
+                slept.append(
+                    await self.sleep(
+                        victim.name,
+                        why=f"{inst.name} wakes: least recently used, put to sleep for room",
+                    )
+                )
+            except SleepRefused as exc:
+                skipped[victim.name] = str(exc)
+
+    def _last_used(self, inst: Instance) -> float:
+        """When it last had work, woke or started (the daemon's polls: `observe`)."""
+        t = self._tracks.get(inst.name)
+        return t.active_at if t is not None and t.active_at is not None else inst.state_since
+
+    async def _shortfall(self, inst: Instance, t: SleepTrack) -> tuple[tuple[int, ...], str] | None:
+        """None when `inst` awake fits on its GPUs now; else the GPUs short and by how much
+        (words). Measured: the GPU's free memory read now against what it held awake (its
+        last sleep's figure, else its planned share); without a read of the GPU now (the
+        telemetry's sample would not show an eviction a moment ago), the pool's utilizations."""
+        gpus = tuple(inst.spec.gpus)
+        figures = await self._gpu_now(gpus)
+        if figures:
+            per_gpu = len(figures)
+            need = t.awake_bytes or self._planned_bytes(inst)
+            if need is None:
+                return None
+            # what it holds asleep comes back with the wake: only the rest is needed
+            kept = t.held_bytes if inst.pid is not None and t.held_bytes else 0
+            want = max(0, need - kept) / per_gpu
+            short = [g for g in figures if g.total_bytes - g.used_bytes < want]
+            if not short:
+                return None
+            free = min(g.total_bytes - g.used_bytes for g in short)
+            return tuple(g.index for g in short), f"{_gib(int(want))} GiB ({_gib(free)} free)"
+        claim = _utilization(inst)
+        for other in self.pool(inst):
+            ot = self._tracks.get(other.name)
+            if other.pid is not None and ot is not None and ot.state != SleepState.ASLEEP:
+                claim += _utilization(other)
+        if claim <= MAX_GPU_UTILIZATION_SUM + 1e-9:
+            return None
+        return gpus, f"{_utilization(inst):.2f} of the GPU beside the awake ({claim:.2f} in all)"
+
+    def _planned_bytes(self, inst: Instance) -> int | None:
+        util = inst.spec.gpu_memory_utilization
+        if self.e.gpu_memory is None or not inst.spec.gpus or util is None:
+            return None
+        gpus = self.e.gpu_memory(tuple(inst.spec.gpus))
+        return int(util * sum(g.total_bytes for g in gpus)) if gpus else None
+
+    async def _gpu_now(self, gpus: tuple[int, ...]) -> Sequence[GpuMemory] | None:
+        """The GPUs' memory read now (the daemon's probe); None when it cannot be read."""
+        if self.gpu_memory_now is None:
+            return None
+        try:
+            return await self.gpu_memory_now(gpus)
+        except Exception:
+            log.exception("reading GPU memory failed")
+            return None
 
     async def _sleep_locked(
         self, inst: Instance, t: SleepTrack, level: int | None, why: str
@@ -526,8 +800,9 @@ class Sleeper:
         t0 = self.e.clock.monotonic()
         before = await self._held_now(inst)
         self._set(inst, t, SleepState.FALLING_ASLEEP)
+        phases = Phases(self.e.clock.monotonic)
         try:
-            await self._fall_asleep(inst, level)
+            await self._fall_asleep(inst, level, phases)
         except SleepRefused as exc:
             t.want_awake = True
             t.error = f"sleep failed: {exc}"
@@ -536,9 +811,14 @@ class Sleeper:
             self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
             raise
         t.level = level
+        if before:
+            t.awake_bytes = before
         kept = await self._await_release(inst, self._awake_bytes(inst, before))
+        phases.mark("release_seen_s")
         took = round(self.e.clock.monotonic() - t0, 3)
         t.last_sleep_s, t.held_bytes = took, kept
+        if kept is not None:
+            t.kept = [*t.kept, kept][-KEPT_HISTORY:]
         t.error = self._release_error(inst, before, kept)
         self._set(inst, t, SleepState.ASLEEP)
         self._rejoin(name)  # its sleep state keeps it out of the router until it is awake
@@ -551,11 +831,18 @@ class Sleeper:
                 held_before=before,
                 held_after=kept,
                 error=t.error,
+                phases=phases.done,
             ),
         )
         if t.error is not None:
             raise SleepRefused(f"{name} is {t.error}")
-        return {"instance": name, "level": level, "took_s": took, "held_bytes": kept}
+        return {
+            "instance": name,
+            "level": level,
+            "took_s": took,
+            "held_bytes": kept,
+            "phases": phases.done,
+        }
 
     def _check_sleepable(self, inst: Instance, t: SleepTrack, level: int, why: str) -> None:
         """SleepRefused unless `inst` can go to sleep at `level` now (level 1: host RAM for
@@ -574,11 +861,15 @@ class Sleeper:
                 self.e.emit(inst, SleepFailedEvent(level=level, why=why, error=str(exc)))
                 raise
 
-    async def _fall_asleep(self, inst: Instance, level: int) -> None:
-        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not."""
+    async def _fall_asleep(self, inst: Instance, level: int, phases: Phases) -> None:
+        """Out of the router, drained, then vLLM's /sleep; SleepRefused when it could not.
+        No settle wait after the removal: the drain reads what is in flight at once, and
+        only when something is does it wait (see `_drain`)."""
         name = inst.name
-        await self.e.router.leave(name, settle=True)
+        await self.e.router.leave(name)
+        phases.mark("leave_router_s")
         drained, waited, left = await self._drain(inst)
+        phases.mark("drain_s")
         if drained is False and await self._engine_idle(inst):
             # /load counts requests the engine does not hold: ones still in the API
             # server's hands (the paused scheduler keeps them for the wake) or a count
@@ -599,6 +890,7 @@ class Sleeper:
         await self._post(inst, f"/sleep?level={level}&mode=wait", SLEEP_TIMEOUT_S)
         if await self._is_sleeping(inst) is False:
             raise SleepRefused(f"{name} answered the sleep but says it is not sleeping")
+        phases.mark("sleep_call_s")
 
     def _release_error(self, inst: Instance, before: int | None, kept: int | None) -> str | None:
         """Why an instance that went to sleep is not really asleep: its memory stayed held."""
@@ -617,6 +909,7 @@ class Sleeper:
             return {"instance": name, "already": True}
         t0 = self.e.clock.monotonic()
         self._set(inst, t, SleepState.WAKING)
+        phases = Phases(self.e.clock.monotonic)
         try:
             if t.level == 2:
                 await self._post(inst, "/wake_up?tags=weights", WAKE_TIMEOUT_S)
@@ -631,7 +924,9 @@ class Sleeper:
                 await self._post(inst, "/wake_up", WAKE_TIMEOUT_S)
             if await self._is_sleeping(inst):
                 raise SleepRefused(f"{name} answered the wake but says it is still sleeping")
+            phases.mark("wake_call_s")
             await self._answers(inst)
+            phases.mark("first_answer_s")
         except SleepRefused as exc:
             t.error = f"wake failed: {exc}"
             sleeping = await self._is_sleeping(inst)
@@ -645,8 +940,12 @@ class Sleeper:
         self._set(inst, t, SleepState.AWAKE)
         self._rejoin(name)
         joined = await self.e.router.joined(name)
-        self.e.emit(inst, WakeEvent(why=why, took_s=took, level=t.level, in_router=joined))
-        return {"instance": name, "took_s": took}
+        phases.mark("rejoin_s")
+        self.e.emit(
+            inst,
+            WakeEvent(why=why, took_s=took, level=t.level, in_router=joined, phases=phases.done),
+        )
+        return {"instance": name, "took_s": took, "phases": phases.done}
 
     async def _start_awake(self, inst: Instance, t: SleepTrack, why: str) -> dict:
         """Waking a member with no ready process: it starts (cold), awake."""
@@ -697,9 +996,24 @@ class Sleeper:
                 return await health.server_load(client, spec.base_url)
 
             load = read
-        drained, waited, _first = await stop.drain(
-            self.e.requests_running, inst.name, spec.drain_timeout_s, server_load=load
+        requests = self.e.requests_running
+        t0 = time.monotonic()
+        drained, waited, first = await stop.drain(
+            requests, inst.name, spec.drain_timeout_s, poll_s=DRAIN_POLL_S, server_load=load
         )
+        # traffic was there: the router may have sent one more just before the removal that
+        # the server had not counted yet - idle once more a moment later, else drain on
+        while drained and first is not None and first > 0:
+            await asyncio.sleep(DRAIN_SETTLE_S)
+            again = await stop._in_flight(requests, inst.name, load)
+            waited = time.monotonic() - t0
+            if not again or again <= 0:
+                break
+            left_s = max(0.0, spec.drain_timeout_s - waited)
+            drained, _w, first = await stop.drain(
+                requests, inst.name, left_s, poll_s=DRAIN_POLL_S, server_load=load
+            )
+            waited = time.monotonic() - t0
         left = 0.0
         if drained is False:
             left = float(await stop._in_flight(self.e.requests_running, inst.name, load) or 0)
@@ -737,6 +1051,9 @@ class Sleeper:
         """What the instance holds before its sleep: the telemetry polls once a second, so a
         server that just became ready (a member put to sleep after its start) may not be in
         its figures yet - wait for them up to HELD_WAIT_S where GPU telemetry runs."""
+        fresh = await self._held_fresh(inst)
+        if fresh is not None:
+            return fresh
         held = self._held(inst)
         if held is not None or self.e.gpu_memory is None or not inst.spec.gpus:
             return held
@@ -753,13 +1070,29 @@ class Sleeper:
         if before is None:
             return None
         deadline = time.monotonic() + RELEASE_TIMEOUT_S
-        held = self._held(inst)
+        held = await self._held_direct(inst)
         while held is not None and held > before * RELEASED_FRACTION:
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(RELEASE_POLL_S)
-            held = self._held(inst)
+            held = await self._held_direct(inst)
         return held
+
+    async def _held_fresh(self, inst: Instance) -> int | None:
+        """What the instance holds, read from the GPU now (None: no direct read, or it says
+        nothing of this instance)."""
+        if self.gpu_held_now is None or not inst.spec.gpus or inst.pid is None:
+            return None
+        try:
+            return await self.gpu_held_now(inst.name)
+        except Exception:  # a driver surprise: the telemetry's sample decides
+            log.exception("%s: reading its GPU memory failed", inst.name)
+            return None
+
+    async def _held_direct(self, inst: Instance) -> int | None:
+        """The GPU's figure now where it can be read, else the telemetry's latest sample."""
+        fresh = await self._held_fresh(inst)
+        return fresh if fresh is not None else self._held(inst)
 
     def _headers(self, inst: Instance) -> dict[str, str]:
         import os
@@ -808,6 +1141,31 @@ class Sleeper:
             raise SleepRefused(f"no completion after the wake: {exc}") from exc
         if resp.status != 200:
             raise SleepRefused(f"the first completion after the wake answered HTTP {resp.status}")
+
+
+class Phases:
+    """Where an operation's time goes: each `mark(name)` records the seconds since the
+    previous mark (or the start); `done` the marks so far, in order."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._last = now()
+        self.done: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.done[name] = round(now - self._last, 3)
+        self._last = now
+
+
+def _pooled(inst: Instance) -> bool:
+    """A sleep-mode instance on GPUs without a swap group: evicted by memory (`pool`)."""
+    return inst.spec.sleep is not None and inst.spec.swap_group is None and bool(inst.spec.gpus)
+
+
+def _utilization(inst: Instance) -> float:
+    util = inst.spec.gpu_memory_utilization
+    return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util is None else util
 
 
 def _host_available() -> int:

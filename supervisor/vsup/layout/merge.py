@@ -179,6 +179,7 @@ _SLEEP_TYPES: dict[str, Callable[[Any], bool]] = {
     "after_idle_s": is_number,
     "start": lambda v: isinstance(v, str),
     "public_dev_mode": lambda v: isinstance(v, bool),
+    "recycle_growth_gib": is_number,
 }
 _RESTART_TYPES: dict[str, Callable[[Any], bool]] = {
     "policy": lambda v: isinstance(v, str),

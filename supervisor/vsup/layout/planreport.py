@@ -274,6 +274,12 @@ def _used_bytes(share: GpuShare, tenants: Sequence[InstanceBudget], mem: int) ->
     for group in share.groups:
         used += max(budget[t.name] for t in group.members)
         used += int(group.sleepers * group.reserve * mem)
+    pool = share.pool
+    if pool is not None and pool.evicts:  # the largest awake, the others asleep
+        used += max(budget[t.name] for t in pool.members)
+        used += int((len(pool.members) - 1) * pool.reserve * mem)
+    elif pool is not None:
+        used += sum(budget[t.name] for t in pool.members)
     return used
 
 

@@ -86,6 +86,7 @@ def sleep_spec(table: dict[str, Any] | None) -> SleepSpec | None:
         after_idle_s=float(table.get("after_idle_s", SleepSpec.after_idle_s)),
         start=table.get("start"),
         public_dev_mode=bool(table.get("public_dev_mode", False)),
+        recycle_growth_gib=float(table.get("recycle_growth_gib", 0.0)),
     )
 
 

@@ -213,6 +213,13 @@ SLEEP_KEYS: dict[str, Key] = {
             "bool",
             "accept vLLM's dev-mode endpoints (/sleep, /collective_rpc) on a non-loopback host",
         ),
+        Key(
+            "recycle_growth_gib",
+            "number",
+            "restart it while it sleeps once what it keeps asleep grew this many GiB since its "
+            "first sleep (0: never, the default)",
+            _not_negative,
+        ),
     )
 }
 

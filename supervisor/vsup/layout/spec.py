@@ -71,12 +71,15 @@ class SleepSpec:
     long with no request. `start`: whether `vsup up` leaves it awake or asleep once ready (None:
     awake, except in a swap group, where only the group's first member in layout order starts
     awake). `public_dev_mode`: the layout accepts vLLM's dev-mode endpoints on a host other
-    than loopback (refused otherwise)."""
+    than loopback (refused otherwise). `recycle_growth_gib` > 0: once what it keeps asleep grew
+    that much since its process's first sleep, vsup restarts it while it sleeps (docs/sleep.md,
+    "What sleep leaves behind")."""
 
     level: int = 1
     after_idle_s: float = 0.0
     start: str | None = None
     public_dev_mode: bool = False
+    recycle_growth_gib: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ awake, the others sleep (docs/layout.md, docs/sleep.md). So one GPU's memory is 
     solo instances        their gpu_memory_utilization, summed (as without groups)
     each swap group       its largest member's utilization (whichever is awake)
                           + a remainder per sleeper: SLEEPER_RESERVE_BYTES of the GPU
+    the pool              the sleep-mode instances in no swap group: awake together while
+                          their memory fits, put to sleep by memory (least recently used
+                          first) when one wakes; at least its largest member awake + a
+                          remainder per sleeper, at most their sum (all awake)
 
 and the sum must stay at or below MAX_GPU_UTILIZATION_SUM, as for solo instances. vLLM checks
 at start and at wake that the GPU's free memory covers the awake member's whole share, so the
@@ -82,16 +86,41 @@ class GroupShare:
 
 
 @dataclass(frozen=True)
+class PoolShare:
+    """The sleep-mode instances of one GPU in no swap group: what must fit is the largest
+    awake with the others asleep, or all of them awake when that is less."""
+
+    members: tuple[Tenant, ...]
+    reserve: float
+
+    @property
+    def largest(self) -> float:
+        return max(t.utilization for t in self.members)
+
+    @property
+    def evicts(self) -> bool:
+        """Whether they cannot all be awake at once: a wake puts others to sleep."""
+        return self.total < sum(t.utilization for t in self.members)
+
+    @property
+    def total(self) -> float:
+        together = sum(t.utilization for t in self.members)
+        return min(together, self.largest + (len(self.members) - 1) * self.reserve)
+
+
+@dataclass(frozen=True)
 class GpuShare:
     """What one GPU's tenants claim together."""
 
     gpu: int
     solo: tuple[Tenant, ...]
     groups: tuple[GroupShare, ...]
+    pool: PoolShare | None = None
 
     @property
     def total(self) -> float:
-        return sum(t.utilization for t in self.solo) + sum(g.total for g in self.groups)
+        pool = self.pool.total if self.pool is not None else 0.0
+        return sum(t.utilization for t in self.solo) + sum(g.total for g in self.groups) + pool
 
     def describe(self) -> str:
         """'a' 0.45, swap group g0 ('b', 'c') 0.90 + 1 sleeper x 0.014"""
@@ -105,6 +134,16 @@ class GpuShare:
                 f"swap group {g.group} ({names}) {g.largest:g} for the one awake + "
                 f"{_plural(g.sleepers, 'sleeper')} x {g.reserve:.3f}"
             )
+        if self.pool is not None:
+            p = self.pool
+            names = ", ".join(f"'{t.name}' {t.utilization:g}" for t in p.members)
+            if p.evicts:
+                parts.append(
+                    f"sleep mode without a swap group ({names}): {p.largest:g} for the largest "
+                    f"awake + {_plural(len(p.members) - 1, 'sleeper')} x {p.reserve:.3f}"
+                )
+            else:
+                parts.append(names)
         return ", ".join(parts)
 
 
@@ -120,12 +159,15 @@ def gpu_shares(tenants: Iterable[Tenant], gpu_memory_bytes: int | None) -> list[
     reserve = reserve_share(gpu_memory_bytes)
     solo: dict[int, list[Tenant]] = {}
     grouped: dict[int, dict[str, list[Tenant]]] = {}
+    pooled: dict[int, list[Tenant]] = {}
     for t in tenants:
         for g in dict.fromkeys(t.gpus):
-            if t.swap_group is None:
-                solo.setdefault(g, []).append(t)
-            else:
+            if t.swap_group is not None:
                 grouped.setdefault(g, {}).setdefault(t.swap_group, []).append(t)
+            elif t.sleep_level is not None:
+                pooled.setdefault(g, []).append(t)
+            else:
+                solo.setdefault(g, []).append(t)
     return [
         GpuShare(
             g,
@@ -134,8 +176,9 @@ def gpu_shares(tenants: Iterable[Tenant], gpu_memory_bytes: int | None) -> list[
                 GroupShare(name, tuple(members), reserve)
                 for name, members in grouped.get(g, {}).items()
             ),
+            PoolShare(tuple(pooled[g]), reserve) if g in pooled else None,
         )
-        for g in sorted(set(solo) | set(grouped))
+        for g in sorted(set(solo) | set(grouped) | set(pooled))
     ]
 
 

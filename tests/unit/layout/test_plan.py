@@ -346,7 +346,7 @@ def time_shared(llama8b, **kw) -> PlanRequest:
     return PlanRequest(**{**base, **kw})
 
 
-def test_a_swap_group_of_two_at_090_on_one_gpu_fits_and_without_the_group_does_not(llama8b):
+def test_a_swap_group_of_two_at_090_on_one_gpu_fits_and_without_sleep_mode_does_not(llama8b):
     plan = make_plan(time_shared(llama8b))
     assert plan.ok, plan.problems
     tables = plan.layout.instances
@@ -373,9 +373,15 @@ def test_a_swap_group_of_two_at_090_on_one_gpu_fits_and_without_the_group_does_n
     )
     errors = [d for d in validate(plan.layout, node=target, profile_dirs=[CONFIGS]) if d.is_error]
     assert errors == []
-    # the same instances without their swap groups: 1.80 of each GPU, refused
+    # without their swap groups they still sleep: evicted by memory, the largest awake with
+    # the other asleep fits
     for t in tables:
         del t["swap_group"]
+    errors = [d for d in validate(plan.layout, node=target, profile_dirs=[CONFIGS]) if d.is_error]
+    assert errors == []
+    # without sleep mode either: 1.80 of each GPU, refused
+    for t in tables:
+        del t["sleep"]
     errors = [d for d in validate(plan.layout, node=target, profile_dirs=[CONFIGS]) if d.is_error]
     named = {name for d in errors for name in (d.instance, *d.others)}
     assert named == {"gpu0a", "gpu0b", "gpu1a", "gpu1b"}

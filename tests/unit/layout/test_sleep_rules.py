@@ -88,9 +88,12 @@ def none_say(diagnostics: list[Diagnostic], words: str) -> None:
     assert not [d for d in diagnostics if words in d.message], [d.format() for d in diagnostics]
 
 
-def test_a_group_of_two_at_090_on_one_gpu_validates_and_without_the_group_does_not():
+def test_a_group_of_two_at_090_on_one_gpu_validates_and_without_sleep_mode_does_not():
     assert check(GROUP) == []
-    alone = check(GROUP.replace('swap_group = "g0"\n', ""))
+    # no group, still sleep mode: evicted by memory (one awake, the other asleep, fits)
+    pooled = GROUP.replace('swap_group = "g0"\n', "")
+    assert [d for d in check(pooled) if d.is_error] == []
+    alone = check(edit(pooled, "sleep = { level = 1 }\n", ""))
     errors = [d for d in alone if d.is_error]
     assert {d.instance for d in errors} == {"a", "b"}
     assert all("GPU 0 is over-committed" in d.message and "1.80" in d.message for d in errors)

@@ -83,7 +83,8 @@ def gpu_overcommitted(ctx: Context) -> list[Diagnostic]:
         total = share.total
         if total <= MAX_GPU_UTILIZATION_SUM + 1e-9:
             continue
-        count = len(share.solo) + len(share.groups)
+        pool = share.pool.members if share.pool is not None else ()
+        count = len(share.solo) + len(share.groups) + len(pool)
         each = math.floor(MAX_GPU_UTILIZATION_SUM * 100 / count) / 100
         fix = f"(e.g. {each:g} each) or move an instance"
         if share.groups:
@@ -93,7 +94,7 @@ def gpu_overcommitted(ctx: Context) -> list[Diagnostic]:
             )
             if share.solo:
                 fix += ", or put the others into the swap group"
-        tenants = [*share.solo, *(t for g in share.groups for t in g.members)]
+        tenants = [*share.solo, *(t for g in share.groups for t in g.members), *pool]
         for t in tenants:
             out.append(
                 origin_diag(

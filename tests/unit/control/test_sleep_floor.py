@@ -208,10 +208,15 @@ async def test_what_each_sleep_keeps_is_recorded_its_growth_advised_and_recycled
 def test_the_sleep_line_says_how_much_more_it_keeps() -> None:
     from vsup.sleepview import detail_line
     from vsup.snapshot import SleepStatus
+    from vsup.states import SleepState
 
     kept = (int(1.7 * GiB), int(2.7 * GiB), int(3.7 * GiB))
     s = SleepStatus(
-        state="asleep", level=1, held_bytes=kept[-1], kept_bytes=kept, kept_growth_bytes=2 * GiB
+        state=SleepState.ASLEEP,
+        level=1,
+        held_bytes=kept[-1],
+        kept_bytes=kept,
+        kept_growth_bytes=2 * GiB,
     )
     line = detail_line(s)
     assert "keeps 3.7 GiB of GPU memory · kept +2.0 GiB since its first sleep (3 sleeps)" in line

@@ -97,7 +97,11 @@ def kept(old: Any, new: Any, where: str = "") -> list[str]:
                 problems += kept(old[k], new[k], f"{where}.{k}")
         return problems
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [p for n, (a, b) in enumerate(zip(old, new)) for p in kept(a, b, f"{where}[{n}]")]
+        return [
+            p
+            for n, (a, b) in enumerate(zip(old, new, strict=True))
+            for p in kept(a, b, f"{where}[{n}]")
+        ]
     return [] if old == new and type(old) is type(new) else [f"{where}: {old!r} -> {new!r}"]
 
 

@@ -771,6 +771,44 @@ class RouterWorkersEvent(JournalEvent):
         return "workers: " + ("; ".join(parts) or "unchanged") + why
 
 
+@_kind
+@dataclass(frozen=True, kw_only=True)
+class HoldWakeEvent(JournalEvent):
+    """Wake on request: requests for a model none of whose instances is awake are held while
+    vsup wakes `woke` (router/holder.py)."""
+
+    KIND: ClassVar[str] = "hold_wake"
+    model: str | None
+    woke: str | None
+    held: int | None
+
+    def words(self, urls: Urls) -> str:
+        return f"{self.held} request(s) for {self.model} held: waking {self.woke}"
+
+
+@_kind
+@dataclass(frozen=True, kw_only=True)
+class HoldEndEvent(JournalEvent):
+    """A wake on request ended: what became of the requests held for it."""
+
+    KIND: ClassVar[str] = "hold_end"
+    model: str | None
+    woke: str | None
+    took_s: float | None
+    forwarded: int | None = None  # sent on to the woken vLLM
+    timed_out: int | None = None  # answered 503 after hold_s
+    dropped: int | None = None  # their clients went away
+    failed: int | None = None  # answered 503: the wake failed
+    full: int | None = None  # answered 503 at once: hold_queue were held
+    error: str | None = None
+
+    def words(self, urls: Urls) -> str:
+        counts = ("forwarded", "timed_out", "dropped", "failed", "full")
+        parts = [f"{getattr(self, k)} {k.replace('_', ' ')}" for k in counts if getattr(self, k)]
+        end = f"wake failed: {self.error}" if self.error else f"awake in {seconds(self.took_s)}"
+        return f"{self.model} ({self.woke}) {end}; held requests: {', '.join(parts) or 'none'}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ForeignEvent(JournalEvent):
     """Someone else changed the router's workers; vsup undid it."""

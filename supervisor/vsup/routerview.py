@@ -51,6 +51,13 @@ def router_line(router: RouterStatus | Mapping[str, Any] | None) -> str | None:
         f"router {r.endpoint} {r.state} · {_rate(r.requests_per_s)} req/s · "
         f"{_rate(r.errors_per_s)} err/s · workers: {worker_marks(r)}"
     )
+    holding = [h for h in r.holders if h.in_router or h.held]
+    if holding:
+        # wake on request: the models whose holder stands in now, and what it holds
+        line += " · holding: " + ", ".join(
+            f"{printable(h.model)} {h.held} held" + (" (waking)" if h.waking else "")
+            for h in holding
+        )
     if r.error:
         line += f" · {r.error[:120]}"
     if r.state == State.FAILED and r.failed_why:

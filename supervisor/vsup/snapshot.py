@@ -719,6 +719,26 @@ class RouterRemovedWorker:
 
 
 @dataclass(frozen=True)
+class RouterHolder:
+    """Wake on request (router/holder.py): the router's worker for a model none of whose
+    instances is awake; it holds requests while vsup wakes one. Counts are since the daemon
+    started."""
+
+    model: str
+    url: str | None = None
+    in_router: bool | None = None  # standing in for the model now
+    held: int = 0  # requests held now
+    waking: bool = False
+    total: int = 0
+    forwarded: int = 0
+    timed_out: int = 0
+    dropped: int = 0
+    failed: int = 0
+    full: int = 0
+    error: str | None = None  # why the last held request was refused
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """The layout's vllm-router (status JSON's `router`; engine/routing.py, docs/router.md)."""
 
@@ -746,6 +766,8 @@ class RouterStatus:
     workers: tuple[RouterWorker, ...] = ()
     foreign_workers: tuple[RouterForeignWorker, ...] = ()
     removed_workers: tuple[RouterRemovedWorker, ...] = ()
+    held: int = 0  # requests held for a wake now (all models; `holders` has each)
+    holders: tuple[RouterHolder, ...] = ()
 
 
 @dataclass(frozen=True)

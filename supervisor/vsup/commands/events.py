@@ -167,7 +167,12 @@ def first_seq(client: Client, since_wall: float | None) -> int:
 def worker_names(client: Client) -> dict[str, str]:
     """Router worker URL -> instance name, from the status (events hold URLs)."""
     router = client.json.status().get("router") or {}
-    return {w["url"]: w["name"] for w in router.get("workers") or () if w.get("url")}
+    names = {w["url"]: w["name"] for w in router.get("workers") or () if w.get("url")}
+    # wake on request: a holder stands in for a sleeping model (docs/sleep.md)
+    names.update(
+        {h["url"]: f"hold {h['model']}" for h in router.get("holders") or () if h.get("url")}
+    )
+    return names
 
 
 def show(

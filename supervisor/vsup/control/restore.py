@@ -243,6 +243,8 @@ def _restore_router(
         daemon.report_problem("state_file", f"router: {exc}")
         return
     router = daemon.engine.router
+    # this daemon's holders (wake on request) listen elsewhere: the old ones are vsup's own
+    router.retired.update(str(u) for u in doc.get("holders") or ())
     if record is not None and before_boot(record.create_time, booted):
         router.register(spec, run=record.run, restarts=record.restarts)
         daemon.journal.append(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -49,11 +50,14 @@ from vsup.engine.runlog import RunLogs
 from vsup.engine.runner import Runner
 from vsup.engine.scheduler import DeviceScheduler
 from vsup.engine.settings import EngineSettings
+from vsup.engine.sleep import SleepRefused
 from vsup.engine.states import IDLE, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.journalevents import (
     ActionEvent,
     ForeignEvent,
+    HoldEndEvent,
+    HoldWakeEvent,
     JournalEvent,
     RouterForeignWorkerEvent,
     RouterWorkerRemovedEvent,
@@ -74,8 +78,16 @@ from vsup.router import (
     RouterMetrics,
     RouterSpec,
 )
+from vsup.router.holder import HoldCounts, Holder
 from vsup.router.peers import other_users
-from vsup.snapshot import RouterForeignWorker, RouterRemovedWorker, RouterStatus, RouterWorker
+from vsup.snapshot import (
+    RouterForeignWorker,
+    RouterHolder,
+    RouterRemovedWorker,
+    RouterStatus,
+    RouterWorker,
+)
+from vsup.states import SleepState
 from vsup.telemetry.httpget import HttpError
 
 log = logging.getLogger("vsup.engine")
@@ -277,6 +289,13 @@ class RouterSupervisor:
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
+        # wake on request (router/holder.py): model -> the endpoint that stands in for it in the
+        # router while none of its instances is awake; and the wake each one asked for last
+        self.holders: dict[str, Holder] = {}
+        self._woke: dict[str, tuple[str, float]] = {}
+        # holder URLs that are no longer (closed, or a previous daemon's: restore.py): removed
+        # from the router like a foreign worker, but quietly (vsup put them there)
+        self.retired: set[str] = set()
 
     # -- events -----------------------------------------------------------------------------
 
@@ -317,9 +336,9 @@ class RouterSupervisor:
         old = self.spec
         self.spec = spec
         self.membership = (
-            self.membership.with_workers(spec.workers)
+            self.membership.with_workers(spec.workers, spec.models)
             if self.membership is not None
-            else RouterMembership(spec.workers)
+            else RouterMembership(spec.workers, spec.models)
         )
         if self.inst is None:
             self._new(spec)
@@ -355,7 +374,7 @@ class RouterSupervisor:
         must still match). False when it is gone: it is registered stopped, its exit
         classified; start it (or apply)."""
         self.spec = spec
-        self.membership = RouterMembership(spec.workers)
+        self.membership = RouterMembership(spec.workers, spec.models)
         inst = self._new(spec)
         if not take_over(self._host, inst, record):
             return False
@@ -365,7 +384,7 @@ class RouterSupervisor:
     def register(self, spec: RouterSpec, run: int = 0, restarts: int = 0) -> None:
         """Know a router without a process (a state file's stopped one); nothing starts."""
         self.spec = spec
-        self.membership = RouterMembership(spec.workers)
+        self.membership = RouterMembership(spec.workers, spec.models)
         inst = self._new(spec)
         inst.lifecycle.run = run
         inst.lifecycle.restarts = restarts
@@ -415,6 +434,9 @@ class RouterSupervisor:
         if self.client is not None:
             await self.client.aclose()
             self.client = None
+        for holder in self.holders.values():
+            await holder.aclose()
+        self.holders.clear()
 
     # -- membership -------------------------------------------------------------------------
 
@@ -439,6 +461,7 @@ class RouterSupervisor:
                 # the watch may have taken it out already (it follows `desired` too): then
                 # the removal is journaled once, by it
                 already = self.in_router is not None and url not in self.in_router
+                await self._stand_in_for(name)
                 await self.client.remove_worker(url)
                 self._placed.discard(url)
         except (RouterError, TimeoutError) as exc:
@@ -452,6 +475,22 @@ class RouterSupervisor:
             self.emit(RouterWorkersEvent(add=[], remove=[url], why=f"{name} leaves"))
         if settle:
             await asyncio.sleep(LEAVE_SETTLE_S)
+
+    async def _stand_in_for(self, name: str) -> None:
+        """The last awake instance of a model with a holder leaves: the holder goes in first,
+        so that no request for the model finds no worker of it. The caller holds `_lock`."""
+        assert self.client is not None and self.membership is not None
+        model = self.membership.models.get(name)
+        standin = self.membership.standins.get(model) if model is not None else None
+        if standin is None or standin not in self.membership.desired(self.states()):
+            return
+        if self.in_router is not None and standin in self.in_router:
+            return
+        await self.client.add_worker(standin)
+        self._placed.add(standin)
+        if self.in_router is not None:
+            self.in_router = [*self.in_router, standin]
+        self.emit(RouterWorkersEvent(add=[standin], remove=[], why=f"{name} leaves: hold {model}"))
 
     async def joined(self, name: str, timeout_s: float = JOIN_TIMEOUT_S) -> bool:
         """Wait until the router routes to `name` again (a rollout's next wave waits for it);
@@ -505,6 +544,7 @@ class RouterSupervisor:
         # the put-backs in flight first (the list it reads then holds them), without the lock:
         # the watch reads on meanwhile
         await self._put_back_done()
+        await self._ensure_holders()
         async with self._lock:
             await self._sync(await self.client.list_workers())
         self.last_error = None
@@ -518,7 +558,7 @@ class RouterSupervisor:
         holds `_lock`. Raises RouterError; what was done before is recorded all the same."""
         assert self.client is not None and self.membership is not None
         states = self.states()
-        foreign = self.membership.foreign(listed)
+        foreign = tuple(u for u in self.membership.foreign(listed) if u not in self.retired)
         putting = set(self._putting)
         taken = self.membership.taken(states, self._placed | putting, listed)
         change = self.membership.plan(states, listed)
@@ -556,9 +596,13 @@ class RouterSupervisor:
     async def _change(self, change: MembershipChange, removed: list[str], added: list[str]) -> None:
         """Remove then add workers; `removed` and `added` get what was done (on an error too)."""
         assert self.client is not None
+        # a holder leaves only once its model's instance is in (a model with no worker gets
+        # another model's: vllm-router's gateway mode falls back to any worker)
+        standins = set(self.membership.standins.values()) if self.membership else set()
         for url in change.remove:
-            await self.client.remove_worker(url)
-            removed.append(url)
+            if url not in standins:
+                await self.client.remove_worker(url)
+                removed.append(url)
         # at once: each add waits for the worker's /health, slow on a busy CPU server
         client = self.client
         results = await asyncio.gather(
@@ -568,6 +612,10 @@ class RouterSupervisor:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
+        for url in change.remove:
+            if url in standins:
+                await self.client.remove_worker(url)
+                removed.append(url)
 
     def _synced(
         self,
@@ -685,6 +733,135 @@ class RouterSupervisor:
             self.membership.desired(self.states())
         ):
             self.wake()  # drift (a stalled flag changed, a member added by hand)
+
+    # -- wake on request ---------------------------------------------------------------------
+
+    def _holder_models(self) -> dict[str, tuple[str, ...]]:
+        """The models that get a holder: those with a sleep-mode member (model -> the other
+        names its requests may give: the `model` values of its instances)."""
+        assert self.spec is not None
+        out: dict[str, tuple[str, ...]] = {}
+        for name in self.spec.workers:
+            inst = self.e.instances.get(name)
+            # (no model known: a spec an older vsup saved, until the layout is applied again)
+            model = self.spec.models.get(name)
+            if inst is None or inst.spec.sleep is None or model is None:
+                continue
+            out[model] = tuple(dict.fromkeys((*out.get(model, ()), inst.spec.model)))
+        return out
+
+    async def _ensure_holders(self) -> None:
+        """One holder per model with a sleep-mode member, listening; the membership's
+        stand-ins follow."""
+        if self.spec is None or self.membership is None:
+            return
+        want = self._holder_models()
+        for model in [m for m in self.holders if m not in want]:
+            old = self.holders.pop(model)
+            if old.port:
+                self.retired.add(old.url)
+            await old.aclose()
+        for model, names in want.items():
+            holder = self.holders.get(model)
+            if holder is None:
+                holder = Holder(
+                    model,
+                    functools.partial(self._wake_for, model),
+                    self.spec.hold_s,
+                    self.spec.hold_queue,
+                    names=names,
+                    on_change=self.e.notify,
+                    on_end=functools.partial(self._hold_ended, model),
+                )
+                await holder.start()
+                self.holders[model] = holder
+            else:
+                holder.set_bounds(self.spec.hold_s, self.spec.hold_queue)
+        self.membership.standins = {m: h.url for m, h in self.holders.items()}
+
+    async def _wake_for(self, model: str) -> str:
+        """A held request's wake: the worker URL of an instance of `model` once one is awake
+        (waking it, as `vsup wake` does: in a swap group the awake member sleeps first).
+        Raises with the reason when none can be."""
+        spec, membership = self.spec, self.membership
+        sleeper = self.e.sleeper
+        if spec is None or membership is None or sleeper is None:
+            raise RuntimeError("the router's layout changed")
+        names = [n for n, m in spec.models.items() if m == model and n in membership.workers]
+        desired = set(membership.desired(self.states()))
+        for name in names:
+            if membership.workers[name] in desired:
+                return membership.workers[name]  # awake meanwhile
+
+        def rank(name: str) -> tuple[int, int]:
+            inst = self.e.instances.get(name)
+            t = sleeper.track(name)
+            assert inst is not None and t is not None
+            order = {
+                SleepState.WAKING: 0,
+                SleepState.ASLEEP: 1,
+                SleepState.UNKNOWN: 2,
+                SleepState.FALLING_ASLEEP: 3,
+            }
+            running = inst.pid is not None and inst.state == State.READY
+            # a running one first (a wake takes seconds, a start minutes)
+            return (0 if running else 1, order.get(t.state, 4))
+
+        sleepers = [n for n in names if n in self.e.instances and sleeper.track(n) is not None]
+        candidates = sorted(sleepers, key=rank)
+        if not candidates:
+            raise RuntimeError(f"no instance of {model} uses sleep mode")
+        pick = candidates[0]
+        holder = self.holders.get(model)
+        held = holder.queue.counts.held if holder is not None else 0
+        self._woke[model] = (pick, self.e.clock.monotonic())
+        self.emit(HoldWakeEvent(model=model, woke=pick, held=held))
+        try:
+            await sleeper.wake(pick, why=f"a request for {model} (wake on request)")
+        except SleepRefused as exc:
+            raise RuntimeError(f"{pick}: {exc}") from exc
+        return membership.workers[pick]
+
+    def _hold_ended(self, model: str, counts: HoldCounts, error: str | None) -> None:
+        woke = self._woke.pop(model, None)
+        if woke is None:
+            return  # no wake: an instance was awake when asked
+        took = round(self.e.clock.monotonic() - woke[1], 3)
+        self.emit(
+            HoldEndEvent(
+                model=model,
+                woke=woke[0],
+                took_s=took,
+                forwarded=counts.forwarded,
+                timed_out=counts.timed_out,
+                dropped=counts.dropped,
+                failed=counts.failed,
+                full=counts.full,
+                error=error,
+            )
+        )
+
+    def _holders_status(self) -> tuple[RouterHolder, ...]:
+        out = []
+        for model, h in self.holders.items():
+            c = h.queue.counts
+            out.append(
+                RouterHolder(
+                    model=model,
+                    url=h.url if h.port else None,
+                    in_router=h.url in self.in_router if self.in_router is not None else None,
+                    held=c.held,
+                    waking=h.queue.waking,
+                    total=c.total,
+                    forwarded=c.forwarded,
+                    timed_out=c.timed_out,
+                    dropped=c.dropped,
+                    failed=c.failed,
+                    full=c.full,
+                    error=h.last_error,
+                )
+            )
+        return tuple(out)
 
     # -- worker changes vsup did not make ------------------------------------------------
 
@@ -870,6 +1047,8 @@ class RouterSupervisor:
             workers=self._workers_status(spec),
             foreign_workers=self._foreign_status(),
             removed_workers=self._removed_status(),
+            held=sum(h.queue.counts.held for h in self.holders.values()),
+            holders=self._holders_status(),
         )
 
     def _foreign_status(self) -> tuple[RouterForeignWorker, ...]:
@@ -936,6 +1115,8 @@ class RouterSupervisor:
             "run": self.inst.run,
             "restarts": self.inst.restarts,
             "process": rec.to_json() if rec is not None else None,
+            # wake on request: the next daemon's holders have other ports; these it removes
+            "holders": [h.url for h in self.holders.values() if h.port],
         }
 
     # -- internals --------------------------------------------------------------------------

@@ -33,6 +33,10 @@ DENSE_RETRIES: dict[str, Any] = {
     "retry-max-backoff-ms": 4,
     "retry-backoff-multiplier": 1.0,
 }
+# Wake on request (docs/sleep.md): how long a request for a sleeping model is held at most, and
+# how many are held per model at once.
+HOLD_S = 60.0
+HOLD_QUEUE = 256
 # A stopped router finishes the requests it is running (its port closes at once) for at most
 # this long, then vsup kills it: a restart's gap includes that wait (docs/router.md).
 ROUTER_STOP_GRACE_S = 10.0
@@ -58,6 +62,18 @@ class RouterSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     # instance name -> the worker URL the router reaches it at, for the instances it routes to
     workers: Mapping[str, str] = field(default_factory=dict)
+    # instance name -> the model its requests name (its served name): several models make the
+    # router an inference gateway (`--enable-igw`: each request goes to its model's workers)
+    models: Mapping[str, str] = field(default_factory=dict)
+    # wake on request (router/holder.py): a held request waits at most hold_s, at most
+    # hold_queue are held per model
+    hold_s: float = HOLD_S
+    hold_queue: int = HOLD_QUEUE
+
+    @property
+    def igw(self) -> bool:
+        """Whether its workers serve several models (vllm-router's inference-gateway mode)."""
+        return len(set(self.models.values())) > 1
 
     @property
     def listens_everywhere(self) -> bool:
@@ -96,6 +112,8 @@ class RouterSpec:
             "--prometheus-port",
             str(self.metrics_port),
         ]
+        if self.igw:
+            argv.append("--enable-igw")
         args: dict[str, Any] = {
             "worker-startup-check-interval": STARTUP_CHECK_INTERVAL_S,
             "worker-startup-timeout-secs": STARTUP_TIMEOUT_S,
@@ -122,6 +140,9 @@ class RouterSpec:
             "env": dict(self.env),
             "restart": asdict(self.restart),
             "workers": dict(self.workers),
+            "models": dict(self.models),
+            "hold_s": self.hold_s,
+            "hold_queue": self.hold_queue,
         }
 
     @classmethod
@@ -139,6 +160,9 @@ class RouterSpec:
                 env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
                 restart=RestartPolicy(**(doc.get("restart") or {})),
                 workers={str(k): str(v) for k, v in (doc.get("workers") or {}).items()},
+                models={str(k): str(v) for k, v in (doc.get("models") or {}).items()},
+                hold_s=float(doc.get("hold_s", HOLD_S)),
+                hold_queue=int(doc.get("hold_queue", HOLD_QUEUE)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
@@ -148,7 +172,9 @@ class RouterSpec:
     def same_process(self, other: RouterSpec) -> bool:
         """Whether `other` runs the same router process (only the workers may differ: those
         change through the worker API, never by a restart)."""
-        return replace(self, workers={}) == replace(other, workers={})
+        mine = replace(self, workers={}, models={}, hold_s=HOLD_S, hold_queue=HOLD_QUEUE)
+        theirs = replace(other, workers={}, models={}, hold_s=HOLD_S, hold_queue=HOLD_QUEUE)
+        return mine == theirs and self.igw == other.igw
 
 
 def router_spec(layout: Layout, specs: Sequence[InstanceSpec]) -> RouterSpec | None:
@@ -173,4 +199,7 @@ def router_spec(layout: Layout, specs: Sequence[InstanceSpec]) -> RouterSpec | N
         env={k: str(v) for k, v in values.get("env", {}).items()},
         restart=restart,
         workers={s.name: s.base_url for s in members},
+        models={s.name: s.client_model_name for s in members},
+        hold_s=float(values.get("hold_s", HOLD_S)),
+        hold_queue=int(values.get("hold_queue", HOLD_QUEUE)),
     )

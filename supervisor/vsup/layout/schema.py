@@ -392,6 +392,7 @@ ROUTER_ARGS_OWNED_BY_KEYS = {
     "prometheus-port": "metrics_port",
     "prometheus-host": "host",
     "worker-urls": "(the instances: vsup lists them)",
+    "enable-igw": "(instances of several models: vsup sets it)",
 }
 
 
@@ -417,6 +418,18 @@ ROUTER_KEYS: dict[str, Key] = {
         Key("args", "table", "more vllm-router flags: retry-max-retries = 3"),
         Key("env", "env_table", "environment variables for the router"),
         Key("restart", "restart", "restart policy table"),
+        Key(
+            "hold_s",
+            "number",
+            "wake on request: how long a request for a sleeping model is held at most",
+            _positive,
+        ),
+        Key(
+            "hold_queue",
+            "int",
+            "wake on request: how many requests are held at most per model",
+            _at_least_one,
+        ),
     )
 }
 ROUTER_DEFAULTS: dict[str, Any] = {

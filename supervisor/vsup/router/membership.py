@@ -82,24 +82,40 @@ class MembershipChange:
 
 
 class RouterMembership:
-    """The worker set for one router. `workers` maps instance name -> worker URL."""
+    """The worker set for one router. `workers` maps instance name -> worker URL, `models`
+    instance name -> the model it serves (what requests name), `standins` model -> the URL of
+    its holder (router/holder.py: wake on request), for the models that have one."""
 
-    def __init__(self, workers: Mapping[str, str]):
+    def __init__(
+        self,
+        workers: Mapping[str, str],
+        models: Mapping[str, str] | None = None,
+        standins: Mapping[str, str] | None = None,
+    ):
         self.workers = dict(workers)
+        self.models = dict(models or {})
+        self.standins = dict(standins or {})
         self._leaving: set[str] = set()
 
-    def with_workers(self, workers: Mapping[str, str]) -> RouterMembership:
+    def with_workers(
+        self, workers: Mapping[str, str], models: Mapping[str, str] | None = None
+    ) -> RouterMembership:
         """The same membership over a new layout's members (instances still leaving stay out)."""
-        new = RouterMembership(workers)
+        new = RouterMembership(workers, models, self.standins)
         new._leaving = {n for n in self._leaving if n in new.workers}
         return new
 
     def desired(self, states: Mapping[str, str]) -> list[str]:
-        """URLs of the member instances that are ready and not leaving, in layout order."""
-        return [
-            url
-            for name, url in self.workers.items()
+        """URLs of the member instances that are ready and not leaving, in layout order; then,
+        for each model with a holder and none of those, its holder."""
+        ready = [
+            name
+            for name in self.workers
             if states.get(name) == State.READY and name not in self._leaving
+        ]
+        served = {self.models.get(n) for n in ready}
+        return [self.workers[n] for n in ready] + [
+            url for model, url in self.standins.items() if model not in served
         ]
 
     def plan(self, states: Mapping[str, str], current: Iterable[str]) -> MembershipChange:
@@ -116,7 +132,7 @@ class RouterMembership:
     def foreign(self, urls: Iterable[str]) -> tuple[str, ...]:
         """The URLs in `urls` that are no member's: workers someone else added through the
         router's API (which has no authentication), to be removed at once."""
-        mine = set(self.workers.values())
+        mine = set(self.workers.values()) | set(self.standins.values())
         return tuple(u for u in dict.fromkeys(urls) if u not in mine)
 
     def taken(
@@ -129,7 +145,10 @@ class RouterMembership:
         return tuple(u for u in self.desired(states) if u in placed and u not in have)
 
     def name_of(self, url: str) -> str | None:
-        return next((n for n, u in self.workers.items() if u == url), None)
+        name = next((n for n, u in self.workers.items() if u == url), None)
+        if name is None:
+            name = next((f"hold:{m}" for m, u in self.standins.items() if u == url), None)
+        return name
 
     def leave(self, name: str) -> str | None:
         """Mark `name` as leaving (a drain, stop or restart is about to start): it stays out

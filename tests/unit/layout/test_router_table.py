@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vsup.layout.model import dumps_layout, loads_layout
@@ -57,6 +59,11 @@ def test_a_router_with_its_own_ports_validates():
         ('port = 8080\nargs = { api-key = "x" }', "args.api-key", "shows in ps"),
         ("port = 8080\nweight = 2", "weight", "unknown key"),
         ('port = 8080\nmodel = "org/other"', "model", "no instance serves model 'org/other'"),
+        ("port = 8080\nhold_s = 0", "hold_s", "must be greater than 0"),
+        ('port = 8080\nhold_s = "long"', "hold_s", "number"),
+        ("port = 8080\nhold_queue = 0", "hold_queue", "must be 1 or more"),
+        ("port = 8080\nhold_queue = 2.5", "hold_queue", "int"),
+        ("port = 8080\nargs = { enable-igw = true }", "args.enable-igw", "vsup sets"),
     ],
 )
 def test_router_mistakes_are_errors_naming_the_key(router, key, words):
@@ -72,12 +79,27 @@ def test_router_metrics_port_clashing_with_the_exporter_is_an_error():
     assert "metrics exporter" in found[0].message
 
 
-def test_a_router_over_two_models_must_pick_one():
+def test_a_router_over_two_models_serves_both_or_the_one_it_names():
+    """Instances of several models behind one router: vllm-router's gateway mode sends each
+    request to its model's instances (docs/router.md, "Several models")."""
+    from vsup.router import router_spec
+
     text = BASE.replace("port = 8001\n", 'port = 8001\nmodel = "org/other"\n')
-    found = errors(text + "\n[router]\nport = 8080\n")
-    assert [d.key for d in found] == ["model"]
-    assert "2 models" in found[0].message
+    assert errors(text + "\n[router]\nport = 8080\n") == []
+    layout = loads_layout(text + "\n[router]\nport = 8080\n")
+    spec = router_spec(layout, layout.resolve())
+    assert spec.models == {"g0": "org/model", "g1": "org/other"} and spec.igw
+    assert "--enable-igw" in spec.argv()
     assert errors(text + '\n[router]\nport = 8080\nmodel = "org/other"\n') == []
+    layout = loads_layout(text + '\n[router]\nport = 8080\nmodel = "org/other"\n')
+    one = router_spec(layout, layout.resolve())
+    assert not one.igw and "--enable-igw" not in one.argv() and list(one.workers) == ["g1"]
+    # the mode is the router's process: switching it restarts the router
+    base = loads_layout(BASE + "\n[router]\nport = 8080\n")
+    single = router_spec(base, base.resolve())
+    assert single is not None and spec is not None
+    assert not single.igw and not spec.same_process(single)
+    assert single.same_process(dataclasses.replace(single, hold_s=5.0, hold_queue=3))
 
 
 def test_router_must_be_a_table():

@@ -53,3 +53,32 @@ def test_the_dashboard_header_names_the_endpoint_and_a_router_that_does_not_serv
         replace(snap, router=as_router({**ROUTER, "state": "backoff"})), False, True
     ).plain
     assert "http://node7:8080 backoff" in down
+
+
+def test_the_line_says_which_models_are_held_for_and_how_many_requests_wait():
+    holders = [
+        {"model": "mb", "in_router": True, "held": 3, "waking": True},
+        {"model": "mc", "in_router": True, "held": 0},
+        {"model": "ma", "in_router": False, "held": 0},
+    ]
+    line = router_line({**ROUTER, "held": 3, "holders": holders})
+    assert line is not None
+    assert line.endswith("· holding: mb 3 held (waking), mc 0 held"), line
+
+
+def test_events_name_a_holder_by_the_model_it_holds_for():
+    from types import SimpleNamespace
+
+    from vsup.commands.events import worker_names
+
+    status = {
+        "router": {
+            "workers": [{"name": "a", "url": "http://127.0.0.1:8000"}],
+            "holders": [{"model": "mb", "url": "http://127.0.0.1:41491"}, {"model": "mc"}],
+        }
+    }
+    client = SimpleNamespace(json=SimpleNamespace(status=lambda: status))
+    assert worker_names(client) == {  # type: ignore[arg-type]
+        "http://127.0.0.1:8000": "a",
+        "http://127.0.0.1:41491": "hold mb",
+    }

@@ -70,35 +70,23 @@ def router_ports(ctx: Context) -> list[Diagnostic]:
 
 
 def router_models(ctx: Context) -> list[Diagnostic]:
-    """vllm-router's regular mode sends any request to any worker: its workers must serve one
-    model. Several models need one router per model (`model` picks the instances)."""
+    """`model` must name a model an instance serves. Without it the router fronts every
+    instance; instances of several models make it an inference gateway (vllm-router's
+    `--enable-igw`): each request goes to the instances of the model it names."""
     router = ctx.layout.router
     if router is None:
         return []
     # each instance's model as written, and the name its clients ask for (served-model-name):
-    # `model` may give either; the instances it picks must answer to one name
+    # `model` may give either
     named: list[tuple[str, str]] = []
     for m in ctx.merged:
         model = m.values.get("model")
         if isinstance(model, str):
             named.append((model, served_name(m.args) or model))
     wanted = router.get("model")
-    if isinstance(wanted, str):
-        if named and not any(wanted in n for n in named):
-            shown = ", ".join(f"'{x}'" for x in sorted({x for n in named for x in n}))
-            return [_diag(ctx, f"no instance serves model '{wanted}': use one of {shown}", "model")]
-        named = [n for n in named if wanted in n]
-    models = {asked for _, asked in named}
-    if len(models) > 1:
-        shown = ", ".join(f"'{x}'" for x in sorted(models))
-        return [
-            _diag(
-                ctx,
-                f"the instances serve {len(models)} models ({shown}) and the router would send "
-                "any request to any of them: set model = one of them",
-                "model",
-            )
-        ]
+    if isinstance(wanted, str) and named and not any(wanted in n for n in named):
+        shown = ", ".join(f"'{x}'" for x in sorted({x for n in named for x in n}))
+        return [_diag(ctx, f"no instance serves model '{wanted}': use one of {shown}", "model")]
     return []
 
 

@@ -5,6 +5,7 @@ SIGTERM-deaf process, a dying engine answering 503) in a fraction of a second.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -63,7 +64,7 @@ async def test_child_gets_argv_env_session_and_log_as_specified(
     try:
         eng: Engine = engine()
         spec = emulator_spec("a", api_key_env="VSUP_TEST_SECRET")
-        spec = type(spec)(**{**spec.__dict__, "command": ("python", spec.command[1])})
+        spec = dataclasses.replace(spec, command=("python", spec.command[1]))
         await eng.apply([spec])
         assert await eng.wait("a", ("ready", "failed"), timeout=20) == "ready"
         inst = eng.instances["a"]
@@ -505,8 +506,8 @@ async def test_apply_restarts_changed_updates_policy_and_removes_missing(
     await eng.apply([a, b, c], wait=True)
     pid_a, pid_b = eng.instances["a"].pid, eng.instances["b"].pid
 
-    a2 = type(a)(**{**a.__dict__, "args": {"ready-after": "0.1"}})
-    b2 = type(b)(**{**b.__dict__, "restart": RestartPolicy(max_failures=9)})
+    a2 = dataclasses.replace(a, args={"ready-after": "0.1"})
+    b2 = dataclasses.replace(b, restart=RestartPolicy(max_failures=9))
     d = emulator_spec("d", gpus=(0,))
     plan = eng.diff([a2, b2, d])
     assert plan.to_json() == {

@@ -212,6 +212,10 @@ def test_one_instance_vs_two_side_by_side_and_the_original_comes_back(node, tmp_
             assert inst["telemetry"]["preemptions"] == 0
             assert inst["telemetry"]["died"] is None
     assert one["ratio_to_first"] == 1.0 and two["ratio_to_first"] > 0
+    # one client process per instance for the whole bench: layout two's cpu0 client ran in
+    # the process of layout one's (no second vLLM import); cpu1's is new
+    assert [i["client"]["reused_process"] for i in one["instances"]] == [False]
+    assert [i["client"]["reused_process"] for i in two["instances"]] == [True, False]
     assert doc["vllm_version"] and doc["workload"]["num_prompts"] == 16
     assert doc["restore"] == {"outcome": "restored", "layout": "orig"}
     # the table on stdout, a column per layout

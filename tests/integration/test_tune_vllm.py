@@ -163,6 +163,8 @@ def test_the_slo_rules_one_out_and_the_best_layout_is_written_valid(node, tmp_pa
     (client,) = good["clients"]
     assert client["seed"] == 0 and client["equivalent"].startswith("vllm bench serve ")
     assert "--num-prompts 8" in client["equivalent"] and "--num-warmups 1" in client["command"]
+    # its last step ran in the client process of the search's first step: vLLM imported once
+    assert client["reused_process"] is True
     assert any("small sample" in w for w in doc["warnings"])
     assert doc["restore"] == {"outcome": "restored", "layout": "orig"}
     assert not doc["interrupted"] and doc["vllm_version"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vsup.bench import results as res
 from vsup.bench.client import (
+    ClientPool,
     ClientRun,
     client_argv,
     client_env,
@@ -107,6 +108,9 @@ class BenchRunner:
     publisher: ProgressPublisher | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
     _clients: list[ClientRun] = field(default_factory=list)
+    # the client processes, kept from one layout (or tune step) to the next: vLLM is imported
+    # once per instance, not once per run; `close_clients` ends them
+    pool: ClientPool = field(default_factory=ClientPool)
     _sampler: Sampler | None = None
     _applied: str | None = None  # the last layout this bench applied
     # signals, output and the layout lease (bench/guard.py); its `restoring` lets a restore
@@ -156,6 +160,7 @@ class BenchRunner:
             self._abort_current()
         finally:
             self.progress.clear()
+            self.close_clients()
             try:
                 restore = self.restore(original)
             finally:
@@ -286,7 +291,8 @@ class BenchRunner:
         self._phase("warming", requests_total=sum(c.total for c in self._clients), **where)
         with self.guard.deferred() if self.guard is not None else contextlib.nullcontext():
             for c in self._clients:
-                c.start()  # an interrupt waits: a client half started would be left running
+                # an interrupt waits: a client half started would be left running
+                self.pool.start(c)
         started = self._barrier(tag)
         for c in self._clients:
             if c not in started:
@@ -369,6 +375,7 @@ class BenchRunner:
             log_path=folder / f"{_safe(spec.name)}.log",
             result_path=folder / f"{_safe(spec.name)}.json",
             total=share,
+            flags=flags,
         )
         return c, {
             "python": py.python,
@@ -468,6 +475,10 @@ class BenchRunner:
             run["outcome"] = "partial"
         else:
             run["outcome"] = "ok"
+
+    def close_clients(self) -> None:
+        """End the client processes kept for the next run (the bench or the search is over)."""
+        self.pool.close()
 
     def _abort_current(self) -> None:
         for c in self._clients:
@@ -603,6 +614,7 @@ def _client_result(c: ClientRun, rec: dict[str, Any], problems: list[str]) -> di
     result = c.result() if c.poll() == 0 else None
     rec["client"]["exit_code"] = c.poll()
     rec["client"]["vllm_version"] = c.vllm_version
+    rec["client"]["reused_process"] = c.reused  # no vLLM import: an earlier run's process
     rec["client"]["started_at"] = c.started_at
     rec["client"]["ended_at"] = c.ended_at
     if result is None:

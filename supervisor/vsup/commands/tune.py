@@ -348,6 +348,7 @@ def _tune_guarded(
             # from here on a signal only says to wait: the original must come back
             runner.restoring = True
             runner.progress.clear()
+            runner.close_clients()
             doc = _report(tune, progress, result, original, out_dir, started_at, interrupted)
             restore = _restore(tune, runner, doc, original, cand_paths, interrupted)
         if doc is None:

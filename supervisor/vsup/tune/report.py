@@ -148,6 +148,7 @@ def _measured(rung_steps: list[Step], slo: Slo | None) -> dict[str, Any]:
                 "seed": i.get("seed"),
                 "command": (i.get("client") or {}).get("command"),
                 "equivalent": (i.get("client") or {}).get("equivalent"),
+                "reused_process": (i.get("client") or {}).get("reused_process"),
             }
             for i in rung_steps[-1].result.get("instances", ())
         ],

@@ -118,6 +118,7 @@ class DaemonService:
             rolling=rolling,
             max_unavailable=compiled.rollout.max_unavailable,
             drain_timeout_s=compiled.rollout.drain_timeout_s,
+            canary=compiled.rollout.canary,
         )
         return {**applied.to_json(), "router": router_action}
 

@@ -317,6 +317,7 @@ ALERT_KINDS = (
     "stalled",
     "router_foreign_worker",
     "router_worker_removed",
+    "canary_rolled_back",
 )
 SEVERITIES = ("info", "warning", "critical")
 

@@ -125,6 +125,16 @@ def test_a_canary_inside_the_others_spread_passes_even_over_the_ratio():
     assert decide("gpu3", canary, others, GATE).decision == Decision.PASS
 
 
+def test_one_slow_first_request_in_a_small_window_is_not_a_regression():
+    # a fresh server's first request: 30 requests, one of them 1.5 s; p99 is that one
+    slow = window(29, 100, 20)
+    ttft = hist(TTFT_BOUNDS, [0.1] * 29 + [1.5])
+    canary = Window(60, 30, 0, ttft, slow.itl)
+    v = decide("c", canary, {"o": window(30, 100, 20)}, GATE)
+    assert v.decision == Decision.PASS, v.reason
+    assert v.figures["p99_ttft_ms"][0] > 1000  # reported, not judged
+
+
 def test_tiny_latencies_never_fail_on_the_ratio_alone():
     # 3x slower, but 6 ms vs 2 ms: under min_delta_ms
     v = decide("c", window(300, 6, 1), {"o": window(300, 2, 1)}, GATE)

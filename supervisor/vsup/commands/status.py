@@ -187,7 +187,7 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
         line = (
             f"ROLLOUT wave {r.wave}/{r.waves}: watching canary {', '.join(r.canary) or names} "
             f"for {r.canary_s:g} s "
-            f"beside {', '.join(r.pending) or '-'} (old config)"
+            f"beside {', '.join(r.pending) or '-'} (old config) · `vsup rollout promote|abort`"
         )
         return [_p(line)]
     if r.state == RolloutState.ROLLED_BACK:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlencode
 
 from vsup.engine.canary import CANARY_NAMES, Decision, Reading, Verdict, Window, decide
@@ -27,8 +27,23 @@ from vsup.engine.states import State
 from vsup.layout.spec import CanarySettings
 
 if TYPE_CHECKING:
-    from vsup.engine.engine import Engine
+    from vsup.clock import Clock
+    from vsup.engine.health import HttpGetter
     from vsup.engine.rollout import Rollout
+
+
+class Engine(Protocol):
+    """What the watch uses of the engine (engine.py; no import of it: no cycle)."""
+
+    clock: Clock
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    def http_client(self) -> HttpGetter: ...
+
+    async def until(self, predicate: Callable[[], bool]) -> None: ...
+
 
 _PATH = "/metrics/?" + urlencode([("name[]", n) for n in CANARY_NAMES])
 READ_TIMEOUT_S = 5.0

@@ -197,12 +197,15 @@ class Rollout:
         try:
             names = tuple(str(n) for n in doc["names"])
             drain = doc.get("drain_timeout_s")
+            # the record keeps the count asked for; a journal event (`to_json`) the wave
+            canary = doc.get("canary") or 0
+            canary = len(canary) if isinstance(canary, list) else int(canary)
             r = cls(
                 names,
                 int(doc.get("max_unavailable", 1)),
                 None if drain is None else float(drain),
                 doc.get("started_at"),
-                canary=int(doc.get("canary") or 0),
+                canary=canary,
                 canary_s=float(doc.get("canary_s") or 0.0),
             )
             r.canary_state = doc.get("canary_state")

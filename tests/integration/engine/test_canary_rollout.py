@@ -46,6 +46,9 @@ def test_the_canary_is_the_first_wave_and_one_instance_stays_old():
     back = Rollout.from_record({**r.to_record(), "canary_state": "watching"})
     assert back.canaries == ("a",) and back.canary_s == 30 and back.canary_state == "watching"
     assert back.to_json()["canary"] == ["a"]
+    # a later daemon may rebuild it from the journal's `rollout` event (to_json) instead
+    from_event = Rollout.from_record({**back.to_json(), "done": []})
+    assert from_event.canaries == ("a",) and from_event.waves == back.waves
 
 
 async def test_no_evidence_with_fail_rolls_the_canary_back_and_the_others_never_move(

@@ -64,7 +64,10 @@ def test_status_says_the_watch_and_the_rollback_in_words():
         canary_state="watching",
     )
     (line,) = rollout_lines(watching)
-    assert line == "ROLLOUT wave 1/2: watching canary r0 for 60 s beside r1 (old config)"
+    assert line == (
+        "ROLLOUT wave 1/2: watching canary r0 for 60 s beside r1 (old config) · "
+        "`vsup rollout promote|abort`"
+    )
     assert rollout_lines(rolled_back()) == [
         f"ROLLOUT ROLLED BACK at its canary: {WHY}",
         "  on the old config: r0, r1",

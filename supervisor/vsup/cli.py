@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "logs": "vsup.commands.logs",
     "events": "vsup.commands.events",
     "save": "vsup.commands.save",
+    "rollout": "vsup.commands.rollout",
     "probe": "vsup.commands.probe",
     "down": "vsup.commands.down",
     "bench": "vsup.commands.bench",

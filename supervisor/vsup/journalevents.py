@@ -913,14 +913,40 @@ class RolloutEvent(JournalEvent):
     old_config: list[str] | None
     drain_timeout_s: float | None
     interrupted_at: str | None
+    canary: list[str] | None = None
+    canary_s: float | None = None
+    canary_state: str | None = None
+    verdict: str | None = None
 
     def words(self, urls: Urls) -> str:
+        if self.state == RolloutState.ROLLED_BACK:
+            return f"rollout rolled back at its canary: {self.failure}"
         head = f"rollout {self.state}: wave {self.wave}/{self.waves}, {self.done}/{self.total} done"
         if self.state == RolloutState.RUNNING and self.current:
             head += f", restarting {', '.join(self.current)}"
         if self.failure:
             head += f": {self.failure}"
         return head
+
+
+@_kind
+@dataclass(frozen=True, kw_only=True)
+class CanaryEvent(JournalEvent):
+    """A canary's gate has decided (docs/canary.md; engine/canary.py): `decision` pass | fail |
+    insufficient, `reason` its words with the figures, `action` what the rollout does now
+    (continue | roll_back), `figures` as data (canary first, the old instances second)."""
+
+    KIND: ClassVar[str] = "canary"
+    instances: list[str] | None
+    decision: str | None
+    reason: str | None
+    action: str | None
+    watched_s: float | None
+    figures: dict[str, Any] | None = None
+
+    def words(self, urls: Urls) -> str:
+        then = "rolled back" if self.action == "roll_back" else "the rollout goes on"
+        return f"{self.reason}; {then}"
 
 
 # -- pulls of hub models (control/pulls.py) --------------------------------------------------

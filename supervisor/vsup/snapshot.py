@@ -670,6 +670,12 @@ class RolloutStatus:
     old_config: tuple[str, ...] = ()
     drain_timeout_s: float | None = None  # None: each instance's own
     interrupted_at: str | None = None  # when the next daemon found it unfinished
+    # a canary (docs/canary.md): its instances (the first wave), how long it is watched,
+    # watching | passed | failed (None: no canary, or not yet ready), and the gate's words
+    canary: tuple[str, ...] = ()
+    canary_s: float = 0.0
+    canary_state: str | None = None
+    verdict: str | None = None
 
     @property
     def active(self) -> bool:

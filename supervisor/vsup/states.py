@@ -66,6 +66,7 @@ class RolloutState(StrEnum):
     SUPERSEDED = "superseded"  # another apply replaced it (its pending instances were re-planned)
     CANCELLED = "cancelled"  # the engine shut down
     INTERRUPTED = "interrupted"  # its daemon ended (killed) before it did; found by the next one
+    ROLLED_BACK = "rolled_back"  # its canary failed the gate and went back to the old spec
 
 
 class PullState(StrEnum):

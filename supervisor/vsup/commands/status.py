@@ -183,6 +183,18 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
     if r is None:
         return []
     names = ", ".join(r.current) or "-"
+    if r.state == RolloutState.RUNNING and r.canary_state == "watching":
+        line = (
+            f"ROLLOUT wave {r.wave}/{r.waves}: watching canary {', '.join(r.canary) or names} "
+            f"for {r.canary_s:g} s "
+            f"beside {', '.join(r.pending) or '-'} (old config) · `vsup rollout promote|abort`"
+        )
+        return [_p(line)]
+    if r.state == RolloutState.ROLLED_BACK:
+        return [
+            _p(f"ROLLOUT ROLLED BACK at its canary: {r.failure or '?'}"),
+            _p(f"  on the old config: {', '.join(r.old_config) or '-'}"),
+        ]
     if r.state == RolloutState.RUNNING:
         line = f"ROLLOUT wave {r.wave}/{r.waves}: restarting {names} · {r.done}/{r.total} done"
         if r.pending:

@@ -20,9 +20,9 @@ on a terminal vsup asks; without one it refuses (exit 3, `EXIT_NOT_CONFIRMED`) a
 nothing, unless `--yes`. This is what keeps a half-written or empty layout from silently
 stopping the instances it leaves out. `--dry-run` prints the plan and changes nothing.
 
-Exit status (`exits.py`): 0 done; 1 an instance failed, the rollout failed or --wait timed
-out; 2 the layout is not valid; 3 not confirmed (no terminal and no --yes, or the answer was
-no).
+Exit status (`exits.py`): 0 done; 1 an instance failed, the rollout failed (or its canary was
+rolled back) or --wait timed out; 2 the layout is not valid; 3 not confirmed (no terminal and
+no --yes, or the answer was no).
 """
 
 from __future__ import annotations
@@ -345,10 +345,15 @@ def describe_rollout(r: RolloutStatus) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)'."""
     head = f"rollout wave {r.wave}/{r.waves}"
     if r.state == RolloutState.RUNNING:
-        doing = f"restarting {', '.join(r.current)}" if r.current else "waiting"
+        if r.canary_state == "watching":
+            doing = f"watching canary {', '.join(r.canary)} for {r.canary_s:g} s"
+        else:
+            doing = f"restarting {', '.join(r.current)}" if r.current else "waiting"
         return f"{head}: {doing} ({r.done}/{r.total} done)"
     if r.state == RolloutState.FAILED:
         return f"rollout failed: {r.failure}"
+    if r.state == RolloutState.ROLLED_BACK:
+        return f"rollout rolled back: {r.failure}"
     return f"rollout {r.state} ({r.done}/{r.total} restarted)"
 
 
@@ -372,7 +377,7 @@ def follow_rollout(
             print(line, flush=True)
             shown = line
         if r.state != RolloutState.RUNNING:
-            return 1 if r.state == RolloutState.FAILED else 0
+            return 1 if r.state in (RolloutState.FAILED, RolloutState.ROLLED_BACK) else 0
         if clock() >= deadline:
             print(f"vsup up: the rollout did not end within {timeout:.0f} s", file=sys.stderr)
             return 1

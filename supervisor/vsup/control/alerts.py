@@ -69,6 +69,7 @@ ADVICE_KINDS = {
     "stalled": "stalled",
     "router_foreign_worker": "router_foreign_worker",
     "router_worker_removed": "router_worker_removed",
+    "canary_rolled_back": "canary_rolled_back",
 }
 RESOLVED = "resolved"  # an alert's `state` once its advice has been clear for resolve_after_s
 RETRY_DELAYS_S = (10.0, 60.0, 300.0)

@@ -90,6 +90,8 @@ class ControlService(Protocol):
 
     async def shutdown(self, stop_instances: bool) -> dict[str, Any]: ...
 
+    def end_canary_watch(self, promote: bool) -> dict[str, Any]: ...
+
     def bench_progress(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -169,6 +171,13 @@ async def _save(service: ControlService, request: Request) -> Any:
     if not os.path.isabs(body["path"]):
         raise BadRequest(f"'path' must be absolute (got {body['path']!r})")
     return await service.save(body["path"], body.get("parents", False))
+
+
+async def _rollout(service: ControlService, request: Request) -> Any:
+    body = await _body(request, required={"action": str})
+    if body["action"] not in ("promote", "abort"):
+        raise BadRequest(f"'action' must be 'promote' or 'abort' (got {body['action']!r})")
+    return service.end_canary_watch(body["action"] == "promote")
 
 
 async def _shutdown(service: ControlService, request: Request) -> Any:
@@ -344,6 +353,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/v1/events", _events),
     ("POST", "/v1/save", _save),
     ("POST", "/v1/shutdown", _shutdown),
+    ("POST", "/v1/rollout", _rollout),
     ("POST", "/v1/bench/progress", _bench_progress),
 )
 

@@ -301,6 +301,10 @@ class JsonClient:
     def shutdown(self, stop_instances: bool = True) -> Any:
         return self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
 
+    def rollout(self, action: str) -> Any:
+        """End a canary's watch: `action` promote | abort (docs/canary.md)."""
+        return self._call("POST", "/v1/rollout", json={"action": action})
+
     def bench_progress(self, report: dict[str, Any], timeout: float = 5.0) -> Any:
         """Report a bench's progress (`vsup bench` does, each second); answers `{"bench"}`."""
         return self._call("POST", "/v1/bench/progress", json=report, timeout=timeout)

@@ -814,7 +814,18 @@ class Daemon:
 
 def rollout_advice(rollout: RolloutStatus) -> tuple[Advice, ...]:
     """`rollout_interrupted` (warning): a daemon ended in the middle of a rolling apply and
-    instances still run their old spec, which `vsup up` of the layout restarts."""
+    instances still run their old spec, which `vsup up` of the layout restarts.
+    `canary_rolled_back` (warning): the canary failed its gate and is back on the old spec;
+    the layout's change is not applied (docs/canary.md)."""
+    if rollout.state == RolloutState.ROLLED_BACK:
+        return (
+            Advice(
+                "canary_rolled_back",
+                "warning",
+                f"{rollout.failure or 'the canary failed'} - the new spec is not applied; "
+                "`vsup events` has the figures",
+            ),
+        )
     if rollout.state != RolloutState.INTERRUPTED or not rollout.old_config:
         return ()
     names = ", ".join(rollout.old_config)

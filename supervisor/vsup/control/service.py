@@ -118,6 +118,7 @@ class DaemonService:
             rolling=rolling,
             max_unavailable=compiled.rollout.max_unavailable,
             drain_timeout_s=compiled.rollout.drain_timeout_s,
+            canary=compiled.rollout.canary,
         )
         return {**applied.to_json(), "router": router_action}
 
@@ -319,6 +320,13 @@ class DaemonService:
     def events(self, since: int, limit: int) -> dict[str, Any]:
         events, nxt = self.daemon.journal.read(since, limit)
         return {"events": events, "next": nxt}
+
+    def end_canary_watch(self, promote: bool) -> dict[str, Any]:
+        """`POST /v1/rollout`: end the canary's watch now (docs/canary.md); 409 when no
+        canary is being watched."""
+        if not self.daemon.engine.end_canary_watch(promote):
+            raise ControlError("no canary is being watched (`vsup status` says)", status=409)
+        return {"ended": True, "action": "promote" if promote else "abort"}
 
     async def save(self, path: str, parents: bool = False) -> dict[str, Any]:
         if not self.daemon.layout_toml:

@@ -25,8 +25,9 @@ from types import MappingProxyType
 from typing import Any
 
 from vsup.clock import Clock, iso_utc
-from vsup.engine import health
+from vsup.engine import canarywatch, health
 from vsup.engine.adoption import take_over
+from vsup.engine.canary import Decision, Verdict
 from vsup.engine.instance import AdoptRecord, Instance
 from vsup.engine.intent import Restart, Run
 from vsup.engine.memory import GpuMemoryView
@@ -42,13 +43,14 @@ from vsup.engine.states import DONE_STARTING, IDLE, RUNNING, State
 from vsup.engine.stop import GpuReleaseCheck, RequestsRunning
 from vsup.journalevents import (
     ActionEvent,
+    CanaryEvent,
     JournalEvent,
     RemovedEvent,
     RolloutEvent,
     StallRestartEvent,
     StateEvent,
 )
-from vsup.layout.spec import InstanceSpec
+from vsup.layout.spec import CanarySettings, InstanceSpec
 from vsup.snapshot import LastExit
 
 log = logging.getLogger("vsup.engine")
@@ -201,6 +203,7 @@ class Engine:
         rolling: bool = True,
         max_unavailable: int = 1,
         drain_timeout_s: float | None = None,
+        canary: CanarySettings | None = None,
     ) -> ApplyPlan:
         """Make the running set match `specs` (see ApplyPlan) and return the plan at once;
         with `wait`, return when every stop has finished, every start is ready or failed and
@@ -210,7 +213,8 @@ class Engine:
         most `max_unavailable`, each drained (at most `drain_timeout_s`, default each
         instance's own) and ready before the next (rollout.py; `self.rollout` shows its
         progress); the other changes happen at once. A rollout still under way is superseded:
-        its wave in flight finishes before the new one takes anything down.
+        its wave in flight finishes before the new one takes anything down. With `canary`
+        (enabled) the first wave is watched and gated before the rest (docs/canary.md).
 
         A new instance on a device that a removed one used starts only after that one has
         stopped (its memory is free), whatever the order of the layout."""
@@ -219,6 +223,8 @@ class Engine:
             raise ValueError(f"max_unavailable must be 1 or more (it is {max_unavailable})")
         plan = self.diff(specs, rolling=rolling)
         new = _by_name(specs)
+        # what the rolling instances run now: a canary that fails goes back to it
+        old = {n: self._instances[n].spec for n in plan.rolling}
         self.emit(None, ActionEvent(action="apply", plan=plan.to_json()))
         in_flight = self._supersede_rollout()
         removals = self._begin_removals(plan.stop)
@@ -234,20 +240,44 @@ class Engine:
             if started is not None:
                 waits.append(started)
         if plan.rolling:
+            gate = canary if canary is not None and canary.enabled else None
             rollout = Rollout(
-                plan.rolling, max_unavailable, drain_timeout_s, iso_utc(self.clock.wall())
+                plan.rolling,
+                max_unavailable,
+                drain_timeout_s,
+                iso_utc(self.clock.wall()),
+                canary=gate.instances if gate else 0,
+                canary_s=gate.watch_s if gate else 0.0,
             )
-            waits.append(self._begin_rollout(rollout, new, in_flight))
+            waits.append(self._begin_rollout(rollout, new, in_flight, gate, old))
         if wait:
             await self._settle(plan, waits)
         return plan
 
     def _begin_rollout(
-        self, rollout: Rollout, new: Mapping[str, InstanceSpec], in_flight: tuple[str, ...]
+        self,
+        rollout: Rollout,
+        new: Mapping[str, InstanceSpec],
+        in_flight: tuple[str, ...],
+        gate: CanarySettings | None = None,
+        old: Mapping[str, InstanceSpec] | None = None,
     ) -> asyncio.Task:
         self.rollout = rollout
-        self._rollout_task = self.spawn_background(self._roll(rollout, new, in_flight))
+        self._rollout_task = self.spawn_background(
+            self._roll(rollout, new, in_flight, gate, old or {})
+        )
         return self._rollout_task
+
+    def end_canary_watch(self, promote: bool) -> bool:
+        """End the watch of the running rollout's canary now: `promote` goes on as if it
+        passed, else it is rolled back (`vsup rollout promote|abort`). False when no canary is
+        being watched."""
+        r = self.rollout
+        if r is None or not r.active or r.canary_state != "watching":
+            return False
+        r.watch_decided = "pass" if promote else "fail"
+        self.notify()
+        return True
 
     async def _settle(self, plan: ApplyPlan, waits: list[asyncio.Task]) -> None:
         """Until every stop, delayed start and the rollout of `plan` have ended and every
@@ -294,10 +324,17 @@ class Engine:
         return None
 
     async def _roll(
-        self, rollout: Rollout, new: Mapping[str, InstanceSpec], after: tuple[str, ...] = ()
+        self,
+        rollout: Rollout,
+        new: Mapping[str, InstanceSpec],
+        after: tuple[str, ...] = (),
+        gate: CanarySettings | None = None,
+        old: Mapping[str, InstanceSpec] | None = None,
     ) -> None:
         """Drive `rollout` wave by wave (see rollout.py). `after`: instances a superseded
-        rollout has down; they count against `max_unavailable` until they are back."""
+        rollout has down; they count against `max_unavailable` until they are back. `gate`:
+        the canary's settings (the first wave is watched); `old`: the specs the rolling
+        instances ran before, for a canary's rollback."""
         try:
             for name in after:
                 if name in self._instances:
@@ -305,6 +342,10 @@ class Engine:
             self.emit(None, RolloutEvent.of(rollout.to_json()))
             for number in range(1, len(rollout.waves) + 1):
                 bad = await self._roll_wave(rollout, number, new)
+                if number == 1 and gate is not None and rollout.canaries:
+                    if not await self._gate(rollout, gate, bad, old or {}):
+                        return
+                    bad = []
                 if bad:
                     rollout.end(
                         RolloutState.FAILED,
@@ -322,6 +363,78 @@ class Engine:
             raise
         finally:
             self.notify()
+
+    async def _gate(
+        self,
+        rollout: Rollout,
+        gate: CanarySettings,
+        bad: Sequence[tuple[Instance, State]],
+        old: Mapping[str, InstanceSpec],
+    ) -> bool:
+        """Watch the canary wave (just restarted; `bad`: those not ready) and act on the
+        gate's verdict: True to go on with the next waves; False once the canary has been
+        rolled back (the rollout ended `rolled_back`)."""
+        if bad:
+            seconds = 0.0
+            reason = "; ".join(
+                f"canary {inst.name}: {state} on the new spec (did not come back ready)"
+                for inst, state in bad
+            )
+            verdict = Verdict(Decision.FAIL, reason, {})
+        else:
+            rollout.watch_decided = None
+            rollout.canary_state = "watching"
+            self.emit(None, RolloutEvent.of(rollout.to_json()))
+            started = self.clock.monotonic()
+            verdict = await canarywatch.watch(self, rollout, gate)
+            seconds = self.clock.monotonic() - started
+        failed = verdict.decision == Decision.FAIL
+        rollout.canary_state = "failed" if failed else "passed"
+        rollout.verdict = verdict.reason
+        self.emit(
+            None,
+            CanaryEvent(
+                instances=list(rollout.canaries),
+                decision=str(verdict.decision),
+                reason=verdict.reason,
+                action="roll_back" if failed else "continue",
+                watched_s=round(seconds, 3),
+                figures=dict(verdict.figures),
+            ),
+        )
+        if not failed:
+            return True
+        await self._roll_back(rollout, old)
+        rollout.end(
+            RolloutState.ROLLED_BACK, iso_utc(self.clock.wall()), f"{verdict.reason}; rolled back"
+        )
+        self.emit(None, RolloutEvent.of(rollout.to_json()))
+        return False
+
+    async def _roll_back(self, rollout: Rollout, old: Mapping[str, InstanceSpec]) -> None:
+        """Put the canary wave back on the specs it ran before, drained like a wave (the
+        router takes it out first); returns once each is ready again (or not)."""
+        back = [
+            self._instances[n]
+            for n in rollout.canaries
+            if n in self._instances
+            and n in old
+            # the breaker tripped on the new spec, or it runs it: not one a person stopped
+            and (self._instances[n].state == State.FAILED or self._instances[n].control.wants_run)
+        ]
+        for inst in back:
+            limit = rollout.drain_timeout_s
+            await self.restart(
+                inst.name,
+                drain=True,
+                drain_timeout_s=limit if limit is not None else old[inst.name].drain_timeout_s,
+                spec=old[inst.name],
+            )
+        for inst in back:
+            if await self._restarted(inst) == State.READY:
+                await self.router.joined(inst.name)
+        rollout.done = [n for n in rollout.done if n not in rollout.canaries]
+        rollout.current = ()
 
     async def _roll_wave(
         self, rollout: Rollout, number: int, new: Mapping[str, InstanceSpec]

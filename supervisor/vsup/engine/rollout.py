@@ -17,6 +17,13 @@ one leaves it `running` there, and the next daemon reports it `interrupted`
 (`Rollout.interrupted`) with the instances it finds on their old spec; `vsup up` of the layout
 restarts those (the plan's `restart`, in a new rollout).
 
+With a canary (`[layout] canary_s`, docs/canary.md) the first wave is the `canary` first
+instances; once they are ready the rollout watches them for `canary_s` seconds beside the
+instances still on the old spec (`canary_state` "watching"), and the gate (canary.py) decides:
+passed, the other waves follow; failed (or a canary that did not come back ready), the canary
+is restarted drained on its old spec and the rollout ends `rolled_back` with the gate's words
+in `failure`.
+
 This module is the rollout's record (what the status JSON shows, `status()`) and the wave plan;
 the engine drives it (Engine._roll).
 """
@@ -33,11 +40,19 @@ from vsup.states import RolloutState
 __all__ = ["Rollout", "RolloutState", "plan_waves"]
 
 
-def plan_waves(names: tuple[str, ...], max_unavailable: int) -> list[tuple[str, ...]]:
-    """Split `names` (layout order) into waves of at most `max_unavailable`."""
+def plan_waves(
+    names: tuple[str, ...], max_unavailable: int, canary: int = 0
+) -> list[tuple[str, ...]]:
+    """Split `names` (layout order) into waves of at most `max_unavailable`; with `canary`,
+    the first wave is the first `canary` names (at least one name stays for later waves when
+    there are two or more: the canary is compared with the instances still on the old spec)."""
     if max_unavailable < 1:
         raise ValueError(f"max_unavailable must be 1 or more (it is {max_unavailable})")
-    return [names[i : i + max_unavailable] for i in range(0, len(names), max_unavailable)]
+    first: list[tuple[str, ...]] = []
+    if canary > 0 and names:
+        n = min(canary, max(1, len(names) - 1))
+        first, names = [names[:n]], names[n:]
+    return first + [names[i : i + max_unavailable] for i in range(0, len(names), max_unavailable)]
 
 
 @dataclass
@@ -56,9 +71,20 @@ class Rollout:
     failure: str | None = None
     ended_at: str | None = None
     interrupted_at: str | None = None  # when a later daemon found it unfinished
+    canary: int = 0  # instances the layout asks for in the canary wave; 0: no canary
+    canary_s: float = 0.0  # how long the canary is watched
+    canary_state: str | None = None  # watching | passed | failed | None (no canary or not yet)
+    verdict: str | None = None  # the gate's words
+    # an operator ended the watch early: "pass" (promote) or "fail" (abort); not kept
+    watch_decided: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        self.waves = plan_waves(self.names, self.max_unavailable)
+        self.waves = plan_waves(self.names, self.max_unavailable, self.canary)
+
+    @property
+    def canaries(self) -> tuple[str, ...]:
+        """The canary wave's instances; () without a canary."""
+        return self.waves[0] if self.canary and self.waves else ()
 
     @property
     def total(self) -> int:
@@ -113,6 +139,10 @@ class Rollout:
             old_config=old,
             drain_timeout_s=self.drain_timeout_s,
             interrupted_at=self.interrupted_at,
+            canary=self.canaries,
+            canary_s=self.canary_s,
+            canary_state=self.canary_state,
+            verdict=self.verdict,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -135,6 +165,10 @@ class Rollout:
             "old_config": list(s.old_config),
             "drain_timeout_s": s.drain_timeout_s,
             "interrupted_at": s.interrupted_at,
+            "canary": list(s.canary),
+            "canary_s": s.canary_s,
+            "canary_state": s.canary_state,
+            "verdict": s.verdict,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -151,6 +185,10 @@ class Rollout:
             "failure": self.failure,
             "ended_at": self.ended_at,
             "interrupted_at": self.interrupted_at,
+            "canary": self.canary,
+            "canary_s": self.canary_s,
+            "canary_state": self.canary_state,
+            "verdict": self.verdict,
         }
 
     @classmethod
@@ -159,12 +197,19 @@ class Rollout:
         try:
             names = tuple(str(n) for n in doc["names"])
             drain = doc.get("drain_timeout_s")
+            # the record keeps the count asked for; a journal event (`to_json`) the wave
+            canary = doc.get("canary") or 0
+            canary = len(canary) if isinstance(canary, list) else int(canary)
             r = cls(
                 names,
                 int(doc.get("max_unavailable", 1)),
                 None if drain is None else float(drain),
                 doc.get("started_at"),
+                canary=canary,
+                canary_s=float(doc.get("canary_s") or 0.0),
             )
+            r.canary_state = doc.get("canary_state")
+            r.verdict = doc.get("verdict")
             r.wave = int(doc.get("wave", 0))
             r.done = [str(n) for n in doc.get("done") or () if n in names]
             r.current = tuple(str(n) for n in doc.get("current") or () if n in names)

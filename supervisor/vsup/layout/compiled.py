@@ -7,7 +7,7 @@ compiled.specs            # tuple[InstanceSpec, ...], file order
 compiled.router           # RouterSpec | None              ([router])
 compiled.alerts           # AlertConfig | None             ([alerts])
 compiled.metrics_listen   # (host, port) | None            ([layout] metrics_listen)
-compiled.rollout          # RolloutSettings    ([layout] max_unavailable, drain_timeout_s)
+compiled.rollout          # RolloutSettings    ([layout] max_unavailable, drain_timeout_s, canary*)
 compiled.name, .path, .text, .layout (the Layout document: save, edits), .source_map, .warnings
 ```
 The layout-level values (alerts, metrics listener, rollout) are one `LayoutSettings`; a daemon
@@ -23,9 +23,10 @@ a field on `LayoutSettings` (or, when it needs the instances like `[router]`, on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vsup.layout.alertconfig import AlertConfig
 from vsup.layout.cpubind import bind_cpu_instances
@@ -35,7 +36,7 @@ from vsup.layout.node import NodeFacts
 from vsup.layout.resolve import spec_from_merged
 from vsup.layout.routerspec import RouterSpec, router_spec
 from vsup.layout.sourcemap import SourceMap
-from vsup.layout.spec import InstanceSpec
+from vsup.layout.spec import CanarySettings, InstanceSpec
 from vsup.layout.validate import check
 
 __all__ = [
@@ -55,6 +56,7 @@ class RolloutSettings:
 
     max_unavailable: int = 1  # serving instances taken down at a time
     drain_timeout_s: float | None = None  # None: each instance's own drain_timeout_s
+    canary: CanarySettings = field(default_factory=CanarySettings)  # watch_s 0: none
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,29 @@ def layout_settings(layout: Layout) -> LayoutSettings:
         rollout=RolloutSettings(
             max_unavailable=int(header.get("max_unavailable", 1)),
             drain_timeout_s=float(drain) if drain is not None else None,
+            canary=canary_settings(header),
+        ),
+    )
+
+
+def canary_settings(header: Mapping[str, Any]) -> CanarySettings:
+    """`[layout] canary_s`, `canary` and the `canary_*` thresholds (schema.CANARY_KEYS)."""
+    d = CanarySettings()
+    max_s = header.get("canary_max_s")
+    return CanarySettings(
+        watch_s=float(header.get("canary_s", d.watch_s)),
+        instances=int(header.get("canary", d.instances)),
+        min_requests=int(header.get("canary_min_requests", d.min_requests)),
+        insufficient=str(header.get("canary_insufficient", d.insufficient)),
+        max_s=float(max_s) if max_s is not None else None,
+        failed_pct=float(header.get("canary_failed_pct", d.failed_pct)),
+        min_failed=int(header.get("canary_min_failed", d.min_failed)),
+        p50_ratio=float(header.get("canary_p50_ratio", d.p50_ratio)),
+        p99_ratio=float(header.get("canary_p99_ratio", d.p99_ratio)),
+        min_delta_ms=float(header.get("canary_min_delta_ms", d.min_delta_ms)),
+        preemption_ratio=float(header.get("canary_preemption_ratio", d.preemption_ratio)),
+        min_preemptions_per_min=float(
+            header.get("canary_min_preemptions_per_min", d.min_preemptions_per_min)
         ),
     )
 

@@ -17,6 +17,7 @@ from typing import Any, TypeGuard
 
 from vsup.layout.listen import parse_listen
 from vsup.layout.spec import (
+    CANARY_INSUFFICIENT,
     RESTART_POLICIES,
     SLEEP_LEVELS,
     SLEEP_START,
@@ -223,6 +224,69 @@ SLEEP_KEYS: dict[str, Key] = {
     )
 }
 
+
+def _insufficient(v: Any) -> str | None:
+    if v in CANARY_INSUFFICIENT:
+        return None
+    return (
+        f"must be 'pass', 'fail' or 'extend' (what a canary with too few requests to compare "
+        f"means), not {v!r}"
+    )
+
+
+def _ratio(v: Any) -> str | None:
+    return None if v >= 1 else f"must be 1 or more: a ratio to the old instances (it is {v})"
+
+
+# A rolling apply's canary (docs/canary.md); read into `spec.CanarySettings` (compiled.py).
+CANARY_KEYS = (
+    Key(
+        "canary_s",
+        "number",
+        "seconds the first wave serves the new spec beside the old before the rest follow "
+        "(0, the default: no canary)",
+        _not_negative,
+    ),
+    Key("canary", "int", "instances in the canary wave (default 1)", _at_least_one),
+    Key(
+        "canary_min_requests",
+        "int",
+        "requests each side must finish before latencies are compared (default 20)",
+        _at_least_one,
+    ),
+    Key(
+        "canary_insufficient",
+        "str",
+        "pass | fail | extend (default): what too few requests means",
+        _insufficient,
+    ),
+    Key("canary_max_s", "number", "how long 'extend' may watch in all", _positive),
+    Key(
+        "canary_failed_pct",
+        "number",
+        "the canary's failed share may exceed the others' by this many points (default 1)",
+        _not_negative,
+    ),
+    Key(
+        "canary_min_failed", "int", "fewer failed requests never fail it (default 2)", _at_least_one
+    ),
+    Key("canary_p50_ratio", "number", "TTFT and ITL p50 limit, x the others' (2)", _ratio),
+    Key("canary_p99_ratio", "number", "TTFT and ITL p99 limit, x the others' (2)", _ratio),
+    Key(
+        "canary_min_delta_ms",
+        "number",
+        "latency differences under this never fail it (default 20)",
+        _not_negative,
+    ),
+    Key("canary_preemption_ratio", "number", "preemptions/min limit, x the others' (2)", _ratio),
+    Key(
+        "canary_min_preemptions_per_min",
+        "number",
+        "fewer preemptions/min never fail it (default 6)",
+        _not_negative,
+    ),
+)
+
 LAYOUT_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
@@ -246,6 +310,7 @@ LAYOUT_KEYS: dict[str, Key] = {
             _positive,
         ),
         Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
+        *CANARY_KEYS,
     )
 }
 
@@ -259,6 +324,7 @@ ALERT_KINDS = (
     "stalled",
     "router_foreign_worker",
     "router_worker_removed",
+    "canary_rolled_back",
 )
 SEVERITIES = ("info", "warning", "critical")
 

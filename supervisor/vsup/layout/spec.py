@@ -54,6 +54,40 @@ class RestartPolicy:
     on_stall: bool = False
 
 
+CANARY_INSUFFICIENT = ("pass", "fail", "extend")
+
+
+@dataclass(frozen=True)
+class CanarySettings:
+    """A rolling apply's canary (`[layout] canary_s`, `canary`, `canary_*`; docs/canary.md):
+    the first wave serves the new spec for `watch_s` seconds beside the old instances and a
+    gate on vLLM's own figures (engine/canary.py) decides whether the rollout goes on."""
+
+    watch_s: float = 0.0  # 0: no canary (a plain rolling apply)
+    instances: int = 1  # instances in the first wave
+    min_requests: int = 20  # finished requests each side needs before latencies are compared
+    insufficient: str = "extend"  # pass | fail | extend: what too few requests means
+    max_s: float | None = None  # how long `extend` may watch in all; None: 4 x watch_s
+    failed_pct: float = 1.0  # the canary's failed share may exceed the others' by this (points)
+    min_failed: int = 2  # fewer failed canary requests than this never fail it
+    p50_ratio: float = 2.0  # TTFT and ITL p50 at most this times the others'
+    p99_ratio: float = 2.0  # TTFT and ITL p99 at most this times the others'
+    min_delta_ms: float = 20.0  # latency differences smaller than this never fail it
+    preemption_ratio: float = 2.0  # preemptions/min at most this times the others' (per inst.)
+    min_preemptions_per_min: float = 6.0  # below this the canary's preemptions never fail it
+
+    @property
+    def enabled(self) -> bool:
+        return self.watch_s > 0
+
+    @property
+    def limit_s(self) -> float:
+        """The longest watch: `max_s` for `extend`, else `watch_s`."""
+        if self.insufficient != "extend":
+            return self.watch_s
+        return self.max_s if self.max_s is not None else 4 * self.watch_s
+
+
 # vLLM's sleep mode (docs/sleep.md): the flag that turns it on, and the variable that exposes
 # /sleep, /wake_up, /is_sleeping and /collective_rpc (vLLM's dev-mode endpoints).
 SLEEP_MODE_FLAG = "--enable-sleep-mode"

@@ -4,8 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`, `sleep`. The structure
-checks (unknown keys, types, profiles) come before them, in `vsup.layout.structure`.
+`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`, `sleep`, `canary`. The
+structure checks (unknown keys, types, profiles) come before them, in `vsup.layout.structure`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vsup.layout.diagnostics import Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.rules import (
     attention,
+    canary,
     cpu,
     dataparallel,
     env,
@@ -60,6 +61,8 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     sleep.swap_group_awake_twice,
     sleep.host_ram_for_sleepers,
     cpu.cpu_instances_outnumber_cores,
+    canary.canary_keys_without_watch,
+    canary.canary_max_below_watch,
 )
 
 INSTANCE_RULES: tuple[InstanceRule, ...] = (

@@ -69,6 +69,14 @@ class RolloutState(StrEnum):
     ROLLED_BACK = "rolled_back"  # its canary failed the gate and went back to the old spec
 
 
+class CanaryState(StrEnum):
+    """Where a rollout's canary is (status JSON `rollout.canary_state`; docs/canary.md)."""
+
+    WATCHING = "watching"  # the first wave runs the new spec beside the old; the gate watches
+    PASSED = "passed"
+    FAILED = "failed"  # rolled back to the old spec (the rollout ends rolled_back)
+
+
 class PullState(StrEnum):
     """Where a hub model's pull is (status JSON `pulls[].state`; docs/pull.md)."""
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     )
 
 from vsup import sleepview
-from vsup.states import ExitReason, PullState, RolloutState, State
+from vsup.states import CanaryState, ExitReason, PullState, RolloutState, State
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -183,7 +183,7 @@ def rollout_lines(r: RolloutStatus | None) -> list[str]:
     if r is None:
         return []
     names = ", ".join(r.current) or "-"
-    if r.state == RolloutState.RUNNING and r.canary_state == "watching":
+    if r.state == RolloutState.RUNNING and r.canary_state == CanaryState.WATCHING:
         line = (
             f"ROLLOUT wave {r.wave}/{r.waves}: watching canary {', '.join(r.canary) or names} "
             f"for {r.canary_s:g} s "

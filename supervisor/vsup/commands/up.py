@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from vsup.answers import ApplyAnswer, ApplyPlan, PullTarget
 from vsup.commands.exits import BAD_INPUT, FAILED, INTERRUPTED, NOT_CONFIRMED, OK
 from vsup.snapshot import PullStatus, RolloutStatus, StatusSnapshot
-from vsup.states import SERVING, PullState, RolloutState, State
+from vsup.states import SERVING, CanaryState, PullState, RolloutState, State
 
 if TYPE_CHECKING:
     from vsup.control.client import Client
@@ -345,7 +345,7 @@ def describe_rollout(r: RolloutStatus) -> str:
     """'rollout wave 2/3: restarting b1 (1/3 done)'."""
     head = f"rollout wave {r.wave}/{r.waves}"
     if r.state == RolloutState.RUNNING:
-        if r.canary_state == "watching":
+        if r.canary_state == CanaryState.WATCHING:
             doing = f"watching canary {', '.join(r.canary)} for {r.canary_s:g} s"
         else:
             doing = f"restarting {', '.join(r.current)}" if r.current else "waiting"

@@ -54,6 +54,7 @@ ITL = "vllm:inter_token_latency_seconds"
 REQUEST_SUCCESS = "vllm:request_success_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 HTTP_REQUESTS = "http_requests_total"
+FINISHED_ERROR = "error"  # vllm:request_success_total{finished_reason} of a request that failed
 START_TIME = "process_start_time_seconds"
 # The sample names a canary's scrape asks for (`/metrics/?name[]=...`).
 CANARY_NAMES = (
@@ -179,7 +180,7 @@ class Reading:
                 into[le] = into.get(le, 0.0) + s.value
             elif s.name == REQUEST_SUCCESS:
                 sums["finished"] += s.value
-                if s.labels.get("finished_reason") == "error":
+                if s.labels.get("finished_reason") == FINISHED_ERROR:
                     sums["errored"] += s.value
             elif s.name == HTTP_REQUESTS:
                 status = s.labels.get("status", "")

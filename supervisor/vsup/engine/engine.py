@@ -52,6 +52,7 @@ from vsup.journalevents import (
 )
 from vsup.layout.spec import CanarySettings, InstanceSpec
 from vsup.snapshot import LastExit
+from vsup.states import CanaryState
 
 log = logging.getLogger("vsup.engine")
 
@@ -273,7 +274,7 @@ class Engine:
         passed, else it is rolled back (`vsup rollout promote|abort`). False when no canary is
         being watched."""
         r = self.rollout
-        if r is None or not r.active or r.canary_state != "watching":
+        if r is None or not r.active or r.canary_state != CanaryState.WATCHING:
             return False
         r.watch_decided = "pass" if promote else "fail"
         self.notify()
@@ -383,13 +384,13 @@ class Engine:
             verdict = Verdict(Decision.FAIL, reason, {})
         else:
             rollout.watch_decided = None
-            rollout.canary_state = "watching"
+            rollout.canary_state = CanaryState.WATCHING
             self.emit(None, RolloutEvent.of(rollout.to_json()))
             started = self.clock.monotonic()
             verdict = await canarywatch.watch(self, rollout, gate)
             seconds = self.clock.monotonic() - started
         failed = verdict.decision == Decision.FAIL
-        rollout.canary_state = "failed" if failed else "passed"
+        rollout.canary_state = CanaryState.FAILED if failed else CanaryState.PASSED
         rollout.verdict = verdict.reason
         self.emit(
             None,

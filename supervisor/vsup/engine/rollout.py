@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vsup.snapshot import RolloutStatus
-from vsup.states import RolloutState
+from vsup.states import CanaryState, RolloutState
 
 __all__ = ["Rollout", "RolloutState", "plan_waves"]
 
@@ -73,7 +73,7 @@ class Rollout:
     interrupted_at: str | None = None  # when a later daemon found it unfinished
     canary: int = 0  # instances the layout asks for in the canary wave; 0: no canary
     canary_s: float = 0.0  # how long the canary is watched
-    canary_state: str | None = None  # watching | passed | failed | None (no canary or not yet)
+    canary_state: CanaryState | None = None  # None: no canary, or not yet
     verdict: str | None = None  # the gate's words
     # an operator ended the watch early: "pass" (promote) or "fail" (abort); not kept
     watch_decided: str | None = field(default=None, compare=False)
@@ -208,7 +208,8 @@ class Rollout:
                 canary=canary,
                 canary_s=float(doc.get("canary_s") or 0.0),
             )
-            r.canary_state = doc.get("canary_state")
+            canary_state = doc.get("canary_state")
+            r.canary_state = CanaryState(canary_state) if canary_state else None
             r.verdict = doc.get("verdict")
             r.wave = int(doc.get("wave", 0))
             r.done = [str(n) for n in doc.get("done") or () if n in names]

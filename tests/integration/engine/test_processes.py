@@ -339,10 +339,12 @@ async def test_co_tenants_start_one_after_another_and_other_devices_in_parallel(
     engine, emulator_spec, events
 ):
     eng = engine()
+    # cpu1 and g0 take 3 s to be ready: the others' spawns land inside that window even when a
+    # loaded machine delays a spawn by a second (0.5 s was not enough beside the full suite)
     specs = [
-        emulator_spec("cpu1", "--ready-after", "0.5"),
+        emulator_spec("cpu1", "--ready-after", "3"),
         emulator_spec("cpu2", "--ready-after", "0.5"),
-        emulator_spec("g0", "--ready-after", "0.5", gpus=(0,)),
+        emulator_spec("g0", "--ready-after", "3", gpus=(0,)),
         emulator_spec("g1", "--ready-after", "0.5", gpus=(1,)),
     ]
     await eng.apply(specs, wait=True)

@@ -134,7 +134,7 @@ def test_the_dashboard_opens_the_real_vllm_node(fleet, monkeypatch):
             await until(lambda: app.snapshot is not None, "the real node's snapshot")
             assert isinstance(app.screen, Dashboard) and app.open_node == "real"
             inst = app.snapshot.instance("v0")
-            assert inst is not None and inst.state == "ready" and inst.backend
+            assert inst is not None and inst.lifecycle.state == "ready" and inst.telemetry.backend
             await until(lambda: app.selected == "v0", "v0 selected")
             await pilot.press("q")
             await until(lambda: isinstance(app.screen, FleetScreen), "the fleet screen")

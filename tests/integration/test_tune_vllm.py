@@ -238,7 +238,10 @@ def test_apply_leaves_the_best_layout_running(node, tmp_path):
     pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
     space = tmp_path / "space.toml"
     space.write_text("[tune]\nargs = { max-num-seqs = [8] }\n")
-    proc = vsup(home, "tune", str(base), "--space", str(space), *WORKLOAD, "--repeats", "1",
+    # an SLO every run meets, however loaded the machine: this test is about --apply (with the
+    # module's 0.8 s, a run beside the full suite measured 1.08 s and ruled the only one out)
+    workload = [*WORKLOAD[:-1], "ttft_p99<=60s"]
+    proc = vsup(home, "tune", str(base), "--space", str(space), *workload, "--repeats", "1",
                 "--yes", "--apply")  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--apply: leaving the best layout orig-base running" in proc.stderr

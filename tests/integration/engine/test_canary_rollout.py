@@ -11,7 +11,6 @@ tests/integration/router/test_router_vsup.py's.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 
 import pytest
@@ -109,15 +108,13 @@ async def test_a_canary_that_crashes_is_rolled_back_at_once(engine, emulator_spe
     policy = RestartPolicy(backoff_s=0.05, backoff_max_s=0.1, stable_s=600, max_failures=5)
     specs = await three(eng, emulator_spec, restart=policy)
     events.items.clear()
-    gate = CanarySettings(watch_s=60, insufficient="pass")
+    # an hour's watch: only the crash can end it within the test's timeout
+    gate = CanarySettings(watch_s=3600, insufficient="pass")
     new = [changed(s, "exit-after", "1.5") for s in specs]  # ready at 0.3 s, gone at 1.5 s
-    t0 = time.monotonic()
     await eng.apply(new, wait=True, canary=gate)
-    took = time.monotonic() - t0
     r = eng.rollout
     assert r.state == RolloutState.ROLLED_BACK, r.failure
     assert r.failure is not None and "canary b0:" in r.failure and "of watch" in r.failure
-    assert took < 60  # the watch ended with the crash, not at canary_s
     b0 = eng.instances["b0"]
     assert b0.state == "ready" and "exit-after" not in b0.spec.args
     assert all("exit-after" not in eng.instances[n].spec.args for n in ("b1", "b2"))

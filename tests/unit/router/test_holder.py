@@ -77,20 +77,18 @@ def test_a_held_request_gives_up_after_hold_s_and_the_wake_goes_on():
 
 def test_a_wake_that_fails_ends_every_waiting_request_at_once_with_its_reason():
     async def main():
-        q = HoldQueue(hold_s=60, capacity=10)
+        # an hour's hold_s: only the failed wake can end the waits within the test's timeout
+        q = HoldQueue(hold_s=3600, capacity=10)
 
         async def wake():
             await asyncio.sleep(0.05)
             raise RuntimeError("b: out of memory")
 
-        t0 = asyncio.get_running_loop().time()
-        results = await asyncio.gather(*(q.wait(wake) for _ in range(3)), return_exceptions=True)
-        return results, asyncio.get_running_loop().time() - t0
+        return await asyncio.gather(*(q.wait(wake) for _ in range(3)), return_exceptions=True)
 
-    results, took = run(main())
+    results = run(main())
     assert all(isinstance(r, Refusal) and r.kind == "wake_failed" for r in results)
     assert all("b: out of memory" in r.why for r in results)
-    assert took < 30  # not hold_s: at once
 
 
 # -- the endpoint ------------------------------------------------------------------------------

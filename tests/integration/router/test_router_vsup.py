@@ -315,7 +315,12 @@ REQUEST_TIMEOUT_S = 20.0
 MAX_ROUNDS = 4000
 MAX_UNAVAILABLE = 1  # the layout's
 NEW_MAX_MODEL_LEN = MAX_MODEL_LEN - 512
-NEUTRAL_CANARY = "canary_s = 12\ncanary_min_requests = 5"
+# The neutral change's gate judges failures, restarts and stalls as written; its latency rules
+# get a 5 s floor: on 2 shared cores (the suite beside it) ~20 requests a side swing by 3x and
+# more (CI 2026-12-06: "p50 TTFT 3.0x the others (295 ms vs 100 ms over 12 s, 19 vs 21
+# requests)"), and this test is about losing no request. The latency rules are proven by
+# tests/unit/engine/test_canary_gate.py.
+NEUTRAL_CANARY = "canary_s = 12\ncanary_min_requests = 5\ncanary_min_delta_ms = 5000"
 
 
 def answers(url: str, model: str) -> bool:

@@ -173,6 +173,16 @@ async def complete(inst) -> str:
     return resp.json()["choices"][0]["text"]
 
 
+def title(pid: int) -> str:
+    """A process's command line as it shows it (vLLM retitles its own: `VLLM::EngineCore`);
+    empty when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 async def engine_core_pids(inst, timeout=30.0) -> tuple[list[int], list[int]]:
     """(every tracked descendant of the API server, the EngineCore ones among them)."""
     deadline = time.monotonic() + timeout
@@ -214,6 +224,11 @@ async def test_sigkill_of_an_api_server_leaves_none_of_its_group_and_it_comes_ba
     inst = engine.instances["v1"]
     server = inst.pid
     tree, _ = await engine_core_pids(inst)
+    # vLLM's own processes (VLLM::EngineCore, VLLM::Worker): the tracked tree may also hold a
+    # short-lived helper that ends by itself before the sweep (seen in the suite: a fourth pid
+    # gone by then), which no sweep can name
+    vllm_own = [p for p in tree if title(p).startswith("VLLM::")]
+    assert vllm_own, tree
     t0 = time.monotonic()
     os.kill(server, signal.SIGKILL)
     (exit_,) = await events.wait(
@@ -225,7 +240,7 @@ async def test_sigkill_of_an_api_server_leaves_none_of_its_group_and_it_comes_ba
     (sweep,) = await events.wait(
         lambda e: e["kind"] == "sweep" and e["instance"] == "v1", timeout=60
     )
-    assert set(tree) <= set(sweep["pids"])
+    assert set(vllm_own) <= set(sweep["pids"])
     assert group_members(server) == [] and not any(pid_alive(p) for p in tree)
     await events.wait(
         lambda e: e["kind"] == "ready" and e["instance"] == "v1", count=2, timeout=300

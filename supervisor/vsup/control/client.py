@@ -247,6 +247,11 @@ class JsonClient:
     def layout(self) -> Any:
         return self._call("GET", "/v1/layout")
 
+    def layouts(self) -> Any:
+        """The last applied layouts, newest first, and the running one's text (`vsup
+        rollback`)."""
+        return self._call("GET", "/v1/layouts")
+
     def apply(
         self,
         toml: str,

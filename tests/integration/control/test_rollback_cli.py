@@ -9,6 +9,7 @@ import json
 import psutil
 import pytest
 
+from tests.conftest import until
 from tests.integration.control.test_cli import cli_home, vsup  # noqa: F401
 from tests.unit.control.helpers import emulator_layout, free_port
 
@@ -98,3 +99,40 @@ def test_rollback_applies_the_previous_layout_with_up_s_consent_and_rolling_rest
     again = vsup(home, "rollback", "--dry-run")
     assert again.returncode == 0 and "rolling back to layout beta" in again.stdout
     assert running(home) == after
+
+
+def test_after_an_aborted_canary_rollback_makes_the_old_layout_the_running_one_again(
+    cli_home,  # noqa: F811
+    tmp_path,
+):
+    home = cli_home
+    ports = {"a": free_port(), "b": free_port()}
+    alpha, beta = tmp_path / "alpha.toml", tmp_path / "beta.toml"
+    alpha.write_text(layout(ports, "alpha"))
+    canary = 'canary_s = 600\ncanary_insufficient = "pass"\n'
+    beta.write_text(layout(ports, "beta").replace("[layout]\n", "[layout]\n" + canary, 1))
+    up = vsup(home, "up", str(alpha), "--detach", "--wait", "--timeout", "90")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert vsup(home, "up", str(beta), "--detach", "--yes").returncode == 0
+
+    def rollout() -> dict:
+        return status(home)["rollout"] or {}
+
+    until(lambda: rollout().get("canary_state") == "watching", 60, "the canary's watch")
+    assert vsup(home, "rollout", "abort").returncode == 0
+    until(lambda: rollout().get("state") == "rolled_back", 60, "the canary rolled back")
+    until(lambda: all(i["state"] == "ready" for i in status(home)["instances"]), 60, "a, b ready")
+    before = running(home)
+    assert {n: say for n, (_, say) in before.items()} == {"a": "alpha", "b": "alpha"}
+    doc = status(home)
+    assert doc["supervisor"]["layout"] == "beta" and all(i["outdated"] for i in doc["instances"])
+
+    # every instance already runs alpha's spec: nothing restarts, so no consent is needed
+    back = vsup(home, "rollback", "--detach", "--wait", "--timeout", "60")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "rolling back to layout alpha" in back.stdout and "unchanged: a, b" in back.stdout
+    assert "restart" not in back.stdout, back.stdout
+    assert running(home) == before
+    doc = status(home)
+    assert doc["supervisor"]["layout"] == "alpha"
+    assert not any(i["outdated"] for i in doc["instances"]), doc["instances"]

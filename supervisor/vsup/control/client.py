@@ -470,6 +470,9 @@ class AsyncJsonClient:
     async def layout(self) -> Any:
         return await self._call("GET", "/v1/layout")
 
+    async def layouts(self) -> Any:
+        return await self._call("GET", "/v1/layouts")
+
     async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> Any:
         return await self._call("POST", "/v1/apply", json=apply_body(toml, path, dry_run))
 

@@ -10,7 +10,12 @@ from the journal's applies.
 
 `choose` is what `vsup rollback` goes back to: the newest kept layout whose text differs from
 the running one (not simply the one before the newest: a layout applied twice would make that
-the running one again), or the one a `seq` names. Pure, stdlib only.
+the running one again), or the one a `seq` names.
+
+A `vsup bench` (or `vsup tune`) applies its candidate layouts and then the original again: the
+candidates are not kept (`bench_candidate`: the layout lease of a bench that still runs lists
+them), so a rollback after a bench goes back to the layout before the original, not to the
+bench's last candidate.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 from vsup.fsutil import write_atomic
 from vsup.journalevents import ActionEvent, JournalEvent, as_event
+from vsup.lease import read_lease
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +101,12 @@ def choose(kept: Iterable[KeptLayout], running: str | None, seq: int | None = No
         "no previous layout: every kept layout is the running one "
         f"({len(newest_first)} kept; vsup keeps the last {KEEP} applied)"
     )
+
+
+def bench_candidate(home: Path, toml: str) -> bool:
+    """Whether `toml` is applied by a running bench (one of its layout lease's layouts)."""
+    lease = read_lease(home)
+    return lease is not None and lease.holds(toml) and lease.alive()
 
 
 def journal_applies(

@@ -18,7 +18,12 @@ from vsup import __version__, paths
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.host import DaemonHost
-from vsup.control.layouthistory import KeptLayout, LayoutHistory, journal_applies
+from vsup.control.layouthistory import (
+    KeptLayout,
+    LayoutHistory,
+    bench_candidate,
+    journal_applies,
+)
 from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.engine.routing import ROUTER_NAME
@@ -107,7 +112,7 @@ class DaemonService:
             if dry_run:
                 return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
             applied = self._record(compiled, plan)
-            await asyncio.to_thread(self.kept_layouts.record, applied)
+            await asyncio.to_thread(self._keep, applied)
             self.daemon.alerts.configure(compiled.alerts)
             warnings += await self._listen(compiled.metrics_listen)
             if resolution.pulls:
@@ -118,6 +123,11 @@ class DaemonService:
         self.daemon.state_changed()
         done: dict[str, Any] = {**handed, "changes": plan["changes"], "pull": []}
         return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
+
+    def _keep(self, applied: KeptLayout) -> None:
+        """Keep the layout for `vsup rollback`, unless a bench applies it (a candidate)."""
+        if not bench_candidate(self.daemon.home, applied.toml):
+            self.kept_layouts.record(applied)
 
     async def _hand_off(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
         """The router, then the engine (the caller holds `apply_lock`): the engine's plan and

@@ -3,7 +3,9 @@ what is kept, the file across daemons, and a home that has only the journal."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import stat
 
 import pytest
@@ -14,11 +16,13 @@ from vsup.control.layouthistory import (
     KeptLayout,
     LayoutHistory,
     NoLayout,
+    bench_candidate,
     choose,
     journal_applies,
     remember,
 )
 from vsup.journalevents import ActionEvent
+from vsup.lease import clear_lease
 
 
 def kept(seq: int, toml: str, path: str | None = None) -> KeptLayout:
@@ -100,3 +104,24 @@ def test_a_home_without_the_file_starts_from_the_journals_applies(tmp_path):
     (tmp_path / "layouts.json").write_text("{not json")
     again = LayoutHistory(tmp_path / "layouts.json", lambda: journal_applies(journal.iter_file()))
     assert [k.seq for k in again.entries()] == [1, 4]
+
+
+def test_a_running_benchs_candidates_are_not_kept(tmp_path):
+    from vsup.lease import Lease, layout_sha, my_start_ticks, write_lease
+
+    original = {"toml": "O", "path": "/l/o.toml", "name": "o"}
+    lease = Lease(
+        owner="bench",
+        pid=os.getpid(),  # this test is the bench: it runs
+        start_ticks=my_start_ticks(),
+        started_at="2026-12-06T01:00:00Z",
+        original=original,
+        layouts=[{"name": "c1", "sha256": layout_sha("C1")}],
+    )
+    write_lease(tmp_path, lease)
+    assert bench_candidate(tmp_path, "C1")
+    assert not bench_candidate(tmp_path, "O")  # the original, applied again at the end
+    write_lease(tmp_path, dataclasses.replace(lease, pid=2**22 + 7, start_ticks=1))
+    assert not bench_candidate(tmp_path, "C1")  # a bench that is gone: whoever applies it now
+    clear_lease(tmp_path)
+    assert not bench_candidate(tmp_path, "C1")

@@ -518,6 +518,10 @@ class AsyncJsonClient:
     async def shutdown(self, stop_instances: bool = True) -> Any:
         return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
 
+    async def rollout(self, action: str) -> Any:
+        """End a canary's watch: `action` promote | abort (docs/canary.md)."""
+        return await self._call("POST", "/v1/rollout", json={"action": action})
+
 
 class AsyncClient:
     """Asynchronous client (the TUI): the same methods as `Client`, awaitable, typed the same
@@ -603,6 +607,11 @@ class AsyncClient:
     async def shutdown(self, stop_instances: bool = True) -> ShutdownAnswer:
         doc = await self.json.shutdown(stop_instances)
         return _typed(ShutdownAnswer, doc, "POST /v1/shutdown")
+
+    async def rollout(self, action: str) -> dict[str, Any]:
+        """End a canary's watch (`vsup rollout promote|abort`; 409 when none is watched)."""
+        doc: dict[str, Any] = await self.json.rollout(action)
+        return doc
 
 
 _A = TypeVar("_A")

@@ -74,7 +74,9 @@ def _rollback(args: argparse.Namespace) -> int:
         except NoLayout as exc:
             raise CommandFailed(f"vsup rollback: {exc}", FAILED) from None
         print(describe(target))
-        code, more = apply_and_follow(client, target.toml, target.path, args, "vsup rollback")
+        code, more = apply_and_follow(
+            client, target.toml, target.path, args, "vsup rollback", warn=True
+        )
     if not more or args.detach:
         return code
     return open_dashboard() or code

@@ -126,12 +126,19 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def apply_and_follow(
-    client: Client, toml: str, path: str | None, args: argparse.Namespace, prog: str = "vsup up"
+    client: Client,
+    toml: str,
+    path: str | None,
+    args: argparse.Namespace,
+    prog: str = "vsup up",
+    warn: bool = False,
 ) -> tuple[int, bool]:
     """Apply `toml` as `vsup up` does (the plan, consent, pulls, rollout, `--wait`): its exit
     status, and whether the dashboard may open next (not after a `--dry-run` or failed
-    pulls). `vsup rollback` applies a kept layout through it. Refusals raise CommandFailed."""
-    answer = _plan_and_apply(client, toml, path, args, prog)
+    pulls). `vsup rollback` applies a kept layout through it, with `warn` (the layout's
+    warnings, from the daemon's dry run: `vsup up` printed them when it compiled the file).
+    Refusals raise CommandFailed."""
+    answer = _plan_and_apply(client, toml, path, args, prog, warn)
     if answer is None:
         return OK, False
     plan = answer.plan or ApplyPlan()
@@ -144,10 +151,15 @@ def apply_and_follow(
 
 
 def _plan_and_apply(
-    client: Client, toml: str, path: str | None, args: argparse.Namespace, prog: str = "vsup up"
+    client: Client,
+    toml: str,
+    path: str | None,
+    args: argparse.Namespace,
+    prog: str = "vsup up",
+    warn: bool = False,
 ) -> ApplyAnswer | None:
-    """The daemon's plan printed (and consent asked for), then the apply's answer; None for a
-    `--dry-run`. Refused layouts raise CommandFailed."""
+    """The daemon's plan printed (and consent asked for; `warn`: the dry run's warnings too),
+    then the apply's answer; None for a `--dry-run`. Refused layouts raise CommandFailed."""
     from vsup.commands.cliutil import CommandFailed, print_diagnostics
     from vsup.termtext import printable
 
@@ -158,6 +170,8 @@ def _plan_and_apply(
         print_diagnostics(list(dry.errors))
         what = printable(path) if path else "the layout"
         raise CommandFailed(f"{prog}: {what} is not valid on this node; nothing changed", BAD_INPUT)
+    if warn:
+        print_diagnostics(list(dry.warnings))
     plan = dry.plan or ApplyPlan()
     serving = serving_names(client.status())
     print_plan(plan, serving)

@@ -49,7 +49,9 @@ def test_rollback_applies_the_previous_layout_with_up_s_consent_and_rolling_rest
 
     ports = {"a": free_port(), "b": free_port()}
     alpha, beta = tmp_path / "alpha.toml", tmp_path / "beta.toml"
-    alpha.write_text(layout(ports, "alpha"))
+    # a key that only warns: rollback says so too, from the daemon's dry run of the kept text
+    warned = layout(ports, "alpha").replace("[layout]\n", "[layout]\ncanary_min_requests = 5\n")
+    alpha.write_text(warned)
     beta.write_text(layout(ports, "beta"))
     up = vsup(home, "up", str(alpha), "--detach", "--wait", "--timeout", "90")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -74,6 +76,7 @@ def test_rollback_applies_the_previous_layout_with_up_s_consent_and_rolling_rest
     assert "restart (changed, rolling): a, b" in refused.stdout
     assert "a: args.say: beta -> alpha" in refused.stdout, refused.stdout
     assert "vsup rollback: this stops or restarts serving instances (a, b)" in refused.stderr
+    assert "key 'canary_min_requests': has no effect without a canary" in refused.stderr
     assert running(home) == before
     assert status(home)["supervisor"]["layout"] == "beta"
 

@@ -125,9 +125,13 @@ class DaemonService:
         return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
 
     def _keep(self, applied: KeptLayout) -> None:
-        """Keep the layout for `vsup rollback`, unless a bench applies it (a candidate)."""
-        if not bench_candidate(self.daemon.home, applied.toml):
-            self.kept_layouts.record(applied)
+        """Keep the layout for `vsup rollback`, unless a bench applies it (a candidate). Never
+        fails the apply: the journal has the layout whatever happens here."""
+        try:
+            if not bench_candidate(self.daemon.home, applied.toml):
+                self.kept_layouts.record(applied)
+        except Exception:
+            log.exception("could not keep layout %s for vsup rollback", applied.seq)
 
     async def _hand_off(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
         """The router, then the engine (the caller holds `apply_lock`): the engine's plan and

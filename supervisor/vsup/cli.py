@@ -47,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "events": "vsup.commands.events",
     "save": "vsup.commands.save",
     "rollout": "vsup.commands.rollout",
+    "rollback": "vsup.commands.rollback",
     "probe": "vsup.commands.probe",
     "down": "vsup.commands.down",
     "bench": "vsup.commands.bench",

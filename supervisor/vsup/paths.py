@@ -147,6 +147,11 @@ def journal_path(home: Path | None = None) -> Path:
     return (home or vsup_home()) / "journal.jsonl"
 
 
+def layouts_path(home: Path | None = None) -> Path:
+    """The last applied layouts' texts, for `vsup rollback` (control/layouthistory.py)."""
+    return (home or vsup_home()) / "layouts.json"
+
+
 def alerts_state_path(home: Path | None = None) -> Path:
     """What the alerts sent, kept across daemon restarts (control/alerts.py)."""
     return (home or vsup_home()) / "alerts.json"

@@ -164,6 +164,10 @@ class MemoryClient:
         }
         return decode(History, self.histories.get(name, empty), f"GET /v1/instances/{name}/history")
 
+    async def rollout(self, action: str) -> dict[str, Any]:
+        self._record("rollout", action=action)
+        return {"ended": True, "action": action}
+
     async def save(self, path: str) -> SaveAnswer:
         self._record("save", path=path)
         if self.validate:

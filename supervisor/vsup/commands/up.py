@@ -59,6 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "what is new, restart what changed, stop what was removed), then open the dashboard.",
     )
     p.add_argument("layout", metavar="LAYOUT", help="the layout TOML file")
+    add_apply_options(p)
+    p.set_defaults(func=run)
+
+
+def add_apply_options(p: argparse.ArgumentParser) -> None:
+    """The options of an apply: `vsup up`'s, and `vsup rollback`'s (the same rules)."""
     p.add_argument("--detach", "-d", action="store_true", help="do not open the dashboard")
     p.add_argument(
         "--wait",
@@ -94,7 +100,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="restart every changed instance together instead of in rolling waves "
         "([layout] max_unavailable at a time, each drained and ready before the next)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,38 +119,59 @@ def _up(args: argparse.Namespace) -> int:
         print_diagnostics([d for d in diagnostics if d.is_error])
         raise CommandFailed(f"vsup up: {path} is not valid; nothing was changed", BAD_INPUT)
     with client_for_cli() as client:
-        answer = _plan_and_apply(client, compiled.text, path, args)
-        if answer is None:
-            return 0
-        plan = answer.plan or ApplyPlan()
-        if plan.pull:
-            # the daemon applies the layout once its pulls are done (control/pulls.py)
-            code = follow_pulls(client, plan.pull, args)
-            if code != 0:
-                return code  # no dashboard: the pull's failure is the news
-        code = _after_apply(client, plan, args)
-    if args.detach:
+        code, more = apply_and_follow(client, compiled.text, str(path), args)
+    if not more or args.detach:
         return code
     return open_dashboard() or code
 
 
+def apply_and_follow(
+    client: Client,
+    toml: str,
+    path: str | None,
+    args: argparse.Namespace,
+    prog: str = "vsup up",
+    warn: bool = False,
+) -> tuple[int, bool]:
+    """Apply `toml` as `vsup up` does (the plan, consent, pulls, rollout, `--wait`): its exit
+    status, and whether the dashboard may open next (not after a `--dry-run` or failed
+    pulls). `vsup rollback` applies a kept layout through it, with `warn` (the layout's
+    warnings, from the daemon's dry run: `vsup up` printed them when it compiled the file).
+    Refusals raise CommandFailed."""
+    answer = _plan_and_apply(client, toml, path, args, prog, warn)
+    if answer is None:
+        return OK, False
+    plan = answer.plan or ApplyPlan()
+    if plan.pull:
+        # the daemon applies the layout once its pulls are done (control/pulls.py)
+        code = follow_pulls(client, plan.pull, args)
+        if code != 0:
+            return code, False  # no dashboard: the pull's failure is the news
+    return _after_apply(client, plan, args), True
+
+
 def _plan_and_apply(
-    client: Client, toml: str, path: Path, args: argparse.Namespace
+    client: Client,
+    toml: str,
+    path: str | None,
+    args: argparse.Namespace,
+    prog: str = "vsup up",
+    warn: bool = False,
 ) -> ApplyAnswer | None:
-    """The daemon's plan printed (and consent asked for), then the apply's answer; None for a
-    `--dry-run`. Refused layouts raise CommandFailed."""
+    """The daemon's plan printed (and consent asked for; `warn`: the dry run's warnings too),
+    then the apply's answer; None for a `--dry-run`. Refused layouts raise CommandFailed."""
     from vsup.commands.cliutil import CommandFailed, print_diagnostics
+    from vsup.termtext import printable
 
     pull = not getattr(args, "no_pull", False)
-    dry = client.apply(
-        toml, str(path), dry_run=True, all_at_once=args.all_at_once, **_pull_kw(pull)
-    )
+    dry = client.apply(toml, path, dry_run=True, all_at_once=args.all_at_once, **_pull_kw(pull))
     if dry.errors:
         # The daemon checks against this node (GPU count) and what runs now.
         print_diagnostics(list(dry.errors))
-        raise CommandFailed(
-            f"vsup up: {path} is not valid on this node; nothing changed", BAD_INPUT
-        )
+        what = printable(path) if path else "the layout"
+        raise CommandFailed(f"{prog}: {what} is not valid on this node; nothing changed", BAD_INPUT)
+    if warn:
+        print_diagnostics(list(dry.warnings))
     plan = dry.plan or ApplyPlan()
     serving = serving_names(client.status())
     print_plan(plan, serving)
@@ -153,11 +179,11 @@ def _plan_and_apply(
         return None
     interrupts = interrupted(plan, serving)
     if interrupts and not args.yes:
-        confirm(interrupts)
-    answer = client.apply(toml, str(path), all_at_once=args.all_at_once, **_pull_kw(pull))
+        confirm(interrupts, prog)
+    answer = client.apply(toml, path, all_at_once=args.all_at_once, **_pull_kw(pull))
     if answer.errors:
         print_diagnostics(list(answer.errors))
-        raise CommandFailed("vsup up: the daemon refused the layout", BAD_INPUT)
+        raise CommandFailed(f"{prog}: the daemon refused the layout", BAD_INPUT)
     print_diagnostics([w for w in answer.warnings if w not in dry.warnings])
     return answer
 
@@ -321,14 +347,14 @@ def interrupted(plan: ApplyPlan, serving: set[str]) -> list[str]:
     return names
 
 
-def confirm(names: list[str]) -> None:
+def confirm(names: list[str], prog: str = "vsup up") -> None:
     """Ask on a terminal; refuse without one. Returns only when the operator said yes."""
     from vsup.commands.cliutil import CommandFailed
 
     what = ", ".join(n if n != ROUTER else f"{ROUTER} (the router)" for n in names)
     if not sys.stdin.isatty():
         raise CommandFailed(
-            f"vsup up: this stops or restarts serving instances ({what}) and there is no "
+            f"{prog}: this stops or restarts serving instances ({what}) and there is no "
             "terminal to confirm it; nothing was changed. Check the plan above, then run again "
             "with --yes",
             EXIT_NOT_CONFIRMED,
@@ -338,7 +364,7 @@ def confirm(names: list[str]) -> None:
     except EOFError:
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
-        raise CommandFailed("vsup up: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
+        raise CommandFailed(f"{prog}: not confirmed; nothing was changed", EXIT_NOT_CONFIRMED)
 
 
 def describe_rollout(r: RolloutStatus) -> str:

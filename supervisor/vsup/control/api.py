@@ -61,6 +61,8 @@ class ControlService(Protocol):
 
     def layout(self) -> dict[str, Any]: ...
 
+    async def layouts(self) -> dict[str, Any]: ...
+
     async def apply(
         self,
         toml: str,
@@ -140,6 +142,10 @@ async def _status(service: ControlService, request: Request) -> Any:
 
 async def _layout(service: ControlService, request: Request) -> Any:
     return service.layout()
+
+
+async def _layouts(service: ControlService, request: Request) -> Any:
+    return await service.layouts()
 
 
 async def _apply(service: ControlService, request: Request) -> Any:
@@ -344,6 +350,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/v1/ping", _ping),
     ("GET", "/v1/status", _status),
     ("GET", "/v1/layout", _layout),
+    ("GET", "/v1/layouts", _layouts),
     ("POST", "/v1/apply", _apply),
     ("POST", "/v1/actions", _actions),
     ("GET", "/v1/instances/{name}/logs", _logs),

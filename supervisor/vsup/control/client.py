@@ -247,6 +247,11 @@ class JsonClient:
     def layout(self) -> Any:
         return self._call("GET", "/v1/layout")
 
+    def layouts(self) -> Any:
+        """The last applied layouts, newest first, and the running one's text (`vsup
+        rollback`)."""
+        return self._call("GET", "/v1/layouts")
+
     def apply(
         self,
         toml: str,
@@ -465,6 +470,9 @@ class AsyncJsonClient:
     async def layout(self) -> Any:
         return await self._call("GET", "/v1/layout")
 
+    async def layouts(self) -> Any:
+        return await self._call("GET", "/v1/layouts")
+
     async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> Any:
         return await self._call("POST", "/v1/apply", json=apply_body(toml, path, dry_run))
 
@@ -509,6 +517,10 @@ class AsyncJsonClient:
 
     async def shutdown(self, stop_instances: bool = True) -> Any:
         return await self._call("POST", "/v1/shutdown", json={"stop_instances": stop_instances})
+
+    async def rollout(self, action: str) -> Any:
+        """End a canary's watch: `action` promote | abort (docs/canary.md)."""
+        return await self._call("POST", "/v1/rollout", json={"action": action})
 
 
 class AsyncClient:
@@ -595,6 +607,11 @@ class AsyncClient:
     async def shutdown(self, stop_instances: bool = True) -> ShutdownAnswer:
         doc = await self.json.shutdown(stop_instances)
         return _typed(ShutdownAnswer, doc, "POST /v1/shutdown")
+
+    async def rollout(self, action: str) -> dict[str, Any]:
+        """End a canary's watch (`vsup rollout promote|abort`; 409 when none is watched)."""
+        doc: dict[str, Any] = await self.json.rollout(action)
+        return doc
 
 
 _A = TypeVar("_A")

@@ -14,10 +14,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vsup import __version__
+from vsup import __version__, paths
 from vsup.control.api import LogFile
 from vsup.control.errors import Conflict, ControlError, UnknownInstances
 from vsup.control.host import DaemonHost
+from vsup.control.layouthistory import (
+    KeptLayout,
+    LayoutHistory,
+    bench_candidate,
+    journal_applies,
+)
 from vsup.control.state import spec_to_dict
 from vsup.engine import Engine, Instance
 from vsup.engine.routing import ROUTER_NAME
@@ -40,6 +46,10 @@ class DaemonService:
 
     def __init__(self, daemon: DaemonHost) -> None:
         self.daemon = daemon
+        # the last applied layouts (`vsup rollback`); a home without the file: the journal's
+        self.kept_layouts = LayoutHistory(
+            paths.layouts_path(daemon.home), lambda: journal_applies(daemon.journal.iter_file())
+        )
 
     def instance_names(self) -> list[str]:
         return list(self.daemon.engine.instances)
@@ -60,6 +70,14 @@ class DaemonService:
             "path": self.daemon.layout_path,
             "toml": self.daemon.layout_toml,
             "name": self.daemon.layout_name,
+        }
+
+    async def layouts(self) -> dict[str, Any]:
+        """`GET /v1/layouts`: the kept layouts, newest first, and the running layout's text."""
+        kept = await asyncio.to_thread(self.kept_layouts.entries)
+        return {
+            "layouts": [k.to_json() for k in reversed(kept)],
+            "running": self.daemon.layout_toml,
         }
 
     async def apply(
@@ -93,7 +111,8 @@ class DaemonService:
             plan["pull"] = [t.to_json() for t in resolution.pulls]  # additive: pulled first
             if dry_run:
                 return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-            self._record(compiled, plan)
+            applied = self._record(compiled, plan)
+            await asyncio.to_thread(self._keep, applied)
             self.daemon.alerts.configure(compiled.alerts)
             warnings += await self._listen(compiled.metrics_listen)
             if resolution.pulls:
@@ -104,6 +123,15 @@ class DaemonService:
         self.daemon.state_changed()
         done: dict[str, Any] = {**handed, "changes": plan["changes"], "pull": []}
         return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
+
+    def _keep(self, applied: KeptLayout) -> None:
+        """Keep the layout for `vsup rollback`, unless a bench applies it (a candidate). Never
+        fails the apply: the journal has the layout whatever happens here."""
+        try:
+            if not bench_candidate(self.daemon.home, applied.toml):
+                self.kept_layouts.record(applied)
+        except Exception:
+            log.exception("could not keep layout %s for vsup rollback", applied.seq)
 
     async def _hand_off(self, compiled: CompiledLayout, rolling: bool) -> dict[str, Any]:
         """The router, then the engine (the caller holds `apply_lock`): the engine's plan and
@@ -164,8 +192,9 @@ class DaemonService:
         plan["changes"] = changes
         return plan
 
-    def _record(self, compiled: CompiledLayout, plan: dict[str, Any]) -> None:
-        """`compiled` is the running layout from now on: the daemon's record, the journal."""
+    def _record(self, compiled: CompiledLayout, plan: dict[str, Any]) -> KeptLayout:
+        """`compiled` is the running layout from now on: the daemon's record, the journal
+        (returned as the layout to keep for `vsup rollback`)."""
         daemon = self.daemon
         daemon.layout = compiled
         daemon.layout_toml, daemon.layout_path = compiled.text, compiled.path
@@ -174,7 +203,7 @@ class DaemonService:
         daemon.problems = [p for p in daemon.problems if p.kind != "layout"]
         # The layout's text rides with the event: a daemon that finds both state files bad
         # takes the running layout back from the journal (`last_layout`).
-        daemon.journal.append(
+        event = daemon.journal.append(
             ActionEvent(
                 action="apply",
                 layout=compiled.name,
@@ -184,6 +213,10 @@ class DaemonService:
             )
         )
         daemon.state_changed()
+        seq = event.seq if event.seq is not None else daemon.journal.next_seq - 1
+        return KeptLayout(
+            seq=seq, toml=compiled.text, t=event.t, name=compiled.name, path=compiled.path
+        )
 
     async def _listen(self, listen: tuple[str, int] | None) -> list[dict[str, Any]]:
         """Serve Prometheus metrics where the layout says (or stop); warnings when it cannot."""

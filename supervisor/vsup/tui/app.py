@@ -25,6 +25,7 @@ from vsup import sleepview
 from vsup.clock import Clock, SystemClock
 from vsup.snapshot import InstanceStatus, StatusSnapshot
 from vsup.states import State
+from vsup.termtext import printable
 from vsup.tui import fmt, layout_edit, rows
 from vsup.tui.client import DashboardClient, answer_errors, is_missing
 from vsup.tui.history import History
@@ -366,6 +367,8 @@ class DashboardApp(App[None]):
             self.remove_instance(name)
         elif action == "save":
             self.save_layout()
+        elif action in ("promote_canary", "abort_canary"):
+            self.end_canary_watch("promote" if action == "promote_canary" else "abort")
         elif action == "help":
             self.show_help()
         elif action == "detach":
@@ -395,6 +398,43 @@ class DashboardApp(App[None]):
             )
         else:
             self._send_action(verb, inst.name)
+
+    def end_canary_watch(self, verb: str) -> None:
+        """`vsup rollout promote|abort` from the dashboard (asks first)."""
+        r = self.snapshot.rollout if self.snapshot is not None else None
+        if r is None:
+            return
+        canary = printable(", ".join(r.canary)) or "the canary"
+        if verb == "promote":
+            question = f"Promote canary {canary}?"
+            details = "The watch ends now and the rollout goes on with the other waves."
+        else:
+            question = f"Abort canary {canary}?"
+            details = (
+                "The watch ends now: the canary goes back to its old spec (drained, no request "
+                "cut) and the rollout ends rolled back."
+            )
+
+        def confirmed(ok: bool | None) -> None:
+            if ok:
+                self._send_rollout(verb)
+
+        self.push_screen(ConfirmScreen(question, details, yes=verb.title()), callback=confirmed)
+
+    @work(name="rollout", group="action", exit_on_error=False)
+    async def _send_rollout(self, verb: str) -> None:
+        try:
+            await self.client.rollout(verb)
+        except Exception as exc:
+            self.notify(printable(str(exc)), title=f"{verb} refused", severity="error")
+        else:
+            done = (
+                "canary promoted: the rollout goes on"
+                if verb == "promote"
+                else "canary aborted: it goes back to its old spec"
+            )
+            self.notify(done, timeout=5)
+        self.tick()
 
     def swap(self, name: str, other: str) -> None:
         """Put `name` to sleep and wake `other` once its memory is released (asks first:

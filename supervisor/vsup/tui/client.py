@@ -11,7 +11,7 @@ as any other exception (the dashboard shows its text in the banner and keeps ret
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from vsup.answers import (
     ActionAnswer,
@@ -67,6 +67,10 @@ class DashboardClient(Protocol):
 
     async def save(self, path: str) -> SaveAnswer:
         """POST /v1/save: writes the running layout atomically; refuses an invalid one."""
+        ...
+
+    async def rollout(self, action: str) -> dict[str, Any]:
+        """POST /v1/rollout: end a canary's watch, `promote` or `abort` (409: none watched)."""
         ...
 
 

@@ -177,6 +177,26 @@ KEYS: tuple[Key, ...] = (
         wide=True,
         mutates=True,
     ),
+    Key(
+        "promote",
+        "P",
+        "promote_canary",
+        "Promote",
+        "While a canary is watched: end the watch, the rollout goes on with the other waves "
+        "(asks first; `vsup rollout promote`)",
+        mutates=True,
+        confirm=True,
+    ),
+    Key(
+        "abort",
+        "A",
+        "abort_canary",
+        "Abort canary",
+        "While a canary is watched: end the watch, the canary goes back to its old spec "
+        "(drained) and the rollout ends rolled back (asks first; `vsup rollout abort`)",
+        mutates=True,
+        confirm=True,
+    ),
     Key("help", "question_mark", "help", "Help", "Keys and what the columns mean"),
     Key("detach", "q", "detach", "Detach", "Close the dashboard; instances keep running"),
 )
@@ -184,6 +204,7 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_ACTION = {k.action: k for k in KEYS}
 WIDE_FOOTER = frozenset(k.id for k in KEYS if k.wide)
 MUTATING_ACTIONS = frozenset(k.action for k in KEYS if k.mutates)
+CANARY_ACTIONS = frozenset(("promote_canary", "abort_canary"))  # only while a canary is watched
 
 
 def bindings() -> list[BindingType]:

@@ -25,10 +25,10 @@ from vsup import sleepview
 from vsup.answers import InstanceConfig
 from vsup.routerview import router_line
 from vsup.snapshot import InstanceStatus, StatusSnapshot
-from vsup.states import IDLE, SERVING, SleepState, State
+from vsup.states import IDLE, SERVING, CanaryState, RolloutState, SleepState, State
 from vsup.tui import keymap, rows
 from vsup.tui.history import History
-from vsup.tui.keymap import KEY_BY_ACTION, WIDE_FOOTER
+from vsup.tui.keymap import CANARY_ACTIONS, KEY_BY_ACTION, WIDE_FOOTER
 from vsup.tui.widgets.benchbar import BenchBar
 from vsup.tui.widgets.detail import DetailTabs, SidePanel
 from vsup.tui.widgets.gpus import GpuPanel
@@ -241,7 +241,10 @@ class Dashboard(Screen[None]):
 
     def render_snapshot(self, snap: StatusSnapshot) -> None:
         """Bring every widget up to `snap`, touching only what changed."""
+        watched = self.canary_watched
         self.snapshot = snap
+        if self.canary_watched != watched:
+            self.refresh_bindings()  # the canary's keys come and go with its watch
         table = self.query_one(InstanceTable)
         with self.app.batch_update():
             self.query_one(NodeHeader).show(snap, self.readonly, self.narrow)
@@ -399,6 +402,8 @@ class Dashboard(Screen[None]):
         key = KEY_BY_ACTION.get(action)
         if key is None:
             return True
+        if action in CANARY_ACTIONS and not self.canary_watched:
+            return False  # in the footer only while a canary is watched
         if key.mutates and self.readonly:
             return None
         if key.selection:
@@ -437,6 +442,21 @@ class Dashboard(Screen[None]):
 
     def _request(self, action: str) -> None:
         self.post_message(self.Requested(action, self.selected))
+
+    @property
+    def canary_watched(self) -> bool:
+        r = self.snapshot.rollout if self.snapshot is not None else None
+        return (
+            r is not None
+            and r.state == RolloutState.RUNNING
+            and (r.canary_state == CanaryState.WATCHING)
+        )
+
+    def action_promote_canary(self) -> None:
+        self._request("promote_canary")
+
+    def action_abort_canary(self) -> None:
+        self._request("abort_canary")
 
     def action_restart(self) -> None:
         self._request("restart")

@@ -199,7 +199,7 @@ def _spans(fleet: Fleet, layout_path: str) -> tuple[str, list[Any], list[Any]]:
     diagnostics: as on any node, a model by relative path, each span node the fleet lacks)."""
     from pathlib import Path
 
-    from vsup.layout.compiled import span_units
+    from vsup.layout.compiled import declared_spans, span_units
     from vsup.layout.model import load_layout
     from vsup.layout.span import fleet_problems
 
@@ -212,7 +212,7 @@ def _spans(fleet: Fleet, layout_path: str) -> tuple[str, list[Any], list[Any]]:
         if (d.instance, d.key) not in said_of  # a span's own rule said it
     ]
     problems = fleet_problems(
-        units,
+        declared_spans(layout),
         [n.name for n in fleet.nodes],
         str(fleet.path),
         layout.file,
@@ -442,6 +442,14 @@ def _fleet_layout(path: Path) -> tuple[str, Any] | int:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
         return exits.BAD_INPUT
+    spanning = span_instances(layout)
+    if spanning:
+        for d in spanning:
+            print(d.format(), file=sys.stderr)
+        print(
+            f"vsup fleet up: {path} has a server across nodes; nothing was changed", file=sys.stderr
+        )
+        return exits.BAD_INPUT
     relative = relative_models(layout)
     if relative:
         for d in relative:
@@ -468,6 +476,20 @@ def _refusals(plans: list[Any]) -> int | None:
         return None
     print("vsup fleet up: not every node can take the layout; nothing was changed", file=sys.stderr)
     return exits.BAD_INPUT if any(p.errors for p in plans) else 1
+
+
+def span_instances(layout: Any) -> list[Any]:
+    """The error of each instance with a `span`: no node's daemon starts its part yet
+    (docs/fleet.md, "One server across nodes"), so the nodes are not even asked."""
+    from vsup.layout.compiled import span_not_started
+
+    raw = layout.document.get("instance")
+    tables = raw if isinstance(raw, list) else []
+    return [
+        span_not_started(layout, i, t["name"] if isinstance(t.get("name"), str) else f"#{i + 1}")
+        for i, t in enumerate(tables)
+        if isinstance(t, dict) and "span" in t
+    ]
 
 
 def relative_models(layout: Any) -> list[Any]:

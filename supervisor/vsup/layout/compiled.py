@@ -31,13 +31,13 @@ from typing import Any
 from vsup.layout.alertconfig import AlertConfig
 from vsup.layout.cpubind import bind_cpu_instances
 from vsup.layout.diagnostics import ERROR, Diagnostic
-from vsup.layout.merge import MergedInstance
+from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
 from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
 from vsup.layout.node import NodeFacts
 from vsup.layout.resolve import spec_from_merged
 from vsup.layout.routerspec import RouterSpec, router_spec
 from vsup.layout.sourcemap import SourceMap
-from vsup.layout.span import SpanUnit, read_span
+from vsup.layout.span import DeclaredSpan, SpanUnit, read_span
 from vsup.layout.spec import CanarySettings, InstanceSpec
 from vsup.layout.validate import check
 
@@ -48,7 +48,9 @@ __all__ = [
     "compile_document",
     "compile_file",
     "compile_layout",
+    "declared_spans",
     "layout_settings",
+    "span_not_started",
     "span_units",
 ]
 
@@ -167,7 +169,7 @@ def _spans(m: MergedInstance) -> bool:
     return read_span(m.values.get("span")) is not None
 
 
-def _not_started_here(layout: Layout, index: int, name: str) -> Diagnostic:
+def span_not_started(layout: Layout, index: int, name: str) -> Diagnostic:
     """A span is every node's part of one server: no node runs the layout's instance as such
     (its own part, `SpanUnit.member`, is not started by the daemons yet)."""
     return Diagnostic(
@@ -196,6 +198,21 @@ def span_units(
         if span is not None:
             units.append(SpanUnit(spec_from_merged(m, layout), span, m.index))
     return units, checked.diagnostics
+
+
+def declared_spans(
+    layout: Layout, profile_dirs: Sequence[Path] | None = None
+) -> list[DeclaredSpan]:
+    """Every instance's usable `span`, even in a layout with errors elsewhere (so that a node
+    the fleet lacks is said with the rest); none of a layout that is not TOML."""
+    if layout.load_errors:
+        return []
+    out = []
+    for m in merge_instances(layout, profile_cache_for(layout, profile_dirs)):
+        span = read_span(m.values.get("span"))
+        if span is not None:
+            out.append(DeclaredSpan(m.index, m.label, span))
+    return out
 
 
 def compile_layout(
@@ -233,7 +250,7 @@ def compile_document(
     checked = check(layout, node, profile_dirs)
     if not checked.ok:
         return None, checked.diagnostics
-    spans = [_not_started_here(layout, m.index, m.label) for m in checked.merged if _spans(m)]
+    spans = [span_not_started(layout, m.index, m.label) for m in checked.merged if _spans(m)]
     if spans:
         return None, spans + checked.diagnostics
     # CPU instances get cores of their own (cpubind.py), as `Layout.resolve()` gives them

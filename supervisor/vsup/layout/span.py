@@ -188,6 +188,16 @@ class SpanMember:
 
 
 @dataclass(frozen=True)
+class DeclaredSpan:
+    """A usable `span` of the layout's instance `name` (the `index`th [[instance]]), whether or
+    not the rest of the layout validates: enough to check its nodes against a fleet."""
+
+    index: int
+    name: str
+    span: SpanSpec
+
+
+@dataclass(frozen=True)
 class SpanUnit:
     """A layout's instance that spans nodes: its spec as the layout resolves it (no DP flags)
     and its `span`. `member(node)` is the part `node` runs."""
@@ -199,6 +209,10 @@ class SpanUnit:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def declared(self) -> DeclaredSpan:
+        return DeclaredSpan(self.index, self.name, self.span)
 
     def member(self, node: str) -> SpanMember:
         """`node`'s own part: the layout's spec with its data-parallel flags, the head's API
@@ -229,7 +243,7 @@ class SpanUnit:
 
 
 def fleet_problems(
-    units: Sequence[SpanUnit],
+    spans: Sequence[DeclaredSpan],
     nodes: Sequence[str],
     fleet_file: str,
     layout_file: str | None,
@@ -239,8 +253,8 @@ def fleet_problems(
     instance and the key (`span.ranks.NODE`). `line_of(index, node)`: its line, when known."""
     known = ", ".join(nodes) or "none"
     out = []
-    for unit in units:
-        for node in unit.span.nodes:
+    for declared in spans:
+        for node in declared.span.nodes:
             if node in nodes:
                 continue
             out.append(
@@ -249,8 +263,8 @@ def fleet_problems(
                     f"no node '{node}' in {fleet_file} (nodes: {known}): a span runs on nodes "
                     "of the fleet, by the names the fleet file gives them",
                     file=layout_file,
-                    line=line_of(unit.index, node) if line_of else None,
-                    instance=unit.name,
+                    line=line_of(declared.index, node) if line_of else None,
+                    instance=declared.name,
                     key=f"span.ranks.{node}",
                 )
             )

@@ -330,7 +330,8 @@ def test_no_node_runs_the_layouts_span_instance_as_such(tmp_path: Path):
 def test_nodes_the_fleet_lacks_name_the_layout_instance_and_key(tmp_path: Path):
     units = units_of(tmp_path, layout_text('{ ranks = { n1 = 1, n9 = 1 }, address = "h" }'))
     layout_file = str(tmp_path / "spanned.toml")
-    (d,) = fleet_problems(units, ["n1", "n2"], "/etc/fleet.toml", layout_file)
+    declared = [u.declared for u in units]
+    (d,) = fleet_problems(declared, ["n1", "n2"], "/etc/fleet.toml", layout_file)
     assert (d.file, d.instance, d.key) == (layout_file, "big", "span.ranks.n9")
     assert "no node 'n9' in /etc/fleet.toml (nodes: n1, n2)" in d.message
 
@@ -373,3 +374,31 @@ def test_fleet_validate_refuses_a_node_the_fleet_lacks(
     assert f"{layout}:" in err
     assert "instance 'big': key 'span.ranks.gpu7': no node 'gpu7'" in err
     assert "is not valid" in err
+
+
+def test_fleet_validate_says_every_error_at_once(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """A node the fleet lacks is said beside the layout's other errors, not after they are
+    fixed."""
+    (tmp_path / "fleet.toml").write_text(FLEET)
+    text = layout_text('{ ranks = { n1 = 1, gpu7 = 1 }, address = "h" }', args="headless = true")
+    layout = write(tmp_path, text)
+    code = main(["fleet", "validate", "--fleet", str(tmp_path / "fleet.toml"), str(layout)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "key 'span.ranks.gpu7': no node 'gpu7'" in err
+    assert "key 'args.headless': --headless is set by span" in err
+
+
+def test_fleet_up_refuses_a_span_before_asking_any_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    """The daemons do not start a span's members yet: `fleet up` says so and reaches no node
+    (these nodes' ssh names resolve nowhere)."""
+    (tmp_path / "fleet.toml").write_text(FLEET)
+    layout = write(tmp_path, layout_text(SPAN))
+    fleet = str(tmp_path / "fleet.toml")
+    assert main(["fleet", "up", "--fleet", fleet, "--nodes", "n1,n2", str(layout)]) == 2
+    err = capsys.readouterr().err
+    assert "instance 'big': key 'span': spans nodes: vsup does not start" in err
+    assert "nothing was changed" in err
+    assert "cannot take part" not in err

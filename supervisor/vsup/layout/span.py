@@ -178,7 +178,13 @@ class SpanMember:
     spec: InstanceSpec
 
     def argv(self) -> list[str]:
-        return self.spec.argv()
+        """The member's command line: the spec's, with the model as `vllm serve`'s positional
+        argument (vLLM 0.32 warns that its `--model` option "will be removed")."""
+        argv = self.spec.argv()
+        n = len(self.spec.command)
+        if is_serve_command(self.spec.command) and argv[n : n + 1] == ["--model"]:
+            argv = [*argv[:n], argv[n + 1], *argv[n + 2 :]]
+        return argv
 
     def describe(self) -> str:
         """`head, ranks 0-1` / `ranks 2-3` (`rank 2` for one)."""

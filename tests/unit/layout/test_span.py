@@ -94,8 +94,7 @@ def test_two_nodes_one_rank_each_exact_argv(tmp_path: Path):
     (unit,) = units_of(tmp_path, layout_text(span, args="enforce-eager = true"))
     head, follower = unit.members()
     common = [
-        "--model",
-        "acme/tiny-model",
+        "acme/tiny-model",  # vllm serve's positional model
         "--host",
         "0.0.0.0",
         "--port",
@@ -112,7 +111,7 @@ def test_two_nodes_one_rank_each_exact_argv(tmp_path: Path):
     ]
     # the API-server module has no --headless: both run vsup's shim of `vllm serve`
     load = ["--enable-server-load-tracking"] if unit.spec.load_tracking else []
-    common = common[:6] + load + common[6:]
+    common = common[:5] + load + common[5:]
     assert head.argv() == [*SHIM, *common]
     assert follower.argv() == [*SHIM, *common, "--headless", "--data-parallel-start-rank", "1"]
     assert (head.node, head.head, head.start_rank, head.describe()) == (
@@ -135,7 +134,6 @@ def test_two_nodes_two_ranks_each_on_gpus(tmp_path: Path):
     common = [
         "vllm",
         "serve",
-        "--model",
         "acme/tiny-model",
         "--host",
         "0.0.0.0",
@@ -402,3 +400,10 @@ def test_fleet_up_refuses_a_span_before_asking_any_node(
     assert "instance 'big': key 'span': spans nodes: vsup does not start" in err
     assert "nothing was changed" in err
     assert "cannot take part" not in err
+
+
+def test_a_command_that_may_not_be_vllm_serve_keeps_the_model_option(tmp_path: Path):
+    """Only `vllm serve` forms take the model as their positional argument."""
+    text = layout_text(SPAN).replace(json.dumps(CPU), '["/opt/wrap-vllm"]')
+    (unit,) = units_of(tmp_path, text)
+    assert unit.member("n2").argv()[:3] == ["/opt/wrap-vllm", "--model", "acme/tiny-model"]

@@ -244,6 +244,7 @@ def test_a_node_the_span_does_not_name_has_no_part(tmp_path: Path):
         ('{ ranks = { n1 = 1, n2 = 1 }, head = "n3", address = "h" }', "span.head", "'n3'"),
         ("{ ranks = { n1 = 1, n2 = 1 } }", "span.address", "missing"),
         ('{ ranks = { n1 = 1, n2 = 1 }, address = "a b" }', "span.address", "not a host"),
+        ('{ ranks = { n1 = 1, n2 = 1 }, address = "h:13345" }', "span.address", "rpc_port"),
         ('{ ranks = { n1 = 2, n2 = 1 }, address = "h", size = 4 }', "span.size", "add up to 3"),
         ('{ ranks = { n1 = 1, n2 = 1 }, address = "h", rpc_port = 70000 }', "span.rpc_port", ""),
         ('{ ranks = { n1 = 1, n2 = 1 }, address = "h", rpc_port = 8000 }', "span.rpc_port", "8000"),

@@ -143,6 +143,16 @@ def span_address(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     try:
         loopback = ipaddress.ip_address(address.strip()).is_loopback
     except ValueError:
+        if ":" in address:
+            return [
+                origin_diag(
+                    ERROR,
+                    f"{address!r}: the address alone, without :PORT (the port is rpc_port)",
+                    m,
+                    "span",
+                    "address",
+                )
+            ]
         loopback = address.strip() == "localhost"
     if not loopback:
         return []

@@ -481,10 +481,12 @@ def _refusals(plans: list[Any]) -> int | None:
 def span_instances(layout: Any) -> list[Any]:
     """The error of each instance with a `span`: no node's daemon starts its part yet
     (docs/fleet.md, "One server across nodes"), so the nodes are not even asked."""
-    from vsup.layout.compiled import span_not_started
-
     raw = layout.document.get("instance")
     tables = raw if isinstance(raw, list) else []
+    if not any(isinstance(t, dict) and "span" in t for t in tables):
+        return []
+    from vsup.layout.compiled import span_not_started  # the rules' weight: only for a span
+
     return [
         span_not_started(layout, i, t["name"] if isinstance(t.get("name"), str) else f"#{i + 1}")
         for i, t in enumerate(tables)

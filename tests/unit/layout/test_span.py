@@ -408,3 +408,34 @@ def test_a_command_that_may_not_be_vllm_serve_keeps_the_model_option(tmp_path: P
     text = layout_text(SPAN).replace(json.dumps(CPU), '["/opt/wrap-vllm"]')
     (unit,) = units_of(tmp_path, text)
     assert unit.member("n2").argv()[:3] == ["/opt/wrap-vllm", "--model", "acme/tiny-model"]
+
+
+def test_three_nodes_one_rank_each_exact_argv(tmp_path: Path):
+    text = layout_text('{ ranks = { n1 = 1, n2 = 1, n3 = 1 }, address = "10.1.2.3" }').replace(
+        json.dumps(CPU), '["vllm", "serve"]'
+    )
+    (unit,) = units_of(tmp_path, text)
+    load = ["--enable-server-load-tracking"] if unit.spec.load_tracking else []
+    base = [
+        "vllm",
+        "serve",
+        "acme/tiny-model",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        *load,
+        "--data-parallel-size",
+        "3",
+        "--data-parallel-size-local",
+        "1",
+        "--data-parallel-address",
+        "10.1.2.3",
+        "--data-parallel-rpc-port",
+        "29550",
+    ]
+    assert [m.argv() for m in unit.members()] == [
+        base,
+        [*base, "--headless", "--data-parallel-start-rank", "1"],
+        [*base, "--headless", "--data-parallel-start-rank", "2"],
+    ]

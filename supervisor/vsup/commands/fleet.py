@@ -68,8 +68,18 @@ def _add_status(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _add_validate(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`vsup fleet validate`'s arguments."""
-    v = fsub.add_parser("validate", help="check the fleet file (exit 2 with every error)")
+    v = fsub.add_parser(
+        "validate",
+        help="check the fleet file, and a layout's servers across nodes (exit 2 with every error)",
+    )
     _fleet_arg(v)
+    v.add_argument(
+        "layout",
+        metavar="LAYOUT",
+        nargs="?",
+        help="also check this layout against the fleet and show each node's part of every "
+        "instance with a span (docs/fleet.md)",
+    )
     v.add_argument("--json", action="store_true", help="the fleet as JSON")
     return v
 
@@ -167,13 +177,103 @@ def _names(text: str | None) -> list[str]:
 def _validate(fleet: Fleet, args: argparse.Namespace) -> int:
     from vsup.fleet.model import describe
 
+    checked = _spans(fleet, args.layout) if getattr(args, "layout", None) else None
     if args.json:
-        json.dump(describe(fleet), sys.stdout, indent=2)
+        doc = describe(fleet)
+        if checked is not None:
+            doc["layout"] = _spans_json(*checked)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         groups = ", ".join(f"{g} ({len(m)})" for g, m in fleet.groups.items()) or "none"
         print(f"{fleet.path}: {len(fleet.nodes)} node(s), groups: {groups}")
+        if checked is not None:
+            _print_spans(*checked)
+    if checked is not None and any(d.is_error for d in checked[2]):
+        return exits.BAD_INPUT
     return exits.OK
+
+
+def _spans(fleet: Fleet, layout_path: str) -> tuple[str, list[Any], list[Any]]:
+    """A layout checked for the fleet: (its file, the instances that span nodes, its
+    diagnostics: as on any node, a model by relative path, each span node the fleet lacks)."""
+    from pathlib import Path
+
+    from vsup.layout.compiled import declared_spans, span_units
+    from vsup.layout.model import load_layout
+    from vsup.layout.span import fleet_problems
+
+    layout = load_layout(Path(layout_path).expanduser().absolute())
+    units, diagnostics = span_units(layout)
+    said_of = {(d.instance, d.key) for d in diagnostics}
+    relative = [
+        d
+        for d in ([] if layout.load_errors else relative_models(layout))
+        if (d.instance, d.key) not in said_of  # a span's own rule said it
+    ]
+    problems = fleet_problems(
+        declared_spans(layout),
+        [n.name for n in fleet.nodes],
+        str(fleet.path),
+        layout.file,
+        lambda i, node: layout.line("instance", i, "span", "ranks", node),
+    )
+    said = diagnostics + relative + problems
+    ok = not any(d.is_error for d in said)
+    return layout.file or layout_path, units if ok else [], said
+
+
+def _spans_json(file: str, units: list[Any], said: list[Any]) -> dict[str, Any]:
+    """`fleet validate LAYOUT --json`'s `layout`: its diagnostics and each span's members."""
+    return {
+        "file": file,
+        "errors": [d.to_json() for d in said if d.is_error],
+        "warnings": [d.to_json() for d in said if not d.is_error],
+        "spans": [
+            {
+                "instance": u.name,
+                "size": u.span.size,
+                "head": u.span.head,
+                "address": u.span.address,
+                "rpc_port": u.span.rpc_port,
+                "members": [
+                    {
+                        "node": m.node,
+                        "head": m.head,
+                        "start_rank": m.start_rank,
+                        "ranks": m.ranks,
+                        "gpus": list(m.spec.gpus),
+                        "argv": m.argv(),
+                    }
+                    for m in u.members()
+                ],
+            }
+            for u in units
+        ],
+    }
+
+
+def _print_spans(file: str, units: list[Any], said: list[Any]) -> None:
+    """The layout's diagnostics on stderr; each span's nodes, their ranks and command lines."""
+    import shlex
+
+    for d in said:
+        print(d.format(), file=sys.stderr)
+    if any(d.is_error for d in said):
+        print(f"vsup fleet validate: {printable(file)} is not valid", file=sys.stderr)
+        return
+    if not units:
+        print(f"{printable(file)}: no instance spans nodes")
+    for u in units:
+        span = u.span
+        print(
+            f"{printable(file)}: instance {printable(u.name)}: one server over "
+            f"{len(span.ranks)} nodes, {span.size} data-parallel ranks, head "
+            f"{printable(span.head)} at {printable(span.address)}:{span.rpc_port}"
+        )
+        for m in u.members():
+            line = printable(shlex.join(m.argv()))
+            print(f"  {printable(m.node)} ({m.describe()}): {line}")
 
 
 # -- status ----------------------------------------------------------------------------------
@@ -342,6 +442,14 @@ def _fleet_layout(path: Path) -> tuple[str, Any] | int:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
         return exits.BAD_INPUT
+    spanning = span_instances(layout)
+    if spanning:
+        for d in spanning:
+            print(d.format(), file=sys.stderr)
+        print(
+            f"vsup fleet up: {path} has a server across nodes; nothing was changed", file=sys.stderr
+        )
+        return exits.BAD_INPUT
     relative = relative_models(layout)
     if relative:
         for d in relative:
@@ -368,6 +476,22 @@ def _refusals(plans: list[Any]) -> int | None:
         return None
     print("vsup fleet up: not every node can take the layout; nothing was changed", file=sys.stderr)
     return exits.BAD_INPUT if any(p.errors for p in plans) else 1
+
+
+def span_instances(layout: Any) -> list[Any]:
+    """The error of each instance with a `span`: no node's daemon starts its part yet
+    (docs/fleet.md, "One server across nodes"), so the nodes are not even asked."""
+    raw = layout.document.get("instance")
+    tables = raw if isinstance(raw, list) else []
+    if not any(isinstance(t, dict) and "span" in t for t in tables):
+        return []
+    from vsup.layout.compiled import span_not_started  # the rules' weight: only for a span
+
+    return [
+        span_not_started(layout, i, t["name"] if isinstance(t.get("name"), str) else f"#{i + 1}")
+        for i, t in enumerate(tables)
+        if isinstance(t, dict) and "span" in t
+    ]
 
 
 def relative_models(layout: Any) -> list[Any]:

@@ -30,12 +30,14 @@ from typing import Any
 
 from vsup.layout.alertconfig import AlertConfig
 from vsup.layout.cpubind import bind_cpu_instances
-from vsup.layout.diagnostics import Diagnostic
+from vsup.layout.diagnostics import ERROR, Diagnostic
+from vsup.layout.merge import MergedInstance, merge_instances, profile_cache_for
 from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
 from vsup.layout.node import NodeFacts
 from vsup.layout.resolve import spec_from_merged
 from vsup.layout.routerspec import RouterSpec, router_spec
 from vsup.layout.sourcemap import SourceMap
+from vsup.layout.span import DeclaredSpan, SpanUnit, read_span
 from vsup.layout.spec import CanarySettings, InstanceSpec
 from vsup.layout.validate import check
 
@@ -46,7 +48,10 @@ __all__ = [
     "compile_document",
     "compile_file",
     "compile_layout",
+    "declared_spans",
     "layout_settings",
+    "span_not_started",
+    "span_units",
 ]
 
 
@@ -160,6 +165,56 @@ class CompiledLayout:
         return None
 
 
+def _spans(m: MergedInstance) -> bool:
+    return read_span(m.values.get("span")) is not None
+
+
+def span_not_started(layout: Layout, index: int, name: str) -> Diagnostic:
+    """A span is every node's part of one server: no node runs the layout's instance as such
+    (its own part, `SpanUnit.member`, is not started by the daemons yet)."""
+    return Diagnostic(
+        ERROR,
+        "spans nodes: vsup does not start a server across nodes yet (each node's part is "
+        "generated and checked: `vsup fleet validate LAYOUT` shows every node's command; "
+        'docs/fleet.md, "One server across nodes")',
+        file=layout.file,
+        line=layout.line("instance", index, "span"),
+        instance=name,
+        key="span",
+    )
+
+
+def span_units(
+    layout: Layout, node: NodeFacts | None = None, profile_dirs: Sequence[Path] | None = None
+) -> tuple[list[SpanUnit], list[Diagnostic]]:
+    """The layout's instances that span nodes (each with every node's part: `unit.members()`)
+    and the layout's diagnostics (errors first); no unit when any is an error."""
+    checked = check(layout, node, profile_dirs)
+    if not checked.ok:
+        return [], checked.diagnostics
+    units = []
+    for m in checked.merged:
+        span = read_span(m.values.get("span"))
+        if span is not None:
+            units.append(SpanUnit(spec_from_merged(m, layout), span, m.index))
+    return units, checked.diagnostics
+
+
+def declared_spans(
+    layout: Layout, profile_dirs: Sequence[Path] | None = None
+) -> list[DeclaredSpan]:
+    """Every instance's usable `span`, even in a layout with errors elsewhere (so that a node
+    the fleet lacks is said with the rest); none of a layout that is not TOML."""
+    if layout.load_errors:
+        return []
+    out = []
+    for m in merge_instances(layout, profile_cache_for(layout, profile_dirs)):
+        span = read_span(m.values.get("span"))
+        if span is not None:
+            out.append(DeclaredSpan(m.index, m.label, span))
+    return out
+
+
 def compile_layout(
     text: str,
     path: Path | str | None = None,
@@ -195,6 +250,9 @@ def compile_document(
     checked = check(layout, node, profile_dirs)
     if not checked.ok:
         return None, checked.diagnostics
+    spans = [span_not_started(layout, m.index, m.label) for m in checked.merged if _spans(m)]
+    if spans:
+        return None, spans + checked.diagnostics
     # CPU instances get cores of their own (cpubind.py), as `Layout.resolve()` gives them
     specs = tuple(bind_cpu_instances([spec_from_merged(m, layout) for m in checked.merged]))
     compiled = CompiledLayout(

@@ -422,6 +422,23 @@ COMMON_KEYS: dict[str, Key] = {
     )
 }
 
+# `span`: one vLLM server whose data-parallel ranks live on several nodes of a fleet
+# (docs/fleet.md, "One server across nodes"; vsup.layout.span generates each node's flags).
+SPAN_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key(
+            "ranks",
+            "table",
+            "the data-parallel ranks on each node, by fleet node name: { gpu01 = 8, gpu02 = 8 }",
+        ),
+        Key("head", "str", "the node that runs the API server and rank 0 (default: the first)"),
+        Key("address", "str", "the head's address as the other nodes reach it"),
+        Key("rpc_port", "int", "the head's data-parallel RPC port (default 29550)", _port),
+        Key("size", "int", "the data-parallel size: the sum of ranks (optional)", _at_least_one),
+    )
+}
+
 INSTANCE_ONLY_KEYS: dict[str, Key] = {
     k.name: k
     for k in (
@@ -433,6 +450,11 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
             "str",
             "instances that time-share their GPUs with sleep mode: one awake at a time",
             _name,
+        ),
+        Key(
+            "span",
+            "span",
+            "one server whose data-parallel ranks live on several fleet nodes (docs/fleet.md)",
         ),
     )
 }
@@ -563,7 +585,7 @@ def type_problem(key: Key, value: Any) -> str | None:
     elif kind == "int_list":
         ok = isinstance(value, list) and all(is_int(v) for v in value)
         want = "an array of integers"
-    elif kind in ("table", "env_table", "restart", "sleep"):
+    elif kind in ("table", "env_table", "restart", "sleep", "span"):
         ok = isinstance(value, Mapping)
         want = "a table"
     else:  # pragma: no cover - a Key with an unknown kind is a programming error
@@ -578,6 +600,7 @@ def type_problem(key: Key, value: Any) -> str | None:
         "env": 'env = { VLLM_ROCM_USE_AITER = "1" }',
         "restart": 'restart = { policy = "on-failure" }',
         "sleep": "sleep = { level = 1 }",
+        "span": 'span = { ranks = { gpu01 = 2, gpu02 = 2 }, address = "10.0.0.1" }',
         "port": "port = 8000",
     }.get(key.name)
     hint = f", e.g. {example}" if example else ""

@@ -32,6 +32,7 @@ from vsup.layout.schema import (
     ROUTER_ARGS_OWNED_BY_KEYS,
     ROUTER_KEYS,
     SLEEP_KEYS,
+    SPAN_KEYS,
     TOP_KEYS,
     Key,
     is_number,
@@ -188,6 +189,8 @@ def check_table(
             out += _check_restart(value, where.sub(key))
         elif spec.kind == "sleep":
             out += check_table(value, SLEEP_KEYS, where.sub(key), "sleep")
+        elif spec.kind == "span":
+            out += check_table(value, SPAN_KEYS, where.sub(key), "span")
         elif spec.kind == "table" and key == "args" and section == "router":
             out += _check_router_args(value, where.sub(key))
         elif spec.kind == "table" and key == "args":

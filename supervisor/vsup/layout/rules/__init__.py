@@ -4,7 +4,8 @@ Each rule returns its diagnostics (errors: vLLM would not start, or two instance
 over a port or a GPU; warnings: it would start, probably not as intended). Layout rules look at
 the whole layout; instance rules at one merged instance. A rule lives in the module of its
 concern: `ports`, `gpus`, `parallelism`, `dataparallel`, `env`, `secrets`, `flags`, `model`,
-`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`, `sleep`, `canary`. The
+`attention`, `kv`, `instances`, `router`, `stall`, `exporter`, `cpu`, `sleep`, `canary`,
+`span`. The
 structure checks (unknown keys, types, profiles) come before them, in `vsup.layout.structure`.
 """
 
@@ -31,6 +32,7 @@ from vsup.layout.rules import (
     router,
     secrets,
     sleep,
+    span,
     stall,
 )
 from vsup.layout.rules.context import Context
@@ -86,6 +88,14 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     dataparallel.dp_expert_parallel_dense,
     dataparallel.dp_moe_without_expert_parallel,
     dataparallel.dp_env_ignored,
+    span.span_ranks,
+    span.span_head,
+    span.span_address,
+    span.span_size,
+    span.span_flags_in_args,
+    span.span_command,
+    span.span_model,
+    span.span_with_sleep,
     env.hip_visible_devices,
     env.cuda_visible_devices,
     env.attention_backend_env,

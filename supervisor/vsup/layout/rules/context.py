@@ -18,6 +18,7 @@ from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.parallel import ParallelShape, parallel_shape
 from vsup.layout.profiles import ProfileCache
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_int, is_number
+from vsup.layout.span import read_span, span_shape_args
 from vsup.layout.structure import WrittenTable
 from vsup.layout.timeshare import Tenant
 from vsup.layout.vllm_flags import FlagList, flags_for_command
@@ -159,12 +160,16 @@ class Parallelism:
 
 
 def parallelism(m: MergedInstance) -> Parallelism:
+    """The sizes of `m`; an instance with a usable `span` counts its data-parallel size and, as
+    the GPUs `gpus` lists, the node with the most ranks (vsup.layout.span)."""
     tp_raw = m.arg("tensor-parallel-size")
     pp_raw = m.arg("pipeline-parallel-size")
     tp = int_arg(tp_raw) if tp_raw is not None else None
     pp = int_arg(pp_raw) if pp_raw is not None else 1
     if pp_raw is not None and (pp is None or pp < 1):
         pp = None
-    shape = parallel_shape(m.args, len(m.gpus or ()))
+    span = read_span(m.values.get("span"))
+    args = span_shape_args(m.args, span, span.most_local) if span else m.args
+    shape = parallel_shape(args, len(m.gpus or ()))
     effective = tp if tp is not None else shape.tp
     return Parallelism(tp, pp, effective, shape)

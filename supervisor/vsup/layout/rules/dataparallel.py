@@ -25,6 +25,7 @@ from vsup.layout.merge import MergedInstance
 from vsup.layout.parallel import positive_int
 from vsup.layout.rules.context import Context, env_flag_on, int_arg, origin_diag, parallelism
 from vsup.layout.schema import is_int
+from vsup.layout.span import read_span
 
 DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
 DEFAULT_SUPERVISOR_PORT = 9256  # FrontendArgs.data_parallel_supervisor_port
@@ -112,6 +113,8 @@ def dp_hybrid_lb_without_local(ctx: Context, m: MergedInstance) -> list[Diagnost
 def dp_spans_nodes(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     """vsup supervises one node: a DP group with ranks elsewhere lives and dies with them."""
     p = parallelism(m)
+    if read_span(m.values.get("span")) is not None:
+        return []  # a span: vsup knows every node's part (rules/span.py)
     keys = [k for k in (*_MULTI_NODE_FLAGS, *_EXTERNAL_LB_FLAGS) if _flag_set(m, k)]
     if not (p.shape.spans_nodes or keys):
         return []
@@ -185,9 +188,14 @@ def dp_env_ignored(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     ]
 
 
-def _extra_ports(m: MergedInstance) -> Iterator[tuple[int, str, str]]:
-    """(port, what binds it, args key) for the ports a DP instance binds beyond `--port`."""
+def _extra_ports(m: MergedInstance) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+    """(port, what binds it, the key that sets it) for the ports a DP instance binds beyond
+    `--port` (a span's head binds its `rpc_port`)."""
     p = parallelism(m)
+    span = read_span(m.values.get("span"))
+    if span is not None:
+        yield span.rpc_port, "its data-parallel RPC port (on the span's head)", ("span", "rpc_port")
+        return
     reaches_out = p.shape.spans_nodes or any(
         _flag_set(m, k) for k in (*_MULTI_NODE_FLAGS, *_EXTERNAL_LB_FLAGS)
     )
@@ -195,17 +203,18 @@ def _extra_ports(m: MergedInstance) -> Iterator[tuple[int, str, str]]:
         raw = m.arg("data-parallel-rpc-port")
         port = int_arg(raw) if raw is not None else DEFAULT_RPC_PORT
         if port is not None:
-            yield port, "its data-parallel RPC port", m.arg_key("data-parallel-rpc-port") or ""
+            key = m.arg_key("data-parallel-rpc-port") or ""
+            yield port, "its data-parallel RPC port", ("args", key)
     if env_flag_on(m.arg("data-parallel-multi-port-external-lb", False)):
         base = m.values.get("port")
         if is_int(base):
             for rank in range(1, p.shape.dp_local):
-                yield base + rank, f"the API server of its DP rank {rank}", ""
+                yield base + rank, f"the API server of its DP rank {rank}", ("args",)
         raw = m.arg("data-parallel-supervisor-port")
         port = int_arg(raw) if raw is not None else DEFAULT_SUPERVISOR_PORT
         if port is not None:
             key = m.arg_key("data-parallel-supervisor-port") or ""
-            yield port, "its DP supervisor's health server", key
+            yield port, "its DP supervisor's health server", ("args", key)
 
 
 def dp_port_clash(ctx: Context) -> list[Diagnostic]:
@@ -226,10 +235,9 @@ def dp_port_clash(ctx: Context) -> list[Diagnostic]:
                     origin_diag(
                         ERROR,
                         f"port {port} is {what} and also {taken[port]}: give one of them "
-                        "another port" + (f" (args {key})" if key else ""),
+                        "another port" + (f" ({' '.join(key)})" if any(key[1:]) else ""),
                         m,
-                        "args",
-                        key,
+                        *key,
                     )
                 )
             else:

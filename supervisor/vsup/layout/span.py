@@ -1,0 +1,277 @@
+"""One vLLM server whose data-parallel ranks live on several nodes: an instance's `span` table,
+and each node's own part of it (docs/fleet.md, "One server across nodes").
+
+```toml
+[[instance]]
+name = "big"
+model = "deepseek-ai/DeepSeek-V3"        # the same on every node: one layout, one model key
+gpus = [0, 1, 2, 3, 4, 5, 6, 7]          # the GPUs of one node's part (TP x PP x its ranks)
+port = 8000
+args = { enable-expert-parallel = true }
+span = { ranks = { gpu01 = 8, gpu02 = 8 }, address = "10.0.0.1", rpc_port = 13345 }
+```
+
+vLLM's own multi-node data parallel (vLLM 0.32 `vllm serve`, the mp backend): the head runs the
+API server and ranks 0..L-1, each follower runs its ranks headless. Ranks are numbered from
+the head, then the other nodes in the order `ranks` lists them; a node's first rank is the sum
+of the ranks before it, so no operator writes rank arithmetic:
+
+    head:      vllm serve M --data-parallel-size N --data-parallel-size-local L
+                 --data-parallel-address A --data-parallel-rpc-port P --port X
+    follower:  the same with its own L, plus --headless --data-parallel-start-rank R
+
+A node with fewer ranks than another runs on the first TP x PP x L of `gpus`. `--headless` is
+a flag of `vllm serve` only: a command of the `python -m vllm.entrypoints.openai.api_server`
+form (which lacks it) becomes `python -m vsup.vllmserve serve` (vsup's shim of the `vllm`
+console script, which the CPU build cannot run; vsup/vllmserve.py).
+
+A leaf of the layout package: plain values in, plain values out. Whether the span is well
+formed is the rules' (rules/span.py); whether its nodes are the fleet's, `fleet_problems`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from vsup.diagnostics import ERROR, Diagnostic
+from vsup.layout.parallel import DP_FLAG, DP_LOCAL_FLAG, canonical_flag, parallel_shape
+from vsup.layout.spec import InstanceSpec
+
+DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
+# the fleet file's node names (vsup.fleet.rules.NAME_RE): a span names nodes of a fleet
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+# The flags a span sets on every node's command line; `args` may not set them beside it. (The
+# last three would make a rank something other than what the span declares.)
+SPAN_FLAGS = (
+    DP_FLAG,
+    DP_LOCAL_FLAG,
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+    "--headless",
+    "--data-parallel-rank",
+    "--data-parallel-external-lb",
+    "--data-parallel-hybrid-lb",
+    "--data-parallel-multi-port-external-lb",
+    "--api-server-count",
+)
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SHIM_MODULE = "vsup.vllmserve"
+# `python -m X serve ...` forms that are vLLM's own CLI (`vllm serve`)
+SERVE_MODULES = ("vllm.entrypoints.cli.main", SHIM_MODULE)
+
+
+@dataclass(frozen=True)
+class SpanSpec:
+    """An instance's `span` table, read: the nodes and their ranks in rank order (the head
+    first), the head's address and data-parallel RPC port."""
+
+    ranks: tuple[tuple[str, int], ...]
+    address: str
+    rpc_port: int = DEFAULT_RPC_PORT
+
+    @property
+    def head(self) -> str:
+        return self.ranks[0][0]
+
+    @property
+    def size(self) -> int:
+        """The data-parallel size: every node's ranks."""
+        return sum(n for _, n in self.ranks)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(node for node, _ in self.ranks)
+
+    @property
+    def most_local(self) -> int:
+        """The most ranks one node runs (what `gpus` must hold)."""
+        return max(n for _, n in self.ranks)
+
+    def start_rank(self, node: str) -> int:
+        """The first rank of `node`: the sum of the ranks of the nodes before it."""
+        start = 0
+        for name, n in self.ranks:
+            if name == node:
+                return start
+            start += n
+        raise KeyError(node)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def read_span(table: Any) -> SpanSpec | None:
+    """The `span` table as a SpanSpec; None when it is not usable (the rules say why)."""
+    if not isinstance(table, Mapping):
+        return None
+    ranks = table.get("ranks")
+    address = table.get("address")
+    if not isinstance(ranks, Mapping) or not ranks or not isinstance(address, str):
+        return None
+    if not all(isinstance(k, str) and _positive(v) for k, v in ranks.items()):
+        return None
+    head = table.get("head", next(iter(ranks)))
+    if head not in ranks:
+        return None
+    rpc_port = table.get("rpc_port", DEFAULT_RPC_PORT)
+    if not _positive(rpc_port):
+        return None
+    ordered = [(head, ranks[head])] + [(k, v) for k, v in ranks.items() if k != head]
+    return SpanSpec(tuple(ordered), address.strip(), rpc_port)
+
+
+def without_span_flags(args: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` less any flag the span sets (validation refuses them; a spec is never half one
+    and half the other)."""
+    return {k: v for k, v in args.items() if canonical_flag(k) not in SPAN_FLAGS}
+
+
+def span_shape_args(args: Mapping[str, Any], span: SpanSpec, local: int) -> dict[str, Any]:
+    """`args` as a node running `local` ranks of `span` sees them: its DP sizes set."""
+    return {
+        **without_span_flags(args),
+        DP_FLAG[2:]: span.size,
+        DP_LOCAL_FLAG[2:]: local,
+    }
+
+
+def is_serve_command(command: Sequence[str]) -> bool:
+    """Whether `command` is vLLM's own CLI before `serve` (`vllm serve`, `python -m
+    vllm.entrypoints.cli.main serve`, vsup's shim): the forms that know `--headless`."""
+    words = list(command)
+    if len(words) >= 2 and os.path.basename(words[0]) == "vllm" and words[1] == "serve":
+        return True
+    if "-m" in words:
+        i = words.index("-m")
+        return words[i + 1 : i + 3] in ([m, "serve"] for m in SERVE_MODULES)
+    return False
+
+
+def serve_command(command: Sequence[str]) -> tuple[str, ...]:
+    """The command a span's member runs: the same, except that the API-server module form
+    (`PY -m vllm.entrypoints.openai.api_server`, which has no `--headless`) becomes vsup's shim
+    of `vllm serve` in the same interpreter (`PY -m vsup.vllmserve serve`)."""
+    words = list(command)
+    if "-m" in words:
+        i = words.index("-m")
+        if words[i + 1 : i + 2] == [API_SERVER_MODULE]:
+            return (*words[:i], "-m", SHIM_MODULE, "serve", *words[i + 2 :])
+    return tuple(words)
+
+
+@dataclass(frozen=True)
+class SpanMember:
+    """One node's part of a span: its ranks and the instance spec that node runs."""
+
+    node: str
+    head: bool
+    start_rank: int
+    ranks: int
+    spec: InstanceSpec
+
+    def argv(self) -> list[str]:
+        """The member's command line: the spec's, with the model as `vllm serve`'s positional
+        argument (vLLM 0.32 warns that its `--model` option "will be removed")."""
+        argv = self.spec.argv()
+        n = len(self.spec.command)
+        if is_serve_command(self.spec.command) and argv[n : n + 1] == ["--model"]:
+            argv = [*argv[:n], argv[n + 1], *argv[n + 2 :]]
+        return argv
+
+    def describe(self) -> str:
+        """`head, ranks 0-1` / `ranks 2-3` (`rank 2` for one)."""
+        last = self.start_rank + self.ranks - 1
+        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
+        return f"head, {which}" if self.head else which
+
+
+@dataclass(frozen=True)
+class DeclaredSpan:
+    """A usable `span` of the layout's instance `name` (the `index`th [[instance]]), whether or
+    not the rest of the layout validates: enough to check its nodes against a fleet."""
+
+    index: int
+    name: str
+    span: SpanSpec
+
+
+@dataclass(frozen=True)
+class SpanUnit:
+    """A layout's instance that spans nodes: its spec as the layout resolves it (no DP flags)
+    and its `span`. `member(node)` is the part `node` runs."""
+
+    spec: InstanceSpec
+    span: SpanSpec
+    index: int = 0  # the [[instance]] position, for diagnostics
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def declared(self) -> DeclaredSpan:
+        return DeclaredSpan(self.index, self.name, self.span)
+
+    def member(self, node: str) -> SpanMember:
+        """`node`'s own part: the layout's spec with its data-parallel flags, the head's API
+        server or a headless follower, on its share of the GPUs. KeyError for a node the span
+        does not name."""
+        span = self.span
+        local = dict(span.ranks)[node]
+        start = span.start_rank(node)
+        # TP x PP of one rank, from the node with the most ranks (`gpus` holds its part); a
+        # node with fewer ranks runs on the first of them
+        shape = parallel_shape(
+            span_shape_args(self.spec.args, span, span.most_local), len(self.spec.gpus)
+        )
+        gpus = self.spec.gpus[: shape.tp * shape.pp * local]
+        args = span_shape_args(self.spec.args, span, local)
+        args["data-parallel-address"] = span.address
+        args["data-parallel-rpc-port"] = span.rpc_port
+        head = node == span.head
+        if not head:
+            args["headless"] = True
+            args["data-parallel-start-rank"] = start
+        spec = replace(self.spec, command=serve_command(self.spec.command), gpus=gpus, args=args)
+        return SpanMember(node, head, start, local, spec)
+
+    def members(self) -> list[SpanMember]:
+        """Every node's part, in rank order (the head first)."""
+        return [self.member(node) for node in self.span.nodes]
+
+
+def fleet_problems(
+    spans: Sequence[DeclaredSpan],
+    nodes: Sequence[str],
+    fleet_file: str,
+    layout_file: str | None,
+    line_of: Any = None,
+) -> list[Diagnostic]:
+    """Each node a span names that the fleet file does not have, naming the layout file, the
+    instance and the key (`span.ranks.NODE`). `line_of(index, node)`: its line, when known."""
+    known = ", ".join(nodes) or "none"
+    out = []
+    for declared in spans:
+        for node in declared.span.nodes:
+            if node in nodes:
+                continue
+            out.append(
+                Diagnostic(
+                    ERROR,
+                    f"no node '{node}' in {fleet_file} (nodes: {known}): a span runs on nodes "
+                    "of the fleet, by the names the fleet file gives them",
+                    file=layout_file,
+                    line=line_of(declared.index, node) if line_of else None,
+                    instance=declared.name,
+                    key=f"span.ranks.{node}",
+                )
+            )
+    return out

@@ -156,7 +156,7 @@ def row(screen: str, name: str) -> str:
     return ""
 
 
-def load(port: int, requests: int = 12, max_tokens: int = 350) -> threading.Thread:
+def load(port: int, requests: int = 12, max_tokens: int = 150) -> threading.Thread:
     """Concurrent completions that overflow a 6-block KV cache: vLLM preempts."""
 
     def one() -> None:
@@ -248,7 +248,12 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
         term.keys("Escape")
         term.wait_for(r"ready 2/2")
 
-        # restart cpu1 through the confirm dialog; the daemon does it
+        # the same dashboard in-process on the real AsyncClient (while both serve)
+        _in_process_checks(home)
+
+        # restart cpu1 through the confirm dialog; the daemon does it: a new process starts
+        # (that a restarted vLLM comes back ready is tests/integration/engine/test_vllm.py's;
+        # waiting for it here cost a whole start)
         pid_before = instance(daemon, "cpu1")["pid"]
         term.keys("Down")
         term.wait_for(r"cpu1 · ● ready")
@@ -256,9 +261,8 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
         term.wait_for(r"Restart cpu1\?")
         term.keys("y")
         term.wait_for(lambda s: "starting" in row(s, "cpu1"), timeout=60)
-        term.wait_for(lambda s: "● ready" in row(s, "cpu1"), timeout=240)
         cpu1 = instance(daemon, "cpu1")
-        assert cpu1["pid"] != pid_before and cpu1["state"] == "ready"
+        assert cpu1["pid"] not in (None, pid_before) and cpu1["state"] == "starting", cpu1
 
         # q detaches: the dashboard ends, the instances keep running
         term.keys("q")
@@ -266,18 +270,21 @@ def test_dashboard_in_a_real_terminal_on_real_vllm(home, tiny_model, vllm_env, t
         while term.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not term.alive(), term.screen()
-        assert [i["state"] for i in status(home)["instances"]] == ["ready", "ready"]
+        assert [i["state"] for i in status(home)["instances"]] in (
+            ["ready", "starting"],
+            ["ready", "ready"],
+        )
     finally:
         term.kill()
-
-    _in_process_checks(home)
 
     down = vsup(home, "down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 30
-    while ours & vllm_pids(home) and time.monotonic() < deadline:
+    while vllm_pids(home) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not (ours & vllm_pids(home)), "vLLM processes left behind"
+    # none of this home's vLLM processes is left: the first runs' nor cpu1's restart, still
+    # starting when `down` came
+    assert ours and not vllm_pids(home), "vLLM processes left behind"
 
 
 def instance(client, name: str) -> dict:

@@ -64,6 +64,12 @@ def known_error(exc: BaseException) -> tuple[int, str] | None:
         return code, f"vsup: {one_line(str(exc))}"
     if isinstance(exc, (HomeError, UnsafeTarget)):
         return BAD_INPUT, f"vsup: {one_line(str(exc))}"
+    if isinstance(exc, TimeoutError):  # the control client's read of a daemon that is slow
+        why = one_line(str(exc)) if str(exc) else "timed out"
+        return FAILED, (
+            f"vsup: the vsup daemon did not answer in time ({why}); it may be busy: try again, "
+            "or read $VSUP_HOME/daemon.log"
+        )
     return None
 
 

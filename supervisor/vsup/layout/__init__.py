@@ -11,23 +11,32 @@ The names other packages use:
 
 `node` is a `NodeFacts` (node.py) the caller got from `vsup.telemetry.gpu.node_facts()`: the
 layout package itself never touches a GPU.
+
+The names are imported on first use (PEP 562): a module of the package (`vsup.layout.schema`,
+which the CLI reads for an instance name's rule) does not pull the whole package in with it.
 """
 
-from vsup.layout.compiled import (
-    CompiledLayout,
-    LayoutSettings,
-    RolloutSettings,
-    compile_document,
-    compile_file,
-    compile_layout,
-    layout_settings,
-)
-from vsup.layout.diagnostics import Diagnostic, LayoutError
-from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
-from vsup.layout.node import NodeFacts, NodeGpu
-from vsup.layout.spec import InstanceSpec, RestartPolicy
-from vsup.layout.store import save_layout
-from vsup.layout.validate import validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vsup.layout.compiled import (
+        CompiledLayout,
+        LayoutSettings,
+        RolloutSettings,
+        compile_document,
+        compile_file,
+        compile_layout,
+        layout_settings,
+    )
+    from vsup.layout.diagnostics import Diagnostic, LayoutError
+    from vsup.layout.model import Layout, dumps_layout, load_layout, loads_layout
+    from vsup.layout.node import NodeFacts, NodeGpu
+    from vsup.layout.spec import InstanceSpec, RestartPolicy
+    from vsup.layout.store import save_layout
+    from vsup.layout.validate import validate
 
 __all__ = [
     "CompiledLayout",
@@ -50,3 +59,34 @@ __all__ = [
     "save_layout",
     "validate",
 ]
+
+_WHERE = {
+    "CompiledLayout": "vsup.layout.compiled",
+    "LayoutSettings": "vsup.layout.compiled",
+    "RolloutSettings": "vsup.layout.compiled",
+    "compile_document": "vsup.layout.compiled",
+    "compile_file": "vsup.layout.compiled",
+    "compile_layout": "vsup.layout.compiled",
+    "layout_settings": "vsup.layout.compiled",
+    "Diagnostic": "vsup.layout.diagnostics",
+    "LayoutError": "vsup.layout.diagnostics",
+    "Layout": "vsup.layout.model",
+    "dumps_layout": "vsup.layout.model",
+    "load_layout": "vsup.layout.model",
+    "loads_layout": "vsup.layout.model",
+    "NodeFacts": "vsup.layout.node",
+    "NodeGpu": "vsup.layout.node",
+    "InstanceSpec": "vsup.layout.spec",
+    "RestartPolicy": "vsup.layout.spec",
+    "save_layout": "vsup.layout.store",
+    "validate": "vsup.layout.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'vsup.layout' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value

@@ -85,3 +85,21 @@ def test_the_documented_statuses_are_the_map():
         section = text[text.index("Exit status") :]
         for code in statuses.values():
             assert re.search(rf"\b{code}\b", section[:3000]), (doc, code)
+
+
+def test_a_daemon_that_does_not_answer_in_time_is_said_in_words(tmp_path):
+    """The control client's read past its timeout (a real socket that accepts and never
+    answers): exit FAILED with a line that says so, not an internal error."""
+    import socket
+
+    from vsup.control.client import JsonClient
+
+    path = tmp_path / "vsup.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        with pytest.raises(TimeoutError) as caught:
+            JsonClient(socket=path, timeout=0.2).status()
+    code, line = exits.known_error(caught.value)
+    assert code == exits.FAILED
+    assert line.startswith("vsup: the vsup daemon did not answer in time")

@@ -100,6 +100,8 @@ def test_a_daemon_that_does_not_answer_in_time_is_said_in_words(tmp_path):
         listener.listen()
         with pytest.raises(TimeoutError) as caught:
             JsonClient(socket=path, timeout=0.2).status()
-    code, line = exits.known_error(caught.value)
+    known = exits.known_error(caught.value)
+    assert known is not None
+    code, line = known
     assert code == exits.FAILED
     assert line.startswith("vsup: the vsup daemon did not answer in time")

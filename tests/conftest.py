@@ -149,27 +149,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # in file order, first. Every other test file is a unit of its own that the workers take once
 # their lane is done (module fixtures stay in one process).
 SLOW_MARKS = ("vllm", "install", "tmux")
-# Seconds each slow module takes in a full run from a fresh clone on 2 cores (2026-12-05: the
-# slowest tests as `--durations` printed them and the modules run alone, the rest estimated);
-# a module not listed counts as one vLLM start. Only the balance between the lanes depends on
-# these.
+# Seconds each slow module takes in a full run from a fresh clone on 2 cores (2026-12-06: the
+# sum of its tests' setup, call and teardown as `--durations=0` printed them); a module not
+# listed counts as one vLLM start. Only the balance between the lanes depends on these.
 SLOW_COST = {
-    "test_bench.py": 360,  # 420 until a bench kept its client processes (12-05)
-    "test_router_vsup.py": 480,
-    "test_dataparallel_vllm.py": 300,
-    "test_tune_vllm.py": 340,  # 380 until a tune kept its client processes
-    "test_vllm.py": 300,
-    "test_sleep_vllm.py": 300,
-    "test_daemon_vllm.py": 130,
-    "test_real_daemon.py": 250,
-    "test_router_real.py": 150,
-    "test_stall_vllm.py": 150,
-    "test_cpu_node_vllm.py": 200,
-    "test_fault_disk_full_vllm.py": 120,
-    "test_install.py": 160,
-    "test_pull_vllm.py": 50,
-    "test_fleet_vllm.py": 90,
-    "test_vllm_flags.py": 15,
+    "test_router_vsup.py": 395,
+    "test_dataparallel_vllm.py": 385,
+    "test_tune_vllm.py": 220,
+    "test_bench.py": 210,
+    "test_vllm.py": 175,
+    "test_sleep_vllm.py": 130,
+    "test_real_daemon.py": 125,
+    "test_cpu_node_vllm.py": 125,
+    "test_stall_vllm.py": 115,
+    "test_install.py": 100,
+    "test_router_real.py": 65,
+    "test_fault_disk_full_vllm.py": 65,
+    "test_daemon_vllm.py": 60,
+    "test_fleet_vllm.py": 50,
+    "test_pull_vllm.py": 30,
+    "test_vllm_flags.py": 10,
+    "test_detach_message.py": 5,
 }
 DEFAULT_COST = 60
 # Modules that must not run beside each other, so they share a lane (one after the other):

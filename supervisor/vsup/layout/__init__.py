@@ -6,7 +6,7 @@ The names other packages use:
     compiled, diagnostics = compile_layout(text, path, node)  # None on errors; errors first
     compiled.specs, .router, .alerts, .metrics_listen, .rollout, .layout   # see compiled.py
     layout = load_layout(path)                       # never raises; layout.load_errors
-    diagnostics = validate(layout, node=node)        # errors first; Diagnostic.format()
+    diagnostics = validate(layout, node=node)        # vsup.layout.validate; errors first
     save_layout(layout.with_instance(table), path)   # atomic; refuses an invalid layout
 
 `node` is a `NodeFacts` (node.py) the caller got from `vsup.telemetry.gpu.node_facts()`: the
@@ -14,6 +14,8 @@ layout package itself never touches a GPU.
 
 The names are imported on first use (PEP 562): a module of the package (`vsup.layout.schema`,
 which the CLI reads for an instance name's rule) does not pull the whole package in with it.
+`validate` is imported from its module (`from vsup.layout.validate import validate`): the
+package's attribute of that name is the module once anything imports it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
     from vsup.layout.node import NodeFacts, NodeGpu
     from vsup.layout.spec import InstanceSpec, RestartPolicy
     from vsup.layout.store import save_layout
-    from vsup.layout.validate import validate
 
 __all__ = [
     "CompiledLayout",
@@ -57,7 +58,6 @@ __all__ = [
     "load_layout",
     "loads_layout",
     "save_layout",
-    "validate",
 ]
 
 _WHERE = {
@@ -79,7 +79,6 @@ _WHERE = {
     "InstanceSpec": "vsup.layout.spec",
     "RestartPolicy": "vsup.layout.spec",
     "save_layout": "vsup.layout.store",
-    "validate": "vsup.layout.validate",
 }
 
 

@@ -350,8 +350,9 @@ class DirectClient(threading.Thread):
                 t = time.monotonic()
                 oks = tuple(pool.map(lambda u: answers(u, self.model), self.urls))
                 self.rounds.append((t, oks))
-                # a round every half second: steady, and leaves the cores to a restarting replica
-                self.stop.wait(0.5)
+                # a round a second: steady, and leaves the cores to a restarting replica (each
+                # round is a request to every replica, on top of the router's load)
+                self.stop.wait(1.0)
 
 
 def served_max_model_len(url: str) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vsup.layout import loads_layout, validate
+from vsup.layout import loads_layout
+from vsup.layout.validate import validate
 
 
 def errors(defaults: str) -> list[str]:

@@ -153,7 +153,7 @@ SLOW_MARKS = ("vllm", "install", "tmux")
 # sum of its tests' setup, call and teardown as `--durations=0` printed them); a module not
 # listed counts as one vLLM start. Only the balance between the lanes depends on these.
 SLOW_COST = {
-    "test_router_vsup.py": 395,
+    "test_router_vsup.py": 415,  # + the replica crash of test_router_real.py (65 s alone)
     "test_dataparallel_vllm.py": 385,
     "test_tune_vllm.py": 220,
     "test_bench.py": 210,
@@ -163,7 +163,6 @@ SLOW_COST = {
     "test_cpu_node_vllm.py": 125,
     "test_stall_vllm.py": 115,
     "test_install.py": 100,
-    "test_router_real.py": 65,
     "test_fault_disk_full_vllm.py": 65,
     "test_daemon_vllm.py": 60,
     "test_fleet_vllm.py": 50,

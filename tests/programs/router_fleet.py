@@ -75,13 +75,6 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     proc.wait()
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """A crash: SIGKILL to the whole group at once."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> float:
     """Poll `url` until it answers 200; returns the seconds it took. Fails fast if `proc` exits."""
     start = time.monotonic()

@@ -23,7 +23,8 @@ first half with two replicas of its own, 4 vLLM starts more):
 That apply has a canary (`canary_s`, docs/canary.md): r0 is watched beside r1 first and the
 gate passes the neutral change. The last test applies a clearly worse one (a spec that refuses the
 load's requests): the gate fails the canary and r0 goes back to its old spec by itself,
-drained, with no request lost beyond the canary's own (2 vLLM starts more).
+drained, with no request lost beyond the canary's own (2 vLLM starts more). Last, r1's process
+group is SIGKILLed under load: out of the router, a handful of requests lost at most.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from tests.conftest import free_port, outside_cwd, until
 from tests.programs.router_fleet import (
     MAX_MODEL_LEN,
     VLLM_ENV,
+    LoadResult,
     completion_body,
     router_command,
     steady_load,
@@ -570,3 +572,48 @@ def test_a_canary_that_fails_requests_is_rolled_back_by_itself_under_load(
     drains = [e["instance"] for e in events if e.get("kind") == "drain"]
     assert drains == ["r0", "r0"]
     until(lambda: serving_all(node), 120, "the router does not serve both replicas again")
+
+
+def test_a_replica_sigkilled_under_load_costs_a_handful_of_requests(node: Node):
+    """r1's whole process group SIGKILLed under load through the router (last: r1's restart
+    is not waited for, the module's `vsup down` ends it): vsup sees the exit, takes r1 out of
+    the router, and vllm-router loses at most a handful of requests, answering the rest from
+    r0 (until 2026-12-06 test_router_real.py proved it on a bare router and two replicas of its
+    own, 2 vLLM starts more)."""
+    until(lambda: serving_all(node), 120, "the router does not serve both replicas")
+    r1 = next(i for i in node.status()["instances"] if i["name"] == "r1")
+    url = node.replica("r1")
+    seen = len(node.events())
+
+    async def crash_under_load() -> tuple[float, LoadResult]:
+        async def crash_later() -> float:
+            await asyncio.sleep(4)
+            t = time.monotonic()
+            os.killpg(r1["pid"], signal.SIGKILL)
+            return t
+
+        load, killed_at = await asyncio.gather(
+            steady_load(node.url, node.model, duration_s=14, concurrency=4), crash_later()
+        )
+        return killed_at, load
+
+    killed_at, load = asyncio.run(crash_under_load())
+    out = until(
+        lambda: [
+            e
+            for e in node.events()[seen:]
+            if e.get("kind") == "router_workers" and url in e.get("remove", ())
+        ],
+        60,
+        "r1 taken out of the router",
+    )
+    late = [t - killed_at for t, ok in load.timeline if not ok]
+    print(
+        f"\nreplica SIGKILL under load: {load.ok} ok, {load.failed} failed "
+        f"(at +{', +'.join(f'{x:.2f}' for x in late) or '-'} s), out of the router "
+        f"at {out[0].get('t', '?')}; errors: {load.errors[:3]}"
+    )
+    exits = [e for e in node.events()[seen:] if e.get("kind") == "exit"]
+    assert [(e["instance"], e["reason"]) for e in exits][:1] == [("r1", "killed")], exits
+    assert load.failed <= 5, load.errors[:5]
+    assert load.ok >= 20

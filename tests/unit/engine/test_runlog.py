@@ -166,7 +166,11 @@ def test_a_log_guard_keeps_its_run_under_the_cap_without_a_daemon_and_ends_with_
         assert guard.ppid() != os.getpid() and os.getpgid(guard.pid) != child.pid
         assert psutil.Process(guard.pid).pid not in [c.pid for c in psutil.Process().children()]
         logs.start_guard(1, child.pid)  # a second guard finds the run held and goes
-        assert len(guards_of(logs.path(1))) == 1
+        # (it may still be on its way out the moment start_guard returns: seen in the suite)
+        gone_by = time.monotonic() + 30
+        while len(guards_of(logs.path(1))) > 1 and time.monotonic() < gone_by:
+            time.sleep(0.05)
+        assert [g.pid for g in guards_of(logs.path(1))] == [guard.pid]
         peak = 0
         deadline = time.monotonic() + 60
         while logs.path(1).stat().st_size < 40 * MIB:

@@ -73,28 +73,20 @@ def _show(doc: dict[str, Any], args: argparse.Namespace) -> int:
 def fetch_status(home: Path | None = None, timeout: float = 30.0) -> dict[str, Any] | None:
     """GET /v1/status over the daemon's socket with the standard library; None when no
     daemon answers it with a 200 and a JSON object (the caller then uses the client)."""
-    import socket
-
     from vsup import paths
+    from vsup.udshttp import BrokenAnswer, unix_request
 
     try:
         path = paths.socket_path(home or paths.vsup_home())
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(path))
-            sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: vsup\r\nConnection: close\r\n\r\n")
-            chunks = []
-            while chunk := sock.recv(1 << 20):
-                chunks.append(chunk)
-    except (OSError, ValueError):
+        status, body = unix_request(
+            str(path),
+            b"GET /v1/status HTTP/1.1\r\nHost: vsup\r\nConnection: close\r\n\r\n",
+            timeout,
+        )
+    except (OSError, ValueError, BrokenAnswer):
         return None  # no daemon, a bad VSUP_HOME, a path too long: the client says which
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    if not lines[0].startswith(b"HTTP/1.1 200 "):
+    if status != 200:
         return None
-    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(b":") for x in lines[1:])}
-    if fields.get(b"transfer-encoding") or fields.get(b"content-length") != str(len(body)).encode():
-        return None  # not the plain answer this reader expects: let the client read it
     try:
         doc = json.loads(body)
     except ValueError:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json as jsonlib
 import os
-import socket as socketlib
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from vsup import paths
+from vsup.udshttp import BrokenAnswer, unix_request
 from vsup.answers import (
     ActionAnswer,
     ApplyAnswer,
@@ -163,73 +163,6 @@ def _answer(status: int, payload: bytes) -> Any:
     return body
 
 
-class _BrokenAnswer(Exception):
-    """The daemon's answer ended or broke off before it was whole."""
-
-
-def _unix_request(path: str, request: bytes, timeout: float) -> tuple[int, bytes]:
-    """One HTTP/1.1 exchange on a connection of its own to the unix socket `path`: (status,
-    body). The standard library's sockets, not httpx or http.client (~0.2 s and ~0.03 s of
-    CPU to import, each CLI command). FileNotFoundError/ConnectionError when nothing listens,
-    TimeoutError past `timeout`, _BrokenAnswer for an answer cut short."""
-    with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        try:
-            sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise _BrokenAnswer(f"the request could not be sent ({exc})") from exc
-        reader = sock.makefile("rb")
-        try:
-            status_line = reader.readline(65536)
-            parts = status_line.split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-                raise _BrokenAnswer(f"not an HTTP answer: {status_line[:80]!r}")
-            status = int(parts[1])
-            headers: dict[str, str] = {}
-            while True:
-                line = reader.readline(65536)
-                if line in (b"\r\n", b"\n"):
-                    break
-                if not line:
-                    raise _BrokenAnswer("the answer's headers broke off")
-                key, _, value = line.decode("latin-1").partition(":")
-                headers[key.strip().lower()] = value.strip()
-            return status, _read_body(reader, headers)
-        except ConnectionResetError as exc:
-            raise _BrokenAnswer(str(exc)) from exc
-        except ValueError as exc:
-            raise _BrokenAnswer(f"a malformed answer ({exc})") from exc
-        finally:
-            reader.close()
-
-
-def _read_body(reader: Any, headers: dict[str, str]) -> bytes:
-    if "content-length" in headers:
-        n = int(headers["content-length"])
-        body: bytes = reader.read(n)
-        if len(body) != n:
-            raise _BrokenAnswer(f"the answer broke off after {len(body)} of {n} bytes")
-        return body
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        out = bytearray()
-        while True:
-            size_line = reader.readline(65536)
-            if not size_line:
-                raise _BrokenAnswer("a chunked answer broke off")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                reader.readline(65536)
-                return bytes(out)
-            chunk = reader.read(size)
-            if len(chunk) != size:
-                raise _BrokenAnswer("a chunked answer broke off")
-            out += chunk
-            reader.readline(65536)
-    rest: bytes = reader.read()  # Connection: close: the answer ends with the connection
-    return rest
-
-
 def apply_body(
     toml: str,
     path: str | None,
@@ -306,14 +239,14 @@ class JsonClient:
         if json is not None:
             head += "Content-Type: application/json\r\n"
         try:
-            status, payload = _unix_request(
+            status, payload = unix_request(
                 str(self.socket),
                 head.encode() + b"\r\n" + data,
                 self.timeout if timeout is None else timeout,
             )
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
             raise DaemonUnavailable(f"no vsup daemon answers on {self.socket} ({exc})") from exc
-        except (_BrokenAnswer, ConnectionError) as exc:
+        except (BrokenAnswer, ConnectionError) as exc:
             # a daemon that exits (vsup down) resets the connections it still holds
             raise DaemonUnavailable(
                 f"the vsup daemon on {self.socket} closed the connection ({exc})"

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from vsup import paths
-from vsup.udshttp import BrokenAnswer, unix_request
 from vsup.answers import (
     ActionAnswer,
     ApplyAnswer,
@@ -40,6 +39,7 @@ from vsup.answers import (
 from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.control.lock import live_daemon_holder
 from vsup.snapshot import StatusSnapshot
+from vsup.udshttp import BrokenAnswer, unix_request
 
 if TYPE_CHECKING:
     import httpx

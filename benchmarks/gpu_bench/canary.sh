@@ -147,7 +147,7 @@ events = [json.loads(l) for l in journal.read_text().splitlines()[seen:] if l.st
 mine = [e for e in events if e.get("kind") in ("canary", "rollout", "rollout_wave", "instance_exit",
                                                "restart", "apply")]
 (rec / f"{phase}-journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-ev = subprocess.run(["python3", "-m", "vsup", "events", "-n", "40"], capture_output=True,
+ev = subprocess.run(["python3", "-m", "vsup", "events", "--since", "15m"], capture_output=True,
                     text=True, timeout=60)
 (rec / f"{phase}-events.txt").write_text(ev.stdout + ev.stderr)
 summary = {"phase": phase, "up_rc": up.returncode, "up_s": round(took, 1),

@@ -70,6 +70,12 @@ def test_each_node_goes_back_to_its_own_previous_layout_one_at_a_time(fleet):
     assert "vsup fleet rollback: not every node can go back; nothing was changed" in res.stderr
     assert {n: says(fleet, n) for n in ("n1", "n2", "n3")} == before
 
+    # --dry-run: the plans, nothing changed
+    dry = fleet.fleet("rollback", "--nodes", "n1,n2", "--dry-run")
+    assert dry.returncode == 0, (dry.stdout, dry.stderr)
+    assert "n1 (runs new-n1): back to layout old-n1 (seq " in dry.stdout, dry.stdout
+    assert "rolling back" not in dry.stdout
+
     # no terminal, no --yes: each node's plan, then refused
     refused = fleet.fleet("rollback", "--nodes", "n1,n2")
     assert refused.returncode == 3, (refused.stdout, refused.stderr)

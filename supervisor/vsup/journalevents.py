@@ -196,6 +196,15 @@ def _run(run: Any) -> str:
     return f"run {run}" if run is not None else ""
 
 
+def _minute(t: Any) -> str:
+    """An ISO 8601 UTC time to the minute (`2026-12-05T14:02:03.123Z` -> `2026-12-05 14:02`);
+    anything else as it is."""
+    text = str(t)
+    if len(text) >= 16 and text[10] == "T" and text[13] == ":":
+        return f"{text[:10]} {text[11:16]}"
+    return text
+
+
 def _plan_words(plan: Any) -> str:
     if not isinstance(plan, dict):
         return ""
@@ -855,7 +864,9 @@ class RouterWorkerRemovedEvent(ForeignEvent):
 @dataclass(frozen=True, kw_only=True)
 class ActionEvent(JournalEvent):
     """An operator's action (`by` operator, `names`), an apply (its layout's text, path and
-    plan), a save, a shutdown, or the engine's echo of one on an instance."""
+    plan; `vsup rollback`'s apply also `rollback_of`, the kept layout's seq, and `rollback_t`,
+    when that one was applied), a save, a shutdown, or the engine's echo of one on an
+    instance."""
 
     KIND: ClassVar[str] = "action"
     action: str | None
@@ -871,6 +882,8 @@ class ActionEvent(JournalEvent):
     written: str | None = None
     outdated: list[str] | None = None
     stop_instances: bool | None = None
+    rollback_of: int | None = None  # `vsup rollback`: the kept layout's seq (docs/canary.md)
+    rollback_t: str | None = None  # and when that layout was applied
 
     def words(self, urls: Urls) -> str | None:
         action = self.action
@@ -879,7 +892,11 @@ class ActionEvent(JournalEvent):
         if action == "apply":
             where = f" ({self.path})" if self.path else ""
             named = self.layout or "(unnamed)"
-            return f"operator: apply layout {named}{where}: " + _plan_words(self.plan)
+            head = "operator: "
+            if self.rollback_of is not None:
+                when = f" (applied {_minute(self.rollback_t)})" if self.rollback_t else ""
+                head += f"rollback to layout #{self.rollback_of}{when}: "
+            return f"{head}apply layout {named}{where}: " + _plan_words(self.plan)
         if action == "save":
             return f"operator: saved the running layout to {self.written or self.path}"
         if action == "shutdown":

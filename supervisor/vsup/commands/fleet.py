@@ -1,10 +1,12 @@
-"""`vsup fleet [status|validate|up|events|prometheus-targets]`: every node from one terminal.
+"""`vsup fleet [status|validate|up|rollback|events|prometheus-targets]`: every node from one
+terminal.
 
 Bare `vsup fleet` opens the fleet dashboard. The fleet file is `--fleet FILE`, else
 `$VSUP_FLEET`, else `~/.config/vsup/fleet.toml` (docs/fleet.md). Nodes are reached over the
 operator's own OpenSSH (`vsup.fleet.transport`). Exit status: 0 done (status: every node
 reachable and every instance ready), 1 a node is down / not ready / failed, 2 bad input (the
-fleet file, the layout, unknown nodes), 3 not confirmed (`fleet up`, as `vsup up`).
+fleet file, the layout, unknown nodes), 3 not confirmed (`fleet up` and `fleet rollback`, as
+`vsup up`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fleet_command=None)
     fsub = p.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND")
 
-    for add in (_add_status, _add_validate, _add_up, _add_events, _add_targets):
+    for add in (_add_status, _add_validate, _add_up, _add_rollback, _add_events, _add_targets):
         add(fsub).set_defaults(func=run)
 
 
@@ -105,6 +107,30 @@ def _add_up(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="how long each node may take to serve the layout (default 1200 s)",
     )
     return u
+
+
+def _add_rollback(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet rollback`'s arguments."""
+    r = fsub.add_parser(
+        "rollback",
+        help="apply each node's previous layout again (`vsup rollback` on each), one node at a "
+        "time; stop at the first that fails",
+    )
+    _fleet_arg(r)
+    r.add_argument("--nodes", metavar="A,B", help="these nodes, in this order")
+    r.add_argument("--group", metavar="G", help="this group's nodes, in the fleet file's order")
+    r.add_argument(
+        "--yes", "-y", action="store_true", help="do not ask before interrupting serving instances"
+    )
+    r.add_argument("--dry-run", action="store_true", help="print each node's plan, change nothing")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help="how long each node may take to serve its layout (default 1200 s)",
+    )
+    return r
 
 
 def _add_events(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -161,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(_status(fleet, nodes, args))
         if command == "up":
             return asyncio.run(_up(fleet, nodes, args))
+        if command == "rollback":
+            return asyncio.run(_rollback(fleet, nodes, args))
         if command == "events":
             return asyncio.run(_events(fleet, nodes, args))
         if command == "prometheus-targets":
@@ -418,6 +446,63 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         outcomes = await roll(
             fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
         )
+    return _summary(outcomes)
+
+
+async def _rollback(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    """Each node's own previous layout (`vsup rollback`'s choice on that node), planned on
+    every node first (a node that cannot go back changes nothing anywhere), then applied node
+    by node as `vsup fleet up` does."""
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.rollout import plan_rollbacks, roll
+
+    if not nodes:
+        print("vsup fleet rollback: no nodes chosen", file=sys.stderr)
+        return exits.BAD_INPUT
+    async with FleetClient(fleet) as fc:
+        plans = await plan_rollbacks(fc, nodes, previous_layout)
+        refused = _refusals(plans, "vsup fleet rollback", "go back", "go back")
+        if refused is not None:
+            return refused
+        for p in plans:
+            runs = p.layout or "no layout"
+            back = rollback_words(p.target) if p.target is not None else "?"
+            line = plan_line(p.plan or ApplyPlan(), p.serving)
+            print(f"{p.node.name} (runs {runs}): back to {back}: {line}")
+        if args.dry_run:
+            return exits.OK
+        interrupts = {p.node.name: p.interrupts for p in plans if p.interrupts}
+        if interrupts and not args.yes:
+            code = confirm(interrupts, "vsup fleet rollback")
+            if code:
+                return code
+        order = " -> ".join(p.node.name for p in plans)
+        print(f"rolling back {order}, one node at a time", flush=True)
+        outcomes = await roll(fc, plans, "", None, args.timeout, lambda s: print(s, flush=True))
+    return _summary(outcomes)
+
+
+def previous_layout(doc: dict[str, Any]) -> Any:
+    """The kept layout `vsup rollback` would apply on a node (its `GET /v1/layouts`); a
+    ValueError saying why when there is none."""
+    from vsup.control.layouthistory import KeptLayout, choose
+    from vsup.fleet.rollout import Rollback
+
+    kept = [k for k in map(KeptLayout.from_json, doc.get("layouts") or []) if k is not None]
+    running = doc.get("running")
+    k = choose(kept, running if isinstance(running, str) else None)  # NoLayout: a ValueError
+    return Rollback(seq=k.seq, toml=k.toml, name=k.name, path=k.path, t=k.t)
+
+
+def rollback_words(r: Any) -> str:
+    """'layout alpha (seq 41, applied 2026-12-06T01:02:03Z from /etc/a.toml)'."""
+    name = printable(r.name) if r.name else "(unnamed)"
+    where = f" from {printable(r.path)}" if r.path else ""
+    when = f", applied {printable(r.t)}" if r.t else ""
+    return f"layout {name} (seq {r.seq}{when}{where})"
+
+
+def _summary(outcomes: list[Any]) -> int:
     print("\nwhich node runs which layout:")
     for o in outcomes:
         note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
@@ -462,19 +547,24 @@ def _fleet_layout(path: Path) -> tuple[str, Any] | int:
     return toml, layout
 
 
-def _refusals(plans: list[Any]) -> int | None:
+def _refusals(
+    plans: list[Any],
+    prog: str = "vsup fleet up",
+    what: str = "take part",
+    whole: str = "take the layout",
+) -> int | None:
     """Say which node cannot take the layout and why; the exit status then, else None."""
     bad = False
     for p in plans:
         if p.error:
-            print(f"{p.node.name}: cannot take part: {p.error}", file=sys.stderr)
+            print(f"{p.node.name}: cannot {what}: {printable(p.error)}", file=sys.stderr)
             bad = True
         for e in p.errors:
             print(f"{p.node.name}: {e}", file=sys.stderr)
             bad = True
     if not bad:
         return None
-    print("vsup fleet up: not every node can take the layout; nothing was changed", file=sys.stderr)
+    print(f"{prog}: not every node can {whole}; nothing was changed", file=sys.stderr)
     return exits.BAD_INPUT if any(p.errors for p in plans) else 1
 
 
@@ -551,7 +641,7 @@ def plan_line(plan: ApplyPlan, serving: set[str]) -> str:
     return "; ".join(parts) or "nothing to do"
 
 
-def confirm(interrupts: dict[str, list[str]]) -> int:
+def confirm(interrupts: dict[str, list[str]], prog: str = "vsup fleet up") -> int:
     """0 when the operator said yes on a terminal; exits.NOT_CONFIRMED otherwise."""
     what = "; ".join(
         f"{node}: {', '.join(n if n != '@router' else '@router (the router)' for n in names)}"
@@ -559,7 +649,7 @@ def confirm(interrupts: dict[str, list[str]]) -> int:
     )
     if not sys.stdin.isatty():
         print(
-            f"vsup fleet up: this stops or restarts serving instances ({what}) and there is no "
+            f"{prog}: this stops or restarts serving instances ({what}) and there is no "
             "terminal to confirm it; nothing was changed. Check the plans above, then run again "
             "with --yes",
             file=sys.stderr,
@@ -570,7 +660,7 @@ def confirm(interrupts: dict[str, list[str]]) -> int:
     except EOFError:
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
-        print("vsup fleet up: not confirmed; nothing was changed", file=sys.stderr)
+        print(f"{prog}: not confirmed; nothing was changed", file=sys.stderr)
         return exits.NOT_CONFIRMED
     return exits.OK
 

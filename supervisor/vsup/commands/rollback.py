@@ -8,7 +8,9 @@ came from), then applies the kept text exactly as `vsup up FILE` would (`up.appl
 the same plan, the same consent (`--yes`, else a question on a terminal, else exit 3 and
 nothing changed), a rolling restart, `--wait`/`--timeout`/`--detach`/`--dry-run` and exit
 statuses. The file it came from is not read: it may have changed or be gone; its path only
-places the layout's relative paths, as when it was applied.
+places the layout's relative paths, as when it was applied. The apply carries the kept
+layout's seq (`rollback_of`): the journal's apply event, and `vsup events`, say it is a
+rollback ("rollback to layout #41 (applied 2026-12-06 01:02)").
 
 Needs a running daemon (exit 4 without one: it holds the kept layouts and the running one);
 exit 1 when there is no layout to go back to.
@@ -75,7 +77,13 @@ def _rollback(args: argparse.Namespace) -> int:
             raise CommandFailed(f"vsup rollback: {exc}", FAILED) from None
         print(describe(target))
         code, more = apply_and_follow(
-            client, target.toml, target.path, args, "vsup rollback", warn=True
+            client,
+            target.toml,
+            target.path,
+            args,
+            "vsup rollback",
+            warn=True,
+            rollback_of=target.seq,
         )
     if not more or args.detach:
         return code

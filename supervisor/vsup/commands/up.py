@@ -132,13 +132,15 @@ def apply_and_follow(
     args: argparse.Namespace,
     prog: str = "vsup up",
     warn: bool = False,
+    rollback_of: int | None = None,
 ) -> tuple[int, bool]:
     """Apply `toml` as `vsup up` does (the plan, consent, pulls, rollout, `--wait`): its exit
     status, and whether the dashboard may open next (not after a `--dry-run` or failed
     pulls). `vsup rollback` applies a kept layout through it, with `warn` (the layout's
-    warnings, from the daemon's dry run: `vsup up` printed them when it compiled the file).
-    Refusals raise CommandFailed."""
-    answer = _plan_and_apply(client, toml, path, args, prog, warn)
+    warnings, from the daemon's dry run: `vsup up` printed them when it compiled the file)
+    and `rollback_of` (the kept layout's seq: the journal's apply event says it is a
+    rollback). Refusals raise CommandFailed."""
+    answer = _plan_and_apply(client, toml, path, args, prog, warn, rollback_of)
     if answer is None:
         return OK, False
     plan = answer.plan or ApplyPlan()
@@ -157,9 +159,11 @@ def _plan_and_apply(
     args: argparse.Namespace,
     prog: str = "vsup up",
     warn: bool = False,
+    rollback_of: int | None = None,
 ) -> ApplyAnswer | None:
     """The daemon's plan printed (and consent asked for; `warn`: the dry run's warnings too),
-    then the apply's answer; None for a `--dry-run`. Refused layouts raise CommandFailed."""
+    then the apply's answer (`rollback_of` sent with it); None for a `--dry-run`. Refused
+    layouts raise CommandFailed."""
     from vsup.commands.cliutil import CommandFailed, print_diagnostics
     from vsup.termtext import printable
 
@@ -180,7 +184,7 @@ def _plan_and_apply(
     interrupts = interrupted(plan, serving)
     if interrupts and not args.yes:
         confirm(interrupts, prog)
-    answer = client.apply(toml, path, all_at_once=args.all_at_once, **_pull_kw(pull))
+    answer = _apply(client, toml, path, args.all_at_once, pull, rollback_of)
     if answer.errors:
         print_diagnostics(list(answer.errors))
         raise CommandFailed(f"{prog}: the daemon refused the layout", BAD_INPUT)
@@ -208,6 +212,30 @@ def _after_apply(client: Client, plan: ApplyPlan, args: argparse.Namespace) -> i
         if code == 0 and plan.router not in (None, "stop"):
             code = wait_router(client, args.timeout)
     return code
+
+
+def _apply(
+    client: Client,
+    toml: str,
+    path: str | None,
+    all_at_once: bool,
+    pull: bool,
+    rollback_of: int | None,
+) -> ApplyAnswer:
+    """The apply itself. A daemon older than `rollback_of` refuses the key (a 400 naming it):
+    the layout is applied without it (its journal then says a plain apply)."""
+    from vsup.control.errors import ControlError
+
+    if rollback_of is None:
+        return client.apply(toml, path, all_at_once=all_at_once, **_pull_kw(pull))
+    try:
+        return client.apply(
+            toml, path, all_at_once=all_at_once, rollback_of=rollback_of, **_pull_kw(pull)
+        )
+    except ControlError as exc:
+        if exc.status != 400 or "'rollback_of'" not in str(exc):
+            raise
+    return client.apply(toml, path, all_at_once=all_at_once, **_pull_kw(pull))
 
 
 def _pull_kw(pull: bool) -> dict[str, bool]:

@@ -70,6 +70,7 @@ class ControlService(Protocol):
         dry_run: bool,
         all_at_once: bool = False,
         pull: bool = True,
+        rollback_of: int | None = None,
     ) -> dict[str, Any]: ...
 
     async def action(self, action: str, names: list[str], wait: bool) -> dict[str, Any]: ...
@@ -157,6 +158,7 @@ async def _apply(service: ControlService, request: Request) -> Any:
             "dry_run": bool,
             "all_at_once": bool,
             "pull": bool,
+            "rollback_of": int,
         },
     )
     path = body.get("path")
@@ -164,11 +166,17 @@ async def _apply(service: ControlService, request: Request) -> Any:
         raise BadRequest(f"'path' must be absolute (got {path!r}); the daemon has its own cwd")
     dry_run = body.get("dry_run", False)
     # only keys that are not their default reach the service (its older callers)
-    extra: dict[str, bool] = {}
+    extra: dict[str, Any] = {}
     if body.get("all_at_once", False):
         extra["all_at_once"] = True
     if not body.get("pull", True):
         extra["pull"] = False  # `vsup up --no-pull`: start from the cache or let vLLM fetch
+    if "rollback_of" in body:
+        if body["rollback_of"] < 0:
+            raise BadRequest(
+                f"'rollback_of' must be a kept layout's seq (got {body['rollback_of']})"
+            )
+        extra["rollback_of"] = body["rollback_of"]  # `vsup rollback`: journaled with the apply
     return await service.apply(body["toml"], path, dry_run, **extra)
 
 

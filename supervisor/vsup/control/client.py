@@ -169,6 +169,7 @@ def apply_body(
     dry_run: bool,
     all_at_once: bool = False,
     pull: bool = True,
+    rollback_of: int | None = None,
 ) -> dict[str, Any]:
     """`POST /v1/apply`'s body; keys at their default are left out (older daemons)."""
     body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
@@ -176,6 +177,8 @@ def apply_body(
         body["all_at_once"] = True  # restart serving instances together, not in waves
     if not pull:
         body["pull"] = False  # hub models not complete in the cache go to vLLM as written
+    if rollback_of is not None:
+        body["rollback_of"] = rollback_of  # `vsup rollback`: the kept layout's seq, journaled
     return body
 
 
@@ -283,10 +286,12 @@ class JsonClient:
         dry_run: bool = False,
         all_at_once: bool = False,
         pull: bool = True,
+        rollback_of: int | None = None,
     ) -> Any:
-        return self._call(
-            "POST", "/v1/apply", json=apply_body(toml, path, dry_run, all_at_once, pull)
-        )
+        """`rollback_of`: the kept layout `vsup rollback` applies (a daemon older than the key
+        refuses it: a 400 that names it)."""
+        body = apply_body(toml, path, dry_run, all_at_once, pull, rollback_of)
+        return self._call("POST", "/v1/apply", json=body)
 
     def action(
         self,
@@ -389,8 +394,9 @@ class Client:
         dry_run: bool = False,
         all_at_once: bool = False,
         pull: bool = True,
+        rollback_of: int | None = None,
     ) -> ApplyAnswer:
-        doc = self.json.apply(toml, path, dry_run, all_at_once, pull)
+        doc = self.json.apply(toml, path, dry_run, all_at_once, pull, rollback_of)
         return _typed(ApplyAnswer, doc, "POST /v1/apply")
 
     def action(
@@ -501,8 +507,15 @@ class AsyncJsonClient:
     async def layouts(self) -> Any:
         return await self._call("GET", "/v1/layouts")
 
-    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> Any:
-        return await self._call("POST", "/v1/apply", json=apply_body(toml, path, dry_run))
+    async def apply(
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        rollback_of: int | None = None,
+    ) -> Any:
+        body = apply_body(toml, path, dry_run, rollback_of=rollback_of)
+        return await self._call("POST", "/v1/apply", json=body)
 
     async def action(
         self,
@@ -588,8 +601,14 @@ class AsyncClient:
     async def layout(self) -> LayoutAnswer:
         return _typed(LayoutAnswer, await self.json.layout(), "GET /v1/layout")
 
-    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> ApplyAnswer:
-        doc = await self.json.apply(toml, path, dry_run)
+    async def apply(
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        rollback_of: int | None = None,
+    ) -> ApplyAnswer:
+        doc = await self.json.apply(toml, path, dry_run, rollback_of)
         return _typed(ApplyAnswer, doc, "POST /v1/apply")
 
     async def action(

@@ -87,7 +87,10 @@ class DaemonService:
         dry_run: bool,
         all_at_once: bool = False,
         pull: bool = True,
+        rollback_of: int | None = None,
     ) -> dict[str, Any]:
+        """`rollback_of`: `vsup rollback` applies the kept layout of this seq (the journal's
+        apply event says so)."""
         if self.daemon.shutting_down:
             raise Conflict("the daemon is shutting down (vsup down); run `vsup up` afterwards")
         # One apply at a time from compile to the engine's hand-off: the layout that is
@@ -111,7 +114,8 @@ class DaemonService:
             plan["pull"] = [t.to_json() for t in resolution.pulls]  # additive: pulled first
             if dry_run:
                 return {"plan": plan, "errors": [], "warnings": warnings, "applied": False}
-            applied = self._record(compiled, plan)
+            rollback = None if rollback_of is None else await self._rollback_of(rollback_of)
+            applied = self._record(compiled, plan, rollback)
             await asyncio.to_thread(self._keep, applied)
             self.daemon.alerts.configure(compiled.alerts)
             warnings += await self._listen(compiled.metrics_listen)
@@ -123,6 +127,12 @@ class DaemonService:
         self.daemon.state_changed()
         done: dict[str, Any] = {**handed, "changes": plan["changes"], "pull": []}
         return {"plan": done, "errors": [], "warnings": warnings, "applied": True}
+
+    async def _rollback_of(self, seq: int) -> tuple[int, str | None]:
+        """The kept layout a rollback re-applies: its seq and when it was applied (None when
+        it is no longer kept: the client's word is journaled as it came)."""
+        kept = await asyncio.to_thread(self.kept_layouts.entries)
+        return seq, next((k.t for k in kept if k.seq == seq), None)
 
     def _keep(self, applied: KeptLayout) -> None:
         """Keep the layout for `vsup rollback`, unless a bench applies it (a candidate). Never
@@ -192,9 +202,15 @@ class DaemonService:
         plan["changes"] = changes
         return plan
 
-    def _record(self, compiled: CompiledLayout, plan: dict[str, Any]) -> KeptLayout:
+    def _record(
+        self,
+        compiled: CompiledLayout,
+        plan: dict[str, Any],
+        rollback: tuple[int, str | None] | None = None,
+    ) -> KeptLayout:
         """`compiled` is the running layout from now on: the daemon's record, the journal
-        (returned as the layout to keep for `vsup rollback`)."""
+        (returned as the layout to keep for `vsup rollback`). `rollback`: the kept layout's
+        seq and time when `vsup rollback` applies it."""
         daemon = self.daemon
         daemon.layout = compiled
         daemon.layout_toml, daemon.layout_path = compiled.text, compiled.path
@@ -210,6 +226,8 @@ class DaemonService:
                 path=compiled.path,
                 plan=plan,
                 toml=compiled.text,
+                rollback_of=None if rollback is None else rollback[0],
+                rollback_t=None if rollback is None else rollback[1],
             )
         )
         daemon.state_changed()

@@ -20,9 +20,16 @@ What is compared, all from vLLM's own metrics:
 - restarts (`process_start_time_seconds` changed, or the engine saw the process end) and stalls.
 
 Noise: a latency fails the canary only when it is more than the ratio times the others'
-pooled figure, more than `min_delta_ms` above it, and above every other instance's own figure
-(outside their spread); failures only from `min_failed` failed requests up; a p99 only when
-each side finished `P99_MIN_REQUESTS` (below that it is the slowest request or two).
+pooled figure, more than `min_delta_ms` above it, above every other instance's own figure
+(outside their spread), and the requests behind it are evidence (`evidence`: at the bucket
+bounds between the two quantiles, the canary's share of requests above the bound against the
+others', Fisher's exact test, one-sided, sure to `CanarySettings.confidence`; a request is the
+unit, an ITL histogram's tokens are not independent); a latency over the ratio without that
+evidence is `insufficient`, not a failure (~20 requests a side on a busy host swing a p50 by
+3x). The latencies of the canary's warm-up are not compared: the watch (canarywatch.py) reads
+every server at its end and the histograms are measured from there (`Window.between`'s
+`latency_from`). Failures only from `min_failed` failed requests up; a p99 only when each side
+finished `P99_MIN_REQUESTS` (below that it is the slowest request or two).
 Latencies are compared only when each side finished `min_requests` in the window; with fewer
 the answer is `insufficient` (failures, restarts and stalls are judged whatever the count), and
 the layout says what that means (`CanarySettings.insufficient`).
@@ -42,11 +49,14 @@ from vsup.telemetry.promtext import parse_sample
 __all__ = [
     "CANARY_NAMES",
     "Decision",
+    "Evidence",
     "Histogram",
     "Reading",
     "Verdict",
     "Window",
     "decide",
+    "evidence",
+    "fisher_greater",
 ]
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -202,6 +212,14 @@ class Reading:
         )
 
 
+def _restarted(before: Reading, after: Reading) -> bool:
+    return (
+        before.start_time is not None
+        and after.start_time is not None
+        and after.start_time != before.start_time
+    ) or after.finished < before.finished
+
+
 @dataclass(frozen=True)
 class Window:
     """One server's figures over a window (`between` two readings)."""
@@ -215,15 +233,22 @@ class Window:
     restarted: bool = False  # the server started again within the window
 
     @classmethod
-    def between(cls, before: Reading, after: Reading, seconds: float) -> Window:
-        """The deltas from `before` to `after`. A server that restarted in between (a new
-        start time, or a counter that went down) is measured from its new start."""
-        restarted = (
-            before.start_time is not None
-            and after.start_time is not None
-            and after.start_time != before.start_time
-        ) or after.finished < before.finished
+    def between(
+        cls,
+        before: Reading,
+        after: Reading,
+        seconds: float,
+        latency_from: Reading | None = None,
+    ) -> Window:
+        """The deltas from `before` to `after`; the latency histograms from `latency_from`
+        (the end of the canary's warm-up, read on every server: the same seconds each side)
+        when given. A server that restarted in between (a new start time, or a counter that
+        went down) is measured from its new start."""
+        restarted = _restarted(before, after)
         base = Reading() if restarted else before
+        warm = base
+        if latency_from is not None:
+            warm = Reading() if _restarted(latency_from, after) else latency_from
         errored = after.errored - base.errored
         http_5xx = after.http_5xx - base.http_5xx
         http_4xx = after.http_4xx - base.http_4xx
@@ -235,8 +260,8 @@ class Window:
             seconds=seconds,
             requests=max(0.0, finished + unseen),
             failed=max(0.0, max(errored, http_5xx) + http_4xx),
-            ttft=after.ttft.minus(base.ttft),
-            itl=after.itl.minus(base.itl),
+            ttft=after.ttft.minus(warm.ttft),
+            itl=after.itl.minus(warm.itl),
             preemptions=max(0.0, after.preemptions - base.preemptions),
             restarted=restarted,
         )
@@ -346,6 +371,7 @@ def decide(
             why = f"{counts} over {secs}, {settings.min_requests} each needed"
         return Verdict(Decision.INSUFFICIENT, f"{who}: not enough evidence ({why})", figures)
     worse: list[tuple[float, str]] = []
+    doubtful: list[str] = []
     seen: list[str] = []
     for label, attr in _LATENCIES:
         for q, ratio in ((0.99, settings.p99_ratio), (0.5, settings.p50_ratio)):
@@ -375,9 +401,14 @@ def decide(
                 and (mine - theirs) * 1000 > settings.min_delta_ms
                 and all(mine > v for v in spread)
             ):
-                worse.append(
-                    (times / ratio, f"{words} ({_ms(mine)} vs {_ms(theirs)} over {secs}, {counts})")
-                )
+                said = f"{words} ({_ms(mine)} vs {_ms(theirs)} over {secs}, {counts})"
+                proof = evidence(canary, pool, attr, mine, theirs)
+                sure = proof.sure if proof is not None else 0.0
+                figures.setdefault("sure", {})[key] = round(sure, 6)
+                if sure >= settings.confidence:
+                    worse.append((times / ratio, said))
+                else:
+                    doubtful.append(f"{said}, but {_doubt(proof, settings.confidence)}")
     mine_pm = canary.preemptions_per_min
     theirs_pm = pool.preemptions_per_min / len(others)
     if mine_pm >= settings.min_preemptions_per_min and mine_pm > (
@@ -393,12 +424,108 @@ def decide(
     if worse:
         worse.sort(key=lambda w: -w[0])
         return Verdict(Decision.FAIL, f"{who}: " + "; ".join(w for _, w in worse), figures)
+    if doubtful:
+        return Verdict(
+            Decision.INSUFFICIENT, f"{who}: not enough evidence ({'; '.join(doubtful)})", figures
+        )
     summary = ", ".join(seen[:2]) if seen else "no latency observed"
     return Verdict(
         Decision.PASS,
         f"{who}: {summary}; {_n(canary.failed)} failed; over {secs}, {counts}",
         figures,
     )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How sure the gate is that the canary's requests are slower than the others' at one
+    bucket bound: `mine` of `n_mine` requests above `bound` against `theirs` of `n_theirs`;
+    `sure` is 1 - the one-sided p-value (Fisher's exact test; Bonferroni over the bounds
+    tried)."""
+
+    bound: float
+    mine: int
+    n_mine: int
+    theirs: int
+    n_theirs: int
+    sure: float
+
+
+def _units(w: Window) -> int:
+    """The independent units of a window's latencies: its requests (each first token is
+    one; an ITL histogram's tokens are not independent - a request's tokens share its
+    moments of contention - so its shares count as requests too)."""
+    return round(w.ttft.count if w.ttft.count > 0 else w.requests)
+
+
+def evidence(
+    canary: Window, others: Window, attr: str, mine: float, theirs: float
+) -> Evidence | None:
+    """Whether the canary's latency `attr` (ttft | itl) quantile `mine` being above the
+    others' `theirs` is more than noise: at each bucket bound from the others' quantile's
+    bucket up to below the canary's, the share of the canary's requests above it against the
+    others' share, the strongest of them (its p-value times the bounds tried). None when no
+    bound lies between them (both in one bucket: the difference is the interpolation's)."""
+    h_mine, h_theirs = getattr(canary, attr), getattr(others, attr)
+    n_mine, n_theirs = _units(canary), _units(others)
+    if h_mine.count <= 0 or h_theirs.count <= 0 or n_mine <= 0 or n_theirs <= 0:
+        return None
+    finite = sorted({b for b in (*h_mine.bounds, *h_theirs.bounds) if not math.isinf(b)})
+    floor = max((b for b in finite if b <= theirs), default=0.0)
+    bounds = [b for b in finite if floor <= b < mine]
+    if not bounds:
+        return None
+    best: Evidence | None = None
+    for b in bounds:
+        k_mine = round(n_mine * _share_above(h_mine, b))
+        k_theirs = round(n_theirs * _share_above(h_theirs, b))
+        p = min(1.0, fisher_greater(k_mine, n_mine, k_theirs, n_theirs) * len(bounds))
+        if best is None or 1.0 - p > best.sure:
+            best = Evidence(b, k_mine, n_mine, k_theirs, n_theirs, 1.0 - p)
+    return best
+
+
+def _share_above(h: Histogram, bound: float) -> float:
+    by = dict(zip(h.bounds, h.counts, strict=True))
+    return max(0.0, h.count - _at(h.bounds, h.counts, by, bound)) / h.count
+
+
+def _lcomb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
+    """The one-sided p-value of Fisher's exact test that the first group's share (`k1` of
+    `n1`) is greater than the second's (`k2` of `n2`): P(X >= k1), X hypergeometric. 1 when
+    it is not greater."""
+    above, total = k1 + k2, n1 + n2
+    if above == 0 or k1 * n2 <= k2 * n1:
+        return 1.0
+    norm = _lcomb(total, above)
+    p = 0.0
+    for k in range(k1, min(above, n1) + 1):
+        term = math.exp(_lcomb(n1, k) + _lcomb(n2, above - k) - norm)
+        p += term
+        if term < p * 1e-12:
+            break  # past the mode the terms only shrink
+    return min(1.0, p)
+
+
+def _doubt(proof: Evidence | None, confidence: float) -> str:
+    """Why a latency over the ratio is not enough evidence, in words."""
+    if proof is None:
+        return "both in one histogram bucket"
+    share_mine = 100.0 * proof.mine / proof.n_mine
+    share_theirs = 100.0 * proof.theirs / proof.n_theirs
+    return (
+        f"{share_mine:.0f}% of its requests over {_ms(proof.bound)} vs {share_theirs:.0f}% at "
+        f"the others is {_pct(proof.sure)} sure, {_pct(confidence)} needed"
+    )
+
+
+def _pct(p: float) -> str:
+    text = f"{p * 100:.1f}"
+    return (text[:-2] if text.endswith(".0") else text) + "%"
 
 
 def _x(times: float) -> str:

@@ -1,7 +1,9 @@
 """Watching a rollout's canary wave (docs/canary.md): the engine's side of the gate.
 
 Once the canary wave is ready and routed to, `watch` reads every instance of the rollout
-(the canaries on the new spec, the others still on the old one) at the window's start, waits
+(the canaries on the new spec, the others still on the old one) at the window's start and
+again at the end of the warm-up (`canary_warmup_s`: the latencies of a fresh server's first
+requests are not compared; every server's are measured from that same moment), waits out
 `canary_s` (ending at once when a canary leaves `ready` or its run changes: a crash, a stall
 restart, a person's stop), reads them again and lets the gate (canary.py) decide. Too few
 requests with `canary_insufficient = "extend"` keeps the window open, re-deciding every
@@ -72,14 +74,18 @@ def _verdict(
     after: Mapping[str, Reading],
     seconds: float,
     settings: CanarySettings,
+    warm: Mapping[str, Reading] | None = None,
+    warmup_s: float = 0.0,
 ) -> Verdict:
-    """Every canary against the old instances read at both ends; the worst answer wins
-    (fail, then insufficient); their reasons joined."""
-    others = {
-        n: Window.between(before[n], after[n], seconds)
-        for n in after
-        if n in before and n not in canaries
-    }
+    """Every canary against the old instances read at both ends (their latencies from
+    `warm`, the readings at the end of the warm-up, `warmup_s` in, where a server has one);
+    the worst answer wins (fail, then insufficient); their reasons joined."""
+    warm = warm or {}
+
+    def window(n: str) -> Window:
+        return Window.between(before[n], after[n], seconds, warm.get(n))
+
+    others = {n: window(n) for n in after if n in before and n not in canaries}
     verdicts = []
     for name in canaries:
         if name not in before or name not in after:
@@ -90,12 +96,14 @@ def _verdict(
                 )
             )
             continue
-        window = Window.between(before[name], after[name], seconds)
-        verdicts.append(decide(name, window, others, settings))
+        verdicts.append(decide(name, window(name), others, settings))
     for decision in (Decision.FAIL, Decision.INSUFFICIENT, Decision.PASS):
         chosen = [v for v in verdicts if v.decision == decision]
         if chosen:
-            return Verdict(decision, "; ".join(v.reason for v in chosen), chosen[0].figures)
+            figures = dict(chosen[0].figures)
+            if warm:
+                figures["warmup_s"] = round(warmup_s, 3)
+            return Verdict(decision, "; ".join(v.reason for v in chosen), figures)
     return Verdict(Decision.INSUFFICIENT, "no canary left to watch")
 
 
@@ -116,8 +124,14 @@ async def watch(engine: Engine, rollout: Rollout, settings: CanarySettings) -> V
         )
 
     deadline = settings.watch_s
+    # the latencies are compared from the end of the warm-up (a fresh server's first requests
+    # are slow), on every server alike; failures, restarts and stalls from the start
+    warmup = min(settings.warmup, settings.watch_s)
+    warming = warmup > 0
+    warm: dict[str, Reading] | None = None
+    warmup_s = 0.0
     while True:
-        remaining = deadline - (clock.monotonic() - start)
+        remaining = (warmup if warming else deadline) - (clock.monotonic() - start)
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(engine.until(changed), remaining)
@@ -136,8 +150,12 @@ async def watch(engine: Engine, rollout: Rollout, settings: CanarySettings) -> V
             word = "promoted" if by_hand == Decision.PASS else "aborted"
             return Verdict(by_hand, f"canary {', '.join(canaries)}: {word} by hand after "
                            f"{seconds:,.0f} s of watch")  # fmt: skip
+        if warming:
+            warm = await read_all(engine, rollout.names)
+            warmup_s, warming = clock.monotonic() - start, False
+            continue
         after = await read_all(engine, rollout.names)
-        verdict = _verdict(canaries, before, after, seconds, settings)
+        verdict = _verdict(canaries, before, after, seconds, settings, warm, warmup_s)
         if verdict.decision != Decision.INSUFFICIENT:
             return verdict
         if settings.insufficient == "extend" and seconds < limit - 0.05:

@@ -137,10 +137,23 @@ class NodeClient:
     async def layout(self) -> dict[str, Any]:
         return await self.request("GET", "/v1/layout")
 
-    async def apply(self, toml: str, path: str | None = None, dry_run: bool = False) -> ApplyAnswer:
+    async def layouts(self) -> dict[str, Any]:
+        """The node's kept layouts, newest first, and its running layout's text."""
+        return await self.request("GET", "/v1/layouts")
+
+    async def apply(
+        self,
+        toml: str,
+        path: str | None = None,
+        dry_run: bool = False,
+        rollback_of: int | None = None,
+    ) -> ApplyAnswer:
         """The node's apply answer, typed (vsup.answers); one of another shape is a
-        ControlError (502) naming the key."""
-        body = {"toml": toml, "path": path, "dry_run": dry_run}
+        ControlError (502) naming the key. `rollback_of`: the kept layout a rollback applies
+        (journaled with the apply)."""
+        body: dict[str, Any] = {"toml": toml, "path": path, "dry_run": dry_run}
+        if rollback_of is not None:
+            body["rollback_of"] = rollback_of
         doc = await self.request("POST", "/v1/apply", body, timeout=max(self.timeout, 120))
         try:
             return decode(ApplyAnswer, doc, "POST /v1/apply")

@@ -1,4 +1,5 @@
-"""`vsup fleet up`: one layout rolled over several nodes, one node at a time.
+"""`vsup fleet up`: one layout rolled over several nodes, one node at a time (and `vsup fleet
+rollback`: each node's own previous layout, the same way).
 
 First every target is asked for a dry run (in parallel; a node whose daemon does not run gets
 one started by its own `vsup daemon --detach`): a layout that one node refuses, or a node that
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vsup.answers import ApplyAnswer, ApplyPlan, Problem
+from vsup.control.errors import ControlError
 from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Node
 from vsup.fleet.query import FleetClient
@@ -38,6 +40,18 @@ def serving_of(status: dict[str, Any]) -> set[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """The kept layout a node goes back to (`vsup fleet rollback`; a node's `GET /v1/layouts`
+    entry): its journal `seq`, text, name, the file it came from and when it was applied."""
+
+    seq: int
+    toml: str
+    name: str | None = None
+    path: str | None = None
+    t: str | None = None
+
+
 @dataclass
 class NodePlan:
     """A node's dry run of the layout, and what runs there now."""
@@ -49,6 +63,9 @@ class NodePlan:
     serving: set[str] = field(default_factory=set)
     layout: str | None = None  # the layout it runs now
     error: str | None = None  # unreachable, or no daemon could be started
+    # `vsup fleet rollback`: each node's own kept layout (fleet/rollback.py); None: the
+    # fleet's layout, the same text everywhere
+    target: Rollback | None = None
 
     @property
     def interrupts(self) -> list[str]:
@@ -96,6 +113,40 @@ async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
     return out
 
 
+async def _plan_rollback(
+    fc: FleetClient, node: Node, pick: Callable[[dict[str, Any]], Rollback]
+) -> NodePlan:
+    """A node's own previous layout (`pick` chooses it from the node's kept layouts, or
+    raises ValueError saying why there is none) and its dry run. A node without a daemon
+    cannot take part: the kept layouts are its daemon's (none is started)."""
+    out = NodePlan(node)
+
+    async def dry(c: NodeClient) -> tuple[Rollback, ApplyAnswer, dict[str, Any]]:
+        target = pick(await c.layouts())
+        answer = await c.apply(target.toml, target.path, dry_run=True)
+        return target, answer, await c.status()
+
+    try:
+        (target, answer, status), _ = await fc.call(node, dry, timeout=60)
+    except Exception as exc:  # unreachable, no daemon, nothing to go back to
+        out.error = str(exc) or type(exc).__name__
+        return out
+    out.target = target
+    out.plan = answer.plan
+    out.errors = list(answer.errors)
+    out.warnings = list(answer.warnings)
+    out.serving = serving_of(status)
+    out.layout = (status.get("supervisor") or {}).get("layout")
+    return out
+
+
+async def plan_rollbacks(
+    fc: FleetClient, nodes: list[Node], pick: Callable[[dict[str, Any]], Rollback]
+) -> list[NodePlan]:
+    """Every target's previous layout and its dry run, in parallel, in the order given."""
+    return list(await asyncio.gather(*(_plan_rollback(fc, n, pick) for n in nodes)))
+
+
 async def plan_all(fc: FleetClient, nodes: list[Node], toml: str) -> list[NodePlan]:
     """Every target's dry run, in parallel, in the order given."""
     return list(await asyncio.gather(*(_plan_one(fc, n, toml) for n in nodes)))
@@ -138,11 +189,21 @@ async def apply_and_wait(
     timeout: float,
     say: Callable[[str], None],
     interval: float = 0.5,
+    target: Rollback | None = None,
 ) -> str | None:
-    """Apply on one node and wait until it serves the layout; None when it does, else why not."""
+    """Apply on one node and wait until it serves the layout; None when it does, else why not.
+    `target`: a rollback's kept layout (its text and path instead of `toml`, and its seq
+    journaled with the apply; a daemon older than that key gets the plain apply)."""
 
     async def apply(c: NodeClient) -> ApplyAnswer:
-        return await c.apply(toml, None)
+        if target is None:
+            return await c.apply(toml, None)
+        try:
+            return await c.apply(target.toml, target.path, rollback_of=target.seq)
+        except ControlError as exc:
+            if exc.status != 400 or "'rollback_of'" not in str(exc):
+                raise
+        return await c.apply(target.toml, target.path)
 
     answer, _ = await fc.call(node, apply, timeout=120)
     if answer.errors:
@@ -200,15 +261,16 @@ async def roll(
             say(f"{n}: {text}")
 
         try:
-            why = await apply_and_wait(fc, p.node, toml, timeout, said)
+            why = await apply_and_wait(fc, p.node, toml, timeout, said, target=p.target)
         except Exception as exc:  # the node went away mid-way
             why = f"lost contact: {exc}"
         took = round(time.monotonic() - t0, 1)
+        goes_to = p.target.name if p.target is not None else layout_name
         if why is None:
-            say(f"{name}: serves {layout_name or 'the layout'} ({took:.0f} s)")
-            outcomes.append(Outcome(name, "applied", layout_name, None, took))
+            say(f"{name}: serves {goes_to or 'the layout'} ({took:.0f} s)")
+            outcomes.append(Outcome(name, "applied", goes_to, None, took))
         else:
             say(f"{name}: FAILED: {why}")
-            outcomes.append(Outcome(name, "failed", layout_name, why, took))
+            outcomes.append(Outcome(name, "failed", goes_to, why, took))
             failed = True
     return outcomes

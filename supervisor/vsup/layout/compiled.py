@@ -93,6 +93,7 @@ def canary_settings(header: Mapping[str, Any]) -> CanarySettings:
     """`[layout] canary_s`, `canary` and the `canary_*` thresholds (schema.CANARY_KEYS)."""
     d = CanarySettings()
     max_s = header.get("canary_max_s")
+    warmup = header.get("canary_warmup_s")
     return CanarySettings(
         watch_s=float(header.get("canary_s", d.watch_s)),
         instances=int(header.get("canary", d.instances)),
@@ -108,6 +109,8 @@ def canary_settings(header: Mapping[str, Any]) -> CanarySettings:
         min_preemptions_per_min=float(
             header.get("canary_min_preemptions_per_min", d.min_preemptions_per_min)
         ),
+        warmup_s=float(warmup) if warmup is not None else None,
+        confidence=float(header.get("canary_confidence", d.confidence)),
     )
 
 

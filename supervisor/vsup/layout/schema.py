@@ -234,6 +234,15 @@ def _insufficient(v: Any) -> str | None:
     )
 
 
+def _confidence(v: Any) -> str | None:
+    if 0.5 <= v < 1:
+        return None
+    return (
+        f"must be from 0.5 up to, not including, 1: how sure the gate must be that a slower "
+        f"canary is not noise, e.g. 0.999 (it is {v})"
+    )
+
+
 def _ratio(v: Any) -> str | None:
     return None if v >= 1 else f"must be 1 or more: a ratio to the old instances (it is {v})"
 
@@ -284,6 +293,19 @@ CANARY_KEYS = (
         "number",
         "fewer preemptions/min never fail it (default 6)",
         _not_negative,
+    ),
+    Key(
+        "canary_warmup_s",
+        "number",
+        "seconds after the canary is ready whose latencies are not compared (default 10% of "
+        "canary_s, 3 s or more, at most a quarter of it)",
+        _not_negative,
+    ),
+    Key(
+        "canary_confidence",
+        "number",
+        "how sure the gate must be that a slower canary is not noise (default 0.999)",
+        _confidence,
     ),
 )
 

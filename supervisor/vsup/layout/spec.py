@@ -75,10 +75,24 @@ class CanarySettings:
     min_delta_ms: float = 20.0  # latency differences smaller than this never fail it
     preemption_ratio: float = 2.0  # preemptions/min at most this times the others' (per inst.)
     min_preemptions_per_min: float = 6.0  # below this the canary's preemptions never fail it
+    # seconds after the canary is ready whose requests' latencies are not compared (a fresh
+    # server's first requests are slow: compilation, caches); None: `warmup_default`
+    warmup_s: float | None = None
+    # how sure the gate must be that a latency over the ratio is the canary's and not noise
+    # (a one-sided test on the requests above a bucket bound, engine/canary.py)
+    confidence: float = 0.999
 
     @property
     def enabled(self) -> bool:
         return self.watch_s > 0
+
+    @property
+    def warmup(self) -> float:
+        """The warm-up in seconds: `warmup_s`, else 10% of `watch_s`, at least 3 s but at most
+        a quarter of the watch."""
+        if self.warmup_s is not None:
+            return self.warmup_s
+        return min(max(0.1 * self.watch_s, 3.0), 0.25 * self.watch_s)
 
     @property
     def limit_s(self) -> float:

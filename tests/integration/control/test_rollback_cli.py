@@ -85,6 +85,7 @@ def test_rollback_applies_the_previous_layout_with_up_s_consent_and_rolling_rest
     rows = listed.stdout.splitlines()[1:]
     assert "beta" in rows[0] and "(running)" in rows[0], listed.stdout
     assert "alpha" in rows[1] and "<- vsup rollback" in rows[1] and str(alpha) in rows[1]
+    alpha_seq = int(rows[1].split()[0])
 
     done = vsup(home, "rollback", "--yes", "--detach", "--wait", "--timeout", "90")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -97,6 +98,20 @@ def test_rollback_applies_the_previous_layout_with_up_s_consent_and_rolling_rest
     assert doc["supervisor"]["layout"] == "alpha"
     assert doc["rollout"]["state"] == "done" and doc["rollout"]["waves"] == 2
     assert not any(i["outdated"] for i in doc["instances"])
+    # the journal says it was a rollback, and to which kept layout
+    events = vsup(home, "events")
+    assert events.returncode == 0, events.stderr
+    said = [line for line in events.stdout.splitlines() if "apply layout alpha" in line]
+    assert len(said) == 2, events.stdout
+    assert "operator: apply layout alpha" in said[0], said[0]
+    assert f"operator: rollback to layout #{alpha_seq} (applied 20" in said[1], said[1]
+    lines = vsup(home, "events", "--json").stdout.splitlines()
+    applies = [
+        e
+        for e in map(json.loads, lines)
+        if e["kind"] == "action" and e.get("action") == "apply" and "instance" not in e
+    ]
+    assert [e.get("rollback_of") for e in applies] == [None, None, alpha_seq], applies
 
     # a second rollback goes back to where the first one started (beta), not further
     again = vsup(home, "rollback", "--dry-run")

@@ -88,6 +88,8 @@ async def test_no_evidence_with_pass_goes_on_like_a_rolling_apply(engine, emulat
     assert all(eng.instances[s.name].spec.args["say"] == "v2" for s in specs)
     (gated,) = events.of("canary")
     assert gated["decision"] == "insufficient" and gated["action"] == "continue"
+    # the latencies were compared from the end of the warm-up (a quarter of this short watch)
+    assert gated["figures"]["warmup_s"] >= 0.075
     stops = [e["instance"] for e in events.of("state") if e["to"] == "stopping"]
     assert stops == ["b0", "b1", "b2"]
 

@@ -65,6 +65,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
     cpu.cpu_instances_outnumber_cores,
     canary.canary_keys_without_watch,
     canary.canary_max_below_watch,
+    canary.canary_warmup_not_below_watch,
 )
 
 INSTANCE_RULES: tuple[InstanceRule, ...] = (

@@ -49,3 +49,21 @@ def canary_max_below_watch(ctx: Context) -> list[Diagnostic]:
             ("canary_max_s",),
         )
     ]
+
+
+def canary_warmup_not_below_watch(ctx: Context) -> list[Diagnostic]:
+    """`canary_warmup_s` as long as `canary_s` or longer: no latency would ever be compared."""
+    header = ctx.layout.header
+    watch, warmup = header.get("canary_s"), header.get("canary_warmup_s")
+    if not (is_number(watch) and is_number(warmup)) or watch <= 0 or warmup < watch:
+        return []
+    w = Where(ctx.layout.file, ctx.layout.source_map, ("layout",), table="[layout]")
+    return [
+        w.diag(
+            ERROR,
+            f"is {warmup:g} s, not shorter than canary_s ({watch:g} s): latencies are compared "
+            "only after the warm-up, within the watch; make it shorter than canary_s",
+            "canary_warmup_s",
+            ("canary_warmup_s",),
+        )
+    ]

@@ -398,7 +398,7 @@ def decide(
             seen.append(f"{words} ({_ms(mine)} vs {_ms(theirs)})")
             if (
                 times > ratio
-                and (mine - theirs) * 1000 > settings.min_delta_ms
+                and (mine - theirs) * 1000 > settings.min_delta_for(attr)
                 and all(mine > v for v in spread)
             ):
                 said = f"{words} ({_ms(mine)} vs {_ms(theirs)} over {secs}, {counts})"

@@ -284,7 +284,7 @@ CANARY_KEYS = (
     Key(
         "canary_min_delta_ms",
         "number",
-        "latency differences under this never fail it (default 20)",
+        "TTFT differences under this never fail it, ITL under a quarter (20)",
         _not_negative,
     ),
     Key("canary_preemption_ratio", "number", "preemptions/min limit, x the others' (2)", _ratio),

@@ -86,6 +86,13 @@ class CanarySettings:
     def enabled(self) -> bool:
         return self.watch_s > 0
 
+    def min_delta_for(self, attr: str) -> float:
+        """The floor in ms under which a latency difference never fails the canary: TTFT's is
+        `min_delta_ms`; ITL's a quarter of it (a GPU's inter-token latency is a few ms: with
+        TTFT's 20 ms an eager canary's p99 ITL of 24.5 vs 9.9 ms, 2.5x, passed on an H100;
+        docs/gpu-runs/2026-12-06-h100-canary). The evidence rule keeps either from noise."""
+        return self.min_delta_ms / 4 if attr == "itl" else self.min_delta_ms
+
     @property
     def warmup(self) -> float:
         """The warm-up in seconds: `warmup_s`, else 10% of `watch_s`, at least 3 s but at most

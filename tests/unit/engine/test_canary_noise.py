@@ -198,3 +198,28 @@ def test_the_warm_up_by_default_is_a_tenth_of_the_watch_within_3_s_and_a_quarter
     assert CanarySettings(watch_s=0.3).warmup == pytest.approx(0.075)
     assert CanarySettings(watch_s=600, warmup_s=0).warmup == 0
     assert math.isclose(CanarySettings(watch_s=60, warmup_s=20).warmup, 20)
+
+
+def _itl_window(requests: int, slow_share: float, slow_ms: float, fast_ms: float) -> Window:
+    """`requests` with 60 tokens each; `slow_share` of the tokens at `slow_ms`, the rest at
+    `fast_ms`; every first token at 15 ms."""
+    tokens = 60 * requests
+    slow = round(tokens * slow_share)
+    itl = hist(ITL_BOUNDS, [slow_ms / 1000] * slow + [fast_ms / 1000] * (tokens - slow))
+    ttft = hist(TTFT_BOUNDS, [0.015] * requests)
+    return Window(45, requests, 0, ttft, itl)
+
+
+def test_a_gpu_s_itl_regression_under_ttft_s_floor_fails_on_itl():
+    # the H100's enforce-eager canary (docs/gpu-runs/2026-12-06-h100-canary): ITL p99 about
+    # 2.5x the others' but under 20 ms apart; ITL's floor is a quarter of TTFT's (5 ms)
+    canary = _itl_window(865, 0.05, 20.0, 6.0)
+    others = {"b": _itl_window(887, 0.005, 15.0, 5.0)}
+    v = decide("a", canary, others, CanarySettings(watch_s=45))
+    assert v.decision == Decision.FAIL, v.reason
+    assert v.reason.startswith("canary a: p99 ITL "), v.reason
+    mine, theirs = v.figures["p99_itl_ms"]
+    assert 5 < mine - theirs < 20 and mine / theirs > 2
+    # the same figures where the floor is set higher by the layout pass as before
+    lenient = CanarySettings(watch_s=45, min_delta_ms=80)
+    assert decide("a", canary, others, lenient).decision == Decision.PASS

@@ -398,8 +398,19 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     if not nodes:
         print("vsup fleet up: no nodes chosen", file=sys.stderr)
         return exits.BAD_INPUT
+    together, spanning = span_nodes(layout, fleet, nodes)
+    if spanning:
+        for d in spanning:
+            print(d.format(), file=sys.stderr)
+        print(
+            f"vsup fleet up: {path}'s server across nodes cannot start; nothing was changed",
+            file=sys.stderr,
+        )
+        return exits.BAD_INPUT
+    # a span's part depends on the node: each gets the layout with its own name
+    texts = {n.name: with_node(toml, n.name) for n in nodes} if together else None
     async with FleetClient(fleet) as fc:
-        plans = await plan_all(fc, nodes, toml)
+        plans = await plan_all(fc, nodes, toml, texts)
         refused = _refusals(plans)
         if refused is not None:
             return refused
@@ -415,8 +426,16 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
                 return code
         order = " -> ".join(p.node.name for p in plans)
         print(f"rolling {layout.name or path.name} over {order}, one node at a time", flush=True)
+        if together:
+            print(f"a server across nodes starts on {', '.join(sorted(together))} at once")
         outcomes = await roll(
-            fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
+            fc,
+            plans,
+            toml,
+            layout.name,
+            args.timeout,
+            lambda s: print(s, flush=True),
+            together=together,
         )
     print("\nwhich node runs which layout:")
     for o in outcomes:
@@ -441,14 +460,6 @@ def _fleet_layout(path: Path) -> tuple[str, Any] | int:
         for d in layout.load_errors:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
-        return exits.BAD_INPUT
-    spanning = span_instances(layout)
-    if spanning:
-        for d in spanning:
-            print(d.format(), file=sys.stderr)
-        print(
-            f"vsup fleet up: {path} has a server across nodes; nothing was changed", file=sys.stderr
-        )
         return exits.BAD_INPUT
     relative = relative_models(layout)
     if relative:
@@ -478,20 +489,60 @@ def _refusals(plans: list[Any]) -> int | None:
     return exits.BAD_INPUT if any(p.errors for p in plans) else 1
 
 
-def span_instances(layout: Any) -> list[Any]:
-    """The error of each instance with a `span`: no node's daemon starts its part yet
-    (docs/fleet.md, "One server across nodes"), so the nodes are not even asked."""
+def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], list[Any]]:
+    """The nodes that run a part of a server across nodes (`span`), and the errors that keep
+    `fleet up` from starting one: a node the fleet file lacks, or one not among the nodes
+    chosen (a unit starts whole or not at all; docs/fleet.md, "One server across nodes")."""
     raw = layout.document.get("instance")
     tables = raw if isinstance(raw, list) else []
     if not any(isinstance(t, dict) and "span" in t for t in tables):
-        return []
-    from vsup.layout.compiled import span_not_started  # the rules' weight: only for a span
+        return set(), []
+    from vsup.layout.compiled import declared_spans  # the rules' weight: only for a span
+    from vsup.layout.diagnostics import ERROR, Diagnostic
+    from vsup.layout.span import fleet_problems
 
-    return [
-        span_not_started(layout, i, t["name"] if isinstance(t.get("name"), str) else f"#{i + 1}")
-        for i, t in enumerate(tables)
-        if isinstance(t, dict) and "span" in t
-    ]
+    declared = declared_spans(layout)
+    problems = fleet_problems(
+        declared,
+        [n.name for n in fleet.nodes],
+        str(fleet.path),
+        layout.file,
+        lambda i, node: layout.line("instance", i, "span", "ranks", node),
+    )
+    chosen = {n.name for n in nodes}
+    members: set[str] = set()
+    for d in declared:
+        members.update(d.span.nodes)
+        for node in d.span.nodes:
+            if node in chosen or node not in {n.name for n in fleet.nodes}:
+                continue
+            problems.append(
+                Diagnostic(
+                    ERROR,
+                    f"node '{node}' runs part of this server and is not among the nodes chosen "
+                    f"({', '.join(sorted(chosen))}): a server across nodes starts on all its "
+                    "nodes at once; choose them all (or no --node/--group)",
+                    file=layout.file,
+                    line=layout.line("instance", d.index, "span", "ranks", node),
+                    instance=d.name,
+                    key=f"span.ranks.{node}",
+                )
+            )
+    return members, problems
+
+
+def with_node(toml: str, node: str) -> str:
+    """The layout's text with `[layout] node = NODE`: which node it is applied on, so the
+    node's daemon runs its own part of a span (layout/compiled.py)."""
+    import tomlkit
+
+    doc = tomlkit.parse(toml)
+    table = doc.get("layout")
+    if table is None:
+        table = tomlkit.table()
+        doc["layout"] = table
+    table["node"] = node
+    return tomlkit.dumps(doc)
 
 
 def relative_models(layout: Any) -> list[Any]:

@@ -138,7 +138,10 @@ def _listener(port: int) -> str | None:
 
 
 def _port_busy(spec: InstanceSpec) -> Refused | None:
-    """Why the instance's port keeps it from starting (someone holds it); None when free."""
+    """Why the instance's port keeps it from starting (someone holds it); None when free. A
+    span's follower runs headless and binds no port here (its `port` is its head's)."""
+    if spec.follower:
+        return None
     holder = port_holder(spec.host, spec.port)
     if holder == IN_TIME_WAIT:
         # vLLM could not bind it either; it is free within a minute: wait, then start

@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fleet_command=None)
     fsub = p.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND")
 
-    for add in (_add_status, _add_validate, _add_up, _add_events, _add_targets):
+    for add in (_add_status, _add_validate, _add_up, _add_down, _add_events, _add_targets):
         add(fsub).set_defaults(func=run)
 
 
@@ -105,6 +105,25 @@ def _add_up(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="how long each node may take to serve the layout (default 1200 s)",
     )
     return u
+
+
+def _add_down(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet down`'s arguments."""
+    d = fsub.add_parser(
+        "down", help="stop every instance and the daemon on nodes (each node's own `vsup down`)"
+    )
+    _fleet_arg(d)
+    d.add_argument("--nodes", metavar="A,B", help="only these nodes")
+    d.add_argument("--group", metavar="G", help="only this group's nodes")
+    d.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="how long each node may take to stop (default 300 s)",
+    )
+    return d
 
 
 def _add_events(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -161,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(_status(fleet, nodes, args))
         if command == "up":
             return asyncio.run(_up(fleet, nodes, args))
+        if command == "down":
+            return asyncio.run(_down(fleet, nodes, args))
         if command == "events":
             return asyncio.run(_events(fleet, nodes, args))
         if command == "prometheus-targets":
@@ -442,6 +463,58 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         note = {"applied": "serves it", "failed": f"FAILED: {o.why}", "untouched": "not changed"}
         print(f"  {o.node}: {o.layout or '(none)'} - {note.get(o.state, o.state)}")
     return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
+
+
+async def _down(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    """Every chosen node's daemon stops its instances and exits (`POST /v1/shutdown`, as
+    `vsup down` asks it), all nodes at once: a server across nodes goes down whole. On a
+    terminal it asks first (`--yes` skips the question), as `vsup down` does."""
+    import time
+
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.transport import NoDaemon
+
+    if not nodes:
+        print("vsup fleet down: no nodes chosen", file=sys.stderr)
+        return exits.BAD_INPUT
+    names = ", ".join(n.name for n in nodes)
+    if not args.yes and sys.stdin.isatty():
+        try:
+            answer = input(f"stop every instance and the daemon on {names}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("vsup fleet down: not confirmed; nothing was stopped", file=sys.stderr)
+            return exits.NOT_CONFIRMED
+
+    async def one(fc: FleetClient, node: Any) -> str | None:
+        try:
+            answer, _ = await fc.call(node, lambda c: c.shutdown(), timeout=60)
+        except NoDaemon:
+            print(f"{node.name}: no daemon runs; nothing to stop", flush=True)
+            return None
+        except Exception as exc:
+            return f"cannot ask it to stop: {exc}"
+        stopping = ", ".join(answer.get("stopping") or ()) or "no instance"
+        print(f"{node.name}: stopping {printable(stopping)}, then its daemon", flush=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            try:
+                await fc.call(node, lambda c: c.ping(), timeout=fleet.timeout_s * 2)
+            except NoDaemon:
+                print(f"{node.name}: its daemon has exited", flush=True)
+                return None
+            except Exception:
+                pass  # the daemon's socket closes before it exits: asked again
+            await asyncio.sleep(0.5)
+        return f"its daemon still runs after {args.timeout:.0f} s"
+
+    async with FleetClient(fleet) as fc:
+        failures = await asyncio.gather(*(one(fc, n) for n in nodes))
+    for node, why in zip(nodes, failures, strict=True):
+        if why is not None:
+            print(f"{node.name}: FAILED: {why}", file=sys.stderr)
+    return exits.OK if not any(failures) else exits.FAILED
 
 
 def _fleet_layout(path: Path) -> tuple[str, Any] | int:

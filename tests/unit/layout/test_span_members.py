@@ -161,3 +161,22 @@ def test_a_follower_binds_no_port_of_its_own(tmp_path: Path):
         assert _port_busy(follower) is None
         refused = _port_busy(replace(head.specs[0], host="127.0.0.1", port=port))
         assert refused is not None and refused.reason == ExitReason.PORT_IN_USE
+
+
+def test_vsup_status_says_the_members_part(tmp_path: Path):
+    from vsup.commands.status import render
+    from vsup.snapshot import NodeInfo, StatusSnapshot, SupervisorInfo
+
+    compiled, _ = compiled_on(tmp_path, "n2")
+    assert compiled is not None and compiled.specs[0].span is not None
+    inst = InstanceStatus.from_wire("big", state="ready", span=span_status(compiled.specs[0].span))
+    snap = StatusSnapshot(
+        supervisor=SupervisorInfo(pid=1, version="0", uptime_s=1.0),
+        node=NodeInfo("n2", "none", 0),
+        gpus=(),
+        instances=(inst,),
+    )
+    assert (
+        "big: one server across nodes: n2 runs ranks 1-2 of 3, headless; head n1 at "
+        "10.0.0.1:8000; ranks on n1 (0), n2 (1-2)"
+    ) in render(snap)

@@ -121,6 +121,8 @@ def test_one_server_across_two_nodes_is_started_and_restarted_as_one(tiny_model,
         assert not follower["span"]["head"] and follower["span"]["start_rank"] == 1
         assert [n["node"] for n in follower["span"]["nodes"]] == ["gpu01", "gpu02"]
         assert (follower["span"]["address"], follower["span"]["port"]) == ("127.0.0.1", port)
+        shown = f.nodes["gpu02"].vsup("status").stdout
+        assert f"gpu02 runs rank 1 of 2, headless; head gpu01 at 127.0.0.1:{port}" in shown
         # a request served by each rank, one of them on the other node
         assert served_by(port, 0) and served_by(port, 1)
 

@@ -157,6 +157,7 @@ SLOW_COST = {
     "test_dataparallel_vllm.py": 385,
     "test_tune_vllm.py": 220,
     "test_bench.py": 210,
+    "test_span_vllm.py": 180,  # alone, 2026-12-06: 170-183 s (two vLLMs, each started twice)
     "test_vllm.py": 175,
     "test_sleep_vllm.py": 130,
     "test_real_daemon.py": 125,

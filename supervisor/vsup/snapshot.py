@@ -84,6 +84,31 @@ class RankStatus:
     hbm_bytes: int | None  # its process and its workers, summed over every GPU; None: unknown
 
 
+@dataclass(frozen=True)
+class SpanNodeStatus:
+    """One node of a server across nodes: its fleet name and its data-parallel ranks."""
+
+    node: str
+    start_rank: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class SpanStatus:
+    """This node's part of one server across nodes (docs/fleet.md, "One server across nodes"):
+    which node this is, head or follower, its ranks, and where the rest of the unit lives
+    (every node in rank order, the head first; the head's address and API port)."""
+
+    node: str
+    head: bool
+    start_rank: int
+    ranks: int
+    size: int
+    nodes: tuple[SpanNodeStatus, ...]
+    address: str
+    port: int
+
+
 # Why an instance that should run is not running yet (`InstanceStatus.wait`).
 WAIT_KINDS = (
     "co_tenant",  # an instance on a device it needs is starting or stopping now
@@ -309,6 +334,7 @@ class InstanceStatus:
     pull: PullStatus | None = None
     parallel: Parallel | None = None  # TP x PP x DP as the instance runs
     ranks: tuple[RankStatus, ...] = ()  # data parallel only: one per rank on this node
+    span: SpanStatus | None = None  # a server across nodes: this node's part; None otherwise
 
     @property
     def is_ready(self) -> bool:
@@ -402,6 +428,7 @@ _WIRE: tuple[tuple[str, str | None, str], ...] = (
     ("pull", None, "pull"),
     ("served_model_name", None, "served_model_name"),
     ("sleep", None, "sleep"),
+    ("span", None, "span"),
 )
 WIRE_KEYS = tuple(key for key, _part, _attr in _WIRE)
 _SOURCES = (None, "lifecycle", "telemetry", "memory", "stall")  # `_wire_values`' order

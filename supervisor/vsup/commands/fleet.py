@@ -54,7 +54,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fleet_command=None)
     fsub = p.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND")
 
-    for add in (_add_status, _add_validate, _add_up, _add_rollback, _add_events, _add_targets):
+    for add in (
+        _add_status,
+        _add_validate,
+        _add_up,
+        _add_rollback,
+        _add_down,
+        _add_events,
+        _add_targets,
+    ):
         add(fsub).set_defaults(func=run)
 
 
@@ -133,6 +141,25 @@ def _add_rollback(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return r
 
 
+def _add_down(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`vsup fleet down`'s arguments."""
+    d = fsub.add_parser(
+        "down", help="stop every instance and the daemon on nodes (each node's own `vsup down`)"
+    )
+    _fleet_arg(d)
+    d.add_argument("--nodes", metavar="A,B", help="only these nodes")
+    d.add_argument("--group", metavar="G", help="only this group's nodes")
+    d.add_argument("--yes", "-y", action="store_true", help="do not ask on a terminal")
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="how long each node may take to stop (default 300 s)",
+    )
+    return d
+
+
 def _add_events(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`vsup fleet events`'s arguments."""
     e = fsub.add_parser("events", help="the nodes' journals merged by time")
@@ -189,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(_up(fleet, nodes, args))
         if command == "rollback":
             return asyncio.run(_rollback(fleet, nodes, args))
+        if command == "down":
+            return asyncio.run(_down(fleet, nodes, args))
         if command == "events":
             return asyncio.run(_events(fleet, nodes, args))
         if command == "prometheus-targets":
@@ -426,8 +455,19 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     if not nodes:
         print("vsup fleet up: no nodes chosen", file=sys.stderr)
         return exits.BAD_INPUT
+    together, spanning = span_nodes(layout, fleet, nodes)
+    if spanning:
+        for d in spanning:
+            print(d.format(), file=sys.stderr)
+        print(
+            f"vsup fleet up: {path}'s server across nodes cannot start; nothing was changed",
+            file=sys.stderr,
+        )
+        return exits.BAD_INPUT
+    # a span's part depends on the node: each gets the layout with its own name
+    texts = {n.name: with_node(toml, n.name) for n in nodes} if together else None
     async with FleetClient(fleet) as fc:
-        plans = await plan_all(fc, nodes, toml)
+        plans = await plan_all(fc, nodes, toml, texts)
         refused = _refusals(plans)
         if refused is not None:
             return refused
@@ -443,8 +483,16 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
                 return code
         order = " -> ".join(p.node.name for p in plans)
         print(f"rolling {layout.name or path.name} over {order}, one node at a time", flush=True)
+        if together:
+            print(f"a server across nodes starts on {', '.join(sorted(together))} at once")
         outcomes = await roll(
-            fc, plans, toml, layout.name, args.timeout, lambda s: print(s, flush=True)
+            fc,
+            plans,
+            toml,
+            layout.name,
+            args.timeout,
+            lambda s: print(s, flush=True),
+            together=together,
         )
     return _summary(outcomes)
 
@@ -510,6 +558,58 @@ def _summary(outcomes: list[Any]) -> int:
     return exits.OK if all(o.state == NodeOutcome.APPLIED for o in outcomes) else exits.FAILED
 
 
+async def _down(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
+    """Every chosen node's daemon stops its instances and exits (`POST /v1/shutdown`, as
+    `vsup down` asks it), all nodes at once: a server across nodes goes down whole. On a
+    terminal it asks first (`--yes` skips the question), as `vsup down` does."""
+    import time
+
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.transport import NoDaemon
+
+    if not nodes:
+        print("vsup fleet down: no nodes chosen", file=sys.stderr)
+        return exits.BAD_INPUT
+    names = ", ".join(n.name for n in nodes)
+    if not args.yes and sys.stdin.isatty():
+        try:
+            answer = input(f"stop every instance and the daemon on {names}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("vsup fleet down: not confirmed; nothing was stopped", file=sys.stderr)
+            return exits.NOT_CONFIRMED
+
+    async def one(fc: FleetClient, node: Any) -> str | None:
+        try:
+            answer, _ = await fc.call(node, lambda c: c.shutdown(), timeout=60)
+        except NoDaemon:
+            print(f"{node.name}: no daemon runs; nothing to stop", flush=True)
+            return None
+        except Exception as exc:
+            return f"cannot ask it to stop: {exc}"
+        stopping = ", ".join(answer.get("stopping") or ()) or "no instance"
+        print(f"{node.name}: stopping {printable(stopping)}, then its daemon", flush=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            try:
+                await fc.call(node, lambda c: c.ping(), timeout=fleet.timeout_s * 2)
+            except NoDaemon:
+                print(f"{node.name}: its daemon has exited", flush=True)
+                return None
+            except Exception:
+                pass  # the daemon's socket closes before it exits: asked again
+            await asyncio.sleep(0.5)
+        return f"its daemon still runs after {args.timeout:.0f} s"
+
+    async with FleetClient(fleet) as fc:
+        failures = await asyncio.gather(*(one(fc, n) for n in nodes))
+    for node, why in zip(nodes, failures, strict=True):
+        if why is not None:
+            print(f"{node.name}: FAILED: {why}", file=sys.stderr)
+    return exits.OK if not any(failures) else exits.FAILED
+
+
 def _fleet_layout(path: Path) -> tuple[str, Any] | int:
     """The layout file's text and its layout, or the exit status when it cannot go to the
     nodes (unreadable, not valid, models by relative paths), said on stderr."""
@@ -526,14 +626,6 @@ def _fleet_layout(path: Path) -> tuple[str, Any] | int:
         for d in layout.load_errors:
             print(d.format(), file=sys.stderr)
         print(f"vsup fleet up: {path} is not valid; nothing was changed", file=sys.stderr)
-        return exits.BAD_INPUT
-    spanning = span_instances(layout)
-    if spanning:
-        for d in spanning:
-            print(d.format(), file=sys.stderr)
-        print(
-            f"vsup fleet up: {path} has a server across nodes; nothing was changed", file=sys.stderr
-        )
         return exits.BAD_INPUT
     relative = relative_models(layout)
     if relative:
@@ -568,20 +660,60 @@ def _refusals(
     return exits.BAD_INPUT if any(p.errors for p in plans) else 1
 
 
-def span_instances(layout: Any) -> list[Any]:
-    """The error of each instance with a `span`: no node's daemon starts its part yet
-    (docs/fleet.md, "One server across nodes"), so the nodes are not even asked."""
+def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], list[Any]]:
+    """The nodes that run a part of a server across nodes (`span`), and the errors that keep
+    `fleet up` from starting one: a node the fleet file lacks, or one not among the nodes
+    chosen (a unit starts whole or not at all; docs/fleet.md, "One server across nodes")."""
     raw = layout.document.get("instance")
     tables = raw if isinstance(raw, list) else []
     if not any(isinstance(t, dict) and "span" in t for t in tables):
-        return []
-    from vsup.layout.compiled import span_not_started  # the rules' weight: only for a span
+        return set(), []
+    from vsup.layout.compiled import declared_spans  # the rules' weight: only for a span
+    from vsup.layout.diagnostics import ERROR, Diagnostic
+    from vsup.layout.span import fleet_problems
 
-    return [
-        span_not_started(layout, i, t["name"] if isinstance(t.get("name"), str) else f"#{i + 1}")
-        for i, t in enumerate(tables)
-        if isinstance(t, dict) and "span" in t
-    ]
+    declared = declared_spans(layout)
+    problems = fleet_problems(
+        declared,
+        [n.name for n in fleet.nodes],
+        str(fleet.path),
+        layout.file,
+        lambda i, node: layout.line("instance", i, "span", "ranks", node),
+    )
+    chosen = {n.name for n in nodes}
+    members: set[str] = set()
+    for d in declared:
+        members.update(d.span.nodes)
+        for node in d.span.nodes:
+            if node in chosen or node not in {n.name for n in fleet.nodes}:
+                continue
+            problems.append(
+                Diagnostic(
+                    ERROR,
+                    f"node '{node}' runs part of this server and is not among the nodes chosen "
+                    f"({', '.join(sorted(chosen))}): a server across nodes starts on all its "
+                    "nodes at once; choose them all (or no --node/--group)",
+                    file=layout.file,
+                    line=layout.line("instance", d.index, "span", "ranks", node),
+                    instance=d.name,
+                    key=f"span.ranks.{node}",
+                )
+            )
+    return members, problems
+
+
+def with_node(toml: str, node: str) -> str:
+    """The layout's text with `[layout] node = NODE`: which node it is applied on, so the
+    node's daemon runs its own part of a span (layout/compiled.py)."""
+    import tomlkit
+
+    doc = tomlkit.parse(toml)
+    table = doc.get("layout")
+    if table is None:
+        table = tomlkit.table()
+        doc["layout"] = table
+    table["node"] = node
+    return tomlkit.dumps(doc)
 
 
 def relative_models(layout: Any) -> list[Any]:

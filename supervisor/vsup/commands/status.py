@@ -358,12 +358,32 @@ def _ranks_line(i: InstanceStatus) -> str | None:
     return _p(f"{i.name} ranks: " + "; ".join(_rank(r) for r in i.ranks)) if i.ranks else None
 
 
+def span_line(i: InstanceStatus) -> str | None:
+    """A server across nodes: this node's part and where the rest lives (docs/fleet.md)."""
+    span = i.span
+    if span is None:
+        return None
+
+    def ranks(start: int, n: int) -> str:
+        return f"{start}" if n == 1 else f"{start}-{start + n - 1}"
+
+    role = "the head (API server)" if span.head else "headless"
+    nodes = ", ".join(f"{n.node} ({ranks(n.start_rank, n.ranks)})" for n in span.nodes)
+    head = span.nodes[0].node if span.nodes else "?"
+    return _p(
+        f"{i.name}: one server across nodes: {span.node} runs rank"
+        f"{'s' if span.ranks > 1 else ''} {ranks(span.start_rank, span.ranks)} of {span.size}, "
+        f"{role}; head {head} at {span.address}:{span.port}; ranks on {nodes}"
+    )
+
+
 # What the table does not say, below it: each kind of line for every instance, in this order.
 NOTES: tuple[Callable[[InstanceStatus], str | None], ...] = (
     lambda i: wait_line(i),
     _exit_line,
     _outdated_line,
     lambda i: sleep_line(i),
+    span_line,
     _ranks_line,
 )
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vsup.journalevents import JournalEvent, StallClearedEvent, StalledEvent, work_words
-from vsup.layout.spec import InstanceSpec
+from vsup.layout.spec import InstanceSpec, SpanRole
 from vsup.snapshot import InstanceStatus, StallStatus
+from vsup.telemetry.stall import Evidence
 
 
 class StallJournal(Protocol):
@@ -76,6 +77,22 @@ def stall_work(inst: InstanceStatus) -> str:
         inst.telemetry.requests_waiting,
         inst.telemetry.requests_in_flight,
         stall.ranks if stall is not None else (),
+    )
+
+
+def span_stall_why(role: SpanRole, stall: StallStatus, after: float | None) -> str | None:
+    """A span head's stall in the unit's words: the ranks and the nodes that run them, "rank 1
+    on gpu02 did not answer in 15 s" (the per-rank probe); None without ranks named."""
+    if not stall.ranks:
+        return None
+    where = ", ".join(f"rank {r} on {role.node_of(r) or '?'}" for r in stall.ranks)
+    if stall.evidence == Evidence.CANARY:
+        limit = f" in {after:g} s" if after is not None else ""
+        verb = "did" if len(stall.ranks) == 1 else "do"
+        return f"{where} {verb} not answer{limit} (the unit restarts as one)"
+    return (
+        f"{where}: work and no token processed for {stall.for_s or 0:.0f} s "
+        "(the unit restarts as one)"
     )
 
 
@@ -137,6 +154,8 @@ class StallActions:
         if on_stall:
             limit = f" (stall_after_s = {after:g})" if after is not None else ""
             why = f"{stall_work(inst)} and no token processed for {stall.for_s or 0:.0f} s{limit}"
+            if spec is not None and spec.span is not None:
+                why = span_stall_why(spec.span, stall, after) or why
             # one rank named: the exit says which (several: the message names them)
             rank = stall.ranks[0] if len(stall.ranks) == 1 else None
             self._engine.restart_stalled(inst.name, why, rank)

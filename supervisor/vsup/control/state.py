@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vsup.fsutil import write_atomic
-from vsup.layout.spec import InstanceSpec, RestartPolicy, SleepSpec
+from vsup.layout.spec import InstanceSpec, RestartPolicy, SleepSpec, SpanRole
 
 STATE_VERSION = 1
 
@@ -167,9 +167,11 @@ def spec_from_dict(doc: dict[str, Any]) -> InstanceSpec:
         known = set(InstanceSpec.__dataclass_fields__)
         data = {k: v for k, v in data.items() if k in known}
         sleep = data.pop("sleep", None)
+        span = data.pop("span", None)
         return InstanceSpec(
             restart=RestartPolicy(**restart),
             sleep=SleepSpec(**sleep) if sleep is not None else None,
+            span=SpanRole.from_json(span) if span is not None else None,
             **data,
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -16,8 +16,8 @@ from vsup.engine.intent import IntentCell
 from vsup.engine.lifecycle import Lifecycle
 from vsup.engine.proc import RunningProcess
 from vsup.engine.runlog import RunLogs
-from vsup.layout.spec import InstanceSpec
-from vsup.snapshot import LastExit, WaitReason
+from vsup.layout.spec import InstanceSpec, SpanRole
+from vsup.snapshot import LastExit, SpanNodeStatus, SpanStatus, WaitReason
 from vsup.states import State
 
 
@@ -226,6 +226,8 @@ class Instance:
             "failed_why": self.failed_why,
             "wait": self.wait_reason(),
             "start_timeout_s": self.spec.start_timeout_s,
+            # the router's runner holds a RouterSpec, which has no span
+            "span": span_status(role) if (role := getattr(self.spec, "span", None)) else None,
         }
 
     def adopt_record(self) -> AdoptRecord | None:
@@ -245,3 +247,21 @@ class Instance:
 
     def __repr__(self) -> str:
         return f"<Instance {self.name} {self.state} pid={self.pid} run={self.run}>"
+
+
+def span_status(role: SpanRole) -> SpanStatus:
+    """A span member's `span` status: its part and where the rest of the unit lives."""
+    nodes, start = [], 0
+    for node, n in role.members:
+        nodes.append(SpanNodeStatus(node, start, n))
+        start += n
+    return SpanStatus(
+        node=role.node,
+        head=role.head,
+        start_rank=role.start_rank,
+        ranks=role.ranks,
+        size=role.size,
+        nodes=tuple(nodes),
+        address=role.address,
+        port=role.port,
+    )

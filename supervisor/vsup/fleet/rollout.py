@@ -7,6 +7,11 @@ cannot be reached, changes nothing anywhere. Then node by node: `POST /v1/apply`
 rolling apply, in waves as `vsup up` does), and its status is followed until its rollout has
 ended and every instance of the plan is ready. The first node that fails stops the fleet
 rollout; the nodes after it are not touched. `outcomes` says which node runs which layout.
+
+A server across nodes (a layout's `span`) is one unit: its head waits for every rank before it
+answers, so its nodes cannot become ready one after the other. When the rollout reaches the
+first of them, all of them get the layout at once (each with `[layout] node` set to its name:
+`texts`), and then each is followed until it serves.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Node
 from vsup.fleet.query import FleetClient
 from vsup.fleet.transport import NoDaemon
-from vsup.states import PullState, RolloutState, State
+from vsup.states import NodeOutcome, PullState, RolloutState, State
 
 # States in which an instance answers requests: stopping or restarting it interrupts service.
 SERVING = ("ready", "unhealthy")
@@ -66,6 +71,7 @@ class NodePlan:
     # `vsup fleet rollback`: each node's own kept layout (fleet/rollback.py); None: the
     # fleet's layout, the same text everywhere
     target: Rollback | None = None
+    toml: str | None = None  # the text this node gets (its own with a span); None: the layout
 
     @property
     def interrupts(self) -> list[str]:
@@ -91,7 +97,7 @@ class Outcome:
 
 
 async def _plan_one(fc: FleetClient, node: Node, toml: str) -> NodePlan:
-    out = NodePlan(node)
+    out = NodePlan(node, toml=toml)
 
     async def dry(c: NodeClient) -> tuple[ApplyAnswer, dict[str, Any]]:
         return await c.apply(toml, None, dry_run=True), await c.status()
@@ -147,9 +153,14 @@ async def plan_rollbacks(
     return list(await asyncio.gather(*(_plan_rollback(fc, n, pick) for n in nodes)))
 
 
-async def plan_all(fc: FleetClient, nodes: list[Node], toml: str) -> list[NodePlan]:
-    """Every target's dry run, in parallel, in the order given."""
-    return list(await asyncio.gather(*(_plan_one(fc, n, toml) for n in nodes)))
+async def plan_all(
+    fc: FleetClient, nodes: list[Node], toml: str, texts: dict[str, str] | None = None
+) -> list[NodePlan]:
+    """Every target's dry run, in parallel, in the order given; `texts`: each node's own text
+    of the layout (by node name), else `toml` for all."""
+    return list(
+        await asyncio.gather(*(_plan_one(fc, n, (texts or {}).get(n.name, toml)) for n in nodes))
+    )
 
 
 def rollout_line(r: dict[str, Any]) -> str:
@@ -194,6 +205,17 @@ async def apply_and_wait(
     """Apply on one node and wait until it serves the layout; None when it does, else why not.
     `target`: a rollback's kept layout (its text and path instead of `toml`, and its seq
     journaled with the apply; a daemon older than that key gets the plain apply)."""
+    applied = await apply_one(fc, node, toml, target)
+    if isinstance(applied, str):
+        return applied
+    return await wait_served(fc, node, *applied, time.monotonic() + timeout, say, interval)
+
+
+async def apply_one(
+    fc: FleetClient, node: Node, toml: str, target: Rollback | None = None
+) -> tuple[set[str], bool] | str:
+    """`POST /v1/apply` on one node: (the names to wait for, whether it rolls), else why the
+    node refused."""
 
     async def apply(c: NodeClient) -> ApplyAnswer:
         if target is None:
@@ -209,9 +231,21 @@ async def apply_and_wait(
     if answer.errors:
         return "refused the layout: " + "; ".join(str(e) for e in answer.errors)
     plan = answer.plan or ApplyPlan()
-    names = {n for k in WAITED_KEYS for n in getattr(plan, k)}
-    rolling = bool(plan.rolling)
-    deadline = time.monotonic() + timeout
+    return {n for k in WAITED_KEYS for n in getattr(plan, k)}, bool(plan.rolling)
+
+
+async def wait_served(
+    fc: FleetClient,
+    node: Node,
+    names: set[str],
+    rolling: bool,
+    deadline: float,
+    say: Callable[[str], None],
+    interval: float = 0.5,
+) -> str | None:
+    """Follow a node's status until its rollout ended and every one of `names` is ready; None
+    then, else why not (a failure, or `deadline` passed)."""
+    timeout = max(0.0, deadline - time.monotonic())
     shown: str | None = None
     while True:
         doc, _ = await fc.call(node, lambda c: c.status(), timeout=fc.fleet.timeout_s * 2)
@@ -238,6 +272,39 @@ async def apply_and_wait(
         await asyncio.sleep(interval)
 
 
+async def _roll_unit(
+    fc: FleetClient,
+    plans: list[NodePlan],
+    toml: str,
+    timeout: float,
+    say: Callable[[str], None],
+) -> list[str | None]:
+    """The nodes of a server across nodes: the layout applied on all of them (in the order
+    given), then each followed until it serves; one answer per node, as `apply_and_wait`'s."""
+    deadline = time.monotonic() + timeout
+    applied: list[tuple[set[str], bool] | str] = []
+    for p in plans:
+        say(f"{p.node.name}: applying")
+        try:
+            applied.append(await apply_one(fc, p.node, p.toml or toml))
+        except Exception as exc:  # the node went away mid-way
+            applied.append(f"lost contact: {exc}")
+
+    async def follow(p: NodePlan, a: tuple[set[str], bool] | str) -> str | None:
+        if isinstance(a, str):
+            return a
+
+        def said(text: str, n: str = p.node.name) -> None:
+            say(f"{n}: {text}")
+
+        try:
+            return await wait_served(fc, p.node, *a, deadline, said)
+        except Exception as exc:
+            return f"lost contact: {exc}"
+
+    return list(await asyncio.gather(*(follow(p, a) for p, a in zip(plans, applied, strict=True))))
+
+
 async def roll(
     fc: FleetClient,
     plans: list[NodePlan],
@@ -245,14 +312,34 @@ async def roll(
     layout_name: str | None,
     timeout: float,
     say: Callable[[str], None],
+    together: set[str] | frozenset[str] = frozenset(),
 ) -> list[Outcome]:
-    """Apply node by node; stop at the first failure. One Outcome per node, in order."""
+    """Apply node by node; stop at the first failure. One Outcome per node, in order. The
+    nodes in `together` (a server across nodes) go at once, where the first of them comes."""
     outcomes: list[Outcome] = []
     failed = False
+    unit_done: dict[str, Outcome] = {}
     for p in plans:
         name = p.node.name
-        if failed:
+        if failed and name not in unit_done:
             outcomes.append(Outcome(name, "untouched", p.layout, "the fleet rollout stopped"))
+            continue
+        if name in together:
+            if not unit_done:
+                unit = [q for q in plans if q.node.name in together]
+                t0 = time.monotonic()
+                answers = await _roll_unit(fc, unit, toml, timeout, say)
+                took = round(time.monotonic() - t0, 1)
+                for q, why in zip(unit, answers, strict=True):
+                    n = q.node.name
+                    if why is None:
+                        say(f"{n}: serves {layout_name or 'the layout'} ({took:.0f} s)")
+                        unit_done[n] = Outcome(n, "applied", layout_name, None, took)
+                    else:
+                        say(f"{n}: FAILED: {why}")
+                        unit_done[n] = Outcome(n, "failed", layout_name, why, took)
+                failed = failed or any(o.state == NodeOutcome.FAILED for o in unit_done.values())
+            outcomes.append(unit_done[name])
             continue
         say(f"{name}: applying")
         t0 = time.monotonic()
@@ -261,7 +348,7 @@ async def roll(
             say(f"{n}: {text}")
 
         try:
-            why = await apply_and_wait(fc, p.node, toml, timeout, said, target=p.target)
+            why = await apply_and_wait(fc, p.node, p.toml or toml, timeout, said, target=p.target)
         except Exception as exc:  # the node went away mid-way
             why = f"lost contact: {exc}"
         took = round(time.monotonic() - t0, 1)

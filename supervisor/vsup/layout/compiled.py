@@ -50,7 +50,7 @@ __all__ = [
     "compile_layout",
     "declared_spans",
     "layout_settings",
-    "span_not_started",
+    "span_without_node",
     "span_units",
 ]
 
@@ -168,23 +168,40 @@ class CompiledLayout:
         return None
 
 
-def _spans(m: MergedInstance) -> bool:
-    return read_span(m.values.get("span")) is not None
-
-
-def span_not_started(layout: Layout, index: int, name: str) -> Diagnostic:
-    """A span is every node's part of one server: no node runs the layout's instance as such
-    (its own part, `SpanUnit.member`, is not started by the daemons yet)."""
+def span_without_node(layout: Layout, index: int, name: str) -> Diagnostic:
+    """A span is every node's part of one server: which part runs here depends on which node
+    this is, and a layout applied without `[layout] node` does not say."""
     return Diagnostic(
         ERROR,
-        "spans nodes: vsup does not start a server across nodes yet (each node's part is "
-        "generated and checked: `vsup fleet validate LAYOUT` shows every node's command; "
-        'docs/fleet.md, "One server across nodes")',
+        "spans nodes: which part of it runs here depends on the node, and the layout does not "
+        "name it; apply it with `vsup fleet up` (it tells each node its name) or set "
+        '[layout] node = "NAME" (the fleet file\'s name of this node; docs/fleet.md, "One '
+        'server across nodes")',
         file=layout.file,
         line=layout.line("instance", index, "span"),
         instance=name,
         key="span",
     )
+
+
+def _member_specs(
+    layout: Layout, merged: Sequence[MergedInstance]
+) -> tuple[list[InstanceSpec], list[Diagnostic]]:
+    """Each instance's spec on this node: a span's is this node's part (`SpanUnit.member`,
+    `[layout] node`), and a span this node has no part in runs nothing here."""
+    node = layout.header.get("node")
+    specs: list[InstanceSpec] = []
+    errors: list[Diagnostic] = []
+    for m in merged:
+        spec = spec_from_merged(m, layout)
+        span = read_span(m.values.get("span"))
+        if span is None:
+            specs.append(spec)
+        elif not isinstance(node, str):
+            errors.append(span_without_node(layout, m.index, m.label))
+        elif node in span.nodes:
+            specs.append(SpanUnit(spec, span, m.index).member(node).spec)
+    return specs, errors
 
 
 def span_units(
@@ -253,11 +270,11 @@ def compile_document(
     checked = check(layout, node, profile_dirs)
     if not checked.ok:
         return None, checked.diagnostics
-    spans = [span_not_started(layout, m.index, m.label) for m in checked.merged if _spans(m)]
-    if spans:
-        return None, spans + checked.diagnostics
+    members, refused = _member_specs(layout, checked.merged)
+    if refused:
+        return None, refused + checked.diagnostics
     # CPU instances get cores of their own (cpubind.py), as `Layout.resolve()` gives them
-    specs = tuple(bind_cpu_instances([spec_from_merged(m, layout) for m in checked.merged]))
+    specs = tuple(bind_cpu_instances(members))
     compiled = CompiledLayout(
         layout=layout,
         text=layout.source if layout.source is not None else dumps_layout(layout),

@@ -85,6 +85,13 @@ def _at_least_one(v: Any) -> str | None:
     return None if v >= 1 else f"must be 1 or more (it is {v})"
 
 
+def _node_name(v: Any) -> str | None:
+    # the fleet file's node names (vsup.fleet.rules.NAME_RE, layout/span.NODE_NAME_RE)
+    if re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", v):
+        return None
+    return f"{v!r} is not a node name: 1-64 letters, digits, '.', '_' or '-'"
+
+
 def _utilization(v: Any) -> str | None:
     if 0 < v <= 1:
         return None
@@ -332,6 +339,13 @@ LAYOUT_KEYS: dict[str, Key] = {
             _positive,
         ),
         Key("empty", "bool", "true: the layout means to run no instance (else that is an error)"),
+        Key(
+            "node",
+            "str",
+            "the fleet node this layout is applied on (`vsup fleet up` sets it): which part of "
+            "a server across nodes (`span`) runs here",
+            _node_name,
+        ),
         *CANARY_KEYS,
     )
 }

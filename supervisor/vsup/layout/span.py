@@ -31,7 +31,6 @@ formed is the rules' (rules/span.py); whether its nodes are the fleet's, `fleet_
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -39,8 +38,18 @@ from typing import Any
 
 from vsup.diagnostics import ERROR, Diagnostic
 from vsup.layout.parallel import DP_FLAG, DP_LOCAL_FLAG, canonical_flag, parallel_shape
-from vsup.layout.spec import InstanceSpec
+from vsup.layout.spec import (
+    SHIM_MODULE,
+    InstanceSpec,
+    RestartPolicy,
+    SpanRole,
+)
 
+# The head's probe of every rank (docs/fleet.md, "Watched as one"): vLLM answers /health 200
+# while a rank on another node is dead and requests hang, so the head's daemon sends an idle
+# unit a 1-token completion per rank (X-data-parallel-rank) at least this often, and one
+# unanswered within stall_after_s restarts the head (restart.on_stall is on for a head).
+SPAN_CANARY_INTERVAL_S = 10.0
 DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
 # the fleet file's node names (vsup.fleet.rules.NAME_RE): a span names nodes of a fleet
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -62,9 +71,6 @@ SPAN_FLAGS = (
 )
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-SHIM_MODULE = "vsup.vllmserve"
-# `python -m X serve ...` forms that are vLLM's own CLI (`vllm serve`)
-SERVE_MODULES = ("vllm.entrypoints.cli.main", SHIM_MODULE)
 
 
 @dataclass(frozen=True)
@@ -143,18 +149,6 @@ def span_shape_args(args: Mapping[str, Any], span: SpanSpec, local: int) -> dict
     }
 
 
-def is_serve_command(command: Sequence[str]) -> bool:
-    """Whether `command` is vLLM's own CLI before `serve` (`vllm serve`, `python -m
-    vllm.entrypoints.cli.main serve`, vsup's shim): the forms that know `--headless`."""
-    words = list(command)
-    if len(words) >= 2 and os.path.basename(words[0]) == "vllm" and words[1] == "serve":
-        return True
-    if "-m" in words:
-        i = words.index("-m")
-        return words[i + 1 : i + 3] in ([m, "serve"] for m in SERVE_MODULES)
-    return False
-
-
 def serve_command(command: Sequence[str]) -> tuple[str, ...]:
     """The command a span's member runs: the same, except that the API-server module form
     (`PY -m vllm.entrypoints.openai.api_server`, which has no `--headless`) becomes vsup's shim
@@ -178,19 +172,34 @@ class SpanMember:
     spec: InstanceSpec
 
     def argv(self) -> list[str]:
-        """The member's command line: the spec's, with the model as `vllm serve`'s positional
-        argument (vLLM 0.32 warns that its `--model` option "will be removed")."""
-        argv = self.spec.argv()
-        n = len(self.spec.command)
-        if is_serve_command(self.spec.command) and argv[n : n + 1] == ["--model"]:
-            argv = [*argv[:n], argv[n + 1], *argv[n + 2 :]]
-        return argv
+        """The member's command line: the spec's (`InstanceSpec.argv`: the model as `vllm
+        serve`'s positional argument, vLLM 0.32 warning that its `--model` option "will be
+        removed")."""
+        return self.spec.argv()
 
     def describe(self) -> str:
         """`head, ranks 0-1` / `ranks 2-3` (`rank 2` for one)."""
         last = self.start_rank + self.ranks - 1
         which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
         return f"head, {which}" if self.head else which
+
+
+def watch_fields(spec: InstanceSpec, head: bool) -> dict[str, Any]:
+    """How a member is watched, as spec fields. The head probes every rank through vLLM
+    (a canary per rank at least every SPAN_CANARY_INTERVAL_S, unanswered within
+    stall_after_s: a stall) and restarts itself on a stall, as one unit. A follower has no API
+    server: its health is its head's (spec.client_host), and it sends no canary and judges no
+    stall of its own (the head's daemon does, for every rank)."""
+    if head:
+        interval = spec.canary_interval_s
+        interval = (
+            SPAN_CANARY_INTERVAL_S if interval <= 0 else min(interval, SPAN_CANARY_INTERVAL_S)
+        )
+        restart: RestartPolicy = replace(spec.restart, on_stall=True)
+        # the probe's deadline; 0 would turn it off, and the unit could not be watched
+        after = spec.stall_after_s if spec.stall_after_s > 0 else InstanceSpec.stall_after_s
+        return {"canary_interval_s": interval, "restart": restart, "stall_after_s": after}
+    return {"canary_interval_s": 0.0, "stall_after_s": 0.0}
 
 
 @dataclass(frozen=True)
@@ -240,7 +249,24 @@ class SpanUnit:
         if not head:
             args["headless"] = True
             args["data-parallel-start-rank"] = start
-        spec = replace(self.spec, command=serve_command(self.spec.command), gpus=gpus, args=args)
+        role = SpanRole(
+            node=node,
+            head=head,
+            start_rank=start,
+            ranks=local,
+            members=span.ranks,
+            address=span.address,
+            rpc_port=span.rpc_port,
+            port=self.spec.port,
+        )
+        spec = replace(
+            self.spec,
+            command=serve_command(self.spec.command),
+            gpus=gpus,
+            args=args,
+            span=role,
+            **watch_fields(self.spec, head),
+        )
         return SpanMember(node, head, start, local, spec)
 
     def members(self) -> list[SpanMember]:

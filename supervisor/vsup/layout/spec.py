@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,21 @@ REMOVED_ENV = ("HIP_VISIBLE_DEVICES",)
 # none of them (nor the one `hf_token_env` names): the model's remote code could read it.
 HUB_TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 SERVED_NAME_FLAG = "--served-model-name"
+SHIM_MODULE = "vsup.vllmserve"
+# `python -m X serve ...` forms that are vLLM's own CLI (`vllm serve`)
+SERVE_MODULES = ("vllm.entrypoints.cli.main", SHIM_MODULE)
+
+
+def is_serve_command(command: Sequence[str]) -> bool:
+    """Whether `command` is vLLM's own CLI before `serve` (`vllm serve`, `python -m
+    vllm.entrypoints.cli.main serve`, vsup's shim): the forms that know `--headless`."""
+    words = list(command)
+    if len(words) >= 2 and os.path.basename(words[0]) == "vllm" and words[1] == "serve":
+        return True
+    if "-m" in words:
+        i = words.index("-m")
+        return words[i + 1 : i + 3] in ([m, "serve"] for m in SERVE_MODULES)
+    return False
 
 
 def served_name(args: Mapping[str, Any]) -> str | None:
@@ -138,6 +153,73 @@ class SleepSpec:
 
 
 @dataclass(frozen=True)
+class SpanRole:
+    """This node's part of one server spanning nodes (layout/span.py; docs/fleet.md, "One
+    server across nodes"): which node it is, head or follower, its ranks, and where the rest of
+    the unit lives (every node's ranks in rank order, the head first; the head's address, its
+    data-parallel RPC port and its API server's port)."""
+
+    node: str
+    head: bool
+    start_rank: int
+    ranks: int
+    members: tuple[tuple[str, int], ...]
+    address: str
+    rpc_port: int
+    port: int
+
+    @property
+    def size(self) -> int:
+        return sum(n for _, n in self.members)
+
+    @property
+    def head_node(self) -> str:
+        return self.members[0][0]
+
+    def node_of(self, rank: int) -> str | None:
+        """The node that runs data-parallel `rank`; None out of range."""
+        start = 0
+        for node, n in self.members:
+            if start <= rank < start + n:
+                return node
+            start += n
+        return None
+
+    def describe(self) -> str:
+        """`head, rank 0 of 2` / `ranks 2-3 of 4, head gpu01 at 10.0.0.1:8000`."""
+        last = self.start_rank + self.ranks - 1
+        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
+        if self.head:
+            return f"head, {which} of {self.size}"
+        return f"{which} of {self.size}, head {self.head_node} at {self.address}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "head": self.head,
+            "start_rank": self.start_rank,
+            "ranks": self.ranks,
+            "members": [[node, n] for node, n in self.members],
+            "address": self.address,
+            "rpc_port": self.rpc_port,
+            "port": self.port,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SpanRole:
+        return cls(
+            node=str(doc["node"]),
+            head=bool(doc["head"]),
+            start_rank=int(doc["start_rank"]),
+            ranks=int(doc["ranks"]),
+            members=tuple((str(node), int(n)) for node, n in doc["members"]),
+            address=str(doc["address"]),
+            rpc_port=int(doc["rpc_port"]),
+            port=int(doc["port"]),
+        )
+
+
+@dataclass(frozen=True)
 class InstanceSpec:
     name: str
     model: str
@@ -181,6 +263,15 @@ class InstanceSpec:
     # table; `swap_group`: instances that time-share their GPUs, at most one awake at a time.
     sleep: SleepSpec | None = None
     swap_group: str | None = None
+    # This node's part of a server across nodes (layout/span.py); None for any other instance.
+    # A follower (headless: no API server of its own) is reached through its head: its health,
+    # base URL and readiness are the head's, and it binds no port here.
+    span: SpanRole | None = None
+
+    @property
+    def follower(self) -> bool:
+        """A headless member of a span: it runs ranks and no API server."""
+        return self.span is not None and not self.span.head
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -222,7 +313,10 @@ class InstanceSpec:
 
     @property
     def client_host(self) -> str:
-        """Where vsup itself connects: loopback when the server listens on every address."""
+        """Where vsup itself connects: loopback when the server listens on every address; a
+        span's follower: its head's address (the API server of the unit)."""
+        if self.span is not None and not self.span.head:
+            return self.span.address
         if self.host in ("0.0.0.0", "", "::"):
             return "127.0.0.1"
         return self.host
@@ -254,6 +348,10 @@ class InstanceSpec:
         if shape.tp > 1 and find_arg(args, TP_FLAG) is None:
             args["tensor-parallel-size"] = shape.tp
         argv += args_to_flags(args)
+        n = len(self.command)
+        if self.span is not None and is_serve_command(self.command):
+            # a span's member runs `vllm serve`: the model as its positional argument
+            argv = [*argv[:n], argv[n + 1], *argv[n + 2 :]]
         return argv
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

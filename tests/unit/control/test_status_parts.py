@@ -50,6 +50,8 @@ SCHEMA1_INSTANCE_KEYS = (
     "stall_evidence", "stalled_ranks", "requests_in_flight", "load_tracking", "wait",
     "start_timeout_s", "outdated", "outdated_fields", "pull", "served_model_name", "sleep",
 )  # fmt: skip
+# Keys added since (schema 1 is additive), after those, in this order.
+ADDED_INSTANCE_KEYS = ("span",)
 
 
 def recorded() -> dict[str, Any]:
@@ -59,6 +61,7 @@ def recorded() -> dict[str, Any]:
 
 def test_the_wire_keeps_schema_1s_keys_in_their_order() -> None:
     assert WIRE_KEYS[: len(SCHEMA1_INSTANCE_KEYS)] == SCHEMA1_INSTANCE_KEYS
+    assert WIRE_KEYS[len(SCHEMA1_INSTANCE_KEYS) :] == ADDED_INSTANCE_KEYS
 
 
 def test_every_attribute_of_every_part_has_exactly_one_wire_key() -> None:
@@ -181,7 +184,8 @@ async def test_a_real_daemons_snapshot_round_trips_to_identical_json(daemons) ->
     assert back == snap
     assert json.dumps(back.to_json()) == sent
     answered = await wire.status()
-    assert [list(i) for i in answered["instances"]] == [list(SCHEMA1_INSTANCE_KEYS)] * 2
+    keys = [*SCHEMA1_INSTANCE_KEYS, *ADDED_INSTANCE_KEYS]
+    assert [list(i) for i in answered["instances"]] == [keys] * 2
     a = back.instance("a")
     assert a is not None and a.lifecycle.state is State.READY and a.is_ready
     assert a.lifecycle.pid is not None and a.lifecycle.run == 1

@@ -317,13 +317,13 @@ def test_a_loopback_address_and_a_command_without_headless_are_warnings(tmp_path
     assert "vllm serve" in one(found, "command", tmp_path, "--headless").message
 
 
-def test_no_node_runs_the_layouts_span_instance_as_such(tmp_path: Path):
-    """Starting the members through the nodes' daemons is a later phase: a node's compile
-    (`vsup up`, the daemon's apply) refuses the layout, naming the instance and key."""
+def test_a_node_that_does_not_know_its_name_refuses_a_span(tmp_path: Path):
+    """Which part runs depends on the node: a compile without `[layout] node` (a node's own
+    `vsup up`) refuses the layout, naming the file, the instance and the key, and says how."""
     compiled, diagnostics = compile_document(load_layout(write(tmp_path, layout_text(SPAN))))
     assert compiled is None
     d = one([d for d in diagnostics if d.is_error], "span", tmp_path)
-    assert "does not start" in d.message and "fleet validate" in d.message
+    assert "vsup fleet up" in d.message and "[layout] node" in d.message
 
 
 def test_nodes_the_fleet_lacks_name_the_layout_instance_and_key(tmp_path: Path):
@@ -388,17 +388,17 @@ def test_fleet_validate_says_every_error_at_once(tmp_path: Path, capsys: pytest.
     assert "key 'args.headless': --headless is set by span" in err
 
 
-def test_fleet_up_refuses_a_span_before_asking_any_node(
+def test_fleet_up_refuses_a_span_whose_nodes_are_not_all_chosen(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ):
-    """The daemons do not start a span's members yet: `fleet up` says so and reaches no node
-    (these nodes' ssh names resolve nowhere)."""
+    """A unit starts whole or not at all: `fleet up` of only some of its nodes says which is
+    missing and reaches no node (these nodes' ssh names resolve nowhere)."""
     (tmp_path / "fleet.toml").write_text(FLEET)
     layout = write(tmp_path, layout_text(SPAN))
     fleet = str(tmp_path / "fleet.toml")
-    assert main(["fleet", "up", "--fleet", fleet, "--nodes", "n1,n2", str(layout)]) == 2
+    assert main(["fleet", "up", "--fleet", fleet, "--nodes", "n1", str(layout)]) == 2
     err = capsys.readouterr().err
-    assert "instance 'big': key 'span': spans nodes: vsup does not start" in err
+    assert "instance 'big': key 'span.ranks.n2': node 'n2' runs part of this server" in err
     assert "nothing was changed" in err
     assert "cannot take part" not in err
 

@@ -24,9 +24,9 @@ from vsup.layout.span import (
     API_SERVER_MODULE,
     NODE_NAME_RE,
     SPAN_FLAGS,
-    is_serve_command,
     read_span,
 )
+from vsup.layout.spec import is_serve_command
 
 RANKS_EXAMPLE = "ranks = { gpu01 = 2, gpu02 = 2 }"
 

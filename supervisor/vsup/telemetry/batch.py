@@ -36,7 +36,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from vsup.telemetry import httpget
@@ -353,7 +353,16 @@ class ScrapeBatch:
             answer = answers[-2]
             load, load_error = _load_answer(ex.urls[-2], answer.status, answer.body)
         last = answers[-1]
-        result = Scraper._metrics_answer(ex.metrics_url, last.status, last.body, elapsed, False)
+        result = Scraper._metrics_answer(
+            ex.metrics_url,
+            last.status,
+            last.body,
+            elapsed,
+            False,
+            server_load=load,
+            load_error=load_error,
+            health_status=health_status,
+        )
         if not ex.whole and self._scraper.filter_failed(job.base_url, False, result):
             # the filtered page said nothing vsup can use: the whole page, now
             ex.whole = True
@@ -364,14 +373,7 @@ class ScrapeBatch:
             self._pending[job.name] = ex
             self._open(ex, reuse=True)
             return
-        self._done.append(
-            (
-                job,
-                replace(
-                    result, server_load=load, load_error=load_error, health_status=health_status
-                ),
-            )
-        )
+        self._done.append((job, result))
 
     def _expire(self, now: float) -> None:
         for ex in [e for e in self._pending.values() if _overdue(e, now, self.timeout_s)]:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
@@ -383,9 +383,10 @@ class Scraper:
 
     @staticmethod
     def _metrics_answer(
-        url: str, status: int, body: bytes, elapsed: float, keep_text: bool
+        url: str, status: int, body: bytes, elapsed: float, keep_text: bool, **extra: Any
     ) -> ScrapeResult:
-        """The ScrapeResult of `/metrics`'s answer."""
+        """The ScrapeResult of `/metrics`'s answer; `extra`: its other fields (`/load`'s and
+        `/health`'s answers), set at once rather than by a `replace` after."""
         if status != 200:
             return ScrapeResult(
                 url,
@@ -395,8 +396,9 @@ class Scraper:
                 error=f"{url} answered HTTP {status}",
                 elapsed_s=elapsed,
                 size_bytes=len(body),
+                **extra,
             )
-        return _read_page(url, body, elapsed, keep_text)
+        return _read_page(url, body, elapsed, keep_text, **extra)
 
     async def health(self, base_url: str, *, timeout_s: float | None = None) -> HealthResult:
         """GET `base_url`/health. Never raises (except cancellation)."""
@@ -497,7 +499,9 @@ def _describe(exc: httpx.HTTPError | httpget.HttpError, url: str) -> str:
     return f"{url}: {type(exc).__name__}: {exc}"
 
 
-def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> ScrapeResult:
+def _read_page(
+    url: str, body: bytes, elapsed: float, keep_text: bool, **extra: Any
+) -> ScrapeResult:
     """A /metrics page answered 200: refused when too big, else parsed (and timed); not ok
     without vllm:* metrics."""
     if len(body) > MAX_PAYLOAD_BYTES:
@@ -509,6 +513,7 @@ def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> Scrape
             error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
             elapsed_s=elapsed,
             size_bytes=len(body),
+            **extra,
         )
     text = body.decode("utf-8", errors="replace")
     p0 = time.perf_counter()
@@ -530,4 +535,5 @@ def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> Scrape
         parse_ms=parse_ms,
         size_bytes=len(body),
         text=text if keep_text else None,
+        **extra,
     )

@@ -51,6 +51,8 @@ from vsup.telemetry.scrape import (
 
 # How long finished results may wait in the thread for others before they go to the loop.
 FLUSH_S = 0.05
+# How long the thread lets answers gather between two selects while some are still due.
+COALESCE_S = 0.005
 _RECV = 1 << 16
 _HEAD_LIMIT = 64 << 10
 _K = TypeVar("_K")  # what the caller identifies a job with (the monitor: its Target)
@@ -203,13 +205,21 @@ class ScrapeBatch:
                 wake = min(wake, held_since + FLUSH_S)
             for ex in self._pending.values():
                 wake = min(wake, ex.connect_by if ex.connecting else ex.started + self.timeout_s)
-            self._wait(max(0.0, wake - now))
+            if self._wait(max(0.0, wake - now)) and self._pending:
+                # answers trickle in (the servers share the node's cores): let a few more
+                # arrive before the next select, so one wake-up reads many of them
+                time.sleep(min(COALESCE_S, max(0.0, wake - time.monotonic())))
         if self._done:
             out, self._done = self._done, []
             hand(out)
 
-    def _wait(self, timeout: float) -> None:
-        for key, events in self._sel.select(timeout):
+    def _wait(self, timeout: float) -> bool:
+        """Handle what is ready within `timeout`; whether anything was."""
+        ready = self._sel.select(timeout)
+        for key, events in ready:
+            if key.data is None:
+                self._idle_event(key.fileobj)  # type: ignore[arg-type]
+                continue
             ex: _Exchange = key.data
             if ex.sock is not key.fileobj or ex.job.name not in self._pending:
                 continue
@@ -222,6 +232,16 @@ class ScrapeBatch:
                     self._read(ex)
             except httpget.HttpError as exc:
                 self._fail(ex, exc)
+        return bool(ready)
+
+    def _idle_event(self, sock: socket.socket) -> None:
+        """An idle kept-alive socket turned readable: the server closed it (or sent what
+        nobody asked for). It is let go; the next exchange with that server connects anew."""
+        for key, idle in list(self._idle.items()):
+            if idle is sock:
+                del self._idle[key]
+        self._sel.unregister(sock)
+        sock.close()
 
     def _start(self, job: Job[Any], now: float) -> None:
         base = job.base_url
@@ -254,7 +274,8 @@ class ScrapeBatch:
         sock = self._idle.pop((ex.host, ex.port), None) if reuse else None
         if sock is not None:
             ex.sock, ex.reused, ex.connecting = sock, True, False
-            self._sel.register(sock, selectors.EVENT_READ, ex)
+            # an idle socket stays registered for reading: this changes only whose it is
+            self._sel.modify(sock, selectors.EVENT_READ, ex)
             self._send(ex)
             return
         sock = socket.socket(socket.AF_INET6 if ":" in ex.host else socket.AF_INET)
@@ -288,9 +309,11 @@ class ScrapeBatch:
         except OSError:
             self._stale(ex)
             return
+        wrote_all = n == len(ex.out)
         ex.out = ex.out[n:]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ex.out else 0)
-        self._sel.modify(ex.sock, events, ex)
+        if not wrote_all or self._sel.get_key(ex.sock).events != selectors.EVENT_READ:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ex.out else 0)
+            self._sel.modify(ex.sock, events, ex)
 
     def _read(self, ex: _Exchange) -> None:
         assert ex.sock is not None
@@ -336,12 +359,15 @@ class ScrapeBatch:
     def _answered(self, ex: _Exchange, keep: bool) -> None:
         sock = ex.sock
         assert sock is not None
-        self._sel.unregister(sock)
         ex.sock = None
         key = (ex.host, ex.port)
         if keep and not ex.buf and not self._closed and key not in self._idle:
+            # kept for the next run, still registered for reading (no epoll_ctl a run): if
+            # the server closes it meanwhile, `_wait` sees it and lets it go
             self._idle[key] = sock
+            self._sel.modify(sock, selectors.EVENT_READ, None)
         else:
+            self._sel.unregister(sock)
             sock.close()
         del self._pending[ex.job.name]
         elapsed = time.monotonic() - ex.started
@@ -424,6 +450,8 @@ class ScrapeBatch:
             self._close_sock(ex)
         self._pending.clear()
         for sock in self._idle.values():
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(sock)
             sock.close()
         self._idle.clear()
         self._sel.close()

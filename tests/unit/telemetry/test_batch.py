@@ -322,3 +322,32 @@ async def test_a_load_answer_that_is_no_count_is_unknown_and_the_scrape_goes_on(
             await batch.aclose()
     assert got.ok and got.server_load is None
     assert got.load_error == f"{srv.url}/load sent server_load 'many', not a count"
+
+
+async def test_a_kept_alive_connection_closed_between_runs_is_let_go_and_replaced() -> None:
+    closed = asyncio.Event()
+
+    class ClosesWhenIdle(Server):
+        async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            for _ in range(3):
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                self.paths.append(path)
+                writer.write(await vllm(path, 0, 0) or b"")
+            await writer.drain()
+            writer.close()  # an idle timeout: closed with no word, between two scrapes
+            closed.set()
+
+    async with ClosesWhenIdle(vllm) as srv, Scraper(timeout_s=5) as scraper:
+        batch = scraper.batch()
+        assert batch is not None
+        try:
+            first = (await run(batch, [job(srv.url)]))["a"]
+            await closed.wait()
+            await asyncio.sleep(0.05)
+            second = (await run(batch, [job(srv.url)]))["a"]
+        finally:
+            await batch.aclose()
+    assert first.ok and second.ok and second.server_load == 3
+    assert srv.connections == 2

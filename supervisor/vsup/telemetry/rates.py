@@ -201,6 +201,9 @@ class History:
     def __init__(self, span_s: float = HISTORY_SPAN_S, max_points: int = 1200) -> None:
         self.span_s = span_s
         self._points: deque[HistoryPoint] = deque(maxlen=max_points)
+        # kv_peak's last answer: (window, the newest point then, the peak); points come and go
+        # only with a new newest point, and the daemon asks for every instance at every poll
+        self._peak: tuple[float, HistoryPoint, float | None] | None = None
 
     def append(
         self,
@@ -227,7 +230,11 @@ class History:
         """The highest KV-cache usage seen in the last `window_s` seconds, or None."""
         if not self._points:
             return None
-        since = self._points[-1].t - window_s
+        last = self._points[-1]
+        memo = self._peak
+        if memo is not None and memo[1] is last and memo[0] == window_s:
+            return memo[2]
+        since = last.t - window_s
         peak: float | None = None
         # newest first, and stop at the window's start: the daemon asks for every instance at
         # every poll, and the history holds 10 minutes (a walk of it all cost O(history))
@@ -237,6 +244,7 @@ class History:
             v = p.kv_cache_usage
             if v is not None and (peak is None or v > peak):
                 peak = v
+        self._peak = (window_s, last, peak)
         return peak
 
     def __len__(self) -> int:

@@ -4,7 +4,7 @@ rates.py) are the rates worked out afresh: the same until a window runs out, Non
 from __future__ import annotations
 
 from vsup.telemetry.metrics import VllmMetrics
-from vsup.telemetry.rates import InstanceRates, Rates
+from vsup.telemetry.rates import History, InstanceRates, Rates
 
 from tests.support.clock import FakeClock
 
@@ -48,3 +48,19 @@ def test_rates_asked_again_and_again_match_a_fresh_answer_through_the_windows_en
     rates.observe(m, run=1)
     readings.append((clock.monotonic(), m))
     assert rates.rates() == fresh(readings, clock.monotonic())
+
+
+def test_the_kv_peak_asked_again_follows_each_new_point_and_window() -> None:
+    h = History(span_s=600.0)
+    h.append(100.0, 0.9, None, None)
+    assert h.kv_peak(60) == 0.9 and h.kv_peak(60) == 0.9
+    h.append(130.0, 0.2, None, None)
+    assert h.kv_peak(60) == 0.9  # still within the minute
+    h.append(170.0, 0.3, None, None)
+    assert h.kv_peak(60) == 0.3 and h.kv_peak(120) == 0.9  # the 0.9 left the minute
+    h.clear()
+    assert h.kv_peak(60) is None
+    h.append(200.0, None, None, None)
+    assert h.kv_peak(60) is None
+    h.append(201.0, 0.4, None, None)
+    assert h.kv_peak(60) == 0.4

@@ -237,9 +237,11 @@ class ScrapeBatch:
     def _idle_event(self, sock: socket.socket) -> None:
         """An idle kept-alive socket turned readable: the server closed it (or sent what
         nobody asked for). It is let go; the next exchange with that server connects anew."""
-        for key, idle in list(self._idle.items()):
-            if idle is sock:
-                del self._idle[key]
+        held = [key for key, idle in self._idle.items() if idle is sock]
+        if not held:
+            return  # taken by an exchange since the select: its own read will see the close
+        for key in held:
+            del self._idle[key]
         self._sel.unregister(sock)
         sock.close()
 

@@ -5,7 +5,10 @@ log tail; this module decides when each is fed. Each poll starts one scrape per 
 that has none in flight and waits for them only up to half the poll interval: a slow or wedged
 server keeps its scrape running in the background (bounded by the scraper's timeout) while the
 others' figures are used at once, so one instance never delays the rest, and never the API
-(everything here is async or runs in a worker thread). Figures older than telemetry's
+(everything here is async or runs in a worker thread). Plain-http servers (every vLLM vsup
+starts) are scraped together by one worker thread per poll (telemetry/batch.py: a selector
+over kept-alive sockets, the pages parsed there), whose finished results come back to the
+loop in a few batches; other URLs get a task each (`Scraper.scrape`). Figures older than telemetry's
 `STALE_AFTER_S` read as unknown.
 
 Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
@@ -28,6 +31,7 @@ from typing import TypedDict
 from vsup.clock import Clock, iso_utc
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
+from vsup.telemetry.batch import Job, ScrapeBatch
 from vsup.telemetry.gpu.base import GpuProbe, GpuSample
 from vsup.telemetry.hbm import (
     Attribution,
@@ -39,7 +43,7 @@ from vsup.telemetry.hbm import (
 )
 from vsup.telemetry.instance import InstanceTelemetry
 from vsup.telemetry.metrics import VllmMetrics
-from vsup.telemetry.scrape import CanaryOutcome, Scraper
+from vsup.telemetry.scrape import CanaryOutcome, Scraper, ScrapeResult
 from vsup.telemetry.stall import StallView
 
 log = logging.getLogger("vsup.monitor")
@@ -114,6 +118,9 @@ class Monitor:
         self._live: dict[str, bool] = {}
         self._hbm: dict[str, HbmFigure] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        # plain-http servers' scrapes: one worker thread per poll (telemetry/batch.py)
+        self._batch: ScrapeBatch | None = None
+        self._dropped: list[str] = []  # forgotten names whose batch exchange is abandoned
         self._canaries: dict[str, asyncio.Task[None]] = {}
         self._tracking: dict[str, bool] = {}
         self._unresolved: set[tuple[int, int]] = set()
@@ -131,12 +138,16 @@ class Monitor:
             self.probe = await asyncio.to_thread(open_probe, "auto")
         if self.scraper is None:
             self.scraper = Scraper(timeout_s=SCRAPE_TIMEOUT_S)
+        if self._batch is None:
+            self._batch = self.scraper.batch()
 
     async def close(self) -> None:
         for task in [*self._inflight.values(), *self._canaries.values()]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._batch is not None:
+            await self._batch.aclose()
         if self.scraper is not None:
             await self.scraper.aclose()
         if self.probe is not None:
@@ -241,20 +252,38 @@ class Monitor:
                 tel.stopped()
             self._live[t.name] = t.live
             self._tracking[t.name] = t.load_tracking
-        started = []
+        started: list[asyncio.Future[None]] = []
+        jobs: list[Job[Target]] = []
+        batch = self._batch
         for t in targets:
-            if t.live and t.name not in self._inflight and self.scraper is not None:
-                task = asyncio.create_task(self._scrape(t), name=f"scrape {t.name}")
-                self._inflight[t.name] = task
-                task.add_done_callback(functools.partial(self._scrape_done, t.name))
-                started.append(task)
+            if not t.live or t.name in self._inflight or self.scraper is None:
+                continue
+            if batch is not None and t.base_url.startswith("http://"):
+                jobs.append(
+                    Job(
+                        t.name,
+                        t,
+                        t.base_url,
+                        with_load=t.load_tracking,
+                        with_health=self.on_health is not None,
+                    )
+                )
+                continue
+            task = asyncio.create_task(self._scrape(t), name=f"scrape {t.name}")
+            self._inflight[t.name] = task
+            task.add_done_callback(functools.partial(self._scrape_done, t.name))
+            started.append(task)
+        wait_s = max(0.1, 0.5 * self.poll_interval)
+        if batch is not None and (jobs or self._dropped or batch.busy):
+            dropped, self._dropped = self._dropped, []
+            started.append(asyncio.ensure_future(batch.run(jobs, wait_s, self._scraped, dropped)))
         self._start_canaries(targets)
         side = [
             asyncio.create_task(self._poll_logs()),
             asyncio.create_task(self._poll_gpus(targets)),
         ]
         if started:
-            await asyncio.wait(started, timeout=max(0.1, 0.5 * self.poll_interval))
+            await asyncio.wait(started, timeout=wait_s)
         for result in await asyncio.gather(*side, return_exceptions=True):
             if isinstance(result, Exception):
                 log.error("telemetry poll failed", exc_info=result)
@@ -267,6 +296,15 @@ class Monitor:
         result = await self.scraper.scrape(
             t.base_url, with_load=t.load_tracking, with_health=self.on_health is not None
         )
+        self._take(t, result)
+
+    def _scraped(self, results: list[tuple[Job[Target], ScrapeResult]]) -> None:
+        """The batch's finished scrapes (on the event loop)."""
+        for job, result in results:
+            self._take(job.key, result)
+
+    def _take(self, t: Target, result: ScrapeResult) -> None:
+        """One scrape's result to the instance's telemetry (and its /health to the engine)."""
         tel = self._tel.get(t.name)
         if tel is None or self._runs.get(t.name) != t.run:
             return  # forgotten, or restarted while this scrape was in flight
@@ -420,6 +458,8 @@ class Monitor:
         self._live.pop(name, None)
         self._hbm.pop(name, None)
         self._tracking.pop(name, None)
+        if self._batch is not None:
+            self._dropped.append(name)
         for tasks in (self._inflight, self._canaries):
             task = tasks.pop(name, None)
             if task is not None:

@@ -142,6 +142,11 @@ class HttpGetter:
             ),  # fmt: skip
         )
 
+    def get_bytes(self, url: str) -> tuple[str, int, bytes]:
+        """(host, port, the request's bytes) of a GET of `url` without extra headers,
+        remembered by URL (telemetry/batch.py writes them itself). Raises HttpError."""
+        return self._get_bytes(url)
+
     def _get_bytes(self, url: str) -> tuple[str, int, bytes]:
         """`_encode` of a GET without extra headers, remembered by URL."""
         encoded = self._gets.get(url)
@@ -341,7 +346,7 @@ class HttpGetter:
             raise _Stale() from None
         except asyncio.LimitOverrunError:
             raise ProtocolError("the answer's headers are over 64 KiB") from None
-        status, headers, version = _parse_head(head)
+        status, headers, version = parse_head(head)
         try:
             body, until_eof = await self._body(reader, headers)
         except asyncio.IncompleteReadError:
@@ -398,7 +403,9 @@ class HttpGetter:
         return b"".join(chunks), True
 
 
-def _parse_head(head: bytes) -> tuple[int, dict[str, str], str]:
+def parse_head(head: bytes) -> tuple[int, dict[str, str], str]:
+    """(status, headers by lower-case name, HTTP version) of an answer's head (through the
+    blank line). Raises ProtocolError."""
     lines = head.decode("latin-1").split("\r\n")
     first = lines[0].split(" ", 2)
     if len(first) < 2 or not first[0].startswith("HTTP/1.") or not first[1].isdigit():

@@ -463,6 +463,10 @@ def _start_time(text: str) -> float | None:
         i += 1
     end = text.find("\n", i)
     line = text[i : end if end >= 0 else len(text)].rstrip("\r")
+    value = line[len(START_TIME) + 1 :]
+    digits = value.replace(".", "", 1)
+    if line[len(START_TIME) : len(START_TIME) + 1] == " " and digits.isascii() and digits.isdigit():
+        return float(value)  # what prometheus_client writes: a plain number, no labels
     try:
         sample = parse_sample(line)
     except ValueError:

@@ -76,6 +76,13 @@ class CounterRate:
             return None
         return (total_last - total_first) / span
 
+    def fresh_until(self) -> float | None:
+        """Until when `rate(now)` answers what it answers now (its newest reading stays
+        within the window); None while it has no rate to lose."""
+        if len(self._points) < 2:
+            return None
+        return self._points[-1][0] + self.window_s
+
     def clear(self) -> None:
         self._points.clear()
         self._last_value = None
@@ -111,6 +118,10 @@ class InstanceRates:
         self._start_time: float | None = None
         self._run: Any = None
         self._last_metrics: VllmMetrics | None = None
+        # The last `rates()` answer, (asked at, good until, rates): it stays the answer until
+        # the next reading or until a window it read from runs out (the daemon reads the rates
+        # of every instance for each snapshot, and a reading comes once a second).
+        self._memo: tuple[float, float, Rates] | None = None
 
     def observe(self, metrics: VllmMetrics, run: Any = None, t: float | None = None) -> Rates:
         """Record one scrape (read at `t`, default the clock's now) and return the rates.
@@ -131,11 +142,15 @@ class InstanceRates:
         self._queries.update(now, metrics.prefix_cache_queries_total, reset=reset)
         self._hits.update(now, metrics.prefix_cache_hits_total, reset=reset)
         self._last_metrics = metrics
+        self._memo = None
         return self.rates(now)
 
     def rates(self, now: float | None = None) -> Rates:
         """The rates as of `now` (default the clock's now); stale windows give None."""
         now = self._clock.monotonic() if now is None else now
+        memo = self._memo
+        if memo is not None and memo[0] <= now <= memo[1]:
+            return memo[2]
         preempt = self._preempt.rate(now)
         queries = self._queries.rate(now)
         hits = self._hits.rate(now)
@@ -145,17 +160,25 @@ class InstanceRates:
             hit_rate = self._last_metrics.prefix_cache_hit_rate
         else:
             hit_rate = None
-        return Rates(
+        rates = Rates(
             generation_tokens_per_s=self._gen.rate(now),
             prompt_tokens_per_s=self._prompt.rate(now),
             preemptions_per_min=None if preempt is None else preempt * 60.0,
             prefix_cache_hit_rate=hit_rate,
         )
+        until = math.inf
+        for c in (self._gen, self._prompt, self._preempt, self._queries, self._hits):
+            fresh_until = c.fresh_until()
+            if fresh_until is not None and now <= fresh_until:
+                until = min(until, fresh_until)
+        self._memo = (now, until, rates)
+        return rates
 
     def clear(self) -> None:
         """Forget every reading (the instance was stopped)."""
         for c in (self._gen, self._prompt, self._preempt, self._queries, self._hits):
             c.clear()
+        self._memo = None
         self._start_time = None
         self._run = None
         self._last_metrics = None
@@ -178,6 +201,9 @@ class History:
     def __init__(self, span_s: float = HISTORY_SPAN_S, max_points: int = 1200) -> None:
         self.span_s = span_s
         self._points: deque[HistoryPoint] = deque(maxlen=max_points)
+        # kv_peak's last answer: (window, the newest point then, the peak); points come and go
+        # only with a new newest point, and the daemon asks for every instance at every poll
+        self._peak: tuple[float, HistoryPoint, float | None] | None = None
 
     def append(
         self,
@@ -204,7 +230,11 @@ class History:
         """The highest KV-cache usage seen in the last `window_s` seconds, or None."""
         if not self._points:
             return None
-        since = self._points[-1].t - window_s
+        last = self._points[-1]
+        memo = self._peak
+        if memo is not None and memo[1] is last and memo[0] == window_s:
+            return memo[2]
+        since = last.t - window_s
         peak: float | None = None
         # newest first, and stop at the window's start: the daemon asks for every instance at
         # every poll, and the history holds 10 minutes (a walk of it all cost O(history))
@@ -214,6 +244,7 @@ class History:
             v = p.kv_cache_usage
             if v is not None and (peak is None or v > peak):
                 peak = v
+        self._peak = (window_s, last, peak)
         return peak
 
     def __len__(self) -> int:

@@ -27,13 +27,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
 
 from vsup.telemetry import httpget
 from vsup.telemetry.metrics import EMPTY, SCRAPED_NAMES, VllmMetrics, parse_metrics
+
+if TYPE_CHECKING:
+    from vsup.telemetry.batch import ScrapeBatch
 
 DEFAULT_TIMEOUT_S = 2.0
 # A /metrics payload is ~50 KB; a server answering megabytes is not a vLLM to trust.
@@ -115,18 +118,30 @@ class Scraper:
         self._max_connections = max_connections
         self._transport = transport
         self._headers = dict(headers or {})
+        self.headers: Mapping[str, str] = self._headers
+        self.max_body = MAX_PAYLOAD_BYTES
         self._fast = httpget.HttpGetter(self._headers, max_body=MAX_PAYLOAD_BYTES)
         self._client: httpx.AsyncClient | None = None
         self._whole_page: set[str] = set()  # servers that do not filter /metrics (above)
 
-    def _metrics_url(self, base_url: str, keep_text: bool) -> str:
+    def batch(self) -> ScrapeBatch | None:
+        """A `ScrapeBatch` (telemetry/batch.py: every server's scrape from one worker thread)
+        sharing this scraper's headers, timeout and whole-page servers; None when requests go
+        through a test transport."""
+        if self._transport is not None:
+            return None
+        from vsup.telemetry.batch import ScrapeBatch
+
+        return ScrapeBatch(self)
+
+    def metrics_url(self, base_url: str, keep_text: bool) -> str:
         """What to GET for `base_url`'s metrics: the filtered page, unless the server does
         not filter or the caller wants the whole payload."""
         if keep_text or base_url in self._whole_page:
             return _join(base_url, "/metrics")
         return _join(base_url, _FILTERED_METRICS)
 
-    def _filter_failed(self, base_url: str, keep_text: bool, result: ScrapeResult) -> bool:
+    def filter_failed(self, base_url: str, keep_text: bool, result: ScrapeResult) -> bool:
         """Whether a filtered page said nothing vsup can use: the server is then asked for
         the whole page, now and from then on."""
         if keep_text or base_url in self._whole_page:
@@ -187,7 +202,7 @@ class Scraper:
         write, the answers read back to back). Only the series vsup reads are asked for
         (`_FILTERED_METRICS`). Never raises (except cancellation)."""
         result = await self._scrape(base_url, timeout_s, keep_text, with_load, with_health)
-        if self._filter_failed(base_url, keep_text, result):
+        if self.filter_failed(base_url, keep_text, result):
             result = await self._scrape(base_url, timeout_s, keep_text, with_load, with_health)
         return result
 
@@ -229,7 +244,7 @@ class Scraper:
         if with_load:
             urls.append(_join(base_url, "/load"))
         url = _join(base_url, "/metrics")
-        urls.append(self._metrics_url(base_url, keep_text))
+        urls.append(self.metrics_url(base_url, keep_text))
         t0 = time.perf_counter()
         try:
             answers = await self._fast.get_all(urls, timeout, connect_timeout=min(timeout, 1.0))
@@ -358,7 +373,7 @@ class Scraper:
         t0 = time.perf_counter()
         try:
             status, body = await self._get(
-                self._metrics_url(base_url, keep_text), timeout_s or self.timeout_s
+                self.metrics_url(base_url, keep_text), timeout_s or self.timeout_s
             )
         except (httpx.HTTPError, httpget.HttpError) as exc:
             return ScrapeResult(
@@ -368,9 +383,10 @@ class Scraper:
 
     @staticmethod
     def _metrics_answer(
-        url: str, status: int, body: bytes, elapsed: float, keep_text: bool
+        url: str, status: int, body: bytes, elapsed: float, keep_text: bool, **extra: Any
     ) -> ScrapeResult:
-        """The ScrapeResult of `/metrics`'s answer."""
+        """The ScrapeResult of `/metrics`'s answer; `extra`: its other fields (`/load`'s and
+        `/health`'s answers), set at once rather than by a `replace` after."""
         if status != 200:
             return ScrapeResult(
                 url,
@@ -380,8 +396,9 @@ class Scraper:
                 error=f"{url} answered HTTP {status}",
                 elapsed_s=elapsed,
                 size_bytes=len(body),
+                **extra,
             )
-        return _read_page(url, body, elapsed, keep_text)
+        return _read_page(url, body, elapsed, keep_text, **extra)
 
     async def health(self, base_url: str, *, timeout_s: float | None = None) -> HealthResult:
         """GET `base_url`/health. Never raises (except cancellation)."""
@@ -482,7 +499,9 @@ def _describe(exc: httpx.HTTPError | httpget.HttpError, url: str) -> str:
     return f"{url}: {type(exc).__name__}: {exc}"
 
 
-def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> ScrapeResult:
+def _read_page(
+    url: str, body: bytes, elapsed: float, keep_text: bool, **extra: Any
+) -> ScrapeResult:
     """A /metrics page answered 200: refused when too big, else parsed (and timed); not ok
     without vllm:* metrics."""
     if len(body) > MAX_PAYLOAD_BYTES:
@@ -494,6 +513,7 @@ def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> Scrape
             error=f"{url} sent {len(body)} bytes; not a vLLM /metrics page",
             elapsed_s=elapsed,
             size_bytes=len(body),
+            **extra,
         )
     text = body.decode("utf-8", errors="replace")
     p0 = time.perf_counter()
@@ -515,4 +535,5 @@ def _read_page(url: str, body: bytes, elapsed: float, keep_text: bool) -> Scrape
         parse_ms=parse_ms,
         size_bytes=len(body),
         text=text if keep_text else None,
+        **extra,
     )

@@ -391,21 +391,30 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         )
         assert len(got) == 1, stall_seen()
         restart = got[0]
-        assert restart["rank"] == 1, restart
-        assert restart["why"].startswith("data-parallel rank 1: "), restart
+        # As while idle above: the requests came to a server whose rank 0 then finished its
+        # share, so only the API server's count shows rank 1's, and rank 0 (idle) may be named
+        # with it (seen in a fresh clone's full suite, 2026-12-06); rank 1 is always named,
+        # and a single rank named is rank 1
+        one = restart.get("rank")
+        assert one == 1 or (
+            one is None and restart["why"].startswith("data-parallel ranks 0, 1: ")
+        ), restart
+        if one == 1:
+            assert restart["why"].startswith("data-parallel rank 1: "), restart
         failed = wait_for(
             "the breaker",
             lambda: (i := status(home))["state"] == "failed" and i,
             120,
         )
         shown = f"{failed['failed_why']}, last exit {failed['last_exit']}; {stall_seen()}"
-        assert "data-parallel rank 1 stalled" in failed["failed_why"], shown
         assert failed["last_exit"]["reason"] == "stalled", shown
-        assert failed["last_exit"]["rank"] == 1, shown
+        assert failed["last_exit"].get("rank") == one, shown
+        if one == 1:
+            assert "data-parallel rank 1 stalled" in failed["failed_why"], shown
         exits = [e for e in events(home) if e.get("kind") == "exit"]
-        assert [(e["reason"], e["rank"]) for e in exits] == [
+        assert [(e["reason"], e.get("rank")) for e in exits] == [
             ("engine_dead", 0),
-            ("stalled", 1),
+            ("stalled", one),
         ], shown
         stopped.remove(rank1)
         assert not title(rank1)  # the frozen rank went with its server

@@ -31,7 +31,7 @@ from typing import TypedDict
 from vsup.clock import Clock, iso_utc
 from vsup.engine.memory import GpuMemory, Holder
 from vsup.snapshot import GpuStatus
-from vsup.telemetry.batch import Job, ScrapeBatch
+from vsup.telemetry.batch import Job, ScrapeBatch, batch_for
 from vsup.telemetry.gpu.base import GpuProbe, GpuSample
 from vsup.telemetry.hbm import (
     Attribution,
@@ -139,7 +139,7 @@ class Monitor:
         if self.scraper is None:
             self.scraper = Scraper(timeout_s=SCRAPE_TIMEOUT_S)
         if self._batch is None:
-            self._batch = self.scraper.batch()
+            self._batch = batch_for(self.scraper)
 
     async def close(self) -> None:
         for task in [*self._inflight.values(), *self._canaries.values()]:

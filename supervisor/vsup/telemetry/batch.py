@@ -115,7 +115,7 @@ class _Exchange:
 
 class ScrapeBatch:
     """Scrapes of many plain-http servers from one worker thread (see the module doc). Made by
-    `Scraper.batch()`; one `run` at a time (the monitor's poll); `close()` when done."""
+    `batch_for(scraper)`; one `run` at a time (the monitor's poll); `close()` when done."""
 
     def __init__(self, scraper: Scraper) -> None:
         self.timeout_s = scraper.timeout_s
@@ -536,3 +536,9 @@ def _answer(buf: bytearray, eof: bool, max_body: int) -> tuple[httpget.Response,
         "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
     )
     return httpget.Response(status, body), keep, pos
+
+
+def batch_for(scraper: Scraper) -> ScrapeBatch | None:
+    """A `ScrapeBatch` sharing `scraper`'s headers, timeout and whole-page servers; None when
+    its requests go through a test transport."""
+    return ScrapeBatch(scraper) if scraper.batchable else None

@@ -27,16 +27,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
 
 from vsup.telemetry import httpget
 from vsup.telemetry.metrics import EMPTY, SCRAPED_NAMES, VllmMetrics, parse_metrics
-
-if TYPE_CHECKING:
-    from vsup.telemetry.batch import ScrapeBatch
 
 DEFAULT_TIMEOUT_S = 2.0
 # A /metrics payload is ~50 KB; a server answering megabytes is not a vLLM to trust.
@@ -124,15 +121,11 @@ class Scraper:
         self._client: httpx.AsyncClient | None = None
         self._whole_page: set[str] = set()  # servers that do not filter /metrics (above)
 
-    def batch(self) -> ScrapeBatch | None:
-        """A `ScrapeBatch` (telemetry/batch.py: every server's scrape from one worker thread)
-        sharing this scraper's headers, timeout and whole-page servers; None when requests go
-        through a test transport."""
-        if self._transport is not None:
-            return None
-        from vsup.telemetry.batch import ScrapeBatch
-
-        return ScrapeBatch(self)
+    @property
+    def batchable(self) -> bool:
+        """Whether a `ScrapeBatch` (telemetry/batch.py) may read for this scraper: not when
+        requests go through a test transport."""
+        return self._transport is None
 
     def metrics_url(self, base_url: str, keep_text: bool) -> str:
         """What to GET for `base_url`'s metrics: the filtered page, unless the server does

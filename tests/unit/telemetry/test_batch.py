@@ -13,7 +13,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from vsup.telemetry.batch import Job, ScrapeBatch
+from vsup.telemetry.batch import Job, ScrapeBatch, batch_for
 from vsup.telemetry.scrape import Scraper, ScrapeResult
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
@@ -118,7 +118,7 @@ def refused_url() -> str:
 async def test_the_batch_reads_what_the_scraper_reads_on_one_kept_alive_connection() -> None:
     async with Server(vllm) as srv, Scraper(timeout_s=5) as scraper:
         want = await scraper.scrape(srv.url, with_load=True, with_health=True)
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             srv.connections = 0
@@ -138,7 +138,7 @@ async def test_the_batch_reads_what_the_scraper_reads_on_one_kept_alive_connecti
 
 async def test_load_and_health_are_asked_only_when_the_job_says() -> None:
     async with Server(vllm) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = (await run(batch, [job(srv.url, load=False, health=False)]))["a"]
@@ -155,7 +155,7 @@ async def test_a_chunked_answer_is_read_whole() -> None:
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = [(await run(batch, [job(srv.url)]))["a"] for _ in range(2)]
@@ -173,7 +173,7 @@ async def test_a_server_that_closes_after_an_answer_gets_the_rest_asked_again() 
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = (await run(batch, [job(srv.url)]))["a"]
@@ -197,7 +197,7 @@ async def test_a_kept_alive_connection_the_server_closed_while_idle_is_replaced(
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             first = (await run(batch, [job(srv.url)]))["a"]
@@ -213,7 +213,7 @@ async def test_a_new_connection_closed_without_an_answer_is_an_error() -> None:
         return b""
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = (await run(batch, [job(srv.url)]))["a"]
@@ -227,7 +227,7 @@ async def test_a_new_connection_closed_without_an_answer_is_an_error() -> None:
 async def test_a_refused_connection_is_an_error_at_once() -> None:
     url = refused_url()
     async with Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = (await run(batch, [job(url)]))["a"]
@@ -259,7 +259,7 @@ async def test_a_half_answer_then_silence_stays_pending_is_not_sent_again_then_t
                 writer.close()
 
     async with Server(vllm) as fast, Half(vllm) as slow, Scraper(timeout_s=1.0) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             loop = asyncio.get_running_loop()
@@ -292,7 +292,7 @@ async def test_a_server_whose_filtered_page_says_nothing_is_asked_for_the_whole_
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             first = (await run(batch, [job(srv.url)]))["a"]
@@ -314,7 +314,7 @@ async def test_a_load_answer_that_is_no_count_is_unknown_and_the_scrape_goes_on(
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             got = (await run(batch, [job(srv.url)]))["a"]
@@ -340,7 +340,7 @@ async def test_a_kept_alive_connection_closed_between_runs_is_let_go_and_replace
             closed.set()
 
     async with ClosesWhenIdle(vllm) as srv, Scraper(timeout_s=5) as scraper:
-        batch = scraper.batch()
+        batch = batch_for(scraper)
         assert batch is not None
         try:
             first = (await run(batch, [job(srv.url)]))["a"]

@@ -21,7 +21,7 @@ PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && VSUP_TEST_SLOW_LANES=$(TEST_LA
 	$(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
 
-.PHONY: all venv deps ssh-server test test-fast lint demo demo-attach demo-down bench clean
+.PHONY: all venv deps ssh-server test test-fast test-multinode lint demo demo-attach demo-down bench clean
 
 all: test
 
@@ -60,12 +60,20 @@ TEST_WORKERS ?= 3
 TEST_LANES ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
+# `multinode`: one server across two "nodes" (tests/integration/fleet/test_span_vllm.py, about
+# 190 CPU-s: two vLLMs started twice) is not in the budgeted suite until room is made for it
+# (docs/testing.md); `make test-multinode` runs it.
+TEST_MARKS ?= not multinode
+
 test: venv ssh-server
-	$(PYTEST) $(XDIST) $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) -m "$(TEST_MARKS)" $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
+
+test-multinode: venv ssh-server
+	$(PYTEST) -m multinode $(CURDIR)/tests $(PYTEST_ARGS)
 
 # Everything except the tests that start real vLLM servers: for quick iterations only.
 test-fast: venv ssh-server
-	$(PYTEST) $(XDIST) -m "not vllm and not tmux and not install" \
+	$(PYTEST) $(XDIST) -m "not vllm and not tmux and not install and not multinode" \
 		$(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 # mypy checks the checkout's source (not the installed copy), with pyproject.toml's [tool.mypy].

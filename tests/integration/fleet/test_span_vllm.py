@@ -30,7 +30,7 @@ from vsup.control.client import JsonClient
 from tests.conftest import until
 from tests.integration.fleet.sshnodes import SshFleet, free_port
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.vllm, pytest.mark.multinode, pytest.mark.timeout(1200)]
 # the CPU build's worker inside each rank's EngineCore (tests/conftest.py, vllm_env)
 VLLM_ONE_PROCESS = True
 

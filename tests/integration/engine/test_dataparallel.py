@@ -18,12 +18,14 @@ from tests.integration.engine.conftest import group_members
 pytest.importorskip("setproctitle")  # the emulator titles its ranks as vLLM does, with it
 
 
-async def _ranks(eng, name: str, count: int = 2, timeout: float = 20.0) -> dict:
+async def _ranks(eng, name: str, count: int = 2, timeout: float = 20.0, pids: int = 1) -> dict:
+    """The ranks once `count` are seen alive, each with at least `pids` processes (a rank's
+    worker child comes a moment after the rank: a rank may be seen alone first)."""
     deadline = time.monotonic() + timeout
     while True:
         proc = eng.instances[name].process
         seen = proc.ranks.seen() if proc is not None else {}
-        if len(seen) == count and all(s.alive for s in seen.values()):
+        if len(seen) == count and all(s.alive and len(s.pids) >= pids for s in seen.values()):
             return seen
         assert time.monotonic() < deadline, f"ranks not seen: {seen}"
         await asyncio.sleep(0.05)
@@ -37,7 +39,8 @@ async def test_a_dead_rank_ends_the_instance_at_once_and_names_the_rank(
     spec = emulator_spec("dp", "--data-parallel-size", "2", "--dp-shutdown-s", "30")
     await eng.apply([spec])
     await eng.wait("dp", ("ready",), timeout=20)
-    seen = await _ranks(eng, "dp")
+    # the rank and its worker (seen in a fresh clone's suite: the rank alone, a moment before)
+    seen = await _ranks(eng, "dp", pids=2)
     server, pgid = eng.instances["dp"].pid, eng.instances["dp"].pgid
     for s in seen.values():
         assert len(s.pids) == 2  # the rank and its worker

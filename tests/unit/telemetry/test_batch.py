@@ -235,7 +235,7 @@ async def test_a_refused_connection_is_an_error_at_once() -> None:
             await batch.aclose()
     assert got.error is not None
     assert not got.ok and "connection refused or unreachable" in got.error
-    assert got.elapsed_s < 5  # not a timeout
+    assert "no answer within" not in got.error  # refused, not waited out to the timeout
 
 
 async def test_a_half_answer_then_silence_stays_pending_is_not_sent_again_then_times_out() -> None:

@@ -94,6 +94,23 @@ def _add_validate(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return v
 
 
+def _rolling_args(p: argparse.ArgumentParser, layout: str) -> None:
+    """The options of a change rolled over nodes one at a time (`fleet up`, `fleet rollback`)."""
+    p.add_argument("--nodes", metavar="A,B", help="these nodes, in this order")
+    p.add_argument("--group", metavar="G", help="this group's nodes, in the fleet file's order")
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="do not ask before interrupting serving instances"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print each node's plan, change nothing")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help=f"how long each node may take to serve {layout} (default 1200 s)",
+    )
+
+
 def _add_up(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`vsup fleet up LAYOUT`'s arguments."""
     u = fsub.add_parser(
@@ -101,19 +118,7 @@ def _add_up(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     _fleet_arg(u)
     u.add_argument("layout", metavar="LAYOUT", help="the layout TOML file")
-    u.add_argument("--nodes", metavar="A,B", help="these nodes, in this order")
-    u.add_argument("--group", metavar="G", help="this group's nodes, in the fleet file's order")
-    u.add_argument(
-        "--yes", "-y", action="store_true", help="do not ask before interrupting serving instances"
-    )
-    u.add_argument("--dry-run", action="store_true", help="print each node's plan, change nothing")
-    u.add_argument(
-        "--timeout",
-        type=float,
-        default=1200.0,
-        metavar="S",
-        help="how long each node may take to serve the layout (default 1200 s)",
-    )
+    _rolling_args(u, "the layout")
     return u
 
 
@@ -125,19 +130,7 @@ def _add_rollback(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "time; stop at the first that fails",
     )
     _fleet_arg(r)
-    r.add_argument("--nodes", metavar="A,B", help="these nodes, in this order")
-    r.add_argument("--group", metavar="G", help="this group's nodes, in the fleet file's order")
-    r.add_argument(
-        "--yes", "-y", action="store_true", help="do not ask before interrupting serving instances"
-    )
-    r.add_argument("--dry-run", action="store_true", help="print each node's plan, change nothing")
-    r.add_argument(
-        "--timeout",
-        type=float,
-        default=1200.0,
-        metavar="S",
-        help="how long each node may take to serve its layout (default 1200 s)",
-    )
+    _rolling_args(r, "its layout")
     return r
 
 

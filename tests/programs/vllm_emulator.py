@@ -723,7 +723,7 @@ async def _watch_ranks(
             other.send_signal(signal.SIGTERM)
     await asyncio.sleep(args.dp_shutdown_s)  # /health still 200 meanwhile, as in vLLM
     health["code"] = 503
-    print(ENGINE_DEAD.format(pid=os.getpid()), flush=True)
+    print(args.dead_line or ENGINE_DEAD.format(pid=os.getpid()), flush=True)
     await asyncio.sleep(args.dead_exit_after if args.dead_exit_after is not None else 4.6)
     os._exit(0)
 
@@ -854,6 +854,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spam-rate", type=float, default=0.0)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--dp-shutdown-s", type=float, default=5.0)
+    # what the server says once a rank is gone, instead of the EngineDeadError line (a headless
+    # follower of vLLM 0.26 that gave up on its head said only the RuntimeError, then exited 0)
+    p.add_argument("--dead-line")
     p.add_argument(
         "--child", choices=("core", "setsid", "rank", "worker", "dpcoord"), help=argparse.SUPPRESS
     )

@@ -193,6 +193,19 @@ def classify(
     return Classified(R.UNKNOWN, _last_exception(lines))
 
 
+def after_rank_death(found: Classified, rank_died: str) -> Classified:
+    """The end of a run in which a data-parallel rank's engine died first (`rank_died` says
+    which, as vsup saw it): never a clean exit. vLLM's server ends by itself once a rank is
+    gone, and a headless one (a span's follower) exits with status 0 whatever killed the rank:
+    seen on an H100 with vLLM 0.26, a follower whose head had restarted gave up on it after 5
+    minutes ("RuntimeError: Did not receive response from front-end process within 5
+    minutes"), exited 0, and read as clean, so it was never restarted and the unit stayed
+    down. What no rule names is the engine's death (`engine_dead`); with nothing in the log
+    (vsup ended it before vLLM said why), the excerpt is what vsup saw."""
+    reason = R.ENGINE_DEAD if found.reason == R.UNKNOWN else found.reason
+    return Classified(reason, found.excerpt or rank_died)
+
+
 def _decisive(lines: list[str], model: str | None, shutdown_at: int | None) -> Classified | None:
     missing_model = _missing_model_rule(model)
     for reason, rule in _RULES:

@@ -24,7 +24,7 @@ from collections.abc import Collection
 
 from vsup.clock import iso_utc
 from vsup.engine import health, stop, teardown
-from vsup.engine.exitreason import Classified, classify, signal_name
+from vsup.engine.exitreason import Classified, after_rank_death, classify, signal_name
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
 from vsup.engine.intent import Run
@@ -346,9 +346,8 @@ class Runner:
         stall = inst.control.stall
         if rank is None and cause == ExitReason.STALLED and stall is not None:
             rank = stall.rank  # the data-parallel rank that stalled, if one did
-        if died is not None and not classified.excerpt:
-            # ended by vsup before vLLM logged its EngineDeadError: say what vsup saw
-            classified = Classified(classified.reason, _rank_died(*died))
+        if died is not None:
+            classified = after_rank_death(classified, _rank_died(*died))
         return classified, rank
 
     def _stopped(self, proc: RunningProcess, ended: stop.Ended) -> None:

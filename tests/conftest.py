@@ -120,7 +120,8 @@ def vllm_command() -> list[str]:
 
 @pytest.fixture(scope="module")
 def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Environment every test vLLM gets: offline, a small explicit KV cache.
+    """Environment every test vLLM gets: offline, a small explicit KV cache, OpenMP threads
+    that do not spin while they wait.
 
     A module that sets `VLLM_ONE_PROCESS = True` gets VLLM_ENABLE_V1_MULTIPROCESSING=0: the
     CPU build then runs its model worker inside the EngineCore instead of a third process
@@ -133,7 +134,14 @@ def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     group is still two levels with an orphanable child); those about the three-process tree
     (the engine's orphan sweep and engine death, CPU core binding, which needs the mp executor)
     run the CPU build as it comes."""
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # OpenMP threads that wait without spinning (configs/cpu.toml says why): a request to
+        # the tiny model cost 1.3-4x the CPU with spinning threads beside other servers
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env

@@ -132,7 +132,7 @@ def write_cpu_layout(path: Path, model: Path, port: int, python: Path) -> None:
     # package, and a start costs about half as long that way
     env = (
         '{ HF_HUB_OFFLINE = "1", VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", '
-        'VLLM_ENABLE_V1_MULTIPROCESSING = "0" }'
+        'VLLM_ENABLE_V1_MULTIPROCESSING = "0", OMP_WAIT_POLICY = "PASSIVE" }'
     )
     path.write_text(
         f"""[layout]

@@ -22,7 +22,13 @@ import httpx
 
 # The tiny model's max_position_embeddings: long enough for requests that run for seconds.
 MAX_MODEL_LEN = 2048
-VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# as tests/conftest.py's vllm_env: offline, a 1 GiB KV cache, OpenMP threads that do not spin
+VLLM_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
 
 
 def vllm_argv(model: Path, port: int) -> list[str]:

@@ -68,7 +68,7 @@ hf_token_env = "MY_HUB_TOKEN"
 command = {cmd}
 host = "127.0.0.1"
 args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", VLLM_ENABLE_V1_MULTIPROCESSING = "0" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", VLLM_ENABLE_V1_MULTIPROCESSING = "0", OMP_WAIT_POLICY = "PASSIVE" }}
 start_timeout_s = 600
 
 [[instance]]

@@ -460,6 +460,10 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     # a span's part depends on the node: each gets the layout with its own name
     texts = {n.name: with_node(toml, n.name) for n in nodes} if together else None
     async with FleetClient(fleet) as fc:
+        if together:
+            code = await same_vllm(fc, layout, [n for n in nodes if n.name in together])
+            if code is not None:
+                return code
         plans = await plan_all(fc, nodes, toml, texts)
         refused = _refusals(plans)
         if refused is not None:
@@ -693,6 +697,23 @@ def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], l
                 )
             )
     return members, problems
+
+
+async def same_vllm(fc: Any, layout: Any, members: list[Any]) -> int | None:
+    """Every node of each span asked which vLLM it runs, before any node is touched: the exit
+    status when they differ, one has none known (2) or cannot be asked (1), said on stderr;
+    None when every unit may start (docs/fleet.md, "Started through each node's daemon")."""
+    from vsup.fleet.units import vllm_versions
+    from vsup.layout.compiled import declared_spans
+
+    answers = await fc.paths_all(members)
+    check = vllm_versions([(d.name, d.span.nodes) for d in declared_spans(layout)], answers)
+    if check.ok:
+        return None
+    for line in (*check.bad, *check.unreachable):
+        print(f"vsup fleet up: {line}", file=sys.stderr)
+    print("vsup fleet up: a server across nodes cannot start; nothing was changed", file=sys.stderr)
+    return exits.BAD_INPUT if check.bad else exits.FAILED
 
 
 def with_node(toml: str, node: str) -> str:

@@ -197,6 +197,22 @@ class FleetClient:
             **base,
         )
 
+    async def paths_all(self, nodes: Iterable[Node]) -> dict[str, dict[str, Any] | str]:
+        """Each node's `vsup paths --json` asked now (its vLLM version as installed now, not
+        the one a tunnel made earlier learned), in parallel: read-only, it starts no daemon.
+        A node that cannot be asked: why not, in words."""
+
+        async def one(node: Node) -> dict[str, Any] | str:
+            budget = self.fleet.connect_timeout_s + self.fleet.timeout_s
+            try:
+                return await self.transport.remote_vsup(node, "paths", "--json", timeout=budget)
+            except Unreachable as exc:
+                return str(exc)
+
+        chosen = list(nodes)
+        answers = await asyncio.gather(*(one(n) for n in chosen))
+        return {n.name: a for n, a in zip(chosen, answers, strict=True)}
+
     async def status_all(self, nodes: Iterable[Node] | None = None) -> list[NodeView]:
         """Every node's view, asked in parallel, in the fleet file's order."""
         chosen = list(self.fleet.nodes if nodes is None else nodes)

@@ -334,18 +334,22 @@ async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
 
     async with FleetClient(fleet) as fc:
         views = await fc.status_all(nodes)
+        units = fc.units
     if args.json:
         doc = {
             "fleet": fleet.name,
             "file": str(fleet.path),
             "at": now_iso(),
             "nodes": [v.to_json() for v in views],
+            "units": [u.to_json() for u in units],
         }
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_status(fleet, views))
+        sys.stdout.write(render_units(units))
     ok = all(v.reachable and v.daemon and v.ready == v.total for v in views)
+    ok = ok and all(u.state == "ready" for u in units)
     return exits.OK if ok else exits.FAILED
 
 
@@ -414,6 +418,28 @@ def status_row(v: NodeView) -> tuple[str, ...]:
         v.vsup_version or "-",
         v.vllm_version or "-",
     )
+
+
+UNIT_HEADER = ("SERVER", "STATE", "MEMBERS")
+
+
+def render_units(units: list[Any]) -> str:
+    """The servers across nodes, one row each (its state, then each member's node, ranks and
+    state), then the advice of each that is not ready; nothing when there is none."""
+    if not units:
+        return ""
+    rows = [UNIT_HEADER]
+    for u in units:
+        members = "; ".join(
+            f"{m.node} ({'head, ' if m.head else ''}{m.where.split(' ', 1)[1]}) {m.state}"
+            for m in u.members
+        )
+        rows.append((printable(u.instance), u.text, printable(members)))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(UNIT_HEADER))]
+    lines = ["", "servers across nodes:"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += [f"{printable(u.instance)}: {u.advice}" for u in units if u.advice]
+    return "\n".join(lines) + "\n"
 
 
 def status_notes(v: NodeView) -> list[str]:

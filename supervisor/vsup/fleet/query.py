@@ -21,6 +21,7 @@ from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Fleet, Node
 from vsup.fleet.transport import NoDaemon, Transport, Tunnel, Unreachable
+from vsup.fleet.units import NodeAnswer, UnitView, units_of
 from vsup.fleet.view import NodeView, summarize, unreachable
 
 T = TypeVar("T")
@@ -92,6 +93,7 @@ class FleetClient:
         self.transport = transport or Transport(fleet)
         self.health = Health(self.transport.run / "health.json" if remember else None)
         self._clients: dict[str, tuple[Path, NodeClient]] = {}
+        self.units: list[UnitView] = []  # the last `status_all`'s servers across nodes
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -218,4 +220,6 @@ class FleetClient:
         chosen = list(self.fleet.nodes if nodes is None else nodes)
         results = await asyncio.gather(*(self.status(n) for n in chosen))
         self.health.save()
+        # every server across nodes as one row, from its members' answers
+        self.units = units_of([NodeAnswer(v.name, doc, v.reachable, v.error) for v, doc in results])
         return [view for view, _ in results]

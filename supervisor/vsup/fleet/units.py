@@ -74,3 +74,218 @@ def vllm_versions(
                 "vLLM's own messages); install one version on all of them"
             )
     return VersionCheck(tuple(printable(b) for b in bad), tuple(printable(u) for u in unreachable))
+
+
+# How bad a member's state is for its unit, the worst named in the unit's state. A node that
+# cannot be asked, or has no daemon, is worse than any state its daemon could report.
+MEMBER_RANK = {
+    "ready": 0,
+    "starting": 1,
+    "stopping": 2,
+    "backoff": 3,
+    "unhealthy": 4,
+    "stopped": 5,
+    "not asked": 6,
+    "no member": 7,
+    "failed": 8,
+    "no daemon": 9,
+    "unreachable": 10,
+}
+DOWN = ("unreachable", "no daemon")  # the unit's state `down`: vsup cannot see the member
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One node's part of a unit as the fleet saw it: its node, ranks, head or headless, and
+    its state there (an instance state, or `unreachable`, `no daemon`, `no member`, `not
+    asked`); `why`: the node's words when it is down, the instance's when it failed."""
+
+    node: str
+    head: bool
+    start_rank: int
+    ranks: int
+    state: str
+    why: str | None = None
+
+    @property
+    def where(self) -> str:
+        """`gpu02 rank 1` / `gpu01 ranks 0-7`."""
+        last = self.start_rank + self.ranks - 1
+        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
+        return f"{self.node} {which}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "head": self.head,
+            "start_rank": self.start_rank,
+            "ranks": self.ranks,
+            "state": self.state,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class UnitView:
+    """A server across nodes as one row: `state` is `ready` only when every member is;
+    otherwise the worst member's state (`down` for a member node vsup cannot reach), and
+    `detail` names that member (`gpu02 rank 1 starting`, `gpu02 unreachable`); `advice` says
+    what it means and what to do, in words."""
+
+    instance: str
+    head: str
+    address: str
+    port: int
+    size: int
+    members: tuple[MemberView, ...]
+    state: str
+    detail: str | None = None
+    advice: str | None = None
+
+    @property
+    def text(self) -> str:
+        """`ready`, `starting: gpu02 rank 1 starting`, `down: gpu02 unreachable`."""
+        return self.state if self.detail is None else f"{self.state}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "head": self.head,
+            "address": self.address,
+            "port": self.port,
+            "size": self.size,
+            "state": self.state,
+            "detail": self.detail,
+            "advice": self.advice,
+            "members": [m.to_json() for m in self.members],
+        }
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer to `vsup fleet status`: `doc` its status JSON (None when it did not
+    answer), `reachable` (SSH got through) and `why` (why not, or why no daemon)."""
+
+    node: str
+    doc: dict[str, Any] | None
+    reachable: bool = True
+    why: str | None = None
+
+
+def units_of(answers: Sequence[NodeAnswer]) -> list[UnitView]:
+    """Every server across nodes that a node which answered runs a member of, as one row each
+    (in the order first seen), its members in rank order (the head first)."""
+    from vsup.snapshot import StatusSnapshot
+
+    by_node = {a.node: a for a in answers}
+    found: dict[tuple[str, str], dict[str, Any]] = {}  # (instance, head) -> member of node
+    order: list[tuple[str, str]] = []
+    for a in answers:
+        if a.doc is None:
+            continue
+        try:
+            snap = StatusSnapshot.from_json(a.doc)
+        except ValueError:
+            continue
+        for inst in snap.instances:
+            span = inst.span
+            if span is None or not span.nodes:
+                continue
+            key = (inst.name, span.nodes[0].node)
+            if key not in found:
+                found[key] = {"span": span, "members": {}}
+                order.append(key)
+            found[key]["members"][a.node] = inst
+    return [_unit(name, found[(name, head)], by_node) for name, head in order]
+
+
+def _unit(name: str, seen: dict[str, Any], by_node: Mapping[str, NodeAnswer]) -> UnitView:
+    span = seen["span"]
+    members = []
+    for part in span.nodes:
+        node = part.node
+        head = part.node == span.nodes[0].node
+        inst = seen["members"].get(node)
+        answer = by_node.get(node)
+        why: str | None = None
+        if inst is not None:
+            state = str(inst.lifecycle.state)
+            if state == "failed":
+                le = inst.lifecycle.last_exit
+                why = inst.lifecycle.failed_why or (le.reason if le is not None else None)
+        elif answer is None:
+            state = "not asked"
+        elif answer.doc is None:
+            state = "unreachable" if not answer.reachable else "no daemon"
+            why = answer.why
+        else:
+            state = "no member"
+        members.append(MemberView(node, head, part.start_rank, part.ranks, state, why))
+    worst = max(members, key=lambda m: MEMBER_RANK.get(m.state, 5))
+    unit = UnitView(
+        instance=name,
+        head=span.nodes[0].node,
+        address=span.address,
+        port=span.port,
+        size=span.size,
+        members=tuple(members),
+        state="ready",
+    )
+    if worst.state == "ready":
+        return unit
+    state = "down" if worst.state in DOWN else worst.state
+    if worst.state == "unreachable":
+        detail = f"{worst.node} unreachable"
+    elif worst.state in ("no daemon", "no member", "not asked"):
+        detail = f"{worst.where}: {worst.state}"
+    else:
+        detail = f"{worst.where} {worst.state}"
+    from dataclasses import replace
+
+    return replace(
+        unit, state=state, detail=printable(detail), advice=printable(_advice(unit, worst))
+    )
+
+
+def _advice(unit: UnitView, m: MemberView) -> str:
+    """What a member's state means for its unit, and what to do, in words."""
+    name, where = unit.instance, m.where
+    role = "its head" if m.head else "a follower"
+    said = f" ({m.why})" if m.why else ""
+    if m.state == "unreachable":
+        return (
+            f"{m.node} ({role}, {where.split(' ', 1)[1]}) cannot be reached over SSH{said}: "
+            f"vsup cannot see its part of {name}. If only the way from here is down, the unit "
+            f"may still serve; if the node is down, its ranks are gone: the head's probe of "
+            f"them restarts the unit, which serves again once {m.node} and its daemon are back. "
+            f"Check the node (`ssh {m.node}`, its power and network)"
+        )
+    if m.state == "no daemon":
+        return (
+            f"no vsup daemon runs on {m.node}{said}: its part of {name} ({role}) is not "
+            "supervised. `vsup fleet up LAYOUT` starts it with the rest of the unit"
+        )
+    if m.state == "no member":
+        return (
+            f"{m.node} runs no part of {name} ({role}: its layout has none): the unit cannot "
+            f"serve without it. `vsup fleet up LAYOUT` applies the unit's layout on all of "
+            "its nodes at once"
+        )
+    if m.state == "not asked":
+        return (
+            f"{m.node} ({role}) was not asked (not among the nodes chosen, or not in the "
+            "fleet file): the unit's state is not known whole"
+        )
+    if m.state == "failed":
+        return (
+            f"{role} on {m.node} failed{said}: the unit does not serve. Fix the cause on "
+            f"{m.node} (`vsup logs {name}` there), then `vsup fleet up LAYOUT` again"
+        )
+    if m.state == "starting":
+        return f"{role} on {m.node} is starting; the unit serves once every member is ready"
+    if m.state in ("backoff", "stopping", "unhealthy"):
+        return (
+            f"{role} on {m.node} is {m.state}: the unit restarts as one and serves again once "
+            "every member is ready"
+        )
+    return f"{role} on {m.node} is {m.state}: the unit does not serve"

@@ -331,6 +331,7 @@ def _print_spans(file: str, units: list[Any], said: list[Any]) -> None:
 
 async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     from vsup.fleet.query import FleetClient, now_iso
+    from vsup.fleet.units import MemberState
 
     async with FleetClient(fleet) as fc:
         views = await fc.status_all(nodes)
@@ -349,7 +350,7 @@ async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
         sys.stdout.write(render_status(fleet, views))
         sys.stdout.write(render_units(units))
     ok = all(v.reachable and v.daemon and v.ready == v.total for v in views)
-    ok = ok and all(u.state == "ready" for u in units)
+    ok = ok and all(u.state == MemberState.READY for u in units)
     return exits.OK if ok else exits.FAILED
 
 

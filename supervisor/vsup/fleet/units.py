@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from vsup.snapshot import SPAN_HEAD_WAIT
+from vsup.states import State
 from vsup.termtext import printable
 
 # `vsup paths --json` of a node, or why it could not be had (a string: SSH's words)
@@ -76,22 +79,36 @@ def vllm_versions(
     return VersionCheck(tuple(printable(b) for b in bad), tuple(printable(u) for u in unreachable))
 
 
+class MemberState(StrEnum):
+    """A member's state as the unit's row says it: its instance's state on its node (the
+    same words as `State`), or what kept vsup from seeing one there; `DOWN` is the unit's
+    state when a member node cannot be seen."""
+
+    READY = State.READY.value
+    STARTING = State.STARTING.value
+    STOPPING = State.STOPPING.value
+    BACKOFF = State.BACKOFF.value
+    UNHEALTHY = State.UNHEALTHY.value
+    STOPPED = State.STOPPED.value
+    NOT_ASKED = "not asked"  # its node is not among the nodes chosen (or not in the fleet)
+    NO_MEMBER = "no member"  # its node answered and runs no part of the unit
+    FAILED = State.FAILED.value
+    NO_DAEMON = "no daemon"
+    UNREACHABLE = "unreachable"
+    DOWN = "down"
+
+
+M = MemberState
 # How bad a member's state is for its unit, the worst named in the unit's state. A node that
 # cannot be asked, or has no daemon, is worse than any state its daemon could report.
 MEMBER_RANK = {
-    "ready": 0,
-    "starting": 1,
-    "stopping": 2,
-    "backoff": 3,
-    "unhealthy": 4,
-    "stopped": 5,
-    "not asked": 6,
-    "no member": 7,
-    "failed": 8,
-    "no daemon": 9,
-    "unreachable": 10,
-}
-DOWN = ("unreachable", "no daemon")  # the unit's state `down`: vsup cannot see the member
+    state: rank
+    for rank, state in enumerate(
+        (M.READY, M.STARTING, M.STOPPING, M.BACKOFF, M.UNHEALTHY, M.STOPPED, M.NOT_ASKED,
+         M.NO_MEMBER, M.FAILED, M.NO_DAEMON, M.UNREACHABLE)
+    )
+}  # fmt: skip
+DOWN = (M.UNREACHABLE, M.NO_DAEMON)  # the unit's state `down`: vsup cannot see the member
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,7 @@ class MemberView:
     head: bool
     start_rank: int
     ranks: int
-    state: str
+    state: MemberState
     why: str | None = None
 
     @property
@@ -138,7 +155,7 @@ class UnitView:
     port: int
     size: int
     members: tuple[MemberView, ...]
-    state: str
+    state: MemberState
     detail: str | None = None
     advice: str | None = None
 
@@ -209,17 +226,20 @@ def _unit(name: str, seen: dict[str, Any], by_node: Mapping[str, NodeAnswer]) ->
         answer = by_node.get(node)
         why: str | None = None
         if inst is not None:
-            state = str(inst.lifecycle.state)
-            if state == "failed":
+            state = MemberState(str(inst.lifecycle.state))
+            wait = inst.lifecycle.wait
+            if state == M.STARTING and wait is not None and wait.kind == SPAN_HEAD_WAIT:
+                why = f"waiting for {wait.message}"
+            if state == M.FAILED:
                 le = inst.lifecycle.last_exit
                 why = inst.lifecycle.failed_why or (le.reason if le is not None else None)
         elif answer is None:
-            state = "not asked"
+            state = M.NOT_ASKED
         elif answer.doc is None:
-            state = "unreachable" if not answer.reachable else "no daemon"
+            state = M.UNREACHABLE if not answer.reachable else M.NO_DAEMON
             why = answer.why
         else:
-            state = "no member"
+            state = M.NO_MEMBER
         members.append(MemberView(node, head, part.start_rank, part.ranks, state, why))
     worst = max(members, key=lambda m: MEMBER_RANK.get(m.state, 5))
     unit = UnitView(
@@ -229,17 +249,19 @@ def _unit(name: str, seen: dict[str, Any], by_node: Mapping[str, NodeAnswer]) ->
         port=span.port,
         size=span.size,
         members=tuple(members),
-        state="ready",
+        state=M.READY,
     )
-    if worst.state == "ready":
+    if worst.state == M.READY:
         return unit
-    state = "down" if worst.state in DOWN else worst.state
-    if worst.state == "unreachable":
+    state = M.DOWN if worst.state in DOWN else worst.state
+    if worst.state == M.UNREACHABLE:
         detail = f"{worst.node} unreachable"
-    elif worst.state in ("no daemon", "no member", "not asked"):
+    elif worst.state in (M.NO_DAEMON, M.NO_MEMBER, M.NOT_ASKED):
         detail = f"{worst.where}: {worst.state}"
     else:
         detail = f"{worst.where} {worst.state}"
+        if worst.state == M.STARTING and worst.why:
+            detail += f", {worst.why.split(': ', 1)[0]}"  # `, waiting for its head gpu01 at A:P`
     from dataclasses import replace
 
     return replace(
@@ -252,7 +274,7 @@ def _advice(unit: UnitView, m: MemberView) -> str:
     name, where = unit.instance, m.where
     role = "its head" if m.head else "a follower"
     said = f" ({m.why})" if m.why else ""
-    if m.state == "unreachable":
+    if m.state == M.UNREACHABLE:
         return (
             f"{m.node} ({role}, {where.split(' ', 1)[1]}) cannot be reached over SSH{said}: "
             f"vsup cannot see its part of {name}. If only the way from here is down, the unit "
@@ -260,30 +282,31 @@ def _advice(unit: UnitView, m: MemberView) -> str:
             f"them restarts the unit, which serves again once {m.node} and its daemon are back. "
             f"Check the node (`ssh {m.node}`, its power and network)"
         )
-    if m.state == "no daemon":
+    if m.state == M.NO_DAEMON:
         return (
             f"no vsup daemon runs on {m.node}{said}: its part of {name} ({role}) is not "
             "supervised. `vsup fleet up LAYOUT` starts it with the rest of the unit"
         )
-    if m.state == "no member":
+    if m.state == M.NO_MEMBER:
         return (
             f"{m.node} runs no part of {name} ({role}: its layout has none): the unit cannot "
             f"serve without it. `vsup fleet up LAYOUT` applies the unit's layout on all of "
             "its nodes at once"
         )
-    if m.state == "not asked":
+    if m.state == M.NOT_ASKED:
         return (
             f"{m.node} ({role}) was not asked (not among the nodes chosen, or not in the "
             "fleet file): the unit's state is not known whole"
         )
-    if m.state == "failed":
+    if m.state == M.FAILED:
         return (
             f"{role} on {m.node} failed{said}: the unit does not serve. Fix the cause on "
             f"{m.node} (`vsup logs {name}` there), then `vsup fleet up LAYOUT` again"
         )
-    if m.state == "starting":
-        return f"{role} on {m.node} is starting; the unit serves once every member is ready"
-    if m.state in ("backoff", "stopping", "unhealthy"):
+    if m.state == M.STARTING:
+        waits = f", {m.why}" if m.why else ""
+        return f"{role} on {m.node} is starting{waits}; the unit serves once every member is ready"
+    if m.state in (M.BACKOFF, M.STOPPING, M.UNHEALTHY):
         return (
             f"{role} on {m.node} is {m.state}: the unit restarts as one and serves again once "
             "every member is ready"

@@ -12,11 +12,13 @@ vLLM emulator (no real vLLM: these are the fleet's and the daemons' decisions).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from importlib import metadata
 
 import pytest
 
+from tests.conftest import until
 from tests.integration.fleet.conftest import node_layout
 from tests.integration.fleet.sshnodes import SshFleet, free_port
 
@@ -34,7 +36,8 @@ def fleet():
 
 
 def span_layout(port: int, rpc_port: int) -> str:
-    text = node_layout("unit", {"big": port})
+    # a follower counts its silent head as gone after 3 s (unhealthy_grace_s; 30 by default)
+    text = node_layout("unit", {"big": port}, args="unhealthy_grace_s = 3")
     return text + (
         f'span = {{ ranks = {{ gpu01 = 1, gpu02 = 1 }}, address = "127.0.0.1", '
         f"rpc_port = {rpc_port} }}\n"
@@ -79,3 +82,87 @@ def test_a_node_with_another_vllm_keeps_the_unit_from_starting_and_nothing_is_to
     assert dry.returncode == 0, (dry.stdout, dry.stderr)
     assert "gpu01 (runs no layout): start: big" in dry.stdout, dry.stdout
     assert "gpu02 (runs no layout): start: big" in dry.stdout, dry.stdout
+
+
+def node_status(f: SshFleet, node: str) -> dict:
+    res = f.nodes[node].vsup("status", "--json", timeout=60)
+    assert res.returncode in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def big_on(f: SshFleet, node: str) -> dict:
+    return next(i for i in node_status(f, node)["instances"] if i["name"] == "big")
+
+
+def unit_row(f: SshFleet) -> tuple[int, dict]:
+    res = f.fleet("status", "--json")
+    assert res.returncode in (0, 1), (res.stdout, res.stderr)
+    (unit,) = json.loads(res.stdout)["units"]
+    return res.returncode, unit
+
+
+def test_the_unit_is_one_row_a_follower_waits_for_its_head_and_a_lost_node_is_down(fleet):
+    """Emulators as the unit's members (the emulator's span mode: the head serves once its
+    follower joined it on the DP RPC port, the follower serves nothing)."""
+    port = free_port()
+    path = fleet.root / "unit.toml"
+    path.write_text(span_layout(port, free_port()))
+    up = fleet.fleet("up", str(path), "--yes", "--timeout", "120", timeout=400)
+    assert up.returncode == 0, (up.stdout, up.stderr)
+
+    # one row for the unit, its members under it
+    text = fleet.fleet("status")
+    assert text.returncode == 0, (text.stdout, text.stderr)
+    assert "servers across nodes:" in text.stdout, text.stdout
+    assert re.search(
+        r"^big +ready +gpu01 \(head, rank 0\) ready; gpu02 \(rank 1\) ready$",
+        text.stdout,
+        re.MULTILINE,
+    ), text.stdout
+    code, unit = unit_row(fleet)
+    assert code == 0 and unit["state"] == "ready" and unit["detail"] is None, unit
+    assert [(m["node"], m["head"], m["start_rank"], m["state"]) for m in unit["members"]] == [
+        ("gpu01", True, 0, "ready"),
+        ("gpu02", False, 1, "ready"),
+    ]
+
+    # the head stopped: the follower restarts and waits for it, saying so
+    assert fleet.nodes["gpu01"].vsup("stop", "big").returncode == 0
+    head = f"its head gpu01 at 127.0.0.1:{port}"
+
+    def waiting() -> dict | None:
+        inst = big_on(fleet, "gpu02")
+        wait = inst.get("wait") or {}
+        return inst if inst["state"] == "starting" and wait.get("kind") == "span_head" else None
+
+    follower = until(waiting, 120, "the follower waiting for its head")
+    assert follower["wait"]["message"].startswith(f"{head}: no answer on /health yet")
+    advice = [a for a in node_status(fleet, "gpu02")["advice"] if a["kind"] == "span_head"]
+    assert advice and f"waiting for {head}" in advice[0]["message"], advice
+    shown = fleet.nodes["gpu02"].vsup("status").stdout
+    assert f"big: waits for {head}" in shown, shown
+    code, unit = unit_row(fleet)
+    assert code == 1 and unit["state"] == "stopped", unit
+    assert unit["detail"] == "gpu01 rank 0 stopped", unit
+    assert unit["members"][1]["why"].startswith(f"waiting for {head}"), unit
+
+    # the head back: the unit serves again, whole
+    assert fleet.nodes["gpu01"].vsup("start", "big").returncode == 0
+    until(lambda: unit_row(fleet)[1]["state"] == "ready", 120, "the unit ready again")
+    assert big_on(fleet, "gpu02").get("wait") is None
+
+    # the follower's node lost: the unit is down, naming it, with advice
+    fleet.nodes["gpu02"].stop()
+    res = fleet.fleet("status")
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert re.search(
+        r"^big +down: gpu02 unreachable +gpu01 \(head, rank 0\) ready; "
+        r"gpu02 \(rank 1\) unreachable$",
+        res.stdout,
+        re.MULTILINE,
+    ), res.stdout
+    assert "big: gpu02 (a follower, rank 1) cannot be reached over SSH" in res.stdout
+    code, unit = unit_row(fleet)
+    assert code == 1 and (unit["state"], unit["detail"]) == ("down", "gpu02 unreachable")
+    assert unit["members"][1]["state"] == "unreachable" and unit["members"][1]["why"]
+    fleet.nodes["gpu02"].start()

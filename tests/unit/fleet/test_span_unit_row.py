@@ -135,3 +135,23 @@ def test_a_member_node_not_asked_leaves_the_unit_not_known_whole():
 
 def test_nodes_without_a_span_make_no_unit():
     assert units_of([NodeAnswer("n1", node_doc()), NodeAnswer("n2", None, False, "down")]) == []
+
+
+def test_a_follower_waiting_for_its_head_says_so_in_the_units_row():
+    from vsup.snapshot import SPAN_HEAD_WAIT, WaitReason
+
+    wait = WaitReason(
+        kind=SPAN_HEAD_WAIT,
+        message="its head gpu01 at 10.0.0.1:8000: no answer on /health yet (...)",
+    )
+    (unit,) = units_of(
+        [
+            NodeAnswer("gpu01", node_doc(member("gpu01", State.READY))),
+            NodeAnswer("gpu02", node_doc(member("gpu02", State.STARTING, wait=wait))),
+        ]
+    )
+    assert unit.text == (
+        "starting: gpu02 rank 2 starting, waiting for its head gpu01 at 10.0.0.1:8000"
+    ), unit.text
+    assert "waiting for its head gpu01 at 10.0.0.1:8000: no answer" in (unit.advice or "")
+

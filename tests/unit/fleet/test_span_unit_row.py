@@ -155,3 +155,17 @@ def test_a_follower_waiting_for_its_head_says_so_in_the_units_row():
     ), unit.text
     assert "waiting for its head gpu01 at 10.0.0.1:8000: no answer" in (unit.advice or "")
 
+
+def test_a_unit_is_counted_once_in_the_fleets_tokens_per_s_at_its_head():
+    """A follower's daemon scrapes its head's /metrics (its base URL is the head's): the
+    unit's throughput shows on both nodes' instances, and counts only at the head's node."""
+    from vsup.fleet.view import summarize
+
+    def with_rate(doc: dict[str, Any], rate: float) -> dict[str, Any]:
+        return {**doc, "generation_tokens_per_s": rate}
+
+    head = node_doc(with_rate(member("gpu01", State.READY), 120.0))
+    follower = node_doc(with_rate(member("gpu02", State.READY), 120.0))
+    own = head["instances"][0]["generation_tokens_per_s"] or 0.0  # the node's other instance
+    assert summarize("gpu01", "gpu01", head).tokens_per_s == round(own + 120.0, 1)
+    assert summarize("gpu02", "gpu02", follower).tokens_per_s == round(own, 1)

@@ -166,3 +166,34 @@ def test_the_unit_is_one_row_a_follower_waits_for_its_head_and_a_lost_node_is_do
     assert code == 1 and (unit["state"], unit["detail"]) == ("down", "gpu02 unreachable")
     assert unit["members"][1]["state"] == "unreachable" and unit["members"][1]["why"]
     fleet.nodes["gpu02"].start()
+
+
+def test_the_heads_port_taken_on_its_node_fails_the_unit_naming_the_node(fleet):
+    """A process of the head's node holds the unit's port (the nodes share 127.0.0.1: any
+    process here holds it on gpu01): the head's start fails fast (port_in_use), its
+    follower waits for it, and both the unit's row and the head's advice say which node."""
+    import socket
+
+    port = free_port()
+    path = fleet.root / "taken.toml"
+    path.write_text(span_layout(port, free_port()))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        res = fleet.fleet("up", str(path), "--yes", "--timeout", "20", timeout=300)
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        # the unit of the test before runs: its change rolls (the dry run of a changed
+        # span's spec is plain JSON: tests/unit/layout/test_span_changes.py)
+        assert "a server across nodes starts on gpu01, gpu02 at once" in res.stdout
+        assert re.search(r"^gpu01: FAILED: .*port_in_use", res.stdout, re.MULTILINE), res.stdout
+        code, unit = unit_row(fleet)
+        assert code == 1 and (unit["state"], unit["detail"]) == ("failed", "gpu01 rank 0 failed")
+        assert "its head on gpu01 failed" in unit["advice"], unit
+        head = big_on(fleet, "gpu01")
+        assert head["last_exit"]["reason"] == "port_in_use", head
+        advice = [a["message"] for a in node_status(fleet, "gpu01")["advice"]]
+        assert any(
+            f"port {port} on gpu01 is taken by another process (gpu01 runs the head of a "
+            "server across nodes; its followers on gpu02 wait for it)" in m
+            for m in advice
+        ), advice

@@ -186,6 +186,11 @@ def test_the_heads_port_taken_on_its_node_fails_the_unit_naming_the_node(fleet):
         # span's spec is plain JSON: tests/unit/layout/test_span_changes.py)
         assert "a server across nodes starts on gpu01, gpu02 at once" in res.stdout
         assert re.search(r"^gpu01: FAILED: .*port_in_use", res.stdout, re.MULTILINE), res.stdout
+        # its follower, not ready at the deadline, says what it waits for
+        assert (
+            f"gpu02: FAILED: not ready within 20 s: big starting (waits for its head gpu01 "
+            f"at 127.0.0.1:{port}: no answer on /health yet" in res.stdout
+        ), res.stdout
         code, unit = unit_row(fleet)
         assert code == 1 and (unit["state"], unit["detail"]) == ("failed", "gpu01 rank 0 failed")
         assert "its head on gpu01 failed" in unit["advice"], unit

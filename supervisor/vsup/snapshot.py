@@ -117,6 +117,10 @@ WAIT_KINDS = (
     "backoff",  # the restart policy's delay before the next attempt
     "swap_group",  # another member of its swap group is not asleep (docs/sleep.md)
 )
+# A span's follower that runs and waits for its head (engine/spanwatch.py): not among
+# WAIT_KINDS (those are waits before a start, each exported for every instance); its process
+# runs, and only a follower ever has it.
+SPAN_HEAD_WAIT = "span_head"
 
 
 @dataclass(frozen=True)

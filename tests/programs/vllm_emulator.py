@@ -42,6 +42,16 @@ Behaviours on cue:
                                    vLLM did: /health 200 while it SIGTERMs the other ranks for
                                    --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
                                    after --dead-exit-after (4.6) more seconds
+  --data-parallel-size-local L --data-parallel-start-rank R --data-parallel-address A
+  --data-parallel-rpc-port P [--headless]
+                                   vLLM's data parallel across nodes (a span, docs/fleet.md):
+                                   this node runs ranks R..R+L-1 of N. The head (L < N, not
+                                   headless) listens on A:P and serves HTTP only once headless
+                                   followers announced the other N-L ranks there (vLLM's head
+                                   waits for every rank's READY), and it keeps answering /health
+                                   when one leaves later, as vLLM's does. A follower
+                                   (--headless) serves no HTTP: it connects to A:P (retrying
+                                   until the head listens), announces its ranks and holds on
   --spam [--spam-rate B]           write log lines as fast as it can (or B bytes a second),
                                    from a thread, from its start until it ends: a chatty
                                    server against the run log's cap
@@ -728,6 +738,66 @@ async def _watch_ranks(
     os._exit(0)
 
 
+def _local_ranks(args: argparse.Namespace) -> int:
+    return args.data_parallel_size_local or args.data_parallel_size
+
+
+async def _await_ranks(args: argparse.Namespace, remote: int) -> None:
+    """A span's head: listen on the DP RPC address until followers announced `remote` ranks
+    (each connection sends its rank count on one line and stays open)."""
+    joined = {"ranks": 0}
+    enough = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def on_follower(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        try:
+            joined["ranks"] += int(line.decode().strip() or 0)
+        except ValueError:
+            writer.close()
+            return
+        held.append(writer)
+        print(f"emulator: {joined['ranks']} of {remote} remote ranks joined", flush=True)
+        if joined["ranks"] >= remote:
+            enough.set()
+
+    server = await asyncio.start_server(
+        on_follower, args.data_parallel_address, args.data_parallel_rpc_port
+    )
+    print(
+        f"emulator: head waits for {remote} remote ranks on "
+        f"{args.data_parallel_address}:{args.data_parallel_rpc_port}",
+        flush=True,
+    )
+    await enough.wait()
+    _KEEP.extend([server, held])  # later followers may join again; none is told to leave
+
+
+_KEEP: list[object] = []
+
+
+async def _join_head(args: argparse.Namespace) -> None:
+    """A headless follower: connect to the head's DP RPC address (retrying until it listens),
+    announce this node's ranks, and hold the connection."""
+    while True:
+        try:
+            _reader, writer = await asyncio.open_connection(
+                args.data_parallel_address, args.data_parallel_rpc_port
+            )
+            break
+        except OSError:
+            await asyncio.sleep(0.2)
+    writer.write(f"{_local_ranks(args)}\n".encode())
+    await writer.drain()
+    _KEEP.append(writer)
+    print(
+        f"emulator: headless ranks {args.data_parallel_start_rank}.."
+        f"{args.data_parallel_start_rank + _local_ranks(args) - 1} joined the head at "
+        f"{args.data_parallel_address}:{args.data_parallel_rpc_port}",
+        flush=True,
+    )
+
+
 async def _serve(
     args: argparse.Namespace, core: subprocess.Popen | None, ranks: list[subprocess.Popen]
 ) -> None:
@@ -751,6 +821,12 @@ async def _serve(
         startup_s = float(Path(args.startup_s_file).read_text().split()[0])
     if startup_s:
         await asyncio.sleep(startup_s)
+    if args.headless:
+        await _join_head(args)
+        await loop.create_future()  # no API server: until a signal ends the process
+    remote = args.data_parallel_size - _local_ranks(args)
+    if remote > 0 and args.data_parallel_address and args.data_parallel_rpc_port:
+        await _await_ranks(args, remote)
     print(
         f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}", flush=True
     )
@@ -857,6 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     # what the server says once a rank is gone, instead of the EngineDeadError line (a headless
     # follower of vLLM 0.26 that gave up on its head said only the RuntimeError, then exited 0)
     p.add_argument("--dead-line")
+    p.add_argument("--data-parallel-size-local", "-dpl", type=int)
+    p.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=0)
+    p.add_argument("--data-parallel-address", "-dpa")
+    p.add_argument("--data-parallel-rpc-port", "-dpp", type=int)
+    p.add_argument("--headless", action="store_true")
     p.add_argument(
         "--child", choices=("core", "setsid", "rank", "worker", "dpcoord"), help=argparse.SUPPRESS
     )
@@ -897,10 +978,12 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.Popen([*me, "--child", "setsid"])
     ranks = []
     if args.data_parallel_size > 1:
-        subprocess.Popen([*me, "--child", "dpcoord"])
+        if not args.headless:  # the head runs the coordinator
+            subprocess.Popen([*me, "--child", "dpcoord"])
+        first = args.data_parallel_start_rank
         ranks = [
             subprocess.Popen([*me, "--child", "rank", "--rank", str(r)])
-            for r in range(args.data_parallel_size)
+            for r in range(first, first + _local_ranks(args))
         ]
     # Children are started first: they must not inherit an ignored SIGTERM.
     if args.ignore_term:

@@ -67,6 +67,7 @@ class FakeFleet:
     def __init__(self) -> None:
         self.answers = [views(100.0), views(250.0)]
         self.polls = 0
+        self.units: list = []  # no server across nodes (tests/tui/test_fleet_units.py)
 
     async def status_all(self, nodes=None):
         self.polls += 1

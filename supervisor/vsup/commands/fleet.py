@@ -331,21 +331,26 @@ def _print_spans(file: str, units: list[Any], said: list[Any]) -> None:
 
 async def _status(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     from vsup.fleet.query import FleetClient, now_iso
+    from vsup.fleet.units import MemberState
 
     async with FleetClient(fleet) as fc:
         views = await fc.status_all(nodes)
+        units = fc.units
     if args.json:
         doc = {
             "fleet": fleet.name,
             "file": str(fleet.path),
             "at": now_iso(),
             "nodes": [v.to_json() for v in views],
+            "units": [u.to_json() for u in units],
         }
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_status(fleet, views))
+        sys.stdout.write(render_units(units))
     ok = all(v.reachable and v.daemon and v.ready == v.total for v in views)
+    ok = ok and all(u.state == MemberState.READY for u in units)
     return exits.OK if ok else exits.FAILED
 
 
@@ -416,6 +421,28 @@ def status_row(v: NodeView) -> tuple[str, ...]:
     )
 
 
+UNIT_HEADER = ("SERVER", "STATE", "MEMBERS")
+
+
+def render_units(units: list[Any]) -> str:
+    """The servers across nodes, one row each (its state, then each member's node, ranks and
+    state), then the advice of each that is not ready; nothing when there is none."""
+    if not units:
+        return ""
+    rows = [UNIT_HEADER]
+    for u in units:
+        members = "; ".join(
+            f"{m.node} ({'head, ' if m.head else ''}{m.where.split(' ', 1)[1]}) {m.state}"
+            for m in u.members
+        )
+        rows.append((printable(u.instance), u.text, printable(members)))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(UNIT_HEADER))]
+    lines = ["", "servers across nodes:"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += [f"{printable(u.instance)}: {u.advice}" for u in units if u.advice]
+    return "\n".join(lines) + "\n"
+
+
 def status_notes(v: NodeView) -> list[str]:
     """The lines under the table about a node: why it is down, its worst alert, its rollout."""
     lines = []
@@ -460,6 +487,10 @@ async def _up(fleet: Fleet, nodes: list, args: argparse.Namespace) -> int:
     # a span's part depends on the node: each gets the layout with its own name
     texts = {n.name: with_node(toml, n.name) for n in nodes} if together else None
     async with FleetClient(fleet) as fc:
+        if together:
+            code = await same_vllm(fc, layout, [n for n in nodes if n.name in together])
+            if code is not None:
+                return code
         plans = await plan_all(fc, nodes, toml, texts)
         refused = _refusals(plans)
         if refused is not None:
@@ -693,6 +724,23 @@ def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], l
                 )
             )
     return members, problems
+
+
+async def same_vllm(fc: Any, layout: Any, members: list[Any]) -> int | None:
+    """Every node of each span asked which vLLM it runs, before any node is touched: the exit
+    status when they differ, one has none known (2) or cannot be asked (1), said on stderr;
+    None when every unit may start (docs/fleet.md, "Started through each node's daemon")."""
+    from vsup.fleet.units import vllm_versions
+    from vsup.layout.compiled import declared_spans
+
+    answers = await fc.paths_all(members)
+    check = vllm_versions([(d.name, d.span.nodes) for d in declared_spans(layout)], answers)
+    if check.ok:
+        return None
+    for line in (*check.bad, *check.unreachable):
+        print(f"vsup fleet up: {line}", file=sys.stderr)
+    print("vsup fleet up: a server across nodes cannot start; nothing was changed", file=sys.stderr)
+    return exits.BAD_INPUT if check.bad else exits.FAILED
 
 
 def with_node(toml: str, node: str) -> str:

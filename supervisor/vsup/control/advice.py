@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from vsup.control.stalls import stall_work
 from vsup.router import ForeignWorker, RemovedWorker
 from vsup.snapshot import (
+    SPAN_HEAD_WAIT,
     THROTTLE_HARDWARE,
     THROTTLE_THERMAL,
     Advice,
@@ -70,6 +71,7 @@ def compute_advice(
         out += hbm_over_plan(inst)
         out += crash_loop(inst, inputs.recent_failures.get(inst.name, 0))
         out += start_timed_out(inst)
+        out += waits_for_head(inst)
         out += stalled(inst)
         out += sleep_trouble(inst)
     out += pull_failed(instances)
@@ -301,6 +303,25 @@ def start_timed_out(inst: InstanceStatus) -> list[Advice]:
     log = f"vsup logs {inst.name}" + (
         " --previous" if inst.lifecycle.state == State.STARTING else ""
     )
+    span = inst.span
+    if span is not None and not span.head and span.nodes:
+        # a follower is ready only behind its head: the head is what did not come
+        head = span.nodes[0].node
+        return [
+            Advice(
+                kind="start_timeout",
+                severity="warning",
+                instance=inst.name,
+                message=(
+                    f"{inst.name}: its last start timed out (not ready {limit} after it began, "
+                    f"start_timeout_s): this node ({span.node}) runs ranks of a server across "
+                    f"nodes, ready only once its head {head} at {span.address}:{span.port} "
+                    f"answers with every rank joined. Look at the head first (`vsup logs "
+                    f"{inst.name}` on {head}, `vsup fleet status`: the unit's row names the "
+                    f"member that holds it up), then `{log}` here."
+                ),
+            )
+        ]
     return [
         Advice(
             kind="start_timeout",
@@ -313,6 +334,30 @@ def start_timed_out(inst: InstanceStatus) -> list[Advice]:
                 f"{inst.name} in the layout ([defaults] or its [[instance]]) and run `vsup up "
                 f"LAYOUT`, or start it when the node is quieter. `{log}` shows how far that "
                 "start got."
+            ),
+        )
+    ]
+
+
+def waits_for_head(inst: InstanceStatus) -> list[Advice]:
+    """A follower of a server across nodes that runs and waits for its head (its `wait`, kind
+    span_head: the head does not answer, or an older head still does). Part of every start of
+    the unit; a wait that lasts means the head does not come."""
+    wait = inst.lifecycle.wait
+    span = inst.span
+    if wait is None or wait.kind != SPAN_HEAD_WAIT or span is None:
+        return []
+    head = span.nodes[0].node if span.nodes else "its head's node"
+    return [
+        Advice(
+            kind="span_head",
+            severity="info",
+            instance=inst.name,
+            message=(
+                f"{inst.name}: ranks of a server across nodes on {span.node}, waiting for "
+                f"{wait.message}. It is ready once the head answers with every rank joined; "
+                f"if that does not come, look at the head (`vsup logs {inst.name}` on {head}) "
+                "and the unit's row in `vsup fleet status`."
             ),
         )
     ]
@@ -338,6 +383,17 @@ def _fails_fast(inst: InstanceStatus, reason: str, why: str) -> tuple[str, str]:
             f"`vsup restart {inst.name}` would run the same command line again.",
         )
     port = f"port {inst.port}" if inst.port is not None else "its port"
+    if inst.span is not None and inst.span.head:
+        # the head of a server across nodes: its followers on other nodes wait for it
+        node = inst.span.node
+        others = ", ".join(n.node for n in inst.span.nodes[1:]) or "none"
+        return (
+            f"{port} on {node} is taken by another process ({node} runs the head of a server "
+            f"across nodes; its followers on {others} wait for it); {why}",
+            f" Stop what holds {port} on {node} (`ss -ltnp 'sport = :{inst.port}'` there "
+            f"names it), or give {inst.name} another port in the layout and run `vsup fleet "
+            "up LAYOUT`.",
+        )
     return (
         f"{port} is taken by another process; {why}",
         f" Stop what holds {port} (`ss -ltnp 'sport = :{inst.port}'` names it), or give "

@@ -33,7 +33,7 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
-from vsup.engine.spanwatch import HeadWatch, gone_why
+from vsup.engine.spanwatch import HeadWatch, gone_why, waiting_words
 from vsup.engine.spawn import Launched, Refused, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
 from vsup.journalevents import (
@@ -51,7 +51,7 @@ from vsup.journalevents import (
     StopIncompleteEvent,
     UnhealthyEvent,
 )
-from vsup.snapshot import LastExit, WaitReason
+from vsup.snapshot import SPAN_HEAD_WAIT, LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
 
@@ -596,12 +596,20 @@ class Runner:
     # -- health -------------------------------------------------------------------------------
 
     async def _health_loop(self, proc: RunningProcess) -> None:
+        # a span's follower: ready only behind a head that started after it (spanwatch.py)
+        head = HeadWatch(trusted=self.lc.spawned_at is None) if self.inst.spec.follower else None
+        try:
+            await self._health_checks(proc, head)
+        finally:
+            wait = self.inst.wait
+            if wait is not None and wait.kind == SPAN_HEAD_WAIT:
+                self.inst.wait = None  # the run ended: what it waited for goes with it
+
+    async def _health_checks(self, proc: RunningProcess, head: HeadWatch | None) -> None:
         inst, lc, e = self.inst, self.lc, self.e
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
         taken = lc.answered_count
-        # a span's follower: ready only behind a head that started after it (spanwatch.py)
-        head = HeadWatch(trusted=lc.spawned_at is None) if inst.spec.follower else None
         while proc.alive:
             # A ready server's scrape asks /health too (pipelined with /metrics): an answer
             # it got since the last check is this check, with no request of its own. Without
@@ -618,6 +626,14 @@ class Runner:
                 return
             if lc.state == State.STARTING:
                 ok = h.ok if head is None else head.ready(h.ok)
+                role = inst.spec.span
+                if head is not None and role is not None:
+                    # a follower waits for its head: said in its status while it does
+                    inst.wait = (
+                        None
+                        if ok
+                        else WaitReason(kind=SPAN_HEAD_WAIT, message=waiting_words(role, h.ok))
+                    )
                 if ok and lc.became_ready():
                     # both are set once a spawned run became ready; an adopted one has no spawn
                     startup_s = (

@@ -43,6 +43,20 @@ class HeadWatch:
         return self.trusted or self.seen_down
 
 
+def waiting_words(role: SpanRole, head_ok: bool) -> str:
+    """What a starting follower waits for (its `wait`, kind `span_head`; said after "waits
+    for"): the head to answer, or, while an older head still answers, the head's next run."""
+    if not head_ok:
+        return (
+            f"{head_where(role)}: no answer on /health yet (a head answers once every rank "
+            "joined it)"
+        )
+    return (
+        f"{head_where(role)} to start again: the head that answers started before this "
+        "follower, and a follower joins a head only at its start"
+    )
+
+
 def head_where(role: SpanRole) -> str:
     return f"its head {role.head_node} at {role.address}:{role.port}"
 

@@ -21,6 +21,7 @@ from vsup.control.errors import ControlError, DaemonUnavailable
 from vsup.fleet.http import NodeClient
 from vsup.fleet.model import Fleet, Node
 from vsup.fleet.transport import NoDaemon, Transport, Tunnel, Unreachable
+from vsup.fleet.units import NodeAnswer, UnitView, units_of
 from vsup.fleet.view import NodeView, summarize, unreachable
 
 T = TypeVar("T")
@@ -92,6 +93,7 @@ class FleetClient:
         self.transport = transport or Transport(fleet)
         self.health = Health(self.transport.run / "health.json" if remember else None)
         self._clients: dict[str, tuple[Path, NodeClient]] = {}
+        self.units: list[UnitView] = []  # the last `status_all`'s servers across nodes
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -197,9 +199,27 @@ class FleetClient:
             **base,
         )
 
+    async def paths_all(self, nodes: Iterable[Node]) -> dict[str, dict[str, Any] | str]:
+        """Each node's `vsup paths --json` asked now (its vLLM version as installed now, not
+        the one a tunnel made earlier learned), in parallel: read-only, it starts no daemon.
+        A node that cannot be asked: why not, in words."""
+
+        async def one(node: Node) -> dict[str, Any] | str:
+            budget = self.fleet.connect_timeout_s + self.fleet.timeout_s
+            try:
+                return await self.transport.remote_vsup(node, "paths", "--json", timeout=budget)
+            except Unreachable as exc:
+                return str(exc)
+
+        chosen = list(nodes)
+        answers = await asyncio.gather(*(one(n) for n in chosen))
+        return {n.name: a for n, a in zip(chosen, answers, strict=True)}
+
     async def status_all(self, nodes: Iterable[Node] | None = None) -> list[NodeView]:
         """Every node's view, asked in parallel, in the fleet file's order."""
         chosen = list(self.fleet.nodes if nodes is None else nodes)
         results = await asyncio.gather(*(self.status(n) for n in chosen))
         self.health.save()
+        # every server across nodes as one row, from its members' answers
+        self.units = units_of([NodeAnswer(v.name, doc, v.reachable, v.error) for v, doc in results])
         return [view for view, _ in results]

@@ -267,9 +267,19 @@ async def wait_served(
         if time.monotonic() > deadline:
             waiting = sorted(n for n in names if states.get(n) != State.READY)
             return f"not ready within {timeout:.0f} s: " + ", ".join(
-                f"{n} {states.get(n)}" for n in waiting
+                f"{n} {states.get(n)}{_waits_for(doc, n)}" for n in waiting
             )
         await asyncio.sleep(interval)
+
+
+def _waits_for(doc: dict[str, Any], name: str) -> str:
+    """` (waits for ...)`: what instance `name`'s start waits for (a span's follower: its
+    head), when its status says; else nothing."""
+    for i in doc.get("instances", ()):
+        if i.get("name") == name:
+            message = (i.get("wait") or {}).get("message")
+            return f" (waits for {message})" if message else ""
+    return ""
 
 
 async def _roll_unit(

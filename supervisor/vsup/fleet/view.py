@@ -45,7 +45,8 @@ class NodeView:
     worst: Alert | None = None
     router: str | None = None  # the router's endpoint
     router_state: str | None = None
-    tokens_per_s: float | None = None  # generation tokens/s, summed over instances
+    # generation tokens/s, summed over instances (a span's followers left out: its head's)
+    tokens_per_s: float | None = None
     vsup_version: str | None = None
     vllm_version: str | None = None
     rollout: str | None = None  # "running 2/3" | "failed" | "done" | None
@@ -98,7 +99,11 @@ def summarize(
     snap = StatusSnapshot.from_json(doc)
     info = info or {}
     alerts = tuple(Alert(name, a.severity, a.kind, a.message, a.instance) for a in snap.advice)
-    rates = [i.telemetry.generation_tokens_per_s for i in snap.instances]
+    # a span's follower reads its head's /metrics (its base URL is the head's): the unit's
+    # tokens are counted once, at the head's node
+    rates = [
+        i.telemetry.generation_tokens_per_s for i in snap.instances if i.span is None or i.span.head
+    ]
     known = [r for r in rates if r is not None]
     router = snap.router
     gpu_names = sorted({g.name for g in snap.gpus if g.name})

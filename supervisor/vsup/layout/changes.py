@@ -17,7 +17,8 @@ from vsup.layout.spec import InstanceSpec
 
 MASK = "***"
 # Compared key by key: a change names the key inside the table (`args.max-model-len`).
-_TABLES = ("args", "env", "restart")
+# `span`: a node's part of a server across nodes (SpanRole; None on other instances).
+_TABLES = ("args", "env", "restart", "span")
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,11 @@ def spec_changes(old: InstanceSpec, new: InstanceSpec) -> list[SpecChange]:
 
 
 def _table(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}  # no span
     if isinstance(value, Mapping):
         return dict(value)
-    return asdict(value)  # RestartPolicy
+    return asdict(value)  # RestartPolicy, SpanRole
 
 
 def _plain(value: Any, secret: bool = False) -> Any:

@@ -11,7 +11,7 @@ node shows, talking to that node's daemon. `q` there comes back to the fleet.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from vsup.clock import Clock
 from vsup.control.client import AsyncClient
 from vsup.fleet.model import Fleet
 from vsup.fleet.query import FleetClient
+from vsup.fleet.units import UnitView
 from vsup.fleet.view import NodeView
 from vsup.tui.app import DashboardApp
 from vsup.tui.client import DashboardClient
@@ -57,11 +58,12 @@ class NoNode:
 
 
 class FleetArrived(Message):
-    """Every node's view from one poll."""
+    """Every node's view from one poll, and the servers across nodes its answers showed."""
 
-    def __init__(self, views: list[NodeView]) -> None:
+    def __init__(self, views: list[NodeView], units: Sequence[UnitView] = ()) -> None:
         super().__init__()
         self.views = views
+        self.units = units
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, FleetArrived)
@@ -99,6 +101,7 @@ class FleetApp(DashboardApp):
         self.fc = fleet_client or FleetClient(fleet)
         self.fleet_refresh_s = refresh_s
         self.views: list[NodeView] = []
+        self.units: Sequence[UnitView] = ()  # the last poll's servers across nodes
         self.open_node: str | None = None  # the node whose dashboard is on top
         self.fleet_polls = 0  # answers rendered (tests and benchmarks read it)
         self._fleet_screen: FleetScreen | None = None
@@ -130,7 +133,7 @@ class FleetApp(DashboardApp):
     @on(FleetScreen.Refresh)
     def _fleet_again(self) -> None:
         if self.views:
-            self.fleet_screen.render_views(self.views)
+            self.fleet_screen.render_views(self.views, self.units)
         self.fleet_tick()
 
     def fleet_tick(self) -> None:
@@ -143,13 +146,15 @@ class FleetApp(DashboardApp):
 
     @work(name="fleet status", group="fleet", exit_on_error=False)
     async def _poll_fleet(self) -> None:
-        self.post_message(FleetArrived(await self.fc.status_all()))
+        views = await self.fc.status_all()
+        self.post_message(FleetArrived(views, self.fc.units))
 
     def on_fleet_arrived(self, message: FleetArrived) -> None:
         self.views = message.views
+        self.units = message.units
         self.fleet_polls += 1
         if self.open_node is None and self.screen is self._fleet_screen:
-            self.fleet_screen.render_views(message.views)
+            self.fleet_screen.render_views(message.views, message.units)
 
     # -- opening a node and coming back ---------------------------------------------------------
 

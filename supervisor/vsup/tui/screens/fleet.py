@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from vsup.fleet.units import MemberState, UnitView
 from vsup.fleet.view import SEVERITY_RANK, Alert, NodeView
 
 COLUMNS = (
@@ -33,6 +34,8 @@ COLUMNS = (
     ("since", "SINCE"),
 )
 NODE_DOWN = ("unreachable", "no_daemon")
+# a server across nodes that is not ready: how loud its row is
+UNIT_SEVERITY = {MemberState.DOWN: "critical", MemberState.FAILED: "critical"}
 SEVERITY_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
 
 
@@ -85,6 +88,24 @@ def fleet_alerts(views: Sequence[NodeView]) -> list[Alert]:
         out.extend(v.advice)
     # a node that does not answer first among equals: nothing else of it can be seen
     out.sort(key=lambda a: (-SEVERITY_RANK.get(a.severity, 0), a.kind not in NODE_DOWN))
+    return out
+
+
+def unit_alerts(units: Sequence[UnitView]) -> list[Alert]:
+    """Each server across nodes as one row of the list, before the nodes' alerts: its nodes,
+    its state (`ready`, or the worst member named with its node), its members and, when it is
+    not ready, the advice (docs/fleet.md, "Seen as one row")."""
+    out = []
+    for u in units:
+        members = "; ".join(
+            f"{m.node} ({'head, ' if m.head else ''}{m.where.split(' ', 1)[1]}) {m.state}"
+            for m in u.members
+        )
+        ready = u.state == MemberState.READY
+        severity = "info" if ready else UNIT_SEVERITY.get(u.state, "warning")
+        message = f"{u.text} · {members}" + ("" if u.advice is None else f" · {u.advice}")
+        nodes = "+".join(m.node for m in u.members)
+        out.append(Alert(nodes, severity, "server across nodes", message, u.instance))
     return out
 
 
@@ -171,8 +192,9 @@ class FleetScreen(Screen[None]):
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
         return str(key.value) if key is not None else None
 
-    def render_views(self, views: Sequence[NodeView]) -> None:
-        """Diff the nodes into the table (changed cells only) and redraw the alerts."""
+    def render_views(self, views: Sequence[NodeView], units: Sequence[UnitView] = ()) -> None:
+        """Diff the nodes into the table (changed cells only) and redraw the alerts (each
+        server across nodes first, as one row)."""
         table = self.query_one("#nodes", DataTable)
         names = [v.name for v in views]
         for gone in [n for n in self._cells if n not in names]:
@@ -192,7 +214,7 @@ class FleetScreen(Screen[None]):
         self.query_one("#title", Static).update(self._title_text())
         alerts = self.query_one("#alerts", DataTable)
         alerts.clear()
-        for a in fleet_alerts(views):
+        for a in (*unit_alerts(units), *fleet_alerts(views)):
             who = f"{a.kind}" + (f" {a.instance}" if a.instance else "")
             alerts.add_row(
                 Text(a.node, "bold"),

@@ -362,14 +362,27 @@ class InstanceStatus:
     def from_wire(cls, name: str, /, **values: Any) -> InstanceStatus:
         """An instance from schema 1's flat keys (`WIRE_KEYS`, values already typed): every
         key left out is unknown (the state `stopped`). Unknown keys raise TypeError."""
-        parts: dict[str | None, dict[str, Any]] = {}
+        # one dict per part, filled by index: the daemon builds every instance's row from
+        # these keys each poll (docs/benchmarks.md, 2026-12-06)
+        own: dict[str, Any] = {}
+        parts: tuple[dict[str, Any], ...] = (own, {}, {}, {}, {})
+        place = _WIRE_INDEX
         for key, value in values.items():
             try:
-                part, attr = _WIRE_PLACE[key]
+                at, attr = place[key]
             except KeyError:
                 raise TypeError(f"InstanceStatus has no key {key!r}") from None
-            parts.setdefault(part, {})[attr] = value
-        return _assemble(name, parts)
+            parts[at][attr] = value
+        life, tel, mem, stall = parts[1], parts[2], parts[3], parts[4]
+        life["state"] = State(life.get("state", State.STOPPED))
+        return InstanceStatus(
+            name=own.pop("name", name),
+            lifecycle=LifecycleStatus(**life),
+            telemetry=TelemetryStatus(**tel),
+            memory=MemoryStatus(**mem),
+            stall=None if not stall or stall.get("stalled") is None else StallStatus(**stall),
+            **own,
+        )
 
 
 # The wire (schema 1): each flat key of an instance in `status --json`, in the order the
@@ -438,6 +451,7 @@ WIRE_KEYS = tuple(key for key, _part, _attr in _WIRE)
 _SOURCES = (None, "lifecycle", "telemetry", "memory", "stall")  # `_wire_values`' order
 _WIRE_AT = tuple((key, _SOURCES.index(part), attr) for key, part, attr in _WIRE)
 _WIRE_PLACE = {key: (part, attr) for key, part, attr in _WIRE}
+_WIRE_INDEX = {key: (at, attr) for key, at, attr in _WIRE_AT}  # at: `_SOURCES`' index
 # the parts that travel flat, and their types
 _PART_TYPES: dict[str, type] = {
     "lifecycle": LifecycleStatus,

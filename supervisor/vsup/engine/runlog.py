@@ -54,9 +54,13 @@ class RunLogs:
         self.dir = Path(logs_dir) / name
         self.keep = max(1, keep)
         self.max_bytes = max_bytes
+        self._last: tuple[int, Path] | None = None  # the daemon asks the latest run's each poll
 
     def path(self, run: int) -> Path:
-        return self.dir / f"run-{run:04d}.log"
+        last = self._last
+        if last is None or last[0] != run:
+            last = self._last = (run, self.dir / f"run-{run:04d}.log")
+        return last[1]
 
     def runs(self) -> list[int]:
         """Run numbers that have a log file, oldest first."""

@@ -384,10 +384,11 @@ class InstanceSpec:
                 env["HF_TOKEN"] = token
         return env
 
-    @property
+    @functools.cached_property
     def served_model_name(self) -> str | None:
         """The name clients ask vLLM for when it is not the `model` value: the first
-        `--served-model-name`, or the hub id of a model loaded from its pulled snapshot."""
+        `--served-model-name`, or the hub id of a model loaded from its pulled snapshot
+        (once per spec: the daemon's status reads it for every instance every second)."""
         return served_name(self.args) or (self.model if self.model_path else None)
 
     @property

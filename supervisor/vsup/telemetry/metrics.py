@@ -3,7 +3,10 @@
 Only the families vsup shows are read. A compiled expression whose literal prefix is
 `\\nvllm:` picks their sample lines out of the ~50 KB payload (the regex engine skips ahead on
 the prefix, so most of the payload is never looked at), and `promtext.parse_sample` parses
-those few lines. What it costs: docs/benchmarks.md (`benchmarks/metrics_parse.py`).
+those few lines. A server writes the same lines every scrape but for their values, so what
+the label sets say is kept per page shape (`_SHAPES`): a page of a known shape is read by
+`float()`s of its values and the sums, to the same figures (tests/unit/telemetry/
+test_metrics_shape.py). What it costs: docs/benchmarks.md (`benchmarks/metrics_parse.py`).
 HELP/TYPE comments are never needed: each family is known by its sample name.
 
 Names across versions (the newer one wins when a payload has both):
@@ -264,13 +267,141 @@ def _sample(name: str, rest: str) -> tuple[dict[str, str], float]:
 Rows = list[tuple[dict[str, str], float]]
 
 
+# A page's shape: the heads (family name, label set) of its wanted lines, in order. A server
+# writes the same heads in every scrape and only the values move, so what depends on the
+# labels alone (which line is which engine's, the cache config and capacities, the engines
+# and model names) is worked out once per shape; a page of a known shape then costs its
+# values' `float()`s and the sums (docs/benchmarks.md, 2026-12-06). The same selection as
+# `_WANTED` (the lookahead), each line split into its head - the label set up to the line's
+# last `}`, as `_sample` takes it - and the rest: the value (and a timestamp, or garbage).
+_LINES = re.compile(
+    r"\n(vllm:(?:"
+    + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
+    + r"))(?=[{ \t])((?:\{[^\n]*\})?)([^\n]*)"
+)
+_SHAPES: dict[tuple[tuple[str, str], ...], _Shape] = {}
+_SHAPES_MAX = 256
+
+
+def _head_of(line: tuple[str, str, str]) -> tuple[str, str]:
+    return line[0], line[1]
+
+
+def _split_lines(text: str) -> list[tuple[str, str, str]]:
+    """(family name, head, rest) of every wanted sample line (`wanted_lines`' selection)."""
+    found = _LINES.findall(text)
+    if text.startswith("vllm:"):
+        first = _LINES.match("\n" + text.split("\n", 1)[0])
+        if first:
+            found.insert(0, (first.group(1), first.group(2), first.group(3)))
+    return found
+
+
+def _plain_values(found: list[tuple[str, str, str]]) -> list[float] | None:
+    """Each line's value when every rest is one number (what every client library writes),
+    else None (the line-by-line reading says what the others are). `float()` takes what
+    `promtext.parse_value` takes for a lone number, blanks around it included, except
+    underscores, which it refuses."""
+    rests = [line[2] for line in found]
+    if "_" in "".join(rests):
+        return None
+    try:
+        return list(map(float, rests))
+    except ValueError:
+        return None
+
+
+class _Shape:
+    """What a page of one shape says apart from its values (see `_SHAPES`)."""
+
+    __slots__ = (
+        "rows",
+        "configs",
+        "engines",
+        "models",
+        "engine_order",
+        "model_order",
+        "cache_config",
+    )
+
+    def __init__(self, rows: list[tuple[str, dict[str, str]]]) -> None:
+        self.rows = tuple(rows)
+        series: dict[str, Rows] = {}
+        for name, labels in rows:
+            series.setdefault(name, []).append((labels, 0.0))
+        self.configs = _cache_configs(series)
+        self.engines, self.models = _labels_seen(series)
+        self.engine_order = tuple(sorted(self.engines, key=_engine_order))
+        self.model_order = tuple(sorted(self.models))
+        first = self.configs[0]
+        self.cache_config = MappingProxyType(dict(first)) if first is not None else None
+
+    def read(self, values: list[float], start: float | None) -> VllmMetrics:
+        series: dict[str, Rows] = {}
+        for (name, labels), value in zip(self.rows, values, strict=True):
+            rows = series.get(name)
+            if rows is None:
+                series[name] = [(labels, value)]
+            else:
+                rows.append((labels, value))
+        return _parse_lines("", self, series, start)
+
+
+def _learn_shape(
+    key: tuple[tuple[str, str], ...],
+    found: list[tuple[str, str, str]],
+    text: str,
+    metrics: VllmMetrics,
+) -> None:
+    """Remember the shape of a page read line by line with no bad line, when reading it by
+    its shape gives the very same figures (a check, once per shape, that nothing tells the
+    two readings apart)."""
+    values = _plain_values(found)
+    if values is None:
+        return
+    try:
+        rows = [(name, parse_sample(name + head + " 0").labels) for name, head, _rest in found]
+    except ValueError:
+        return
+    shape = _Shape(rows)
+    if shape.read(values, _start_time(text)) != metrics:
+        return  # never seen; a NaN would do it (it equals nothing): line by line, then
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    _SHAPES[key] = shape
+
+
 def parse_metrics(text: str) -> VllmMetrics:
     """Read the families vsup shows from a vLLM `/metrics` payload (see the module doc)."""
     if not isinstance(text, str) or not text:
         return EMPTY
-    series, bad = _read_series(text)
-    start = _start_time(text)
-    vllm_seen = bool(series) or text.startswith("vllm:") or "\nvllm:" in text
+    found = _split_lines(text)
+    key = tuple(map(_head_of, found))
+    shape = _SHAPES.get(key)
+    if shape is not None:
+        values = _plain_values(found)
+        if values is not None:
+            return shape.read(values, _start_time(text))
+    metrics = _parse_lines(text)
+    if shape is None and metrics.bad_lines == 0 and found:
+        _learn_shape(key, found, text, metrics)
+    return metrics
+
+
+def _parse_lines(
+    text: str,
+    shape: _Shape | None = None,
+    series: dict[str, Rows] | None = None,
+    start: float | None = None,
+) -> VllmMetrics:
+    """The reading line by line; with `shape`, the figures of `series` (a page of that shape,
+    its samples and start time read by `_Shape.read`)."""
+    if series is None:
+        series, bad = _read_series(text)
+        start = _start_time(text)
+        vllm_seen = bool(series) or text.startswith("vllm:") or "\nvllm:" in text
+    else:
+        bad, vllm_seen = 0, True
     if not series:
         return VllmMetrics(process_start_time_s=start, vllm_seen=vllm_seen, bad_lines=bad)
 
@@ -285,8 +416,12 @@ def parse_metrics(text: str) -> VllmMetrics:
         return None
 
     # Cache config and capacity per engine first: KV usage is weighted by them.
-    first_config, capacities, total_capacity = _cache_configs(series)
-    engines, models = _labels_seen(series)
+    if shape is not None:
+        first_config, capacities, total_capacity = shape.configs
+        engines, models = shape.engines, shape.models
+    else:
+        first_config, capacities, total_capacity = _cache_configs(series)
+        engines, models = _labels_seen(series)
     kv_rows = pick(KV_USAGE, KV_USAGE_LEGACY)
     sleeping, level = _sleep_state(series.get(SLEEP_STATE))
     ops = _sleep_ops(series.get(SLEEP_OPS))
@@ -300,11 +435,17 @@ def parse_metrics(text: str) -> VllmMetrics:
         request_success_total=_sum(series.get(REQUEST_SUCCESS)),
         prefix_cache_queries_total=_sum(pick(PREFIX_QUERIES, PREFIX_QUERIES_LEGACY)),
         prefix_cache_hits_total=_sum(pick(PREFIX_HITS, PREFIX_HITS_LEGACY)),
-        cache_config=MappingProxyType(dict(first_config)) if first_config is not None else None,
+        cache_config=(
+            shape.cache_config
+            if shape is not None
+            else MappingProxyType(dict(first_config))
+            if first_config is not None
+            else None
+        ),
         kv_capacity_tokens=total_capacity,
         process_start_time_s=start,
-        engines=tuple(sorted(engines, key=_engine_order)),
-        model_names=tuple(sorted(models)),
+        engines=tuple(sorted(engines, key=_engine_order)) if shape is None else shape.engine_order,
+        model_names=tuple(sorted(models)) if shape is None else shape.model_order,
         legacy_names=tuple(legacy),
         vllm_seen=vllm_seen,
         bad_lines=bad,

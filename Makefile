@@ -58,9 +58,11 @@ ssh-server:
 # xdist's controller, where nothing is collected: every test was a scope of its own, a module's
 # tests ran on both workers with a fixture each, and test_bench's test that builds on the one
 # before it failed when they landed apart.) TEST_WORKERS=0 runs all in one process (`-s`).
-# Three workers on two lanes: the real-vLLM lanes (CPU-bound, two at a time on 2 cores) run while
-# the third worker takes the other test files, which mostly wait on daemons and emulators.
-TEST_WORKERS ?= 3
+# Four workers on two lanes: the real-vLLM lanes (CPU-bound, two at a time on 2 cores) run while
+# the two other workers take the other test files, which mostly wait on daemons and emulators
+# (~1,400 worker-seconds at about a third of a core: one worker alone finished them after both
+# lanes, 2026-12-06).
+TEST_WORKERS ?= 4
 TEST_LANES ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 

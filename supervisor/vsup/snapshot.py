@@ -30,6 +30,12 @@ HBM_SOURCES = ("process", "device", "unavailable")
 BACKEND_SOURCES = ("log", "flag", "default")
 
 
+def rank_words(start_rank: int, ranks: int) -> str:
+    """`rank 1` / `ranks 8-15`: a node's data-parallel ranks, as status and the fleet say them."""
+    last = start_rank + ranks - 1
+    return f"rank {last}" if ranks == 1 else f"ranks {start_rank}-{last}"
+
+
 @dataclass(frozen=True)
 class LastExit:
     code: int | None  # exit status, when the process exited by itself

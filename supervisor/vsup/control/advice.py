@@ -307,21 +307,19 @@ def start_timed_out(inst: InstanceStatus) -> list[Advice]:
     if span is not None and not span.head and span.nodes:
         # a follower is ready only behind its head: the head is what did not come
         head = span.nodes[0].node
-        return [
-            Advice(
-                kind="start_timeout",
-                severity="warning",
-                instance=inst.name,
-                message=(
-                    f"{inst.name}: its last start timed out (not ready {limit} after it began, "
-                    f"start_timeout_s): this node ({span.node}) runs ranks of a server across "
-                    f"nodes, ready only once its head {head} at {span.address}:{span.port} "
-                    f"answers with every rank joined. Look at the head first (`vsup logs "
-                    f"{inst.name}` on {head}, `vsup fleet status`: the unit's row names the "
-                    f"member that holds it up), then `{log}` here."
-                ),
-            )
-        ]
+        what = (
+            f": this node ({span.node}) runs ranks of a server across nodes, ready only once "
+            f"its head {head} at {span.address}:{span.port} answers with every rank joined. "
+            f"Look at the head first (`vsup logs {inst.name}` on {head}, `vsup fleet status`: "
+            f"the unit's row names the member that holds it up), then `{log}` here."
+        )
+    else:
+        what = (
+            f". A busy node (other instances starting or serving on the same cores or GPUs) "
+            f"slows a start down: raise start_timeout_s for {inst.name} in the layout "
+            f"([defaults] or its [[instance]]) and run `vsup up LAYOUT`, or start it when the "
+            f"node is quieter. `{log}` shows how far that start got."
+        )
     return [
         Advice(
             kind="start_timeout",
@@ -329,11 +327,7 @@ def start_timed_out(inst: InstanceStatus) -> list[Advice]:
             instance=inst.name,
             message=(
                 f"{inst.name}: its last start timed out (not ready {limit} after it began, "
-                f"start_timeout_s). A busy node (other instances starting or serving on the "
-                f"same cores or GPUs) slows a start down: raise start_timeout_s for "
-                f"{inst.name} in the layout ([defaults] or its [[instance]]) and run `vsup up "
-                f"LAYOUT`, or start it when the node is quieter. `{log}` shows how far that "
-                "start got."
+                f"start_timeout_s){what}"
             ),
         )
     ]

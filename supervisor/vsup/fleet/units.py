@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from vsup.snapshot import SPAN_HEAD_WAIT
+from vsup.snapshot import SPAN_HEAD_WAIT, rank_words
 from vsup.states import State
 from vsup.termtext import printable
 
@@ -127,9 +127,7 @@ class MemberView:
     @property
     def where(self) -> str:
         """`gpu02 rank 1` / `gpu01 ranks 0-7`."""
-        last = self.start_rank + self.ranks - 1
-        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
-        return f"{self.node} {which}"
+        return f"{self.node} {rank_words(self.start_rank, self.ranks)}"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,7 @@ from typing import Any
 
 from vsup.layout.flags import args_to_flags, flag_name
 from vsup.layout.parallel import TP_FLAG, ParallelShape, find_arg, parallel_shape
+from vsup.snapshot import rank_words
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 
@@ -187,8 +188,7 @@ class SpanRole:
 
     def describe(self) -> str:
         """`head, rank 0 of 2` / `ranks 2-3 of 4, head gpu01 at 10.0.0.1:8000`."""
-        last = self.start_rank + self.ranks - 1
-        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
+        which = rank_words(self.start_rank, self.ranks)
         if self.head:
             return f"head, {which} of {self.size}"
         return f"{which} of {self.size}, head {self.head_node} at {self.address}:{self.port}"

@@ -23,7 +23,7 @@ import signal
 from collections.abc import Collection
 
 from vsup.clock import iso_utc
-from vsup.engine import health, stop, teardown
+from vsup.engine import health, rpcdir, stop, teardown
 from vsup.engine.exitreason import Classified, after_rank_death, classify, signal_name
 from vsup.engine.host import RunnerHost
 from vsup.engine.instance import Instance
@@ -316,6 +316,8 @@ class Runner:
         if ended.survivors:
             self._stuck(proc, ended.survivors)
             return
+        # the run's processes are gone: what its vLLM left of its IPC sockets goes too
+        await asyncio.to_thread(rpcdir.clear, rpcdir.rpc_dir(inst.logs.dir))
         released = await teardown.await_release(e, inst, proc)
         if released is False:
             # Its processes are gone but the GPU still lists their memory: starting again (or

@@ -6,6 +6,8 @@
   with `python` runs the interpreter (and venv) the daemon runs.
 - The child gets its own session and process group (`start_new_session=True`): a dropped SSH
   session or a dying daemon sends it nothing, and vsup signals the whole group.
+- vLLM's IPC sockets go to a directory of the instance's (rpcdir.py), which is emptied before
+  each start and once a run's processes are gone: a killed vLLM never removes its own.
 - stdin is /dev/null; stdout and stderr go to the run's log file (runlog.py), which the run's
   log guard (logcap.py, started here once the child runs) keeps under its cap, daemon or not.
 - A foreign listener on the port is found before spawning: the run is refused with
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from vsup.engine import rpcdir
 from vsup.engine.proc import read_stat
 from vsup.engine.runlog import RunLogs
 from vsup.engine.states import ExitReason
@@ -184,6 +187,14 @@ def launch(
         return busy
     argv = spec.argv()
     env = child_env(spec, base_env)
+    if rpcdir.ENV not in env:
+        # vLLM's IPC sockets in a directory of the instance's, emptied of what a killed run left
+        where = rpcdir.rpc_dir(logs.dir)
+        try:
+            rpcdir.prepare(where)
+            env[rpcdir.ENV] = str(where)
+        except OSError as exc:  # vLLM's default (the temp directory) still works
+            log.warning("%s: no socket directory %s: %s", spec.name, where, exc)
     header = f"[vsup] {spec.name} run {run} at {started_at}: {shlex.join(argv)}"
     with logs.open_for_run(run, header) as out:
         try:

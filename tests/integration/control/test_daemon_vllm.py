@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -31,7 +32,9 @@ import httpx
 import psutil
 import pytest
 
+from vsup import paths
 from vsup.control.client import JsonClient
+from vsup.engine import rpcdir
 
 from tests.conftest import free_port, outside_cwd, run_vsup
 
@@ -52,6 +55,12 @@ def start_vsup(home: Path, *args: str) -> subprocess.Popen:
         text=True,
         cwd=outside_cwd(),
     )
+
+
+def sockets(where: Path) -> set[str]:
+    if not where.is_dir():
+        return set()
+    return {p.name for p in where.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)}
 
 
 def status(home: Path) -> dict:
@@ -168,6 +177,11 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
                 if "--port" in (p.info["cmdline"] or []) and str(port) in (p.info["cmdline"] or [])
             ]
             assert len(servers) == 1, f"port {port}: {len(servers)} API servers"
+        # vLLM's IPC sockets are in each instance's own directory (engine/rpcdir.py), not in
+        # /tmp, where every killed run used to leave them for good
+        rpc = {n: rpcdir.rpc_dir(paths.logs_dir(home) / n) for n in ("cpu0", "cpu1")}
+        for name, where in rpc.items():
+            assert sockets(where), f"{name}: no vLLM socket in {where}"
 
         # Real telemetry reaches the status and the Prometheus export.
         def telemetry():
@@ -297,6 +311,8 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         for pgid in pgids:
             assert group_alive(pgid) == [], f"process group {pgid} left behind"
         assert not (home / "vsup.sock").exists()
+        # nothing is left of the runs' sockets: two SIGKILLed runs', and the last ones'
+        assert {n: sockets(where) for n, where in rpc.items()} == {"cpu0": set(), "cpu1": set()}
     finally:
         if daemons_of(home):
             vsup(home, "down", timeout=300)

@@ -157,27 +157,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # in file order, first. Every other test file is a unit of its own that the workers take once
 # their lane is done (module fixtures stay in one process).
 SLOW_MARKS = ("vllm", "install", "tmux")
-# Seconds each slow module takes in a full run from a fresh clone on 2 cores (2026-12-06, with
-# OMP_WAIT_POLICY=PASSIVE: the sum of its tests' setup, call and teardown as `--durations=0`
-# printed them, from a run beside other work for its first half; data parallel, which varied
-# 199-300 s over three runs with its freeze retries, at their middle); a module not listed
+# Seconds each slow module takes in a full run from a fresh clone on 2 cores (2026-12-06, a
+# run at 11:04 UTC with OMP_WAIT_POLICY=PASSIVE, lanes 976/1108 s with the costs before: the sum
+# of its tests' setup, call and teardown as `--durations=0` printed them; data parallel, which
+# varied 199-300 s over earlier runs with its freeze retries, as it came); a module not listed
 # counts as one vLLM start. Only the balance between the lanes depends on these.
 SLOW_COST = {
-    "test_router_vsup.py": 385,
-    "test_bench.py": 280,
-    "test_vllm.py": 275,
-    "test_dataparallel_vllm.py": 260,
-    "test_tune_vllm.py": 245,
+    "test_router_vsup.py": 325,
+    "test_bench.py": 282,
+    "test_dataparallel_vllm.py": 261,
+    "test_vllm.py": 232,
     "test_span_vllm.py": 180,  # alone, 2026-12-06: 170-183 s (two vLLMs, each started twice)
-    "test_install.py": 180,
     "test_cpu_node_vllm.py": 170,
-    "test_sleep_vllm.py": 160,
-    "test_real_daemon.py": 120,
-    "test_fault_disk_full_vllm.py": 90,
-    "test_stall_vllm.py": 85,
-    "test_daemon_vllm.py": 75,
-    "test_fleet_vllm.py": 45,
-    "test_pull_vllm.py": 40,
+    "test_tune_vllm.py": 157,
+    "test_sleep_vllm.py": 142,
+    "test_install.py": 75,  # 119 with the beside venv's own vLLM round trip, dropped since
+    "test_stall_vllm.py": 77,
+    "test_real_daemon.py": 76,
+    "test_daemon_vllm.py": 69,
+    "test_fault_disk_full_vllm.py": 69,
+    "test_fleet_vllm.py": 46,
+    "test_pull_vllm.py": 42,
     "test_vllm_flags.py": 10,
     "test_detach_message.py": 5,
 }

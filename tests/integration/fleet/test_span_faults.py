@@ -159,6 +159,15 @@ def test_the_unit_is_one_row_a_follower_waits_for_its_head_and_a_lost_node_is_do
         ("gpu02", False, 1, "ready"),
     ]
 
+    # the unit's figures at its head only: the follower's node shows its part and points there
+    figures = ("kv_cache_usage", "requests_running", "requests_waiting")
+    until(lambda: all(big_on(fleet, "gpu01")[k] is not None for k in figures), 60, "head's figures")
+    follower = big_on(fleet, "gpu02")
+    assert follower["state"] == "ready", follower
+    assert all(follower[k] is None for k in figures), follower
+    shown = fleet.nodes["gpu02"].vsup("status").stdout
+    assert "the unit's figures (tokens/s, requests, KV cache) are its head's, on gpu01" in shown
+
     # the head stopped: the follower restarts and waits for it, saying so
     assert fleet.nodes["gpu01"].vsup("stop", "big").returncode == 0
     head = f"its head gpu01 at 127.0.0.1:{port}"

@@ -43,15 +43,22 @@ Behaviours on cue:
                                    --dp-shutdown-s (5), then EngineDeadError and 503, and exit 0
                                    after --dead-exit-after (4.6) more seconds
   --data-parallel-size-local L --data-parallel-start-rank R --data-parallel-address A
-  --data-parallel-rpc-port P [--headless]
+  --data-parallel-rpc-port P [--headless] [--handshake-timeout-s T]
                                    vLLM's data parallel across nodes (a span, docs/fleet.md):
-                                   this node runs ranks R..R+L-1 of N. The head (L < N, not
-                                   headless) listens on A:P and serves HTTP only once headless
-                                   followers announced the other N-L ranks there (vLLM's head
-                                   waits for every rank's READY), and it keeps answering /health
-                                   when one leaves later, as vLLM's does. A follower
-                                   (--headless) serves no HTTP: it connects to A:P (retrying
-                                   until the head listens), announces its ranks and holds on
+                                   this node runs ranks R..R+L-1 of N, with vLLM's handshake
+                                   (v1/engine/core.py, utils.py). The head (L < N, not
+                                   headless) listens on A:P from its start, answers a HELLO
+                                   with INIT and serves HTTP after --startup-s once headless
+                                   followers said READY for the other N-L ranks; a READY
+                                   without a HELLO, or a second HELLO, while it starts ends it
+                                   (exit 1, vLLM's "Unexpected READY message ..."); it keeps
+                                   answering /health when a rank leaves later, as vLLM's does.
+                                   A follower (--headless) serves no HTTP: it connects to A:P
+                                   (retrying until the head listens), says HELLO once, waits
+                                   for INIT (at most T s, 300: vLLM's 5 minutes; then exit 1
+                                   with vLLM's line), loads for --startup-s, says READY and
+                                   closes; a dropped connection is made again and nothing is
+                                   said again (ZMQ), as a follower whose head was replaced does
   --spam [--spam-rate B]           write log lines as fast as it can (or B bytes a second),
                                    from a thread, from its start until it ends: a chatty
                                    server against the run log's cap
@@ -742,58 +749,124 @@ def _local_ranks(args: argparse.Namespace) -> int:
     return args.data_parallel_size_local or args.data_parallel_size
 
 
-async def _await_ranks(args: argparse.Namespace, remote: int) -> None:
-    """A span's head: listen on the DP RPC address until followers announced `remote` ranks
-    (each connection sends its rank count on one line and stays open)."""
-    joined = {"ranks": 0}
-    enough = asyncio.Event()
-    held: list[asyncio.StreamWriter] = []
+class _Head:
+    """A span's head, as vLLM's (v1/engine/utils.py wait_for_engine_startup): it listens on
+    the DP RPC address from its start; a follower's HELLO gets an INIT answer at once, its
+    READY (after its load) counts its ranks, and the head serves HTTP once `remote` ranks are
+    READY. While it starts, a READY or a second HELLO it does not expect ends it as vLLM's
+    does ("Unexpected READY message ..."). Once it serves it answers any follower (vLLM's
+    head stops listening then; the emulator is lenient)."""
 
-    async def on_follower(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        line = await reader.readline()
-        try:
-            joined["ranks"] += int(line.decode().strip() or 0)
-        except ValueError:
-            writer.close()
-            return
-        held.append(writer)
-        print(f"emulator: {joined['ranks']} of {remote} remote ranks joined", flush=True)
-        if joined["ranks"] >= remote:
-            enough.set()
+    def __init__(self, args: argparse.Namespace, remote: int) -> None:
+        self.args, self.remote = args, remote
+        self.ready = 0
+        self.states: dict[int, str] = {}  # start rank -> CONNECTED | READY
+        self.enough = asyncio.Event()
+        self.serving = False
 
-    server = await asyncio.start_server(
-        on_follower, args.data_parallel_address, args.data_parallel_rpc_port
-    )
-    print(
-        f"emulator: head waits for {remote} remote ranks on "
-        f"{args.data_parallel_address}:{args.data_parallel_rpc_port}",
-        flush=True,
-    )
-    await enough.wait()
-    _KEEP.extend([server, held])  # later followers may join again; none is told to leave
+    async def listen(self) -> None:
+        server = await asyncio.start_server(
+            self.on_follower, self.args.data_parallel_address, self.args.data_parallel_rpc_port
+        )
+        _KEEP.append(server)
+        print(
+            f"emulator: head waits for {self.remote} remote ranks on "
+            f"{self.args.data_parallel_address}:{self.args.data_parallel_rpc_port}",
+            flush=True,
+        )
+
+    def unexpected(self, status: str, rank: int) -> None:
+        state = self.states.get(rank, "NEW")
+        print(
+            f"RuntimeError: Unexpected {status} message for remote engine {rank} in "
+            f"CoreEngineState.{state} state.",
+            flush=True,
+        )
+        os._exit(1)
+
+    async def on_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _KEEP.append(writer)
+        while line := await reader.readline():
+            words = line.decode().split()
+            if len(words) != 3 or words[0] not in ("HELLO", "READY"):
+                continue
+            status, rank, count = words[0], int(words[1]), int(words[2])
+            if status == "HELLO":
+                if rank in self.states and not self.serving:
+                    self.unexpected(status, rank)
+                self.states[rank] = "CONNECTED"
+                print(f"emulator: HELLO from remote ranks at {rank}", flush=True)
+                writer.write(b"INIT\n")
+                await writer.drain()
+            else:
+                if self.states.get(rank) != "CONNECTED" and not self.serving:
+                    self.unexpected(status, rank)
+                self.states[rank] = "READY"
+                self.ready += count
+                print(f"emulator: {self.ready} of {self.remote} remote ranks joined", flush=True)
+                if self.ready >= self.remote:
+                    self.enough.set()
 
 
 _KEEP: list[object] = []
 
 
-async def _join_head(args: argparse.Namespace) -> None:
-    """A headless follower: connect to the head's DP RPC address (retrying until it listens),
-    announce this node's ranks, and hold the connection."""
-    while True:
-        try:
-            _reader, writer = await asyncio.open_connection(
-                args.data_parallel_address, args.data_parallel_rpc_port
-            )
-            break
-        except OSError:
-            await asyncio.sleep(0.2)
-    writer.write(f"{_local_ranks(args)}\n".encode())
-    await writer.drain()
-    _KEEP.append(writer)
+async def _join_head(args: argparse.Namespace, load_s: float) -> None:
+    """A headless follower, as a vLLM engine's handshake socket (a ZMQ DEALER): connect to the
+    head's DP RPC address (retrying until it listens), say HELLO once, wait for the INIT answer
+    (at most --handshake-timeout-s, vLLM's 5 minutes), load for `load_s`, say READY and close.
+    A connection the head drops is made again, as ZMQ does, and nothing said is said again:
+    a follower whose head was replaced waits for an answer that never comes, and a READY it
+    sends after its load reaches a head that never had its HELLO."""
+    first, count = args.data_parallel_start_rank, _local_ranks(args)
+    where = f"{args.data_parallel_address}:{args.data_parallel_rpc_port}"
+    link: dict[str, asyncio.StreamWriter] = {}
+    init = asyncio.Event()
+    said = {"hello": False}
+
+    async def connected() -> None:
+        while True:  # ZMQ's reconnect: until the socket is closed
+            try:
+                reader, writer = await asyncio.open_connection(
+                    args.data_parallel_address, args.data_parallel_rpc_port
+                )
+            except OSError:
+                await asyncio.sleep(0.2)
+                continue
+            link["writer"] = writer
+            if not said["hello"]:  # once, on the first connection
+                said["hello"] = True
+                writer.write(f"HELLO {first} {count}\n".encode())
+                await writer.drain()
+            while line := await reader.readline():
+                if line.strip() == b"INIT":
+                    init.set()
+            link.pop("writer", None)
+            await asyncio.sleep(0.1)
+
+    keeper = asyncio.create_task(connected())
+    try:
+        async with asyncio.timeout(args.handshake_timeout_s):
+            await init.wait()
+    except TimeoutError:
+        print(
+            "RuntimeError: Did not receive response from front-end process within "
+            f"{args.handshake_timeout_s / 60:g} minutes",
+            flush=True,
+        )
+        os._exit(1)
     print(
-        f"emulator: headless ranks {args.data_parallel_start_rank}.."
-        f"{args.data_parallel_start_rank + _local_ranks(args) - 1} joined the head at "
-        f"{args.data_parallel_address}:{args.data_parallel_rpc_port}",
+        f"emulator: headless ranks {first}..{first + count - 1} got INIT from {where}", flush=True
+    )
+    await asyncio.sleep(load_s)
+    while "writer" not in link:
+        await asyncio.sleep(0.05)
+    link["writer"].write(f"READY {first} {count}\n".encode())
+    await link["writer"].drain()
+    keeper.cancel()
+    link["writer"].close()
+    print(
+        f"emulator: headless ranks {first}..{first + count - 1} joined the head at {where}",
         flush=True,
     )
 
@@ -819,14 +892,19 @@ async def _serve(
     startup_s = args.startup_s
     if args.startup_s_file and Path(args.startup_s_file).exists():
         startup_s = float(Path(args.startup_s_file).read_text().split()[0])
-    if startup_s:
-        await asyncio.sleep(startup_s)
     if args.headless:
-        await _join_head(args)
+        await _join_head(args, startup_s)
         await loop.create_future()  # no API server: until a signal ends the process
     remote = args.data_parallel_size - _local_ranks(args)
+    head = None
     if remote > 0 and args.data_parallel_address and args.data_parallel_rpc_port:
-        await _await_ranks(args, remote)
+        head = _Head(args, remote)
+        await head.listen()
+    if startup_s:
+        await asyncio.sleep(startup_s)
+    if head is not None:
+        await head.enough.wait()
+        head.serving = True
     print(
         f"(EngineCore pid={core.pid if core else os.getpid()}) INFO {args.backend_line}", flush=True
     )
@@ -938,6 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-parallel-address", "-dpa")
     p.add_argument("--data-parallel-rpc-port", "-dpp", type=int)
     p.add_argument("--headless", action="store_true")
+    p.add_argument("--handshake-timeout-s", type=float, default=300.0)
     p.add_argument(
         "--child", choices=("core", "setsid", "rank", "worker", "dpcoord"), help=argparse.SUPPRESS
     )

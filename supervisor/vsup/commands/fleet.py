@@ -90,6 +90,13 @@ def _add_validate(fsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="also check this layout against the fleet and show each node's part of every "
         "instance with a span (docs/fleet.md)",
     )
+    v.add_argument(
+        "--check-nodes",
+        action="store_true",
+        help="also ask every node of each server across nodes which vLLM it runs (over SSH, "
+        "read-only, as `fleet up` does) and check that it is the same; without it validate "
+        "reads files only",
+    )
     v.add_argument("--json", action="store_true", help="the fleet as JSON")
     return v
 
@@ -228,10 +235,26 @@ def _validate(fleet: Fleet, args: argparse.Namespace) -> int:
     from vsup.fleet.model import describe
 
     checked = _spans(fleet, args.layout) if getattr(args, "layout", None) else None
+    if getattr(args, "check_nodes", False) and checked is None:
+        print("vsup fleet validate: --check-nodes checks a layout: name one", file=sys.stderr)
+        return exits.BAD_INPUT
+    asked = None
+    if getattr(args, "check_nodes", False) and checked is not None and checked[1]:
+        try:
+            asked = asyncio.run(_versions(fleet, checked[1]))
+        except KeyboardInterrupt:
+            return exits.INTERRUPTED
     if args.json:
         doc = describe(fleet)
         if checked is not None:
             doc["layout"] = _spans_json(*checked)
+            if asked is not None:
+                versions, check = asked
+                doc["layout"]["vllm"] = {
+                    "versions": versions,
+                    "errors": list(check.bad),
+                    "unreachable": list(check.unreachable),
+                }
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -239,9 +262,44 @@ def _validate(fleet: Fleet, args: argparse.Namespace) -> int:
         print(f"{fleet.path}: {len(fleet.nodes)} node(s), groups: {groups}")
         if checked is not None:
             _print_spans(*checked)
+        if asked is not None:
+            _print_versions(*asked)
+        elif checked is not None and checked[1]:
+            print(
+                "vLLM versions not checked (validate reads files only): --check-nodes asks "
+                "each node, as `vsup fleet up` does"
+            )
     if checked is not None and any(d.is_error for d in checked[2]):
         return exits.BAD_INPUT
+    if asked is not None and not asked[1].ok:
+        return exits.BAD_INPUT if asked[1].bad else exits.FAILED
     return exits.OK
+
+
+async def _versions(fleet: Fleet, units: list[Any]) -> tuple[dict[str, str | None], Any]:
+    """Every node of the layout's spans asked which vLLM it runs (`same_vllm`'s question):
+    each node's version (None: none known or not asked) and the check of every span."""
+    from vsup.fleet.query import FleetClient
+    from vsup.fleet.units import vllm_versions
+
+    names = {n for u in units for n in u.span.nodes}
+    members = [n for n in fleet.nodes if n.name in names]
+    async with FleetClient(fleet) as fc:
+        answers = await fc.paths_all(members)
+    versions: dict[str, str | None] = {}
+    for n in members:
+        answer = answers.get(n.name)
+        version = answer.get("vllm_version") if isinstance(answer, dict) else None
+        versions[n.name] = printable(version) if isinstance(version, str) and version else None
+    return versions, vllm_versions([(u.name, u.span.nodes) for u in units], answers)
+
+
+def _print_versions(versions: dict[str, str | None], check: Any) -> None:
+    """The vLLM each span node runs (stdout) and what keeps a unit from starting (stderr)."""
+    said = ", ".join(f"{n} {v or '?'}" for n, v in versions.items())
+    print(f"vLLM on the nodes of its servers across nodes: {said}")
+    for line in (*check.bad, *check.unreachable):
+        print(f"vsup fleet validate: {line}", file=sys.stderr)
 
 
 def _spans(fleet: Fleet, layout_path: str) -> tuple[str, list[Any], list[Any]]:

@@ -370,10 +370,15 @@ def span_line(i: InstanceStatus) -> str | None:
     role = "the head (API server)" if span.head else "headless"
     nodes = ", ".join(f"{n.node} ({ranks(n.start_rank, n.ranks)})" for n in span.nodes)
     head = span.nodes[0].node if span.nodes else "?"
+    figures = (
+        ""
+        if span.head
+        else f"; the unit's figures (tokens/s, requests, KV cache) are its head's, on {head}"
+    )
     return _p(
         f"{i.name}: one server across nodes: {span.node} runs rank"
         f"{'s' if span.ranks > 1 else ''} {ranks(span.start_rank, span.ranks)} of {span.size}, "
-        f"{role}; head {head} at {span.address}:{span.port}; ranks on {nodes}"
+        f"{role}; head {head} at {span.address}:{span.port}; ranks on {nodes}{figures}"
     )
 
 

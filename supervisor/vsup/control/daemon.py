@@ -618,7 +618,9 @@ class Daemon:
                     pid=inst.pid,
                     pgid=inst.pgid,
                     gpus=tuple(inst.spec.gpus),
-                    live=inst.state in SERVING and inst.pid is not None,
+                    # a span's follower has no server of its own: its base URL is its
+                    # head's, whose figures are the whole unit's (docs/fleet.md)
+                    live=inst.state in SERVING and inst.pid is not None and not spec.follower,
                     log_path=inst.log_path() if inst.run else None,
                     attention_flag=spec.arg("attention-backend"),
                     # no canary to a sleeper: vLLM would hold it until it wakes
@@ -745,7 +747,8 @@ class Daemon:
         """One instance's row: the engine's fields, the monitor's telemetry and stall view,
         its plan, drift, ranks, pull and sleep."""
         name, spec = inst.name, inst.spec
-        live = inst.state in SERVING and inst.pid is not None
+        # a follower's server figures would be its head's, the unit's: none of its own
+        live = inst.state in SERVING and inst.pid is not None and not spec.follower
         fields = {
             **inst.status_fields(),
             **self.monitor.fields(name, live),

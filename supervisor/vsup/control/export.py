@@ -307,6 +307,7 @@ def instance_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     """`vsup_instance_*`: what each instance runs, its state, its figures, its ranks."""
     rows = [(inst, [inst.name]) for inst in snap.instances]
     yield _instance_info(snap)
+    yield _span_info(snap)
     state = GaugeMetricFamily(
         "vsup_instance_state",
         "1 for the instance's current state, 0 for the others",
@@ -342,6 +343,38 @@ def _instance_info(snap: StatusSnapshot) -> Metric:
                 inst.telemetry.backend_source or "",
                 "" if inst.port is None else str(inst.port),
                 ",".join(str(g) for g in inst.gpus),
+            ],
+            1,
+        )
+    return info
+
+
+def _span_info(snap: StatusSnapshot) -> Metric:
+    """A server across nodes: this node's part and its head. A follower exports no server
+    figures (they would be its head's, the whole unit's: counted there once); this series
+    points at the node that has them."""
+    info = GaugeMetricFamily(
+        "vsup_instance_span_info",
+        "A server across nodes, one series per member instance (value 1): this node's part "
+        "(head or follower, its first rank and rank count) and its head; a follower's server "
+        "figures are exported at its head only",
+        labels=["name", "node", "role", "start_rank", "ranks", "size", "head_node", "head_url"],
+    )
+    for inst in snap.instances:
+        span = inst.span
+        if span is None:
+            continue
+        head = span.nodes[0].node if span.nodes else ""
+        info.add_metric(
+            [
+                inst.name,
+                span.node,
+                "head" if span.head else "follower",
+                str(span.start_rank),
+                str(span.ranks),
+                str(span.size),
+                head,
+                f"http://{span.address}:{span.port}",
             ],
             1,
         )

@@ -33,7 +33,15 @@ from vsup.engine.proc import ExitStatus, RunningProcess, describe
 from vsup.engine.ranks import read_titles
 from vsup.engine.restart import Action, Decision
 from vsup.engine.sleep import SleepRefused
-from vsup.engine.spanwatch import HeadWatch, gone_why, waiting_words
+from vsup.engine.spanwatch import (
+    HeadLink,
+    HeadWatch,
+    gone_why,
+    head_addresses,
+    replaced_why,
+    rpc_connections,
+    waiting_words,
+)
 from vsup.engine.spawn import Launched, Refused, launch
 from vsup.engine.states import IDLE, RUNNING, ExitReason, State
 from vsup.journalevents import (
@@ -51,6 +59,7 @@ from vsup.journalevents import (
     StopIncompleteEvent,
     UnhealthyEvent,
 )
+from vsup.layout.spec import SpanRole
 from vsup.snapshot import SPAN_HEAD_WAIT, LastExit, WaitReason
 
 log = logging.getLogger("vsup.engine")
@@ -72,6 +81,7 @@ class Runner:
         self.e = host
         self.inst = inst
         self.lc = inst.lifecycle
+        self._head_gone: RunningProcess | None = None  # a follower run whose head was replaced
 
     async def run(self) -> None:
         inst, lc = self.inst, self.lc
@@ -217,6 +227,9 @@ class Runner:
                 if lc.start_timed_out():
                     cause = ExitReason.STARTUP_TIMEOUT
                     break
+                if self._head_gone is proc and lc.state == State.STARTING:
+                    cause = ExitReason.ENGINE_DEAD  # its engine waits for a head that is gone
+                    break
                 if inst.control.stall is not None and lc.state == State.READY:
                     cause = ExitReason.STALLED
                     break
@@ -271,6 +284,8 @@ class Runner:
                 "(start_timeout_s)"
             )
         role = spec.span
+        if role is not None and self._head_gone is proc:
+            return replaced_why(role)
         if role is not None and not role.head and cause in HEAD_CAUSES and not proc.ranks.died:
             return gone_why(role, self.lc.last_health_status)
         if cause == ExitReason.ENGINE_DEAD:
@@ -350,6 +365,10 @@ class Runner:
             rank = stall.rank  # the data-parallel rank that stalled, if one did
         if died is not None:
             classified = after_rank_death(classified, _rank_died(*died))
+        role = inst.spec.span
+        if role is not None and self._head_gone is proc and cause == ExitReason.ENGINE_DEAD:
+            # vsup ended it before vLLM said anything: what vsup saw is why
+            classified = Classified(ExitReason.ENGINE_DEAD, replaced_why(role))
         return classified, rank
 
     def _stopped(self, proc: RunningProcess, ended: stop.Ended) -> None:
@@ -609,6 +628,7 @@ class Runner:
 
     async def _health_checks(self, proc: RunningProcess, head: HeadWatch | None) -> None:
         inst, lc, e = self.inst, self.lc, self.e
+        link = HeadLink()  # a follower's connections to its head's RPC port (spanwatch.py)
         loop = asyncio.get_running_loop()
         next_chores = loop.time()
         taken = lc.answered_count
@@ -629,6 +649,13 @@ class Runner:
             if lc.state == State.STARTING:
                 ok = h.ok if head is None else head.ready(h.ok)
                 role = inst.spec.span
+                if (
+                    head is not None
+                    and role is not None
+                    and not ok
+                    and await self._head_replaced(proc, role, link)
+                ):
+                    return  # the run ends now (_supervise): it joined a head that is gone
                 if head is not None and role is not None:
                     # a follower waits for its head: said in its status while it does
                     inst.wait = (
@@ -666,6 +693,20 @@ class Runner:
                 next_chores = loop.time() + e.settings.chores_interval_s
             starting = lc.state == State.STARTING
             await asyncio.sleep(inst.spec.start_poll_s if starting else inst.spec.health_interval_s)
+
+    async def _head_replaced(self, proc: RunningProcess, role: SpanRole, link: HeadLink) -> bool:
+        """A starting follower whose connection to its head's RPC port was made again: the
+        head it said HELLO to is gone (spanwatch.py). Ends the run now (True)."""
+        if link.addresses is None:
+            link.addresses = await asyncio.to_thread(head_addresses, role.address)
+        conns = await asyncio.to_thread(
+            rpc_connections, tuple(proc.tracked), role.rpc_port, link.addresses
+        )
+        if not link.replaced(conns) or not proc.alive or self.inst.process is not proc:
+            return False
+        self._head_gone = proc
+        self.inst.control.kick.set()
+        return True
 
     async def _chores(self, proc: RunningProcess) -> None:
         """Remember the tree's members (a descendant may leave the group or be re-parented)

@@ -12,7 +12,9 @@ vLLM emulator (no real vLLM: these are the fleet's and the daemons' decisions).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 from importlib import metadata
 
@@ -48,7 +50,7 @@ def other_vllm_on(f: SshFleet, node: str) -> None:
     """`node`'s vsup runs with another vLLM distribution installed first on its path."""
     site = f.root / f"{node}-site"
     dist = site / f"vllm-{OTHER_VLLM}.dist-info"
-    dist.mkdir(parents=True)
+    dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {OTHER_VLLM}\n")
     text = f.fleet_file.read_text()
     plain = json.dumps([sys.executable, "-m", "vsup"])
@@ -82,6 +84,37 @@ def test_a_node_with_another_vllm_keeps_the_unit_from_starting_and_nothing_is_to
     assert dry.returncode == 0, (dry.stdout, dry.stderr)
     assert "gpu01 (runs no layout): start: big" in dry.stdout, dry.stdout
     assert "gpu02 (runs no layout): start: big" in dry.stdout, dry.stdout
+
+
+def test_fleet_validate_checks_the_vllm_of_every_span_node_when_asked_to(fleet):
+    """`fleet validate LAYOUT` reads files only (no SSH: it says the versions were not
+    checked); `--check-nodes` asks each node of the span as `fleet up` does."""
+    ours = metadata.version(metadata.packages_distributions()["vllm"][0])
+    path = fleet.root / "validate.toml"
+    path.write_text(span_layout(free_port(), free_port()))
+    files_only = fleet.fleet("validate", str(path))
+    assert files_only.returncode == 0, (files_only.stdout, files_only.stderr)
+    assert "vLLM versions not checked (validate reads files only)" in files_only.stdout
+    same = fleet.fleet("validate", str(path), "--check-nodes")
+    assert same.returncode == 0, (same.stdout, same.stderr)
+    assert f"vLLM on the nodes of its servers across nodes: gpu01 {ours}, gpu02 {ours}" in (
+        same.stdout
+    ), same.stdout
+    other_vllm_on(fleet, "gpu02")
+    try:
+        res = fleet.fleet("validate", str(path), "--check-nodes")
+        doc = fleet.fleet("validate", str(path), "--check-nodes", "--json")
+    finally:
+        fleet.write_client_files()
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert (
+        f"vsup fleet validate: instance big: its nodes run different vLLM versions (gpu01 "
+        f"{ours}, gpu02 {OTHER_VLLM})" in res.stderr
+    ), res.stderr
+    assert doc.returncode == 2, (doc.stdout, doc.stderr)
+    vllm = json.loads(doc.stdout)["layout"]["vllm"]
+    assert vllm["versions"] == {"gpu01": ours, "gpu02": OTHER_VLLM}, vllm
+    assert len(vllm["errors"]) == 1 and vllm["unreachable"] == [], vllm
 
 
 def node_status(f: SshFleet, node: str) -> dict:
@@ -125,6 +158,15 @@ def test_the_unit_is_one_row_a_follower_waits_for_its_head_and_a_lost_node_is_do
         ("gpu01", True, 0, "ready"),
         ("gpu02", False, 1, "ready"),
     ]
+
+    # the unit's figures at its head only: the follower's node shows its part and points there
+    figures = ("kv_cache_usage", "requests_running", "requests_waiting")
+    until(lambda: all(big_on(fleet, "gpu01")[k] is not None for k in figures), 60, "head's figures")
+    follower = big_on(fleet, "gpu02")
+    assert follower["state"] == "ready", follower
+    assert all(follower[k] is None for k in figures), follower
+    shown = fleet.nodes["gpu02"].vsup("status").stdout
+    assert "the unit's figures (tokens/s, requests, KV cache) are its head's, on gpu01" in shown
 
     # the head stopped: the follower restarts and waits for it, saying so
     assert fleet.nodes["gpu01"].vsup("stop", "big").returncode == 0
@@ -202,3 +244,40 @@ def test_the_heads_port_taken_on_its_node_fails_the_unit_naming_the_node(fleet):
             "server across nodes; its followers on gpu02 wait for it)" in m
             for m in advice
         ), advice
+
+
+def test_a_follower_whose_head_was_replaced_during_its_start_restarts_at_once(fleet):
+    """vLLM's follower says HELLO to its head once; a head that dies before the follower's
+    READY leaves it bound to nothing (its socket reconnects to the next head, which never got
+    its HELLO): vLLM's follower would wait 5 minutes, and a READY it sends after its load kills
+    the new head. The follower's daemon sees its connection to the head's RPC port made again
+    and restarts it at once, saying which head (engine/spanwatch.py). The emulator does the
+    handshake as vLLM does; its 5 minutes are left as they are, so only the fix serves here."""
+    port, rpc_port = free_port(), free_port()
+    load = fleet.root / "load_s"
+    load.write_text("30")  # both members' start: long enough to replace the head meanwhile
+    path = fleet.root / "replaced.toml"
+    path.write_text(span_layout(port, rpc_port) + f'args = {{ startup-s-file = "{load}" }}\n')
+    up = fleet.fleet("up", str(path), "--yes", "--timeout", "2", timeout=300)
+    assert up.returncode in (0, 1), (up.stdout, up.stderr)  # not ready within 2 s: it starts
+
+    def hello_said() -> bool:
+        logs = fleet.nodes["gpu02"].vsup("logs", "big", timeout=60).stdout
+        return "emulator: headless ranks 1..1 got INIT from" in logs
+
+    until(hello_said, 120, "the follower's HELLO answered by its head")
+    follower = big_on(fleet, "gpu02")
+    assert follower["state"] == "starting", follower
+    head = big_on(fleet, "gpu01")
+    load.write_text("1")  # the starts from here on are quick
+    os.kill(head["pid"], signal.SIGKILL)  # the head dies while the follower loads
+
+    # the head's daemon starts a new head; the follower's sees it replaced and restarts
+    until(lambda: unit_row(fleet)[1]["state"] == "ready", 120, "the unit ready again")
+    now = big_on(fleet, "gpu02")
+    assert now["run"] > follower["run"], (follower, now)
+    where = f"its head gpu01 at 127.0.0.1:{port} was replaced during this follower's start"
+    last = now["last_exit"]
+    assert last["reason"] == "engine_dead" and last["log_excerpt"].startswith(where), last
+    events = fleet.nodes["gpu02"].vsup("events", "--instance", "big", timeout=60).stdout
+    assert "exited: engine_dead" in events and where in events, events

@@ -370,10 +370,12 @@ def span_line(i: InstanceStatus) -> str | None:
     role = "the head (API server)" if span.head else "headless"
     nodes = ", ".join(f"{n.node} ({ranks(n.start_rank, n.ranks)})" for n in span.nodes)
     head = span.nodes[0].node if span.nodes else "?"
+    # a span of nodes: the workers of one tensor/pipeline parallel group, not DP ranks
+    word = "worker" if span.across == "model" else "rank"
     return _p(
-        f"{i.name}: one server across nodes: {span.node} runs rank"
+        f"{i.name}: one server across nodes: {span.node} runs {word}"
         f"{'s' if span.ranks > 1 else ''} {ranks(span.start_rank, span.ranks)} of {span.size}, "
-        f"{role}; head {head} at {span.address}:{span.port}; ranks on {nodes}"
+        f"{role}; head {head} at {span.address}:{span.port}; {word}s on {nodes}"
     )
 
 

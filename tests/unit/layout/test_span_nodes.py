@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vsup.commands.status import span_line
 from vsup.control.state import spec_from_dict, spec_to_dict
 from vsup.diagnostics import Diagnostic
 from vsup.engine.instance import span_status
@@ -235,6 +236,12 @@ def test_a_node_runs_its_own_member_watched_as_a_spans(tmp_path: Path):
     assert spec_from_dict(json.loads(json.dumps(spec_to_dict(spec)))).span == role
     status = span_status(role)
     assert status.across == MODEL and [n.node for n in status.nodes] == ["gpu01", "gpu02"]
+    inst = InstanceStatus(name="big", lifecycle=LifecycleStatus(state=State.READY), span=status)
+    line = span_line(inst)
+    assert line == (
+        "big: one server across nodes: gpu02 runs worker 1 of 2, headless; head gpu01 at "
+        "10.0.0.1:8000; workers on gpu01 (0), gpu02 (1)"
+    )
 
 
 def test_the_unit_row_says_workers(tmp_path: Path):

@@ -356,3 +356,23 @@ def test_a_node_the_fleet_lacks_names_span_nodes(tmp_path: Path):
     unit = unit_of(tmp_path, layout_text(args="tensor-parallel-size = 2"))
     (d,) = fleet_problems([unit.declared], ["gpu01"], "fleet.toml", "spanned.toml")
     assert d.key == "span.nodes" and "no node 'gpu02' in fleet.toml" in d.message
+
+
+def test_fleet_up_of_some_of_a_groups_nodes_names_span_nodes_and_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    """A group starts whole or not at all: `fleet up --nodes gpu01` says that gpu02 is missing,
+    by the key that names it (`span.nodes`) and its line, and reaches no node."""
+    from vsup.cli import main
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "gpu01"\nssh = "gpu01"\n\n[[node]]\nname = "gpu02"\nssh = "gpu02"\n'
+    )
+    layout = write(tmp_path, layout_text(args="tensor-parallel-size = 2"))
+    assert main(["fleet", "up", "--fleet", str(fleet), "--nodes", "gpu01", str(layout)]) == 2
+    err = capsys.readouterr().err
+    line = layout.read_text().splitlines().index(f"span = {NODES}") + 1
+    said = f"{layout}:{line}: error: instance 'big': key 'span.nodes': node 'gpu02' runs part"
+    assert said in err, err
+    assert "nothing was changed" in err

@@ -18,7 +18,7 @@ from typing import Any
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.modelpath import is_local_model
-from vsup.layout.parallel import canonical_flag
+from vsup.layout.parallel import canonical_flag, positive_int
 from vsup.layout.rules.context import Context, origin_diag
 from vsup.layout.span import (
     API_SERVER_MODULE,
@@ -191,10 +191,8 @@ def span_model_shape(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     if model_sizes(m.args, gpus, nnodes) is not None:
         return []
     tp, pp = m.arg("tensor-parallel-size"), m.arg("pipeline-parallel-size")
-    if tp is not None and not (isinstance(tp, int) and tp >= 1):
+    if any(v is not None and positive_int(v) is None for v in (tp, pp)):
         return []  # not a positive integer: the parallelism rules said so
-    if pp is not None and not (isinstance(pp, int) and pp >= 1):
-        return []
     said = " x ".join(
         f"{name} {v}"
         for name, v in (("tensor-parallel-size", tp), ("pipeline-parallel-size", pp))

@@ -30,10 +30,13 @@ HBM_SOURCES = ("process", "device", "unavailable")
 BACKEND_SOURCES = ("log", "flag", "default")
 
 
-def rank_words(start_rank: int, ranks: int) -> str:
-    """`rank 1` / `ranks 8-15`: a node's data-parallel ranks, as status and the fleet say them."""
+def rank_words(start_rank: int, ranks: int, across: str = "data") -> str:
+    """`rank 1` / `ranks 8-15`: a node's data-parallel ranks, as status and the fleet say them;
+    `worker 1` / `workers 8-15` for a span of `nodes` (`across` "model": the tensor/pipeline
+    parallel workers, torch.distributed ranks, of one group over the nodes)."""
+    word = "worker" if across == "model" else "rank"
     last = start_rank + ranks - 1
-    return f"rank {last}" if ranks == 1 else f"ranks {start_rank}-{last}"
+    return f"{word} {last}" if ranks == 1 else f"{word}s {start_rank}-{last}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class SpanStatus:
     nodes: tuple[SpanNodeStatus, ...]
     address: str
     port: int
+    # "data": data-parallel ranks per node; "model": one TP/PP group's workers (layout/span.py)
+    across: str = "data"
 
 
 # Why an instance that should run is not running yet (`InstanceStatus.wait`).

@@ -752,7 +752,7 @@ def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], l
         return set(), []
     from vsup.layout.compiled import declared_spans  # the rules' weight: only for a span
     from vsup.layout.diagnostics import ERROR, Diagnostic
-    from vsup.layout.span import fleet_problems
+    from vsup.layout.span import fleet_problems, span_node_key
 
     declared = declared_spans(layout)
     problems = fleet_problems(
@@ -778,7 +778,7 @@ def span_nodes(layout: Any, fleet: Fleet, nodes: list[Any]) -> tuple[set[str], l
                     file=layout.file,
                     line=layout.line("instance", d.index, "span", "ranks", node),
                     instance=d.name,
-                    key=f"span.ranks.{node}",
+                    key=span_node_key(d.span, node),  # `span.nodes` for a group across nodes
                 )
             )
     return members, problems

@@ -375,10 +375,12 @@ def span_line(i: InstanceStatus) -> str | None:
         if span.head
         else f"; the unit's figures (tokens/s, requests, KV cache) are its head's, on {head}"
     )
+    # a span of nodes: the workers of one tensor/pipeline parallel group, not DP ranks
+    word = "worker" if span.across == "model" else "rank"
     return _p(
-        f"{i.name}: one server across nodes: {span.node} runs rank"
+        f"{i.name}: one server across nodes: {span.node} runs {word}"
         f"{'s' if span.ranks > 1 else ''} {ranks(span.start_rank, span.ranks)} of {span.size}, "
-        f"{role}; head {head} at {span.address}:{span.port}; ranks on {nodes}{figures}"
+        f"{role}; head {head} at {span.address}:{span.port}; {word}s on {nodes}{figures}"
     )
 
 

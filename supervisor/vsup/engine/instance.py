@@ -264,4 +264,5 @@ def span_status(role: SpanRole) -> SpanStatus:
         nodes=tuple(nodes),
         address=role.address,
         port=role.port,
+        across=role.across,
     )

@@ -123,11 +123,12 @@ class MemberView:
     ranks: int
     state: MemberState
     why: str | None = None
+    across: str = "data"  # "model": `ranks` are a TP/PP group's workers (layout/span.py)
 
     @property
     def where(self) -> str:
-        """`gpu02 rank 1` / `gpu01 ranks 0-7`."""
-        return f"{self.node} {rank_words(self.start_rank, self.ranks)}"
+        """`gpu02 rank 1` / `gpu01 ranks 0-7` (`gpu02 workers 8-15` in a span of nodes)."""
+        return f"{self.node} {rank_words(self.start_rank, self.ranks, self.across)}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +157,7 @@ class UnitView:
     state: MemberState
     detail: str | None = None
     advice: str | None = None
+    across: str = "data"  # "model": one TP/PP group over the nodes (`size` its workers)
 
     @property
     def text(self) -> str:
@@ -169,6 +171,7 @@ class UnitView:
             "address": self.address,
             "port": self.port,
             "size": self.size,
+            "across": self.across,
             "state": self.state,
             "detail": self.detail,
             "advice": self.advice,
@@ -238,7 +241,7 @@ def _unit(name: str, seen: dict[str, Any], by_node: Mapping[str, NodeAnswer]) ->
             why = answer.why
         else:
             state = M.NO_MEMBER
-        members.append(MemberView(node, head, part.start_rank, part.ranks, state, why))
+        members.append(MemberView(node, head, part.start_rank, part.ranks, state, why, span.across))
     worst = max(members, key=lambda m: MEMBER_RANK.get(m.state, 5))
     unit = UnitView(
         instance=name,
@@ -248,6 +251,7 @@ def _unit(name: str, seen: dict[str, Any], by_node: Mapping[str, NodeAnswer]) ->
         size=span.size,
         members=tuple(members),
         state=M.READY,
+        across=span.across,
     )
     if worst.state == M.READY:
         return unit

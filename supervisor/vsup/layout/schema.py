@@ -472,6 +472,18 @@ SPAN_KEYS: dict[str, Key] = {
         Key("address", "str", "the head's address as the other nodes reach it"),
         Key("rpc_port", "int", "the head's data-parallel RPC port (default 29550)", _port),
         Key("size", "int", "the data-parallel size: the sum of ranks (optional)", _at_least_one),
+        Key(
+            "nodes",
+            "str_list",
+            "instead of ranks: one tensor/pipeline parallel group over these nodes, in node "
+            'rank order: ["gpu01", "gpu02"] (vLLM\'s --nnodes)',
+        ),
+        Key(
+            "master_port",
+            "int",
+            "with nodes: the head's torch.distributed port (vLLM's --master-port, default 29501)",
+            _port,
+        ),
     )
 }
 
@@ -490,7 +502,8 @@ INSTANCE_ONLY_KEYS: dict[str, Key] = {
         Key(
             "span",
             "span",
-            "one server whose data-parallel ranks live on several fleet nodes (docs/fleet.md)",
+            "one server whose data-parallel ranks (or tensor/pipeline parallel workers) live "
+            "on several fleet nodes (docs/fleet.md)",
         ),
     )
 }

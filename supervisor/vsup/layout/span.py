@@ -20,7 +20,21 @@ of the ranks before it, so no operator writes rank arithmetic:
                  --data-parallel-address A --data-parallel-rpc-port P --port X
     follower:  the same with its own L, plus --headless --data-parallel-start-rank R
 
-A node with fewer ranks than another runs on the first TP x PP x L of `gpus`. `--headless` is
+A node with fewer ranks than another runs on the first TP x PP x L of `gpus`.
+
+Or one tensor (and/or pipeline) parallel group whose workers live on several nodes: `span = {
+nodes = ["gpu01", "gpu02"], address = "10.0.0.1" }` (`nodes`, not `ranks`), vLLM 0.32's own
+multi-node mp executor. TP x PP is the whole group's (`args`); `gpus` holds one node's share,
+TP x PP / len(nodes) (without TP and PP in `args`: TP = len(gpus), PP = len(nodes), tensor
+parallel within a node and pipeline parallel across nodes). Node ranks follow `nodes` (the head
+first):
+
+    head:      vllm serve M --tensor-parallel-size T --pipeline-parallel-size P --nnodes N
+                 --node-rank 0 --master-addr A --master-port Q
+                 --distributed-executor-backend mp --port X
+    follower:  the same with its own --node-rank R, plus --headless
+
+`--headless` is
 a flag of `vllm serve` only: a command of the `python -m vllm.entrypoints.openai.api_server`
 form (which lacks it) becomes `python -m vsup.vllmserve serve` (vsup's shim of the `vllm`
 console script, which the CPU build cannot run; vsup/vllmserve.py).
@@ -37,13 +51,23 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vsup.diagnostics import ERROR, Diagnostic
-from vsup.layout.parallel import DP_FLAG, DP_LOCAL_FLAG, canonical_flag, parallel_shape
+from vsup.layout.parallel import (
+    DP_FLAG,
+    DP_LOCAL_FLAG,
+    PP_FLAG,
+    TP_FLAG,
+    canonical_flag,
+    find_arg,
+    parallel_shape,
+    positive_int,
+)
 from vsup.layout.spec import (
     SHIM_MODULE,
     InstanceSpec,
     RestartPolicy,
     SpanRole,
 )
+from vsup.snapshot import rank_words
 
 # The head's probe of every rank (docs/fleet.md, "Watched as one"): vLLM answers /health 200
 # while a rank on another node is dead and requests hang, so the head's daemon sends an idle
@@ -51,6 +75,11 @@ from vsup.layout.spec import (
 # unanswered within stall_after_s restarts the head (restart.on_stall is on for a head).
 SPAN_CANARY_INTERVAL_S = 10.0
 DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
+DEFAULT_MASTER_PORT = 29501  # vllm.config.ParallelConfig.master_port (torch.distributed's)
+# What a span runs across nodes: data-parallel ranks (`ranks`), or one tensor/pipeline
+# parallel group (`nodes`: vLLM's --nnodes)
+DATA = "data"
+MODEL = "model"
 # the fleet file's node names (vsup.fleet.rules.NAME_RE): a span names nodes of a fleet
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -68,7 +97,14 @@ SPAN_FLAGS = (
     "--data-parallel-hybrid-lb",
     "--data-parallel-multi-port-external-lb",
     "--api-server-count",
+    # vLLM's mp multi-node flags: a span of `nodes` sets them; one of `ranks` must not have them
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
 )
+# A span of `nodes` also writes these (validated against nodes x gpus: rules/span.py)
+MODEL_FLAGS = (TP_FLAG, PP_FLAG, "--distributed-executor-backend")
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -76,11 +112,15 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 @dataclass(frozen=True)
 class SpanSpec:
     """An instance's `span` table, read: the nodes and their ranks in rank order (the head
-    first), the head's address and data-parallel RPC port."""
+    first), the head's address and data-parallel RPC port. `across` MODEL (a table with
+    `nodes`): one tensor/pipeline parallel group over the nodes, each listed with 1 (its node
+    rank is its place), joined at the head's `master_port`."""
 
     ranks: tuple[tuple[str, int], ...]
     address: str
     rpc_port: int = DEFAULT_RPC_PORT
+    across: str = DATA
+    master_port: int = DEFAULT_MASTER_PORT
 
     @property
     def head(self) -> str:
@@ -118,6 +158,8 @@ def read_span(table: Any) -> SpanSpec | None:
     """The `span` table as a SpanSpec; None when it is not usable (the rules say why)."""
     if not isinstance(table, Mapping):
         return None
+    if "nodes" in table:
+        return _read_nodes(table)
     ranks = table.get("ranks")
     address = table.get("address")
     if not isinstance(ranks, Mapping) or not ranks or not isinstance(address, str):
@@ -134,10 +176,62 @@ def read_span(table: Any) -> SpanSpec | None:
     return SpanSpec(tuple(ordered), address.strip(), rpc_port)
 
 
+def _read_nodes(table: Mapping[str, Any]) -> SpanSpec | None:
+    """A span of `nodes` (one TP/PP group across them); None when not usable."""
+    nodes, address = table.get("nodes"), table.get("address")
+    if "ranks" in table or "rpc_port" in table or "size" in table:
+        return None  # the data-parallel keys: the rules say which to drop
+    if not isinstance(nodes, list) or len(nodes) < 2 or not isinstance(address, str):
+        return None
+    if not all(isinstance(n, str) for n in nodes) or len(set(nodes)) != len(nodes):
+        return None
+    head = table.get("head", nodes[0])
+    master_port = table.get("master_port", DEFAULT_MASTER_PORT)
+    if head not in nodes or not _positive(master_port):
+        return None
+    ordered = [head] + [n for n in nodes if n != head]
+    return SpanSpec(
+        tuple((n, 1) for n in ordered), address.strip(), across=MODEL, master_port=master_port
+    )
+
+
+def model_sizes(args: Mapping[str, Any], gpus: int, nnodes: int) -> tuple[int, int] | None:
+    """(TP, PP) of a span of `nnodes` nodes with `gpus` GPUs each: as `args` give them, the
+    one missing derived from TP x PP = nnodes x gpus; with neither, TP = gpus (within a node)
+    and PP = nnodes (across nodes). None when they cannot agree (a CPU span, `gpus` 0, must
+    give TP x PP, a multiple of nnodes; rules/span.py says why)."""
+    tp_arg, pp_arg = find_arg(args, TP_FLAG), find_arg(args, PP_FLAG)
+    tp = positive_int(tp_arg[1]) if tp_arg else None
+    pp = positive_int(pp_arg[1]) if pp_arg else None
+    if (tp_arg and tp is None) or (pp_arg and pp is None):
+        return None
+    if gpus:
+        world = gpus * nnodes
+        if tp is None and pp is None:
+            tp, pp = gpus, nnodes
+        elif tp is None:
+            tp = world // pp if pp and world % pp == 0 else None
+        elif pp is None:
+            pp = world // tp if world % tp == 0 else None
+        if tp is None or pp is None or tp * pp != world:
+            return None
+        return tp, pp
+    tp, pp = tp or 1, pp or 1
+    if tp * pp % nnodes:
+        return None
+    return tp, pp
+
+
 def without_span_flags(args: Mapping[str, Any]) -> dict[str, Any]:
     """`args` less any flag the span sets (validation refuses them; a spec is never half one
     and half the other)."""
     return {k: v for k, v in args.items() if canonical_flag(k) not in SPAN_FLAGS}
+
+
+def without_model_flags(args: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` less what a span of `nodes` writes itself (its flags, TP and PP, the backend)."""
+    drop = (*SPAN_FLAGS, *MODEL_FLAGS)
+    return {k: v for k, v in without_span_flags(args).items() if canonical_flag(k) not in drop}
 
 
 def span_shape_args(args: Mapping[str, Any], span: SpanSpec, local: int) -> dict[str, Any]:
@@ -178,9 +272,10 @@ class SpanMember:
         return self.spec.argv()
 
     def describe(self) -> str:
-        """`head, ranks 0-1` / `ranks 2-3` (`rank 2` for one)."""
-        last = self.start_rank + self.ranks - 1
-        which = f"rank {last}" if self.ranks == 1 else f"ranks {self.start_rank}-{last}"
+        """`head, ranks 0-1` / `ranks 2-3` (`rank 2` for one); a span of `nodes`: its
+        tensor/pipeline parallel workers, `head, workers 0-7` / `workers 8-15`."""
+        assert self.spec.span is not None
+        which = rank_words(self.start_rank, self.ranks, self.spec.span.across)
         return f"head, {which}" if self.head else which
 
 
@@ -234,6 +329,8 @@ class SpanUnit:
         server or a headless follower, on its share of the GPUs. KeyError for a node the span
         does not name."""
         span = self.span
+        if span.across == MODEL:
+            return self._model_member(node)
         local = dict(span.ranks)[node]
         start = span.start_rank(node)
         # TP x PP of one rank, from the node with the most ranks (`gpus` holds its part); a
@@ -269,6 +366,48 @@ class SpanUnit:
         )
         return SpanMember(node, head, start, local, spec)
 
+    def _model_member(self, node: str) -> SpanMember:
+        """`node`'s part of one TP/PP group across the nodes: vLLM's --nnodes flags, its node
+        rank (its place in `nodes`, the head 0), its share of the workers on all of `gpus`."""
+        span = self.span
+        nnodes = len(span.ranks)
+        node_rank = span.start_rank(node)  # a span of nodes lists each with 1
+        sizes = model_sizes(self.spec.args, len(self.spec.gpus), nnodes)
+        tp, pp = sizes if sizes is not None else (1, 1)  # validation refuses it meanwhile
+        local = max(1, tp * pp // nnodes)  # workers per node
+        args = {
+            **without_model_flags(self.spec.args),
+            TP_FLAG[2:]: tp,
+            PP_FLAG[2:]: pp,
+            "nnodes": nnodes,
+            "node-rank": node_rank,
+            "master-addr": span.address,
+            "master-port": span.master_port,
+            "distributed-executor-backend": "mp",
+        }
+        head = node == span.head
+        if not head:
+            args["headless"] = True
+        role = SpanRole(
+            node=node,
+            head=head,
+            start_rank=node_rank * local,
+            ranks=local,
+            members=tuple((n, local) for n, _ in span.ranks),
+            address=span.address,
+            rpc_port=span.master_port,
+            port=self.spec.port,
+            across=MODEL,
+        )
+        spec = replace(
+            self.spec,
+            command=serve_command(self.spec.command),
+            args=args,
+            span=role,
+            **watch_fields(self.spec, head),
+        )
+        return SpanMember(node, head, node_rank * local, local, spec)
+
     def members(self) -> list[SpanMember]:
         """Every node's part, in rank order (the head first)."""
         return [self.member(node) for node in self.span.nodes]
@@ -282,7 +421,8 @@ def fleet_problems(
     line_of: Any = None,
 ) -> list[Diagnostic]:
     """Each node a span names that the fleet file does not have, naming the layout file, the
-    instance and the key (`span.ranks.NODE`). `line_of(index, node)`: its line, when known."""
+    instance and the key (`span.ranks.NODE`; `span.nodes` for a span of nodes).
+    `line_of(index, node)`: its line, when known."""
     known = ", ".join(nodes) or "none"
     out = []
     for declared in spans:
@@ -297,7 +437,12 @@ def fleet_problems(
                     file=layout_file,
                     line=line_of(declared.index, node) if line_of else None,
                     instance=declared.name,
-                    key=f"span.ranks.{node}",
+                    key=span_node_key(declared.span, node),
                 )
             )
     return out
+
+
+def span_node_key(span: SpanSpec, node: str) -> str:
+    """The layout key that names `node` in `span`: `span.ranks.gpu02` / `span.nodes`."""
+    return "span.nodes" if span.across == MODEL else f"span.ranks.{node}"

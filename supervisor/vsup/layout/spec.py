@@ -168,6 +168,9 @@ class SpanRole:
     address: str
     rpc_port: int
     port: int
+    # "data": `ranks` are data-parallel ranks; "model" (a span of `nodes`): the workers of one
+    # tensor/pipeline parallel group, `rpc_port` the head's torch.distributed master port
+    across: str = "data"
 
     @property
     def size(self) -> int:
@@ -188,7 +191,7 @@ class SpanRole:
 
     def describe(self) -> str:
         """`head, rank 0 of 2` / `ranks 2-3 of 4, head gpu01 at 10.0.0.1:8000`."""
-        which = rank_words(self.start_rank, self.ranks)
+        which = rank_words(self.start_rank, self.ranks, self.across)
         if self.head:
             return f"head, {which} of {self.size}"
         return f"{which} of {self.size}, head {self.head_node} at {self.address}:{self.port}"
@@ -203,6 +206,7 @@ class SpanRole:
             "address": self.address,
             "rpc_port": self.rpc_port,
             "port": self.port,
+            "across": self.across,
         }
 
     @classmethod
@@ -216,6 +220,7 @@ class SpanRole:
             address=str(doc["address"]),
             rpc_port=int(doc["rpc_port"]),
             port=int(doc["port"]),
+            across=str(doc.get("across", "data")),
         )
 
 

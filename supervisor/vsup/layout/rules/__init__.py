@@ -90,6 +90,8 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     dataparallel.dp_moe_without_expert_parallel,
     dataparallel.dp_env_ignored,
     span.span_ranks,
+    span.span_nodes,
+    span.span_model_shape,
     span.span_head,
     span.span_address,
     span.span_size,

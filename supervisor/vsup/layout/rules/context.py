@@ -18,7 +18,7 @@ from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.parallel import ParallelShape, parallel_shape
 from vsup.layout.profiles import ProfileCache
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_int, is_number
-from vsup.layout.span import read_span, span_shape_args
+from vsup.layout.span import DATA, read_span, span_shape_args
 from vsup.layout.structure import WrittenTable
 from vsup.layout.timeshare import Tenant
 from vsup.layout.vllm_flags import FlagList, flags_for_command
@@ -169,7 +169,10 @@ def parallelism(m: MergedInstance) -> Parallelism:
     if pp_raw is not None and (pp is None or pp < 1):
         pp = None
     span = read_span(m.values.get("span"))
-    args = span_shape_args(m.args, span, span.most_local) if span else m.args
+    # a span of nodes: TP x PP as written is the whole group's (rules/span.py checks it)
+    args = (
+        span_shape_args(m.args, span, span.most_local) if span and span.across == DATA else m.args
+    )
     shape = parallel_shape(args, len(m.gpus or ()))
     effective = tp if tp is not None else shape.tp
     return Parallelism(tp, pp, effective, shape)

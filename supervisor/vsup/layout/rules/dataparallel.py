@@ -25,7 +25,7 @@ from vsup.layout.merge import MergedInstance
 from vsup.layout.parallel import positive_int
 from vsup.layout.rules.context import Context, env_flag_on, int_arg, origin_diag, parallelism
 from vsup.layout.schema import is_int
-from vsup.layout.span import read_span
+from vsup.layout.span import MODEL, read_span
 
 DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
 DEFAULT_SUPERVISOR_PORT = 9256  # FrontendArgs.data_parallel_supervisor_port
@@ -193,6 +193,10 @@ def _extra_ports(m: MergedInstance) -> Iterator[tuple[int, str, tuple[str, ...]]
     `--port` (a span's head binds its `rpc_port`)."""
     p = parallelism(m)
     span = read_span(m.values.get("span"))
+    if span is not None and span.across == MODEL:
+        what = "its torch.distributed master port (on the span's head)"
+        yield span.master_port, what, ("span", "master_port")
+        return
     if span is not None:
         yield span.rpc_port, "its data-parallel RPC port (on the span's head)", ("span", "rpc_port")
         return

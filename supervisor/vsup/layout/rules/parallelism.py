@@ -6,6 +6,7 @@ from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.merge import MergedInstance
 from vsup.layout.parallel import ParallelShape
 from vsup.layout.rules.context import Context, int_arg, origin_diag, parallelism
+from vsup.layout.span import MODEL, read_span
 
 # A model this small runs fastest as TP1 replicas (AMD's MI300X guide: <= 30B in TP1).
 TP1_PARAMS_LIMIT = 30e9
@@ -48,6 +49,9 @@ def tp_gpus_mismatch(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
     p = parallelism(m)
     gpus = m.gpus
     shape = p.shape
+    span = read_span(m.values.get("span"))
+    if span is not None and span.across == MODEL:
+        return []  # one group over the nodes: gpus is one node's share (span_model_shape)
     if not gpus or p.pp is None or (p.tp is None and m.arg("tensor-parallel-size") is not None):
         return []
     if p.tp is None:

@@ -344,6 +344,9 @@ def _spans_json(file: str, units: list[Any], said: list[Any]) -> dict[str, Any]:
                 "head": u.span.head,
                 "address": u.span.address,
                 "rpc_port": u.span.rpc_port,
+                # "data": ranks across nodes; "model": one TP/PP group (--nnodes, master_port)
+                "across": u.span.across,
+                "master_port": u.span.master_port if u.span.across == "model" else None,
                 "members": [
                     {
                         "node": m.node,
@@ -365,6 +368,8 @@ def _print_spans(file: str, units: list[Any], said: list[Any]) -> None:
     """The layout's diagnostics on stderr; each span's nodes, their ranks and command lines."""
     import shlex
 
+    from vsup.layout.span import MODEL, model_sizes
+
     for d in said:
         print(d.format(), file=sys.stderr)
     if any(d.is_error for d in said):
@@ -374,10 +379,22 @@ def _print_spans(file: str, units: list[Any], said: list[Any]) -> None:
         print(f"{printable(file)}: no instance spans nodes")
     for u in units:
         span = u.span
+        if span.across == MODEL:
+            sizes = model_sizes(u.spec.args, len(u.spec.gpus), len(span.ranks))
+            group = (
+                f"tensor parallel {sizes[0]} x pipeline parallel {sizes[1]}"
+                if sizes is not None
+                else "one tensor/pipeline parallel group"
+            )
+            what = f"{group} (--nnodes {len(span.ranks)}), head"
+            port = span.master_port
+        else:
+            what = f"{span.size} data-parallel ranks, head"
+            port = span.rpc_port
         print(
             f"{printable(file)}: instance {printable(u.name)}: one server over "
-            f"{len(span.ranks)} nodes, {span.size} data-parallel ranks, head "
-            f"{printable(span.head)} at {printable(span.address)}:{span.rpc_port}"
+            f"{len(span.ranks)} nodes, {what} "
+            f"{printable(span.head)} at {printable(span.address)}:{port}"
         )
         for m in u.members():
             line = printable(shlex.join(m.argv()))

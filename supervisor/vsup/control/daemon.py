@@ -634,16 +634,42 @@ class Daemon:
             )
         return out
 
-    async def poll_once(self) -> StatusSnapshot:
+    async def poll_once(self) -> StatusSnapshot | None:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice (the one
-        status requests get until something changes)."""
+        status requests get until something changes) when something reads it each poll
+        (`_poll_reads_rows`); otherwise None, and the next status request builds one."""
         self._check_writes()
         await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
+        self._snapshot_dirty = True  # telemetry moved on
+        if not self._poll_reads_rows():
+            return None
         snap = self.build_snapshot()
         self.stalls.observe(snap.instances)
         self._idle_sleep(snap)
         self.alerts.observe(snap.advice)
         return snap
+
+    def _poll_reads_rows(self) -> bool:
+        """Whether this poll's snapshot has a reader besides status requests (which build
+        one when asked, from the same telemetry): alerts, the Prometheus exporter, sleep
+        mode's idle watch, stall detection with a stall to start, follow or end, or the
+        router (its exclusion of stalled instances reads the latest snapshot). Nothing else
+        reads it, so a daemon nobody asks builds none (~60 us an instance a poll:
+        docs/benchmarks.md, 2026-12-06, later still)."""
+        if self.alerts.config is not None or self.metrics.running or self.stalls.tracking:
+            return True
+        if self.engine.router.spec is not None:
+            return True
+        sleeper = self.engine.sleeper
+        for name, inst in self.engine.instances.items():
+            spec = inst.spec
+            if spec.sleep is not None:
+                return True
+            ready = inst.state == State.READY and inst.pid is not None and sleeper.awake(name)
+            view = self.monitor.stall_view(name, ready, spec.stall_after_s)
+            if view is not None and view.stalled:
+                return True  # as `_instance_status` judges it: the journal starts it now
+        return False
 
     def _idle_sleep(self, snap: StatusSnapshot) -> None:
         """Sleep mode: each poll tells the sleeper what each server's metrics say of its sleep
@@ -685,8 +711,10 @@ class Daemon:
 
     def snapshot(self) -> StatusSnapshot:
         """The snapshot to serve: the latest one, rebuilt only when something changed since
-        it was built (each poll builds one anyway). 128 instances cost ~20 ms a build: eight
-        dashboards polling each second would otherwise take a quarter of a core."""
+        it was built (a poll, an engine event, an apply). A poll builds one only when
+        something reads it each poll (`poll_once`); otherwise the first request after a poll
+        does. 128 instances cost ~20 ms a build: eight dashboards polling each second would
+        otherwise take a quarter of a core."""
         if self._snapshot is None or self._snapshot_dirty or self._bench_seen != self.bench.version:
             return self.build_snapshot()
         return self._snapshot

@@ -5,9 +5,9 @@ snapshots, the socket watch, signals. Its parts: the lock (lock.py), liveness ch
 clients (liveness.py), restore and adoption (restore.py), the API methods (service.py).
 
 It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
-watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
-advice and history, keeps the state file and journal, and serves the control API on
-`$VSUP_HOME/vsup.sock`.
+watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` with live advice
+and history each poll that something reads (else at the next status request), keeps the
+state file and journal, and serves the control API on `$VSUP_HOME/vsup.sock`.
 
 Lifetime rules:
 - One daemon per VSUP_HOME: `fcntl.flock` on `$VSUP_HOME/daemon.lock`, held for its life.

@@ -81,7 +81,7 @@ def test_every_recorded_instance_is_built_equal_to_its_dataclass_init():
     assert seen >= 4
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     state=st.sampled_from(list(State)),
     pid=st.none() | st.integers(1, 2**22),

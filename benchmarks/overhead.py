@@ -23,6 +23,11 @@ new HTTP connection for every request (/health and /metrics, `http.client`) and 
 scrape fully with prometheus_client (`text_string_to_metric_families`), one instance after
 another each second. `naive_ratio` = naive CPU / daemon CPU.
 
+`--status-every S`: a client of the benchmark's own asks `status` every S seconds during the
+windows (as a dashboard does each second): a poll builds the status snapshot only when
+something reads it each poll, so a daemon nobody asks builds none, and one a client asks builds
+one per request after each poll (control/daemon.py `poll_once`).
+
 Last line: `instances=N daemon_cpu_pct=.. per_instance_poll_ms=.. naive_cpu_pct=..
 naive_ratio=.. daemon_rss_mb=..`. Targets (issue 35): <= 2 % at 64 instances, <= 5 % at 128
 (docs/benchmarks.md has the figures and what is left).
@@ -35,6 +40,7 @@ import http.client
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,8 +112,30 @@ def windows(pid: int, runs: int, seconds: float) -> list[float]:
     return out
 
 
+def asking(home: Path, every_s: float) -> tuple[threading.Event, threading.Thread]:
+    """A client asking the daemon's `status` every `every_s` seconds until the event is set."""
+    from vsup.control.client import JsonClient
+
+    stop = threading.Event()
+
+    def ask() -> None:
+        client = JsonClient(home, timeout=30)
+        while not stop.wait(every_s):
+            client.status()
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return stop, thread
+
+
 def measure(
-    instances: int, seconds: float, runs: int, naive: bool, warmup: float, load: bool = True
+    instances: int,
+    seconds: float,
+    runs: int,
+    naive: bool,
+    warmup: float,
+    load: bool = True,
+    status_every: float = 0.0,
 ) -> dict:
     import psutil
 
@@ -138,7 +166,13 @@ def measure(
                 f"daemon pid {daemon.pid}",
                 flush=True,
             )
-            daemon_pct = windows(daemon.pid, runs, seconds)
+            asked = asking(home, status_every) if status_every > 0 else None
+            try:
+                daemon_pct = windows(daemon.pid, runs, seconds)
+            finally:
+                if asked is not None:
+                    asked[0].set()
+                    asked[1].join()
             rss_mb = psutil.Process(daemon.pid).memory_info().rss / 2**20
             status = daemon.client.status()
             assert all(i["state"] == "ready" for i in status["instances"])
@@ -184,6 +218,8 @@ def measure(
         n = median(naive_pct)
         out.update(naive_cpu_pct=n, naive_ratio=n / d if d > 0 else float("inf"))
     out["daemon_rss_mb"] = rss_mb
+    if status_every > 0:
+        out["status_every_s"] = status_every
     return out
 
 
@@ -197,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-load-tracking", action="store_true", help="instances without /load (one GET less)"
     )
+    ap.add_argument(
+        "--status-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a client asks status every S seconds during the windows (0: none)",
+    )
     ap.add_argument("--naive-poller", metavar="PORTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.naive_poller:
@@ -209,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         not args.no_naive,
         args.warmup,
         load=not args.no_load_tracking,
+        status_every=args.status_every,
     )
     print(last_line(**out))
     return 0

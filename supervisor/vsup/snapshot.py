@@ -12,7 +12,7 @@ import functools
 import sys
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any
 
 from vsup.states import ExitReason, PullState, RolloutState, SleepState, State
@@ -386,14 +386,14 @@ class InstanceStatus:
             parts[at][attr] = value
         life, tel, mem, stall = parts[1], parts[2], parts[3], parts[4]
         life["state"] = State(life.get("state", State.STOPPED))
-        return InstanceStatus(
-            name=own.pop("name", name),
-            lifecycle=LifecycleStatus(**life),
-            telemetry=TelemetryStatus(**tel),
-            memory=MemoryStatus(**mem),
-            stall=None if not stall or stall.get("stalled") is None else StallStatus(**stall),
-            **own,
+        own["name"] = own.get("name", name)
+        own["lifecycle"] = _filled(LifecycleStatus, life)
+        own["telemetry"] = _filled(TelemetryStatus, tel) if tel else _EMPTY_TELEMETRY
+        own["memory"] = _filled(MemoryStatus, mem) if mem else _EMPTY_MEMORY
+        own["stall"] = (
+            None if not stall or stall.get("stalled") is None else _filled(StallStatus, stall)
         )
+        return _filled(InstanceStatus, own)
 
 
 # The wire (schema 1): each flat key of an instance in `status --json`, in the order the
@@ -472,6 +472,44 @@ _PART_TYPES: dict[str, type] = {
 }
 # what the wire carries for an instance without a stall verdict
 _NO_STALL = StallStatus(stalled=None)  # type: ignore[arg-type]
+_EMPTY_TELEMETRY = TelemetryStatus()
+_EMPTY_MEMORY = MemoryStatus()
+
+
+def _defaults(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """A dataclass's fields in their order, each with its default (None for those without
+    one: none here has a default_factory), and the names of those without a default."""
+    out: dict[str, Any] = {}
+    required = []
+    for f in fields(cls):
+        assert f.default_factory is MISSING, f"{cls.__name__}.{f.name}: a default_factory"
+        out[f.name] = None if f.default is MISSING else f.default
+        if f.default is MISSING:
+            required.append(f.name)
+    return out, frozenset(required)
+
+
+_FILL: dict[type, tuple[dict[str, Any], frozenset[str]]] = {
+    cls: _defaults(cls)
+    for cls in (InstanceStatus, LifecycleStatus, TelemetryStatus, MemoryStatus, StallStatus)
+}
+
+
+def _filled(cls: type[_T], values: dict[str, Any]) -> _T:
+    """`cls(**values)` for the instance's frozen parts without their generated `__init__`
+    (a Python call per field: the daemon builds every instance's parts each poll, and
+    `from_wire` was a third of its event loop's time at 64 instances; docs/benchmarks.md,
+    2026-12-06, later still): the defaults, then `values`, as the instance's attributes, in
+    the fields' order. Equal to what `cls(**values)` builds (tests/unit/test_snapshot_fill.py);
+    the caller's keys are the fields' own (`_WIRE_INDEX` places them)."""
+    defaults, required = _FILL[cls]
+    if not required <= values.keys():  # what __init__ would say
+        missing = sorted(required - values.keys())
+        raise TypeError(f"{cls.__name__}() missing required arguments: {missing}")
+    state = {**defaults, **values}
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "__dict__", state)
+    return obj
 
 
 def _assemble(name: str, parts: dict[str | None, dict[str, Any]]) -> InstanceStatus:

@@ -5,9 +5,9 @@ snapshots, the socket watch, signals. Its parts: the lock (lock.py), liveness ch
 clients (liveness.py), restore and adoption (restore.py), the API methods (service.py).
 
 It hosts the engine (state machines, processes) and the telemetry monitor (scraper, log
-watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` each poll with live
-advice and history, keeps the state file and journal, and serves the control API on
-`$VSUP_HOME/vsup.sock`.
+watchers, GPU probe), polls each instance at 1 Hz, builds a `StatusSnapshot` with live advice
+and history each poll that something reads (else at the next status request), keeps the
+state file and journal, and serves the control API on `$VSUP_HOME/vsup.sock`.
 
 Lifetime rules:
 - One daemon per VSUP_HOME: `fcntl.flock` on `$VSUP_HOME/daemon.lock`, held for its life.
@@ -636,16 +636,42 @@ class Daemon:
             )
         return out
 
-    async def poll_once(self) -> StatusSnapshot:
+    async def poll_once(self) -> StatusSnapshot | None:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice (the one
-        status requests get until something changes)."""
+        status requests get until something changes) when something reads it each poll
+        (`_poll_reads_rows`); otherwise None, and the next status request builds one."""
         self._check_writes()
         await asyncio.gather(self.monitor.poll(self._targets()), self._poll_router())
+        self._snapshot_dirty = True  # telemetry moved on
+        if not self._poll_reads_rows():
+            return None
         snap = self.build_snapshot()
         self.stalls.observe(snap.instances)
         self._idle_sleep(snap)
         self.alerts.observe(snap.advice)
         return snap
+
+    def _poll_reads_rows(self) -> bool:
+        """Whether this poll's snapshot has a reader besides status requests (which build
+        one when asked, from the same telemetry): alerts, the Prometheus exporter, sleep
+        mode's idle watch, stall detection with a stall to start, follow or end, or the
+        router (its exclusion of stalled instances reads the latest snapshot). Nothing else
+        reads it, so a daemon nobody asks builds none (~60 us an instance a poll:
+        docs/benchmarks.md, 2026-12-06, later still)."""
+        if self.alerts.config is not None or self.metrics.running or self.stalls.tracking:
+            return True
+        if self.engine.router.spec is not None:
+            return True
+        sleeper = self.engine.sleeper
+        for name, inst in self.engine.instances.items():
+            spec = inst.spec
+            if spec.sleep is not None:
+                return True
+            ready = inst.state == State.READY and inst.pid is not None and sleeper.awake(name)
+            view = self.monitor.stall_view(name, ready, spec.stall_after_s)
+            if view is not None and view.stalled:
+                return True  # as `_instance_status` judges it: the journal starts it now
+        return False
 
     def _idle_sleep(self, snap: StatusSnapshot) -> None:
         """Sleep mode: each poll tells the sleeper what each server's metrics say of its sleep
@@ -687,8 +713,10 @@ class Daemon:
 
     def snapshot(self) -> StatusSnapshot:
         """The snapshot to serve: the latest one, rebuilt only when something changed since
-        it was built (each poll builds one anyway). 128 instances cost ~20 ms a build: eight
-        dashboards polling each second would otherwise take a quarter of a core."""
+        it was built (a poll, an engine event, an apply). A poll builds one only when
+        something reads it each poll (`poll_once`); otherwise the first request after a poll
+        does. 128 instances cost ~20 ms a build: eight dashboards polling each second would
+        otherwise take a quarter of a core."""
         if self._snapshot is None or self._snapshot_dirty or self._bench_seen != self.bench.version:
             return self.build_snapshot()
         return self._snapshot

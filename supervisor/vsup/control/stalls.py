@@ -105,6 +105,11 @@ class StallActions:
         self._engine = engine
         self._stalled: dict[str, _Stall] = {}
 
+    @property
+    def tracking(self) -> bool:
+        """Whether a stall is known (so `observe` has one to follow or end)."""
+        return bool(self._stalled)
+
     def observe(self, instances: Iterable[InstanceStatus]) -> None:
         seen = set()
         for inst in instances:

@@ -64,6 +64,7 @@ class InstanceTelemetry:
         self._metrics: VllmMetrics | None = None
         self._metrics_at: float | None = None
         self._cache_config: dict[str, str] | None = None
+        self._cache_config_of: object = None  # the scraped mapping `_cache_config` copies
         self._hbm_start: int | None = None
         self._server_load: int | None = None
         self.last_error: str | None = None
@@ -83,6 +84,7 @@ class InstanceTelemetry:
         self._metrics = None
         self._metrics_at = None
         self._cache_config = None
+        self._cache_config_of = None
         self._hbm_start = None
         self._server_load = None
         self.canary_model = None
@@ -109,8 +111,10 @@ class InstanceTelemetry:
                 server_load=result.server_load,
                 load_failed=result.load_error is not None,
             )
-            if result.metrics.cache_config is not None:
-                self._cache_config = dict(result.metrics.cache_config)
+            config = result.metrics.cache_config
+            if config is not None and config is not self._cache_config_of:
+                # a page of a known shape shares its shape's mapping: copied once per shape
+                self._cache_config, self._cache_config_of = dict(config), config
             self.last_error = None
         else:
             self.last_error = result.error

@@ -92,6 +92,10 @@ class LogWatcher:
     def poll(self) -> LogUpdate:
         """Read what was appended since the last poll. A missing file reads as nothing new."""
         try:
+            # the daemon asks every instance's log each poll, and most have written nothing:
+            # one stat answers that, without opening the file (docs/benchmarks.md, 2026-12-06)
+            if os.stat(self.path).st_size == self.offset:
+                return LogUpdate((), 0, self.offset, False)
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 restarted = False

@@ -218,13 +218,33 @@ def _loadgroup(config: pytest.Config) -> bool:
     )
 
 
+def _selected_by_mark(config: pytest.Config):
+    """Whether `-m` keeps an item. This hook runs first (xdist's own, which names each test
+    after its group, must see the groups), so before pytest deselects by mark: a module that
+    `-m` leaves out (`multinode`: the span tests, 240 s of cost) was counted in a lane, which
+    then ran ~120 s short of the other (a fresh clone, 2026-12-06: lanes 1202 and 1083 s)."""
+    expr = config.getoption("markexpr", "") or ""
+    if not expr:
+        return lambda item: True
+    from _pytest.mark import MarkMatcher
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile(expr)
+    return lambda item: compiled.evaluate(MarkMatcher.from_markers(item.iter_markers()))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not _loadgroup(config):
         return
     modules: dict[str, list[pytest.Item]] = {}
     rest: list[pytest.Item] = []
+    selected = _selected_by_mark(config)
+    left_out: list[pytest.Item] = []
     for item in items:
+        if not selected(item):
+            left_out.append(item)  # `-m` deselects it after this hook: counted in no lane
+            continue
         if is_slow(item):
             modules.setdefault(item.nodeid.split("::")[0], []).append(item)
         else:
@@ -252,4 +272,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in modules[module]:
                 item.add_marker(pytest.mark.xdist_group(f"vllm-lane-{n}"))
                 slow.append(item)
-    items[:] = slow + rest
+    items[:] = slow + rest + left_out

@@ -173,33 +173,34 @@ def rpc_connections(
     return found
 
 
-def parse_tcp_table(text: str) -> list[tuple[str, int, str, int, str, str]]:
+def parse_tcp_table(
+    text: str, byteorder: str = sys.byteorder
+) -> list[tuple[str, int, str, int, str, str]]:
     """/proc/net/tcp or tcp6 as (local ip, local port, remote ip, remote port, state, inode);
-    an IPv4 address mapped into IPv6 reads as IPv4."""
+    an IPv4 address mapped into IPv6 reads as IPv4. The kernel prints each 32-bit word of an
+    address as a number in its own byte order (`byteorder`: this machine's)."""
     rows = []
     for line in text.splitlines()[1:]:
         cols = line.split()
         if len(cols) < 10:
             continue
         try:
-            local, lport = _endpoint(cols[1])
-            remote, rport = _endpoint(cols[2])
+            local, lport = _endpoint(cols[1], byteorder)
+            remote, rport = _endpoint(cols[2], byteorder)
         except ValueError:
             continue
         rows.append((local, lport, remote, rport, cols[3], cols[9]))
     return rows
 
 
-def _endpoint(hexed: str) -> tuple[str, int]:
+def _endpoint(hexed: str, byteorder: str) -> tuple[str, int]:
     addr, _, port = hexed.partition(":")
     raw = bytes.fromhex(addr)
-    # the kernel prints each 32-bit word of the address as a number in host byte order
     if len(raw) not in (4, 16):
         raise ValueError(hexed)
-    if sys.byteorder == "little":
+    if byteorder == "little":
         raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    words = raw
-    return _ip(str(ipaddress.ip_address(words))), int(port, 16)
+    return _ip(str(ipaddress.ip_address(raw))), int(port, 16)
 
 
 def _ip(text: str) -> str:

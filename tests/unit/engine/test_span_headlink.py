@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -69,15 +68,32 @@ TCP6 = """  sl  local_address                         remote_address            
 """
 
 
-@pytest.mark.skipif(sys.byteorder != "little", reason="the table is written as x86 prints it")
-def test_the_tcp_table_reads_as_addresses_ports_states_and_inodes():
-    assert parse_tcp_table(TCP) == [
+def _big_endian(table: str) -> str:
+    """The same table as a big-endian kernel prints it: each 32-bit word of the two address
+    columns with its bytes reversed."""
+
+    def swapped(field: str) -> str:
+        addr, port = field.split(":")
+        raw = bytes.fromhex(addr)
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+        return f"{words.hex().upper()}:{port}"
+
+    lines = table.splitlines()
+    rows = [line.split() for line in lines[1:]]
+    body = [" ".join([r[0], swapped(r[1]), swapped(r[2]), *r[3:]]) for r in rows]
+    return "\n".join([lines[0], *body]) + "\n"
+
+
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_the_tcp_table_reads_as_addresses_ports_states_and_inodes(byteorder):
+    tcp, tcp6 = (TCP, TCP6) if byteorder == "little" else (_big_endian(TCP), _big_endian(TCP6))
+    assert parse_tcp_table(tcp, byteorder) == [
         ("127.0.0.1", 13337, "0.0.0.0", 0, "0A", "111"),
         ("127.0.0.1", 40001, "127.0.0.1", 13337, "01", "222"),
         ("127.0.0.1", 40002, "127.0.0.1", 13337, "02", "333"),
     ]
     # an IPv4 address mapped into IPv6 reads as IPv4; ::1 as itself
-    assert parse_tcp_table(TCP6) == [
+    assert parse_tcp_table(tcp6, byteorder) == [
         ("127.0.0.1", 40003, "127.0.0.1", 13337, "01", "444"),
         ("::1", 40004, "::1", 13337, "01", "555"),
     ]

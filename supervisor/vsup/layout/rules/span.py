@@ -33,6 +33,13 @@ from vsup.layout.spec import is_serve_command
 RANKS_EXAMPLE = "ranks = { gpu01 = 2, gpu02 = 2 }"
 
 
+def _not_a_node_name(node: str) -> str:
+    return (
+        f"{node!r} is not a node name: the fleet file's names are 1-64 letters, digits, "
+        "'.', '_' or '-'"
+    )
+
+
 def _span(m: MergedInstance) -> Mapping[str, Any] | None:
     span = m.values.get("span")
     return span if isinstance(span, Mapping) else None
@@ -63,8 +70,7 @@ def span_ranks(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             out.append(
                 origin_diag(
                     ERROR,
-                    f"{node!r} is not a node name: the fleet file's names are 1-64 letters, "
-                    "digits, '.', '_' or '-'",
+                    _not_a_node_name(node),
                     m,
                     "span",
                     "ranks",
@@ -145,8 +151,7 @@ def span_nodes(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             out.append(
                 origin_diag(
                     ERROR,
-                    f"{node!r} is not a node name: the fleet file's names are 1-64 letters, "
-                    "digits, '.', '_' or '-'",
+                    _not_a_node_name(node),
                     m,
                     "span",
                     "nodes",

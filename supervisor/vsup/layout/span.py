@@ -358,15 +358,7 @@ class SpanUnit:
             rpc_port=span.rpc_port,
             port=self.spec.port,
         )
-        spec = replace(
-            self.spec,
-            command=serve_command(self.spec.command),
-            gpus=gpus,
-            args=args,
-            span=role,
-            **watch_fields(self.spec, head),
-        )
-        return SpanMember(node, head, start, local, spec)
+        return self._part(role, args, gpus=gpus)
 
     def _model_member(self, node: str) -> SpanMember:
         """`node`'s part of one TP/PP group across the nodes: vLLM's --nnodes flags, its node
@@ -409,15 +401,20 @@ class SpanUnit:
             # not reach. The span's `address` is the one they do; a layout's env is the same
             # on every node, so only vsup can give the head alone its address.
             env[HOST_IP_ENV] = span.address
+        return self._part(role, args, env=env)
+
+    def _part(self, role: SpanRole, args: dict[str, Any], **changed: Any) -> SpanMember:
+        """The member `role` says: the layout's spec run through the `vllm serve` shim with
+        `args`, watched as its part (head or follower) is, and whatever else `changed` sets."""
         spec = replace(
             self.spec,
             command=serve_command(self.spec.command),
             args=args,
-            env=env,
             span=role,
-            **watch_fields(self.spec, head),
+            **changed,
+            **watch_fields(self.spec, role.head),
         )
-        return SpanMember(node, head, node_rank * local, local, spec)
+        return SpanMember(role.node, role.head, role.start_rank, role.ranks, spec)
 
     def members(self) -> list[SpanMember]:
         """Every node's part, in rank order (the head first)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 
 import httpx
@@ -26,33 +25,14 @@ import pytest
 
 from tests.conftest import until
 from tests.integration.fleet.sshnodes import SshFleet, free_port
-from tests.integration.fleet.test_span_vllm import member, polled, vllm_of
+from tests.integration.fleet.test_span_vllm import member, polled, unit_layout, vllm_of
 
 pytestmark = [pytest.mark.vllm, pytest.mark.multinode, pytest.mark.timeout(1200)]
 
 
 def layout(tiny_model, vllm_env: dict[str, str], port: int, master_port: int) -> str:
-    env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
-    command = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
-    return f"""[layout]
-name = "unit"
-
-[[instance]]
-name = "big"
-model = "{tiny_model}"
-command = {command}
-host = "127.0.0.1"
-gpus = []
-port = {port}
-pull = false
-args = {{ tensor-parallel-size = 2, dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
-env = {{ {env} }}
-stop_grace_s = 10
-stall_after_s = 15
-canary_interval_s = 3
-restart = {{ policy = "on-failure", backoff_s = 2, backoff_max_s = 10, max_failures = 10 }}
-span = {{ nodes = ["gpu01", "gpu02"], address = "127.0.0.1", master_port = {master_port} }}
-"""
+    span = f'{{ nodes = ["gpu01", "gpu02"], address = "127.0.0.1", master_port = {master_port} }}'
+    return unit_layout(tiny_model, vllm_env, port, span, args="tensor-parallel-size = 2, ")
 
 
 def served(port: int, timeout: float = 20) -> bool:

@@ -35,7 +35,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.multinode, pytest.mark.timeout(1200)
 VLLM_ONE_PROCESS = True
 
 
-def layout(tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int) -> str:
+def unit_layout(tiny_model, vllm_env: dict[str, str], port: int, span: str, args: str = "") -> str:
+    """The unit both span tests run: `span` its table, `args` what its kind adds."""
     env = ", ".join(f'{k} = "{v}"' for k, v in vllm_env.items())
     command = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     return f"""[layout]
@@ -49,14 +50,19 @@ host = "127.0.0.1"
 gpus = []
 port = {port}
 pull = false
-args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
+args = {{ {args}dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
 env = {{ {env} }}
 stop_grace_s = 10
 stall_after_s = 15
 canary_interval_s = 3
 restart = {{ policy = "on-failure", backoff_s = 2, backoff_max_s = 10, max_failures = 10 }}
-span = {{ ranks = {{ gpu01 = 1, gpu02 = 1 }}, address = "127.0.0.1", rpc_port = {rpc_port} }}
+span = {span}
 """
+
+
+def layout(tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int) -> str:
+    span = f'{{ ranks = {{ gpu01 = 1, gpu02 = 1 }}, address = "127.0.0.1", rpc_port = {rpc_port} }}'
+    return unit_layout(tiny_model, vllm_env, port, span)
 
 
 def served_by(port: int, rank: int, timeout: float = 20) -> bool:

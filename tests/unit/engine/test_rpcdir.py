@@ -6,6 +6,7 @@ A killed vLLM never removes its `ipc://$VLLM_RPC_BASE_PATH/<uuid>` sockets; with
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -57,12 +58,7 @@ def test_prepare_removes_sockets_only_and_makes_it_private(tmp_path):
         assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
         assert rpcdir.clear(base / "missing") == 0
     finally:
-        for root, dirs, files in os.walk(base, topdown=False):
-            for f in files:
-                os.unlink(os.path.join(root, f))
-            for d in dirs:
-                os.rmdir(os.path.join(root, d))
-        os.rmdir(base)
+        shutil.rmtree(base)
 
 
 def _run(spec, logs: RunLogs, out: Path) -> None:
@@ -95,9 +91,4 @@ def test_a_start_gets_its_own_socket_directory_emptied_of_a_killed_run_s_sockets
         _run(mine, logs, out)
         assert out.read_text().splitlines() == [str(own), "theirs"]
     finally:
-        for root, dirs, files in os.walk(home, topdown=False):
-            for f in files:
-                os.unlink(os.path.join(root, f))
-            for d in dirs:
-                os.rmdir(os.path.join(root, d))
-        os.rmdir(home)
+        shutil.rmtree(home)

@@ -554,8 +554,12 @@ def test_a_canary_that_fails_requests_is_rolled_back_by_itself_under_load(
     assert "requests failed" in verdict["reason"], verdict
     refused, others_failed = verdict["figures"]["failed"]
     assert refused >= 2 and others_failed == 0
-    # through the router, nothing failed beyond what the canary itself refused
-    assert load.failed <= refused, (load.failed, refused, load.errors[:5])
+    # through the router, nothing failed but what the canary itself refused: its spec's 400s
+    # (the gate counted those of its window; a request or two more can reach r0 between the
+    # gate's last reading and the router taking it out), none dropped by the drain or restart
+    assert load.failed >= refused, (load.failed, refused)
+    dropped = [e for e in load.errors if "max_model_len=4" not in e]
+    assert not dropped and len(load.errors) == load.failed, (dropped[:5], load.failed)
     assert load.ok > 20
     doc = node.status()
     r = doc["rollout"]

@@ -6,7 +6,8 @@ with data parallel across them, one rank on each.
 own daemon; each rank serves a request (vLLM's `X-data-parallel-rank` header); the follower's
 vLLM SIGKILLed (the head keeps answering /health 200 while requests to the dead rank hang) ->
 the head's probe of rank 1 goes unanswered, the head restarts, its followers restart behind it,
-and the unit serves again without a person; `vsup fleet down` then leaves no vLLM on either node.
+and the unit serves again without a person; `vsup fleet up` of a changed layout restarts both
+members on it and the unit serves again; `vsup fleet down` then leaves no vLLM on either node.
 
 Run it under the machine's heavy lock:
     flock /tmp/vsup-real.lock make test TESTS=tests/integration/fleet/test_span_vllm.py
@@ -60,9 +61,11 @@ span = {span}
 """
 
 
-def layout(tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int) -> str:
+def layout(
+    tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int, args: str = ""
+) -> str:
     span = f'{{ ranks = {{ gpu01 = 1, gpu02 = 1 }}, address = "127.0.0.1", rpc_port = {rpc_port} }}'
-    return unit_layout(tiny_model, vllm_env, port, span)
+    return unit_layout(tiny_model, vllm_env, port, span, args)
 
 
 def served_by(port: int, rank: int, timeout: float = 20) -> bool:
@@ -108,6 +111,16 @@ def vllm_of(home) -> list[psutil.Process]:
         if env.get("VSUP_HOME") == str(home) and ("vllm" in cmd or "VLLM" in cmd):
             out.append(p)
     return out
+
+
+def runs_flag(home, flag: str, value: str) -> bool:
+    """Whether a vLLM process the node's daemon started was given `flag value`."""
+    for p in vllm_of(home):
+        with contextlib.suppress(psutil.Error):
+            cmd = p.cmdline()
+            if any(a == flag and b == value for a, b in zip(cmd, cmd[1:], strict=False)):
+                return True
+    return False
 
 
 def test_one_server_across_two_nodes_is_started_and_restarted_as_one(tiny_model, vllm_env):
@@ -160,6 +173,20 @@ def test_one_server_across_two_nodes_is_started_and_restarted_as_one(tiny_model,
             events.stdout[-3000:]
         )
         print(f"\nthe unit served again {healed_s:.0f} s after the follower was killed")
+
+        # `fleet up` of a change rolls the unit: both members restart on it, together
+        pids = {n: polled(f, n)["pid"] for n in ("gpu01", "gpu02")}
+        path.write_text(layout(tiny_model, vllm_env, port, rpc_port, "max-num-seqs = 32, "))
+        t0 = time.monotonic()
+        res = f.fleet("up", str(path), "--yes", "--timeout", "600", timeout=700)
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        rolled_s = time.monotonic() - t0
+        for n in ("gpu01", "gpu02"):
+            now = polled(f, n)
+            assert now["state"] == "ready" and now["pid"] != pids[n], (n, now)
+            assert runs_flag(f.nodes[n].home, "--max-num-seqs", "32"), n
+        assert served_by(port, 0) and served_by(port, 1)
+        print(f"the change rolled over the unit in {rolled_s:.0f} s")
 
         # down on both nodes at once: no vLLM is left on either
         res = f.fleet("down", "--yes", timeout=400)

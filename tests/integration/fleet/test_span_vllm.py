@@ -61,9 +61,7 @@ span = {span}
 """
 
 
-def layout(
-    tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int, args: str = ""
-) -> str:
+def layout(tiny_model, vllm_env: dict[str, str], port: int, rpc_port: int, args: str = "") -> str:
     span = f'{{ ranks = {{ gpu01 = 1, gpu02 = 1 }}, address = "127.0.0.1", rpc_port = {rpc_port} }}'
     return unit_layout(tiny_model, vllm_env, port, span, args)
 

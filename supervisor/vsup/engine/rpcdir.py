@@ -6,8 +6,9 @@ them only when it exits cleanly. Every run that is killed (a crash, an OOM kill,
 after `stop_grace_s`, a whole group killed while no daemon ran) leaves its sockets there for
 good: this project's own test runs had left ~9,000 in /tmp in a day. vsup gives each instance
 a directory of its own (`VLLM_RPC_BASE_PATH`, unless the layout's or the daemon's environment
-names one) and removes the sockets in it before each start and once a run's processes are
-gone.
+names one) and removes the sockets in it before each start and, once a run's processes are
+gone, the sockets and then the directory itself when nothing else is in it (a directory per
+instance in the temp directory would otherwise stay behind each of them).
 
 The directory is `.rpc` in the instance's log directory when a socket's path fits there (a
 unix socket's path is at most 107 bytes; vLLM adds `/` and 36 characters), else a private
@@ -16,6 +17,7 @@ directory in the temp directory named after it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -59,4 +61,15 @@ def clear(path: Path) -> int:
                 removed += 1
         except FileNotFoundError:
             continue
+    return removed
+
+
+def release(path: Path) -> int:
+    """After a run: remove its sockets (`clear`), then the directory when it is empty (the
+    next start makes it again); how many sockets. Only once no process of the instance runs
+    (blocking)."""
+    removed = clear(path)
+    # gone already, or it holds something that is not ours to remove: it stays
+    with contextlib.suppress(OSError):
+        path.rmdir()
     return removed

@@ -331,8 +331,9 @@ class Runner:
         if ended.survivors:
             self._stuck(proc, ended.survivors)
             return
-        # the run's processes are gone: what its vLLM left of its IPC sockets goes too
-        await asyncio.to_thread(rpcdir.clear, rpcdir.rpc_dir(inst.logs.dir))
+        # the run's processes are gone: what its vLLM left of its IPC sockets goes too, and
+        # their directory
+        await asyncio.to_thread(rpcdir.release, rpcdir.rpc_dir(inst.logs.dir))
         released = await teardown.await_release(e, inst, proc)
         if released is False:
             # Its processes are gone but the GPU still lists their memory: starting again (or

@@ -313,6 +313,8 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         assert not (home / "vsup.sock").exists()
         # nothing is left of the runs' sockets: two SIGKILLed runs', and the last ones'
         assert {n: sockets(where) for n, where in rpc.items()} == {"cpu0": set(), "cpu1": set()}
+        # nor their directories (one per instance in /tmp where the log path is long)
+        assert [where for where in rpc.values() if where.exists()] == []
     finally:
         if daemons_of(home):
             vsup(home, "down", timeout=300)

@@ -61,6 +61,25 @@ def test_prepare_removes_sockets_only_and_makes_it_private(tmp_path):
         shutil.rmtree(base)
 
 
+def test_release_removes_the_sockets_then_the_directory_when_nothing_else_is_in_it():
+    base = _short_dir()
+    try:
+        alone = base / "alone"
+        alone.mkdir()
+        _socket_file(alone / "0c1d")
+        assert rpcdir.release(alone) == 1
+        assert not alone.exists()  # no empty directory left behind per instance
+        kept = base / "kept"
+        kept.mkdir()
+        _socket_file(kept / "0c1d")
+        (kept / "keep.txt").write_text("not a socket")
+        assert rpcdir.release(kept) == 1
+        assert sorted(os.listdir(kept)) == ["keep.txt"]  # nothing but sockets is removed
+        assert rpcdir.release(base / "missing") == 0
+    finally:
+        shutil.rmtree(base)
+
+
 def _run(spec, logs: RunLogs, out: Path) -> None:
     result = launch(spec, logs, 1, "2026-12-06T00:00:00Z", base_env={"PATH": os.defpath})
     assert isinstance(result, Launched), result

@@ -118,6 +118,10 @@ def vllm_command() -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
+# On PYTHONPATH of the one-process test servers: their EngineCore is forked, not spawned.
+FORK_CORE = Path(__file__).parent / "support" / "forkcore"
+
+
 @pytest.fixture(scope="module")
 def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     """Environment every test vLLM gets: offline, a small explicit KV cache, OpenMP threads
@@ -133,7 +137,12 @@ def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     EngineCore is the engine itself, as on a GPU at TP1) and re-adoption (the API server's
     group is still two levels with an orphanable child); those about the three-process tree
     (the engine's orphan sweep and engine death, CPU core binding, which needs the mp executor)
-    run the CPU build as it comes."""
+    run the CPU build as it comes.
+
+    The one-process servers also get tests/support/forkcore on PYTHONPATH: their EngineCore is
+    forked from the API server, as vLLM does on a GPU, instead of spawned (the CPU platform
+    forces spawn), which saves the EngineCore's own import of torch and vLLM, ~9 of a start's
+    ~22 CPU-s. `VSUP_TEST_SPAWN_CORE=1` runs them as the CPU build comes."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -144,6 +153,9 @@ def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     }
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if os.environ.get("VSUP_TEST_SPAWN_CORE") != "1":
+            # the EngineCore forked, as on a GPU, not spawned (tests/support/forkcore says why)
+            env["PYTHONPATH"] = str(FORK_CORE)
     return env
 
 

@@ -6,6 +6,7 @@ serves it under the layout's served-model-name and answers a completion asked wi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ import pytest
 
 from vsup.control.client import JsonClient
 
-from tests.conftest import free_port
+from tests.conftest import FORK_CORE, free_port
 from tests.conftest import run_vsup as vsup
 from tests.integration.control.test_cli import cli_home  # noqa: F401 (fixture)
 from tests.integration.pull.conftest import DENIED, TOKEN
@@ -57,6 +58,8 @@ def test_real_vllm_starts_offline_from_the_pulled_snapshot(
 ):
     port = free_port()
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
+    # the EngineCore forked, as on a GPU (tests/support/forkcore; tests/conftest.py `vllm_env`)
+    fork = "" if os.environ.get("VSUP_TEST_SPAWN_CORE") == "1" else f', PYTHONPATH = "{FORK_CORE}"'
     path = tmp_path / "hub-model.toml"
     path.write_text(
         f"""[layout]
@@ -68,7 +71,7 @@ hf_token_env = "MY_HUB_TOKEN"
 command = {cmd}
 host = "127.0.0.1"
 args = {{ dtype = "float32", enforce-eager = true, max-model-len = 512, served-model-name = "tiny" }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", VLLM_ENABLE_V1_MULTIPROCESSING = "0", OMP_WAIT_POLICY = "PASSIVE" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", TOKENIZERS_PARALLELISM = "false", VLLM_ENABLE_V1_MULTIPROCESSING = "0", OMP_WAIT_POLICY = "PASSIVE"{fork} }}
 start_timeout_s = 600
 
 [[instance]]

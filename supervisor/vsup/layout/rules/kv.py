@@ -131,10 +131,10 @@ def _gpu_kv_space(
     tp = parallelism(m).effective_tp
     if layout.stages:
         stages = layout.stages
-        fullest = max(stages)
         how += (
             f"; {len(stages)} pipeline stages of {'/'.join(map(str, stages))} layers, each GPU "
-            f"holding its stage's weights and KV cache (the {fullest}-layer stage's decide)"
+            "holding its stage's weights and KV cache, every stage the blocks of the one that "
+            "affords the fewest"
         )
         weights_of = stage_weight_bytes(weights, stages, *info.vocab_bytes(weights))
         return [kv_budget_bytes(memory, float(util), w, tp) for w in weights_of], how

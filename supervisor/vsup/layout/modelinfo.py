@@ -249,6 +249,11 @@ class ModelInfo:
         return _num(self.arch, "hidden_size", "n_embd", "d_model")
 
     @property
+    def num_layers(self) -> int | None:
+        """Hidden layers, as vLLM splits them over pipeline stages."""
+        return _num(self.arch, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+    @property
     def num_heads(self) -> int | None:
         return _num(self.arch, "num_attention_heads", "n_head", "num_heads")
 

@@ -275,3 +275,50 @@ def test_span_of_nodes_holds_what_one_node_of_16_would(tmp_path, models, args):
         gib=141,
     )
     assert kv_tokens(span, "big") == kv_tokens(one_node, "big") > 163840
+
+
+# -- VLLM_PP_LAYER_PARTITION that vLLM refuses -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "pp", "words"),
+    [
+        ("40,x", 2, "is not comma-separated integers"),
+        ("20,20,40", 2, "gives 3 stage(s) but the instance runs 2 pipeline stage(s)"),
+        ("40,41", 2, "sums to 81 layers but the model has 80"),
+        ("80", 1, None),
+        ("30,50", 2, None),
+    ],
+)
+def test_a_partition_vllm_refuses_is_an_error(tmp_path, models, value, pp, words):
+    found = diagnostics_of(
+        tmp_path,
+        models["llama70b"],
+        instance(
+            "pp",
+            2 * pp,
+            0,
+            f"tensor-parallel-size = 2, pipeline-parallel-size = {pp}",
+            f'env = {{ VLLM_PP_LAYER_PARTITION = "{value}" }}\n',
+        ),
+    )
+    errors = [d for d in found if d.is_error and d.key == "env.VLLM_PP_LAYER_PARTITION"]
+    if words is None:
+        assert not errors, [d.format() for d in errors]
+        return
+    (e,) = errors
+    assert words in e.message and "vLLM refuses to start" in e.message
+    assert (e.file, e.instance, e.line) == (str(tmp_path / "l.toml"), "pp", 14)  # the env line
+
+
+def test_a_partition_over_a_span_of_nodes_counts_its_stages(tmp_path, models):
+    """PP = len(nodes) when args leave it out: a partition of 2 stages is right there."""
+    path = span_layout(tmp_path, models["dsv3"], "")
+    text = path.read_text().replace("span =", 'env = { VLLM_PP_LAYER_PARTITION = "31,30" }\nspan =')
+    path.write_text(text)
+    found = validate(load_layout(path), node_gpus=8, gpu_memory_bytes=141 * GIB)
+    assert not [d.format() for d in found if d.is_error]
+    path.write_text(text.replace('"31,30"', '"20,20,21"'))
+    found = validate(load_layout(path), node_gpus=8, gpu_memory_bytes=141 * GIB)
+    (e,) = [d for d in found if d.is_error]
+    assert e.key == "env.VLLM_PP_LAYER_PARTITION" and "runs 2 pipeline stage(s)" in e.message

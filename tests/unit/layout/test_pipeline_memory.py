@@ -322,3 +322,20 @@ def test_a_partition_over_a_span_of_nodes_counts_its_stages(tmp_path, models):
     found = validate(load_layout(path), node_gpus=8, gpu_memory_bytes=141 * GIB)
     (e,) = [d for d in found if d.is_error]
     assert e.key == "env.VLLM_PP_LAYER_PARTITION" and "runs 2 pipeline stage(s)" in e.message
+
+
+def test_a_span_of_data_parallel_ranks_with_pp(tmp_path, models):
+    """`ranks`: each rank a whole TP x PP copy; a GPU holds what TP2 x PP2 alone holds."""
+    seqs = "max-model-len = 131072, max-num-seqs = 64"
+    pp = f"tensor-parallel-size = 2, pipeline-parallel-size = 2, {seqs}"
+    alone = diagnostics_of(tmp_path, models["llama70b"], instance("pp", 4, 0, pp))
+    path = tmp_path / "ranks.toml"
+    path.write_text(
+        f'[layout]\nname = "spanned"\n\n[[instance]]\nname = "pp"\nmodel = "{models["llama70b"]}"\n'
+        f"command = {CMD}\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\nport = 8000\n"
+        f"gpu_memory_utilization = 0.9\nargs = {{ {pp} }}\n"
+        'span = { ranks = { gpu01 = 2, gpu02 = 2 }, address = "10.0.0.1" }\n'
+    )
+    found = validate(load_layout(path), node_gpus=8, gpu_memory_bytes=80 * GIB)
+    assert not [d.format() for d in found if d.is_error]
+    assert kv_tokens(found, "pp") == kv_tokens(alone, "pp")

@@ -20,6 +20,14 @@ max-model-len, so for windowed models N exceeds the bytes / bytes-per-token of f
 
 `KVLayout.bytes_per_token` is the pool's bytes per token slot (what a token of a full-attention
 group costs); `tokens(kv_bytes, ...)` is the figure vLLM logs.
+
+Pipeline parallel (`pp` stages): each stage's GPUs hold only its layers' KV (vLLM splits the
+layers as `vsup.layout.parallel.pp_stage_layers` says). vLLM (get_kv_cache_configs) forms the
+groups from the whole model (a type's layers go to its groups strided, `layers[i::n]`, so every
+stage holds a share of each group), gives each stage's pool block the bytes of its own layers of
+the widest group, and then gives every stage the fewest blocks any stage can afford. So
+`stage_bytes` holds each stage's bytes per token slot, `bytes_per_token` the largest (the stage
+with the most layers), and `tokens` takes the KV bytes of each stage's GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from vsup.layout.parallel import pp_stage_layers
 
 FULL = "full"
 SLIDING = "sliding"  # sliding window, and Llama 4's chunked local attention
@@ -75,12 +85,19 @@ class KVLayout:
     groups: tuple[KVGroup, ...]
     width: int  # bytes per element of the cache
     notes: tuple[str, ...] = ()
+    # pipeline parallel: the layers of each stage and the bytes of one token slot of its pool;
+    # empty without PP (see the module docstring)
+    stages: tuple[int, ...] = ()
+    stage_bytes: tuple[int, ...] = ()
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes of one token slot of the pool: `size` layers of the widest page."""
+        """Bytes of one token slot of the pool: `size` layers of the widest page; with PP, the
+        largest stage's (the one that runs out first on equal memory)."""
         if not self.groups:
             return 0
+        if self.stage_bytes:
+            return max(self.stage_bytes)
         return max(g.size * g.page_bytes_per_token for g in self.groups)
 
     @property
@@ -109,11 +126,30 @@ class KVLayout:
                 total += math.ceil(max_len / block_size)
         return total
 
-    def tokens(self, kv_bytes: float, max_len: int, block_size: int, in_flight: int) -> int:
-        """The `KV cache size: N tokens` vLLM logs for `kv_bytes` of KV cache on one GPU."""
-        if kv_bytes <= 0 or not self.groups:
+    def blocks(self, kv_bytes: float | Sequence[float], block_size: int) -> int:
+        """Pool blocks for `kv_bytes` of KV cache on one GPU; with PP, `kv_bytes` may give each
+        stage's GPU its own (its weights differ): the fewest blocks of any stage, as vLLM
+        gives every stage."""
+        if not self.groups:
             return 0
-        blocks = int(kv_bytes // (self.bytes_per_token * block_size))
+        per_stage = self.stage_bytes or (self.bytes_per_token,)
+        if isinstance(kv_bytes, (int, float)):
+            kv_bytes = [kv_bytes] * len(per_stage)
+        if len(kv_bytes) != len(per_stage):
+            raise ValueError(f"{len(kv_bytes)} KV sizes for {len(per_stage)} pipeline stages")
+        counts = [
+            int(kv // (b * block_size)) for kv, b in zip(kv_bytes, per_stage, strict=True) if b > 0
+        ]
+        return max(0, min(counts)) if counts else 0
+
+    def tokens(
+        self, kv_bytes: float | Sequence[float], max_len: int, block_size: int, in_flight: int
+    ) -> int:
+        """The `KV cache size: N tokens` vLLM logs for `kv_bytes` of KV cache on one GPU (one
+        figure, or one per PP stage: `blocks`)."""
+        blocks = self.blocks(kv_bytes, block_size)
+        if blocks <= 0:
+            return 0
         per_request = self.blocks_per_request(max_len, block_size, in_flight)
         if per_request <= 0:
             return 0
@@ -217,24 +253,39 @@ def _linear_state_bytes(cfg: Mapping[str, Any], tp: int, width: int) -> int:
     return 0
 
 
+def _layer_positions(cfg: Mapping[str, Any], layers: int, n: int) -> list[int]:
+    """Each of the `n` layers `layer_kinds` gave: its index among the model's `layers` (what PP
+    stages split). Nemotron-H's pattern also counts its MLP layers ('-', 'E'), which hold no
+    cache; otherwise the kinds are the layers."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if n != layers and isinstance(pattern, str):
+        at = [i for i, ch in enumerate(pattern[:layers]) if ch in "*M"]
+        if len(at) == n:
+            return at
+    return [i * layers // max(1, n) for i in range(n)] if n != layers else list(range(n))
+
+
 def kv_layout(
     cfg: Mapping[str, Any],
     *,
     width: int,
     tp: int = 1,
     hybrid_manager: bool = True,
+    pp: int = 1,
+    partition: tuple[int, ...] | None = None,
 ) -> KVLayout | None:
-    """The KV cache layout of a (text) config on one GPU of a TP-`tp` instance, `width` bytes
-    per cached element; None when the config lacks layers, heads or head size.
+    """The KV cache layout of a (text) config on one GPU of a TP-`tp` x PP-`pp` instance,
+    `width` bytes per cached element; None when the config lacks layers, heads or head size.
 
     `hybrid_manager=False` is `--disable-hybrid-kv-cache-manager`: every attention layer then
-    holds full-length KV."""
+    holds full-length KV. `partition`: VLLM_PP_LAYER_PARTITION (parallel.read_pp_partition)."""
     layers = _num(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     if not layers:
         return None
     kinds = layer_kinds(cfg, layers)
     if not kinds:
         return None
+    positions = _layer_positions(cfg, layers, len(kinds))
     notes: list[str] = []
     kv_lora = _num(cfg, "kv_lora_rank")
     specs: list[LayerSpec] = []
@@ -243,6 +294,7 @@ def kv_layout(
         rope = _num(cfg, "qk_rope_head_dim") or 0
         per = (kv_lora + rope) * width
         specs = [LayerSpec(MLA, per) for kind, _ in kinds if kind != LINEAR]
+        positions = [at for at, (kind, _) in zip(positions, kinds, strict=True) if kind != LINEAR]
     else:
         heads = _per_layer_kv_heads(cfg, layers)
         hidden = _num(cfg, "hidden_size", "n_embd", "d_model")
@@ -263,30 +315,70 @@ def kv_layout(
             specs.append(LayerSpec(kind, per, window))
         if any(s.kind == LINEAR for s in specs) and not state:
             notes.append("linear-attention state per sequence unknown for this config")
-    attention = [s for s in specs if s.kind != LINEAR]
+    placed = [(s, at) for s, at in zip(specs, positions, strict=False) if s.kind != LINEAR]
+    attention = [s for s, _ in placed]
     if not attention:
         return KVLayout(tuple(specs), (), width, tuple(notes))
-    return KVLayout(tuple(specs), _groups(attention), width, tuple(notes))
+    groups = _groups(attention)
+    if pp <= 1:
+        return KVLayout(tuple(specs), groups, width, tuple(notes))
+    stages = pp_stage_layers(layers, pp, partition)
+    return KVLayout(tuple(specs), groups, width, tuple(notes), stages, _stage_bytes(placed, stages))
 
 
-def _groups(attention: list[LayerSpec]) -> tuple[KVGroup, ...]:
-    by_type: dict[tuple[str, int | None], list[LayerSpec]] = {}
-    for s in attention:
-        by_type.setdefault((s.kind, s.window), []).append(s)
+def _type_members(attention: Sequence[LayerSpec]) -> tuple[int, list[list[int]]]:
+    """vLLM's grouping (kv_cache_utils, several layer types): (the group size, each group's
+    layers as indices into `attention`). A type's layers go to its ceil(n / size) groups
+    strided, `layers[i::n_groups]`; one type: one group of all of them."""
+    by_type: dict[tuple[str, int | None], list[int]] = {}
+    for i, s in enumerate(attention):
+        by_type.setdefault((s.kind, s.window), []).append(i)
     if len(by_type) == 1:
-        (kind, window), layers = next(iter(by_type.items()))
-        # one group; layers may differ in size (per-layer KV heads): their pages add up
-        total = sum(s.bytes_per_token for s in layers)
-        return (KVGroup(kind, len(layers), 1, total, window),)
+        return 1, list(by_type.values())
     counts = [len(v) for v in by_type.values()]
     size = min(counts)
     if max(counts) < size * 1.5:
         size = max(counts)
+    out: list[list[int]] = []
+    for members in by_type.values():
+        n_groups = math.ceil(len(members) / size)
+        out.extend(members[i::n_groups] for i in range(n_groups))
+    return size, out
+
+
+def _groups(attention: list[LayerSpec]) -> tuple[KVGroup, ...]:
+    size, members = _type_members(attention)
+    if len(members) == 1:
+        (layers,) = members
+        first = attention[layers[0]]
+        # one group; layers may differ in size (per-layer KV heads): their pages add up
+        total = sum(attention[i].bytes_per_token for i in layers)
+        return (KVGroup(first.kind, len(layers), 1, total, first.window),)
+    page: dict[tuple[str, int | None], int] = {}
+    for s in attention:
+        key = (s.kind, s.window)
+        page[key] = max(page.get(key, 0), s.bytes_per_token)
     out = []
-    for (kind, window), layers in by_type.items():
-        page = max(s.bytes_per_token for s in layers)
-        n_groups = math.ceil(len(layers) / size)
-        for i in range(n_groups):
-            real = len(layers[i::n_groups])
-            out.append(KVGroup(kind, real, size, page, window))
+    for layers in members:
+        first = attention[layers[0]]
+        key = (first.kind, first.window)
+        out.append(KVGroup(first.kind, len(layers), size, page[key], first.window))
+    return tuple(out)
+
+
+def _stage_bytes(placed: Sequence[tuple[LayerSpec, int]], stages: Sequence[int]) -> tuple[int, ...]:
+    """Each PP stage's bytes per token slot: its own layers of each (whole-model) group, the
+    widest group's (vLLM's per-worker block, `_get_kv_cache_bytes_per_block`)."""
+    _, members = _type_members([s for s, _ in placed])
+    out: list[int] = []
+    start = 0
+    for count in stages:
+        end = start + count
+        out.append(
+            max(
+                sum(placed[i][0].bytes_per_token for i in group if start <= placed[i][1] < end)
+                for group in members
+            )
+        )
+        start = end
     return tuple(out)

@@ -249,6 +249,11 @@ class ModelInfo:
         return _num(self.arch, "hidden_size", "n_embd", "d_model")
 
     @property
+    def num_layers(self) -> int | None:
+        """Hidden layers, as vLLM splits them over pipeline stages."""
+        return _num(self.arch, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+    @property
     def num_heads(self) -> int | None:
         return _num(self.arch, "num_attention_heads", "n_head", "num_heads")
 
@@ -352,6 +357,20 @@ class ModelInfo:
         tied = bool(a.get("tie_word_embeddings", (self.config or {}).get("tie_word_embeddings")))
         return h * vocab * (1 if tied else 2)
 
+    def vocab_bytes(self, weights: int) -> tuple[int, int]:
+        """(bytes of one vocabulary x hidden matrix within `weights`, how many of them `weights`
+        counts: 1 with tied embeddings, else 2, the input embedding and the LM head); (0, 0)
+        when the config does not say. 16-bit in quantized checkpoints (as `weight_bytes`
+        counts them), else the weights' own width."""
+        h, vocab, params = self.hidden_size, _num(self.arch, "vocab_size"), self.params
+        if not h or not vocab or not params:
+            return 0, 0
+        matrices = self.embedding_params() // (h * vocab)
+        if not matrices:
+            return 0, 0
+        per_param = max(2.0, weights / params)
+        return min(int(h * vocab * per_param), weights // matrices), matrices
+
     def weight_bytes(
         self, dtype: str | None = None, quantization: str | None = None
     ) -> tuple[int | None, str]:
@@ -411,8 +430,11 @@ class ModelInfo:
         tp: int = 1,
         dtype: str | None = None,
         hybrid_manager: bool = True,
+        pp: int = 1,
+        partition: tuple[int, ...] | None = None,
     ) -> KVLayout | None:
-        """The KV cache layout on one GPU of a TP-`tp` instance (vsup.layout.kvcache)."""
+        """The KV cache layout on one GPU of a TP-`tp` x PP-`pp` instance (vsup.layout.kvcache;
+        `partition`: VLLM_PP_LAYER_PARTITION, read)."""
         if not self.config:
             return None
         return kv_layout(
@@ -420,6 +442,8 @@ class ModelInfo:
             width=self.kv_width(kv_cache_dtype, dtype),
             tp=tp,
             hybrid_manager=hybrid_manager,
+            pp=pp,
+            partition=partition,
         )
 
     def kv_bytes_per_token(

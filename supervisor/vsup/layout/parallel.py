@@ -115,3 +115,41 @@ def parallel_shape(args: Mapping[str, Any], gpus: int) -> ParallelShape:
         dp_set=dp_arg is not None,
         gpus=gpus,
     )
+
+
+# vLLM's override of how layers split over pipeline stages: "20,21,20,19", one count per stage
+PP_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+
+
+def read_pp_partition(value: Any) -> tuple[int, ...] | None:
+    """`VLLM_PP_LAYER_PARTITION` as vLLM reads it (comma-separated integers); None when unset
+    or not integers. vLLM also refuses one that is not one count per stage summing to the
+    layers: `pp_stage_layers` then ignores it."""
+    if value is None or value is False:
+        return None
+    try:
+        return tuple(int(p) for p in str(value).split(","))
+    except ValueError:
+        return None
+
+
+def pp_stage_layers(
+    layers: int, pp: int, partition: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
+    """The layers each of `pp` pipeline stages holds, as vLLM splits them
+    (vllm/distributed/utils.py `get_pp_indices`): `partition` (VLLM_PP_LAYER_PARTITION) when
+    given, else `layers // pp` each, the remainder one more each on the stages before the last,
+    counting back from the second-to-last (61 over 4: 15, 15, 16, 15; the last stage also holds
+    the final norm and the LM head)."""
+    pp = max(1, pp)
+    if (
+        partition is not None
+        and len(partition) == pp
+        and sum(partition) == layers
+        and min(partition) >= 0
+    ):
+        return partition
+    stages = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        stages[-i] += 1
+    return tuple(stages)

@@ -8,7 +8,8 @@ sum stays at or below 0.95.
 
 The budget per instance (one GPU of it):
     budget   = utilization x GPU memory
-    weights  = model weights / TP
+    weights  = model weights / TP (a plan has no pipeline parallel; validation's estimate of a
+               layout with it takes each stage's weights: vsup.layout.budget)
     overhead = activations, CUDA/HIP graphs and allocator slack (an estimate, OVERHEAD_BYTES,
                plus COMM_OVERHEAD_BYTES for TP > 1)
     KV       = budget - weights - overhead;  KV tokens: as vLLM counts them from its KV groups

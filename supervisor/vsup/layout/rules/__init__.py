@@ -81,6 +81,7 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     flags.shutdown_outlasts_grace,
     parallelism.tp_not_positive,
     parallelism.pp_not_positive,
+    parallelism.pp_partition_mismatch,
     dataparallel.dp_not_positive,
     parallelism.tp_gpus_mismatch,
     dataparallel.dp_hybrid_lb_without_local,

@@ -18,7 +18,7 @@ from vsup.layout.modelpath import is_local_model, resolve_model_path
 from vsup.layout.parallel import ParallelShape, parallel_shape
 from vsup.layout.profiles import ProfileCache
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_int, is_number
-from vsup.layout.span import DATA, read_span, span_shape_args
+from vsup.layout.span import DATA, MODEL, model_sizes, read_span, span_shape_args
 from vsup.layout.structure import WrittenTable
 from vsup.layout.timeshare import Tenant
 from vsup.layout.vllm_flags import FlagList, flags_for_command
@@ -157,11 +157,15 @@ class Parallelism:
     pp: int | None  # --pipeline-parallel-size (1 when unset), None when not a positive integer
     effective_tp: int  # the TP vLLM will run: the flag, else the GPUs / (PP x DP_local)
     shape: ParallelShape  # the whole shape as the instance runs it (unusable values as 1)
+    effective_pp: int = 1  # the pipeline stages vLLM will run (unusable: 1)
 
 
 def parallelism(m: MergedInstance) -> Parallelism:
     """The sizes of `m`; an instance with a usable `span` counts its data-parallel size and, as
-    the GPUs `gpus` lists, the node with the most ranks (vsup.layout.span)."""
+    the GPUs `gpus` lists, the node with the most ranks (vsup.layout.span). A span of `nodes`
+    runs one TP x PP group over them (span.model_sizes: TP and PP may be derived from the
+    nodes and `gpus`, a node's share); sizes that do not agree are rules/span.py's, and count
+    as the flags give them meanwhile."""
     tp_raw = m.arg("tensor-parallel-size")
     pp_raw = m.arg("pipeline-parallel-size")
     tp = int_arg(tp_raw) if tp_raw is not None else None
@@ -175,4 +179,9 @@ def parallelism(m: MergedInstance) -> Parallelism:
     )
     shape = parallel_shape(args, len(m.gpus or ()))
     effective = tp if tp is not None else shape.tp
-    return Parallelism(tp, pp, effective, shape)
+    effective_pp = shape.pp
+    if span is not None and span.across == MODEL:
+        sizes = model_sizes(m.args, len(m.gpus or ()), len(span.ranks))
+        if sizes is not None:
+            effective, effective_pp = sizes
+    return Parallelism(tp, pp, effective, shape, effective_pp)

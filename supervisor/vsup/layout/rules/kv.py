@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from vsup.layout.budget import kv_budget_bytes
+from vsup.layout.budget import kv_budget_bytes, stage_weight_bytes
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.kvcache import (
     CPU_BLOCK_SIZE,
     DEFAULT_BATCHED_TOKENS_CPU,
     DEFAULT_BATCHED_TOKENS_GPU,
     GPU_BLOCK_SIZE,
+    KVLayout,
     in_flight_tokens,
 )
 from vsup.layout.merge import MergedInstance
 from vsup.layout.modelinfo import ModelInfo
+from vsup.layout.parallel import PP_PARTITION_ENV, read_pp_partition
 from vsup.layout.rules.context import Context, int_arg, int_flag, origin_diag, parallelism
 from vsup.layout.schema import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, is_number
 
@@ -64,11 +66,18 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
         return None
     kv_dtype = m.arg("kv-cache-dtype")
     dtype = m.arg("dtype")
+    p = parallelism(m)
+    pp = p.effective_pp
+    partition = read_pp_partition(m.env.get(PP_PARTITION_ENV)) if pp > 1 else None
+    # each GPU holds its pipeline stage's layers only: the KV of those (and, in _gpu_kv_space,
+    # their weights), for every stage; vLLM gives each the fewest blocks any stage affords
     layout = info.kv_layout(
         str(kv_dtype) if kv_dtype else None,
-        parallelism(m).effective_tp,
+        p.effective_tp,
         str(dtype) if dtype else None,
         hybrid_manager=not m.arg("disable-hybrid-kv-cache-manager", False),
+        pp=pp,
+        partition=partition,
     )
     max_len = _max_model_len(ctx, m)
     if layout is None or not layout.bytes_per_token or not max_len:
@@ -76,8 +85,12 @@ def _kv_capacity(ctx: Context, m: MergedInstance) -> tuple[int, str, bool] | Non
     batched = int_flag(m, "max-num-batched-tokens") or (
         DEFAULT_BATCHED_TOKENS_CPU if gpus == [] else DEFAULT_BATCHED_TOKENS_GPU
     )
-    in_flight = in_flight_tokens(batched, gpu=gpus != [], pp=parallelism(m).pp or 1)
-    space = _cpu_kv_space(m, layout.bytes_per_token) if gpus == [] else _gpu_kv_space(ctx, m, info)
+    in_flight = in_flight_tokens(batched, gpu=gpus != [], pp=pp)
+    space = (
+        _cpu_kv_space(m, layout.bytes_per_token)
+        if gpus == []
+        else _gpu_kv_space(ctx, m, info, layout)
+    )
     if space is None:
         return None
     kv_bytes, how = space
@@ -95,9 +108,15 @@ def _cpu_kv_space(m: MergedInstance, per_token: int) -> tuple[float, str] | None
     return gib * 1024**3, f"VLLM_CPU_KVCACHE_SPACE {gib:g} GiB / {per_token} bytes per token"
 
 
-def _gpu_kv_space(ctx: Context, m: MergedInstance, info: ModelInfo) -> tuple[int, str] | None:
-    """A GPU instance's KV bytes, estimated from this node's GPU memory, the utilization and
-    the weights."""
+def _gpu_kv_space(
+    ctx: Context, m: MergedInstance, info: ModelInfo, layout: KVLayout
+) -> tuple[list[int], str] | None:
+    """A GPU instance's KV bytes on one GPU of each pipeline stage (one figure without PP),
+    estimated from this node's GPU memory, the utilization and the weights of its stage.
+
+    A stage's weights: its share of the layers, plus the embedding on the first stage and the
+    LM head on the last (budget.stage_weight_bytes); of a span of `nodes`, every node's GPUs are
+    as large as this node's."""
     memory = ctx.gpu_memory_bytes
     if not m.gpus or not memory:
         return None
@@ -109,8 +128,17 @@ def _gpu_kv_space(ctx: Context, m: MergedInstance, info: ModelInfo) -> tuple[int
     if weights is None:
         return None
     how = f"estimate: {float(util):g} of {memory / 1024**3:.0f} GiB, less weights and overhead"
-    kv = kv_budget_bytes(memory, float(util), weights, parallelism(m).effective_tp)
-    return kv, how
+    tp = parallelism(m).effective_tp
+    if layout.stages:
+        stages = layout.stages
+        how += (
+            f"; {len(stages)} pipeline stages of {'/'.join(map(str, stages))} layers, each GPU "
+            "holding its stage's weights and KV cache, every stage the blocks of the one that "
+            "affords the fewest"
+        )
+        weights_of = stage_weight_bytes(weights, stages, *info.vocab_bytes(weights))
+        return [kv_budget_bytes(memory, float(util), w, tp) for w in weights_of], how
+    return [kv_budget_bytes(memory, float(util), weights, tp)], how
 
 
 def _max_model_len(ctx: Context, m: MergedInstance) -> int | None:

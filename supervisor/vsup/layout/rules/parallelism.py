@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vsup.layout.diagnostics import ERROR, WARNING, Diagnostic
 from vsup.layout.merge import MergedInstance
-from vsup.layout.parallel import ParallelShape
+from vsup.layout.parallel import PP_PARTITION_ENV, ParallelShape, read_pp_partition
 from vsup.layout.rules.context import Context, int_arg, origin_diag, parallelism
 from vsup.layout.span import MODEL, read_span
 
@@ -39,6 +39,41 @@ def pp_not_positive(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             m,
             "args",
             m.arg_key("pipeline-parallel-size") or "",
+        )
+    ]
+
+
+def pp_partition_mismatch(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    """`VLLM_PP_LAYER_PARTITION` in `env`: vLLM (get_pp_indices) refuses to start unless it is
+    integers, one per pipeline stage, summing to the model's layers."""
+    raw = m.env.get(PP_PARTITION_ENV)
+    if raw is None or raw is False:
+        return []
+    p = parallelism(m)
+    if p.pp is None:
+        return []  # pipeline-parallel-size unusable: pp_not_positive says so
+    parts = read_pp_partition(raw)
+    pp = p.effective_pp
+    info = ctx.model_info(m)
+    layers = info.num_layers if info is not None else None
+    if parts is None:
+        problem = "is not comma-separated integers"
+    elif len(parts) != pp:
+        problem = f"gives {len(parts)} stage(s) but the instance runs {pp} pipeline stage(s)"
+    elif layers is not None and sum(parts) != layers:
+        problem = f"sums to {sum(parts)} layers but the model has {layers}"
+    else:
+        return []
+    example = ",".join(["N"] * pp)
+    return [
+        origin_diag(
+            ERROR,
+            f"{PP_PARTITION_ENV} {str(raw)!r} {problem}: vLLM refuses to start; give one layer "
+            f"count per pipeline stage ({example}) summing to the model's layers, or remove it "
+            "(vLLM then splits them evenly)",
+            m,
+            "env",
+            PP_PARTITION_ENV,
         )
     ]
 

@@ -16,8 +16,10 @@ DEMO_HOME ?= .demo/home
 TESTS ?= tests
 PYTEST_ARGS ?=
 SRC := $(shell find supervisor configs -type f ! -name "*.pyc" ! -path "*/__pycache__/*" ! -path "*/.mypy_cache/*")
-# The suite runs from a directory outside the checkout: nothing may depend on the cwd.
-PYTEST = cd "$$(mktemp -d -t vsup-cwd-XXXXXX)" && VSUP_TEST_SLOW_LANES=$(TEST_LANES) \
+# The suite runs from a directory outside the checkout: nothing may depend on the cwd. The
+# directory goes when the run ends (the shell's EXIT trap keeps pytest's exit status).
+PYTEST = cwd="$$(mktemp -d -t vsup-cwd-XXXXXX)" && trap 'rm -rf "$$cwd"' EXIT && cd "$$cwd" && \
+	VSUP_TEST_SLOW_LANES=$(TEST_LANES) \
 	$(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
 

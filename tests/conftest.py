@@ -122,8 +122,21 @@ def vllm_command() -> list[str]:
 FORK_CORE = Path(__file__).parent / "support" / "forkcore"
 
 
+@pytest.fixture(scope="session")
+def vllm_tmp() -> Iterator[Path]:
+    """The test servers' TMPDIR, removed with the session: vLLM leaves a `vllm_dist_<uuid>`
+    file (its distributed init method, vllm/utils/network_utils.py) in the temp directory at
+    every start; in /tmp, ~100 of them after a suite."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="vsup-vt-", dir="/tmp"))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
-def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
+def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
     """Environment every test vLLM gets: offline, a small explicit KV cache, OpenMP threads
     that do not spin while they wait.
 
@@ -150,6 +163,7 @@ def vllm_env(request: pytest.FixtureRequest) -> dict[str, str]:
         # OpenMP threads that wait without spinning (configs/cpu.toml says why): a request to
         # the tiny model cost 1.3-4x the CPU with spinning threads beside other servers
         "OMP_WAIT_POLICY": "PASSIVE",
+        "TMPDIR": str(vllm_tmp),
     }
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,7 @@ def test_beside_vllm_vsup_runs_from_outside_the_checkout(
     assert down.returncode == 0, down.stderr
     assert doc["supervisor"]["pid"] and doc["instances"] == []
     assert_all_gone(doc)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_no_file_of_vsup_collides_with_another_distribution(vllm_venv: Path, workdir: Path):
@@ -307,3 +309,4 @@ def test_isolated_install_runs_vllm_from_another_environment(
     doc = round_trip(vsup, layout, cwd, home)
     assert [(i["name"], i["state"]) for i in doc["instances"]] == [("cpu0", "ready")]
     assert_all_gone(doc)
+    shutil.rmtree(home, ignore_errors=True)

@@ -387,3 +387,4 @@ def test_a_misspelt_flag_is_refused_and_its_bad_args_advice_says_edit_the_layout
         assert "unrecognized arguments: --max-modle-len" in advice["message"]
     finally:
         end_all(home)
+        shutil.rmtree(home, ignore_errors=True)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,6 +165,7 @@ def node(tiny_model: Path, vllm_env: dict) -> Iterator[Node]:
                     proc.kill()
             except psutil.Error:
                 pass
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_up_starts_the_group_one_awake_and_the_router_sends_to_awake_ones_only(node):

@@ -122,7 +122,9 @@ class InstanceTelemetry:
             self.last_error = None
         else:
             self.last_error = result.error
-        self.rest.observe(result.ok, result.metrics, result.server_load)
+        # a /health that is not 200 (503: the engine died) is a transition, whatever the figures
+        healthy = result.health_status is None or result.health_status == 200
+        self.rest.observe(result.ok and healthy, result.metrics, result.server_load)
         current = self.metrics
         rates = self.current_rates
         self.history.append(

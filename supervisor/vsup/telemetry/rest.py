@@ -11,9 +11,10 @@ wait for work most of the time. At rest, from its figures alone, means its last
   state the same as the scrape before (a sleeping engine's frozen figures are at rest);
 - no sleep or wake call in flight at the server, and vLLM's figures there at all (a server
   without them, `--disable-log-stats`, cannot say it is idle: never at rest).
-A failed scrape, or any scrape that shows something moving, ends the rest at once, so the
-next poll asks it again. What is not in the figures (a transition: a start, stop, drain,
-sleep or wake by vsup, a rolling apply, a bench) is the daemon's to say (`Target.rest_s`).
+A failed scrape (or a /health answer other than 200 with it), or any scrape that shows
+something moving, ends the rest at once, so the next poll asks it again. What is not in the
+figures (a transition: a start, stop, drain, sleep or wake by vsup, a rolling apply, a bench)
+is the daemon's to say (`Target.rest_s`).
 
 Pure: fed each scrape's result by InstanceTelemetry.observe.
 """

@@ -57,7 +57,8 @@ def free_ports(n: int) -> list[int]:
 
     high = _ephemeral_low()
     low = max(1024, high - 12000)
-    socks, ports = [], []
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
         for port in random.sample(range(low, high), high - low):
             if len(ports) == n:

@@ -184,9 +184,8 @@ def measure(
             if scraped != instances:
                 raise RuntimeError(f"the daemon shows metrics of {scraped}/{instances} instances")
             print(
-                f"{instances} emulators ({at_rest} idle) ready in {started_s:.1f} s (serial: one "
-                "cpu device); "
-                f"daemon pid {daemon.pid}",
+                f"{instances} emulators ready in {started_s:.1f} s (serial: one cpu device; "
+                f"{at_rest} idle); daemon pid {daemon.pid}",
                 flush=True,
             )
             asked = asking(home, status_every) if status_every > 0 else None

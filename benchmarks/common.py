@@ -41,18 +41,41 @@ PYTHON = sys.executable
 TOKEN_VAR = "VSUP_BENCH_RUN"
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports nobody listens on right now."""
-    socks, ports = [], []
+def _ephemeral_low() -> int:
     try:
-        for _ in range(n):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports nobody listens on right now, below the kernel's ephemeral
+    range: a port from that range can be taken by any process's outgoing connection or ZMQ
+    bind in the seconds before an emulator started one after another binds it (a real vLLM's
+    EngineCore of a test run beside took one of 128, 2026-12-06: `port_in_use`)."""
+    import random
+
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for port in random.sample(range(low, high), high - low):
+            if len(ports) == n:
+                break
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-            ports.append(s.getsockname()[1])
+            ports.append(port)
     finally:
         for s in socks:
             s.close()
+    if len(ports) < n:
+        raise RuntimeError(f"only {len(ports)} of {n} free ports below {high}")
     return ports
 
 
@@ -148,9 +171,11 @@ def emulator_layout(
     health_interval_s: float = 1.0,
     gpus: Sequence[Sequence[int]] | None = None,
     stop_grace_s: float = 10.0,
+    instance_args: Sequence[str] | None = None,
 ) -> str:
     """A layout of emulated vLLM instances `e000`.. on `ports` (CPU instances unless `gpus`
-    gives each one's GPU list). `pull = false`: the emulator loads no model, and
+    gives each one's GPU list; `instance_args`: each one's own `args` entries, merged with the
+    defaults' key by key). `pull = false`: the emulator loads no model, and
     "bench/emulated" reads as a hub id the daemon would otherwise pull before the start (every
     instance then stays `stopped (pull failed)`)."""
     import json
@@ -172,6 +197,8 @@ env = {{ {TOKEN_VAR} = "{token}" }}
     for i, port in enumerate(ports):
         g = list(gpus[i]) if gpus is not None else []
         text += f'\n[[instance]]\nname = "e{i:03d}"\ngpus = {g}\nport = {port}\n'
+        if instance_args is not None and instance_args[i]:
+            text += f"args = {{ {instance_args[i]} }}\n"
     return text
 
 

@@ -23,6 +23,13 @@ new HTTP connection for every request (/health and /metrics, `http.client`) and 
 scrape fully with prometheus_client (`text_string_to_metric_families`), one instance after
 another each second. `naive_ratio` = naive CPU / daemon CPU.
 
+`--at-rest K`: the first K emulators show an idle server (the emulator's `--mode-file` with
+`idle`: no request, no figure moving), the others a busy one (`serve`, the default). An idle
+instance is at rest (telemetry/rest.py) after a few scrapes and is then scraped only every
+`rest_interval_s` (3 s by default) instead of every second: a packed node where most replicas
+wait for work (sleep-mode time sharing). 0 (the default): every instance busy, the worst case.
+The warm-up is then at least 10 s, so the idle ones are at rest before the windows.
+
 `--status-every S`: a client of the benchmark's own asks `status` every S seconds during the
 windows (as a dashboard does each second): a poll builds the status snapshot only when
 something reads it each poll, so a daemon nobody asks builds none, and one a client asks builds
@@ -136,6 +143,7 @@ def measure(
     warmup: float,
     load: bool = True,
     status_every: float = 0.0,
+    at_rest: int = 0,
 ) -> dict:
     import psutil
 
@@ -148,22 +156,36 @@ def measure(
             # vsup adds --enable-server-load-tracking (vsup's vLLM has it): a /load read each
             # scrape; --no-load-tracking measures without it
             args = "" if load else "args = { enable-server-load-tracking = false }"
-            fast = emulator_layout("overhead", ports, token, args=args, health_interval_s=0.1)
+            # the first `at_rest` emulators show an idle server (their mode file), the rest serve
+            modes = home / "modes"
+            modes.mkdir()
+            own = []
+            for i in range(instances):
+                if i < at_rest:
+                    (modes / f"e{i:03d}").write_text("idle\n")
+                    own.append(f'mode-file = "{modes / f"e{i:03d}"}"')
+                else:
+                    own.append("")
+            fast = emulator_layout(
+                "overhead", ports, token, args=args, health_interval_s=0.1, instance_args=own
+            )
             result = daemon.client.apply(fast)
             if not result.get("applied"):
                 raise RuntimeError(f"layout refused: {result['errors']}")
             daemon.wait_states({"ready"}, timeout=30 + 2.0 * instances)
             started_s = time.monotonic() - t0
-            plan = daemon.client.apply(emulator_layout("overhead", ports, token, args=args))["plan"]
+            steady = emulator_layout("overhead", ports, token, args=args, instance_args=own)
+            plan = daemon.client.apply(steady)["plan"]
             assert not plan["restart"] and not plan["start"], plan
-            time.sleep(warmup)
+            # an idle instance rests after a few quiet scrapes (telemetry/rest.py QUIET_SCRAPES)
+            time.sleep(max(warmup, 10.0) if at_rest else warmup)
             status = daemon.client.status()
             scraped = sum(1 for i in status["instances"] if i["kv_cache_usage"] is not None)
             if scraped != instances:
                 raise RuntimeError(f"the daemon shows metrics of {scraped}/{instances} instances")
             print(
-                f"{instances} emulators ready in {started_s:.1f} s (serial: one cpu device); "
-                f"daemon pid {daemon.pid}",
+                f"{instances} emulators ready in {started_s:.1f} s (serial: one cpu device; "
+                f"{at_rest} idle); daemon pid {daemon.pid}",
                 flush=True,
             )
             asked = asking(home, status_every) if status_every > 0 else None
@@ -211,6 +233,7 @@ def measure(
     d = median(daemon_pct)
     out = {
         "instances": instances,
+        "at_rest": at_rest,
         "daemon_cpu_pct": d,
         "per_instance_poll_ms": d * 10.0 / instances,  # % of a core over 1 s = 10 ms
     }
@@ -240,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="a client asks status every S seconds during the windows (0: none)",
     )
+    ap.add_argument(
+        "--at-rest",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the first K emulators show an idle server (at rest: scraped every rest_interval_s)",
+    )
     ap.add_argument("--naive-poller", metavar="PORTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.naive_poller:
@@ -253,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup,
         load=not args.no_load_tracking,
         status_every=args.status_every,
+        at_rest=args.at_rest,
     )
     print(last_line(**out))
     return 0

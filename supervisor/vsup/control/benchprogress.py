@@ -79,6 +79,11 @@ class BenchProgressBoard:
             create_time = stat.create_time if stat is not None else None
         self._report = _Report(dict(body), now, now - elapsed, create_time)
 
+    @property
+    def running(self) -> bool:
+        """A bench or tune reports progress (not done, not stale, its sender alive)."""
+        return self._report is not None and self.current() is not None
+
     def status(self) -> BenchStatus | None:
         """`current()` typed, as the snapshot carries it (every key of the report must be a
         field of snapshot.BenchStatus: tests/unit/control/test_benchprogress.py checks)."""

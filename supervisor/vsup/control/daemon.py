@@ -63,6 +63,7 @@ from vsup.control.state import (
     spec_to_dict,
 )
 from vsup.engine import Engine, EngineSettings, Instance
+from vsup.engine.intent import Run
 from vsup.engine.sleep import SleepRefused
 from vsup.journalevents import (
     ActionEvent,
@@ -227,6 +228,8 @@ class Daemon:
         self.engine.sleeper.gpu_memory_now = self.monitor.gpu_memory_now
         # a scrape asks /health with /metrics: the engine's check of that second
         self.monitor.on_health = self.engine.health_answered
+        # an instance at rest is scraped every rest_interval_s: its health loop is told
+        self.monitor.on_rest = self.engine.health_resting
 
     # ----------------------------------------------------------------- engine events
 
@@ -606,6 +609,9 @@ class Daemon:
 
     def _targets(self) -> list[Target]:
         out = []
+        # a rolling apply or a bench (its progress reports) reads every figure as it comes
+        rollout = self.engine.rollout
+        quiet = not (rollout is not None and rollout.active) and not self.bench.running
         for name, inst in self.engine.instances.items():
             spec = inst.spec
             # the canary's /v1 request needs the instance's API key, when it has one
@@ -632,9 +638,29 @@ class Daemon:
                     stall_after_s=spec.stall_after_s,
                     dp_ranks=spec.data_parallel_size,
                     canary_headers=(("Authorization", f"Bearer {key}"),) if key else (),
+                    rest_s=self._rest_s(name, inst) if quiet else 0.0,
                 )
             )
         return out
+
+    def _rest_s(self, name: str, inst: Instance) -> float:
+        """How often the instance may be scraped while its figures show it at rest
+        (telemetry/rest.py): its `rest_interval_s`, or 0 (every poll) while anything about it
+        is in transition - not ready, a stop, drain or restart asked for, a sleep, wake or
+        reconciliation under way, a known stall - or it is a member of a span (the unit's
+        health is read every second by its followers, and its head judges every rank)."""
+        spec = inst.spec
+        if (
+            spec.rest_interval_s <= 0
+            or inst.state != State.READY
+            or inst.pid is None
+            or spec.span is not None
+            or not isinstance(inst.control.intent, Run)
+            or not self.engine.sleeper.settled(name)
+            or self.stalls.knows(name)
+        ):
+            return 0.0
+        return spec.rest_interval_s
 
     async def poll_once(self) -> StatusSnapshot | None:
         """One poll: telemetry of every instance, GPUs, then a snapshot with advice (the one

@@ -11,6 +11,13 @@ over kept-alive sockets, the pages parsed there), whose finished results come ba
 loop in a few batches; other URLs get a task each (`Scraper.scrape`). Figures older than telemetry's
 `STALE_AFTER_S` read as unknown.
 
+An instance at rest (telemetry/rest.py: nothing in flight, nothing moving over its last
+scrapes) whose target allows it (`Target.rest_s` > 0: the daemon says no transition is under
+way) is scraped only every `rest_s` instead of every poll; the engine is told
+(`on_rest`) so that its health loop does not ask /health itself in the seconds between. The
+first scrape that shows anything moving, or a target that no longer allows it, puts it back
+on every poll.
+
 Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
 also reads `/load`, and an idle `ready` instance whose `canary_interval_s` is set gets one
 `max_tokens = 1` request that often (data parallel: each rank in turn), bounded by its
@@ -100,6 +107,9 @@ class Target:
     stall_after_s: float = 0.0  # a canary's deadline
     dp_ranks: int = 1  # data-parallel ranks (engines) behind the API server
     canary_headers: tuple[tuple[str, str], ...] = ()  # e.g. the API key, for /v1 routes
+    # at rest (telemetry/rest.py), scraped only this often; 0: every poll (a transition, or
+    # the layout's rest_interval_s = 0)
+    rest_s: float = 0.0
 
 
 class Monitor:
@@ -129,6 +139,12 @@ class Monitor:
         # the same connection, pipelined): the engine takes it for its own check that second
         # (engine/runner.py). None: scrapes do not ask /health.
         self.on_health: Callable[[str, int, int], None] | None = None
+        # Told `(name, run, window_s)` when an instance starts or ends a rest: while resting,
+        # its health loop takes an answer up to `window_s` old as current (the scrapes, with
+        # their /health, come every rest_s); 0: every second again. None: nobody is told.
+        self.on_rest: Callable[[str, int, float], None] | None = None
+        self._asked: dict[str, float] = {}  # name -> when its latest scrape was started
+        self._rest_told: dict[str, float] = {}  # name -> the window `on_rest` was last told
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -248,6 +264,8 @@ class Monitor:
                 canary = self._canaries.pop(t.name, None)
                 if canary is not None:
                     canary.cancel()  # the old run's: it says nothing of this one
+                self._asked.pop(t.name, None)
+                self._rest_told.pop(t.name, None)  # a new run's lifecycle rests not
             if self._live.get(t.name) and not t.live:
                 tel.stopped()
             self._live[t.name] = t.live
@@ -255,9 +273,16 @@ class Monitor:
         started: list[asyncio.Future[None]] = []
         jobs: list[Job[Target]] = []
         batch = self._batch
+        now = self.clock.monotonic()
         for t in targets:
+            if not t.live and self._rest_told.get(t.name) and self.on_rest is not None:
+                self._rest_told[t.name] = 0.0
+                self.on_rest(t.name, t.run, 0.0)
             if not t.live or t.name in self._inflight or self.scraper is None:
                 continue
+            if self._resting(t, now):
+                continue
+            self._asked[t.name] = now
             if batch is not None and t.base_url.startswith("http://"):
                 jobs.append(
                     Job(
@@ -287,6 +312,23 @@ class Monitor:
         for result in await asyncio.gather(*side, return_exceptions=True):
             if isinstance(result, Exception):
                 log.error("telemetry poll failed", exc_info=result)
+
+    def _resting(self, t: Target, now: float) -> bool:
+        """Whether `t` is at rest and was asked less than its `rest_s` ago (no scrape this
+        poll); tells the engine when its rest begins or ends."""
+        tel = self._tel.get(t.name)
+        resting = t.rest_s > 0 and tel is not None and tel.rest.at_rest
+        # a rest's health answers come every rest_s, taken by a health loop that ticks each
+        # second: an answer is current for that long and a poll and a half more
+        window = t.rest_s + 1.5 * self.poll_interval if resting else 0.0
+        if self._rest_told.get(t.name, 0.0) != window and self.on_rest is not None:
+            self._rest_told[t.name] = window
+            self.on_rest(t.name, t.run, window)
+        if not resting:
+            return False
+        asked = self._asked.get(t.name)
+        # polls come every poll_interval, not to the microsecond: half of one is slack
+        return asked is not None and now - asked + 0.5 * self.poll_interval < t.rest_s
 
     def _scrape_done(self, name: str, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(name, None)
@@ -458,6 +500,8 @@ class Monitor:
         self._live.pop(name, None)
         self._hbm.pop(name, None)
         self._tracking.pop(name, None)
+        self._asked.pop(name, None)
+        self._rest_told.pop(name, None)
         if self._batch is not None:
             self._dropped.append(name)
         for tasks in (self._inflight, self._canaries):

@@ -110,6 +110,10 @@ class StallActions:
         """Whether a stall is known (so `observe` has one to follow or end)."""
         return bool(self._stalled)
 
+    def knows(self, name: str) -> bool:
+        """Whether `name` is stalled as far as the journal knows (a stall to follow or end)."""
+        return name in self._stalled
+
     def observe(self, instances: Iterable[InstanceStatus]) -> None:
         seen = set()
         for inst in instances:

@@ -68,6 +68,7 @@ LIVE_FIELDS = frozenset(
         "unhealthy_grace_s",
         "stall_after_s",
         "canary_interval_s",
+        "rest_interval_s",
         "profiles",
     }
 )
@@ -770,6 +771,14 @@ class Engine:
         inst = self._instances.get(name)
         if inst is not None and inst.run == run and inst.pid is not None:
             inst.lifecycle.health_answered(status)
+
+    def health_resting(self, name: str, run: int, window_s: float) -> None:
+        """Run `run` of `name` is at rest (control/monitor.py) and scraped, /health with it,
+        only every so often: a good answer up to `window_s` old stands for the health loop's
+        check (runner.py); 0 ends the rest."""
+        inst = self._instances.get(name)
+        if inst is not None and inst.run == run:
+            inst.lifecycle.rest_window_s = window_s
 
     def http_client(self) -> health.HttpGetter:
         """The keep-alive client of /health checks, made on first use."""

@@ -73,6 +73,9 @@ class Lifecycle:
         # many so far, so the health loop takes each at most once (runner.py)
         self.answered_status: int | None = None
         self.answered_count = 0
+        # at rest (telemetry/rest.py, control/monitor.py): its scrapes, and their /health, come
+        # every rest_interval_s, and a good answer this recent stands for a check; 0: not at rest
+        self.rest_window_s = 0.0
         self._restart_pending = False
         # why the instance is `failed` (cleared when it leaves that state), for people
         self.failed_why: str | None = None
@@ -129,6 +132,7 @@ class Lifecycle:
         self.last_health_status = None
         self.engine_part_died = False
         self.answered_status = None
+        self.rest_window_s = 0.0
         if self._restart_pending:
             self.restarts += 1
             self._restart_pending = False
@@ -149,6 +153,14 @@ class Lifecycle:
         """The current run answered `/health` with `status` to someone else's request."""
         self.answered_status = status
         self.answered_count += 1
+
+    def rests(self) -> bool:
+        """Ready, at rest, and its last check good within the rest's window: the health loop
+        asks nothing itself this second (the rest's next scrape brings its /health)."""
+        if self.state != State.READY or self.rest_window_s <= 0 or self.health_failures:
+            return False
+        last = self.last_answer_at
+        return last is not None and self.clock.monotonic() - last < self.rest_window_s
 
     def health_ok(self) -> None:
         self.health_failures = 0

@@ -636,18 +636,22 @@ class Runner:
         while proc.alive:
             # A ready server's scrape asks /health too (pipelined with /metrics): an answer
             # it got since the last check is this check, with no request of its own. Without
-            # one (starting, no scrape this second, or no answer) the loop asks itself.
+            # one (starting, no scrape this second, or no answer) the loop asks itself, unless
+            # the instance is at rest and its last good answer is recent (lifecycle.rests).
             answered, status = lc.answered_count, lc.answered_status
+            h: health.Health | None = None
             if lc.state == State.READY and answered != taken and status is not None:
                 h = health.Health(status == 200, status)
-            else:
+            elif not lc.rests():
                 h = await health.check(
                     e.http_client(), inst.spec.health_url, e.settings.health_timeout_s
                 )
             taken = answered
             if not proc.alive or inst.process is not proc:
                 return
-            if lc.state == State.STARTING:
+            if h is None:
+                pass  # at rest: no check this second (its chores still run)
+            elif lc.state == State.STARTING:
                 ok = h.ok if head is None else head.ready(h.ok)
                 role = inst.spec.span
                 if (

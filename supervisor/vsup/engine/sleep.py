@@ -222,6 +222,20 @@ class Sleeper:
         # not join the router for the moment before its sleep)
         return t is not None and (t.state != SleepState.AWAKE or not t.want_awake)
 
+    def settled(self, name: str) -> bool:
+        """No sleep, wake, recycle or reconciliation under way (or not in sleep mode): awake
+        as wanted, or asleep as wanted. An unsettled instance is scraped every poll."""
+        t = self._tracks.get(name)
+        if t is None:
+            return True
+        if t.lock.locked() or t.recycling:
+            return False
+        if t.reconciling is not None and not t.reconciling.done():
+            return False
+        return (t.state == SleepState.AWAKE and t.want_awake) or (
+            t.state == SleepState.ASLEEP and not t.want_awake
+        )
+
     def awake(self, name: str) -> bool:
         """False while the instance sleeps, falls asleep or wakes (no canary, no stall)."""
         return not self.excluded(name)

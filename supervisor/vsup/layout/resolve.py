@@ -67,6 +67,7 @@ def spec_from_merged(m: MergedInstance, layout: Layout) -> InstanceSpec:
         unhealthy_grace_s=float(v["unhealthy_grace_s"]),
         stall_after_s=float(v.get("stall_after_s", InstanceSpec.stall_after_s)),
         canary_interval_s=float(v.get("canary_interval_s", InstanceSpec.canary_interval_s)),
+        rest_interval_s=float(v.get("rest_interval_s", InstanceSpec.rest_interval_s)),
         load_tracking=load_tracking(raw_args, v["command"]),
         profiles=tuple(layout.profiles),
         revision=v.get("revision"),

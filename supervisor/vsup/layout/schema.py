@@ -441,6 +441,13 @@ COMMON_KEYS: dict[str, Key] = {
             _not_negative,
         ),
         Key(
+            "rest_interval_s",
+            "number",
+            "seconds between the scrapes (and /health reads) of an instance at rest: no request "
+            "in flight, no figure moving, no transition (0: every second)",
+            _not_negative,
+        ),
+        Key(
             "gpu_memory_utilization",
             "number",
             "fraction of each GPU's memory the instance may take",
@@ -610,6 +617,7 @@ def builtin_defaults() -> dict[str, Any]:
         "unhealthy_grace_s": spec_defaults["unhealthy_grace_s"],
         "stall_after_s": spec_defaults["stall_after_s"],
         "canary_interval_s": spec_defaults["canary_interval_s"],
+        "rest_interval_s": spec_defaults["rest_interval_s"],
     }
 
 

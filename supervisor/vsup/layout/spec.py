@@ -251,6 +251,9 @@ class InstanceSpec:
     # an idle instance gets one max_tokens = 1 request this often, answered within
     # stall_after_s or it is stalled (telemetry/stall.py); 0: never
     canary_interval_s: float = 0.0
+    # at rest (nothing in flight, nothing moving: telemetry/rest.py) it is scraped, and its
+    # /health read, this often instead of every poll; 0: every poll
+    rest_interval_s: float = 3.0
     # --enable-server-load-tracking on its command line: vsup reads its /load. False for a spec
     # built by hand or kept from a vsup that did not add it (the process runs without it).
     load_tracking: bool = False

@@ -6,6 +6,7 @@ tel = InstanceTelemetry(clock, attention_backend=spec.arg("attention-backend"),
 tel.start_run(run, log_path)            # each spawn (or adoption: pass the log offset)
 await asyncio.to_thread(tel.poll_log)   # every poll: new log lines, backend, readiness hints
 tel.observe(scrape_result)              # every scrape (ok or not)
+tel.rest.at_rest                        # nothing in flight or moving: may be asked less often
 status = status.with_wire(**tel.fields(hbm_figure))
 tel.history_json()                      # GET /v1/instances/{name}/history
 tel.stopped()                           # the instance stopped: nothing current to show
@@ -35,6 +36,7 @@ from vsup.telemetry.logwatch import LogUpdate, LogWatcher
 from vsup.telemetry.memprofile import EMPTY_FIELDS
 from vsup.telemetry.metrics import VllmMetrics
 from vsup.telemetry.rates import History, InstanceRates, Rates
+from vsup.telemetry.rest import RestWatch
 from vsup.telemetry.scrape import CanaryOutcome, CanaryResult, ScrapeResult
 from vsup.telemetry.stall import StallView, StallWatch, Stamp
 from vsup.telemetry.view import telemetry_fields
@@ -59,6 +61,7 @@ class InstanceTelemetry:
         self.rates = InstanceRates(clock)
         self.history = history if history is not None else History()
         self.stall = StallWatch()
+        self.rest = RestWatch()  # whether it may be asked less often (rest.py)
         self.watcher: LogWatcher | None = None
         self.run: int | None = None
         self._metrics: VllmMetrics | None = None
@@ -92,6 +95,7 @@ class InstanceTelemetry:
         self._canary_in_flight = False
         self.canary_error = None
         self.stall.clear()
+        self.rest.clear()
 
     def poll_log(self) -> LogUpdate | None:
         """Read the log's new lines (blocking file I/O: call it from a worker thread)."""
@@ -118,6 +122,9 @@ class InstanceTelemetry:
             self.last_error = None
         else:
             self.last_error = result.error
+        # a /health that is not 200 (503: the engine died) is a transition, whatever the figures
+        healthy = result.health_status is None or result.health_status == 200
+        self.rest.observe(result.ok and healthy, result.metrics, result.server_load)
         current = self.metrics
         rates = self.current_rates
         self.history.append(
@@ -134,6 +141,7 @@ class InstanceTelemetry:
         self._server_load = None
         self.rates.clear()
         self.stall.clear()
+        self.rest.clear()
 
     @property
     def metrics(self) -> VllmMetrics | None:

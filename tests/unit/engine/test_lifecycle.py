@@ -268,3 +268,24 @@ def test_every_move_is_checked_against_the_transition_table():
         check_transition(State.STOPPED, State.READY)
     with pytest.raises(IllegalTransition):
         check_transition(State.FAILED, State.READY)
+
+
+def test_at_rest_a_recent_good_answer_stands_for_the_health_check(lc, clock):
+    lc.request_start()
+    lc.spawned(1)
+    assert lc.became_ready()
+    assert not lc.rests()  # not at rest: the health loop checks each second
+    lc.rest_window_s = 4.5  # the monitor: at rest, scraped every 3 s
+    assert lc.rests()
+    clock.advance(4.4)
+    assert lc.rests()
+    clock.advance(0.2)  # no answer for the whole window (a hung server): check again
+    assert not lc.rests()
+    lc.health_ok()
+    assert lc.rests()
+    lc.health_failed(503)  # a failed answer: checked each second until a good one
+    assert not lc.rests()
+    lc.health_ok()
+    assert lc.rests()
+    lc.rest_window_s = 0.0  # the rest ended (something moved, or a transition)
+    assert not lc.rests()

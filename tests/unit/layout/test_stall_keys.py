@@ -174,3 +174,21 @@ def test_a_vllm_without_the_flag_gets_no_load_tracking(tmp_path, flags_home):
     spec = resolved(tmp_path, command=json.dumps([str(exe), "-m", "vllm"]))
     assert spec.load_tracking is False
     assert "--enable-server-load-tracking" not in spec.argv()
+
+
+def test_rest_interval_defaults_to_three_seconds_and_takes_one_to_four_or_zero(tmp_path):
+    layout, diagnostics = check(tmp_path)
+    (spec,) = layout.resolve(profile_dirs=[CONFIGS])
+    assert spec.rest_interval_s == 3.0
+    for ok in ("0", "1", "2.5", "4"):
+        layout, diagnostics = check(tmp_path, instance=f"rest_interval_s = {ok}")
+        assert diagnostics == [], ok
+        (spec,) = layout.resolve(profile_dirs=[CONFIGS])
+        assert spec.rest_interval_s == float(ok)
+    for bad in ("0.5", "5", "60"):
+        _layout, diagnostics = check(tmp_path, instance=f"rest_interval_s = {bad}")
+        found = lines(diagnostics)
+        assert len(found) == 1 and "rest_interval_s" in found[0], found
+        assert "error" in found[0] and "1 to 4 seconds" in found[0], found
+    _layout, diagnostics = check(tmp_path, instance="rest_interval_s = -1")
+    assert any("rest_interval_s" in line for line in lines(diagnostics))

@@ -109,3 +109,24 @@ def test_stopped_instances_show_nothing_current_but_keep_history() -> None:
     assert fields["kv_cache_usage"] is None and fields["preemptions_per_min"] is None
     assert (fields["backend"], fields["backend_source"]) == ("Triton unified", "flag")
     assert len(tel.history_json()["t"]) == 1
+
+
+def test_an_idle_server_rests_until_its_health_says_otherwise_or_it_stops() -> None:
+    idle = parse_metrics((FIX / "metrics_idle.txt").read_text())
+    clock = FakeClock()
+    tel = InstanceTelemetry(clock, platform="cpu")
+    tel.start_run(1, None)
+    for _ in range(4):
+        clock.advance(1.0)
+        tel.observe(replace(ok(idle), server_load=0, health_status=200))
+    assert tel.rest.at_rest
+    # the same frozen figures with a 503 from /health (the engine died): not at rest
+    tel.observe(replace(ok(idle), server_load=0, health_status=503))
+    assert not tel.rest.at_rest
+    for _ in range(4):
+        tel.observe(replace(ok(idle), server_load=0, health_status=200))
+    assert tel.rest.at_rest
+    tel.stopped()
+    assert not tel.rest.at_rest
+    tel.start_run(2, None)
+    assert not tel.rest.at_rest

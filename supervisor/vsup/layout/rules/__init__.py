@@ -113,6 +113,7 @@ INSTANCE_RULES: tuple[InstanceRule, ...] = (
     stall.stall_after_too_short,
     stall.on_stall_ignored,
     stall.canary_interval,
+    stall.rest_interval,
     sleep.swap_group_without_sleep,
     sleep.dev_mode_exposed,
     sleep.dev_mode_env_exposed,

@@ -1,4 +1,5 @@
-"""Rules about stall detection: `stall_after_s`, `canary_interval_s` and `restart.on_stall`
+"""Rules about stall detection: `stall_after_s`, `canary_interval_s`, `restart.on_stall`,
+and the cadence of an idle instance's scrapes, `rest_interval_s`
 (telemetry/stall.py)."""
 
 from __future__ import annotations
@@ -114,3 +115,26 @@ def canary_interval(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
             )
         ]
     return []
+
+
+# An instance at rest is scraped every rest_interval_s (telemetry/rest.py): vsup polls once a
+# second, and figures older than 5 s read as unknown (telemetry/instance.py STALE_AFTER_S), so
+# a rest's scrapes must come sooner than that, with a poll of slack.
+REST_MIN_S = 1.0
+REST_MAX_S = 4.0
+
+
+def rest_interval(ctx: Context, m: MergedInstance) -> list[Diagnostic]:
+    value = m.values.get("rest_interval_s")
+    if not is_number(value) or value <= 0 or REST_MIN_S <= value <= REST_MAX_S:
+        return []
+    return [
+        origin_diag(
+            ERROR,
+            f"rest_interval_s = {value}: use {REST_MIN_S:g} to {REST_MAX_S:g} seconds (vsup "
+            "polls once a second, and figures older than 5 s read as unknown), or 0 to scrape "
+            "an idle instance every second",
+            m,
+            "rest_interval_s",
+        )
+    ]

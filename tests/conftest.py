@@ -170,6 +170,9 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
         if os.environ.get("VSUP_TEST_SPAWN_CORE") != "1":
             # the EngineCore forked, as on a GPU, not spawned (tests/support/forkcore says why)
             env["PYTHONPATH"] = str(FORK_CORE)
+            # a forked EngineCore's title (setproctitle) overwrites its /proc/PID/environ, as
+            # on a GPU; the tests find a home's processes by their VSUP_HOME there
+            env["SPT_NOENV"] = "1"
     return env
 
 

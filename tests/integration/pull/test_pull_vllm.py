@@ -59,7 +59,11 @@ def test_real_vllm_starts_offline_from_the_pulled_snapshot(
     port = free_port()
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     # the EngineCore forked, as on a GPU (tests/support/forkcore; tests/conftest.py `vllm_env`)
-    fork = "" if os.environ.get("VSUP_TEST_SPAWN_CORE") == "1" else f', PYTHONPATH = "{FORK_CORE}"'
+    fork = (
+        ""
+        if os.environ.get("VSUP_TEST_SPAWN_CORE") == "1"
+        else f', PYTHONPATH = "{FORK_CORE}", SPT_NOENV = "1"'
+    )
     path = tmp_path / "hub-model.toml"
     path.write_text(
         f"""[layout]

@@ -8,7 +8,9 @@ API server). This module, put on PYTHONPATH of the test servers that run in one-
 (tests/conftest.py `vllm_env`), sets the method back to `fork` right after that call, so those
 servers get the process tree and the start path a GPU server at TP1 has, at ~12 CPU-s a start.
 
-It changes nothing else. Where the CPU build's own process tree is what a test is about (the
+It changes nothing else. (A forked EngineCore's process title overwrites its /proc/PID/environ,
+as on a GPU: vsup never reads it, and the test servers also get SPT_NOENV=1, which keeps it, for
+the tests that find a home's processes by their environment.) Where the CPU build's own process tree is what a test is about (the
 three-process servers, the shipped `cpu` profile, the install test), it is not used.
 `VSUP_TEST_SPAWN_CORE=1` in the suite's environment leaves every server as it comes.
 If vLLM no longer has what this wraps, it says so on stderr and leaves vLLM as it is.

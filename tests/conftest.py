@@ -34,6 +34,14 @@ def outside_cwd() -> Path:
     return _OUTSIDE[0]
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The working directory `outside_cwd` made goes with the session."""
+    import shutil
+
+    for cwd in _OUTSIDE:
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
 def run_vsup(
     home: Path, *args: str, timeout: float = 60, text: bool = True
 ) -> subprocess.CompletedProcess:

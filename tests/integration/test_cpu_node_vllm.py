@@ -125,6 +125,7 @@ def node(tiny_model):
     finally:
         end_all(home)
         shutil.rmtree(layout.parents[1], ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_log(home: Path, name: str) -> Path:

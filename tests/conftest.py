@@ -171,8 +171,11 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
         # OpenMP threads that wait without spinning (configs/cpu.toml says why): a request to
         # the tiny model cost 1.3-4x the CPU with spinning threads beside other servers
         "OMP_WAIT_POLICY": "PASSIVE",
-        "TMPDIR": str(vllm_tmp),
     }
+    if request.node.get_closest_marker("multinode") is None:
+        # not for the spans: with it, the tensor-parallel group across two local "nodes"
+        # failed its first request, every time (2026-12-06, not looked into yet)
+        env["TMPDIR"] = str(vllm_tmp)
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if os.environ.get("VSUP_TEST_SPAWN_CORE") != "1":

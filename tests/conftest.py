@@ -174,7 +174,7 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
     }
     if request.node.get_closest_marker("multinode") is None:
         # not for the spans: with it, the tensor-parallel group across two local "nodes"
-        # failed its first request, every time (2026-12-06, not looked into yet)
+        # failed its first request in both runs (2026-12-06; not looked into yet)
         env["TMPDIR"] = str(vllm_tmp)
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

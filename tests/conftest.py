@@ -130,6 +130,16 @@ def vllm_command() -> list[str]:
 FORK_CORE = Path(__file__).parent / "support" / "forkcore"
 
 
+def fork_core_env() -> dict[str, str]:
+    """What a one-process test server's environment adds so that its EngineCore is forked, as
+    on a GPU, not spawned (tests/support/forkcore says why); nothing with VSUP_TEST_SPAWN_CORE=1.
+    SPT_NOENV: a forked EngineCore's title (setproctitle) overwrites its /proc/PID/environ, as
+    on a GPU; the tests find a home's processes by their VSUP_HOME there."""
+    if os.environ.get("VSUP_TEST_SPAWN_CORE") == "1":
+        return {}
+    return {"PYTHONPATH": str(FORK_CORE), "SPT_NOENV": "1"}
+
+
 @pytest.fixture(scope="session")
 def vllm_tmp() -> Iterator[Path]:
     """The test servers' TMPDIR, removed with the session: vLLM leaves a `vllm_dist_<uuid>`
@@ -178,12 +188,7 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
         env["TMPDIR"] = str(vllm_tmp)
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if os.environ.get("VSUP_TEST_SPAWN_CORE") != "1":
-            # the EngineCore forked, as on a GPU, not spawned (tests/support/forkcore says why)
-            env["PYTHONPATH"] = str(FORK_CORE)
-            # a forked EngineCore's title (setproctitle) overwrites its /proc/PID/environ, as
-            # on a GPU; the tests find a home's processes by their VSUP_HOME there
-            env["SPT_NOENV"] = "1"
+        env.update(fork_core_env())
     return env
 
 

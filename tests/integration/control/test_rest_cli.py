@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_vsup, until
+from tests.conftest import run_vsup as vsup
+from tests.conftest import until
 from tests.integration.control.test_cli import daemons_of
 from tests.unit.control.helpers import EMULATOR, free_port
 
@@ -34,10 +34,6 @@ pytestmark = pytest.mark.timeout(240)
 
 NAMES = ("idle", "busy", "hung", "woken")
 WINDOW_S = 15.0
-
-
-def vsup(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    return run_vsup(home, *args, **kw)
 
 
 def layout_text(tmp: Path) -> str:

@@ -6,7 +6,6 @@ serves it under the layout's served-model-name and answers a completion asked wi
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 
 from vsup.control.client import JsonClient
 
-from tests.conftest import FORK_CORE, free_port
+from tests.conftest import fork_core_env, free_port
 from tests.conftest import run_vsup as vsup
 from tests.integration.control.test_cli import cli_home  # noqa: F401 (fixture)
 from tests.integration.pull.conftest import DENIED, TOKEN
@@ -59,11 +58,7 @@ def test_real_vllm_starts_offline_from_the_pulled_snapshot(
     port = free_port()
     cmd = json.dumps([sys.executable, "-m", "vllm.entrypoints.openai.api_server"])
     # the EngineCore forked, as on a GPU (tests/support/forkcore; tests/conftest.py `vllm_env`)
-    fork = (
-        ""
-        if os.environ.get("VSUP_TEST_SPAWN_CORE") == "1"
-        else f', PYTHONPATH = "{FORK_CORE}", SPT_NOENV = "1"'
-    )
+    fork = "".join(f', {k} = "{v}"' for k, v in fork_core_env().items())
     path = tmp_path / "hub-model.toml"
     path.write_text(
         f"""[layout]

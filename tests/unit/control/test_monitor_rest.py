@@ -6,6 +6,9 @@ answers; the clock is a fake one, advanced a second per poll as the daemon polls
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from vsup.control.monitor import Monitor
 from vsup.telemetry.gpu.base import NoneProbe
 from vsup.telemetry.rest import QUIET_SCRAPES
@@ -29,13 +32,23 @@ async def polls(mon: Monitor, clock: FakeClock, t, n: int, srv: VllmLike) -> lis
     return out
 
 
-async def test_an_idle_instance_is_asked_every_rest_interval_and_at_once_again_when_busy():
+@contextlib.asynccontextmanager
+async def watched() -> AsyncIterator[tuple[Monitor, FakeClock, VllmLike, list]]:
+    """A monitor on a fake clock, the server it scrapes, and what it told the engine."""
     clock = FakeClock()
     told: list[tuple[str, int, float]] = []
     async with VllmLike() as srv:
         mon = Monitor(clock, poll_interval=1.0, probe=NoneProbe())
         mon.on_rest = lambda name, run, window: told.append((name, run, window))
         await mon.open()
+        try:
+            yield mon, clock, srv, told
+        finally:
+            await mon.close()
+
+
+async def test_an_idle_instance_is_asked_every_rest_interval_and_at_once_again_when_busy():
+    async with watched() as (mon, clock, srv, told):
         t = target(srv.url, load_tracking=True, rest_s=3.0)
         # the first scrape and its quiet ones: every poll
         assert await polls(mon, clock, t, QUIET_SCRAPES + 1, srv) == [True] * (QUIET_SCRAPES + 1)
@@ -51,16 +64,10 @@ async def test_an_idle_instance_is_asked_every_rest_interval_and_at_once_again_w
             6 - woke.index(True)
         )
         assert told[-1] == ("a", 1, 0.0)
-        await mon.close()
 
 
 async def test_an_instance_in_transition_or_with_no_rest_interval_is_asked_every_poll():
-    clock = FakeClock()
-    told: list[tuple[str, int, float]] = []
-    async with VllmLike() as srv:
-        mon = Monitor(clock, poll_interval=1.0, probe=NoneProbe())
-        mon.on_rest = lambda name, run, window: told.append((name, run, window))
-        await mon.open()
+    async with watched() as (mon, clock, srv, told):
         t = target(srv.url, load_tracking=True, rest_s=0.0)
         assert await polls(mon, clock, t, 10, srv) == [True] * 10
         assert told == []
@@ -70,4 +77,3 @@ async def test_an_instance_in_transition_or_with_no_rest_interval_is_asked_every
         t = target(srv.url, load_tracking=True, rest_s=0.0)
         assert await polls(mon, clock, t, 3, srv) == [True] * 3
         assert told == [("a", 1, 4.5), ("a", 1, 0.0)]
-        await mon.close()

@@ -17,6 +17,8 @@ from vsup.layout.model import load_layout
 from vsup.layout.parallel import pp_stage_layers, read_pp_partition
 from vsup.layout.validate import validate
 
+from tests.unit.layout.test_validate import MLA_CONFIG
+
 GIB = 2**30
 
 # Llama-3-70B's shape: 80 layers, 8 KV heads, untied 128256 x 8192 embedding and LM head
@@ -34,27 +36,7 @@ LLAMA_70B = {
     "torch_dtype": "bfloat16",
 }
 # DeepSeek-V3's shape (61 layers, MLA), as bf16: ~1.3 TB of weights
-DEEPSEEK_V3 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "num_hidden_layers": 61,
-    "vocab_size": 129280,
-    "kv_lora_rank": 512,
-    "q_lora_rank": 1536,
-    "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 128,
-    "v_head_dim": 128,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 3,
-    "max_position_embeddings": 163840,
-    "torch_dtype": "bfloat16",
-}
+DEEPSEEK_V3 = MLA_CONFIG
 CMD = '["python", "-m", "vllm.entrypoints.openai.api_server"]'
 
 

@@ -171,6 +171,8 @@ async def test_snapshot_behind_a_modal_waits_until_the_dashboard_is_back(client)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot, lambda: app.renders == 1)
         await pilot.press("question_mark")
+        # the screen is pushed after the key's turn: on a loaded machine not by the next one
+        await settle(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert isinstance(app.screen, HelpScreen)
         calls = len(client.calls)
         app.tick()  # behind a modal the timer schedules nothing

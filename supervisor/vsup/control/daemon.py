@@ -189,6 +189,8 @@ class Daemon:
         # something changed since (`_snapshot_dirty`: an engine event, an apply, a problem).
         self._snapshot: StatusSnapshot | None = None
         self._snapshot_dirty = True
+        # each instance's last Target and what it was made of (`_targets`)
+        self._target_memo: dict[str, tuple[tuple[object, ...], Target]] = {}
         self._bench_seen = 0  # the bench board's version the snapshot shows
         self._stopping = asyncio.Event()
         self.shutting_down = False
@@ -612,35 +614,46 @@ class Daemon:
         # a rolling apply or a bench (its progress reports) reads every figure as it comes
         rollout = self.engine.rollout
         quiet = not (rollout is not None and rollout.active) and not self.bench.running
+        memo = self._target_memo
+        if len(memo) > len(self.engine.instances):
+            for gone in [n for n in memo if n not in self.engine.instances]:
+                del memo[gone]
         for name, inst in self.engine.instances.items():
             spec = inst.spec
             # the canary's /v1 request needs the instance's API key, when it has one
             key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-            out.append(
-                Target(
-                    name=name,
-                    base_url=spec.base_url,
-                    run=inst.run,
-                    pid=inst.pid,
-                    pgid=inst.pgid,
-                    gpus=tuple(inst.spec.gpus),
-                    # a span's follower has no server of its own: its base URL is its
-                    # head's, whose figures are the whole unit's (docs/fleet.md)
-                    live=inst.state in SERVING and inst.pid is not None and not spec.follower,
-                    log_path=inst.log_path() if inst.run else None,
-                    attention_flag=spec.arg("attention-backend"),
-                    # no canary to a sleeper: vLLM would hold it until it wakes
-                    ready=inst.state == State.READY
-                    and inst.pid is not None
-                    and self.engine.sleeper.awake(name),
-                    load_tracking=spec.load_tracking,
-                    canary_interval_s=spec.canary_interval_s,
-                    stall_after_s=spec.stall_after_s,
-                    dp_ranks=spec.data_parallel_size,
-                    canary_headers=(("Authorization", f"Bearer {key}"),) if key else (),
-                    rest_s=self._rest_s(name, inst) if quiet else 0.0,
-                )
+            awake = self.engine.sleeper.awake(name)
+            rest_s = self._rest_s(name, inst) if quiet else 0.0
+            # what a Target is made of; the same as the last poll's (nearly always): the
+            # same Target, not one more built from the spec (docs/benchmarks.md, 2026-12-07)
+            inputs = (inst, spec, inst.run, inst.pid, inst.pgid, inst.state, awake, rest_s, key)
+            last = memo.get(name)
+            if last is not None and last[0] == inputs:
+                out.append(last[1])
+                continue
+            target = Target(
+                name=name,
+                base_url=spec.base_url,
+                run=inst.run,
+                pid=inst.pid,
+                pgid=inst.pgid,
+                gpus=tuple(inst.spec.gpus),
+                # a span's follower has no server of its own: its base URL is its
+                # head's, whose figures are the whole unit's (docs/fleet.md)
+                live=inst.state in SERVING and inst.pid is not None and not spec.follower,
+                log_path=inst.log_path() if inst.run else None,
+                attention_flag=spec.arg("attention-backend"),
+                # no canary to a sleeper: vLLM would hold it until it wakes
+                ready=inst.state == State.READY and inst.pid is not None and awake,
+                load_tracking=spec.load_tracking,
+                canary_interval_s=spec.canary_interval_s,
+                stall_after_s=spec.stall_after_s,
+                dp_ranks=spec.data_parallel_size,
+                canary_headers=(("Authorization", f"Bearer {key}"),) if key else (),
+                rest_s=rest_s,
             )
+            memo[name] = (inputs, target)
+            out.append(target)
         return out
 
     def _rest_s(self, name: str, inst: Instance) -> float:

@@ -143,6 +143,7 @@ class Monitor:
         # its health loop takes an answer up to `window_s` old as current (the scrapes, with
         # their /health, come every rest_s); 0: every second again. None: nobody is told.
         self.on_rest: Callable[[str, int, float], None] | None = None
+        self._jobs: dict[str, Job[Target]] = {}  # name -> its latest batch job
         self._asked: dict[str, float] = {}  # name -> when its latest scrape was started
         self._rest_told: dict[str, float] = {}  # name -> the window `on_rest` was last told
 
@@ -284,15 +285,14 @@ class Monitor:
                 continue
             self._asked[t.name] = now
             if batch is not None and t.base_url.startswith("http://"):
-                jobs.append(
-                    Job(
-                        t.name,
-                        t,
-                        t.base_url,
-                        with_load=t.load_tracking,
-                        with_health=self.on_health is not None,
+                job = self._jobs.get(t.name)
+                with_health = self.on_health is not None
+                # the same target as the last poll's (daemon.py keeps it): the same job
+                if job is None or job.key is not t or job.with_health != with_health:
+                    job = self._jobs[t.name] = Job(
+                        t.name, t, t.base_url, with_load=t.load_tracking, with_health=with_health
                     )
-                )
+                jobs.append(job)
                 continue
             task = asyncio.create_task(self._scrape(t), name=f"scrape {t.name}")
             self._inflight[t.name] = task
@@ -502,6 +502,7 @@ class Monitor:
         self._tracking.pop(name, None)
         self._asked.pop(name, None)
         self._rest_told.pop(name, None)
+        self._jobs.pop(name, None)
         if self._batch is not None:
             self._dropped.append(name)
         for tasks in (self._inflight, self._canaries):

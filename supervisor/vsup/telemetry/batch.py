@@ -90,6 +90,7 @@ class _Exchange:
         "connect_by",
         "whole",
         "base",
+        "writing",
     )
 
     def __init__(
@@ -111,6 +112,7 @@ class _Exchange:
         self.connect_by = 0.0
         self.whole = False  # asked for the whole /metrics page (the filter said nothing)
         self.base = 0  # answers in before the current connection
+        self.writing = False  # its socket is registered for writing too (a partial send)
 
 
 class ScrapeBatch:
@@ -123,7 +125,12 @@ class ScrapeBatch:
         self._encoder = httpget.HttpGetter(scraper.headers, max_body=scraper.max_body)
         self.max_body = scraper.max_body
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vsup-scrape")
+        # Every socket is registered once, for reading (a new one for writing until it
+        # connects), and stays so while it is kept alive: which exchange it serves is
+        # `_owner`'s, not the selector's data, so taking an idle socket or putting one back
+        # costs no epoll_ctl and no SelectorKey rebuilt (selectors' `modify` with new data).
         self._sel = selectors.DefaultSelector()
+        self._owner: dict[socket.socket, _Exchange] = {}
         self._idle: dict[tuple[str, int], socket.socket] = {}
         self._pending: dict[str, _Exchange] = {}
         self._done: list[tuple[Job[Any], ScrapeResult]] = []
@@ -217,11 +224,12 @@ class ScrapeBatch:
         """Handle what is ready within `timeout`; whether anything was."""
         ready = self._sel.select(timeout)
         for key, events in ready:
-            if key.data is None:
-                self._idle_event(key.fileobj)  # type: ignore[arg-type]
+            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            ex = self._owner.get(sock)
+            if ex is None:
+                self._idle_event(sock)
                 continue
-            ex: _Exchange = key.data
-            if ex.sock is not key.fileobj or ex.job.name not in self._pending:
+            if ex.sock is not sock or ex.job.name not in self._pending:
                 continue
             try:
                 if ex.connecting:
@@ -242,7 +250,7 @@ class ScrapeBatch:
             return  # taken by an exchange since the select: its own read will see the close
         for key in held:
             del self._idle[key]
-        self._sel.unregister(sock)
+        self._unregister(sock)
         sock.close()
 
     def _start(self, job: Job[Any], now: float) -> None:
@@ -275,14 +283,14 @@ class ScrapeBatch:
         ex.out = b"".join(ex.requests[len(ex.answers) :])
         sock = self._idle.pop((ex.host, ex.port), None) if reuse else None
         if sock is not None:
-            ex.sock, ex.reused, ex.connecting = sock, True, False
+            ex.sock, ex.reused, ex.connecting, ex.writing = sock, True, False, False
             # an idle socket stays registered for reading: this changes only whose it is
-            self._sel.modify(sock, selectors.EVENT_READ, ex)
+            self._owner[sock] = ex
             self._send(ex)
             return
         sock = socket.socket(socket.AF_INET6 if ":" in ex.host else socket.AF_INET)
         sock.setblocking(False)
-        ex.sock, ex.reused, ex.connecting = sock, False, True
+        ex.sock, ex.reused, ex.connecting, ex.writing = sock, False, True, True
         ex.connect_by = time.monotonic() + min(self.timeout_s, 1.0)
         try:
             code = sock.connect_ex((ex.host, ex.port))
@@ -290,16 +298,17 @@ class ScrapeBatch:
             code = exc.errno or errno.EHOSTUNREACH
         if code not in (0, errno.EINPROGRESS):
             _raise_refused(ex, code)
-        self._sel.register(sock, selectors.EVENT_WRITE, ex)
+        self._sel.register(sock, selectors.EVENT_WRITE)
+        self._owner[sock] = ex
 
     def _connected(self, ex: _Exchange) -> None:
         assert ex.sock is not None
         code = ex.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
             _raise_refused(ex, code)
-        ex.connecting = False
+        ex.connecting, ex.writing = False, False
         ex.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sel.modify(ex.sock, selectors.EVENT_READ, ex)
+        self._sel.modify(ex.sock, selectors.EVENT_READ)
         self._send(ex)
 
     def _send(self, ex: _Exchange) -> None:
@@ -311,11 +320,12 @@ class ScrapeBatch:
         except OSError:
             self._stale(ex)
             return
-        wrote_all = n == len(ex.out)
-        ex.out = ex.out[n:]
-        if not wrote_all or self._sel.get_key(ex.sock).events != selectors.EVENT_READ:
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ex.out else 0)
-            self._sel.modify(ex.sock, events, ex)
+        if n:
+            ex.out = ex.out[n:]
+        if bool(ex.out) != ex.writing:  # the rest waits until the socket takes more
+            ex.writing = bool(ex.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ex.writing else 0)
+            self._sel.modify(ex.sock, events)
 
     def _read(self, ex: _Exchange) -> None:
         assert ex.sock is not None
@@ -367,9 +377,12 @@ class ScrapeBatch:
             # kept for the next run, still registered for reading (no epoll_ctl a run): if
             # the server closes it meanwhile, `_wait` sees it and lets it go
             self._idle[key] = sock
-            self._sel.modify(sock, selectors.EVENT_READ, None)
+            del self._owner[sock]
+            if ex.writing:
+                ex.writing = False
+                self._sel.modify(sock, selectors.EVENT_READ)
         else:
-            self._sel.unregister(sock)
+            self._unregister(sock)
             sock.close()
         del self._pending[ex.job.name]
         elapsed = time.monotonic() - ex.started
@@ -440,11 +453,15 @@ class ScrapeBatch:
             )
         )
 
+    def _unregister(self, sock: socket.socket) -> None:
+        self._owner.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(sock)
+
     def _close_sock(self, ex: _Exchange) -> None:
         sock, ex.sock = ex.sock, None
         if sock is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._sel.unregister(sock)
+            self._unregister(sock)
             sock.close()
 
     def _close_all(self) -> None:
@@ -452,8 +469,7 @@ class ScrapeBatch:
             self._close_sock(ex)
         self._pending.clear()
         for sock in self._idle.values():
-            with contextlib.suppress(KeyError, ValueError):
-                self._sel.unregister(sock)
+            self._unregister(sock)
             sock.close()
         self._idle.clear()
         self._sel.close()

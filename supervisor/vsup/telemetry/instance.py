@@ -103,15 +103,17 @@ class InstanceTelemetry:
 
     def observe(self, result: ScrapeResult) -> None:
         """Take one scrape's result."""
-        now = self._clock.monotonic()
+        # the clock read once: the daemon takes a scrape of every instance each second
+        now, wall = self._clock.monotonic(), self._clock.wall()
+        rates: Rates | None = None
         if result.ok:
             self._metrics, self._metrics_at = result.metrics, now
-            self.rates.observe(result.metrics, run=self.run, t=now)
+            rates = self.rates.observe(result.metrics, run=self.run, t=now)
             self._server_load = result.server_load
             self.stall.observe(
                 result.metrics,
                 now,
-                self._clock.wall(),
+                wall,
                 server_load=result.server_load,
                 load_failed=result.load_error is not None,
             )
@@ -125,10 +127,12 @@ class InstanceTelemetry:
         # a /health that is not 200 (503: the engine died) is a transition, whatever the figures
         healthy = result.health_status is None or result.health_status == 200
         self.rest.observe(result.ok and healthy, result.metrics, result.server_load)
-        current = self.metrics
-        rates = self.current_rates
+        if rates is not None:  # figures of this very scrape: fresh, and their rates
+            current: VllmMetrics | None = result.metrics
+        else:
+            current, rates = self.metrics, self.current_rates
         self.history.append(
-            self._clock.wall(),
+            wall,
             current.kv_cache_usage if current else None,
             rates.generation_tokens_per_s,
             rates.preemptions_per_min,

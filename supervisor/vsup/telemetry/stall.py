@@ -89,6 +89,8 @@ class StallView:
 
 
 UNKNOWN = StallView()
+# StallView(stalled=False, unaccounted=N) by N: views are immutable, so one serves every caller
+_CALM: dict[int | None, StallView] = {}
 
 
 @dataclass
@@ -222,6 +224,21 @@ class StallWatch:
             return UNKNOWN
         if self._seen_at is None or now - self._seen_at > fresh_s:
             return UNKNOWN
+        if self._canary is None and self._calm(now, stall_after_s):
+            # what nearly every view of a serving instance is, asked for each instance at
+            # each poll: one shared answer per count of unaccounted requests
+            calm = _CALM.get(self._unaccounted)
+            if calm is None:
+                if len(_CALM) >= 256:
+                    _CALM.clear()
+                calm = _CALM[self._unaccounted] = StallView(
+                    stalled=False, unaccounted=self._unaccounted
+                )
+            return calm
+        return self._stalled_or_calm(now, stall_after_s)
+
+    def _stalled_or_calm(self, now: float, stall_after_s: float) -> StallView:
+        """The full judgement of fresh figures (`view` without its shared calm answer)."""
         stuck = self._stuck_by_gauges(now, stall_after_s)
         # An engine stuck by its own gauges explains requests no gauge shows: those that
         # reached it after the last stats it sent. They name no other engine (a working rank
@@ -236,6 +253,19 @@ class StallWatch:
         if not stuck:
             return StallView(stalled=False, unaccounted=self._unaccounted)
         return self._stalled(now, stuck)
+
+    def _calm(self, now: float, stall_after_s: float) -> bool:
+        """No engine busy without progress, and no spell of unaccounted requests, for
+        stall_after_s: nothing `view` could call stalled but a lost canary (the same tests
+        as `_stuck_by_gauges` and `_holders`, without building their answers)."""
+        spell = self._unaccounted_from
+        if spell is not None and now - spell.t >= stall_after_s:
+            return False
+        for track in self._engines.values():
+            busy_from = track.busy_from
+            if busy_from is not None and now - _later(busy_from, track.moved_at).t >= stall_after_s:
+                return False
+        return True
 
     def _stuck_by_gauges(
         self, now: float, stall_after_s: float

@@ -400,3 +400,18 @@ async def test_a_refused_state_write_is_an_alert_retried_until_it_works(
         raise AssertionError("the state_write alert did not clear once writes worked")
     doc = json.loads(paths.state_path(vsup_home).read_text())
     assert doc["instances"]["a"]["pid"] == daemon.engine.instances["a"].pid
+
+
+async def test_a_poll_reuses_an_instance_target_until_something_it_holds_changes(daemons):
+    """Each poll's targets: the last poll's Target object while nothing it is made of moved
+    (built once, not once a poll), and a new one from the first poll after a change."""
+    daemon, client = await daemons.start()
+    await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
+    assert await daemon.engine.wait("a", ("ready",), timeout=20) == "ready"
+    (first,) = daemon._targets()
+    (again,) = daemon._targets()
+    assert again is first and first.live and first.ready and first.pid is not None
+    await client.action("stop", ["a"])
+    assert await daemon.engine.wait("a", ("stopped",), timeout=20) == "stopped"
+    (after,) = daemon._targets()
+    assert after is not first and not after.live and not after.ready and after.pid is None

@@ -13,6 +13,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from vsup.telemetry.batch import Job, ScrapeBatch, batch_for
 from vsup.telemetry.scrape import Scraper, ScrapeResult
 
@@ -351,3 +353,33 @@ async def test_a_kept_alive_connection_closed_between_runs_is_let_go_and_replace
             await batch.aclose()
     assert first.ok and second.ok and second.server_load == 3
     assert srv.connections == 2
+
+
+class _Trickle(socket.socket):
+    """A socket whose `send` takes at most 7 bytes: every request goes out in pieces, as it
+    does when a server reads slower than the daemon writes (a full send buffer)."""
+
+    def send(self, data: bytes, *args: int) -> int:  # type: ignore[override]
+        return super().send(bytes(data[:7]), *args)
+
+
+async def test_a_request_the_socket_takes_a_few_bytes_at_a_time_is_sent_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vsup.telemetry.batch as batch_module
+
+    monkeypatch.setattr(batch_module.socket, "socket", _Trickle)
+    async with Server(vllm) as srv, Scraper(timeout_s=5) as scraper:
+        batch = batch_for(scraper)
+        assert batch is not None
+        try:
+            first = (await run(batch, [job(srv.url)]))["a"]
+            # the kept-alive socket: its writes wait for room again, then only for answers
+            second = (await run(batch, [job(srv.url)]))["a"]
+        finally:
+            await batch.aclose()
+    for got in (first, second):
+        assert got.ok and got.server_load == 3 and got.health_status == 200
+        assert got.metrics.preemptions_total == 2.0
+    assert srv.connections == 1
+    assert [p.partition("?")[0] for p in srv.paths] == ["/health", "/load", "/metrics/"] * 2

@@ -441,3 +441,21 @@ def test_a_real_slowed_chunked_prefill_is_no_stall_though_no_token_is_counted_fo
     assert _replay(rows, kv_frozen=False) == [False] * len(rows)
     # the same figures with KV usage frozen (no way to see the chunks) would have been a stall
     assert _replay(rows[:-1], kv_frozen=True)[-1] is True
+
+
+def test_the_shared_calm_view_is_what_the_full_judgement_says_at_every_second():
+    """`view` answers a calm watch (nothing busy without progress, no spell of unaccounted
+    requests, no lost canary: nearly every view) with one shared StallView: at each second of
+    a freeze seen by the gauges and of one seen only by /load, it equals the full judgement,
+    up to and past the second the verdict turns."""
+    for metrics, load in ((LOAD, None), (IDLE, 4)):
+        clock, watch = FakeClock(), StallWatch()
+        watch.observe(metrics, clock.monotonic(), clock.wall(), server_load=load)
+        verdicts = []
+        for _ in range(70):
+            feed(watch, clock, metrics, 1, load=load)
+            got = verdict(watch, clock)
+            assert got == watch._stalled_or_calm(clock.monotonic(), 60.0)
+            verdicts.append(got.stalled)
+        assert verdicts[:58] == [False] * 58 and verdicts[-5:] == [True] * 5
+        assert verdict(watch, clock, after=600.0) is verdict(watch, clock, after=900.0)

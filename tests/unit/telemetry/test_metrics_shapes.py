@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vsup.telemetry import metrics as M
+from vsup.telemetry import promtext
 from vsup.telemetry.metrics import parse_metrics
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -364,3 +365,36 @@ def test_any_shape_past_its_checks_reads_as_line_by_line(
     for values in moves:
         moved = with_values(text, values)
         assert same(parse_metrics(moved), M._parse_lines(moved))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1.79599159378e+09",
+        "1796592776.93",
+        "1700000000",
+        "1.7E9",
+        ".5e1",
+        "5.",
+        "1e999",
+        "9" * 400,
+        "1_700",
+        "1e",
+        "+1e9",
+        "NaN",
+        "+Inf",
+        "1.7e9 1700000000000",
+        "",
+    ],
+)
+def test_the_start_time_reads_as_parse_sample_reads_it(value: str) -> None:
+    """`_start_time`'s shortcut for a plain number (e-notation included: vLLM writes the start
+    time so) gives what the full parse of the line gives."""
+    line = f"process_start_time_seconds {value}"
+    try:
+        sample = promtext.parse_sample(line)
+        want = sample.value if math.isfinite(sample.value) else None
+    except ValueError:
+        want = None
+    for text in (line, f"# HELP x\n{line}\n", f"vllm:num_requests_running 1\n{line}\r\n"):
+        assert M._start_time(text) == want, text

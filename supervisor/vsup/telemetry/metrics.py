@@ -373,7 +373,7 @@ class _Shape:
         queries = pick(PREFIX_QUERIES, PREFIX_QUERIES_LEGACY)
         hits = pick(PREFIX_HITS, PREFIX_HITS_LEGACY)
         self.legacy = tuple(legacy)
-        # VllmMetrics' summed fields (`_sum`), in the order `read` takes them
+        # VllmMetrics' summed fields (`_sum`), in the order `_reader` unpacks them
         summed = (
             at(PREEMPTIONS),
             at(RUNNING),

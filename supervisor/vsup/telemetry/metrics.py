@@ -4,9 +4,10 @@ Only the families vsup shows are read. A compiled expression whose literal prefi
 `\\nvllm:` picks their sample lines out of the ~50 KB payload (the regex engine skips ahead on
 the prefix, so most of the payload is never looked at), and `promtext.parse_sample` parses
 those few lines. A server writes the same lines every scrape but for their values, so what
-the label sets say is kept per page shape (`_SHAPES`): a page of a known shape is read by
-`float()`s of its values and the sums, to the same figures (tests/unit/telemetry/
-test_metrics_shape.py). What it costs: docs/benchmarks.md (`benchmarks/metrics_parse.py`).
+the label sets say is kept per page shape (`_SHAPES`), the page's reading compiled into sums
+over known positions: a page of a known shape is read by `float()`s of its values and those
+sums, to the same figures (tests/unit/telemetry/test_metrics_shape.py and
+test_metrics_shapes.py). What it costs: docs/benchmarks.md (`benchmarks/metrics_parse.py`).
 HELP/TYPE comments are never needed: each family is known by its sample name.
 
 Names across versions (the newer one wins when a payload has both):
@@ -45,9 +46,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
+from typing import TypeVar
 
 from vsup.telemetry.promtext import parse_sample, parse_value
 
@@ -279,12 +281,10 @@ _LINES = re.compile(
     + "|".join(re.escape(n[len("vllm:") :]) for n in VLLM_FAMILIES)
     + r"))(?=[{ \t])((?:\{[^\n]*\})?)([^\n]*)"
 )
-_SHAPES: dict[tuple[tuple[str, str], ...], _Shape] = {}
+# a shape's key: its lines' family names and label sets
+_Key = tuple[tuple[str, ...], tuple[str, ...]]
+_SHAPES: dict[_Key, _Shape] = {}
 _SHAPES_MAX = 256
-
-
-def _head_of(line: tuple[str, str, str]) -> tuple[str, str]:
-    return line[0], line[1]
 
 
 def _split_lines(text: str) -> list[tuple[str, str, str]]:
@@ -297,12 +297,11 @@ def _split_lines(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
-def _plain_values(found: list[tuple[str, str, str]]) -> list[float] | None:
+def _plain_values(rests: tuple[str, ...]) -> list[float] | None:
     """Each line's value when every rest is one number (what every client library writes),
     else None (the line-by-line reading says what the others are). `float()` takes what
     `promtext.parse_value` takes for a lone number, blanks around it included, except
     underscores, which it refuses."""
-    rests = [line[2] for line in found]
     if "_" in "".join(rests):
         return None
     try:
@@ -311,8 +310,19 @@ def _plain_values(found: list[tuple[str, str, str]]) -> list[float] | None:
         return None
 
 
+# How many pages of a shape, after the one it was learnt from, are also read by the general
+# rules and compared (`_checked`) before the compiled reading is trusted alone: other values
+# take other branches (a 0 where the first page had a 1 in the sleep state).
+_CHECKS = 3
+
+
 class _Shape:
-    """What a page of one shape says apart from its values (see `_SHAPES`)."""
+    """What a page of one shape says apart from its values (see `_SHAPES`), and its reading
+    compiled: where each figure's values are in the page, worked out once, so that a page of
+    the shape whose values are all finite is read by the sums alone (`read`, `_reader`): no
+    `series` dict, no label looked up, every branch that depends on the labels alone taken
+    here. A page with a NaN or an infinity is read by `read_rows` (`_parse_lines` over its
+    samples), whose rules for those stay in one place."""
 
     __slots__ = (
         "rows",
@@ -322,6 +332,9 @@ class _Shape:
         "engine_order",
         "model_order",
         "cache_config",
+        "legacy",
+        "finite",
+        "checks_left",
     )
 
     def __init__(self, rows: list[tuple[str, dict[str, str]]]) -> None:
@@ -335,8 +348,100 @@ class _Shape:
         self.model_order = tuple(sorted(self.models))
         first = self.configs[0]
         self.cache_config = MappingProxyType(dict(first)) if first is not None else None
+        # pages of the shape still to read both ways (`_checked`); -1: the two readings
+        # differed once, and the shape's pages are read by `read_rows` from then on
+        self.checks_left = _CHECKS
 
-    def read(self, values: list[float], start: float | None) -> VllmMetrics:
+        def at(family: str) -> tuple[int, ...]:
+            return tuple(i for i, (name, _labels) in enumerate(rows) if name == family)
+
+        def engine(i: int) -> str:
+            return rows[i][1].get("engine", "")
+
+        # `_parse_lines`' `pick`s, in its order: the KV rows, then the prefix cache's
+        legacy: list[str] = []
+
+        def pick(current: str, old: str) -> tuple[int, ...]:
+            if current in series:
+                return at(current)
+            if old in series:
+                legacy.append(old)
+                return at(old)
+            return ()
+
+        kv = pick(KV_USAGE, KV_USAGE_LEGACY)
+        queries = pick(PREFIX_QUERIES, PREFIX_QUERIES_LEGACY)
+        hits = pick(PREFIX_HITS, PREFIX_HITS_LEGACY)
+        self.legacy = tuple(legacy)
+        # VllmMetrics' summed fields (`_sum`), in the order `_reader` unpacks them
+        summed = (
+            at(PREEMPTIONS),
+            at(RUNNING),
+            at(WAITING),
+            at(PROMPT_TOKENS),
+            at(GENERATION_TOKENS),
+            at(REQUEST_SUCCESS),
+            queries,
+            hits,
+        )
+        # `_weighted_mean`: weighted by the capacities when every row's engine has one
+        capacities = self.configs[1]
+        weights = [capacities.get(engine(i)) for i in kv]
+        # `_per_engine`: with every value finite, each row counts, so which engines there are
+        # and which rows make each one's figures is the shape's
+        sums: dict[tuple[str, str], list[int]] = {}
+        for i, (name, labels) in enumerate(rows):
+            if name in _PER_ENGINE:
+                sums.setdefault((labels.get("engine", ""), name), []).append(i)
+        kv_first: dict[str, int] = {}
+        for i in kv:
+            kv_first.setdefault(engine(i), i)
+        awake_last: dict[str, int] = {}
+        for i in at(SLEEP_STATE):
+            if rows[i][1].get("sleep_state") == _AWAKE:
+                awake_last[engine(i)] = i
+        order = sorted({e for e, _f in sums} | set(kv_first) | set(awake_last), key=_engine_order)
+        per_engine = [
+            (
+                [tuple(sums.get((e, family), ())) for family in _PER_ENGINE],
+                kv_first.get(e),
+                awake_last.get(e),
+            )
+            for e in order
+        ]
+        # `_sleep_state` and `_sleep_ops`
+        awake = [i for i in at(SLEEP_STATE) if rows[i][1].get("sleep_state") == _AWAKE]
+        levels = tuple(
+            (i, _SLEEP_LEVELS[kind])
+            for i in at(SLEEP_STATE)
+            if (kind := rows[i][1].get("sleep_state", "")) in _SLEEP_LEVELS
+        )
+        ops = at(SLEEP_OPS)
+        sleep_ops = [i for i in ops if rows[i][1].get("operation") == "sleep"]
+        wake_ops = [i for i in ops if rows[i][1].get("operation") == "wake"]
+        static: dict[str, object] = {
+            "cache_config": self.cache_config,
+            "kv_capacity_tokens": self.configs[2],
+            "engines": self.engine_order,
+            "model_names": self.model_order,
+            "legacy_names": self.legacy,
+            "vllm_seen": True,
+            "bad_lines": 0,
+        }
+        self.finite = _reader(
+            summed, kv, weights, order, per_engine, awake, levels, sleep_ops, wake_ops, static
+        )
+
+    def read(self, values: list[float], start: float | None) -> VllmMetrics | None:
+        """The figures of a page of this shape whose values are all finite; None when one is
+        not (a sum of floats is finite only when each of them is)."""
+        if not math.isfinite(sum(values)):
+            return None
+        return self.finite(values, start)
+
+    def read_rows(self, values: list[float], start: float | None) -> VllmMetrics:
+        """The figures of any page of this shape, non-finite values included: its samples
+        handed to `_parse_lines` as the line-by-line reading would have found them."""
         series: dict[str, Rows] = {}
         for (name, labels), value in zip(self.rows, values, strict=True):
             rows = series.get(name)
@@ -347,16 +452,144 @@ class _Shape:
         return _parse_lines("", self, series, start)
 
 
+# EngineFigures' fields summed over an engine's rows (`_per_engine`), in `_PER_ENGINE`'s order
+_ENGINE_SUMMED = (
+    "requests_running",
+    "requests_waiting",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "request_success_total",
+)
+_T = TypeVar("_T")
+
+
+def _defaults(cls: type) -> dict[str, object]:
+    """Each field's default, as `cls()` would set it (every field here has one)."""
+    defaults: dict[str, object] = {}
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is not MISSING:
+            defaults[f.name] = f.default_factory()
+        else:
+            defaults[f.name] = f.default
+    return defaults
+
+
+def _made(cls: type[_T], attrs: dict[str, object]) -> _T:
+    """An instance of one of the frozen dataclasses above whose fields are `attrs` (every one
+    of them: `_defaults` first), made without its `__init__`: a frozen dataclass's sets each
+    field through `object.__setattr__`, and VllmMetrics' 22 of them cost a fifth of a page
+    read by its shape. The same object otherwise (its fields, ==, repr)."""
+    made = object.__new__(cls)
+    object.__setattr__(made, "__dict__", attrs)
+    return made
+
+
+def _reader(
+    summed: tuple[tuple[int, ...], ...],
+    kv: tuple[int, ...],
+    weights: list[int | None],
+    order: list[str],
+    per_engine: list[tuple[list[tuple[int, ...]], int | None, int | None]],
+    awake: list[int],
+    levels: tuple[tuple[int, int], ...],
+    sleep_ops: list[int],
+    wake_ops: list[int],
+    static: dict[str, object],
+) -> Callable[[list[float], float | None], VllmMetrics]:
+    """A shape's reading of a page whose values are all finite, compiled: one function whose
+    only work is the page's sums, `v[i]` the value of the page's i-th wanted line. The
+    expressions are `_parse_lines`' on such a page, term for term, so that they give the same
+    floats: `_sum`'s `sum()` (of one value, `0 + v`: what `sum()` makes of it), `_per_engine`'s
+    and `_sleep_ops`' running `+` from 0.0, `_weighted_mean`'s `sum()`s. The source holds
+    nothing of the page but positions and capacities (ints); label values (engine names) come
+    in through the namespace."""
+
+    def values(at: tuple[int, ...] | list[int]) -> str:
+        return ", ".join(f"v[{i}]" for i in at)
+
+    def total(at: tuple[int, ...]) -> str:
+        if not at:
+            return "None"
+        return f"0 + v[{at[0]}]" if len(at) == 1 else f"float(sum(({values(at)})))"
+
+    def added(at: tuple[int, ...] | list[int]) -> str:
+        return "".join(f" + v[{i}]" for i in at).join(("(0.0", ")")) if at else "None"
+
+    if not kv:
+        kv_usage = "None"
+    elif len(kv) == 1:
+        kv_usage = f"v[{kv[0]}]"
+    elif all(w for w in weights):
+        terms = ", ".join(f"v[{i}] * {w}" for i, w in zip(kv, weights, strict=True))
+        kv_usage = f"sum(({terms})) / {sum(w for w in weights if w)}"
+    else:
+        kv_usage = f"sum(({values(kv)})) / {len(kv)}"
+    engines = ", ".join(
+        f"engine_{n}: made(EngineFigures, {{**engine_defaults"
+        + "".join(f", {n!r}: {added(at)}" for n, at in zip(_ENGINE_SUMMED, sums, strict=True))
+        + f", 'kv_cache_usage': {f'v[{kv_at}]' if kv_at is not None else None}"
+        + f", 'sleeping': {f'v[{awake_at}] == 0' if awake_at is not None else None}}})"
+        for n, (sums, kv_at, awake_at) in enumerate(per_engine)
+    )
+    preemptions, running, waiting, prompt, generation, success, queries, hits = map(total, summed)
+    source = f"""
+def read(v, start):
+    sleeping = {" or ".join(f"v[{i}] == 0" for i in awake) if awake else None}
+    return made(VllmMetrics, {{
+        **fixed,
+        "kv_cache_usage": {kv_usage},
+        "preemptions_total": {preemptions},
+        "requests_running": {running},
+        "requests_waiting": {waiting},
+        "prompt_tokens_total": {prompt},
+        "generation_tokens_total": {generation},
+        "request_success_total": {success},
+        "prefix_cache_queries_total": {queries},
+        "prefix_cache_hits_total": {hits},
+        "process_start_time_s": start,
+        "per_engine": {f"proxy({{{engines}}})" if order else "no_engines"},
+        "sleeping": sleeping,
+        "sleep_level": level(v, levels) if sleeping else None,
+        "sleeps_in_flight": {added(sleep_ops)},
+        "wakes_in_flight": {added(wake_ops)},
+    }})
+"""
+    namespace: dict[str, object] = {
+        "made": _made,
+        "VllmMetrics": VllmMetrics,
+        "EngineFigures": EngineFigures,
+        "fixed": {**_defaults(VllmMetrics), **static},
+        "engine_defaults": _defaults(EngineFigures),
+        "proxy": MappingProxyType,
+        "no_engines": _NO_ENGINES,
+        "level": _level,
+        "levels": levels,
+        **{f"engine_{n}": e for n, e in enumerate(order)},
+    }
+    exec(compile(source, "<vsup.telemetry.metrics page shape>", "exec"), namespace)
+    return namespace["read"]  # type: ignore[return-value]
+
+
+def _level(values: list[float], levels: tuple[tuple[int, int], ...]) -> int | None:
+    """`_sleep_state`'s level: the deepest one whose gauge is 1."""
+    level: int | None = None
+    for i, kind in levels:
+        if values[i] == 1:
+            level = max(level or 0, kind)
+    return level
+
+
 def _learn_shape(
-    key: tuple[tuple[str, str], ...],
+    key: _Key,
     found: list[tuple[str, str, str]],
+    rests: tuple[str, ...],
     text: str,
     metrics: VllmMetrics,
 ) -> None:
     """Remember the shape of a page read line by line with no bad line, when reading it by
-    its shape gives the very same figures (a check, once per shape, that nothing tells the
-    two readings apart)."""
-    values = _plain_values(found)
+    its shape gives the very same figures (a check that nothing tells the two readings apart,
+    repeated on the next pages: `_Shape.checks_left`)."""
+    values = _plain_values(rests)
     if values is None:
         return
     try:
@@ -364,7 +597,11 @@ def _learn_shape(
     except ValueError:
         return
     shape = _Shape(rows)
-    if shape.read(values, _start_time(text)) != metrics:
+    start = _start_time(text)
+    got = shape.read(values, start)
+    if got is None:
+        got = shape.read_rows(values, start)
+    if got != metrics:
         return  # never seen; a NaN would do it (it equals nothing): line by line, then
     if len(_SHAPES) >= _SHAPES_MAX:
         _SHAPES.clear()
@@ -376,16 +613,38 @@ def parse_metrics(text: str) -> VllmMetrics:
     if not isinstance(text, str) or not text:
         return EMPTY
     found = _split_lines(text)
-    key = tuple(map(_head_of, found))
+    if not found:
+        return _parse_lines(text)
+    names, heads, rests = zip(*found, strict=True)
+    key = (names, heads)
     shape = _SHAPES.get(key)
     if shape is not None:
-        values = _plain_values(found)
+        values = _plain_values(rests)
         if values is not None:
-            return shape.read(values, _start_time(text))
+            start = _start_time(text)
+            metrics = shape.read(values, start) if shape.checks_left >= 0 else None
+            if metrics is None:
+                return shape.read_rows(values, start)
+            if shape.checks_left == 0:
+                return metrics
+            return _checked(shape, metrics, values, start)
     metrics = _parse_lines(text)
-    if shape is None and metrics.bad_lines == 0 and found:
-        _learn_shape(key, found, text, metrics)
+    if shape is None and metrics.bad_lines == 0:
+        _learn_shape(key, found, rests, text, metrics)
     return metrics
+
+
+def _checked(
+    shape: _Shape, metrics: VllmMetrics, values: list[float], start: float | None
+) -> VllmMetrics:
+    """`metrics`, the compiled reading of a page of `shape` while the shape is on trial, held
+    to the general rules (`read_rows`: `_parse_lines` over the page's samples, the reading
+    the first page was held to against the line by line one, without a label set parsed
+    again): equal, one check fewer to go; not (never seen), the shape is read by
+    `read_rows` from then on, and so is this page."""
+    want = shape.read_rows(values, start)
+    shape.checks_left = shape.checks_left - 1 if want == metrics else -1
+    return want
 
 
 def _parse_lines(
@@ -395,7 +654,7 @@ def _parse_lines(
     start: float | None = None,
 ) -> VllmMetrics:
     """The reading line by line; with `shape`, the figures of `series` (a page of that shape,
-    its samples and start time read by `_Shape.read`)."""
+    its samples and start time, from `_Shape.read_rows`)."""
     if series is None:
         series, bad = _read_series(text)
         start = _start_time(text)
@@ -594,6 +853,12 @@ def _weighted_mean(
     return sum(v for _e, v in finite) / len(finite)
 
 
+# What prometheus_client writes for the start time, no labels: a plain number, in e-notation
+# past 1e9 or so for some (vLLM 0.32's `1.79599159378e+09`, which went to `parse_sample`, ~3
+# us of a filtered page); what `float()` and `parse_sample` read alike
+_PLAIN_NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _start_time(text: str) -> float | None:
     if text.startswith(START_TIME):
         i = 0
@@ -604,10 +869,10 @@ def _start_time(text: str) -> float | None:
         i += 1
     end = text.find("\n", i)
     line = text[i : end if end >= 0 else len(text)].rstrip("\r")
-    value = line[len(START_TIME) + 1 :]
-    digits = value.replace(".", "", 1)
-    if line[len(START_TIME) : len(START_TIME) + 1] == " " and digits.isascii() and digits.isdigit():
-        return float(value)  # what prometheus_client writes: a plain number, no labels
+    n = len(START_TIME)
+    if line[n : n + 1] == " " and _PLAIN_NUMBER.fullmatch(line, n + 1):
+        value = float(line[n + 1 :])
+        return value if math.isfinite(value) else None
     try:
         sample = parse_sample(line)
     except ValueError:

@@ -138,7 +138,9 @@ class Monitor:
         # Told `(name, run, status)` of each `/health` a scrape asked with its /metrics (on
         # the same connection, pipelined): the engine takes it for its own check that second
         # (engine/runner.py). None: scrapes do not ask /health.
-        self.on_health: Callable[[str, int, int], None] | None = None
+        # None for a status: a scrape that asked /health got no answer (the engine's loop
+        # then asks itself at once).
+        self.on_health: Callable[[str, int, int | None], None] | None = None
         # Told `(name, run, window_s)` when an instance starts or ends a rest: while resting,
         # its health loop takes an answer up to `window_s` old as current (the scrapes, with
         # their /health, come every rest_s); 0: every second again. None: nobody is told.
@@ -350,7 +352,7 @@ class Monitor:
         tel = self._tel.get(t.name)
         if tel is None or self._runs.get(t.name) != t.run:
             return  # forgotten, or restarted while this scrape was in flight
-        if result.health_status is not None and self.on_health is not None:
+        if self.on_health is not None:
             self.on_health(t.name, t.run, result.health_status)
         tel.observe(result)
 

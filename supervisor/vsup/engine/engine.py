@@ -764,10 +764,10 @@ class Engine:
         self._table, self._table_at = table, loop.time()
         return table
 
-    def health_answered(self, name: str, run: int, status: int) -> None:
+    def health_answered(self, name: str, run: int, status: int | None) -> None:
         """A `/health` answer someone else got from run `run` of `name` (the telemetry scrape
         asks it with /metrics on one connection): the health loop takes it instead of asking
-        again (runner.py)."""
+        again (runner.py); None: the scrape that asked got no answer."""
         inst = self._instances.get(name)
         if inst is not None and inst.run == run and inst.pid is not None:
             inst.lifecycle.health_answered(status)

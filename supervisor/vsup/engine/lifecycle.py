@@ -73,6 +73,12 @@ class Lifecycle:
         # many so far, so the health loop takes each at most once (runner.py)
         self.answered_status: int | None = None
         self.answered_count = 0
+        # the latest of them was a 200 while ready, taken as the check when it came
+        # (`health_answered`): the health loop has nothing left to do with it
+        self.answered_taken = False
+        # the health loop's alarm (runner.py): it sleeps for seconds while good answers come
+        # with the scrapes, and any other answer, or a scrape without one, wakes it at once
+        self.nudge: Callable[[], None] | None = None
         # at rest (telemetry/rest.py, control/monitor.py): its scrapes, and their /health, come
         # every rest_interval_s, and a good answer this recent stands for a check; 0: not at rest
         self.rest_window_s = 0.0
@@ -132,6 +138,7 @@ class Lifecycle:
         self.last_health_status = None
         self.engine_part_died = False
         self.answered_status = None
+        self.answered_taken = False
         self.rest_window_s = 0.0
         if self._restart_pending:
             self.restarts += 1
@@ -149,10 +156,20 @@ class Lifecycle:
         self._enter(State.READY)
         return True
 
-    def health_answered(self, status: int) -> None:
-        """The current run answered `/health` with `status` to someone else's request."""
-        self.answered_status = status
-        self.answered_count += 1
+    def health_answered(self, status: int | None) -> None:
+        """The current run answered `/health` with `status` to someone else's request (the
+        telemetry scrape's); None: that request got no answer (the scrape failed). A 200
+        while ready is this second's check at once; anything else wakes the health loop,
+        which judges it as its own check's (runner.py)."""
+        if status is not None:
+            self.answered_status = status
+            self.answered_count += 1
+            self.answered_taken = self.state == State.READY and status == 200
+            if self.answered_taken:
+                self.health_ok()
+                return
+        if self.nudge is not None:
+            self.nudge()
 
     def rests(self) -> bool:
         """Ready, at rest, and its last check good within the rest's window: the health loop

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import psutil
+
 from tests.unit.control.helpers import emulator_layout, free_port
 
 
@@ -51,3 +53,30 @@ async def test_a_ready_instance_is_checked_through_its_scrape_with_no_health_req
     assert len(own) <= 2, tail
     status = (await client.status())["instances"][0]
     assert status["state"] == "ready"
+
+
+async def test_an_engine_that_dies_while_its_checks_ride_on_scrapes_is_unhealthy_and_restarted(
+    daemons, tmp_path
+):
+    """The health loop sleeps for several intervals while the scrapes answer 200 for it; the
+    503 of a dead engine, answered to a scrape, wakes it, and the run ends as vLLM's would."""
+    log = tmp_path / "requests.log"
+    daemon, client = await daemons.start()
+    args = f'args = {{ request-log = "{log}", engine-child = true, dead-exit-after = 60 }}'
+    layout = emulator_layout({"a": free_port()}, args=args)
+    await client.apply(
+        layout.replace("health_interval_s = 0.1", "health_interval_s = 0.5"), "/tmp/fakes.toml"
+    )
+    assert await daemon.engine.wait("a", ("ready",), timeout=30) == "ready"
+    start = len(requests(log))
+    while sum(1 for _c, p in requests(log)[start:] if p.startswith("/metrics")) < 10:
+        await asyncio.sleep(0.2)  # the steady state: scrapes answer, the loop naps
+    inst = daemon.engine.instances["a"]
+    server, run = inst.pid, inst.run
+    (core,) = psutil.Process(server).children()  # the EngineCore (--engine-child)
+    core.kill()
+    assert await daemon.engine.wait("a", ("unhealthy", "backoff", "starting"), timeout=30)
+    assert await daemon.engine.wait("a", ("ready",), timeout=30) == "ready"
+    assert inst.run == run + 1 and inst.pid != server
+    last = inst.lifecycle.last_exit
+    assert last is not None and last.reason == "engine_dead", last

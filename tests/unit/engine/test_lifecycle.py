@@ -289,3 +289,31 @@ def test_at_rest_a_recent_good_answer_stands_for_the_health_check(lc, clock):
     assert lc.rests()
     lc.rest_window_s = 0.0  # the rest ended (something moved, or a transition)
     assert not lc.rests()
+
+
+def test_a_good_answer_to_the_scrape_is_the_check_when_it_comes_anything_else_wakes_the_loop(
+    lc, clock
+):
+    """`health_answered`: a 200 that a telemetry scrape got while the instance is ready is
+    that second's check at once (the health loop sleeps meanwhile, runner.py); an answer that
+    is not 200, a scrape with no answer, or any answer while not ready wakes the loop, which
+    judges it as its own check's."""
+    woken = []
+    t0 = clock.monotonic()
+    lc.nudge = lambda: woken.append(clock.monotonic() - t0)
+    lc.request_start()
+    lc.spawned(1)
+    lc.health_answered(200)  # starting: the loop judges readiness itself
+    assert woken == [0.0] and not lc.answered_taken and lc.answered_count == 1
+    assert lc.became_ready()
+    lc.health_failed(None)  # one check of its own went unanswered
+    clock.advance(2.0)
+    lc.health_answered(200)
+    assert lc.answered_taken and lc.health_failures == 0 and lc.last_answer_at == t0 + 2.0
+    assert woken == [0.0] and lc.answered_count == 2
+    lc.health_answered(503)  # the engine died: judged by the loop, now
+    assert not lc.answered_taken and lc.answered_status == 503 and woken == [0.0, 2.0]
+    assert lc.health_failures == 0 and lc.last_answer_at == t0 + 2.0  # not judged here
+    clock.advance(1.0)
+    lc.health_answered(None)  # a scrape that got no answer: the loop asks itself
+    assert woken == [0.0, 2.0, 3.0] and lc.answered_count == 3 and lc.answered_status == 503

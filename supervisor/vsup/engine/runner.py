@@ -724,6 +724,8 @@ class Runner:
                 # due at the chores or a few intervals on, and anything else wakes it sooner
                 # (`_nudge`): 64 instances' loops woke 64 times a second for nothing
                 interval = max(interval, min(QUIET_TICKS * interval, next_chores - loop.time()))
+            if lc.state == State.READY and lc.answered_count != taken and not lc.answered_taken:
+                interval = 0.0  # an answer to judge came meanwhile (its nudge found no sleep)
             await self._nap(interval)
 
     async def _nap(self, seconds: float) -> None:

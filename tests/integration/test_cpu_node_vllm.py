@@ -274,6 +274,11 @@ async def _probe_cli(url: str, log_path: Path) -> dict:
         "--json",
         "--log-file",
         str(log_path),
+        # its second scrape lands while 12 requests hold both cores: the API server may take
+        # longer than the default 5 s to answer (the probe then has one scrape and no rates;
+        # seen once in a suite run that took 25 min, 2026-12-06)
+        "--timeout",
+        "60",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=outside_cwd(),

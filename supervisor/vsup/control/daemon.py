@@ -625,7 +625,7 @@ class Daemon:
             awake = self.engine.sleeper.awake(name)
             rest_s = self._rest_s(name, inst) if quiet else 0.0
             # what a Target is made of; the same as the last poll's (nearly always): the
-            # same Target, not one more built from the spec (docs/benchmarks.md, 2026-12-07)
+            # same Target, not one more built from the spec (docs/benchmarks.md, "2026-12-06, late")
             inputs = (inst, spec, inst.run, inst.pid, inst.pgid, inst.state, awake, rest_s, key)
             last = memo.get(name)
             if last is not None and last[0] == inputs:

@@ -110,6 +110,18 @@ def job(url: str, name: str = "a", load: bool = True, health: bool = True) -> Jo
     return Job(name, name, url, with_load=load, with_health=health)
 
 
+async def twice(scraper: Scraper, url: str) -> tuple[ScrapeResult, ScrapeResult]:
+    """Two runs of one batch of `scraper`'s, one job for `url` each: their results."""
+    batch = batch_for(scraper)
+    assert batch is not None
+    try:
+        first = (await run(batch, [job(url)]))["a"]
+        second = (await run(batch, [job(url)]))["a"]
+    finally:
+        await batch.aclose()
+    return first, second
+
+
 def refused_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,14 +132,8 @@ def refused_url() -> str:
 async def test_the_batch_reads_what_the_scraper_reads_on_one_kept_alive_connection() -> None:
     async with Server(vllm) as srv, Scraper(timeout_s=5) as scraper:
         want = await scraper.scrape(srv.url, with_load=True, with_health=True)
-        batch = batch_for(scraper)
-        assert batch is not None
-        try:
-            srv.connections = 0
-            first = (await run(batch, [job(srv.url)]))["a"]
-            second = (await run(batch, [job(srv.url)]))["a"]
-        finally:
-            await batch.aclose()
+        srv.connections = 0
+        first, second = await twice(scraper, srv.url)
     for got in (first, second):
         assert got.ok and got.error is None and got.status == 200
         assert got.metrics == want.metrics and got.metrics.preemptions_total == 2.0
@@ -199,13 +205,7 @@ async def test_a_kept_alive_connection_the_server_closed_while_idle_is_replaced(
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = batch_for(scraper)
-        assert batch is not None
-        try:
-            first = (await run(batch, [job(srv.url)]))["a"]
-            second = (await run(batch, [job(srv.url)]))["a"]
-        finally:
-            await batch.aclose()
+        first, second = await twice(scraper, srv.url)
     assert first.ok and second.ok and second.server_load == 3
     assert srv.connections == 2
 
@@ -294,13 +294,7 @@ async def test_a_server_whose_filtered_page_says_nothing_is_asked_for_the_whole_
         return await vllm(path, conn, n)
 
     async with Server(answer) as srv, Scraper(timeout_s=5) as scraper:
-        batch = batch_for(scraper)
-        assert batch is not None
-        try:
-            first = (await run(batch, [job(srv.url)]))["a"]
-            second = (await run(batch, [job(srv.url)]))["a"]
-        finally:
-            await batch.aclose()
+        first, second = await twice(scraper, srv.url)
         # the scraper shares what the batch learned
         assert scraper.metrics_url(srv.url, False) == srv.url + "/metrics"
     assert first.ok and second.ok and first.metrics.preemptions_total == 2.0
@@ -370,14 +364,8 @@ async def test_a_request_the_socket_takes_a_few_bytes_at_a_time_is_sent_whole(
 
     monkeypatch.setattr(batch_module.socket, "socket", _Trickle)
     async with Server(vllm) as srv, Scraper(timeout_s=5) as scraper:
-        batch = batch_for(scraper)
-        assert batch is not None
-        try:
-            first = (await run(batch, [job(srv.url)]))["a"]
-            # the kept-alive socket: its writes wait for room again, then only for answers
-            second = (await run(batch, [job(srv.url)]))["a"]
-        finally:
-            await batch.aclose()
+        # the second on the kept-alive socket: its writes wait for room again, then answers
+        first, second = await twice(scraper, srv.url)
     for got in (first, second):
         assert got.ok and got.server_load == 3 and got.health_status == 200
         assert got.metrics.preemptions_total == 2.0

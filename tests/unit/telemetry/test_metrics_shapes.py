@@ -22,21 +22,11 @@ from vsup.telemetry import metrics as M
 from vsup.telemetry import promtext
 from vsup.telemetry.metrics import parse_metrics
 
+from tests.unit.telemetry.test_metrics_shape import _VALUE, same, with_values
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 PAGES = sorted(p.relative_to(FIXTURES).as_posix() for p in FIXTURES.glob("**/metrics*.txt"))
 EMULATOR = FIXTURES / "filtered" / "metrics_emulator.txt"
-# a wanted sample line: its head, and its value (and timestamp)
-_VALUE = re.compile(r"^(vllm:[a-z_:]+(?:\{.*\})?)([ \t].*)$", re.M)
-
-
-def same(a: M.VllmMetrics, b: M.VllmMetrics) -> bool:
-    return repr(a) == repr(b)
-
-
-def with_values(text: str, values: list[str]) -> str:
-    """`text` with its wanted lines' values replaced, in turn, by `values` (cycled)."""
-    it = iter(values * 1000)
-    return _VALUE.sub(lambda m: m.group(1) + next(it), text)
 
 
 def random_values(rng: random.Random, n: int = 60, huge: bool = True) -> list[str]:

@@ -33,7 +33,10 @@ The warm-up is then at least 10 s, so the idle ones are at rest before the windo
 `--status-every S`: a client of the benchmark's own asks `status` every S seconds during the
 windows (as a dashboard does each second): a poll builds the status snapshot only when
 something reads it each poll, so a daemon nobody asks builds none, and one a client asks builds
-one per request after each poll (control/daemon.py `poll_once`).
+one per request after each poll (control/daemon.py `poll_once`). It also keeps every busy
+instance on a scrape a second: nobody reading (no status request for 5 s), a busy instance is
+scraped every 2 s (control/monitor.py, "Nobody watching"); without `--status-every` the windows
+begin once the benchmark's own status request is 6 s old.
 
 Last line: `instances=N daemon_cpu_pct=.. per_instance_poll_ms=.. naive_cpu_pct=..
 naive_ratio=.. daemon_rss_mb=..`. Targets (issue 35): <= 2 % at 64 instances, <= 5 % at 128
@@ -188,6 +191,10 @@ def measure(
                 f"{at_rest} idle); daemon pid {daemon.pid}",
                 flush=True,
             )
+            if status_every <= 0:
+                # the status request above marks the daemon read for 5 s (control/monitor.py
+                # WATCH_S): the windows measure it once nobody reads
+                time.sleep(6.0)
             asked = asking(home, status_every) if status_every > 0 else None
             try:
                 daemon_pct = windows(daemon.pid, runs, seconds)

@@ -18,6 +18,16 @@ way) is scraped only every `rest_s` instead of every poll; the engine is told
 first scrape that shows anything moving, or a target that no longer allows it, puts it back
 on every poll.
 
+Nobody watching: while no status request came for `WATCH_S` (no dashboard, no `vsup status`
+loop, no fleet view), a busy instance whose target allows a slower pace (`rest_s` > 0: no
+transition under way) is scraped every `UNWATCHED_S` instead of every poll, its /health with
+it (the engine is told, as for a rest). What reads the figures then is the daemon's own
+judgement: stalls, alerts and idle sleep, which count in tens of seconds, and rates taken
+over whatever time passed between two scrapes. The first status request puts every instance
+back on every poll, from the poll after it; a transition does at once. That halves the
+daemon's work for a packed node's busy replicas while nobody looks (docs/benchmarks.md,
+2026-12-07); `rest_interval_s = 0` in a layout keeps its instances on every poll.
+
 Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
 also reads `/load`, and an idle `ready` instance whose `canary_interval_s` is set gets one
 `max_tokens = 1` request that often (data parallel: each rank in turn), bounded by its
@@ -58,6 +68,11 @@ log = logging.getLogger("vsup.monitor")
 GPU_RELEASE_POLL_S = 0.1
 
 SCRAPE_TIMEOUT_S = 5.0
+# Nobody watching (the module's docstring): a status request counts as someone reading for this
+# long (a dashboard asks every second, a fleet view every few), and while nobody does a busy
+# instance is scraped this often (every poll where its `stall_after_s` is under 3 of these).
+WATCH_S = 5.0
+UNWATCHED_S = 2.0
 # The keys of telemetry's fields() that describe a running server (blank when it is not live).
 LIVE_KEYS = (
     "kv_cache_usage",
@@ -148,6 +163,16 @@ class Monitor:
         self._jobs: dict[str, Job[Target]] = {}  # name -> its latest batch job
         self._asked: dict[str, float] = {}  # name -> when its latest scrape was started
         self._rest_told: dict[str, float] = {}  # name -> the window `on_rest` was last told
+        self._read_at = -WATCH_S  # when a status request last came (`read`)
+
+    def read(self) -> None:
+        """Someone reads the figures (a status request): every busy instance is scraped every
+        poll for the next `WATCH_S`."""
+        self._read_at = self.clock.monotonic()
+
+    def watched(self) -> bool:
+        """Whether a status request came in the last `WATCH_S`."""
+        return self.clock.monotonic() - self._read_at < WATCH_S
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""
@@ -277,13 +302,14 @@ class Monitor:
         jobs: list[Job[Target]] = []
         batch = self._batch
         now = self.clock.monotonic()
+        watched = now - self._read_at < WATCH_S
         for t in targets:
             if not t.live and self._rest_told.get(t.name) and self.on_rest is not None:
                 self._rest_told[t.name] = 0.0
                 self.on_rest(t.name, t.run, 0.0)
             if not t.live or t.name in self._inflight or self.scraper is None:
                 continue
-            if self._resting(t, now):
+            if self._skipped(t, now, watched):
                 continue
             self._asked[t.name] = now
             if batch is not None and t.base_url.startswith("http://"):
@@ -315,22 +341,39 @@ class Monitor:
             if isinstance(result, Exception):
                 log.error("telemetry poll failed", exc_info=result)
 
-    def _resting(self, t: Target, now: float) -> bool:
-        """Whether `t` is at rest and was asked less than its `rest_s` ago (no scrape this
-        poll); tells the engine when its rest begins or ends."""
+    def _every_s(self, t: Target, watched: bool) -> float:
+        """How often `t` is scraped: 0 every poll; its `rest_s` at rest; `UNWATCHED_S` while
+        busy and nobody watches, unless its `stall_after_s` is under 3 of those. Only a target
+        that allows a slower pace (`rest_s` > 0: no transition) gets one."""
+        if t.rest_s <= 0:
+            return 0.0
         tel = self._tel.get(t.name)
-        resting = t.rest_s > 0 and tel is not None and tel.rest.at_rest
-        # a rest's health answers come every rest_s, taken by a health loop that ticks each
-        # second: an answer is current for that long and a poll and a half more
-        window = t.rest_s + 1.5 * self.poll_interval if resting else 0.0
+        if tel is None:
+            return 0.0
+        if tel.rest.at_rest:
+            return t.rest_s
+        if watched:
+            return 0.0
+        if 0 < t.stall_after_s < 3 * UNWATCHED_S:
+            return 0.0  # a stall window that short wants a scrape every poll
+        every = min(UNWATCHED_S, t.rest_s)
+        return every if every > self.poll_interval else 0.0
+
+    def _skipped(self, t: Target, now: float, watched: bool) -> bool:
+        """Whether `t` was asked less than its pace (`_every_s`) ago: no scrape this poll.
+        Tells the engine when a slower pace begins, changes or ends."""
+        every = self._every_s(t, watched)
+        # the scrapes' health answers come every `every`, taken by a health loop that ticks
+        # each second: an answer is current for that long and a poll and a half more
+        window = every + 1.5 * self.poll_interval if every > 0 else 0.0
         if self._rest_told.get(t.name, 0.0) != window and self.on_rest is not None:
             self._rest_told[t.name] = window
             self.on_rest(t.name, t.run, window)
-        if not resting:
+        if every <= 0:
             return False
         asked = self._asked.get(t.name)
         # polls come every poll_interval, not to the microsecond: half of one is slack
-        return asked is not None and now - asked + 0.5 * self.poll_interval < t.rest_s
+        return asked is not None and now - asked + 0.5 * self.poll_interval < every
 
     def _scrape_done(self, name: str, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(name, None)

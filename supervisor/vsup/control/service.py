@@ -58,6 +58,9 @@ class DaemonService:
         return {"pid": os.getpid(), "version": __version__, "home": str(self.daemon.home)}
 
     def status(self) -> dict[str, Any]:
+        # someone reads the figures: every instance is scraped every poll for a while
+        # (control/monitor.py, "Nobody watching")
+        self.daemon.monitor.read()
         # the snapshot as it is: nothing is patched on (snapshot.py is the whole document)
         return self.daemon.snapshot().to_json()
 

@@ -6,7 +6,10 @@ logging every request it gets (`--request-log`).
   every second, and its health loop asks nothing in between;
 - switching its mode file to `serve` (figures moving) brings it back to a scrape a second;
 - a `stall` emulator (requests running and waiting, nothing moving) is never at rest and is
-  flagged stalled, and so is an idle one at rest whose engine then hangs under requests.
+  flagged stalled, and so is an idle one at rest whose engine then hangs under requests;
+- while nobody reads the figures (no status request for 5 s), a busy instance is scraped every
+  2 s, and every second again while a reader asks status each second (control/monitor.py,
+  "Nobody watching"); one whose `stall_after_s` is under 6 s stays on every poll.
 Counts over windows of several seconds, with wide margins (3 s against 1 s is a third of the
 requests); no upper bound on how long anything took.
 """
@@ -20,6 +23,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from tests.unit.control.helpers import EMULATOR, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
-NAMES = ("idle", "busy", "hung", "woken")
+NAMES = ("idle", "busy", "hung", "woken", "paced")
 WINDOW_S = 15.0
 
 
@@ -49,15 +53,17 @@ host = "127.0.0.1"
 stop_grace_s = 5
 stall_after_s = 3
 """
-    modes = {"idle": "idle", "busy": "serve", "hung": "stall", "woken": "idle"}
+    modes = {"idle": "idle", "busy": "serve", "hung": "stall", "woken": "idle", "paced": "serve"}
     for name in NAMES:
         (tmp / f"{name}.mode").write_text(modes[name])
+        # `paced`: a stall window long enough for the slower pace while nobody reads
+        own = "stall_after_s = 60\n" if name == "paced" else ""
         text += f"""
 [[instance]]
 name = "{name}"
 gpus = []
 port = {free_port()}
-args = {{ mode-file = "{tmp / f"{name}.mode"}", request-log = "{tmp / f"{name}.log"}", enable-server-load-tracking = true }}
+{own}args = {{ mode-file = "{tmp / f"{name}.mode"}", request-log = "{tmp / f"{name}.log"}", enable-server-load-tracking = true }}
 """
     return text
 
@@ -158,3 +164,32 @@ def test_an_instance_at_rest_whose_engine_hangs_under_requests_is_flagged_stalle
     events = vsup(home, "events", "--since", "all", "--instance", "woken", "--json")
     kinds = [json.loads(line)["kind"] for line in events.stdout.splitlines() if line.strip()]
     assert "stalled" in kinds, events.stdout
+
+
+def test_while_nobody_reads_a_busy_instance_is_scraped_every_two_seconds(node):
+    home, tmp = node
+    time.sleep(6)  # the last status request is more than 5 s old: nobody reads
+    unread = over_window(tmp)
+    stop = threading.Event()
+
+    def dashboard() -> None:  # a status request a second, as the dashboard asks
+        while not stop.is_set():
+            status(home)
+            stop.wait(1.0)
+
+    reader = threading.Thread(target=dashboard)
+    reader.start()
+    try:
+        time.sleep(2)  # the poll after the first request
+        read = over_window(tmp)
+    finally:
+        stop.set()
+        reader.join()
+    # every 2 s: ~7-8 in 15 s, where a scrape a second gives ~15
+    assert 4 <= unread["paced"][0] <= 10, unread
+    assert read["paced"][0] >= 12, read
+    # its /health rides on those scrapes: the health loop asks none in between
+    assert unread["paced"][1] <= 10, unread
+    # stall_after_s = 3: every poll, read or not
+    assert unread["busy"][0] >= 12, unread
+    assert status(home)["paced"]["generation_tokens_per_s"], "its rates are read meanwhile"

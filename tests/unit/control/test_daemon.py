@@ -310,9 +310,12 @@ async def test_save_writes_the_running_layout_and_refuses_when_none(daemons, tmp
 
 
 async def test_history_has_one_point_per_poll(daemons):
+    """...while someone reads the figures (a dashboard's status requests: control/monitor.py,
+    "Nobody watching")."""
     daemon, client = await daemons.start()
     await client.apply(emulator_layout({"a": free_port()}), "/tmp/fakes.toml")
     await daemon.engine.wait("a", ("ready",), timeout=20)
+    await client.status()
     for _ in range(3):
         await daemon.poll_once()
     hist = await client.history("a")

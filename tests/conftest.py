@@ -173,7 +173,10 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
     The one-process servers also get tests/support/forkcore on PYTHONPATH: their EngineCore is
     forked from the API server, as vLLM does on a GPU, instead of spawned (the CPU platform
     forces spawn), which saves the EngineCore's own import of torch and vLLM, ~9 of a start's
-    ~22 CPU-s. `VSUP_TEST_SPAWN_CORE=1` runs them as the CPU build comes."""
+    ~22 CPU-s. A module that sets `VLLM_FORK_CORE = True` keeps the three processes and forks
+    both children (engine/test_vllm.py: the orphan sweep and engine death are about the tree's
+    shape, not how its children were started). `VSUP_TEST_SPAWN_CORE=1` runs them all as the
+    CPU build comes."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -188,6 +191,10 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
         env["TMPDIR"] = str(vllm_tmp)
     if getattr(request.module, "VLLM_ONE_PROCESS", False):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env.update(fork_core_env())
+    elif getattr(request.module, "VLLM_FORK_CORE", False):
+        # the three-process tree (API server, EngineCore, worker), each child forked as on a
+        # GPU node: engine/test_vllm.py
         env.update(fork_core_env())
     return env
 
@@ -211,7 +218,7 @@ SLOW_COST = {
     "test_router_vsup.py": 325,
     "test_bench.py": 282,
     "test_dataparallel_vllm.py": 261,
-    "test_vllm.py": 232,
+    "test_vllm.py": 110,  # its children forked since 2026-12-07: 98-110 s alone, 243 s spawned
     "test_span_vllm.py": 180,  # alone, 2026-12-06: 170-183 s (two vLLMs, each started twice)
     "test_cpu_node_vllm.py": 170,
     "test_tune_vllm.py": 157,

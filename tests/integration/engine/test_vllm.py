@@ -28,6 +28,11 @@ from tests.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MODULE = pytest.mark.asyncio(loop_scope="module")
+# The CPU build's three processes (API server, EngineCore, worker), the children forked as on a
+# GPU node rather than spawned (tests/conftest.py `vllm_env`): what is tested here is the
+# tree, its sweep and its exit reasons. The shipped `cpu` profile (test_cpu_node_vllm.py), the
+# install test and the demo run the CPU build's spawn as it comes.
+VLLM_FORK_CORE = True
 
 
 def vllm_spec(name, model, command, env, token, **kw) -> InstanceSpec:

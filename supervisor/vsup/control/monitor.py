@@ -24,9 +24,10 @@ transition under way) is scraped every `UNWATCHED_S` instead of every poll, its 
 it (the engine is told, as for a rest). What reads the figures then is the daemon's own
 judgement: stalls, alerts and idle sleep, which count in tens of seconds, and rates taken
 over whatever time passed between two scrapes. The first status request puts every instance
-back on every poll, from the poll after it; a transition does at once. That halves the
-daemon's work for a packed node's busy replicas while nobody looks (docs/benchmarks.md,
-2026-12-07); `rest_interval_s = 0` in a layout keeps its instances on every poll.
+back on every poll, from the poll after it; a transition does at once. That halves a busy
+replica's scrapes while nobody looks (the daemon's CPU at 64 busy instances x0.72:
+docs/benchmarks.md, 2026-12-07); `rest_interval_s = 0` in a layout keeps its instances on
+every poll.
 
 Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
 also reads `/load`, and an idle `ready` instance whose `canary_interval_s` is set gets one
@@ -169,10 +170,6 @@ class Monitor:
         """Someone reads the figures (a status request): every busy instance is scraped every
         poll for the next `WATCH_S`."""
         self._read_at = self.clock.monotonic()
-
-    def watched(self) -> bool:
-        """Whether a status request came in the last `WATCH_S`."""
-        return self.clock.monotonic() - self._read_at < WATCH_S
 
     async def open(self) -> None:
         """Open the GPU probe (NVML init can take a moment: in a thread) and the scraper."""

@@ -206,11 +206,19 @@ async def test_cpu1_under_load_shows_preemptions_kv_usage_and_rates(node) -> Non
             best_rates = []
             rounds: list[str] = []
 
-            async def scrape_once() -> None:
+            missed: list[str] = []
+
+            async def scrape_once() -> bool:
                 result = await scraper.scrape(url)
-                assert result.ok, result.error
+                if not result.ok:
+                    # under this load the API server can take longer than the scrape's 1 s to
+                    # accept (a fresh clone's suite on 2 busy cores, 2026-12-07): the daemon
+                    # keeps its older figures then, and so does this
+                    missed.append(result.error or "?")
+                    return False
                 seen.append(result.metrics)
                 best_rates.append(rates.observe(result.metrics))
+                return True
 
             probe = asyncio.create_task(_probe_cli(url, log_path))
             load: asyncio.Future | None = None
@@ -234,7 +242,12 @@ async def test_cpu1_under_load_shows_preemptions_kv_usage_and_rates(node) -> Non
                     ):
                         break
                 # counters are cumulative: one scrape after the load counts every preemption
-                await scrape_once()
+                for _ in range(5):
+                    if await scrape_once():
+                        break
+                    await asyncio.sleep(1.0)
+                else:
+                    raise AssertionError(f"no scrape answered after the load: {missed[-3:]}")
                 doc = await asyncio.wait_for(probe, timeout=120)
             finally:
                 # a failed scrape must not leave the load and the probe running: the test once
@@ -249,8 +262,9 @@ async def test_cpu1_under_load_shows_preemptions_kv_usage_and_rates(node) -> Non
 
     trace = (
         f"rounds: {rounds}; preemptions {[m.preemptions_total for m in seen]}, "
-        f"waiting {[m.requests_waiting for m in seen]}"
+        f"waiting {[m.requests_waiting for m in seen]}; missed {len(missed)}: {missed[:2]}"
     )
+    assert len(missed) < len(seen), trace
     assert max(m.preemptions_total or 0 for m in seen) > 0, trace
     assert max(m.kv_cache_usage or 0 for m in seen) > 0, trace
     assert max(m.requests_waiting or 0 for m in seen) > 0, trace

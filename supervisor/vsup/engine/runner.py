@@ -92,6 +92,8 @@ class Runner:
         self.lc = inst.lifecycle
         self._head_gone: RunningProcess | None = None  # a follower run whose head was replaced
         self._waker: asyncio.Future[None] | None = None  # the health loop's sleep (`_nap`)
+        # a follower's view of its head, begun before its spawn (`_head_before_spawn`)
+        self._head_watch: tuple[int, HeadWatch] | None = None
 
     async def run(self) -> None:
         inst, lc = self.inst, self.lc
@@ -133,6 +135,7 @@ class Runner:
         if not await self._may_launch():
             return
         run = lc.run + 1
+        await self._head_before_spawn(run)
         at = iso_utc(e.clock.wall())
         pending = asyncio.ensure_future(
             asyncio.to_thread(launch, inst.spec, inst.logs, run, at, e.settings.base_env)
@@ -146,6 +149,22 @@ class Runner:
             self._spawned(run, result)
         else:
             self._refused(run, result)
+
+    async def _head_before_spawn(self, run: int) -> None:
+        """A follower's first look at its head, before its spawn: a head that does not answer
+        now and answers later got this run's ranks (it answers only once every rank joined).
+        Looked at after the spawn instead, a follower that joins fast (or a daemon that is slow
+        to look) first sees the head it just joined answer, and takes it for an older head
+        that started before it (spanwatch.py): it waited until its start timed out."""
+        self._head_watch = None
+        if not self.inst.spec.follower:
+            return
+        h = await health.check(
+            self.e.http_client(), self.inst.spec.health_url, self.e.settings.health_timeout_s
+        )
+        watch = HeadWatch()
+        watch.ready(h.ok)
+        self._head_watch = (run, watch)
 
     async def _may_launch(self) -> bool:
         """Whatever must come before a launch: the sweep of a run that died unwatched (its
@@ -629,7 +648,13 @@ class Runner:
 
     async def _health_loop(self, proc: RunningProcess) -> None:
         # a span's follower: ready only behind a head that started after it (spanwatch.py)
-        head = HeadWatch(trusted=self.lc.spawned_at is None) if self.inst.spec.follower else None
+        head = None
+        if self.inst.spec.follower:
+            before, self._head_watch = self._head_watch, None
+            if before is not None and before[0] == proc.run and self.lc.spawned_at is not None:
+                head = before[1]  # looked at before the spawn (`_head_before_spawn`)
+            else:
+                head = HeadWatch(trusted=self.lc.spawned_at is None)
         self.lc.nudge = self._nudge
         try:
             await self._health_checks(proc, head)

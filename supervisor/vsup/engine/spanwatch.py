@@ -9,7 +9,9 @@ follows it with two rules, kept here as pure decisions so that they are tested w
   preceded by a time it does not answer. A follower that starts while an old head still answers
   200 (the head lies: one of its ranks is gone and its requests hang, ../shared/VLLM-FACTS.md)
   has not joined that head: it is not ready until it has seen the head not answer and then
-  answer again.
+  answer again. Its first look is taken just before its spawn (the runner's
+  `_head_before_spawn`): looked at after it, a follower that joins fast, or a daemon slow to
+  look, first sees the head it has just joined answer and takes it for an older one.
 - **The head going away restarts the follower.** A ready follower whose head stops answering
   (`unhealthy_after` checks in a row; a head that gives no answer at all for
   `unhealthy_grace_s`, as for any instance: a busy head is not a gone one) is ended and started
@@ -50,7 +52,7 @@ class HeadWatch:
     from an earlier daemon (it joined whatever head answers now)."""
 
     trusted: bool = False
-    seen_down: bool = False  # the head did not answer 200 at least once since this run began
+    seen_down: bool = False  # the head did not answer 200 once since just before this run's spawn
 
     def ready(self, head_ok: bool) -> bool:
         """Whether this answer of the head's `/health` makes the starting follower ready."""

@@ -509,6 +509,10 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
 # the worse change: a context of 4 tokens, shorter than the load's prompt, so the canary refuses
 # (400) what the old spec served. (`max-num-seqs = 1` under 4 requests at a time was tried
 # first: on this machine's 2 shared cores it made r0 no slower - p50 TTFT 175 ms vs 354 ms.)
+# The load asks for 2 tokens: the prompt alone is over 4 (vLLM: "maximum context length is 4
+# tokens. However, your prompt contains at least 5 input tokens"); until 2026-12-07 it asked
+# for 16, which vLLM refused for the max_tokens first ("max_tokens=16 cannot be greater than
+# max_model_len=4") while r1 generated 16 tokens for each of its half of the load.
 CANARY_S = 10
 CANARY_HEADER = f"canary_s = {CANARY_S}\ncanary_min_requests = 8"
 REFUSING_MAX_MODEL_LEN = 4
@@ -533,7 +537,7 @@ def test_a_canary_that_fails_requests_is_rolled_back_by_itself_under_load(
     async def under_load():
         stop = asyncio.Event()
         load = asyncio.create_task(
-            steady_load(node.url, node.model, 1500, 2, max_tokens=16, rate_per_s=4, stop=stop)
+            steady_load(node.url, node.model, 1500, 2, max_tokens=2, rate_per_s=4, stop=stop)
         )
         await asyncio.sleep(2)
         t0 = time.monotonic()
@@ -563,7 +567,7 @@ def test_a_canary_that_fails_requests_is_rolled_back_by_itself_under_load(
     # (the gate counted those of its window; a request or two more can reach r0 between the
     # gate's last reading and the router taking it out), none dropped by the drain or restart
     assert load.failed >= refused, (load.failed, refused)
-    dropped = [e for e in load.errors if "max_model_len=4" not in e]
+    dropped = [e for e in load.errors if "maximum context length is 4 tokens" not in e]
     assert not dropped and len(load.errors) == load.failed, (dropped[:5], load.failed)
     assert load.ok > 20
     doc = node.status()

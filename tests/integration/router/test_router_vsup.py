@@ -395,13 +395,14 @@ def test_rolling_apply_through_the_router_loses_no_request(node: Node, tmp_path:
         # Until the first replica has drained: 64 tokens, 2 at a time, about 4 a second, so that
         # the drain has requests to wait for. That load keeps both of the 2 cores busy: under it
         # a replica's restart took minutes (~595 s once). So from that drain on, through both
-        # restarts and rejoins, a lighter one runs on: 32 tokens, about 2 a second (it runs
-        # from the start too, so that no moment is without load; r1's drain waits for it).
+        # restarts and rejoins, a lighter one runs on: 16 tokens, about 2 a second (it runs
+        # from the start too, so that no moment is without load; r1's drain waits for it). It
+        # was 32 tokens until 2026-12-07: what it is for is requests all along, not their length.
         heavy = asyncio.create_task(
             steady_load(node.url, node.model, 1500, 2, max_tokens=64, rate_per_s=4, stop=heavy_stop)
         )
         light = asyncio.create_task(
-            steady_load(node.url, node.model, 1500, 2, max_tokens=32, rate_per_s=2, stop=stop)
+            steady_load(node.url, node.model, 1500, 2, max_tokens=16, rate_per_s=2, stop=stop)
         )
         await asyncio.sleep(3)  # load before the apply...
         t0 = time.monotonic()

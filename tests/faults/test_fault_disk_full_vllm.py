@@ -4,6 +4,7 @@ although neither its log, nor the journal, nor the state file can grow."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import sys
 
 import httpx
 import pytest
+
+from vsup.control.client import JsonClient
 
 from tests.conftest import free_port
 from tests.faults.helpers import alive, instance, vsup, wait_for
@@ -20,6 +23,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 # The worker inside its EngineCore (tests/conftest.py, vllm_env): what is tested is the full disk,
 # the kill and the restart; a SIGKILLed API server still leaves its EngineCore to sweep.
 VLLM_ONE_PROCESS = True
+
+
+def polled(home) -> dict:
+    """cpu0's entry of the status document from the daemon's control API in this process: the
+    restart is waited for with a poll a second, and a `vsup status --json` subprocess costs
+    ~0.3 CPU-s a poll (one CLI call below still reads it on the full disk)."""
+    with contextlib.closing(JsonClient(home, timeout=60)) as client:
+        return {i["name"]: i for i in client.status()["instances"]}["cpu0"]
 
 
 def test_a_killed_vllm_restarts_and_serves_on_a_full_disk(
@@ -50,18 +61,20 @@ port = {port}
     )
     up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "240", timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
-    first = instance(home, "cpu0")
+    first = polled(home)
 
     fill(home)
     os.kill(first["pid"], signal.SIGKILL)
     back = wait_for(
-        lambda: (
-            (i := instance(home, "cpu0"))["state"] == "ready" and i["pid"] != first["pid"] and i
-        ),
+        lambda: (i := polled(home))["state"] == "ready" and i["pid"] != first["pid"] and i,
         300,
         "cpu0 (real vLLM) to be restarted and ready on the full disk",
         interval=1.0,
     )
+    # and `vsup status` itself answers on the full disk, as every poll above did until they
+    # went in-process: the same restarted instance
+    shown = instance(home, "cpu0")
+    assert (shown["state"], shown["pid"]) == ("ready", back["pid"]), shown
     assert alive(back["pid"]) and back["restarts"] >= 1
     assert not alive(first["pid"])
     base = f"http://127.0.0.1:{port}"

@@ -12,7 +12,9 @@ less than a sample is counted through its parent's children's times.
 
 OUT.json: `by_module`, `by_kind` (vllm-api, vllm-core for the EngineCores and workers, daemon,
 pytest, vsup-cli, bench-client, emulator, ...), `detail`, and the machine's busy CPU-seconds
-beside the tagged ones (what else ran).
+beside the tagged ones (what else ran), and `untagged_by_kind`: the CPU of untagged processes by
+kind (an SSH session's or a cleared environment's processes lose the tag; so does anything else
+the machine ran meanwhile).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def main(tag: str, out: Path) -> None:
     by_kind: collections.defaultdict[str, float] = collections.defaultdict(float)
     detail: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
     newest_child: dict[int, str] = {}
+    untagged: collections.defaultdict[str, float] = collections.defaultdict(float)
+    untagged_last: dict[tuple[int, str], float] = {}
+    me = os.getpid()
     t0, busy0 = time.time(), busy_cpu_s()
     while True:
         seen: dict[tuple[int, str], tuple[float, float, int]] = {}
@@ -92,10 +97,18 @@ def main(tag: str, out: Path) -> None:
                 if tagged and module != "?":
                     newest_child[int(fields[1])] = module
             tagged, module, what, ppid = info[key]
+            own = (int(fields[11]) + int(fields[12])) / TICK
             if tagged:
-                own = (int(fields[11]) + int(fields[12])) / TICK
                 children = (int(fields[13]) + int(fields[14])) / TICK
                 seen[key] = (own, children, ppid)
+            elif key[0] != me:
+                # what else ran (a process that lost the tag: an SSH session's, a cleared
+                # environment's): its own CPU by kind, started or grown since the sampler began
+                base = untagged_last.get(key)
+                if base is None and time.time() - t0 <= 3:
+                    base = own
+                untagged[what] += own - (base or 0.0)
+                untagged_last[key] = own
         # a process gone since the last sample: its parent's children's times now hold it
         gone: collections.defaultdict[int, float] = collections.defaultdict(float)
         for key, (own, children, ppid) in last.items():
@@ -126,6 +139,7 @@ def main(tag: str, out: Path) -> None:
                     "by_module": [(m, round(v, 1)) for m, v in largest(by_module)],
                     "by_kind": [(k, round(v, 1)) for k, v in largest(by_kind)],
                     "detail": [(m, k, round(v, 1)) for (m, k), v in largest(detail)[:200]],
+                    "untagged_by_kind": [(k, round(v, 1)) for k, v in largest(untagged)],
                 },
                 indent=0,
             )

@@ -35,8 +35,8 @@ windows (as a dashboard does each second): a poll builds the status snapshot onl
 something reads it each poll, so a daemon nobody asks builds none, and one a client asks builds
 one per request after each poll (control/daemon.py `poll_once`). It also keeps every busy
 instance on a scrape a second: nobody reading (no status request for 5 s), a busy instance is
-scraped every 2 s (control/monitor.py, "Nobody watching"); without `--status-every` the windows
-begin once the benchmark's own status request is 6 s old.
+scraped at the rest's pace, every 3 s (control/monitor.py, "Nobody watching"); without
+`--status-every` the windows begin once the benchmark's own status request is 6 s old.
 
 Last line: `instances=N daemon_cpu_pct=.. per_instance_poll_ms=.. naive_cpu_pct=..
 naive_ratio=.. daemon_rss_mb=..`. Targets (issue 35): <= 2 % at 64 instances, <= 5 % at 128

@@ -21,13 +21,14 @@ on every poll.
 Nobody watching: while no status request came for `WATCH_S` (no dashboard, no `vsup status`
 loop, no fleet view), a busy instance whose target allows a slower pace (`rest_s` > 0: no
 transition under way) is scraped every `UNWATCHED_S` instead of every poll, its /health with
-it (the engine is told, as for a rest). What reads the figures then is the daemon's own
-judgement: stalls, alerts and idle sleep, which count in tens of seconds, and rates taken
-over whatever time passed between two scrapes. The first status request puts every instance
-back on every poll, from the poll after it; a transition does at once. That halves a busy
-replica's scrapes while nobody looks (the daemon's CPU at 64 busy instances x0.72:
-docs/benchmarks.md, 2026-12-07); `rest_interval_s = 0` in a layout keeps its instances on
-every poll.
+it (the engine is told, as for a rest): the pace of a rest (`rest_interval_s`, 3 s by default;
+`UNWATCHED_S` at most), so that while nobody looks every instance is read at one pace, busy or
+idle. What reads the figures then is the daemon's own judgement: stalls, alerts and idle
+sleep, which count in tens of seconds, and rates taken over whatever time passed between two
+scrapes. The first status request puts every instance back on every poll, from the poll after
+it; a transition does at once. A busy replica's scrapes while nobody looks are a third (the
+daemon's CPU at 64 busy instances x0.6: docs/benchmarks.md, 2026-12-07); `rest_interval_s = 0`
+in a layout keeps its instances on every poll.
 
 Stall detection's I/O is here too: a scrape of an instance started with vLLM's load tracking
 also reads `/load`, and an idle `ready` instance whose `canary_interval_s` is set gets one
@@ -73,7 +74,7 @@ SCRAPE_TIMEOUT_S = 5.0
 # long (a dashboard asks every second, a fleet view every few), and while nobody does a busy
 # instance is scraped this often (every poll where its `stall_after_s` is under 3 of these).
 WATCH_S = 5.0
-UNWATCHED_S = 2.0
+UNWATCHED_S = 3.0
 # The keys of telemetry's fields() that describe a running server (blank when it is not live).
 LIVE_KEYS = (
     "kv_cache_usage",

@@ -2,7 +2,8 @@
 poll, tells the engine when a rest begins and ends (so its health loop asks nothing itself
 meanwhile), and asks every poll again as soon as a scrape shows a request, or the daemon says
 a transition is under way (`Target.rest_s` 0). While nobody reads the figures (no status
-request for `WATCH_S`), a busy instance is asked every `UNWATCHED_S` instead of every poll.
+request for `WATCH_S`), a busy instance is asked at a rest's pace (`rest_s`, `UNWATCHED_S` at
+most) instead of every poll.
 A loopback server shaped like vLLM's API server answers; the clock is a fake one, advanced a
 second per poll as the daemon polls."""
 
@@ -86,20 +87,24 @@ async def test_an_instance_in_transition_or_with_no_rest_interval_is_asked_every
         assert told == [("a", 1, 4.5), ("a", 1, 0.0)]
 
 
-async def test_while_nobody_reads_a_busy_instance_is_asked_every_two_seconds_until_read_again():
-    assert UNWATCHED_S == 2.0 and WATCH_S == 5.0
+async def test_while_nobody_reads_a_busy_instance_is_asked_every_rest_interval_until_read_again():
+    assert UNWATCHED_S == 3.0 and WATCH_S == 5.0
     async with watched() as (mon, clock, srv, told):
         srv.load = 1  # a request in flight: busy, never at rest
         t = target(srv.url, load_tracking=True, rest_s=3.0)
-        # nobody reads: every other poll, and the engine's health loop is told the pace
-        assert await polls(mon, clock, t, 8, srv, read=False) == [True, False] * 4
-        assert told == [("a", 1, 3.5)]
+        # nobody reads: every third poll (a rest's pace), and the engine's health loop is told
+        assert await polls(mon, clock, t, 9, srv, read=False) == [True, False, False] * 3
+        assert told == [("a", 1, 4.5)]
         # a status request: every poll from the next one on, the engine told at once
         mon.read()
         assert await polls(mon, clock, t, 4, srv, read=False) == [True] * 4
         assert told[-1] == ("a", 1, 0.0)
-        # WATCH_S after that request: every other poll again
-        assert await polls(mon, clock, t, 6, srv, read=False) == [False, True] * 3
+        # WATCH_S after that request: every third poll again
+        assert await polls(mon, clock, t, 6, srv, read=False) == [False, False, True] * 2
+        assert told[-1] == ("a", 1, 4.5)
+        # a layout's shorter rest_interval_s is the pace while nobody reads
+        t = target(srv.url, load_tracking=True, rest_s=2.0)
+        assert await polls(mon, clock, t, 4, srv, read=False) == [False, True, False, True]
         assert told[-1] == ("a", 1, 3.5)
 
 
@@ -109,22 +114,23 @@ async def test_unread_a_transition_no_rest_interval_or_a_short_stall_window_keep
         # a transition (the daemon's rest_s 0), or the layout's rest_interval_s = 0
         t = target(srv.url, load_tracking=True, rest_s=0.0)
         assert await polls(mon, clock, t, 4, srv, read=False) == [True] * 4
-        # stall_after_s of 4: a third of it is under 2 s, so every poll
-        t = target(srv.url, load_tracking=True, rest_s=3.0, stall_after_s=4.0)
+        # stall_after_s of 8: a third of it is under 3 s, so every poll
+        t = target(srv.url, load_tracking=True, rest_s=3.0, stall_after_s=8.0)
         assert await polls(mon, clock, t, 4, srv, read=False) == [True] * 4
         assert told == []
-        # stall_after_s of 9: every 2 s, as without one
+        # stall_after_s of 9: every 3 s, as without one
         t = target(srv.url, load_tracking=True, rest_s=3.0, stall_after_s=9.0)
-        assert await polls(mon, clock, t, 4, srv, read=False) == [False, True, False, True]
+        assert await polls(mon, clock, t, 6, srv, read=False) == [False, False, True] * 2
 
 
 async def test_an_idle_unread_instance_still_comes_to_rest_and_is_asked_every_rest_interval():
     async with watched() as (mon, clock, srv, told):
         t = target(srv.url, load_tracking=True, rest_s=3.0)
-        # quiet scrapes every other poll, as many as before a rest read (the test above),
-        # then the rest's pace
-        quiet = 2 * (QUIET_SCRAPES + 1)
-        got = await polls(mon, clock, t, quiet + 6, srv, read=False)
-        assert got[:quiet] == [True, False] * (QUIET_SCRAPES + 1)
-        assert got[quiet:] == [False, True, False] * 2
-        assert told == [("a", 1, 3.5), ("a", 1, 4.5)]
+        # quiet scrapes every third poll, as many as before a rest (the test above), and the
+        # rest's pace after them: the same, and the engine told once
+        got = await polls(mon, clock, t, 3 * (QUIET_SCRAPES + 3), srv, read=False)
+        assert got == [True, False, False] * (QUIET_SCRAPES + 3)
+        assert told == [("a", 1, 4.5)]
+        # at rest by now: a status request keeps it on the rest's pace (it moves nothing)
+        mon.read()
+        assert await polls(mon, clock, t, 3, srv, read=False) == [True, False, False]

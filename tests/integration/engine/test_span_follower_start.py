@@ -15,7 +15,9 @@ rank just joined; or, as its `mode` says, an old head that answers all along, or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,18 +30,22 @@ from tests.ports import free_port
 pytestmark = pytest.mark.timeout(60)
 
 
-async def fake_head(logs: Path, mode: dict[str, str]) -> tuple[asyncio.Server, list[int]]:
-    """An API server's /health: `mode` "joined": 200 once a run log of the follower exists;
-    "old": 200; "gone": 503."""
-    answers: list[int] = []
+@dataclass
+class FakeHead:
+    """An API server's /health, as a span's head answers it. `mode` "joined": 200 once a run
+    log of the follower exists; "old": 200; "gone": 503. `answers`: every code it gave."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    logs: Path
+    mode: str
+    answers: list[int] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
                 if line in (b"\r\n", b"\n"):
-                    joined = mode["is"] == "joined" and any(logs.glob("run-*.log"))
-                    code = 200 if joined or mode["is"] == "old" else 503
-                    answers.append(code)
+                    joined = self.mode == "joined" and any(self.logs.glob("run-*.log"))
+                    code = 200 if joined or self.mode == "old" else 503
+                    self.answers.append(code)
                     writer.write(f"HTTP/1.1 {code} X\r\ncontent-length: 0\r\n\r\n".encode())
                     await writer.drain()
         except ConnectionError:
@@ -47,11 +53,13 @@ async def fake_head(logs: Path, mode: dict[str, str]) -> tuple[asyncio.Server, l
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, answers
 
-
-def follower_spec(emulator_spec, head_port: int):
+@contextlib.asynccontextmanager
+async def follower_of(mode: str, engine, emulator_spec, tmp_path: Path):
+    """A fake head in `mode`, and an engine running one follower of it ("big")."""
+    head = FakeHead(tmp_path / "logs" / "big", mode)
+    server = await asyncio.start_server(head.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
     role = SpanRole(
         node="gpu02",
         head=False,
@@ -60,47 +68,39 @@ def follower_spec(emulator_spec, head_port: int):
         members=(("gpu01", 1), ("gpu02", 1)),
         address="127.0.0.1",
         rpc_port=free_port(),
-        port=head_port,
+        port=port,
     )
     # a follower runs ranks only (no API server): a process that runs is enough here
     sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
-    return emulator_spec("big", port=head_port, span=role, start_timeout_s=30, command=sleeper)
+    spec = emulator_spec("big", port=port, span=role, start_timeout_s=30, command=sleeper)
+    eng = engine(health_timeout_s=1.0)
+    try:
+        await eng.apply([spec])
+        yield head, eng
+    finally:
+        server.close()
 
 
 async def test_a_follower_whose_head_answers_as_soon_as_it_runs_is_ready(
     engine, emulator_spec, tmp_path
 ):
-    mode = {"is": "joined"}
-    server, answers = await fake_head(tmp_path / "logs" / "big", mode)
-    port = server.sockets[0].getsockname()[1]
-    eng = engine(health_timeout_s=1.0)
-    try:
-        await eng.apply([follower_spec(emulator_spec, port)])
+    async with follower_of("joined", engine, emulator_spec, tmp_path) as (head, eng):
         await eng.wait("big", ("ready",), timeout=15)
         # the look before the spawn found no head; every look after it found the head
-        assert answers[0] == 503 and 200 in answers, answers
+        assert head.answers[0] == 503 and 200 in head.answers, head.answers
         assert eng.instances["big"].wait is None
-    finally:
-        server.close()
 
 
 async def test_a_follower_started_while_an_old_head_answers_waits_for_its_next_run(
     engine, emulator_spec, tmp_path
 ):
-    mode = {"is": "old"}
-    server, answers = await fake_head(tmp_path / "logs" / "big", mode)
-    port = server.sockets[0].getsockname()[1]
-    eng = engine(health_timeout_s=1.0)
-    try:
-        await eng.apply([follower_spec(emulator_spec, port)])
-        await until(lambda: len(answers) >= 5)
+    async with follower_of("old", engine, emulator_spec, tmp_path) as (head, eng):
+        await until(lambda: len(head.answers) >= 5)
         inst = eng.instances["big"]
-        assert inst.state == "starting", answers
+        assert inst.state == "starting", head.answers
         assert inst.wait is not None and "to start again" in inst.wait.message, inst.wait
         # the old head goes away, and a new one answers: this follower joined that one
-        mode["is"] = "gone"
-        await until(lambda: answers[-1] == 503)
-        mode["is"] = "old"
+        head.mode = "gone"
+        await until(lambda: head.answers[-1] == 503)
+        head.mode = "old"
         await eng.wait("big", ("ready",), timeout=15)
-    finally:
-        server.close()

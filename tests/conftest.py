@@ -60,6 +60,16 @@ def run_vsup(
     )
 
 
+def daemon_status(home: Path, timeout: float = 60) -> dict:
+    """The status document `vsup status --json` prints, from the daemon's control API in this
+    process: for polls (a `vsup status --json` subprocess costs ~0.3 CPU-s each); the CLI is
+    run where its own output or exit status is the point."""
+    from vsup.control.client import JsonClient
+
+    with JsonClient(home, timeout=timeout) as client:
+        return client.status()
+
+
 def until(pred, timeout: float, what: str, step: float = 0.25):
     """`pred()`'s first true value, asked every `step` s; fails with `what` after `timeout` s."""
     import time

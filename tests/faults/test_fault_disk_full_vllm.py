@@ -4,7 +4,6 @@ although neither its log, nor the journal, nor the state file can grow."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -13,9 +12,7 @@ import sys
 import httpx
 import pytest
 
-from vsup.control.client import JsonClient
-
-from tests.conftest import free_port
+from tests.conftest import daemon_status, free_port
 from tests.faults.helpers import alive, instance, vsup, wait_for
 from tests.faults.test_fault_disk_full import fill
 
@@ -26,11 +23,9 @@ VLLM_ONE_PROCESS = True
 
 
 def polled(home) -> dict:
-    """cpu0's entry of the status document from the daemon's control API in this process: the
-    restart is waited for with a poll a second, and a `vsup status --json` subprocess costs
-    ~0.3 CPU-s a poll (one CLI call below still reads it on the full disk)."""
-    with contextlib.closing(JsonClient(home, timeout=60)) as client:
-        return {i["name"]: i for i in client.status()["instances"]}["cpu0"]
+    """cpu0's entry of the status document, in this process (`daemon_status`): the restart is
+    waited for with a poll a second (one CLI call below still reads it on the full disk)."""
+    return {i["name"]: i for i in daemon_status(home)["instances"]}["cpu0"]
 
 
 def test_a_killed_vllm_restarts_and_serves_on_a_full_disk(

@@ -26,9 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from vsup.control.client import JsonClient
-
-from tests.conftest import free_port, run_vsup
+from tests.conftest import daemon_status, free_port, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
 # each rank's model worker inside its EngineCore_DP process (tests/conftest.py, vllm_env), as
@@ -41,12 +39,10 @@ vsup = partial(run_vsup, timeout=1200)
 
 
 def status(home: Path) -> dict:
-    """The instance's entry of the status document, from the daemon's control API in this
-    process: a `vsup status --json` subprocess every half second costs about 0.45 CPU-s a poll,
-    taken from the very start being waited for (the CLI's own output is read where it is the
-    point: `vsup status`'s table below)."""
-    with contextlib.closing(JsonClient(home, timeout=60)) as client:
-        return client.status()["instances"][0]
+    """The instance's entry of the status document, in this process (`daemon_status`): polled
+    every half second, taken from the very start being waited for (`vsup status`'s table is
+    read below)."""
+    return daemon_status(home)["instances"][0]
 
 
 def events(home: Path) -> list[dict]:

@@ -32,9 +32,7 @@ import httpx
 import psutil
 import pytest
 
-from vsup.control.client import JsonClient
-
-from tests.conftest import free_port, outside_cwd, until
+from tests.conftest import daemon_status, free_port, outside_cwd, until
 from tests.programs.router_fleet import completion_body, router_command, steady_load
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -73,15 +71,8 @@ class Node:
             stdin=subprocess.DEVNULL,
         )
 
-    def document(self) -> dict:
-        """The status document from the daemon's control API in this process, as `vsup status
-        --json` prints it: the polls below ran that CLI as a subprocess, ~0.3 CPU-s each, dozens
-        of them (the CLI's own output is read where it is the point: `vsup status`'s table)."""
-        with contextlib.closing(JsonClient(self.home, timeout=60)) as client:
-            return client.status()
-
     def status(self) -> dict:
-        doc = self.document()
+        doc = daemon_status(self.home)  # in this process: `vsup status`'s table is read below
         # what `vsup status`'s exit status 0 said: every instance is ready
         assert all(i["state"] == "ready" for i in doc["instances"]), doc["instances"]
         return doc
@@ -99,7 +90,7 @@ class Node:
 
     def holder(self, model: str) -> dict:
         # any instance's state: b is stopped in the last test
-        router = self.document()["router"]
+        router = daemon_status(self.home)["router"]
         return next(h for h in router["holders"] if h["model"] == model)
 
     def ask(self, model: str, timeout: float = 120, **kw) -> httpx.Response:

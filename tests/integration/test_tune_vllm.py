@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, outside_cwd, run_vsup
+from tests.conftest import daemon_status, free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 # the CPU build's worker inside its EngineCore, as on a GPU at TP1 (tests/conftest.py, vllm_env):
@@ -69,15 +69,6 @@ env = {{ VLLM_CPU_OMP_THREADS_BIND = "0" }}
 [tune]
 args = {{ max-num-seqs = [8, 1, 1024] }}
 """
-
-
-def status(home: Path) -> dict:
-    """The status document from the daemon's control API in this process, as `vsup status
-    --json` prints it (a CLI subprocess costs ~0.3 CPU-s; PhaseWatch reads it the same way)."""
-    from vsup.control.client import JsonClient
-
-    with contextlib.closing(JsonClient(home, timeout=60)) as client:
-        return client.status()
 
 
 class PhaseWatch(threading.Thread):
@@ -185,7 +176,7 @@ def test_the_slo_rules_one_out_and_the_best_layout_is_written_valid(node, tmp_pa
     assert "not applied" in text and SLO in text
     valid = vsup(home, "validate", str(best), timeout=60)
     assert valid.returncode == 0, valid.stdout + valid.stderr
-    after = status(home)
+    after = daemon_status(home)
     assert after["supervisor"]["layout"] == "orig"
     assert {i["name"]: i["state"] for i in after["instances"]} == {"cpu0": "ready"}
     assert not (home / "layout-lease.json").exists()
@@ -230,7 +221,7 @@ def test_sigterm_mid_search_restores_and_keeps_the_results_so_far(node, tmp_path
     assert first["status"] == "interrupted"
     never = next(c for c in doc["candidates"] if c["name"] == "orig-mns1")
     assert never["status"] == "skipped" and not never["steps"]
-    assert status(home)["supervisor"]["layout"] == "orig"
+    assert daemon_status(home)["supervisor"]["layout"] == "orig"
     assert not (home / "layout-lease.json").exists()
 
 
@@ -238,7 +229,7 @@ def test_apply_leaves_the_best_layout_running(node, tmp_path):
     """Last in the module: the daemon keeps the tune's layout. One candidate, the base's own
     setting: the daemon sees the same instance, so nothing restarts."""
     home, base = node
-    pid = {i["name"]: i["pid"] for i in status(home)["instances"]}["cpu0"]
+    pid = {i["name"]: i["pid"] for i in daemon_status(home)["instances"]}["cpu0"]
     space = tmp_path / "space.toml"
     space.write_text("[tune]\nargs = { max-num-seqs = [8] }\n")
     # an SLO every run meets, however loaded the machine: this test is about --apply (with the
@@ -252,7 +243,7 @@ def test_apply_leaves_the_best_layout_running(node, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--apply: leaving the best layout orig-base running" in proc.stderr
     assert "one run per candidate" in proc.stdout  # no spread without repeats: said so
-    after = status(home)
+    after = daemon_status(home)
     assert after["supervisor"]["layout"] == "orig-base"  # nothing varies: "base"
     assert [(i["name"], i["state"], i["pid"]) for i in after["instances"]] == [
         ("cpu0", "ready", pid)

@@ -47,9 +47,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vsup.control.client import JsonClient
-
-from tests.conftest import free_port, outside_cwd, until
+from tests.conftest import daemon_status, free_port, outside_cwd, until
 from tests.programs.router_fleet import (
     MAX_MODEL_LEN,
     VLLM_ENV,
@@ -89,11 +87,8 @@ class Node:
         )
 
     def status(self) -> dict:
-        """The status document from the daemon's control API in this process, as `vsup status
-        --json` prints it: the polls below ran that CLI as a subprocess, ~0.3 CPU-s each (the
-        CLI's own output is read where it is the point: `vsup status`'s table)."""
-        with contextlib.closing(JsonClient(self.home, timeout=60)) as client:
-            return client.status()
+        """In this process (`daemon_status`); `vsup status`'s table is read where it is the point."""
+        return daemon_status(self.home)
 
     def events(self) -> list[dict]:
         path = self.home / "journal.jsonl"

@@ -43,15 +43,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def run_vsup(
-    home: Path, *args: str, timeout: float = 60, text: bool = True
+    home: Path,
+    *args: str,
+    timeout: float = 60,
+    text: bool = True,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`vsup ARGS` as a user runs it: the installed package (`python -m vsup` of this
     interpreter) with VSUP_HOME=home, from outside the checkout, with no terminal (stdin is
-    /dev/null, so `vsup down` does not ask). `text=False` gives bytes. A file that needs a
-    longer default binds one: `vsup = partial(run_vsup, timeout=300)`."""
+    /dev/null, so `vsup down` does not ask). `text=False` gives bytes; `env` is added to the
+    environment (a daemon that `up` starts, and the instances it spawns, inherit it). A file
+    that needs a longer default binds one: `vsup = partial(run_vsup, timeout=300)`."""
     return subprocess.run(
         [sys.executable, "-m", "vsup", *args],
-        env=dict(os.environ, VSUP_HOME=str(home)),
+        env=dict(os.environ, **(env or {}), VSUP_HOME=str(home)),
         capture_output=True,
         text=text,
         timeout=timeout,

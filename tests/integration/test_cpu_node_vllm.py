@@ -15,7 +15,8 @@ fleet, and every test that only needs a running server runs on it.
   advice says to edit the layout and `vsup up`.
 
 One two-instance fleet for the module, in vLLM's multi-process mode (its OpenMP core binding
-needs the mp executor: vllm/platforms/cpu.py). It also serves what test_cpu_profile_starts and
+needs the mp executor: vllm/platforms/cpu.py), the children forked as on a GPU node (the
+`daemon_env` fixture says why). It also serves what test_cpu_profile_starts and
 test_probe_real_vllm each started a server of their own for (issue 36: two starts less).
 """
 
@@ -47,7 +48,7 @@ from vsup.telemetry.metrics import SCRAPED_NAMES
 from vsup.telemetry.rates import InstanceRates
 from vsup.telemetry.scrape import Scraper
 
-from tests.conftest import free_port, outside_cwd, run_vsup
+from tests.conftest import fork_core_env, free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 vsup = partial(run_vsup, timeout=900)
@@ -113,13 +114,24 @@ def end_all(home: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def node(tiny_model):
+def daemon_env(vllm_tmp: Path) -> dict[str, str]:
+    """What the module's daemons (and so their instances) get beside the shipped layout's own
+    environment: the servers' children (EngineCore, worker) forked instead of spawned, as on a
+    GPU node (tests/support/forkcore; the three processes and the mp executor stay, and so does
+    the core binding), and the session's TMPDIR for vLLM's `vllm_dist_*` files. The CPU build's
+    own spawned start is the install test's and `make demo`'s: spawned, this module's four
+    starts cost ~130 CPU-s of children's imports (2026-12-07)."""
+    return {**fork_core_env(), "TMPDIR": str(vllm_tmp)}
+
+
+@pytest.fixture(scope="module")
+def node(tiny_model, daemon_env):
     """(home, ports, layout): the demo layout up under vsup, cpu0 and cpu1 ready."""
     home = Path(tempfile.mkdtemp(prefix="vsup-cpu-", dir="/tmp"))
     ports = [free_port(), free_port()]
     layout = demo_copy(tiny_model, ports)
     try:
-        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600")
+        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=daemon_env)
         assert up.returncode == 0, up.stdout + up.stderr
         yield home, ports, layout
     finally:
@@ -377,7 +389,7 @@ def test_cpu1_stopped_ends_on_sigterm_and_leaves_nothing_of_its_process_group(no
 
 
 def test_a_misspelt_flag_is_refused_and_its_bad_args_advice_says_edit_the_layout(
-    tiny_model, tmp_path
+    tiny_model, tmp_path, daemon_env
 ):
     home = Path(tempfile.mkdtemp(prefix="vsup-flag-", dir="/tmp"))
     layout = tmp_path / "typo.toml"
@@ -392,13 +404,13 @@ def test_a_misspelt_flag_is_refused_and_its_bad_args_advice_says_edit_the_layout
             "the installed vLLM 0.32" in val.stderr and "has no flag --max-modle-len" in val.stderr
         )
         assert "did you mean 'max-model-len'" in val.stderr
-        up = vsup(home, "up", str(layout), "--detach")
+        up = vsup(home, "up", str(layout), "--detach", env=daemon_env)
         assert up.returncode == 2 and not (home / "vsup.sock").exists()
 
         # let it through: vLLM itself refuses it, and the advice says what to do
         layout.write_text(text + 'unchecked_args = ["max-modle-len"]\n')
         assert vsup(home, "validate", str(layout)).returncode == 0
-        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600")
+        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=daemon_env)
         assert up.returncode == 1, up.stdout + up.stderr
         assert "cpu0: failed (last exit: bad_args)" in up.stderr
         assert "Edit the layout" in up.stderr and "`vsup up LAYOUT`" in up.stderr

@@ -11,9 +11,10 @@ servers get the process tree and the start path a GPU server at TP1 has, at ~12 
 It changes nothing else. (A forked EngineCore's process title overwrites its /proc/PID/environ,
 as on a GPU: vsup never reads it, and the test servers also get SPT_NOENV=1, which keeps it, for
 the tests that find a home's processes by their environment.) The engine's own tests of the
-three-process tree (engine/test_vllm.py) use it too, without one-process mode: both children,
+three-process tree (engine/test_vllm.py) and the shipped demo layout's (test_cpu_node_vllm.py,
+through its daemons' environment) use it too, without one-process mode: both children,
 EngineCore and worker, forked. Where the CPU build's own start is what a test is about (the
-shipped `cpu` profile, the install test), it is not used.
+install test), it is not used.
 `VSUP_TEST_SPAWN_CORE=1` in the suite's environment leaves every server as it comes.
 If vLLM no longer has what this wraps, it says so on stderr and leaves vLLM as it is.
 """

@@ -22,6 +22,14 @@ PYTEST = cwd="$$(mktemp -d -t vsup-cwd-XXXXXX)" && trap 'rm -rf "$$cwd"' EXIT &&
 	VSUP_TEST_SLOW_LANES=$(TEST_LANES) \
 	$(PY) -m pytest -c $(CURDIR)/pyproject.toml \
 	--rootdir $(CURDIR)
+# pytest rewrites the asserts of every test module it imports, ~12 CPU-s per process (each xdist
+# worker collects everything), and caches the result only where bytecode may be written; it
+# reads the cache either way. Where PYTHONDONTWRITEBYTECODE is set (CI's machines), one
+# collection that may write it first saves each worker ~9 CPU-s. Its errors are the run's own.
+CACHE_REWRITES = (cwd="$$(mktemp -d -t vsup-cwd-XXXXXX)" && cd "$$cwd" && \
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -c $(CURDIR)/pyproject.toml \
+	--rootdir $(CURDIR) -p no:xdist -p no:cacheprovider --collect-only -q \
+	$(addprefix $(CURDIR)/,$(TESTS)) >/dev/null 2>&1; rm -rf "$$cwd")
 
 .PHONY: all venv deps ssh-server test test-fast test-multinode lint demo demo-attach demo-down bench clean
 
@@ -44,9 +52,11 @@ $(DEPS): pyproject.toml
 	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	touch $(DEPS)
 
+# The check finds vLLM without importing it (~6 s of torch and vLLM; the install test runs it).
 $(STAMP): $(DEPS) $(SRC)
 	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
-	cd / && $(PY) -c "import vllm, textual, httpx, vsup, supervisor.options; \
+	cd / && $(PY) -c "import importlib.util, textual, httpx, vsup, supervisor.options; \
+		assert importlib.util.find_spec('vllm'), 'vllm is not installed'; \
 		assert 'site-packages' in vsup.__file__, vsup.__file__"
 	touch $(STAMP)
 
@@ -74,6 +84,7 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --
 TEST_MARKS ?= not multinode
 
 test: venv ssh-server
+	$(if $(XDIST),$(CACHE_REWRITES))
 	$(PYTEST) $(XDIST) -m "$(TEST_MARKS)" $(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 
 test-multinode: venv ssh-server
@@ -81,6 +92,7 @@ test-multinode: venv ssh-server
 
 # Everything except the tests that start real vLLM servers: for quick iterations only.
 test-fast: venv ssh-server
+	$(if $(XDIST),$(CACHE_REWRITES))
 	$(PYTEST) $(XDIST) -m "not vllm and not tmux and not install and not multinode" \
 		$(addprefix $(CURDIR)/,$(TESTS)) $(PYTEST_ARGS)
 

@@ -147,8 +147,18 @@ def token_pids(token: str) -> list[int]:
     return proctoken.token_pids(token, TOKEN_VAR)
 
 
+# A run's log guard (supervisor/vsup/engine/logcap.py) ends by itself at its next check after
+# its instance's process group is gone, ~1 s at most: a daemon that stopped everything may exit
+# before its guards do. What still carries the token after this was left behind.
+GUARDS_END_S = 3.0
+
+
 def kill_token(token: str) -> list[int]:
-    """SIGKILL every process carrying the token; the pids that were still alive."""
+    """SIGKILL every process carrying the token once the log guards had their time to end;
+    the pids that were still alive."""
+    deadline = time.monotonic() + GUARDS_END_S
+    while token_pids(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return proctoken.kill_token(token, TOKEN_VAR)
 
 

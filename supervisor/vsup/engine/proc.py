@@ -59,10 +59,19 @@ class ProcInfo:
 
 def read_stat(pid: int) -> ProcInfo | None:
     """One process from /proc/PID/stat, or None if there is no such process."""
+    # os.open/os.read, not open(): a scan reads every process of the node, and the buffered
+    # file object cost ~80 % more per process (18 against 10 us here, 2026-12-07)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)  # one line of ~300 bytes; a comm is at most 64
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not data:
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
     rest = data[data.rfind(b")") + 2 :].split()

@@ -66,7 +66,7 @@ def read_stat(pid: int) -> ProcInfo | None:
     except OSError:
         return None
     try:
-        data = os.read(fd, 4096)  # one line of ~300 bytes; a comm is at most 64
+        data = os.read(fd, 4096)  # one line of ~300 bytes (the comm is at most 15 characters)
     except OSError:
         return None
     finally:

@@ -190,7 +190,8 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
     forces spawn), which saves the EngineCore's own import of torch and vLLM, ~9 of a start's
     ~22 CPU-s. A module that sets `VLLM_FORK_CORE = True` keeps the three processes and forks
     both children (engine/test_vllm.py: the orphan sweep and engine death are about the tree's
-    shape, not how its children were started). `VSUP_TEST_SPAWN_CORE=1` runs them all as the
+    shape, not how its children were started; test_cpu_node_vllm.py, whose daemons get this
+    environment for the shipped demo layout's servers). `VSUP_TEST_SPAWN_CORE=1` runs them all as the
     CPU build comes."""
     env = {
         "HF_HUB_OFFLINE": "1",
@@ -209,7 +210,7 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
         env.update(fork_core_env())
     elif getattr(request.module, "VLLM_FORK_CORE", False):
         # the three-process tree (API server, EngineCore, worker), each child forked as on a
-        # GPU node: engine/test_vllm.py
+        # GPU node: engine/test_vllm.py, test_cpu_node_vllm.py
         env.update(fork_core_env())
     return env
 

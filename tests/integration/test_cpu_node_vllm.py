@@ -15,8 +15,11 @@ fleet, and every test that only needs a running server runs on it.
   advice says to edit the layout and `vsup up`.
 
 One two-instance fleet for the module, in vLLM's multi-process mode (its OpenMP core binding
-needs the mp executor: vllm/platforms/cpu.py), the children forked as on a GPU node (the
-`daemon_env` fixture says why). It also serves what test_cpu_profile_starts and
+needs the mp executor: vllm/platforms/cpu.py), its children (EngineCore, worker) forked as on a
+GPU node (`VLLM_FORK_CORE`, tests/conftest.py `vllm_env`: the daemons get that environment, and
+so their instances; the command line stays the shipped one). Spawned, this module's four starts
+cost ~130 CPU-s more of the children's imports (2026-12-07); the CPU build's own spawned start
+is the install test's and `make demo`'s. It also serves what test_cpu_profile_starts and
 test_probe_real_vllm each started a server of their own for (issue 36: two starts less).
 """
 
@@ -48,10 +51,12 @@ from vsup.telemetry.metrics import SCRAPED_NAMES
 from vsup.telemetry.rates import InstanceRates
 from vsup.telemetry.scrape import Scraper
 
-from tests.conftest import fork_core_env, free_port, outside_cwd, run_vsup
+from tests.conftest import free_port, outside_cwd, run_vsup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 vsup = partial(run_vsup, timeout=900)
+# the three-process tree, both children forked (tests/conftest.py `vllm_env`)
+VLLM_FORK_CORE = True
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_PORTS = (8101, 8102)  # cpu0's and cpu1's in layouts/cpu-demo.toml
 
@@ -114,24 +119,13 @@ def end_all(home: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon_env(vllm_tmp: Path) -> dict[str, str]:
-    """What the module's daemons (and so their instances) get beside the shipped layout's own
-    environment: the servers' children (EngineCore, worker) forked instead of spawned, as on a
-    GPU node (tests/support/forkcore; the three processes and the mp executor stay, and so does
-    the core binding), and the session's TMPDIR for vLLM's `vllm_dist_*` files. The CPU build's
-    own spawned start is the install test's and `make demo`'s: spawned, this module's four
-    starts cost ~130 CPU-s of children's imports (2026-12-07)."""
-    return {**fork_core_env(), "TMPDIR": str(vllm_tmp)}
-
-
-@pytest.fixture(scope="module")
-def node(tiny_model, daemon_env):
+def node(tiny_model, vllm_env):
     """(home, ports, layout): the demo layout up under vsup, cpu0 and cpu1 ready."""
     home = Path(tempfile.mkdtemp(prefix="vsup-cpu-", dir="/tmp"))
     ports = [free_port(), free_port()]
     layout = demo_copy(tiny_model, ports)
     try:
-        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=daemon_env)
+        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=vllm_env)
         assert up.returncode == 0, up.stdout + up.stderr
         yield home, ports, layout
     finally:
@@ -389,7 +383,7 @@ def test_cpu1_stopped_ends_on_sigterm_and_leaves_nothing_of_its_process_group(no
 
 
 def test_a_misspelt_flag_is_refused_and_its_bad_args_advice_says_edit_the_layout(
-    tiny_model, tmp_path, daemon_env
+    tiny_model, tmp_path, vllm_env
 ):
     home = Path(tempfile.mkdtemp(prefix="vsup-flag-", dir="/tmp"))
     layout = tmp_path / "typo.toml"
@@ -404,13 +398,13 @@ def test_a_misspelt_flag_is_refused_and_its_bad_args_advice_says_edit_the_layout
             "the installed vLLM 0.32" in val.stderr and "has no flag --max-modle-len" in val.stderr
         )
         assert "did you mean 'max-model-len'" in val.stderr
-        up = vsup(home, "up", str(layout), "--detach", env=daemon_env)
+        up = vsup(home, "up", str(layout), "--detach", env=vllm_env)
         assert up.returncode == 2 and not (home / "vsup.sock").exists()
 
         # let it through: vLLM itself refuses it, and the advice says what to do
         layout.write_text(text + 'unchecked_args = ["max-modle-len"]\n')
         assert vsup(home, "validate", str(layout)).returncode == 0
-        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=daemon_env)
+        up = vsup(home, "up", str(layout), "--detach", "--wait", "--timeout", "600", env=vllm_env)
         assert up.returncode == 1, up.stdout + up.stderr
         assert "cpu0: failed (last exit: bad_args)" in up.stderr
         assert "Edit the layout" in up.stderr and "`vsup up LAYOUT`" in up.stderr

@@ -53,6 +53,21 @@ def test_read_stat_matches_psutil():
     assert read_stat(2**22 + 12345) is None
 
 
+def test_a_process_stays_itself_when_the_boot_time_moves_by_a_second(monkeypatch):
+    """The kernel's boot time moved by exactly 1 s during a run (2026-12-07): a daemon restarted
+    after it read its instance's start time 1.0 s off and refused to re-adopt it."""
+    from vsup.control.liveness import process_matches
+    from vsup.engine import proc
+
+    recorded = read_stat(os.getpid()).create_time
+    monkeypatch.setattr(proc, "_BOOT", proc._BOOT + 1.0)
+    moved = read_stat(os.getpid()).create_time
+    assert abs(moved - recorded - 1.0) < 1e-6
+    assert process_matches(os.getpid(), recorded)
+    # a pid reused by a process started seconds later is still another process
+    assert not process_matches(os.getpid(), recorded - 3.0)
+
+
 def test_describe_names_a_process_and_its_kernel_state():
     import signal
     import subprocess

@@ -20,6 +20,8 @@ Behaviours on cue:
   --startup-s-file F               ... after the seconds F's first word says, read at each start
                                    (a missing file: --startup-s): one layout whose first start
                                    is quick and whose restart is slow
+  --ready-file F                   ... and only once F exists: a test holds a start for as long
+                                   as it looks at it, with no window that a loaded machine misses
   --engine-child                   start an "EngineCore" child in the same process group; like
                                    vLLM's, it survives a SIGKILL of this process (re-parented
                                    to PID 1, holding its memory)
@@ -902,6 +904,8 @@ async def _serve(
         await head.listen()
     if startup_s:
         await asyncio.sleep(startup_s)
+    while args.ready_file and not Path(args.ready_file).exists():
+        await asyncio.sleep(0.05)
     if head is not None:
         await head.enough.wait()
         head.serving = True
@@ -974,6 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ports", help="serve every port in A-B from this one process")
     p.add_argument("--startup-s", "--ready-after", dest="startup_s", type=float, default=0.0)
     p.add_argument("--startup-s-file")
+    p.add_argument("--ready-file")
     p.add_argument("--engine-child", action="store_true")
     p.add_argument("--setsid-child", action="store_true")
     p.add_argument("--core-term-s", type=float, default=0.0)

@@ -4,9 +4,11 @@
 
 Two CPU instances share the device `cpu`, so the second waits for the first's start; then a
 change of their args rolls, one instance at a time. vLLM emulators (tests/programs/
-vllm_emulator.py) stand in for vLLM: a starts in START_S seconds, the window in which the
-operator looks at the co-tenant wait and at wave 1; b, whose waves are only seen to begin and
-end, in B_START_S. Both always report a request running, so each drain lasts drain_timeout_s.
+vllm_emulator.py) stand in for vLLM. Each start the operator looks at is held by a gate file
+(the emulator's `--ready-file`) that the test creates once it has looked: a window of fixed
+seconds was missed twice in full suites on 2 cores (2026-12-07: once a's first start, once its
+wave-1 restart, was over before the dashboard or `vsup status` looked). Both always report a
+request running, so each drain lasts drain_timeout_s.
 tests/integration/router/test_router_vsup.py does a rolling apply with real vLLM."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,23 +35,22 @@ from tests.unit.control.helpers import emulator_layout, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
-START_S = 8  # a's start-up: the time its co-tenant waits
-# a's start-up in wave 1's restart (the changed layout's): the window in which the dashboard,
-# `vsup status` and the panel must see it start, after two CLI runs and a drain. 8 s was missed
-# once in a full suite on 2 cores (2026-12-07: the row never showed the restart in 30 s)
-WAVE1_START_S = 16
-B_START_S = 2  # b's: nothing is looked at while b starts
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
-def layout(ports: dict[str, int], say: str, start_s: int = START_S) -> str:
+def layout(ports: dict[str, int], say: str, a_gate: Path, b_gate: Path) -> str:
+    """Each instance starts only once its gate file exists (an instance's args merge into the
+    defaults' key by key, docs/layout.md)."""
     text = emulator_layout(
         ports,
         extra_header="max_unavailable = 1\ndrain_timeout_s = 1",
-        args=f'args = {{ say = "{say}", startup-s = {start_s} }}',
+        args=f'args = {{ say = "{say}" }}',
     )
-    # an instance's args merge into the defaults' key by key (docs/layout.md)
-    return text.replace('name = "b"\n', f'name = "b"\nargs = {{ startup-s = {B_START_S} }}\n')
+    for name, gate in (("a", a_gate), ("b", b_gate)):
+        text = text.replace(
+            f'name = "{name}"\n', f'name = "{name}"\nargs = {{ ready-file = "{gate}" }}\n'
+        )
+    return text
 
 
 def status_row(home, name: str, pattern: str, timeout: float = 20) -> tuple[str, str]:
@@ -112,8 +114,9 @@ async def test_status_and_the_dashboard_during_a_co_tenant_wait_and_a_rolling_ap
     home = cli_home
     ports = {"a": free_port(), "b": free_port()}
     v1, v2 = tmp_path / "v1.toml", tmp_path / "v2.toml"
-    v1.write_text(layout(ports, "v1"))
-    v2.write_text(layout(ports, "v2", start_s=WAVE1_START_S))
+    first_start, a_restart, b_restart = (tmp_path / n for n in ("go1", "go-a", "go-b"))
+    v1.write_text(layout(ports, "v1", first_start, first_start))
+    v2.write_text(layout(ports, "v2", a_restart, b_restart))
     up = vsup(home, "up", str(v1), "--detach")  # no --wait: a starts, b waits for its turn
     assert up.returncode == 0, up.stdout + up.stderr
 
@@ -149,6 +152,7 @@ async def test_status_and_the_dashboard_during_a_co_tenant_wait_and_a_rolling_ap
         await until(pilot, lambda: app.selected == "b", 10, "b selected")
         await until(pilot, lambda: "waits for a starting" in str(sparks.render()), 10, "b's reason")
         assert re.fullmatch(r"◐ \d+s of 15m", cell("a")), cell("a")  # a's start, timed
+        first_start.touch()
 
         # both serve, then the change rolls: a first, b after
         await asyncio.to_thread(
@@ -187,9 +191,11 @@ async def test_status_and_the_dashboard_during_a_co_tenant_wait_and_a_rolling_ap
         assert not any(b in shown for b in SPARK_BARS), shown
 
         await asyncio.to_thread(status_row, home, "a", r"^a\s+starting \d+s of 15m\s")
+        a_restart.touch()
 
         # wave 2, then the end: the line and the mark go
         await until(pilot, lambda: "wave 2/2: restarting b" in plain(bar), 60, "wave 2")
+        b_restart.touch()
         await until(pilot, lambda: not bar.has_class("-shown"), 60, "the rollout's end")
         assert "ROLLOUT" not in plain(header)
     doc = status_json(home)

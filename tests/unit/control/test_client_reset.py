@@ -4,6 +4,7 @@ does): the client says the daemon is gone, it does not crash with httpx's ReadEr
 from __future__ import annotations
 
 import select
+import shutil
 import socket
 import tempfile
 import threading
@@ -44,3 +45,4 @@ def test_a_connection_reset_mid_request_is_daemon_unavailable() -> None:
     finally:
         client.close()
         t.join(5)
+        shutil.rmtree(home, ignore_errors=True)  # it held the socket: it stayed in /tmp

@@ -47,7 +47,7 @@ def test_read_stat_matches_psutil():
     me = read_stat(os.getpid())
     assert me.pgid == os.getpgid(0) and me.ppid == os.getppid()
     # psutil reads the kernel's boot time at another moment, which may have moved by 1 s since
-    # (proc.py, SAME_PROCESS_S): the same process, up to whole seconds of that
+    # (proc.py, SAME_PROCESS_S): the same process, read equal or 1 s apart
     off = abs(me.create_time - psutil.Process().create_time())
     assert min(off, abs(off - 1.0)) < 0.02, off
     assert read_stat(2**22 + 12345) is None

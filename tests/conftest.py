@@ -191,8 +191,8 @@ def vllm_env(request: pytest.FixtureRequest, vllm_tmp: Path) -> dict[str, str]:
     ~22 CPU-s. A module that sets `VLLM_FORK_CORE = True` keeps the three processes and forks
     both children (engine/test_vllm.py: the orphan sweep and engine death are about the tree's
     shape, not how its children were started; test_cpu_node_vllm.py, whose daemons get this
-    environment for the shipped demo layout's servers). `VSUP_TEST_SPAWN_CORE=1` runs them all as the
-    CPU build comes."""
+    environment for the shipped demo layout's servers). `VSUP_TEST_SPAWN_CORE=1` runs them all
+    as the CPU build comes."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -172,23 +172,28 @@ def test_while_nobody_reads_a_busy_instance_is_scraped_every_three_seconds(node)
     time.sleep(6)  # the last status request is more than 5 s old: nobody reads
     unread = over_window(tmp)
     stop = threading.Event()
+    asked = threading.Event()
 
     def dashboard() -> None:  # a status request a second, as the dashboard asks
         while not stop.is_set():
             status(home)
+            asked.set()
             stop.wait(1.0)
 
     reader = threading.Thread(target=dashboard)
     reader.start()
     try:
-        time.sleep(2)  # the poll after the first request
+        # the first request's answer (a `vsup status` takes seconds on a loaded machine), then
+        # the poll after it
+        assert asked.wait(60), "the first status request never answered"
+        time.sleep(2)
         read = over_window(tmp)
     finally:
         stop.set()
         reader.join()
     # every 3 s: ~5 in 15 s, where a scrape a second gives ~15
     assert 3 <= unread["paced"][0] <= 8, unread
-    assert read["paced"][0] >= 12, read
+    assert read["paced"][0] >= 10, read  # above the rest's 8; a loaded poll loop gives ~12-15
     # its /health rides on those scrapes: the health loop asks none in between
     assert unread["paced"][1] <= 8, unread
     # stall_after_s = 3: every poll, read or not

@@ -79,9 +79,14 @@ async def test_a_member_removed_during_a_slow_put_back_is_put_back_without_waiti
             await asyncio.sleep(0.005)
     # b came back while a's put-back still waited for the router, not after it
     assert any(b in urls for urls in seen), f"b was back only with a: {seen[-3:]}"
-    doc = await client.status()
-    back = {w["name"] for w in doc["router"]["removed_workers"]}
-    assert back == {"a", "b"}, doc["router"]["removed_workers"]
+
+    # the daemon records a put-back once the router's answer reaches it, which can be a
+    # moment after the router lists the member again
+    async def both_recorded() -> bool:
+        removed = (await client.status())["router"]["removed_workers"]
+        return {w["name"] for w in removed} == {"a", "b"}
+
+    await until(both_recorded, "a and b both recorded as put back", timeout=30)
     events = (await client.events())["events"]
     assert sorted(e["url"] for e in events if e["kind"] == "router_worker_removed") == sorted(
         [a, b]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
+from tests.conftest import daemon_status
 from tests.faults.helpers import daemons_of, status, vsup, wait_for
 from tests.unit.control.helpers import emulator_layout, free_port
 
@@ -45,10 +46,12 @@ def test_a_daemon_killed_in_wave_2_leaves_a_rollout_reported_and_resumable(fault
     assert go.returncode == 0, go.stdout + go.stderr
 
     def in_wave_2():
-        r = status(home)["rollout"]
+        # in this process (a `vsup status --json` subprocess can take seconds on a loaded
+        # machine, longer than wave 2's ~3 s)
+        r = daemon_status(home)["rollout"]
         return r and r["state"] == "running" and r["wave"] == 2 and r
 
-    wait_for(in_wave_2, 90, "the rollout's wave 2", interval=0.1)
+    wait_for(in_wave_2, 90, "the rollout's wave 2", interval=0.05)
     (daemon,) = daemons_of(home)
     daemon.kill()  # SIGKILL: no goodbye write of anything
     daemon.wait(10)

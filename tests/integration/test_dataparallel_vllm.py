@@ -288,8 +288,16 @@ restart = {{ policy = "on-failure", backoff_s = 1, backoff_max_s = 5, stable_s =
         assert hung["state"] == "ready", shown
         assert 1 <= hung["requests_in_flight"] <= 16, shown
         assert at_rank1 <= hung["requests_in_flight"], shown
+        # the status names the ranks at once; the journal's event follows at the next poll
+        # (a stall of [1] may come back as [0, 1]: wait for the event that names what it shows)
         got = wait_for(
-            "the stalled event", lambda: [e for e in events(home) if e.get("kind") == "stalled"], 15
+            "the stalled event naming what the status shows",
+            lambda: (
+                (g := [e for e in events(home) if e.get("kind") == "stalled"])
+                and g[-1]["ranks"] == named
+                and g
+            ),
+            15,
         )
         # with only the API server's count as evidence, rank 0 finishing its share reads as
         # progress (a clear) and then as idle, so a stall of [1] may clear and come back as

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import outside_cwd, run_vsup, until
+from tests.conftest import daemon_status, outside_cwd, run_vsup, until
 from tests.unit.control.helpers import EMULATOR, free_port
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def layout_text(ports: dict[str, int], idle: Path, b_start: Path) -> str:
+def layout_text(ports: dict[str, int], idle: Path, b_go: Path) -> str:
     emulator = json.dumps([sys.executable, str(EMULATOR)])
     text = f"""[layout]
 name = "demo-load"
@@ -44,9 +44,10 @@ drain_timeout_s = 1
 restart = {{ policy = "on-failure", backoff_s = 0.2, backoff_max_s = 1, stable_s = 60, max_failures = 3 }}
 """
     for name, port in ports.items():
-        # b's start takes what b_start says: 0 s for the first, 8 s for the restart (long
-        # enough to see the load paused for it)
-        startup = f', startup-s-file = "{b_start}"' if name == "b" else ""
+        # b listens only once b_go exists: there for the first start; the test removes it
+        # before the restart and puts it back once it has seen the load paused (a window of
+        # fixed seconds was missed by a loaded run's slow reads)
+        startup = f', ready-file = "{b_go}"' if name == "b" else ""
         text += f"""
 [[instance]]
 name = "{name}"
@@ -62,7 +63,7 @@ def in_flight(port: int) -> int:
 
 
 def state(home: Path, name: str) -> str:
-    doc = json.loads(run_vsup(home, "status", "--json").stdout)
+    doc = daemon_status(home)  # in this process: a `vsup status` subprocess costs seconds
     return next(i["state"] for i in doc["instances"] if i["name"] == name)
 
 
@@ -71,9 +72,9 @@ def test_the_demo_load_pauses_while_an_instance_starts(vsup_home: Path, tmp_path
     idle = tmp_path / "idle.mode"
     idle.write_text("idle")
     layout = tmp_path / "demo-load.toml"
-    b_start = tmp_path / "b-startup-s"
-    b_start.write_text("0")
-    layout.write_text(layout_text(ports, idle, b_start))
+    b_go = tmp_path / "b-go"
+    b_go.touch()
+    layout.write_text(layout_text(ports, idle, b_go))
     up = run_vsup(vsup_home, "up", str(layout), "--detach", "--wait", "--timeout", "90")
     assert up.returncode == 0, up.stdout + up.stderr
     log = tmp_path / "load.log"
@@ -89,7 +90,7 @@ def test_the_demo_load_pauses_while_an_instance_starts(vsup_home: Path, tmp_path
         )  # fmt: skip
     try:
         until(lambda: in_flight(ports["a"]) > 0, 60, "the load to reach a")
-        b_start.write_text("8")
+        b_go.unlink()
         restart = subprocess.Popen(
             [sys.executable, "-m", "vsup", "restart", "b"],
             env=dict(os.environ, VSUP_HOME=str(vsup_home)),
@@ -106,6 +107,7 @@ def test_the_demo_load_pauses_while_an_instance_starts(vsup_home: Path, tmp_path
             zeros = zeros + 1 if readings[-1] == 0 else 0
             time.sleep(0.2)
         assert zeros >= 3, f"a kept getting requests while b started: /load read {readings}"
+        b_go.touch()
         assert restart.wait(60) == 0
         until(lambda: state(vsup_home, "b") == "ready", 60, "b to be ready")
         until(lambda: in_flight(ports["a"]) > 0, 30, "the load to go on once b is ready")

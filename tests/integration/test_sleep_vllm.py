@@ -235,9 +235,18 @@ def test_a_daemon_restart_keeps_the_sleeper_asleep_and_out_of_the_router(node):
     os.kill(pid, signal.SIGTERM)  # the daemon ends; its instances go on
     until(lambda: not psutil.pid_exists(pid), 60, "the daemon gone")
     assert node.vsup("daemon", "--detach").returncode == 0
-    a = until(lambda: (i := node.inst("a"))["sleep"] and i, 60, "a's sleep state back")
+
+    def inst(name: str) -> dict:  # not node.inst: an adopted instance may still be starting
+        return next(i for i in daemon_status(node.home)["instances"] if i["name"] == name)
+
+    # the new daemon knows a's sleep state once the server has answered it ("unknown" until)
+    a = until(
+        lambda: (i := inst("a"))["sleep"] and i["sleep"]["state"] != "unknown" and i,
+        60,
+        "a's sleep state back",
+    )
     assert a["sleep"]["state"] == "asleep", a["sleep"]
-    assert node.inst("b")["sleep"]["state"] == "awake"
+    until(lambda: (inst("b")["sleep"] or {}).get("state") == "awake", 60, "b's sleep state back")
     until(lambda: node.in_router() == {"b", "c"}, 60, "the router's members kept")
 
 

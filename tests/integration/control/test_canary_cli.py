@@ -83,6 +83,15 @@ def test_a_daemon_killed_during_the_watch_leaves_it_interrupted(cli_home, tmp_pa
     r = wait_for(lambda: rollout(cli_home), 30, "the restored rollout")
     assert r["state"] == "interrupted" and r["canary"] == ["a"], r
     assert r["old_config"] == ["b"]  # the canary keeps the new spec, b the old one
-    doc = json.loads(vsup(cli_home, "status", "--json").stdout)
+    # re-adopted instances show ready after their first health check (the restore waits for
+    # it at most 5 s)
+    doc = wait_for(
+        lambda: (
+            (d := json.loads(vsup(cli_home, "status", "--json").stdout))
+            and {i["name"]: i["state"] for i in d["instances"]} == {"a": "ready", "b": "ready"}
+            and d
+        ),
+        60,
+        "a and b re-adopted and ready",
+    )
     assert any(x["kind"] == "rollout_interrupted" for x in doc["advice"])
-    assert {i["name"]: i["state"] for i in doc["instances"]} == {"a": "ready", "b": "ready"}

@@ -219,7 +219,17 @@ def test_daemon_crash_readoption_and_down(vsup_home, tiny_model, vllm_env, tmp_p
         # `vsup daemon --detach` brings a daemon back (read-only commands start none); it
         # re-adopts cpu0 as it was.
         assert vsup(home, "daemon", "--detach").returncode == 0
-        doc = status(home)
+        # the daemon answers once it has re-adopted; cpu0 shows ready after its first health
+        # check, which the restore waits for at most 5 s (longer beside cpu1's vLLM start)
+        doc = wait_for(
+            lambda: (
+                (d := status(home))
+                and {i["name"]: i for i in d["instances"]}["cpu0"]["state"] == "ready"
+                and d
+            ),
+            60,
+            "cpu0 re-adopted and ready",
+        )
         assert doc["supervisor"]["pid"] != old_daemon
         insts = {i["name"]: i for i in doc["instances"]}
         assert insts["cpu0"]["pid"] == pids["cpu0"]

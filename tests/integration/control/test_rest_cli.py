@@ -197,5 +197,5 @@ def test_while_nobody_reads_a_busy_instance_is_scraped_every_three_seconds(node)
     # its /health rides on those scrapes: the health loop asks none in between
     assert unread["paced"][1] <= 8, unread
     # stall_after_s = 3: every poll, read or not
-    assert unread["busy"][0] >= 12, unread
+    assert unread["busy"][0] >= 10, unread  # as for `read` above
     assert status(home)["paced"]["generation_tokens_per_s"], "its rates are read meanwhile"

@@ -331,7 +331,9 @@ async def test_a_command_that_hangs_is_killed_with_what_it_started(tmp_path) -> 
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(60)"
     )
-    alerts = Alerts(FakeClock(), "n", retry_delays_s=(), command_timeout_s=1.0)
+    # 5 s: the command's Python and its child must start and write the pid first (a start
+    # took seconds on a loaded 2-core run)
+    alerts = Alerts(FakeClock(), "n", retry_delays_s=(), command_timeout_s=5.0)
     alerts.configure(AlertConfig(command=(sys.executable, "-c", script)))
     await alerts.start()
     try:
